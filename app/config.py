@@ -1,0 +1,40 @@
+"""Engine configuration: every knob the engine, CLI and server share, with defaults."""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    backend: str = "auto"  # "mlx" | "torch" | "auto"
+    dtype: str = "auto"  # "float32" | "float16" | "bfloat16" | "auto"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    prefill_chunk_size: int = 512
+    max_model_len: int | None = None  # default: the model's context length, capped by the KV pool
+    kv_cache_memory_mb: int | None = None  # explicit KV budget
+    gpu_memory_fraction: float = 0.5  # else: this share of the memory free after loading weights
+    num_kv_blocks: int | None = None  # exact block count (tests); overrides the memory budget
+    enable_prefix_caching: bool = True
+    chat_template: str | None = None  # overrides the model's template
+
+    def __post_init__(self) -> None:
+        checks = {
+            "block_size": self.block_size >= 1,
+            "max_num_seqs": self.max_num_seqs >= 1,
+            "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
+            "prefill_chunk_size": self.prefill_chunk_size >= 1,
+            "gpu_memory_fraction": 0.0 < self.gpu_memory_fraction <= 1.0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name} has an invalid value: {getattr(self, name)!r}")
+
+    def resolved_dtype(self, backend: str) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        on_accelerator = backend == "mlx" and platform.system() == "Darwin" and platform.machine() == "arm64"
+        return "bfloat16" if on_accelerator else "float32"

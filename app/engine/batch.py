@@ -1,0 +1,106 @@
+"""The one flattened batch a backend executes per step (vLLM v1 layout), built from plain lists.
+
+Prefill chunks and decode tokens are concatenated; sequence i owns tokens
+``query_start_loc[i]:query_start_loc[i+1]`` and, after this step, ``seq_lens[i]`` tokens of KV.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.engine.sampling_params import SamplingParams
+from app.engine.scheduler import SchedulerOutput
+
+
+@dataclass
+class SamplingRow:
+    """What the backend needs to draw one token for one sequence."""
+
+    params: SamplingParams
+    seed: int
+    step: int  # number of tokens this sequence generated so far: the draw index
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    banned_token_ids: list[int] = field(default_factory=list)  # e.g. EOS before min_tokens
+
+
+@dataclass
+class ScheduledBatch:
+    input_ids: np.ndarray  # [T] int32
+    positions: np.ndarray  # [T] int32
+    query_start_loc: np.ndarray  # [S+1] int32
+    seq_lens: np.ndarray  # [S] int32, KV length after this step
+    block_tables: list[list[int]]
+    slot_mapping: np.ndarray  # [T] int32, pool slot each new token's K/V goes to
+    block_size: int
+    sample_seq_indices: list[int]  # which sequences draw a token this step
+    sampling: list[SamplingRow]  # one per sampled sequence, same order
+    copy_pairs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def query_lens(self) -> np.ndarray:
+        return np.diff(self.query_start_loc)
+
+
+@dataclass
+class StepOutput:
+    """Per sampled sequence (same order as ScheduledBatch.sampling)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # log-probability of each chosen token
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[int]]) -> ScheduledBatch:
+    """Flatten the scheduler's choice; `banned` maps seq_id -> token ids it may not draw now."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    seq_lens: list[int] = []
+    tables: list[list[int]] = []
+    sample_idx: list[int] = []
+    rows: list[SamplingRow] = []
+    for i, item in enumerate(out.scheduled):
+        seq, n = item.seq, item.num_new_tokens
+        start = seq.num_computed_tokens
+        ids += seq.tokens_range(start, start + n)
+        pos = range(start, start + n)
+        positions += pos
+        table = seq.block_table
+        slots += [table[p // block_size] * block_size + p % block_size for p in pos]
+        starts.append(starts[-1] + n)
+        seq_lens.append(start + n)
+        tables.append(table)
+        if item.samples:
+            sample_idx.append(i)
+            rows.append(
+                SamplingRow(
+                    params=seq.params,
+                    seed=seq.seed,
+                    step=len(seq.output_token_ids),
+                    prompt_token_ids=seq.prompt_token_ids,
+                    output_token_ids=seq.output_token_ids,
+                    banned_token_ids=banned.get(seq.seq_id, []),
+                )
+            )
+    return ScheduledBatch(
+        input_ids=np.asarray(ids, dtype=np.int32),
+        positions=np.asarray(positions, dtype=np.int32),
+        query_start_loc=np.asarray(starts, dtype=np.int32),
+        seq_lens=np.asarray(seq_lens, dtype=np.int32),
+        block_tables=tables,
+        slot_mapping=np.asarray(slots, dtype=np.int32),
+        block_size=block_size,
+        sample_seq_indices=sample_idx,
+        sampling=rows,
+        copy_pairs=list(out.copy_pairs),
+    )

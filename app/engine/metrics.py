@@ -1,0 +1,31 @@
+"""Engine counters and latency samples, read by /metrics and the dashboards."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: int = 0
+    steps: int = 0
+    ttft_s: list[float] = field(default_factory=list)  # time to first token, per request
+    e2e_s: list[float] = field(default_factory=list)  # arrival -> finish, per request
+
+    def snapshot(self, scheduler, block_manager) -> dict:
+        bm = block_manager
+        return {
+            "num_running": len(scheduler.running),
+            "num_waiting": len(scheduler.waiting),
+            "kv_usage": bm.usage,
+            "num_free_blocks": bm.num_free_blocks,
+            "num_blocks": bm.num_blocks,
+            "prefix_cache_queries": bm.prefix_queries,
+            "prefix_cache_hits": bm.prefix_hits,
+            "num_preemptions": scheduler.num_preemptions,
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "requests_finished": self.requests_finished,
+            "steps": self.steps,
+        }

@@ -1,0 +1,184 @@
+"""Continuous batching: which sequences run this step and how many tokens each computes.
+
+One token budget per step is shared by decodes (1 token each) and prefill chunks (up to
+``prefill_chunk_size`` each). Running sequences are served oldest first so none starves; when the
+KV pool runs dry the newest running sequence is preempted (its blocks freed, to be recomputed
+later) and put back at the head of the waiting queue.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from app.engine.block_manager import BlockManager
+from app.engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    prefill_chunk_size: int = 512
+    max_model_len: int = 4096
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the sequence's last known token, so a new one is drawn."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copy_pairs: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: oldest first
+        self.num_preemptions = 0
+        # Blocks kept free when admitting new work, so running sequences can grow a little
+        # before anyone has to be preempted.
+        self.admission_reserve = max(1, block_manager.num_blocks // 100)
+
+    # ---- queue management ----------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A forked sequence that already owns (shared) blocks joins the running set directly."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Remove seq wherever it is and return its blocks to the pool at once."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.bm.free_seq(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        queue = list(self.running)
+        kept: list[Sequence] = []
+        while queue:
+            seq = queue.pop(0)
+            n = self._num_new_tokens(seq, budget)
+            if n == 0:
+                kept.append(seq)
+                continue
+            end = seq.num_computed_tokens + n
+            # Grow the block table; preempt the newest others (then seq itself) until it fits.
+            while not self.bm.can_allocate(self._blocks_to_write(seq, end)):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            self.bm.allocate(seq, end)
+            out.copy_pairs += self.bm.copy_on_write(seq, seq.num_computed_tokens, end)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            kept.append(seq)
+            budget -= n
+        self.running = kept
+
+        # Admit waiting sequences only while nothing had to be preempted this step.
+        while (
+            not out.preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            cached = self.bm.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
+            computed = len(cached) * self.bm.block_size
+            n = min(seq.num_tokens - computed, self.config.prefill_chunk_size, budget)
+            need = self.bm.blocks_needed(seq, computed + n, cached)
+            if not self.bm.can_allocate(need, self.admission_reserve):
+                if not self.running and not out.scheduled:
+                    # Nothing else holds blocks: admit without the reserve rather than stall.
+                    if not self.bm.can_allocate(need):
+                        break
+                else:
+                    break
+            self.waiting.popleft()
+            if seq.num_preemptions == 0:
+                self.bm.record_lookup(seq.num_prompt_tokens, computed)
+                seq.num_cached_tokens = computed
+            self.bm.allocate(seq, computed + n, cached)
+            seq.num_computed_tokens = computed
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        return out
+
+    def _num_new_tokens(self, seq: Sequence, budget: int) -> int:
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        if remaining > 1:
+            remaining = min(remaining, self.config.prefill_chunk_size)
+        return max(min(remaining, budget), 0)
+
+    def _blocks_to_write(self, seq: Sequence, end: int) -> int:
+        """New blocks needed to cover `end` tokens, plus copies for shared blocks written into."""
+        new = max(self.bm.blocks_for(end) - len(seq.block_table), 0)
+        bs = self.bm.block_size
+        first = seq.num_computed_tokens // bs
+        last = min((end - 1) // bs, len(seq.block_table) - 1)
+        shared = sum(1 for i in range(first, last + 1) if self.bm.ref_counts[seq.block_table[i]] > 1)
+        return new + shared
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
+        if seq in self.running:
+            self.running.remove(seq)
+        self.bm.free_seq(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        logger.debug("preempted seq %d (request %s)", seq.seq_id, seq.request_id)
+
+    def after_step(self, out: SchedulerOutput) -> None:
+        """Advance progress of the sequences that ran and publish newly full blocks."""
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed_tokens += item.num_new_tokens
+            self.bm.register_computed(seq)

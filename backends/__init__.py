@@ -1,0 +1,42 @@
+"""Backend selection: one name -> one implementation of backends.base.Backend."""
+from __future__ import annotations
+
+import importlib.util
+import platform
+
+from backends.base import Backend
+
+BACKENDS = ("mlx", "torch")
+
+
+def _mlx_available() -> bool:
+    return importlib.util.find_spec("mlx") is not None
+
+
+def pick_backend(name: str = "auto") -> str:
+    """'auto': MLX on Apple Silicon, torch on CUDA, otherwise whichever is installed (MLX first)."""
+    if name != "auto":
+        if name not in BACKENDS:
+            raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {name!r}")
+        return name
+    if platform.system() == "Darwin" and platform.machine() == "arm64" and _mlx_available():
+        return "mlx"
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            return "torch"
+    if _mlx_available():
+        return "mlx"
+    raise RuntimeError("no backend available: install lantern[mlx] or lantern[torch]")
+
+
+def create_backend(name: str = "auto") -> Backend:
+    chosen = pick_backend(name)
+    if chosen == "mlx":
+        if not _mlx_available():
+            raise RuntimeError("backend 'mlx' needs MLX: pip install 'lantern[mlx]'")
+        from backends.mlx.runner import MLXBackend
+
+        return MLXBackend()
+    raise RuntimeError(f"backend {chosen!r} is not implemented yet")

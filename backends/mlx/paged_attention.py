@@ -1,0 +1,133 @@
+"""Paged attention with MLX ops only (gather + scaled_dot_product_attention).
+
+The same code runs on Metal, Linux CPU and CUDA: no custom kernels. Each layer's pool is one flat
+array [num_blocks * block_size, kv_heads, head_dim]; new K/V are scattered to `slot_mapping`, and
+each sequence's context is gathered by slot index. Exactly one reference to each pool is kept
+(rebinding after every write), so MLX can update it in place instead of copying the whole pool.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+
+class PagedKVPool:
+    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: mx.Dtype):
+        shape = (num_slots, kv_heads, head_dim)
+        self.k = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        mx.eval(self.k, self.v)
+
+    def write(self, layer: int, slots: mx.array, k: mx.array, v: mx.array) -> None:
+        self.k[layer][slots] = k.astype(self.k[layer].dtype)
+        self.v[layer][slots] = v.astype(self.v[layer].dtype)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]], block_size: int) -> None:
+        src = np.concatenate([np.arange(s * block_size, (s + 1) * block_size) for s, _ in pairs])
+        dst = np.concatenate([np.arange(d * block_size, (d + 1) * block_size) for _, d in pairs])
+        src_i, dst_i = mx.array(src), mx.array(dst)
+        for layer in range(len(self.k)):
+            self.k[layer][dst_i] = self.k[layer][src_i]
+            self.v[layer][dst_i] = self.v[layer][src_i]
+        mx.eval(self.k, self.v)
+
+
+@dataclass
+class PrefillGroup:
+    q_start: int
+    q_end: int
+    context_slots: mx.array | None  # None: no cached prefix, attend to this chunk's own K/V
+
+
+@dataclass
+class AttentionMetadata:
+    pool: PagedKVPool
+    positions: mx.array  # [T]
+    slot_mapping: mx.array  # [T]
+    # Single-token queries (decodes), batched into one padded SDPA call.
+    decode_token_idx: mx.array | None = None  # [B]
+    decode_slots: mx.array | None = None  # [B, L]
+    decode_mask: mx.array | None = None  # [B, 1, 1, L] bool
+    prefills: list[PrefillGroup] = field(default_factory=list)
+    # Pieces are computed decode-first then prefills; this permutation restores batch order.
+    restore_order: mx.array | None = None
+
+
+def build_metadata(
+    pool: PagedKVPool,
+    positions: np.ndarray,
+    slot_mapping: np.ndarray,
+    query_start_loc: np.ndarray,
+    seq_lens: np.ndarray,
+    block_tables: list[list[int]],
+    block_size: int,
+) -> AttentionMetadata:
+    meta = AttentionMetadata(pool, mx.array(positions), mx.array(slot_mapping))
+    q_lens = np.diff(query_start_loc)
+    decode = [i for i in range(len(q_lens)) if q_lens[i] == 1]
+    prefill = [i for i in range(len(q_lens)) if q_lens[i] > 1]
+    order: list[int] = []
+    if decode:
+        max_len = int(seq_lens[decode].max())
+        max_blocks = -(-max_len // block_size)
+        tables = np.zeros((len(decode), max_blocks), dtype=np.int64)
+        for r, i in enumerate(decode):
+            bt = block_tables[i][:max_blocks]
+            tables[r, : len(bt)] = bt
+        j = np.arange(max_len)
+        slots = tables[:, j // block_size] * block_size + j % block_size
+        valid = j[None, :] < seq_lens[decode][:, None]
+        meta.decode_token_idx = mx.array(query_start_loc[decode])
+        meta.decode_slots = mx.array(np.where(valid, slots, 0).astype(np.int32))
+        meta.decode_mask = mx.array(valid[:, None, None, :])
+        order += [int(query_start_loc[i]) for i in decode]
+    for i in prefill:
+        start, end = int(query_start_loc[i]), int(query_start_loc[i + 1])
+        ctx_len = int(seq_lens[i])
+        slots = None
+        if ctx_len > end - start:  # there is a cached prefix: read the whole context from the pool
+            j = np.arange(ctx_len)
+            table = np.asarray(block_tables[i], dtype=np.int64)
+            slots = mx.array((table[j // block_size] * block_size + j % block_size).astype(np.int32))
+        meta.prefills.append(PrefillGroup(start, end, slots))
+        order += list(range(start, end))
+    if prefill or decode:
+        order_np = np.asarray(order)
+        if not np.array_equal(order_np, np.arange(len(order_np))):
+            inverse = np.empty_like(order_np)
+            inverse[order_np] = np.arange(len(order_np))
+            meta.restore_order = mx.array(inverse.astype(np.int32))
+    return meta
+
+
+def paged_attention(
+    q: mx.array, k: mx.array, v: mx.array, meta: AttentionMetadata, layer: int, scale: float
+) -> mx.array:
+    """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D]."""
+    pool = meta.pool
+    pool.write(layer, meta.slot_mapping, k, v)
+    k_pool, v_pool = pool.k[layer], pool.v[layer]
+    pieces = []
+    if meta.decode_token_idx is not None:
+        qd = q[meta.decode_token_idx][:, :, None, :]  # [B, H, 1, D]
+        kd = k_pool[meta.decode_slots].transpose(0, 2, 1, 3)  # [B, KVH, L, D]
+        vd = v_pool[meta.decode_slots].transpose(0, 2, 1, 3)
+        od = mx.fast.scaled_dot_product_attention(qd, kd, vd, scale=scale, mask=meta.decode_mask)
+        pieces.append(od[:, :, 0, :].astype(q.dtype))
+    for g in meta.prefills:
+        qp = q[g.q_start : g.q_end].transpose(1, 0, 2)[None]  # [1, H, L, D]
+        if g.context_slots is None:
+            kp, vp = k[g.q_start : g.q_end], v[g.q_start : g.q_end]
+        else:
+            kp, vp = k_pool[g.context_slots], v_pool[g.context_slots]
+        kp = kp.astype(q.dtype).transpose(1, 0, 2)[None]
+        vp = vp.astype(q.dtype).transpose(1, 0, 2)[None]
+        # "causal" aligns the last query with the last key, i.e. the chunk follows its prefix.
+        op = mx.fast.scaled_dot_product_attention(qp, kp, vp, scale=scale, mask="causal")
+        pieces.append(op[0].transpose(1, 0, 2))
+    out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=0)
+    if meta.restore_order is not None:
+        out = out[meta.restore_order]
+    return out

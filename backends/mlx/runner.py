@@ -1,0 +1,100 @@
+"""The MLX backend: weights, the paged KV pool and one forward+sample per scheduled batch."""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from app.engine.batch import ScheduledBatch, StepOutput
+from app.models.spec import ModelInfo, ModelSpec
+from backends.mlx.model import CausalLM
+from backends.mlx.paged_attention import PagedKVPool, build_metadata
+from backends.mlx.sampler import sample
+from backends.mlx.weights import load_weights
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+class MLXBackend:
+    name = "mlx"
+
+    def __init__(self) -> None:
+        self.model: CausalLM | None = None
+        self.pool: PagedKVPool | None = None
+        self.block_size = 0
+        self.weight_bytes = 0
+
+    def load(self, spec: ModelSpec) -> ModelInfo:
+        if spec.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {spec.dtype!r}")
+        self.dtype = DTYPES[spec.dtype]
+        self.cfg = spec.config
+        model = CausalLM(spec.config)
+        load_weights(model, spec, self.dtype)
+        model.eval()
+        self.model = model
+        params = tree_flatten(model.parameters())
+        self.weight_bytes = sum(v.nbytes for _, v in params)
+        num_params = sum(v.size for _, v in params)
+        return ModelInfo(
+            num_params=num_params,
+            weight_bytes=self.weight_bytes,
+            max_model_len=spec.config.max_position_embeddings,
+            vocab_size=spec.config.vocab_size,
+        )
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        c = self.cfg
+        return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * self.dtype.size
+
+    def available_memory_bytes(self) -> int:
+        if platform.system() == "Darwin" and mx.metal.is_available():
+            info = mx.metal.device_info()
+            return int(info["max_recommended_working_set_size"]) - mx.get_active_memory()
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return 4 << 30
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        c = self.cfg
+        self.block_size = block_size
+        self.pool = PagedKVPool(c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim, self.dtype)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if pairs:
+            self.pool.copy_blocks(pairs, self.block_size)
+
+    def compute_logits(self, batch: ScheduledBatch) -> mx.array:
+        """Forward pass; logits [num sampled seqs, vocab] (float32) for the sampled sequences."""
+        self.copy_blocks(batch.copy_pairs)
+        meta = build_metadata(
+            self.pool,
+            batch.positions,
+            batch.slot_mapping,
+            batch.query_start_loc,
+            batch.seq_lens,
+            batch.block_tables,
+            batch.block_size,
+        )
+        last = batch.query_start_loc[1:][batch.sample_seq_indices] - 1
+        logits_idx = mx.array(np.asarray(last, dtype=np.int32))
+        logits = self.model(mx.array(batch.input_ids), meta, logits_idx)
+        return logits.astype(mx.float32)
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        logits = self.compute_logits(batch)
+        if not batch.sampling:
+            mx.eval(self.pool.k, self.pool.v)
+            return StepOutput(token_ids=[])
+        out = sample(logits, batch.sampling)
+        # The pools must be materialized every step, or the lazy graph would grow without end.
+        mx.eval(self.pool.k, self.pool.v)
+        return out
