@@ -22,6 +22,18 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
+def _count_params(model: nn.Module) -> int:
+    """Logical parameter count: packed quantized words hold 32 / bits weights each."""
+    total = 0
+    for _, module in model.named_modules():
+        bits = getattr(module, "bits", None)
+        for name, value in module.parameters().items():
+            if not isinstance(value, mx.array) or name in ("scales", "biases") and bits:
+                continue
+            total += value.size * (32 // bits if bits and value.dtype == mx.uint32 else 1)
+    return total
+
+
 class MLXBackend:
     name = "mlx"
 
@@ -40,9 +52,8 @@ class MLXBackend:
         load_weights(model, spec, self.dtype)
         model.eval()
         self.model = model
-        params = tree_flatten(model.parameters())
-        self.weight_bytes = sum(v.nbytes for _, v in params)
-        num_params = sum(v.size for _, v in params)
+        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        num_params = _count_params(model)
         return ModelInfo(
             num_params=num_params,
             weight_bytes=self.weight_bytes,

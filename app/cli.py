@@ -1,0 +1,80 @@
+"""The `lantern` command line. Flags keep candle-vllm's short names with long aliases."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--w", "--weights", dest="weights", metavar="DIR", help="local Hugging Face model folder")
+    src.add_argument("--m", "--model", dest="model_id", metavar="ID", help="Hugging Face hub id (uses your HF cache)")
+    src.add_argument("--f", "--file", dest="gguf", metavar="GGUF", help="a .gguf model file")
+    p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"], help="compute backend")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--mem", type=int, default=None, metavar="MB", help="KV cache size in MiB")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.5,
+                   help="share of free memory for the KV cache when --mem is not given")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences decoded together")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--prefill-chunk-size", type=int, default=512, help="longest prefill piece per step")
+    p.add_argument("--no-prefix-cache", action="store_true", help="turn automatic prefix caching off")
+    p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    from app.models.default_model import resolve_default_model
+
+    model = args.weights or args.model_id or args.gguf or resolve_default_model()
+    return dict(
+        model=model, backend=args.backend, dtype=args.dtype, kv_cache_memory_mb=args.mem,
+        gpu_memory_fraction=args.gpu_memory_fraction, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        prefill_chunk_size=args.prefill_chunk_size, enable_prefix_caching=not args.no_prefix_cache,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from app.engine import LLM, SamplingParams
+
+    llm = LLM(**engine_options(args))
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    if args.raw:
+        out = llm.generate([args.prompt], params)
+    else:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params)
+    print(out[0].outputs[0].text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lantern", description="Local LLM inference and serving.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="print one completion (offline use)",
+                         description="Generate one reply offline. Without a model flag, uses the default model.")
+    add_model_args(gen)
+    gen.add_argument("prompt", help="the user message (or raw prompt with --raw)")
+    gen.add_argument("--raw", action="store_true", help="complete the prompt as is, without the chat template")
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, RuntimeError, OSError) as exc:
+        # User-facing failures (bad flag value, model not found, no network): one clear line.
+        logging.getLogger("lantern").error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

