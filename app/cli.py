@@ -50,6 +50,37 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from app.engine import AsyncEngine
+    from server.app import ServerSettings, create_app
+
+    options = engine_options(args)
+    if args.chat_template:
+        with open(args.chat_template, encoding="utf-8") as f:
+            options["chat_template"] = f.read()
+    if args.ui_server:
+        logging.getLogger("lantern").warning("--ui-server: the browser chat is not built yet; serving the API only")
+    engine = AsyncEngine(**options)
+    settings = ServerSettings(
+        served_model_name=args.served_model_name,
+        api_key=args.api_key or os.environ.get("LANTERN_API_KEY") or None,
+        max_waiting=args.max_waiting,
+    )
+    app = create_app(engine, settings)
+    logging.getLogger("lantern").info(
+        "serving %s at http://%s:%d/v1", app.state.lantern.model_name, args.host, args.port
+    )
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log)
+    finally:
+        engine.shutdown()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lantern", description="Local LLM inference and serving.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -62,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=cmd_generate)
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server",
+                           description="Serve a model over the OpenAI API. Without a model flag, serves "
+                                       "SmolLM2-135M-Instruct (local cache, else the hub, else PyPI).")
+    add_model_args(serve)
+    serve.add_argument("--p", "--port", dest="port", type=int, default=2000, help="TCP port (default 2000)")
+    serve.add_argument("--h", "--host", dest="host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--served-model-name", default=None, help="model name clients use (default: the model's)")
+    serve.add_argument("--api-key", default=None, help="require this bearer key (or set LANTERN_API_KEY)")
+    serve.add_argument("--chat-template", default=None, metavar="FILE", help="Jinja chat template overriding the model's")
+    serve.add_argument("--max-waiting", type=int, default=1024, help="queued requests before answering 503")
+    serve.add_argument("--ui-server", action="store_true", help="also serve the browser chat at / (reserved)")
+    serve.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -1,0 +1,50 @@
+"""FastAPI app factory: the OpenAI-compatible API over one AsyncEngine."""
+from __future__ import annotations
+
+import hmac
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+
+from app.engine import AsyncEngine
+from server.errors import error_response, install_error_handlers
+from server.generation import ServerState
+from server.metrics import ServerMetrics
+from server.routes import admin, chat, completions, models
+
+OPEN_PATHS = {"/health"}
+
+
+@dataclass
+class ServerSettings:
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_waiting: int = 1024
+
+
+def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    app = FastAPI(title="Lantern", description="OpenAI-compatible local LLM server", version="0.1.0")
+    name = settings.served_model_name or engine.engine.model_name
+    app.state.lantern = ServerState(
+        engine=engine, model_name=name, metrics=ServerMetrics(engine.stats, name),
+        max_waiting=settings.max_waiting, api_key=settings.api_key,
+    )
+    app.state.started = int(time.time())
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def require_api_key(request: Request, call_next):
+        key = settings.api_key
+        if key and request.url.path not in OPEN_PATHS:
+            given = request.headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(token.encode(), key.encode()):
+                return error_response(401, "missing or invalid API key (send Authorization: Bearer KEY)",
+                                      code="invalid_api_key")
+        return await call_next(request)
+
+    for module in (chat, completions, models, admin):
+        app.include_router(module.router)
+    return app

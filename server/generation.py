@@ -1,0 +1,159 @@
+"""Shared request plumbing for the generation routes: state, validation, metrics, SSE, merging."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from app.engine import AsyncEngine, RequestOutput, SamplingParams, TokenLogprob
+from server.errors import APIError, bad_value
+from server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    model_name: str
+    metrics: ServerMetrics
+    max_waiting: int = 1024
+    api_key: str | None = None
+    chat_template: str | None = None
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                           param="model", code="model_not_found")
+
+    def check_capacity(self) -> None:
+        if self.engine.stats()["num_waiting"] >= self.max_waiting:
+            raise APIError(503, "the server is at capacity (waiting queue full); retry shortly")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def build_params(request: Any) -> SamplingParams:
+    try:
+        return request.sampling_params()
+    except ValueError as exc:
+        raise bad_value(exc) from None
+
+
+def prepare_prompt(state: ServerState, prompt: str | list[int], params: SamplingParams,
+                   add_special_tokens: bool = True) -> list[int]:
+    engine = state.engine.engine
+    if isinstance(prompt, str):
+        ids = engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+    else:
+        ids = list(prompt)
+    try:
+        engine.validate(ids, params)
+    except ValueError as exc:
+        err = bad_value(exc)
+        err.param = err.param if err.param != "prompt" else ("messages" if not add_special_tokens else "prompt")
+        if "context" in err.message:
+            err.code = "context_length_exceeded"
+        raise err from None
+    return ids
+
+
+async def generate(state: ServerState, ids: list[int], params: SamplingParams, request_id: str
+                   ) -> AsyncIterator[RequestOutput]:
+    """AsyncEngine.generate plus latency metrics."""
+    m = state.metrics
+    start = time.monotonic()
+    last: float | None = None
+    async for out in state.engine.generate(ids, params, request_id, prompt_token_ids=ids):
+        now = time.monotonic()
+        new_tokens = sum(len(o.token_ids_delta) for o in out.outputs)
+        if new_tokens:
+            if last is None:
+                m.ttft.observe(now - start)
+            else:
+                m.itl.observe((now - last) / new_tokens)
+            last = now
+        if out.finished:
+            m.e2e.observe(now - start)
+            for o in out.outputs:
+                m.requests.labels(m.model, o.finish_reason or "abort").inc()
+        yield out
+
+
+async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several requests' outputs as they come; cancelling this cancels them all."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in stream:
+                await queue.put((i, out))
+        except Exception as exc:  # surfaced to the consumer
+            await queue.put((i, exc))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def usage(prompt_lens: list[int], outputs: list[RequestOutput], cached: int) -> dict:
+    prompt = sum(prompt_lens)
+    completion = sum(o.num_generated_tokens for o in outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    return tokenizer.decode([token_id])
+
+
+def chat_logprobs(tokenizer: Any, lps: list[TokenLogprob]) -> dict:
+    def entry(tid: int, lp: float) -> dict:
+        t = token_text(tokenizer, tid)
+        return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+
+    return {"content": [
+        {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top.items()]}
+        for lp in lps
+    ]}
+
+
+def completion_logprobs(tokenizer: Any, lps: list[TokenLogprob], offset: int = 0) -> dict:
+    tokens = [token_text(tokenizer, lp.token_id) for lp in lps]
+    offsets, pos = [], offset
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{token_text(tokenizer, t): v for t, v in lp.top.items()} for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+def sse(data: dict | str) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"

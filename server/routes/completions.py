@@ -1,0 +1,85 @@
+"""POST /v1/completions: prompt as a string, a list of strings, token ids, or lists of token ids."""
+from __future__ import annotations
+
+import time
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from server.generation import (
+    ServerState, build_params, completion_logprobs, generate, merge, new_id, prepare_prompt, sse, usage,
+)
+from server.protocol import CompletionRequest
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    state: ServerState = request.app.state.lantern
+    state.check_model(body.model)
+    params = build_params(body)
+    try:
+        prompts = body.prompts()
+    except ValueError as exc:
+        from server.errors import bad_value
+
+        raise bad_value(exc) from None
+    prompt_ids = [prepare_prompt(state, p, params) for p in prompts]
+    state.check_capacity()
+    rid = new_id("cmpl")
+    created = int(time.time())
+    streams = [generate(state, ids, params, f"{rid}-{i}") for i, ids in enumerate(prompt_ids)]
+    tokenizer = state.engine.tokenizer
+    echo = [tokenizer.decode(ids) if body.echo else "" for ids in prompt_ids]
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _stream(state, streams, rid, created, prompt_ids, params.n, body, echo, include_usage),
+            media_type="text/event-stream",
+        )
+    finals: dict[int, object] = {}
+    async for i, out in merge(streams):
+        finals[i] = out
+    choices = []
+    for i in range(len(prompts)):
+        for o in finals[i].outputs:
+            choices.append({
+                "index": i * params.n + o.index,
+                "text": echo[i] + o.text,
+                "logprobs": completion_logprobs(tokenizer, o.logprobs, len(echo[i])) if body.logprobs is not None else None,
+                "finish_reason": o.finish_reason,
+                "stop_reason": o.stop_reason,
+            })
+    outs = [finals[i] for i in range(len(prompts))]
+    return {
+        "id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+        "choices": choices,
+        "usage": usage([len(x) for x in prompt_ids], outs, sum(o.num_cached_tokens for o in outs)),
+    }
+
+
+async def _stream(state: ServerState, streams, rid: str, created: int, prompt_ids: list[list[int]],
+                  n: int, body: CompletionRequest, echo: list[str], include_usage: bool) -> AsyncIterator[str]:
+    tokenizer = state.engine.tokenizer
+    base = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name}
+    sent_echo: set[int] = set()
+    finals: dict[int, object] = {}
+    async for i, out in merge(streams):
+        finals[i] = out
+        for o in out.outputs:
+            index = i * n + o.index
+            text = o.text_delta
+            if echo[i] and index not in sent_echo:
+                text, _ = echo[i] + text, sent_echo.add(index)
+            if not (text or o.token_ids_delta):
+                continue
+            lps = completion_logprobs(tokenizer, o.logprobs_delta) if body.logprobs is not None and o.logprobs_delta else None
+            finish = o.finish_reason if o.finished else None
+            yield sse({**base, "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish}]})
+    if include_usage and finals:
+        outs = list(finals.values())
+        yield sse({**base, "choices": [],
+                   "usage": usage([len(x) for x in prompt_ids], outs, sum(o.num_cached_tokens for o in outs))})
+    yield sse("[DONE]")
