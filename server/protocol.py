@@ -9,7 +9,7 @@ from app.engine import SamplingParams
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class TextPart(_Lenient):

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 # OpenAI caps top_logprobs at 20; vLLM allows more but the cost grows with the vocabulary.
 MAX_TOP_LOGPROBS = 20
+MAX_N = 128  # OpenAI's limit on parallel samples
 
 
 @dataclass
@@ -42,8 +43,12 @@ class SamplingParams:
         def fail(name: str, why: str) -> None:
             raise ValueError(f"{name} {why}")
 
-        if not isinstance(self.n, int) or self.n < 1:
-            fail("n", f"must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            fail("n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+                fail(name, f"must be a finite number, got {value!r}")
         if self.temperature < 0:
             fail("temperature", f"must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
