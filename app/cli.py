@@ -7,6 +7,9 @@ import sys
 from typing import Any
 
 
+DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--w", "--weights", dest="weights", metavar="DIR", help="local Hugging Face model folder")
@@ -65,8 +68,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ui_server:
         logging.getLogger("lantern").warning("--ui-server: the browser chat is not built yet; serving the API only")
     engine = AsyncEngine(**options)
+    served = args.served_model_name
+    if served is None and not (args.weights or args.model_id or args.gguf):
+        served = DEFAULT_SERVED_NAME  # the same name whichever source served the default model
     settings = ServerSettings(
-        served_model_name=args.served_model_name,
+        served_model_name=served,
         api_key=args.api_key or os.environ.get("LANTERN_API_KEY") or None,
         max_waiting=args.max_waiting,
     )

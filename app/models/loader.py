@@ -34,7 +34,7 @@ def resolve_model(model: str, dtype: str = "float32") -> LoadedModel:
             raise ModelNotFoundError(f"GGUF file not found: {path}")
         return _load_gguf(path, dtype)
     if path.is_dir():
-        return _load_hf_dir(path, model, dtype)
+        return _load_hf_dir(path, path.resolve().name, dtype)
     if path.exists() or model.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"not a model folder or .gguf file: {path}")
     return _load_hf_dir(_download(model), model, dtype)

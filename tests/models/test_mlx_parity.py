@@ -78,3 +78,24 @@ def test_greedy_matches_transformers_generate(tiny_model_dir, variant):
     ours = out[0].outputs[0].token_ids
     assert ours == ref
     assert len(set(ref)) > 8, "degenerate reference: the tiny model should produce varied tokens"
+
+
+@pytest.mark.parametrize("dtype,atol", [("float16", 0.05), ("bfloat16", 0.25)])
+@pytest.mark.parametrize("variant", ["llama2", "qwen3"])
+def test_half_precision_logits_stay_close(tiny_model_dir, variant, dtype, atol):
+    import mlx.core as mx
+
+    path = tiny_model_dir(variant)
+    llm = LLM(path, backend="mlx", dtype=dtype, block_size=4, num_kv_blocks=64)
+    engine = llm.engine
+    prompt_ids = llm.tokenizer.encode(PROMPT)
+    with torch.no_grad():
+        ref = hf_model(path)(torch.tensor([prompt_ids])).logits[0, -1].numpy()
+    engine.add_request("r", prompt_ids, SamplingParams(temperature=0, max_tokens=2))
+    sched = engine.scheduler.schedule()
+    logits = engine.backend.compute_logits(build_batch(sched, engine.config.block_size, {}))
+    mx.eval(logits)
+    assert engine.backend.pool.k[0].dtype == getattr(mx, dtype)
+    ours = np.array(logits[0])
+    assert np.abs(ours - ref).max() < atol
+    assert int(ours.argmax()) == int(ref.argmax())

@@ -42,6 +42,7 @@ def test_lantern_serve_default_model_answers(tmp_path):
             time.sleep(0.5)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         model = client.models.list().data[0].id
+        assert model == "SmolLM2-135M-Instruct"
         r = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
             temperature=0, max_tokens=30,

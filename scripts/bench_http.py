@@ -1,0 +1,111 @@
+"""HTTP overhead: N concurrent streaming clients through `/v1/completions` vs the same load through
+the Python API (AsyncEngine), in one run on one engine.
+
+  python scripts/bench_http.py --model ~/.cache/lantern/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  python scripts/bench_http.py --openblas      # Linux: MLX's bundled BLAS does not batch
+
+Both paths decode greedily with EOS ignored, so they produce the same tokens; the figure is
+generated tokens / wall time, and the loss is 1 - http / api.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+
+
+async def via_api(engine, prompts, out_len: int) -> float:
+    from app.engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+
+    async def one(i, p):
+        n = 0
+        async for out in engine.generate(p, params, request_id=f"api-{i}-{time.time()}", prompt_token_ids=p):
+            n = len(out.outputs[0].token_ids)
+        return n
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+async def via_http(base_url: str, model: str, prompts, out_len: int) -> float:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="bench", max_retries=0, timeout=3600)
+
+    async def one(p):
+        stream = await client.completions.create(
+            model=model, prompt=p, max_tokens=out_len, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+        n = 0
+        async for chunk in stream:
+            if chunk.usage:
+                n = chunk.usage.completion_tokens
+        return n
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(one(p) for p in prompts))
+    await client.close()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model path or id (default: the default model)")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--out-len", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2, help="alternating api/http rounds")
+    p.add_argument("--openblas", metavar="LIB", nargs="?", const=OPENBLAS)
+    args = p.parse_args()
+    if args.openblas and os.environ.get("LD_PRELOAD") != args.openblas:
+        os.environ["LD_PRELOAD"] = args.openblas
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+    import uvicorn
+
+    from app.engine import AsyncEngine
+    from app.models.default_model import resolve_default_model
+    from server.app import ServerSettings, create_app
+
+    engine = AsyncEngine(model=args.model or resolve_default_model(prefer_gguf=True), kv_cache_memory_mb=1024,
+                         enable_prefix_caching=False)
+    app = create_app(engine, ServerSettings(served_model_name="bench"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    rng = random.Random(0)
+    vocab = engine.engine.vocab_size
+    prompts = [[rng.randrange(100, vocab - 100) for _ in range(args.prompt_len)] for _ in range(args.requests)]
+    api, http = [], []
+    for _ in range(args.rounds):
+        # Each path runs on its own loop: the API path shares the process with uvicorn's loop
+        # exactly as the HTTP path does.
+        api.append(asyncio.run(via_api(engine, prompts, args.out_len)))
+        http.append(asyncio.run(via_http(base, "bench", prompts, args.out_len)))
+    res = {"requests": args.requests, "prompt_len": args.prompt_len, "out_len": args.out_len,
+           "api_tps": [round(x, 2) for x in api], "http_tps": [round(x, 2) for x in http],
+           "loss": round(1 - sum(http) / sum(api), 4), "ld_preload": os.environ.get("LD_PRELOAD")}
+    print(json.dumps(res))
+    server.should_exit = True
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
