@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from app.engine.batch import ScheduledBatch
+from backends.paged_plan import AttentionPlan
+
 
 class PagedKVPool:
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: mx.Dtype):
@@ -55,50 +58,17 @@ class AttentionMetadata:
     restore_order: mx.array | None = None
 
 
-def build_metadata(
-    pool: PagedKVPool,
-    positions: np.ndarray,
-    slot_mapping: np.ndarray,
-    query_start_loc: np.ndarray,
-    seq_lens: np.ndarray,
-    block_tables: list[list[int]],
-    block_size: int,
-) -> AttentionMetadata:
-    meta = AttentionMetadata(pool, mx.array(positions), mx.array(slot_mapping))
-    q_lens = np.diff(query_start_loc)
-    decode = [i for i in range(len(q_lens)) if q_lens[i] == 1]
-    prefill = [i for i in range(len(q_lens)) if q_lens[i] > 1]
-    order: list[int] = []
-    if decode:
-        max_len = int(seq_lens[decode].max())
-        max_blocks = -(-max_len // block_size)
-        tables = np.zeros((len(decode), max_blocks), dtype=np.int64)
-        for r, i in enumerate(decode):
-            bt = block_tables[i][:max_blocks]
-            tables[r, : len(bt)] = bt
-        j = np.arange(max_len)
-        slots = tables[:, j // block_size] * block_size + j % block_size
-        valid = j[None, :] < seq_lens[decode][:, None]
-        meta.decode_token_idx = mx.array(query_start_loc[decode])
-        meta.decode_slots = mx.array(np.where(valid, slots, 0).astype(np.int32))
-        meta.decode_mask = mx.array(valid[:, None, None, :])
-        order += [int(query_start_loc[i]) for i in decode]
-    for i in prefill:
-        start, end = int(query_start_loc[i]), int(query_start_loc[i + 1])
-        ctx_len = int(seq_lens[i])
-        slots = None
-        if ctx_len > end - start:  # there is a cached prefix: read the whole context from the pool
-            j = np.arange(ctx_len)
-            table = np.asarray(block_tables[i], dtype=np.int64)
-            slots = mx.array((table[j // block_size] * block_size + j % block_size).astype(np.int32))
-        meta.prefills.append(PrefillGroup(start, end, slots))
-        order += list(range(start, end))
-    if prefill or decode:
-        order_np = np.asarray(order)
-        if not np.array_equal(order_np, np.arange(len(order_np))):
-            inverse = np.empty_like(order_np)
-            inverse[order_np] = np.arange(len(order_np))
-            meta.restore_order = mx.array(inverse.astype(np.int32))
+def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan) -> AttentionMetadata:
+    meta = AttentionMetadata(pool, mx.array(batch.positions), mx.array(batch.slot_mapping))
+    if plan.decode_token_idx is not None:
+        meta.decode_token_idx = mx.array(plan.decode_token_idx)
+        meta.decode_slots = mx.array(plan.decode_slots)
+        meta.decode_mask = mx.array(plan.decode_valid[:, None, None, :])
+    for g in plan.prefills:
+        slots = None if g.context_slots is None else mx.array(g.context_slots)
+        meta.prefills.append(PrefillGroup(g.q_start, g.q_end, slots))
+    if plan.restore_order is not None:
+        meta.restore_order = mx.array(plan.restore_order)
     return meta
 
 

@@ -7,7 +7,6 @@ import platform
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx.utils import tree_flatten
 
 from app.engine.batch import ScheduledBatch, StepOutput
@@ -16,6 +15,7 @@ from backends.mlx.model import CausalLM
 from backends.mlx.paged_attention import PagedKVPool, build_metadata
 from backends.mlx.sampler import sample
 from backends.mlx.weights import load_weights
+from backends.paged_plan import plan_attention
 
 logger = logging.getLogger(__name__)
 
@@ -86,18 +86,9 @@ class MLXBackend:
     def compute_logits(self, batch: ScheduledBatch) -> mx.array:
         """Forward pass; logits [num sampled seqs, vocab] (float32) for the sampled sequences."""
         self.copy_blocks(batch.copy_pairs)
-        meta = build_metadata(
-            self.pool,
-            batch.positions,
-            batch.slot_mapping,
-            batch.query_start_loc,
-            batch.seq_lens,
-            batch.block_tables,
-            batch.block_size,
-        )
-        last = batch.query_start_loc[1:][batch.sample_seq_indices] - 1
-        logits_idx = mx.array(np.asarray(last, dtype=np.int32))
-        logits = self.model(mx.array(batch.input_ids), meta, logits_idx)
+        plan = plan_attention(batch)
+        meta = build_metadata(self.pool, batch, plan)
+        logits = self.model(mx.array(batch.input_ids), meta, mx.array(plan.logits_idx))
         return logits.astype(mx.float32)
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
