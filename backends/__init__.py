@@ -39,4 +39,8 @@ def create_backend(name: str = "auto") -> Backend:
         from backends.mlx.runner import MLXBackend
 
         return MLXBackend()
-    raise RuntimeError(f"backend {chosen!r} is not implemented yet")
+    if importlib.util.find_spec("torch") is None:
+        raise RuntimeError("backend 'torch' needs PyTorch: pip install 'lantern[torch]'")
+    from backends.torch.runner import TorchBackend
+
+    return TorchBackend()

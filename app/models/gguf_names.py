@@ -63,3 +63,28 @@ def needs_unpermute(hf: str) -> str | None:
     if ".self_attn.k_proj." in hf:
         return "k"
     return None
+
+
+def read_gguf_dequantized(path: str, num_heads: int, num_kv_heads: int) -> dict[str, Any]:
+    """Every tensor of a GGUF file as float32 numpy under its HF name, q/k rows un-permuted.
+
+    Dequantization is the `gguf` package's reference code; backends that keep some types
+    quantized read those themselves and use this for the rest.
+    """
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    out: dict[str, Any] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        shape = tuple(int(d) for d in reversed(t.shape))
+        data = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        which = needs_unpermute(name) if arch in PERMUTED_ARCHITECTURES else None
+        if which:
+            data = unpermute_rows(data, num_heads if which == "q" else num_kv_heads)
+        out[name] = data
+    return out

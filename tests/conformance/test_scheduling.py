@@ -7,7 +7,6 @@ import pytest
 
 from app.engine import LLM, SamplingParams
 
-pytest.importorskip("mlx.core")
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -29,9 +28,9 @@ def all_blocks_free(engine):
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir):
+def llm(tiny_model_dir, backend):
     return LLM(
-        tiny_model_dir("llama2"), backend="mlx", dtype="float32", block_size=4,
+        tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4,
         prefill_chunk_size=8, max_num_batched_tokens=48, num_kv_blocks=512,
     )
 
@@ -59,9 +58,9 @@ def test_staggered_batch_gives_same_tokens_as_alone(llm):
     assert all_blocks_free(engine)
 
 
-def test_preemption_keeps_results_and_frees_everything(tiny_model_dir):
+def test_preemption_keeps_results_and_frees_everything(tiny_model_dir, backend):
     # Each sequence needs ~ (30 + 24) / 4 = 14 blocks; 56 blocks hold about 4 of them.
-    llm = LLM(tiny_model_dir("llama2"), backend="mlx", dtype="float32", block_size=4, num_kv_blocks=56)
+    llm = LLM(tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4, num_kv_blocks=56)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = make_prompts(llm.tokenizer, 16, seed=1, min_len=20, max_len=30)
     together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
@@ -70,14 +69,14 @@ def test_preemption_keeps_results_and_frees_everything(tiny_model_dir):
     assert all_blocks_free(llm.engine)
 
 
-def test_prefix_cache_reuses_blocks_and_changes_nothing(tiny_model_dir):
+def test_prefix_cache_reuses_blocks_and_changes_nothing(tiny_model_dir, backend):
     path = tiny_model_dir("llama2")
     tok_prompts = make_prompts(_tok(path), 1, seed=2, min_len=40, max_len=40)
     prefix = tok_prompts[0]
     suffixes = make_prompts(_tok(path), 6, seed=3, min_len=3, max_len=9)
     prompts = [prefix + s for s in suffixes]
-    cached = LLM(path, backend="mlx", dtype="float32", block_size=4, num_kv_blocks=256)
-    uncached = LLM(path, backend="mlx", dtype="float32", block_size=4, num_kv_blocks=256,
+    cached = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=256)
+    uncached = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=256,
                    enable_prefix_caching=False)
     first = cached.generate([prompts[0]], GREEDY)  # fills the cache
     rest = cached.generate(prompts[1:], GREEDY)

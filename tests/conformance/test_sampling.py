@@ -8,14 +8,13 @@ import pytest
 import torch
 
 from app.engine import LLM, AsyncEngine, SamplingParams
-from tests.engine.test_scheduling_mlx import make_prompts
+from tests.conformance.test_scheduling import make_prompts
 
-pytest.importorskip("mlx.core")
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir):
-    return LLM(tiny_model_dir("qwen2"), backend="mlx", dtype="float32", block_size=8, num_kv_blocks=512)
+def llm(tiny_model_dir, backend):
+    return LLM(tiny_model_dir("qwen2"), backend=backend, dtype="float32", block_size=8, num_kv_blocks=512)
 
 
 def tokens(outs):

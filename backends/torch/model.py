@@ -1,0 +1,131 @@
+"""Llama-family decoder in torch over a flattened token batch (same layout as the MLX model).
+
+Rotary frequencies (default, llama3, YaRN) come from transformers' own rope initialisers, so the
+scaling maths is the reference's, not a copy of it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from app.models.spec import ModelConfig
+from backends.torch.attention import TorchAttentionMetadata, paged_attention
+
+
+def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_len, head_dim] (HF's rotate_half layout), attention scaling folded in."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_theta": cfg.rope_theta, "rope_type": "default", **(cfg.rope_scaling or {})}
+    hf_cfg = LlamaConfig(
+        hidden_size=cfg.num_heads * cfg.head_dim, num_attention_heads=cfg.num_heads, head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings, rope_parameters=params,
+    )
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        scaling = 1.0
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq.float())
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [T, D] already gathered at each token's position."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos[:, None, :] + rotated.float() * sin[:, None, :]).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        d, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, meta.cos, meta.sin), apply_rope(k, meta.cos, meta.sin)
+        out = paged_attention(q, k, v, meta, self.layer_idx, self.scale)
+        return self.o_proj(out.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
+        h = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            h = layer(h, meta)
+        h = self.model.norm(h[logits_idx])
+        head = self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+        return F.linear(h, head)
