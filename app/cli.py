@@ -18,13 +18,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"], help="compute backend")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--mem", type=int, default=None, metavar="MB", help="KV cache size in MiB")
-    p.add_argument("--gpu-memory-fraction", type=float, default=0.5,
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.25,
                    help="share of free memory for the KV cache when --mem is not given")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences decoded together")
     p.add_argument("--max-model-len", type=int, default=None, help="context length cap")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--prefill-chunk-size", type=int, default=512, help="longest prefill piece per step")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn automatic prefix caching off")
+    p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                   help="shard the model over N ranks, one process each (torch backend)")
+    p.add_argument("--d", "--devices", dest="devices", default=None, metavar="0,1",
+                   help="GPU ids to use, as in candle-vllm; their count is the tensor parallel size")
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
 
 
@@ -32,7 +36,14 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     from app.models.default_model import resolve_default_model
 
     model = args.weights or args.model_id or args.gguf or resolve_default_model()
+    tp = args.tensor_parallel_size
+    if args.devices:
+        import os
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.devices
+        tp = tp or len(args.devices.split(","))
     return dict(
+        tensor_parallel_size=tp or 1,
         model=model, backend=args.backend, dtype=args.dtype, kv_cache_memory_mb=args.mem,
         gpu_memory_fraction=args.gpu_memory_fraction, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, block_size=args.block_size,

@@ -16,10 +16,11 @@ class EngineConfig:
     prefill_chunk_size: int = 512
     max_model_len: int | None = None  # default: the model's context length, capped by the KV pool
     kv_cache_memory_mb: int | None = None  # explicit KV budget
-    gpu_memory_fraction: float = 0.5  # else: this share of the memory free after loading weights
+    gpu_memory_fraction: float = 0.25  # else: this share of the memory free after loading weights
     num_kv_blocks: int | None = None  # exact block count (tests); overrides the memory budget
     enable_prefix_caching: bool = True
     chat_template: str | None = None  # overrides the model's template
+    tensor_parallel_size: int = 1  # ranks (one process each) sharing the model; torch backend
 
     def __post_init__(self) -> None:
         checks = {
@@ -28,6 +29,7 @@ class EngineConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
             "prefill_chunk_size": self.prefill_chunk_size >= 1,
             "gpu_memory_fraction": 0.0 < self.gpu_memory_fraction <= 1.0,
+            "tensor_parallel_size": self.tensor_parallel_size >= 1,
         }
         for name, ok in checks.items():
             if not ok:

@@ -31,11 +31,13 @@ def pick_backend(name: str = "auto") -> str:
     raise RuntimeError("no backend available: install lantern[mlx] or lantern[torch]")
 
 
-def create_backend(name: str = "auto") -> Backend:
+def create_backend(name: str = "auto", tensor_parallel_size: int = 1) -> Backend:
     chosen = pick_backend(name)
     if chosen == "mlx":
         if not _mlx_available():
             raise RuntimeError("backend 'mlx' needs MLX: pip install 'lantern[mlx]'")
+        if tensor_parallel_size != 1:
+            raise ValueError("tensor parallelism is implemented by the torch backend only")
         from backends.mlx.runner import MLXBackend
 
         return MLXBackend()
@@ -43,4 +45,4 @@ def create_backend(name: str = "auto") -> Backend:
         raise RuntimeError("backend 'torch' needs PyTorch: pip install 'lantern[torch]'")
     from backends.torch.runner import TorchBackend
 
-    return TorchBackend()
+    return TorchBackend(tensor_parallel_size=tensor_parallel_size)

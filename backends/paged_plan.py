@@ -19,6 +19,8 @@ class PrefillPlan:
     q_start: int
     q_end: int
     context_slots: np.ndarray | None  # [ctx] int32; None: no cached prefix, use the chunk's own K/V
+    block_table: np.ndarray  # [blocks] int32
+    ctx_len: int
 
 
 @dataclass
@@ -26,6 +28,8 @@ class AttentionPlan:
     decode_token_idx: np.ndarray | None = None  # [B] rows of the flattened batch
     decode_slots: np.ndarray | None = None  # [B, L] int32 (0 where masked)
     decode_valid: np.ndarray | None = None  # [B, L] bool
+    decode_block_tables: np.ndarray | None = None  # [B, max_blocks] int32 (kernels read these)
+    decode_seq_lens: np.ndarray | None = None  # [B] int32
     prefills: list[PrefillPlan] = field(default_factory=list)
     restore_order: np.ndarray | None = None  # [T] int32; None when pieces are already in order
     logits_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # last token of sampled seqs
@@ -54,13 +58,14 @@ def plan_attention(batch: ScheduledBatch) -> AttentionPlan:
         plan.decode_token_idx = starts[decode].astype(np.int32)
         plan.decode_slots = np.where(valid, _slots(tables, max_len, bs), 0).astype(np.int32)
         plan.decode_valid = valid
+        plan.decode_block_tables = tables.astype(np.int32)
+        plan.decode_seq_lens = seq_lens[decode].astype(np.int32)
         order.append(plan.decode_token_idx)
     for i in np.flatnonzero(q_lens > 1):
         start, end, ctx = int(starts[i]), int(starts[i + 1]), int(seq_lens[i])
-        slots = None
-        if ctx > end - start:
-            slots = _slots(np.asarray(batch.block_tables[i], dtype=np.int64), ctx, bs)
-        plan.prefills.append(PrefillPlan(start, end, slots))
+        table = np.asarray(batch.block_tables[i], dtype=np.int64)
+        slots = _slots(table, ctx, bs) if ctx > end - start else None
+        plan.prefills.append(PrefillPlan(start, end, slots, table.astype(np.int32), ctx))
         order.append(np.arange(start, end))
     if order:
         flat = np.concatenate(order)

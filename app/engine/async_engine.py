@@ -74,6 +74,7 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self.engine.shutdown()
 
     # ---- engine thread -------------------------------------------------------------------
     def _submit(self, kind: str, payload: Any) -> None:

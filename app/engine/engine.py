@@ -37,7 +37,7 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.chat_template = config.chat_template or loaded.chat_template
         self.eos_token_ids = loaded.eos_token_ids
-        self.backend = backend or create_backend(backend_name)
+        self.backend = backend or create_backend(backend_name, config.tensor_parallel_size)
         info = self.backend.load(loaded.spec)
         logger.info(
             "loaded %s on %s (%s): %.1fM parameters, %.1f MiB of weights in %.1fs",
@@ -187,6 +187,12 @@ class LLMEngine:
             self.outputs.track(state, child)
             self.scheduler.add_running(child)
         state.pending_forks = []
+
+    def shutdown(self) -> None:
+        """Release the backend's worker processes, if it has any (tensor parallelism)."""
+        stop = getattr(self.backend, "shutdown", None)
+        if stop is not None:
+            stop()
 
     def stats_snapshot(self) -> dict:
         return self.stats.snapshot(self.scheduler, self.block_manager)

@@ -11,6 +11,7 @@ from torch import nn
 
 from app.models.spec import ModelConfig
 from backends.torch.attention import TorchAttentionMetadata, paged_attention
+from backends.torch.parallel import TPGroup, local_config, parallel_embed, parallel_logits, vocab_shard
 
 
 def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,8 +55,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
+        self.tp = tp
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.head_dim**-0.5
@@ -78,25 +80,26 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, meta.cos, meta.sin), apply_rope(k, meta.cos, meta.sin)
         out = paged_attention(q, k, v, meta, self.layer_idx, self.scale)
-        return self.o_proj(out.reshape(t, -1))
+        return self.tp.all_reduce(self.o_proj(out.reshape(t, -1)))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
+        self.tp = tp
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.tp.all_reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg, layer_idx, tp)
+        self.mlp = MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -106,26 +109,30 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, vocab_rows: int):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """With tp.world > 1 this is one rank's shard (see parallel.py); cfg is the full model's."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
         super().__init__()
         self.cfg = cfg
-        self.model = Backbone(cfg)
+        self.tp = tp
+        rows = vocab_shard(cfg.vocab_size, tp)[2] if tp.active else cfg.vocab_size
+        self.model = Backbone(local_config(cfg, tp.world), tp, rows)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
-        h = self.model.embed_tokens(input_ids)
+        h = parallel_embed(self.model.embed_tokens.weight, input_ids, self.tp, self.cfg.vocab_size)
         for layer in self.model.layers:
             h = layer(h, meta)
         h = self.model.norm(h[logits_idx])
         head = self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
-        return F.linear(h, head)
+        return parallel_logits(h, head, self.tp, self.cfg.vocab_size)

@@ -1,15 +1,24 @@
-"""The torch backend: the same contract as MLX. Plain torch on CPU; CUDA when available."""
+"""The torch backend: the same contract as MLX. Plain torch on CPU; Triton kernels on CUDA.
+
+With tensor_parallel_size > 1 this process is rank 0: it spawns one worker process per other
+rank, broadcasts each step's batch to them, and samples from the all-gathered logits.
+"""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from app.engine.batch import ScheduledBatch, StepOutput
 from app.models.spec import ModelInfo, ModelSpec
 from backends.paged_plan import plan_attention
 from backends.torch.attention import TorchKVPool, build_metadata
 from backends.torch.model import CausalLM, rope_tables
+from backends.torch.parallel import TPGroup, broadcast_command, local_config
 from backends.torch.sampler import sample
 from backends.torch.weights import load_weights
 
@@ -18,58 +27,103 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def _rank_device(rank: int) -> torch.device:
+    return torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, device: str | None = None) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    def __init__(self, device: str | None = None, tensor_parallel_size: int = 1) -> None:
+        self.world = tensor_parallel_size
+        self.device = torch.device(device) if device else _rank_device(0)
+        self.tp = TPGroup(0, self.world)
         self.pool: TorchKVPool | None = None
         self.block_size = 0
+        self.workers: list = []
 
+    # ---- set-up --------------------------------------------------------------------------
     def load(self, spec: ModelSpec) -> ModelInfo:
         if spec.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {spec.dtype!r}")
+        local_config(spec.config, self.world)  # fail early on an indivisible model
+        if self.world > 1:
+            self._start_workers(spec)
+        return self._load_local(spec)
+
+    def _load_local(self, spec: ModelSpec) -> ModelInfo:
         self.dtype = DTYPES[spec.dtype]
         self.cfg = spec.config
+        self.local_cfg = local_config(spec.config, self.world)
         with torch.device("meta"):
-            model = CausalLM(spec.config)
+            model = CausalLM(spec.config, self.tp)
         model = model.to_empty(device="cpu")
-        load_weights(model, spec, self.dtype, self.device)
+        load_weights(model, spec, self.dtype, self.device, self.tp)
         model.eval()
         self.model = model
         self.cos, self.sin = rope_tables(spec.config, spec.config.max_position_embeddings, self.device)
         params = list(model.parameters())
         return ModelInfo(
-            num_params=sum(p.numel() for p in params),
+            num_params=sum(p.numel() for p in params) * self.world,
             weight_bytes=sum(p.numel() * p.element_size() for p in params),
             max_model_len=spec.config.max_position_embeddings,
             vocab_size=spec.config.vocab_size,
         )
 
+    def _start_workers(self, spec: ModelSpec) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        self.workers = [ctx.Process(target=_worker_main, args=(r, self.world, port, spec), daemon=True)
+                        for r in range(1, self.world)]
+        for w in self.workers:
+            w.start()
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world)
+        logger.info("tensor parallel: %d ranks over %s", self.world, backend)
+
+    def shutdown(self) -> None:
+        if self.workers:
+            broadcast_command(self.tp, ("stop", None))
+            for w in self.workers:
+                w.join(timeout=30)
+            dist.destroy_process_group()
+            self.workers = []
+
     def kv_bytes_per_block(self, block_size: int) -> int:
-        c = self.cfg
+        c = self.local_cfg
         return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * self.dtype.itemsize
 
     def available_memory_bytes(self) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free)
-        import os
-
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // self.world
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        c = self.cfg
+        if self.workers:
+            broadcast_command(self.tp, ("allocate", (num_blocks, block_size)))
+        self._allocate_local(num_blocks, block_size)
+
+    def _allocate_local(self, num_blocks: int, block_size: int) -> None:
+        c = self.local_cfg
         self.block_size = block_size
         self.pool = TorchKVPool(c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim,
                                 self.dtype, self.device)
 
+    # ---- steps ---------------------------------------------------------------------------
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
             self.pool.copy_blocks(pairs, self.block_size)
 
     @torch.inference_mode()
     def compute_logits(self, batch: ScheduledBatch) -> torch.Tensor:
+        if self.workers:
+            broadcast_command(self.tp, ("step", batch))
+        return self._forward(batch)
+
+    def _forward(self, batch: ScheduledBatch) -> torch.Tensor:
         self.copy_blocks(batch.copy_pairs)
         plan = plan_attention(batch)
         meta = build_metadata(self.pool, batch, plan, self.cos, self.sin)
@@ -83,3 +137,23 @@ class TorchBackend:
         if not batch.sampling:
             return StepOutput(token_ids=[])
         return sample(logits, batch.sampling)
+
+
+def _worker_main(rank: int, world: int, port: int, spec: ModelSpec) -> None:
+    """Ranks 1..N-1: hold a shard, mirror rank 0's forward pass step by step."""
+    device = _rank_device(rank)
+    backend_name = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    backend = TorchBackend(device=str(device), tensor_parallel_size=world)
+    backend.tp = TPGroup(rank, world)
+    backend._load_local(spec)
+    with torch.inference_mode():
+        while True:
+            kind, payload = broadcast_command(backend.tp)
+            if kind == "stop":
+                break
+            if kind == "allocate":
+                backend._allocate_local(*payload)
+            elif kind == "step":
+                backend._forward(payload)
+    dist.destroy_process_group()

@@ -1,0 +1,41 @@
+"""Attention ops of the torch backend: Triton kernels on CUDA, their plain-torch references elsewhere."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from backends.torch.kernels import reference
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    if os.environ.get("LANTERN_DISABLE_TRITON") == "1":
+        return False
+    return _HAS_TRITON and t.is_cuda
+
+
+def write_kv(k_pool, v_pool, k, v, slots) -> None:
+    if use_triton(k):
+        from backends.torch.kernels import triton_kernels
+
+        return triton_kernels.write_kv(k_pool, v_pool, k, v, slots)
+    return reference.write_kv(k_pool, v_pool, k, v, slots)
+
+
+def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float):
+    if use_triton(q):
+        from backends.torch.kernels import triton_kernels
+
+        return triton_kernels.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale)
+    return reference.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale)
+
+
+def paged_prefill(q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float):
+    if use_triton(q):
+        from backends.torch.kernels import triton_kernels
+
+        return triton_kernels.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale)
+    return reference.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale)

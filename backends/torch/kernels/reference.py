@@ -1,0 +1,58 @@
+"""Plain-torch references of the Triton kernels. They are also the CPU path of the torch backend.
+
+Shapes: pools [num_slots, kv_heads, head_dim] (slot = block * block_size + offset);
+block_tables [B, max_blocks] int; lengths [B] int.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    k_pool.index_copy_(0, slots, k.to(k_pool.dtype))
+    v_pool.index_copy_(0, slots, v.to(v_pool.dtype))
+
+
+def context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """[B, length] pool slots of each sequence's first `length` tokens."""
+    j = torch.arange(length, device=block_tables.device)
+    return block_tables[:, j // block_size].long() * block_size + j % block_size
+
+
+def sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, H, L, D], k/v [B, KVH, S, D] (grouped-query heads); mask [.., L, S] bool, True = attend."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
+    """One query token per sequence: q [B, H, D] -> [B, H, D]."""
+    max_len = int(seq_lens.max())
+    slots = context_slots(block_tables, max_len, block_size)
+    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]
+    slots = torch.where(valid, slots, 0)
+    k = k_pool[slots].transpose(1, 2).to(q.dtype)
+    v = v_pool[slots].transpose(1, 2).to(q.dtype)
+    return sdpa_grouped(q[:, :, None, :], k, v, scale, valid[:, None, None, :])[:, :, 0, :]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [L, H, D] are the last L of the S keys k/v [S, KVH, D] (bottom-right causal) -> [L, H, D]."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+    out = sdpa_grouped(q.transpose(0, 1)[None], k.to(q.dtype).transpose(0, 1)[None],
+                       v.to(q.dtype).transpose(0, 1)[None], scale, mask)
+    return out[0].transpose(0, 1)
+
+
+def paged_prefill(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor,
+                  ctx_len: int, block_size: int, scale: float) -> torch.Tensor:
+    """A prefill chunk q [L, H, D] (its K/V already in the pool) against its whole context."""
+    slots = context_slots(block_table[None], ctx_len, block_size)[0]
+    return causal_attention(q, k_pool[slots], v_pool[slots], scale)

@@ -1,0 +1,181 @@
+"""Triton kernels: KV-cache write through slot mapping, split-K paged decode, paged prefill.
+
+Each matches a function of kernels/reference.py (tests run both with TRITON_INTERPRET=1 on CPU).
+Scores use broadcast products rather than tl.dot so any block size and group size works; the
+online-softmax accumulation is in float32.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _write_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, slot_ptr, stride_t, stride_h, stride_s, stride_sh,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    m = (d < HEAD_DIM) & (slot >= 0)
+    src = t * stride_t + h * stride_h + d
+    dst = slot * stride_s + h * stride_sh + d
+    tl.store(kp_ptr + dst, tl.load(k_ptr + src, mask=m), mask=m)
+    tl.store(vp_ptr + dst, tl.load(v_ptr + src, mask=m), mask=m)
+
+
+def write_kv(k_pool, v_pool, k, v, slots) -> None:
+    t, kvh, d = k.shape
+    k, v = k.to(k_pool.dtype).contiguous(), v.to(v_pool.dtype).contiguous()
+    _write_kv_kernel[(t, kvh)](
+        k, v, k_pool, v_pool, slots, k.stride(0), k.stride(1), k_pool.stride(0), k_pool.stride(1),
+        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+    )
+
+
+@triton.jit
+def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_ptr, l_ptr, scale,
+                           stride_qb, stride_qh, stride_s, stride_sh, stride_bt,
+                           BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                           GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCKS_PER_SPLIT: tl.constexpr,
+                           NUM_SPLITS: tl.constexpr, NUM_HEADS: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(len_ptr + b)
+    g = tl.arange(0, GROUP_P)
+    d = tl.arange(0, BLOCK_D)
+    gm, dm = g < GROUP, d < HEAD_DIM
+    heads = kvh * GROUP + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=gm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+    m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_P], tl.float32)
+    acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
+    offs = tl.arange(0, BLOCK_SIZE)
+    first = split * BLOCKS_PER_SPLIT
+    for blk in range(first, first + BLOCKS_PER_SPLIT):
+        tok = blk * BLOCK_SIZE + offs
+        valid = tok < seq_len
+        phys = tl.load(bt_ptr + b * stride_bt + blk, mask=blk * BLOCK_SIZE < seq_len, other=0).to(tl.int64)
+        rows = (phys * BLOCK_SIZE + offs)[:, None] * stride_s + kvh * stride_sh + d[None, :]
+        km = valid[:, None] & dm[None, :]
+        k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(tl.float32)
+        v = tl.load(vp_ptr + rows, mask=km, other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    base = (b * NUM_HEADS + heads) * NUM_SPLITS + split
+    tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gm[:, None] & dm[None, :])
+    tl.store(m_ptr + base, m_i, mask=gm)
+    tl.store(l_ptr + base, l_i, mask=gm)
+
+
+@triton.jit
+def _decode_reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ob, stride_oh,
+                          NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_P)
+    d = tl.arange(0, BLOCK_D)
+    sm, dm = sp < NUM_SPLITS, d < HEAD_DIM
+    base = (b * NUM_HEADS + h) * NUM_SPLITS + sp
+    m = tl.load(m_ptr + base, mask=sm, other=float("-inf"))
+    l = tl.load(l_ptr + base, mask=sm, other=0.0)
+    acc = tl.load(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=dm)
+
+
+def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float,
+                 blocks_per_split: int = 8):
+    b, h, d = q.shape
+    kvh = k_pool.shape[1]
+    group = h // kvh
+    max_blocks = block_tables.shape[1]
+    splits = max(1, triton.cdiv(max_blocks, blocks_per_split))
+    q = q.contiguous()
+    block_tables = block_tables.contiguous()
+    acc = torch.empty((b, h, splits, d), dtype=torch.float32, device=q.device)
+    m = torch.empty((b, h, splits), dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    block_d = triton.next_power_of_2(d)
+    _decode_partial_kernel[(b, kvh, splits)](
+        q, k_pool, v_pool, block_tables, seq_lens, acc, m, l, scale,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), block_tables.stride(0),
+        BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group,
+        GROUP_P=triton.next_power_of_2(group), BLOCKS_PER_SPLIT=blocks_per_split,
+        NUM_SPLITS=splits, NUM_HEADS=h,
+    )
+    out = torch.empty_like(q)
+    _decode_reduce_kernel[(b, h)](
+        acc, m, l, out, out.stride(0), out.stride(1), NUM_HEADS=h, NUM_SPLITS=splits,
+        SPLITS_P=triton.next_power_of_2(splits), HEAD_DIM=d, BLOCK_D=block_d,
+    )
+    return out
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, out_ptr, q_len, ctx_len, scale,
+                    stride_qt, stride_qh, stride_s, stride_sh, stride_ot, stride_oh,
+                    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
+    h = tl.program_id(0)
+    qb = tl.program_id(1)
+    kvh = h // GROUP
+    offs_m = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    mm, dm = offs_m < q_len, d < HEAD_DIM
+    q = tl.load(q_ptr + offs_m[:, None] * stride_qt + h * stride_qh + d[None, :],
+                mask=mm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+    pos_q = ctx_len - q_len + offs_m
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    offs_n = tl.arange(0, BLOCK_SIZE)
+    # Keys past this query block's last position are masked for every row: stop there.
+    last = tl.minimum(ctx_len, ctx_len - q_len + (qb + 1) * BLOCK_M)
+    for blk in range(0, tl.cdiv(last, BLOCK_SIZE)):
+        tok = blk * BLOCK_SIZE + offs_n
+        phys = tl.load(bt_ptr + blk).to(tl.int64)
+        rows = (phys * BLOCK_SIZE + offs_n)[:, None] * stride_s + kvh * stride_sh + d[None, :]
+        km = (tok < ctx_len)[:, None] & dm[None, :]
+        k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(tl.float32)
+        v = tl.load(vp_ptr + rows, mask=km, other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+        allowed = (tok[None, :] <= pos_q[:, None]) & (tok[None, :] < ctx_len)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + offs_m[:, None] * stride_ot + h * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mm[:, None] & dm[None, :])
+
+
+def paged_prefill(q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float,
+                  block_m: int = 16):
+    n, h, d = q.shape
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    _prefill_kernel[(h, triton.cdiv(n, block_m))](
+        q, k_pool, v_pool, block_table.contiguous(), out, n, ctx_len, scale,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1),
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        GROUP=h // k_pool.shape[1],
+    )
+    return out

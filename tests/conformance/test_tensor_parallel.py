@@ -1,0 +1,27 @@
+"""Tensor parallelism with 2 gloo ranks on CPU gives the same greedy tokens as 1 rank."""
+from __future__ import annotations
+
+import pytest
+
+from app.engine import LLM, SamplingParams
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("variant", ["llama2", "qwen2", "qwen3"])
+def test_two_ranks_match_one(tiny_model_dir, variant):
+    path = tiny_model_dir(variant)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = ["Continuous batching lets new requests join", "def add(a, b):", "Paged attention"]
+    opts = dict(backend="torch", dtype="float32", block_size=4, num_kv_blocks=64, prefill_chunk_size=8)
+    single = [o.outputs[0].token_ids for o in LLM(path, **opts).generate(prompts, params)]
+    tp = LLM(path, tensor_parallel_size=2, **opts)
+    try:
+        assert len(tp.engine.backend.workers) == 1
+        # Each rank holds half the heads, so its KV blocks are half the size.
+        assert tp.engine.backend.local_cfg.num_kv_heads == 1
+        sharded = [o.outputs[0].token_ids for o in tp.generate(prompts, params)]
+    finally:
+        tp.engine.shutdown()
+    assert sharded == single
+    assert not tp.engine.backend.workers
