@@ -118,6 +118,29 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def collect(stream: AsyncIterator[tuple[int, RequestOutput]], request: Any,
+                  poll_s: float = 0.25) -> dict[int, RequestOutput]:
+    """Run a non-streaming request to the end, aborting it if the client goes away meanwhile."""
+    finals: dict[int, RequestOutput] = {}
+
+    async def consume() -> None:
+        async for i, out in stream:
+            finals[i] = out
+
+    task = asyncio.create_task(consume())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=poll_s)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()  # closing the streams aborts their requests in the engine
+                break
+        await task
+    finally:
+        if not task.done():
+            task.cancel()
+    return finals
+
+
 def usage(prompt_lens: list[int], outputs: list[RequestOutput], cached: int) -> dict:
     prompt = sum(prompt_lens)
     completion = sum(o.num_generated_tokens for o in outputs)

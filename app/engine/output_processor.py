@@ -31,7 +31,7 @@ class RequestState:
     pending_forks: list[Sequence] = field(default_factory=list)  # n>1 siblings waiting on the prompt
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
-    aborted: bool = False
+    stop_matcher: StopStringMatcher | None = None  # built once, when the request has stop strings
 
     @property
     def finished(self) -> bool:
@@ -63,8 +63,9 @@ class OutputProcessor:
         new_text = out.detok.add(token)
         out.visible_len = len(out.detok.text)
         if p.stop_list and n_out >= p.min_tokens:
-            matcher = StopStringMatcher(p.stop_list, p.include_stop_str_in_output)
-            stop, cut = matcher.check(out.detok.text, len(new_text))
+            if state.stop_matcher is None:
+                state.stop_matcher = StopStringMatcher(p.stop_list, p.include_stop_str_in_output)
+            stop, cut = state.stop_matcher.check(out.detok.text, len(new_text))
             out.visible_len = cut
             if stop is not None:
                 seq.stop_reason = stop

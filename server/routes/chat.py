@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from server.errors import APIError
 from server.generation import (
-    ServerState, build_params, chat_logprobs, generate, new_id, prepare_prompt, sse, usage,
+    ServerState, build_params, chat_logprobs, collect, generate, merge, new_id, prepare_prompt, sse, usage,
 )
 from server.protocol import ChatCompletionRequest
 
@@ -48,9 +48,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             _stream(state, stream, rid, created, len(ids), params.n, body.logprobs, include_usage),
             media_type="text/event-stream",
         )
-    final = None
-    async for out in stream:
-        final = out
+    final = (await collect(merge([stream]), request))[0]
     choices = [
         {
             "index": o.index,

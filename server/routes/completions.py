@@ -7,8 +7,10 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from server.errors import bad_value
 from server.generation import (
-    ServerState, build_params, completion_logprobs, generate, merge, new_id, prepare_prompt, sse, usage,
+    ServerState, build_params, collect, completion_logprobs, generate, merge, new_id, prepare_prompt, sse,
+    usage,
 )
 from server.protocol import CompletionRequest
 
@@ -23,8 +25,6 @@ async def completions(body: CompletionRequest, request: Request):
     try:
         prompts = body.prompts()
     except ValueError as exc:
-        from server.errors import bad_value
-
         raise bad_value(exc) from None
     prompt_ids = [prepare_prompt(state, p, params) for p in prompts]
     state.check_capacity()
@@ -39,9 +39,7 @@ async def completions(body: CompletionRequest, request: Request):
             _stream(state, streams, rid, created, prompt_ids, params.n, body, echo, include_usage),
             media_type="text/event-stream",
         )
-    finals: dict[int, object] = {}
-    async for i, out in merge(streams):
-        finals[i] = out
+    finals = await collect(merge(streams), request)
     choices = []
     for i in range(len(prompts)):
         for o in finals[i].outputs:

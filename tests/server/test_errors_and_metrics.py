@@ -119,3 +119,17 @@ def test_api_key_and_capacity(tiny_model_dir):
             assert "capacity" in err["message"]
     finally:
         srv.stop()
+
+
+def test_non_streaming_client_that_leaves_is_aborted(http, server):
+    before = scrape(http)["lantern:generation_tokens_total"]
+    body = {"model": "tiny", "messages": OK_MSG, "max_tokens": 240, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.base_url}{CHAT}", json=body, timeout=0.3)
+    for _ in range(100):
+        m = scrape(http)
+        if m["lantern:num_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["lantern:num_requests_running"] == 0 and m["lantern:kv_cache_usage_perc"] == 0
+    assert m["lantern:generation_tokens_total"] - before < 240  # stopped early, not run to the end
