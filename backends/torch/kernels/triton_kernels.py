@@ -35,6 +35,22 @@ def write_kv(k_pool, v_pool, k, v, slots) -> None:
 
 
 @triton.jit
+def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale):
+    """Fold one tile of keys into the running (max, sum, weighted values) of each query row.
+
+    q [M, D], k/v [N, D], allowed [M, N]; rows with nothing allowed yet keep m = -inf safely."""
+    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_ptr, l_ptr, scale,
                            stride_qb, stride_qh, stride_s, stride_sh, stride_bt,
                            BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -63,15 +79,7 @@ def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_pt
         km = valid[:, None] & dm[None, :]
         k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(tl.float32)
         v = tl.load(vp_ptr + rows, mask=km, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(q, k, v, valid[None, :], m_i, l_i, acc, scale)
     base = (b * NUM_HEADS + heads) * NUM_SPLITS + split
     tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gm[:, None] & dm[None, :])
     tl.store(m_ptr + base, m_i, mask=gm)
@@ -152,16 +160,8 @@ def _prefill_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, out_ptr, q_len, ctx_len, scal
         km = (tok < ctx_len)[:, None] & dm[None, :]
         k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(tl.float32)
         v = tl.load(vp_ptr + rows, mask=km, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
         allowed = (tok[None, :] <= pos_q[:, None]) & (tok[None, :] < ctx_len)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + offs_m[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mm[:, None] & dm[None, :])
