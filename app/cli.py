@@ -76,8 +76,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.chat_template:
         with open(args.chat_template, encoding="utf-8") as f:
             options["chat_template"] = f.read()
-    if args.ui_server:
-        logging.getLogger("lantern").warning("--ui-server: the browser chat is not built yet; serving the API only")
     engine = AsyncEngine(**options)
     served = args.served_model_name
     if served is None and not (args.weights or args.model_id or args.gguf):
@@ -86,15 +84,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         served_model_name=served,
         api_key=args.api_key or os.environ.get("LANTERN_API_KEY") or None,
         max_waiting=args.max_waiting,
+        ui_server=args.ui_server,
     )
     app = create_app(engine, settings)
     logging.getLogger("lantern").info(
-        "serving %s at http://%s:%d/v1", app.state.lantern.model_name, args.host, args.port
+        "serving %s at http://%s:%d/v1%s", app.state.lantern.model_name, args.host, args.port,
+        f" (browser chat at http://{args.host}:{args.port}/)" if args.ui_server else "",
     )
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log)
     finally:
         engine.shutdown()
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from tui.app import ChatApp
+    from tui.client import ChatError, EngineClient, HTTPClient
+
+    if args.url:
+        client = HTTPClient(args.url, args.api_key)
+        try:
+            asyncio.run(client.connect())
+        except ChatError as exc:
+            raise RuntimeError(str(exc)) from None
+    else:
+        from app.engine import AsyncEngine
+
+        logging.getLogger().setLevel(logging.WARNING)  # keep the terminal for the app
+        client = EngineClient(AsyncEngine(**engine_options(args)))
+    ChatApp(client).run()
     return 0
 
 
@@ -121,8 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None, help="require this bearer key (or set LANTERN_API_KEY)")
     serve.add_argument("--chat-template", default=None, metavar="FILE", help="Jinja chat template overriding the model's")
     serve.add_argument("--max-waiting", type=int, default=1024, help="queued requests before answering 503")
-    serve.add_argument("--ui-server", action="store_true", help="also serve the browser chat at / (reserved)")
+    serve.add_argument("--ui-server", action="store_true", help="also serve the browser chat at /")
     serve.set_defaults(func=cmd_serve)
+
+    chat = sub.add_parser("chat", help="terminal chat (in-process engine, or --url of a server)",
+                          description="A Textual chat: runs the model in-process, or talks to a running server.")
+    add_model_args(chat)
+    chat.add_argument("--url", default=None, help="attach to a running server, e.g. http://127.0.0.1:2000")
+    chat.add_argument("--api-key", default=None, help="bearer key for --url (or set LANTERN_API_KEY)")
+    chat.set_defaults(func=cmd_chat)
     return parser
 
 

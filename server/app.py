@@ -5,7 +5,10 @@ import hmac
 import time
 from dataclasses import dataclass
 
+from pathlib import Path
+
 from fastapi import FastAPI, Request
+from fastapi.staticfiles import StaticFiles
 
 from app.engine import AsyncEngine
 from server.errors import error_response, install_error_handlers
@@ -14,6 +17,9 @@ from server.metrics import ServerMetrics
 from server.routes import admin, chat, completions, models
 
 OPEN_PATHS = {"/health"}
+WEB_DIR = Path(__file__).resolve().parent.parent / "assets" / "web"
+# With the browser chat on, these stay open so the page can load and ask for the key.
+API_PREFIXES = ("/v1", "/tokenize", "/detokenize", "/metrics", "/docs", "/openapi.json", "/redoc")
 
 
 @dataclass
@@ -21,6 +27,7 @@ class ServerSettings:
     served_model_name: str | None = None
     api_key: str | None = None
     max_waiting: int = 1024
+    ui_server: bool = False  # serve the browser chat (assets/web) at /
 
 
 def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
@@ -37,7 +44,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> F
     @app.middleware("http")
     async def require_api_key(request: Request, call_next):
         key = settings.api_key
-        if key and request.url.path not in OPEN_PATHS:
+        path = request.url.path
+        is_page = settings.ui_server and not path.startswith(API_PREFIXES)
+        if key and path not in OPEN_PATHS and not is_page:
             given = request.headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), key.encode()):
@@ -47,4 +56,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> F
 
     for module in (chat, completions, models, admin):
         app.include_router(module.router)
+    if settings.ui_server:
+        # Mounted last: the API routes above take precedence over the static files.
+        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
     return app

@@ -1,0 +1,212 @@
+// Lantern browser chat: talks to the same-origin OpenAI API (/v1), keeps conversations in
+// localStorage, streams replies over SSE, and shows live stats from /metrics.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const STORE = "lantern.conversations", SETTINGS = "lantern.settings";
+const state = {
+  conversations: JSON.parse(localStorage.getItem(STORE) || "[]"),
+  current: null,
+  settings: Object.assign({ system: "", temperature: 0.7, maxTokens: 512, apiKey: "", model: "" },
+    JSON.parse(localStorage.getItem(SETTINGS) || "{}")),
+  controller: null,
+};
+
+function save() {
+  localStorage.setItem(STORE, JSON.stringify(state.conversations));
+  localStorage.setItem(SETTINGS, JSON.stringify(state.settings));
+}
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  if (state.settings.apiKey) h.Authorization = `Bearer ${state.settings.apiKey}`;
+  return h;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+async function explain(response) {
+  let detail = "";
+  try { detail = (await response.json()).error.message; } catch (_) { /* not JSON */ }
+  if (response.status === 401) return "The server needs a valid API key: enter it in Settings.";
+  if (response.status === 404) return `Model not found: ${detail}`;
+  if (response.status === 503) return "The server is busy (queue full). Try again in a moment.";
+  return `Request failed (${response.status}): ${detail || response.statusText}`;
+}
+
+// ---- rendering ------------------------------------------------------------------------
+function renderReply(text) {
+  // Reasoning models wrap their thoughts in <think>…</think>: show them collapsed.
+  const m = text.match(/^\s*<think>([\s\S]*?)(<\/think>|$)([\s\S]*)$/);
+  if (!m) return Markdown.render(text);
+  const thoughts = `<details class="think"><summary>Reasoning</summary>${Markdown.render(m[1])}</details>`;
+  return thoughts + Markdown.render(m[3] || "");
+}
+
+function messageElement(msg) {
+  const el = document.createElement("div");
+  el.className = `msg ${msg.role}`;
+  el.innerHTML = msg.role === "assistant" ? renderReply(msg.content) : Markdown.escape(msg.content).replace(/\n/g, "<br>");
+  return el;
+}
+
+function renderMessages() {
+  const box = $("messages");
+  box.innerHTML = "";
+  for (const msg of state.current ? state.current.messages : []) box.appendChild(messageElement(msg));
+  box.scrollTop = box.scrollHeight;
+}
+
+function renderConversations() {
+  const list = $("conversations");
+  list.innerHTML = "";
+  for (const conv of state.conversations) {
+    const li = document.createElement("li");
+    li.textContent = conv.title || "New chat";
+    li.className = conv === state.current ? "active" : "";
+    li.onclick = () => { state.current = conv; renderConversations(); renderMessages(); document.body.classList.remove("sidebar-open"); };
+    list.appendChild(li);
+  }
+}
+
+function newConversation() {
+  const conv = { id: Date.now().toString(36), title: "", messages: [] };
+  state.conversations.unshift(conv);
+  state.current = conv;
+  save(); renderConversations(); renderMessages();
+}
+
+// ---- talking to the server ----------------------------------------------------------------
+async function loadModels() {
+  try {
+    const r = await fetch("/v1/models", { headers: headers() });
+    if (!r.ok) { showError(await explain(r)); return; }
+    const select = $("model");
+    select.innerHTML = "";
+    for (const m of (await r.json()).data) {
+      const opt = document.createElement("option");
+      opt.value = opt.textContent = m.id;
+      select.appendChild(opt);
+    }
+    if (state.settings.model && [...select.options].some((o) => o.value === state.settings.model)) select.value = state.settings.model;
+    showError("");
+  } catch (e) { showError(`Cannot reach the server: ${e.message}`); }
+}
+
+async function send(text) {
+  if (!state.current) newConversation();
+  const conv = state.current;
+  conv.messages.push({ role: "user", content: text });
+  if (!conv.title) conv.title = text.slice(0, 40);
+  const reply = { role: "assistant", content: "" };
+  conv.messages.push(reply);
+  save(); renderConversations(); renderMessages();
+  const bubble = $("messages").lastElementChild;
+  const history = conv.messages.slice(0, -1).map(({ role, content }) => ({ role, content }));
+  if (state.settings.system) history.unshift({ role: "system", content: state.settings.system });
+  const body = {
+    model: $("model").value, messages: history, stream: true,
+    temperature: Number(state.settings.temperature), max_tokens: Number(state.settings.maxTokens),
+  };
+  state.controller = new AbortController();
+  setBusy(true);
+  const started = performance.now();
+  let first = null, tokens = 0;
+  try {
+    const r = await fetch("/v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body), signal: state.controller.signal });
+    if (!r.ok) { conv.messages.pop(); showError(await explain(r)); return; }
+    showError("");
+    const reader = r.body.getReader(), decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const event = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
+        const delta = JSON.parse(event.slice(6)).choices?.[0]?.delta?.content;
+        if (!delta) continue;
+        if (first === null) { first = performance.now(); $("stat-ttft").textContent = `${((first - started) / 1000).toFixed(2)} s`; }
+        tokens += 1;
+        reply.content += delta;
+        bubble.innerHTML = renderReply(reply.content);
+        $("messages").scrollTop = $("messages").scrollHeight;
+        const secs = (performance.now() - first) / 1000;
+        if (secs > 0) $("stat-tps").textContent = (tokens / secs).toFixed(1);
+      }
+    }
+  } catch (e) {
+    if (e.name !== "AbortError") showError(`Connection lost: ${e.message}`);
+  } finally {
+    state.controller = null;
+    setBusy(false);
+    save();
+  }
+}
+
+function setBusy(busy) {
+  $("send").hidden = busy;
+  $("stop").hidden = !busy;
+}
+
+// ---- live stats from /metrics ------------------------------------------------------------
+async function pollMetrics() {
+  try {
+    const r = await fetch("/metrics", { headers: headers() });
+    if (r.ok) {
+      const text = await r.text();
+      const read = (name) => { const m = text.match(new RegExp(`^lantern:${name}\\{[^}]*\\} ([0-9.e+-]+)`, "m")); return m ? Number(m[1]) : null; };
+      const kv = read("kv_cache_usage_perc");
+      if (kv !== null) $("stat-kv").textContent = `${(kv * 100).toFixed(0)}%`;
+      $("stat-running").textContent = read("num_requests_running") ?? "–";
+      $("stat-waiting").textContent = read("num_requests_waiting") ?? "–";
+    }
+  } catch (_) { /* the next poll will try again */ }
+}
+
+// ---- wiring -----------------------------------------------------------------------------
+function openSettings() {
+  $("set-system").value = state.settings.system;
+  $("set-temperature").value = state.settings.temperature;
+  $("set-max-tokens").value = state.settings.maxTokens;
+  $("set-api-key").value = state.settings.apiKey;
+  $("settings").showModal();
+}
+
+$("save-settings").onclick = () => {
+  state.settings.system = $("set-system").value;
+  state.settings.temperature = Number($("set-temperature").value);
+  state.settings.maxTokens = Number($("set-max-tokens").value);
+  state.settings.apiKey = $("set-api-key").value.trim();
+  save();
+  loadModels();
+};
+$("open-settings").onclick = openSettings;
+$("new-chat").onclick = newConversation;
+$("toggle-sidebar").onclick = () => document.body.classList.toggle("sidebar-open");
+$("model").onchange = () => { state.settings.model = $("model").value; save(); };
+$("stop").onclick = () => state.controller && state.controller.abort();
+$("composer").onsubmit = (e) => {
+  e.preventDefault();
+  const text = $("input").value.trim();
+  if (!text || state.controller) return;
+  $("input").value = "";
+  send(text);
+};
+$("input").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); }
+});
+
+state.current = state.conversations[0] || null;
+renderConversations();
+renderMessages();
+loadModels();
+pollMetrics();
+setInterval(pollMetrics, 2000);

@@ -1,0 +1,131 @@
+"""The browser chat (`--ui-server`) in headless Debian Chromium, driven by Playwright, against a
+live server on 127.0.0.1. Each test leaves a screenshot of its end state in its tmp_path."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import httpx
+import pytest
+
+from server.app import ServerSettings
+from tests.server.conftest import start_server
+
+pytest.importorskip("mlx.core")
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = os.environ.get("LANTERN_CHROMIUM", "/usr/bin/chromium")
+pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture(scope="module")
+def ui_server(tiny_model_dir):
+    srv = start_server(tiny_model_dir("llama2"), ServerSettings(served_model_name="tiny", ui_server=True))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, tmp_path, request):
+    size = getattr(request, "param", {"width": 1280, "height": 800})
+    context = browser.new_context(viewport=size)
+    pg = context.new_page()
+    yield pg
+    pg.screenshot(path=str(tmp_path / f"{request.node.name}.png"), full_page=True)
+    context.close()
+
+
+def set_settings(page, temperature=None, max_tokens=None, api_key=None):
+    page.click("#open-settings")
+    if temperature is not None:
+        page.fill("#set-temperature", str(temperature))
+    if max_tokens is not None:
+        page.fill("#set-max-tokens", str(max_tokens))
+    if api_key is not None:
+        page.fill("#set-api-key", api_key)
+    page.click("#save-settings")
+
+
+def wait_idle(page):
+    page.wait_for_selector("#send", state="visible", timeout=60_000)
+
+
+@pytest.mark.parametrize("page", [{"width": 1280, "height": 800}, {"width": 375, "height": 740}], indirect=True,
+                         ids=["desktop", "phone"])
+def test_send_message_streams_reply_and_survives_reload(ui_server, page):
+    page.goto(ui_server.base_url + "/")
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+    assert page.input_value("#model") == "tiny"
+    set_settings(page, temperature=0, max_tokens=12)
+    page.fill("#input", "Hello there")
+    page.press("#input", "Enter")
+    wait_idle(page)
+    reply = page.inner_text(".msg.assistant")
+    expected = httpx.post(ui_server.base_url + "/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "temperature": 0, "max_tokens": 12,
+    }).json()["choices"][0]["message"]["content"]
+    assert reply.strip() and reply.split() == expected.split()
+    assert page.inner_text("#stat-ttft") != "–"
+    page.reload()
+    page.wait_for_selector(".msg.user")
+    assert page.inner_text(".msg.user") == "Hello there"
+    assert page.locator("#conversations li").first.inner_text() == "Hello there"
+    if page.viewport_size["width"] < 700:  # phone: the sidebar is a drawer that opens on demand
+        assert not page.is_visible("#new-chat") or page.locator("#sidebar").bounding_box()["x"] < 0
+        page.click("#toggle-sidebar")
+        page.wait_for_timeout(300)
+        assert page.locator("#sidebar").bounding_box()["x"] >= 0
+
+
+def test_stop_button_ends_generation(ui_server, page):
+    page.goto(ui_server.base_url + "/")
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+    set_settings(page, temperature=1, max_tokens=4000)
+    page.fill("#input", "Write a very long story")
+    page.press("#input", "Enter")
+    page.wait_for_selector("#stop", state="visible")
+    page.wait_for_function("document.querySelector('.msg.assistant').textContent.length > 0")
+    page.click("#stop")
+    wait_idle(page)
+    for _ in range(100):
+        metrics = httpx.get(ui_server.base_url + "/metrics").text
+        if 'lantern:num_requests_running{model_name="tiny"} 0.0' in metrics:
+            break
+        page.wait_for_timeout(50)
+    assert 'lantern:num_requests_running{model_name="tiny"} 0.0' in metrics
+    assert page.is_hidden("#error")
+
+
+def test_wrong_api_key_shows_clear_message(tiny_model_dir, browser, tmp_path):
+    srv = start_server(tiny_model_dir("llama2"), ServerSettings(served_model_name="tiny", ui_server=True, api_key="k1"))
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(srv.base_url + "/")  # the page itself loads without the key
+        page.wait_for_selector("#error", state="visible")
+        assert "API key" in page.inner_text("#error")
+        set_settings(page, api_key="wrong")
+        page.fill("#input", "hi")
+        page.press("#input", "Enter")
+        page.wait_for_function("document.querySelector('#error').textContent.includes('API key')")
+        set_settings(page, api_key="k1", temperature=0, max_tokens=4)
+        page.wait_for_function("document.querySelector('#model').options.length > 0")
+        page.fill("#input", "hi again")
+        page.press("#input", "Enter")
+        wait_idle(page)
+        assert page.is_hidden("#error")
+        assert page.locator(".msg.assistant").last.inner_text().strip()
+    finally:
+        page.screenshot(path=str(tmp_path / "wrong_api_key.png"), full_page=True)
+        context.close()
+        srv.stop()

@@ -1,0 +1,164 @@
+"""The terminal chat under Textual's pilot, against a real in-process engine on a tiny model."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("mlx.core")
+pytest.importorskip("textual")
+
+from app.engine import AsyncEngine  # noqa: E402
+from tui.app import ChatApp, Message, split_reasoning  # noqa: E402
+from tests.fixtures.tiny_models import build_model  # noqa: E402
+from tui.client import ChatSettings, EngineClient  # noqa: E402
+
+
+class RecordingClient(EngineClient):
+    """The real engine client, remembering what each request asked for."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.sent: list[tuple[list[dict], ChatSettings]] = []
+
+    def stream_chat(self, messages, settings):
+        self.sent.append((messages, settings))
+        return super().stream_chat(messages, settings)
+
+    async def close(self) -> None:  # the engine is shared by the tests of this module
+        pass
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    eng = AsyncEngine(model=tiny_model_dir("llama2"), backend="mlx", dtype="float32", block_size=4, num_kv_blocks=512)
+    yield eng
+    eng.shutdown()
+
+
+async def wait_for(predicate, pilot, timeout=30.0):
+    for _ in range(int(timeout / 0.05)):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition not reached")
+
+
+def test_prompt_streams_reply_and_stats_update(engine):
+    client = RecordingClient(engine, model_name="tiny")
+
+    async def run():
+        app = ChatApp(client, ChatSettings(temperature=0, max_tokens=12), stats_interval=0.1)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.click("#prompt")
+            await pilot.press(*"Hello there", "enter")
+            await wait_for(lambda: not app.generating and len(app.history) == 2, pilot)
+            replies = app.query(Message).filter(".assistant")
+            assert replies.last().text and replies.last().text == app.history[-1]["content"]
+            assert app.stats.get("ttft") is not None and app.stats.get("kv_usage") is not None
+            assert "TTFT" in str(app.query_one("#stats").render())
+            return app.history[-1]["content"]
+
+    reply = asyncio.run(run())
+    import asyncio as aio
+
+    async def direct():
+        out = ""
+        async for d in client.stream_chat([{"role": "user", "content": "Hello there"}], ChatSettings(temperature=0, max_tokens=12)):
+            out += d
+        return out
+
+    assert reply == aio.run(direct())
+
+
+@pytest.fixture(scope="module")
+def long_engine(tmp_path_factory):
+    # A 4k context so a reply takes long enough to be stopped by a key press.
+    path = build_model("llama2", tmp_path_factory.mktemp("long"), max_position_embeddings=4096)
+    eng = AsyncEngine(model=str(path), backend="mlx", dtype="float32", block_size=16, num_kv_blocks=300)
+    yield eng
+    eng.shutdown()
+
+
+def test_escape_stops_generation_and_settings_change_request(long_engine):
+    engine = long_engine
+    client = RecordingClient(engine, model_name="tiny")
+
+    async def run():
+        # Greedy on this model runs for hundreds of tokens before its EOS: time to press Esc.
+        app = ChatApp(client, ChatSettings(temperature=0, max_tokens=4000))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.click("#prompt")
+            await pilot.press(*"long story", "enter")
+            await wait_for(lambda: app.generating and len(app.query(Message).last().text) > 20, pilot)
+            assert engine.stats()["num_running"] == 1  # the request is mid-generation
+            await pilot.press("escape")
+            await wait_for(lambda: not app.generating, pilot)
+            for _ in range(100):
+                if engine.stats()["num_running"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert engine.stats()["num_running"] == 0 and engine.stats()["kv_usage"] == 0
+            stopped_at = engine.stats()["generation_tokens"]
+            await asyncio.sleep(0.5)
+            assert engine.stats()["generation_tokens"] == stopped_at  # nothing more was generated
+            # Settings: max tokens 3 and a system prompt, applied to the next request.
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            screen = app.screen
+            screen.query_one("#max_tokens").value = "3"
+            screen.query_one("#temperature").value = "0"
+            screen.query_one("#system").value = "Be brief."
+            await pilot.click("#save")
+            await pilot.pause()
+            assert app.settings.max_tokens == 3
+            await pilot.click("#prompt")
+            await pilot.press(*"again", "enter")
+            await wait_for(lambda: not app.generating and app.history[-1]["role"] == "assistant", pilot)
+            messages, settings = client.sent[-1]
+            assert messages[0] == {"role": "system", "content": "Be brief."}
+            assert settings.max_tokens == 3 and settings.temperature == 0
+            assert len(engine.tokenizer.encode(app.history[-1]["content"], add_special_tokens=False)) <= 4
+
+    asyncio.run(run())
+
+
+def test_bad_settings_are_refused_and_errors_shown(engine):
+    client = RecordingClient(engine, model_name="tiny")
+
+    async def run():
+        app = ChatApp(client)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            app.screen.query_one("#temperature").value = "hot"
+            await pilot.click("#save")
+            await pilot.pause()
+            assert "must be numbers" in str(app.screen.query_one("#settings-error").render())
+            await pilot.press("escape")
+            await pilot.pause()
+            # A prompt longer than the context: shown in the app, no traceback.
+            await pilot.click("#prompt")
+            app.query_one("#prompt").value = "word " * 400
+            await pilot.press("enter")
+            await wait_for(lambda: not app.generating and app.query_one("#error").display, pilot)
+            assert "context" in str(app.query_one("#error").render())
+
+    asyncio.run(run())
+
+
+def test_reasoning_is_split_out():
+    assert split_reasoning("<think>plan it</think>Answer") == ("plan it", "Answer")
+    assert split_reasoning("<think>still thinking") == ("still thinking", "")
+    assert split_reasoning("No thoughts") == (None, "No thoughts")
+
+
+def test_snapshots(engine, snap_compare):
+    client = RecordingClient(engine, model_name="tiny")
+    assert snap_compare(ChatApp(client, stats_interval=3600), terminal_size=(100, 30))
+
+    async def open_settings(pilot):
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+
+    assert snap_compare(ChatApp(client, stats_interval=3600), terminal_size=(100, 30), run_before=open_settings)

@@ -1,0 +1,182 @@
+"""`lantern chat`: a Textual terminal chat over a ChatClient (in-process engine or HTTP server)."""
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Collapsible, Footer, Header, Input, Label, Markdown, Static
+
+from tui.client import ChatClient, ChatError, ChatSettings
+from tui.settings import SettingsScreen
+
+_THINK = re.compile(r"^\s*<think>(.*?)(?:</think>|$)(.*)$", re.S)
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(<think> content or None, the visible answer)."""
+    m = _THINK.match(text)
+    return (m.group(1).strip(), m.group(2).lstrip()) if m else (None, text)
+
+
+class Message(Vertical):
+    """One chat turn; an assistant turn shows its reasoning collapsed above the answer."""
+
+    def __init__(self, role: str, text: str = ""):
+        super().__init__(classes=f"message {role}")
+        self.role, self.text = role, text
+
+    def compose(self) -> ComposeResult:
+        yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        if self.role == "assistant":
+            with Collapsible(title="Reasoning", collapsed=True, id="reasoning"):
+                yield Markdown("", id="thoughts")
+        yield Markdown(self.text, id="body")
+
+    def on_mount(self) -> None:
+        if self.role == "assistant":
+            self.query_one("#reasoning").display = False
+
+    async def set_text(self, text: str) -> None:
+        self.text = text
+        thoughts, answer = split_reasoning(text)
+        if thoughts is not None:
+            self.query_one("#reasoning").display = True
+            await self.query_one("#thoughts", Markdown).update(thoughts)
+        await self.query_one("#body", Markdown).update(answer)
+
+
+class StatsPanel(Static):
+    def show(self, stats: dict) -> None:
+        def fmt(value, spec):
+            return "–" if value is None else format(value, spec)
+
+        kv = stats.get("kv_usage")
+        self.update(
+            "[b]Live stats[/b]\n\n"
+            f"tokens/s  {fmt(stats.get('tps'), '.1f')}\n"
+            f"TTFT      {fmt(stats.get('ttft'), '.2f')}{' s' if stats.get('ttft') is not None else ''}\n"
+            f"KV cache  {'–' if kv is None else f'{kv * 100:.0f}%'}\n"
+            f"running   {fmt(stats.get('running'), '.0f')}\n"
+            f"waiting   {fmt(stats.get('waiting'), '.0f')}"
+        )
+
+
+class ChatApp(App):
+    CSS_PATH = "chat.tcss"
+    TITLE = "Lantern"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+s", "settings", "Settings"),
+        Binding("ctrl+y", "copy_last", "Copy reply"),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    def __init__(self, client: ChatClient, settings: ChatSettings | None = None, stats_interval: float = 1.0):
+        super().__init__()
+        self.client = client
+        self.settings = settings or ChatSettings()
+        self.history: list[dict] = []
+        self.stats: dict = {}
+        self.stats_interval = stats_interval
+        self.generating = False
+
+    def compose(self) -> ComposeResult:
+        # Kept as attributes: queries resolve against the active screen, which may be a modal.
+        self.log_view = VerticalScroll(id="log")
+        self.stats_panel = StatsPanel(id="stats")
+        self.error_box = Static("", id="error")
+        yield Header()
+        with Horizontal():
+            yield self.log_view
+            yield self.stats_panel
+        yield self.error_box
+        yield Input(placeholder="Message (Enter to send)", id="prompt")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.client.model_name
+        self.error_box.display = False
+        self.stats_panel.show(self.stats)
+        self.set_interval(self.stats_interval, self.refresh_stats)
+        self.query_one("#prompt", Input).focus()
+
+    async def refresh_stats(self) -> None:
+        self.stats.update(await self.client.stats())
+        self.stats_panel.show(self.stats)
+
+    def show_error(self, message: str) -> None:
+        self.error_box.update(f"[b]Error:[/b] {message}")
+        self.error_box.display = bool(message)
+
+    async def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text or self.generating:
+            return
+        event.input.value = ""
+        self.show_error("")
+        self.history.append({"role": "user", "content": text})
+        log = self.log_view
+        await log.mount(Message("user", text))
+        reply = Message("assistant")
+        await log.mount(reply)
+        log.scroll_end(animate=False)
+        self.generate(reply)
+
+    @work(exclusive=True, group="generate")
+    async def generate(self, reply: Message) -> None:
+        messages = list(self.history)
+        if self.settings.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.settings.system_prompt})
+        self.generating = True
+        text, pieces, start, first = "", 0, time.monotonic(), None
+        try:
+            stream = self.client.stream_chat(messages, self.settings)
+            async with contextlib.aclosing(stream):
+                async for delta in stream:
+                    now = time.monotonic()
+                    if first is None:
+                        first = now
+                        self.stats["ttft"] = now - start
+                    pieces += 1
+                    text += delta
+                    if now > first:
+                        self.stats["tps"] = (pieces - 1) / (now - first)
+                    await reply.set_text(text)
+                    self.log_view.scroll_end(animate=False)
+        except ChatError as exc:
+            self.show_error(str(exc))
+        finally:
+            self.generating = False
+            self.history.append({"role": "assistant", "content": text})
+            self.stats_panel.show(self.stats)
+
+    def action_stop(self) -> None:
+        self.workers.cancel_group(self, "generate")
+
+    async def action_new_chat(self) -> None:
+        self.action_stop()
+        self.history.clear()
+        await self.log_view.remove_children()
+        self.show_error("")
+
+    def action_settings(self) -> None:
+        def apply(result: ChatSettings | None) -> None:
+            if result is not None:
+                self.settings = result
+
+        self.push_screen(SettingsScreen(self.settings), apply)
+
+    def action_copy_last(self) -> None:
+        replies = [m["content"] for m in self.history if m["role"] == "assistant"]
+        if replies:
+            self.copy_to_clipboard(replies[-1])
+            self.notify("Copied the last reply")
+
+    async def on_unmount(self) -> None:
+        await self.client.close()

@@ -1,0 +1,129 @@
+"""One small client interface for the terminal chat: an in-process engine or a running server.
+
+Both stream reply text for a list of chat messages and report live stats with the same keys
+(tokens are counted by the chat app itself).
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+import httpx
+
+from app.engine import AsyncEngine, SamplingParams
+
+
+@dataclass
+class ChatSettings:
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 512
+
+
+class ChatError(RuntimeError):
+    """A failure to show the user (unreachable server, bad key, context too long...)."""
+
+
+class ChatClient(Protocol):
+    model_name: str
+
+    def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[str]: ...
+
+    async def stats(self) -> dict: ...
+
+    async def close(self) -> None: ...
+
+
+class EngineClient:
+    """Runs the model in this process through the public AsyncEngine API."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str | None = None):
+        self.engine = engine
+        self.model_name = model_name or engine.engine.model_name
+
+    async def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[str]:
+        try:
+            prompt = self.engine.engine.apply_chat_template(messages)
+            ids = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
+            params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
+                                    max_tokens=settings.max_tokens)
+            stream = self.engine.generate(ids, params, uuid.uuid4().hex, prompt_token_ids=ids)
+            async for out in stream:
+                if out.outputs[0].text_delta:
+                    yield out.outputs[0].text_delta
+        except ValueError as exc:
+            raise ChatError(str(exc)) from None
+
+    async def stats(self) -> dict:
+        s = self.engine.stats()
+        return {"kv_usage": s["kv_usage"], "running": s["num_running"], "waiting": s["num_waiting"]}
+
+    async def close(self) -> None:
+        self.engine.shutdown()
+
+
+class HTTPClient:
+    """Talks to a running `lantern serve` (or any OpenAI-compatible server) over HTTP."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0):
+        self.base = url.rstrip("/").removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=self.base, headers=headers, timeout=timeout)
+        self.model_name = ""
+
+    async def connect(self) -> None:
+        try:
+            r = await self.http.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise ChatError(f"cannot reach {self.base}: {exc}") from None
+        if r.status_code != 200:
+            raise ChatError(_error_message(r))
+        self.model_name = r.json()["data"][0]["id"]
+
+    async def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[str]:
+        body = {"model": self.model_name, "messages": messages, "stream": True,
+                "temperature": settings.temperature, "top_p": settings.top_p, "max_tokens": settings.max_tokens}
+        try:
+            async with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    raise ChatError(_error_message(r))
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    choices = json.loads(line[6:]).get("choices") or [{}]
+                    delta = choices[0].get("delta", {}).get("content")
+                    if delta:
+                        yield delta
+        except httpx.HTTPError as exc:
+            raise ChatError(f"connection to {self.base} failed: {exc}") from None
+
+    async def stats(self) -> dict:
+        try:
+            text = (await self.http.get("/metrics")).text
+        except httpx.HTTPError:
+            return {}
+
+        def read(name: str) -> float | None:
+            m = re.search(rf"^lantern:{name}\{{[^}}]*\}} ([0-9.e+-]+)", text, re.M)
+            return float(m.group(1)) if m else None
+
+        return {"kv_usage": read("kv_cache_usage_perc"), "running": read("num_requests_running"),
+                "waiting": read("num_requests_waiting")}
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        message = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = r.text[:200]
+    if r.status_code == 401:
+        return f"the server needs a valid API key (--api-key): {message}"
+    return f"server answered {r.status_code}: {message}"
