@@ -119,6 +119,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_menubar(args: argparse.Namespace) -> int:
+    from app.menubar.controller import ServerController
+    from app.menubar.tray import Tray
+
+    controller = ServerController(port=args.port)
+    try:
+        Tray(controller).run()
+    finally:
+        controller.stop()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lantern", description="Local LLM inference and serving.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -151,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--url", default=None, help="attach to a running server, e.g. http://127.0.0.1:2000")
     chat.add_argument("--api-key", default=None, help="bearer key for --url (or set LANTERN_API_KEY)")
     chat.set_defaults(func=cmd_chat)
+
+    menubar = sub.add_parser("menubar", help="status-bar / tray launcher for the server",
+                             description="A menu-bar (macOS) or tray (Linux) icon that starts and stops "
+                                         "`lantern serve`, picks a model and opens the browser chat.")
+    menubar.add_argument("--p", "--port", dest="port", type=int, default=2000, help="port of the server it runs")
+    menubar.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+    menubar.set_defaults(func=cmd_menubar)
     return parser
 
 

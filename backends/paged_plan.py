@@ -1,7 +1,7 @@
 """Backend-neutral attention plan for one ScheduledBatch, in numpy.
 
 Both backends attend the same way: single-token queries (decodes) in one padded batch that
-gathers each sequence's context by slot index, and each multi-token prefill chunk on its own
+gathers each sequence's context block by block, and each multi-token prefill chunk on its own
 (reading its cached prefix back from the pool when there is one). This module computes the index
 arrays once per step; each backend only converts them to its own arrays.
 """
@@ -26,8 +26,6 @@ class PrefillPlan:
 @dataclass
 class AttentionPlan:
     decode_token_idx: np.ndarray | None = None  # [B] rows of the flattened batch
-    decode_slots: np.ndarray | None = None  # [B, L] int32 (0 where masked)
-    decode_valid: np.ndarray | None = None  # [B, L] bool
     decode_block_tables: np.ndarray | None = None  # [B, max_blocks] int32 (kernels read these)
     decode_seq_lens: np.ndarray | None = None  # [B] int32
     prefills: list[PrefillPlan] = field(default_factory=list)
@@ -54,10 +52,7 @@ def plan_attention(batch: ScheduledBatch) -> AttentionPlan:
         for r, i in enumerate(decode):
             bt = batch.block_tables[i][:max_blocks]
             tables[r, : len(bt)] = bt
-        valid = np.arange(max_len)[None, :] < seq_lens[decode][:, None]
         plan.decode_token_idx = starts[decode].astype(np.int32)
-        plan.decode_slots = np.where(valid, _slots(tables, max_len, bs), 0).astype(np.int32)
-        plan.decode_valid = valid
         plan.decode_block_tables = tables.astype(np.int32)
         plan.decode_seq_lens = seq_lens[decode].astype(np.int32)
         order.append(plan.decode_token_idx)

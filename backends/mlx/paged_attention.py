@@ -50,26 +50,50 @@ class AttentionMetadata:
     positions: mx.array  # [T]
     slot_mapping: mx.array  # [T]
     # Single-token queries (decodes), batched into one padded SDPA call.
+    block_size: int = 16
     decode_token_idx: mx.array | None = None  # [B]
-    decode_slots: mx.array | None = None  # [B, L]
-    decode_mask: mx.array | None = None  # [B, 1, 1, L] bool
+    decode_tables: mx.array | None = None  # [B, max_blocks]
+    decode_mask: mx.array | None = None  # [B, 1, 1, max_blocks * block_size] bool
     prefills: list[PrefillGroup] = field(default_factory=list)
     # Pieces are computed decode-first then prefills; this permutation restores batch order.
     restore_order: mx.array | None = None
 
 
 def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan) -> AttentionMetadata:
-    meta = AttentionMetadata(pool, mx.array(batch.positions), mx.array(batch.slot_mapping))
+    meta = AttentionMetadata(pool, mx.array(batch.positions), mx.array(batch.slot_mapping), batch.block_size)
     if plan.decode_token_idx is not None:
         meta.decode_token_idx = mx.array(plan.decode_token_idx)
-        meta.decode_slots = mx.array(plan.decode_slots)
-        meta.decode_mask = mx.array(plan.decode_valid[:, None, None, :])
+        tables = plan.decode_block_tables
+        meta.decode_tables = mx.array(tables)
+        span = np.arange(tables.shape[1] * batch.block_size)
+        meta.decode_mask = mx.array((span[None, :] < plan.decode_seq_lens[:, None])[:, None, None, :])
     for g in plan.prefills:
         slots = None if g.context_slots is None else mx.array(g.context_slots)
         meta.prefills.append(PrefillGroup(g.q_start, g.q_end, slots))
     if plan.restore_order is not None:
         meta.restore_order = mx.array(plan.restore_order)
     return meta
+
+
+def _gather_blocks(pool: mx.array, tables: mx.array, block_size: int) -> mx.array:
+    b, nblocks = tables.shape
+    kvh, d = pool.shape[1], pool.shape[2]
+    blocks = pool.reshape(-1, block_size, kvh, d)[tables]  # [B, nblocks, bs, KVH, D]
+    return blocks.reshape(b, nblocks * block_size, kvh, d).transpose(0, 2, 1, 3)
+
+
+def _decode_attention_cpu(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
+    """Grouped-query decode attention as two batched matmuls.
+
+    On the CPU, fast.scaled_dot_product_attention has no fused kernel and costs about twice this
+    for single-token queries (measured: 11 ms vs 5 ms per layer at 32 x 256 tokens); on Metal and
+    CUDA the fused kernel wins, so it is used there."""
+    b, h, _, d = q.shape
+    kvh = k.shape[1]
+    qg = q.reshape(b, kvh, h // kvh, d)
+    scores = (qg @ k.swapaxes(-1, -2)) * scale  # [B, KVH, G, L]
+    scores = mx.where(mask.reshape(b, 1, 1, -1), scores, -mx.inf)
+    return (mx.softmax(scores, axis=-1) @ v).reshape(b, h, 1, d)
 
 
 def paged_attention(
@@ -82,9 +106,13 @@ def paged_attention(
     pieces = []
     if meta.decode_token_idx is not None:
         qd = q[meta.decode_token_idx][:, :, None, :]  # [B, H, 1, D]
-        kd = k_pool[meta.decode_slots].transpose(0, 2, 1, 3)  # [B, KVH, L, D]
-        vd = v_pool[meta.decode_slots].transpose(0, 2, 1, 3)
-        od = mx.fast.scaled_dot_product_attention(qd, kd, vd, scale=scale, mask=meta.decode_mask)
+        # Gather whole blocks (contiguous runs) rather than single slots: far fewer, larger copies.
+        kd = _gather_blocks(k_pool, meta.decode_tables, meta.block_size)  # [B, KVH, L, D]
+        vd = _gather_blocks(v_pool, meta.decode_tables, meta.block_size)
+        if mx.default_device().type == mx.DeviceType.gpu:
+            od = mx.fast.scaled_dot_product_attention(qd, kd, vd, scale=scale, mask=meta.decode_mask)
+        else:
+            od = _decode_attention_cpu(qd, kd, vd, scale, meta.decode_mask)
         pieces.append(od[:, :, 0, :].astype(q.dtype))
     for g in meta.prefills:
         qp = q[g.q_start : g.q_end].transpose(1, 0, 2)[None]  # [1, H, L, D]

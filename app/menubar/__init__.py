@@ -1,0 +1,1 @@
+"""`lantern menubar`: a status-bar / tray launcher for the server (controller + tray)."""

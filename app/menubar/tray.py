@@ -1,0 +1,95 @@
+"""The tray / status-bar icon (pystray): status, Start/Stop, model choice, browser chat, API URL, Quit."""
+from __future__ import annotations
+
+import threading
+import webbrowser
+from pathlib import Path
+from typing import Callable
+
+from app.menubar.controller import FAILED, SERVING, STOPPED, ServerController
+from app.menubar.macos import copy_to_clipboard, status_bar_title
+
+
+def icon_image(size: int = 64):
+    """A small lantern drawn at start-up (no image files to ship)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGBA", (size, size), (0, 0, 0, 0))
+    d = ImageDraw.Draw(img)
+    s = size / 64
+    d.rectangle([26 * s, 4 * s, 38 * s, 10 * s], fill=(60, 60, 60, 255))
+    d.rounded_rectangle([16 * s, 10 * s, 48 * s, 54 * s], radius=8 * s, fill=(240, 180, 41, 255),
+                        outline=(60, 60, 60, 255), width=max(1, int(3 * s)))
+    d.ellipse([24 * s, 22 * s, 40 * s, 42 * s], fill=(255, 240, 200, 255))
+    d.rectangle([20 * s, 54 * s, 44 * s, 60 * s], fill=(60, 60, 60, 255))
+    return img
+
+
+class Tray:
+    def __init__(self, controller: ServerController, opener: Callable[[str], object] = webbrowser.open,
+                 copier: Callable[[str], bool] = copy_to_clipboard):
+        import pystray
+
+        self.pystray = pystray
+        self.controller = controller
+        self.opener, self.copier = opener, copier
+        models = controller.local_models()
+        self.selected: str | None = models[0] if models else None
+        self.icon = pystray.Icon("lantern", icon_image(), title=status_bar_title() or "Lantern", menu=self.menu(models))
+
+    def menu(self, models: list[str]):
+        Item, Menu = self.pystray.MenuItem, self.pystray.Menu
+        c = self.controller
+
+        def choose(model):
+            return lambda icon, item: setattr(self, "selected", model)
+
+        model_items = [Item(Path(m).name or m, choose(m), checked=lambda item, m=m: self.selected == m, radio=True)
+                       for m in models] or [Item("Default model", None, enabled=False)]
+        return Menu(
+            Item(lambda item: c.status_text(), None, enabled=False),
+            Menu.SEPARATOR,
+            # The default item is what a click does where trays have no menu (plain X11).
+            Item("Start", self.start, enabled=lambda item: c.status() in (STOPPED, FAILED), default=True),
+            Item("Stop", self.stop, enabled=lambda item: c.status() not in (STOPPED, FAILED)),
+            Item("Model", Menu(*model_items)),
+            Menu.SEPARATOR,
+            Item("Open browser chat", self.open_chat, enabled=lambda item: c.status() == SERVING),
+            Item("Copy API URL", self.copy_url),
+            Menu.SEPARATOR,
+            Item("Quit", self.quit),
+        )
+
+    def item(self, text: str):
+        """The menu item with this text (for scripting and tests)."""
+        for entry in self.icon.menu.items:
+            if entry.text == text:
+                return entry
+        raise KeyError(text)
+
+    # ---- actions (pystray calls them with (icon, item)) ----------------------------------
+    def start(self, icon=None, item=None) -> None:
+        self.controller.start(self.selected)
+        threading.Thread(target=self._refresh_when_ready, daemon=True).start()
+
+    def _refresh_when_ready(self) -> None:
+        self.controller.wait()
+        self.icon.update_menu()
+
+    def stop(self, icon=None, item=None) -> None:
+        self.controller.stop()
+        self.icon.update_menu()
+
+    def open_chat(self, icon=None, item=None) -> None:
+        self.opener(self.controller.base_url + "/")
+
+    def copy_url(self, icon=None, item=None) -> None:
+        if not self.copier(self.controller.api_url) and self.icon.HAS_NOTIFICATION:
+            self.icon.notify(self.controller.api_url, "API URL")
+
+    def quit(self, icon=None, item=None) -> None:
+        self.controller.stop()
+        self.icon.stop()
+
+    def run(self) -> None:
+        self.icon.run()
