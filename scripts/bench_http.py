@@ -1,8 +1,9 @@
 """HTTP overhead: N concurrent streaming clients through `/v1/completions` vs the same load through
 the Python API (AsyncEngine), in one run on one engine.
 
-  python scripts/bench_http.py --model ~/.cache/lantern/models/SmolLM2-135M-Instruct.Q4_1.gguf
-  python scripts/bench_http.py --openblas      # Linux: MLX's bundled BLAS does not batch
+  python scripts/bench_http.py --openblas --model ~/.cache/lantern/bench/smollm2-135m-f32
+  (that folder is made by scripts/bench_offline.py; on Linux CPU prefer it to the Q4_1 GGUF,
+  whose quantized matmuls are very slow in MLX's CPU kernels at batch 32)
 
 Both paths decode greedily with EOS ignored, so they produce the same tokens; the figure is
 generated tokens / wall time, and the loss is 1 - http / api.
