@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from app.engine import AsyncEngine
@@ -30,6 +30,29 @@ class ServerSettings:
     ui_server: bool = False  # serve the browser chat (assets/web) at /
 
 
+class APIKeyMiddleware:
+    """Bearer-key check as plain ASGI (Starlette's BaseHTTPMiddleware would hide client
+    disconnects from the routes, and they abort requests on disconnect)."""
+
+    def __init__(self, app, settings: ServerSettings):
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope, receive, send):
+        key = self.settings.api_key
+        path = scope.get("path", "")
+        is_page = self.settings.ui_server and not path.startswith(API_PREFIXES)
+        if scope["type"] == "http" and key and path not in OPEN_PATHS and not is_page:
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            given = headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else headers.get("x-api-key", "")
+            if not hmac.compare_digest(token.encode(), key.encode()):
+                response = error_response(401, "missing or invalid API key (send Authorization: Bearer KEY)",
+                                          code="invalid_api_key")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     app = FastAPI(title="Lantern", description="OpenAI-compatible local LLM server", version="0.1.0")
@@ -41,19 +64,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> F
     app.state.started = int(time.time())
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def require_api_key(request: Request, call_next):
-        key = settings.api_key
-        path = request.url.path
-        is_page = settings.ui_server and not path.startswith(API_PREFIXES)
-        if key and path not in OPEN_PATHS and not is_page:
-            given = request.headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(token.encode(), key.encode()):
-                return error_response(401, "missing or invalid API key (send Authorization: Bearer KEY)",
-                                      code="invalid_api_key")
-        return await call_next(request)
-
+    app.add_middleware(APIKeyMiddleware, settings=settings)
     for module in (chat, completions, models, admin):
         app.include_router(module.router)
     if settings.ui_server:

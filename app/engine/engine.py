@@ -59,7 +59,6 @@ class LLMEngine:
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 prefill_chunk_size=config.prefill_chunk_size,
-                max_model_len=max_len,
             ),
             self.block_manager,
         )

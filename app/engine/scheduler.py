@@ -22,7 +22,6 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     prefill_chunk_size: int = 512
-    max_model_len: int = 4096
 
 
 @dataclass

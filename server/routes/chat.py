@@ -80,11 +80,9 @@ async def _stream(state: ServerState, stream, rid: str, created: int, prompt_len
     async for out in stream:
         final = out
         for o in out.outputs:
-            if o.text_delta or o.token_ids_delta:
-                lps = chat_logprobs(tokenizer, o.logprobs_delta) if logprobs and o.logprobs_delta else None
-                if o.text_delta or lps:
-                    yield chunk(o.index, {"content": o.text_delta}, lps=lps)
-        for o in out.outputs:
+            lps = chat_logprobs(tokenizer, o.logprobs_delta) if logprobs and o.logprobs_delta else None
+            if o.text_delta or lps:
+                yield chunk(o.index, {"content": o.text_delta}, lps=lps)
             if o.finished and o.token_ids_delta:  # each choice finishes exactly once
                 yield chunk(o.index, {}, finish=o.finish_reason)
     if final is not None and include_usage:

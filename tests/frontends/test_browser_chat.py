@@ -21,8 +21,13 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 
 
 @pytest.fixture(scope="module")
-def ui_server(tiny_model_dir):
-    srv = start_server(tiny_model_dir("llama2"), ServerSettings(served_model_name="tiny", ui_server=True))
+def ui_server(tmp_path_factory):
+    # A 4k context: greedy replies run for hundreds of tokens, long enough to press Stop.
+    from tests.fixtures.tiny_models import build_model
+
+    path = build_model("llama2", tmp_path_factory.mktemp("long"), max_position_embeddings=4096)
+    srv = start_server(str(path), ServerSettings(served_model_name="tiny", ui_server=True),
+                       block_size=16, num_kv_blocks=300)
     yield srv
     srv.stop()
 
@@ -90,11 +95,12 @@ def test_send_message_streams_reply_and_survives_reload(ui_server, page):
 def test_stop_button_ends_generation(ui_server, page):
     page.goto(ui_server.base_url + "/")
     page.wait_for_function("document.querySelector('#model').options.length > 0")
-    set_settings(page, temperature=1, max_tokens=4000)
-    page.fill("#input", "Write a very long story")
+    set_settings(page, temperature=0, max_tokens=4000)
+    page.fill("#input", "long story")
     page.press("#input", "Enter")
     page.wait_for_selector("#stop", state="visible")
     page.wait_for_function("document.querySelector('.msg.assistant').textContent.length > 0")
+    assert 'lantern:num_requests_running{model_name="tiny"} 1.0' in httpx.get(ui_server.base_url + "/metrics").text
     page.click("#stop")
     wait_idle(page)
     for _ in range(100):

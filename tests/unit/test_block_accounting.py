@@ -49,8 +49,7 @@ def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
 def test_no_block_leaked_or_double_freed(ops, num_blocks, block_size, chunk, caching):
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
     sched = Scheduler(
-        SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, prefill_chunk_size=chunk,
-                        max_model_len=num_blocks * block_size),
+        SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, prefill_chunk_size=chunk),
         bm,
     )
     prefixes = [[100 + p] * 12 for p in range(4)]
