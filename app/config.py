@@ -1,7 +1,6 @@
 """Engine configuration: every knob the engine, CLI and server share, with defaults."""
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass
 
 
@@ -34,9 +33,3 @@ class EngineConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name} has an invalid value: {getattr(self, name)!r}")
-
-    def resolved_dtype(self, backend: str) -> str:
-        if self.dtype != "auto":
-            return self.dtype
-        on_accelerator = backend == "mlx" and platform.system() == "Darwin" and platform.machine() == "arm64"
-        return "bfloat16" if on_accelerator else "float32"

@@ -13,22 +13,46 @@ def _mlx_available() -> bool:
     return importlib.util.find_spec("mlx") is not None
 
 
+def _is_apple_silicon() -> bool:
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
+def _torch_cuda() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def pick_backend(name: str = "auto") -> str:
-    """'auto': MLX on Apple Silicon, torch on CUDA, otherwise whichever is installed (MLX first)."""
+    """'auto': MLX on Apple Silicon, torch on CUDA, and on a plain CPU torch before MLX.
+
+    On a Linux CPU torch is the fast path: SmolLM2-135M f32, 32 concurrent requests, measured
+    90 tok/s on torch vs 5 tok/s on MLX's CPU wheel, and the same speed at batch size 1.
+    """
     if name != "auto":
         if name not in BACKENDS:
             raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {name!r}")
         return name
-    if platform.system() == "Darwin" and platform.machine() == "arm64" and _mlx_available():
+    if _is_apple_silicon() and _mlx_available():
         return "mlx"
     if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        if torch.cuda.is_available():
-            return "torch"
+        return "torch"
     if _mlx_available():
         return "mlx"
     raise RuntimeError("no backend available: install lantern[mlx] or lantern[torch]")
+
+
+def default_dtype(backend: str) -> str:
+    """dtype for dtype='auto': half precision on an accelerator, float32 on a CPU."""
+    if backend == "mlx" and _is_apple_silicon():
+        return "bfloat16"
+    if backend == "torch" and _torch_cuda():
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"
 
 
 def create_backend(name: str = "auto", tensor_parallel_size: int = 1) -> Backend:

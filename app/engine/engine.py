@@ -25,11 +25,11 @@ Prompt = str | list[int]
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, backend: Any = None):
-        from backends import create_backend, pick_backend  # the only place the core meets a backend
+        from backends import create_backend, default_dtype, pick_backend  # the only place the core meets a backend
 
         self.config = config
         backend_name = pick_backend(config.backend) if backend is None else backend.name
-        dtype = config.resolved_dtype(backend_name)
+        dtype = config.dtype if config.dtype != "auto" else default_dtype(backend_name)
         t0 = time.monotonic()
         loaded = resolve_model(config.model, dtype)
         self.model_name = loaded.spec.name

@@ -16,7 +16,7 @@ def load_weights(model: torch.nn.Module, spec: ModelSpec, dtype: torch.dtype, de
         raise ValueError("MLX-quantized folders need the mlx backend; the torch backend loads float weights")
     if spec.weight_format == "gguf":
         arrays = read_gguf_dequantized(str(spec.weight_files[0]), cfg.num_heads, cfg.num_kv_heads)
-        weights = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        weights = {k: torch.tensor(v) for k, v in arrays.items()}  # copies: the arrays are read-only mmaps
     else:
         weights = {}
         for f in spec.weight_files:

