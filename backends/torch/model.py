@@ -11,6 +11,7 @@ from torch import nn
 
 from app.models.spec import ModelConfig
 from backends.torch.attention import TorchAttentionMetadata, paged_attention
+from backends.torch.kernels import ops
 from backends.torch.parallel import TPGroup, local_config, parallel_embed, parallel_logits, vocab_shard
 
 
@@ -35,23 +36,15 @@ def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[t
     return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos/sin [T, D] already gathered at each token's position."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos[:, None, :] + rotated.float() * sin[:, None, :]).to(x.dtype)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Norm of x (+ residual): (normed, new residual). One fused kernel on CUDA."""
+        return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -77,8 +70,8 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, meta.cos, meta.sin), apply_rope(k, meta.cos, meta.sin)
+            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+        q, k = ops.rotary(q, meta.cos, meta.sin), ops.rotary(k, meta.cos, meta.sin)
         out = paged_attention(q, k, v, meta, self.layer_idx, self.scale)
         return self.tp.all_reduce(self.o_proj(out.reshape(t, -1)))
 
@@ -103,9 +96,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                meta: TorchAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """x is the previous sublayer's output, not yet added to the residual stream (the add is
+        fused into the next norm)."""
+        h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, meta), residual)
+        return self.mlp(h), residual
 
 
 class Backbone(nn.Module):
@@ -131,8 +128,9 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
         h = parallel_embed(self.model.embed_tokens.weight, input_ids, self.tp, self.cfg.vocab_size)
+        residual = None
         for layer in self.model.layers:
-            h = layer(h, meta)
-        h = self.model.norm(h[logits_idx])
+            h, residual = layer(h, residual, meta)
+        h = self.model.norm(h[logits_idx], residual[logits_idx])[0]
         head = self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
         return parallel_logits(h, head, self.tp, self.cfg.vocab_size)

@@ -1,4 +1,4 @@
-"""Attention ops of the torch backend: Triton kernels on CUDA, their plain-torch references elsewhere."""
+"""Ops of the torch backend: Triton kernels on CUDA, their plain-torch references elsewhere."""
 from __future__ import annotations
 
 import importlib.util
@@ -39,3 +39,19 @@ def paged_prefill(q, k_pool, v_pool, block_table, ctx_len: int, block_size: int,
 
         return triton_kernels.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale)
     return reference.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale)
+
+
+def rms_norm(x, weight, eps: float, residual=None):
+    if use_triton(x):
+        from backends.torch.kernels import triton_fused
+
+        return triton_fused.rms_norm(x, weight, eps, residual)
+    return reference.rms_norm(x, weight, eps, residual)
+
+
+def rotary(x, cos, sin):
+    if use_triton(x):
+        from backends.torch.kernels import triton_fused
+
+        return triton_fused.rotary(x, cos, sin)
+    return reference.rotary(x, cos, sin)

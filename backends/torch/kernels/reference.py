@@ -1,5 +1,7 @@
 """Plain-torch references of the Triton kernels. They are also the CPU path of the torch backend.
 
+A negative slot in a slot mapping means "write nothing" (padding rows of a CUDA-graph batch).
+
 Shapes: pools [num_slots, kv_heads, head_dim] (slot = block * block_size + offset);
 block_tables [B, max_blocks] int; lengths [B] int.
 """
@@ -11,6 +13,9 @@ import torch.nn.functional as F
 
 def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slots: torch.Tensor) -> None:
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, k, v = slots[keep], k[keep], v[keep]
     k_pool.index_copy_(0, slots, k.to(k_pool.dtype))
     v_pool.index_copy_(0, slots, v.to(v_pool.dtype))
 
@@ -56,3 +61,22 @@ def paged_prefill(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, b
     """A prefill chunk q [L, H, D] (its K/V already in the pool) against its whole context."""
     slots = context_slots(block_table[None], ctx_len, block_size)[0]
     return causal_attention(q, k_pool[slots], v_pool[slots], scale)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of x, or of x + residual when one is given; returns (normed, the sum as new residual).
+
+    Rounding follows HF Llama: the sum in the model dtype, the norm in float32, weight applied in
+    the model dtype."""
+    h = x if residual is None else x + residual
+    hf = h.float()
+    normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+    return weight * normed, h
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, HF rotate_half layout: x [T, H, D]; cos/sin [T, D] at each token's position."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos[:, None, :] + rotated.float() * sin[:, None, :]).to(x.dtype)

@@ -71,10 +71,13 @@ def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_pt
     acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
     offs = tl.arange(0, BLOCK_SIZE)
     first = split * BLOCKS_PER_SPLIT
-    for blk in range(first, first + BLOCKS_PER_SPLIT):
+    # Splits past the sequence's end do no work (a CUDA graph sizes the grid for the longest
+    # possible context); they report m = -inf, which the reduction weighs as zero.
+    last = tl.minimum(first + BLOCKS_PER_SPLIT, tl.cdiv(seq_len, BLOCK_SIZE))
+    for blk in range(first, last):
         tok = blk * BLOCK_SIZE + offs
         valid = tok < seq_len
-        phys = tl.load(bt_ptr + b * stride_bt + blk, mask=blk * BLOCK_SIZE < seq_len, other=0).to(tl.int64)
+        phys = tl.load(bt_ptr + b * stride_bt + blk).to(tl.int64)
         rows = (phys * BLOCK_SIZE + offs)[:, None] * stride_s + kvh * stride_sh + d[None, :]
         km = valid[:, None] & dm[None, :]
         k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(tl.float32)

@@ -1,0 +1,80 @@
+"""Triton kernels for the per-token elementwise work: RMSNorm fused with the residual add, rotary.
+
+Each replaces several eager ops (and their launches and round trips through memory) with one
+pass over the row; each matches a function of kernels/reference.py, rounding included.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                     stride_x, stride_r, stride_o, stride_ro,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        # The sum is rounded to the model dtype before the norm, as an eager `x + residual` is.
+        h = (h.to(tl.float32) + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32))
+        h = h.to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * stride_ro + cols, h, mask=mask)
+    hf = h.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
+    normed = (hf * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows, cols = x2.shape
+    out = torch.empty_like(x2)
+    if residual is None:
+        res_in, res_out = x2, x2
+    else:
+        res_in = residual.reshape(-1, cols).contiguous()
+        res_out = torch.empty_like(x2)
+    _rms_norm_kernel[(rows,)](
+        x2, res_in, weight, out, res_out, cols, eps,
+        x2.stride(0), res_in.stride(0), out.stride(0), res_out.stride(0),
+        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols),
+    )
+    return out.view(x.shape), (x if residual is None else res_out.view(x.shape))
+
+
+@triton.jit
+def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ct, stride_ot, stride_oh,
+                   HALF: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    m = i < HALF
+    src = x_ptr + t * stride_xt + h * stride_xh
+    x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
+    # cos/sin rows are [freqs, freqs]: both halves use the first half's values.
+    c = tl.load(cos_ptr + t * stride_ct + i, mask=m, other=0.0)
+    s = tl.load(sin_ptr + t * stride_ct + i, mask=m, other=0.0)
+    dst = out_ptr + t * stride_ot + h * stride_oh
+    ty = out_ptr.dtype.element_ty
+    tl.store(dst + i, (x1 * c - x2 * s).to(ty), mask=m)
+    tl.store(dst + HALF + i, (x2 * c + x1 * s).to(ty), mask=m)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    t, h, d = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
+    _rotary_kernel[(t, h)](x, cos, sin, out, x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
+                           HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2))
+    return out
