@@ -29,6 +29,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="shard the model over N ranks, one process each (torch backend)")
     p.add_argument("--d", "--devices", dest="devices", default=None, metavar="0,1",
                    help="GPU ids to use, as in candle-vllm; their count is the tensor parallel size")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run decode steps eagerly instead of as CUDA graphs (torch backend on CUDA)")
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
 
 
@@ -48,6 +50,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         gpu_memory_fraction=args.gpu_memory_fraction, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, block_size=args.block_size,
         prefill_chunk_size=args.prefill_chunk_size, enable_prefix_caching=not args.no_prefix_cache,
+        enforce_eager=args.enforce_eager,
     )
 
 

@@ -20,6 +20,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     chat_template: str | None = None  # overrides the model's template
     tensor_parallel_size: int = 1  # ranks (one process each) sharing the model; torch backend
+    enforce_eager: bool = False  # no CUDA graphs for decode steps (torch backend on CUDA)
 
     def __post_init__(self) -> None:
         checks = {

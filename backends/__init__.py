@@ -55,7 +55,7 @@ def default_dtype(backend: str) -> str:
     return "float32"
 
 
-def create_backend(name: str = "auto", tensor_parallel_size: int = 1) -> Backend:
+def create_backend(name: str = "auto", tensor_parallel_size: int = 1, enforce_eager: bool = False) -> Backend:
     chosen = pick_backend(name)
     if chosen == "mlx":
         if not _mlx_available():
@@ -69,4 +69,4 @@ def create_backend(name: str = "auto", tensor_parallel_size: int = 1) -> Backend
         raise RuntimeError("backend 'torch' needs PyTorch: pip install 'lantern[torch]'")
     from backends.torch.runner import TorchBackend
 
-    return TorchBackend(tensor_parallel_size=tensor_parallel_size)
+    return TorchBackend(tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager)

@@ -37,7 +37,7 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.chat_template = config.chat_template or loaded.chat_template
         self.eos_token_ids = loaded.eos_token_ids
-        self.backend = backend or create_backend(backend_name, config.tensor_parallel_size)
+        self.backend = backend or create_backend(backend_name, config.tensor_parallel_size, config.enforce_eager)
         info = self.backend.load(loaded.spec)
         logger.info(
             "loaded %s on %s (%s): %.1fM parameters, %.1f MiB of weights in %.1fs",

@@ -17,6 +17,8 @@ from app.engine.batch import ScheduledBatch, StepOutput
 from app.models.spec import ModelInfo, ModelSpec
 from backends.paged_plan import plan_attention
 from backends.torch.attention import TorchKVPool, build_metadata
+from backends.torch.cuda_graphs import DecodeGraphRunner
+from backends.torch.kernels import ops
 from backends.torch.model import CausalLM, rope_tables
 from backends.torch.parallel import TPGroup, broadcast_command, local_config
 from backends.torch.sampler import sample
@@ -34,13 +36,21 @@ def _rank_device(rank: int) -> torch.device:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, device: str | None = None, tensor_parallel_size: int = 1) -> None:
+    def __init__(self, device: str | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False,
+                 static_decode: bool | None = None) -> None:
+        """static_decode: run decode steps through static buffers replayed as CUDA graphs. None
+        means on for one CUDA rank with Triton unless enforce_eager; True elsewhere runs the same
+        padded path without capture (how tests check it on a CPU)."""
         self.world = tensor_parallel_size
         self.device = torch.device(device) if device else _rank_device(0)
         self.tp = TPGroup(0, self.world)
         self.pool: TorchKVPool | None = None
         self.block_size = 0
         self.workers: list = []
+        can_capture = self.device.type == "cuda" and self.world == 1 and ops.use_triton(torch.empty(0, device=self.device))
+        self.capture_graphs = can_capture and not enforce_eager
+        self.static_decode = self.capture_graphs if static_decode is None else static_decode
+        self.graphs: DecodeGraphRunner | None = None
 
     # ---- set-up --------------------------------------------------------------------------
     def load(self, spec: ModelSpec) -> ModelInfo:
@@ -111,6 +121,12 @@ class TorchBackend:
         self.block_size = block_size
         self.pool = TorchKVPool(c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim,
                                 self.dtype, self.device)
+        if self.static_decode:
+            max_blocks = min(num_blocks, -(-self.cfg.max_position_embeddings // block_size))
+            self.graphs = DecodeGraphRunner(self.model, self.pool, self.cos, self.sin, block_size, max_blocks,
+                                            capture=self.capture_graphs)
+            logger.info("decode steps %s (batch buckets up to %d)",
+                        "as CUDA graphs" if self.capture_graphs else "through static buffers", self.graphs.buckets[-1])
 
     # ---- steps ---------------------------------------------------------------------------
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -125,6 +141,8 @@ class TorchBackend:
 
     def _forward(self, batch: ScheduledBatch) -> torch.Tensor:
         self.copy_blocks(batch.copy_pairs)
+        if self.graphs is not None and self.graphs.supports(batch):
+            return self.graphs.run(batch)
         plan = plan_attention(batch)
         meta = build_metadata(self.pool, batch, plan, self.cos, self.sin)
         ids = torch.from_numpy(batch.input_ids).to(self.device, torch.long)
