@@ -134,6 +134,13 @@ def cmd_menubar(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from app.bench import run_bench
+
+    run_bench(args)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lantern", description="Local LLM inference and serving.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -173,6 +180,22 @@ def build_parser() -> argparse.ArgumentParser:
     menubar.add_argument("--p", "--port", dest="port", type=int, default=2000, help="port of the server it runs")
     menubar.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
     menubar.set_defaults(func=cmd_menubar)
+    bench = sub.add_parser("bench", help="decode speed vs the memory roofline and HF generate",
+                           description="Benchmark a random Llama-shaped model (weights made on the device): "
+                                       "bs=1 decode and N-request throughput, as fractions of the roofline "
+                                       "and against HF transformers' generate in the same run.")
+    bench.add_argument("--backend", default="torch", choices=["auto", "mlx", "torch"])
+    bench.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    bench.add_argument("--shape", action="append", choices=["tiny", "135m", "1b", "8b"],
+                       help="model shape (repeatable; default 1b and 8b)")
+    bench.add_argument("--requests", type=int, default=256)
+    bench.add_argument("--prompt-len", type=int, default=128)
+    bench.add_argument("--out-len", type=int, default=128)
+    bench.add_argument("--no-hf", action="store_true", help="skip the HF transformers comparison")
+    bench.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    bench.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    bench.add_argument("--log", default="warning", choices=["debug", "info", "warning", "error"], help="log level")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 
