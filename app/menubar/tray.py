@@ -1,6 +1,9 @@
 """The tray / status-bar icon (pystray): status, Start/Stop, model choice, browser chat, API URL, Quit."""
 from __future__ import annotations
 
+import logging
+import os
+import sys
 import threading
 import webbrowser
 from pathlib import Path
@@ -8,6 +11,8 @@ from typing import Callable
 
 from app.menubar.controller import FAILED, SERVING, STOPPED, ServerController
 from app.menubar.macos import copy_to_clipboard, status_bar_title
+
+logger = logging.getLogger(__name__)
 
 
 def icon_image(size: int = 64):
@@ -25,9 +30,34 @@ def icon_image(size: int = 64):
     return img
 
 
+def linux_tray_backend() -> str:
+    """The pystray backend for this Linux desktop: AppIndicator, else a GTK status icon (both
+    have real menus), else plain X11 (a click runs the default item; no menu).
+
+    pystray tries them in that order itself, but a PyGObject without the AppIndicator typelib
+    raises ValueError rather than ImportError, which ends its search with a crash."""
+    try:
+        import gi
+    except ImportError:
+        return "xorg"
+    for namespace in ("AyatanaAppIndicator3", "AppIndicator3"):
+        try:
+            gi.require_version(namespace, "0.1")
+            return "appindicator"
+        except ValueError:
+            pass
+    try:
+        gi.require_version("Gtk", "3.0")
+        return "gtk"
+    except ValueError:
+        return "xorg"
+
+
 class Tray:
     def __init__(self, controller: ServerController, opener: Callable[[str], object] = webbrowser.open,
                  copier: Callable[[str], bool] = copy_to_clipboard):
+        if sys.platform.startswith("linux"):
+            os.environ.setdefault("PYSTRAY_BACKEND", linux_tray_backend())
         import pystray
 
         self.pystray = pystray
@@ -88,8 +118,17 @@ class Tray:
             self.icon.notify(self.controller.api_url, "API URL")
 
     def quit(self, icon=None, item=None) -> None:
+        self._quitting = True
         self.controller.stop()
         self.icon.stop()
 
     def run(self) -> None:
-        self.icon.run()
+        self._quitting = False
+        try:
+            self.icon.run()
+        except Exception as exc:  # noqa: BLE001
+            # pystray's GTK backend closes its last notification on the way out and raises where
+            # the desktop has no notification service; after Quit that is no error of ours.
+            if not self._quitting:
+                raise
+            logger.debug("tray shut down with: %s", exc)

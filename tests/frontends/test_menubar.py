@@ -1,5 +1,6 @@
 """The menu-bar launcher: its controller against a real `lantern serve` child process, and the
-tray icon itself under Xvfb with a real system tray (trayer), clicked with xdotool."""
+tray icon itself (pystray's GTK status icon) docked in a real system tray (trayer) under Xvfb:
+its menu opened with a right click and driven with the keyboard through xdotool."""
 from __future__ import annotations
 
 import os
@@ -40,36 +41,81 @@ def test_controller_starts_serves_and_stops(tiny_model_dir, tmp_path):
     assert "not a model folder" in ctl.status_text()
 
 
+def _gtk_available() -> bool:
+    try:
+        import gi
+
+        gi.require_version("Gtk", "3.0")
+        return True
+    except (ImportError, ValueError):
+        return False
+
+
 @pytest.fixture
 def x_display():
-    if not (shutil.which("Xvfb") and shutil.which("trayer") and shutil.which("xdotool")):
-        pytest.skip("needs Xvfb, trayer and xdotool (apt-get install xvfb trayer xdotool)")
+    """Xvfb with a system tray (trayer) docked in it and a D-Bus session bus (GTK wants one)."""
+    if not (shutil.which("Xvfb") and shutil.which("trayer") and shutil.which("xdotool")
+            and shutil.which("dbus-daemon")):
+        pytest.skip("needs Xvfb, trayer, xdotool and dbus (apt-get install xvfb trayer xdotool dbus)")
+    if not _gtk_available():
+        pytest.skip("needs PyGObject with GTK 3 (apt-get install gir1.2-gtk-3.0 libgirepository1.0-dev "
+                    "libcairo2-dev; pip install 'PyGObject<3.51')")
     display = f":{free_port() % 1000 + 100}"
     xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "800x600x24", "-nolisten", "tcp"])
-    env = dict(os.environ, DISPLAY=display)
+    # Own session: the bus and what it activates must not share the test's process group.
+    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    bus_address = bus.stdout.readline().strip()
+    env = dict(os.environ, DISPLAY=display, DBUS_SESSION_BUS_ADDRESS=bus_address)
     time.sleep(1.0)
     tray = subprocess.Popen(["trayer", "--edge", "top", "--align", "right", "--widthtype", "pixel",
                              "--width", "200", "--height", "32"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)
-    old = os.environ.get("DISPLAY")
-    os.environ["DISPLAY"] = display
+    saved = {k: os.environ.get(k) for k in ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "NO_AT_BRIDGE")}
+    # NO_AT_BRIDGE: GTK would otherwise start an accessibility bus on the session bus.
+    os.environ.update(DISPLAY=display, DBUS_SESSION_BUS_ADDRESS=bus_address, NO_AT_BRIDGE="1")
     yield env
-    if old is None:
-        os.environ.pop("DISPLAY", None)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    for proc in (tray, bus, xvfb):
+        proc.terminate()
+
+
+def on_gtk_thread(fn):
+    """Run fn on the GTK main loop (the tray's thread) and return its result."""
+    from gi.repository import GLib
+
+    box, done = [], threading.Event()
+    GLib.idle_add(lambda: (box.append(fn()), done.set(), False)[-1])
+    assert done.wait(10), "GTK main loop did not answer"
+    return box[0]
+
+
+def open_menu(tray, icon_window: str, env: dict) -> list[tuple[str, bool]]:
+    """Right-click the docked icon like a user; return the open menu's (label, enabled) rows."""
+    subprocess.run(["xdotool", "mousemove", "--window", icon_window, "8", "8", "click", "3"], env=env, check=True)
+    for _ in range(50):
+        if on_gtk_thread(lambda: tray.icon._menu_handle.get_visible()):
+            break
+        time.sleep(0.1)
     else:
-        os.environ["DISPLAY"] = old
-    tray.terminate()
-    xvfb.terminate()
+        raise AssertionError("the tray menu did not open")
+    return on_gtk_thread(lambda: [(c.get_label(), c.get_sensitive()) for c in tray.icon._menu_handle.get_children()])
 
 
-def test_tray_icon_start_copy_open_quit(tiny_model_dir, tmp_path, x_display):
+def test_tray_menu_opens_starts_the_server_and_quits(tiny_model_dir, tmp_path, x_display):
     from app.menubar.tray import Tray  # imports pystray, which needs the display
 
     ctl = ServerController(port=free_port(), extra_args=ENGINE_ARGS, state_dir=tmp_path)
-    ctl.remember(tiny_model_dir("llama2"))
+    model = tiny_model_dir("llama2")
+    ctl.remember(model)
     opened, copied = [], []
     tray = Tray(ctl, opener=opened.append, copier=lambda text: copied.append(text) or True)
+    assert type(tray.icon).__module__ == "pystray._gtk"  # a GTK status icon: a tray with real menus
     thread = threading.Thread(target=tray.run, daemon=True)
     thread.start()
     try:
@@ -77,32 +123,42 @@ def test_tray_icon_start_copy_open_quit(tiny_model_dir, tmp_path, x_display):
             if tray.icon.visible:
                 break
             time.sleep(0.1)
-        assert tray.icon.visible
+        time.sleep(0.5)  # docking into trayer
+        # Our process's one visible X window is the icon docked in trayer.
+        [icon_window] = subprocess.run(["xdotool", "search", "--onlyvisible", "--pid", str(os.getpid())],
+                                       env=x_display, capture_output=True, text=True).stdout.split()
+        rows = open_menu(tray, icon_window, x_display)
+        labels = [label.replace("<b>", "").replace("</b>", "") for label, _ in rows if label]
+        assert labels == ["Stopped", "Start", "Stop", "Model", "Open browser chat", "Copy API URL", "Quit"]
+        assert dict(rows)["Stop"] is False and dict(rows)["Open browser chat"] is False
         assert tray.item("Model").submenu.items[0].checked
-        # A click on the docked icon runs the default item (Start). Try a real X click first; if
-        # it does not reach the icon inside trayer, run the default action pystray binds to it.
-        win = subprocess.run(["xdotool", "search", "--name", "lantern"], env=x_display,
-                             capture_output=True, text=True).stdout.split()
-        for w in win:
-            subprocess.run(["xdotool", "mousemove", "--window", w, "5", "5", "click", "1"], env=x_display)
-        for _ in range(30):
-            if ctl.proc is not None:
+        # Keyboard in the open menu: Down selects the first enabled item (Start), Return runs it.
+        subprocess.run(["xdotool", "key", "Down", "Return"], env=x_display, check=True)
+        assert ctl.wait(timeout=240) == SERVING, (tmp_path / "menubar-server.log").read_text()
+        for _ in range(50):  # the menu is rebuilt once the server answers /health
+            rows = open_menu(tray, icon_window, x_display)
+            if rows[0][0].startswith("Serving"):
                 break
-            time.sleep(0.1)
-        if ctl.proc is None:
-            tray.icon()  # what pystray runs on a left click: the default menu item
-        assert ctl.proc is not None
-        assert ctl.wait(timeout=240) == SERVING
-        status = tray.icon.menu.items[0].text
-        assert status.startswith("Serving llama2")
+            subprocess.run(["xdotool", "key", "Escape"], env=x_display)
+            time.sleep(0.2)
+        assert rows[0][0] == f"Serving {os.path.basename(model)} on port {ctl.port}"
+        assert dict(rows)["Open browser chat"] is True and dict(rows)["Stop"] is True
+        subprocess.run(["xdotool", "key", "Escape"], env=x_display)
         tray.item("Copy API URL")(tray.icon)
         assert copied == [ctl.api_url]
         tray.item("Open browser chat")(tray.icon)
         assert opened == [ctl.base_url + "/"]
         assert "Lantern chat" in httpx.get(opened[0]).text
-        tray.item("Quit")(tray.icon)
+        pid = ctl.proc.pid
+        open_menu(tray, icon_window, x_display)
+        subprocess.run(["xdotool", "key", "Up", "Return"], env=x_display, check=True)  # Up wraps to Quit
         thread.join(timeout=30)
         assert not thread.is_alive()
         assert ctl.status() == STOPPED
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     finally:
         ctl.stop()
+        if thread.is_alive():  # GTK exits the process if its X server goes away under it
+            tray.quit()
+            thread.join(timeout=30)
