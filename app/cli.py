@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -40,8 +41,6 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     model = args.weights or args.model_id or args.gguf or resolve_default_model()
     tp = args.tensor_parallel_size
     if args.devices:
-        import os
-
         os.environ["CUDA_VISIBLE_DEVICES"] = args.devices
         tp = tp or len(args.devices.split(","))
     return dict(
@@ -68,8 +67,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-
     import uvicorn
 
     from app.engine import AsyncEngine
@@ -105,20 +102,21 @@ def cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
     from tui.app import ChatApp
-    from tui.client import ChatError, EngineClient, HTTPClient
+    from tui.client import EngineClient, HTTPClient
 
-    if args.url:
-        client = HTTPClient(args.url, args.api_key)
-        try:
-            asyncio.run(client.connect())
-        except ChatError as exc:
-            raise RuntimeError(str(exc)) from None
-    else:
+    async def connect():
+        """Runs inside the app, which shows "Loading…" and any failure (bad model, no server)."""
+        if args.url:
+            client = HTTPClient(args.url, args.api_key or os.environ.get("LANTERN_API_KEY"))
+            await client.connect()
+            return client
         from app.engine import AsyncEngine
 
-        logging.getLogger().setLevel(logging.WARNING)  # keep the terminal for the app
-        client = EngineClient(AsyncEngine(**engine_options(args)))
-    ChatApp(client).run()
+        options = engine_options(args)
+        return EngineClient(await asyncio.to_thread(AsyncEngine, **options))
+
+    logging.getLogger().setLevel(logging.WARNING)  # keep the terminal for the app
+    ChatApp(connect=connect).run()
     return 0
 
 

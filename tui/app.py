@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Awaitable, Callable
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -77,9 +78,15 @@ class ChatApp(App):
         Binding("ctrl+q", "quit", "Quit"),
     ]
 
-    def __init__(self, client: ChatClient, settings: ChatSettings | None = None, stats_interval: float = 1.0):
+    def __init__(self, client: ChatClient | None = None, settings: ChatSettings | None = None,
+                 stats_interval: float = 1.0, connect: Callable[[], Awaitable[ChatClient]] | None = None):
+        """Give a ready `client`, or `connect`: the app opens at once, shows "Loading" while it
+        runs (loading a model takes a while) and shows its failure in the app."""
         super().__init__()
+        if (client is None) == (connect is None):
+            raise ValueError("give exactly one of client and connect")
         self.client = client
+        self.connect = connect
         self.settings = settings or ChatSettings()
         self.history: list[dict] = []
         self.stats: dict = {}
@@ -100,14 +107,33 @@ class ChatApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.sub_title = self.client.model_name
         self.error_box.display = False
         self.stats_panel.show(self.stats)
         self.set_interval(self.stats_interval, self.refresh_stats)
         self.query_one("#prompt", Input).focus()
+        if self.client is not None:
+            self.sub_title = self.client.model_name
+        else:
+            self.sub_title = "Loading…"
+            self.open_client()
+
+    @work(exclusive=True, group="connect")
+    async def open_client(self) -> None:
+        try:
+            self.client = await self.connect()
+        except (ChatError, ValueError, RuntimeError, OSError) as exc:
+            self.sub_title = "not loaded"
+            self.show_error(f"could not start the chat: {exc}")
+            return
+        self.sub_title = self.client.model_name
 
     async def refresh_stats(self) -> None:
-        self.stats.update(await self.client.stats())
+        if self.client is None:
+            return
+        try:
+            self.stats.update(await self.client.stats())
+        except ChatError as exc:  # the server went away: say so, keep polling
+            self.show_error(str(exc))
         self.stats_panel.show(self.stats)
 
     def show_error(self, message: str) -> None:
@@ -117,6 +143,10 @@ class ChatApp(App):
     async def on_input_submitted(self, event: Input.Submitted) -> None:
         text = event.value.strip()
         if not text or self.generating:
+            return
+        if self.client is None:
+            self.notify("The model is still loading" if self.sub_title == "Loading…" else "No model loaded",
+                        severity="warning")
             return
         event.input.value = ""
         self.show_error("")
@@ -179,4 +209,5 @@ class ChatApp(App):
             self.notify("Copied the last reply")
 
     async def on_unmount(self) -> None:
-        await self.client.close()
+        if self.client is not None:
+            await self.client.close()

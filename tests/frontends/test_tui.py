@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -163,3 +164,48 @@ def test_snapshots(engine, snap_compare):
         await pilot.pause()
 
     assert snap_compare(ChatApp(client, stats_interval=3600), terminal_size=(100, 30), run_before=open_settings)
+
+
+def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir):
+    """`lantern chat` opens at once and loads the model in the background: "Loading…", then the
+    model's name; a model that cannot load, or a server that is not there, is an error in the app."""
+    from tui.client import HTTPClient
+
+    path = tiny_model_dir("llama2")
+    release = asyncio.Event()
+
+    async def load_real():
+        await release.wait()
+        engine = await asyncio.to_thread(AsyncEngine, model=path, backend="mlx", dtype="float32", num_kv_blocks=64)
+        return EngineClient(engine)
+
+    async def load_missing():
+        return EngineClient(await asyncio.to_thread(AsyncEngine, model=str(path) + "-missing", backend="mlx"))
+
+    async def connect_unreachable():
+        client = HTTPClient("http://127.0.0.1:9")  # the discard port: nothing listens
+        await client.connect()
+        return client
+
+    async def run():
+        app = ChatApp(connect=load_real, settings=ChatSettings(temperature=0, max_tokens=4), stats_interval=0.1)
+        async with app.run_test(size=(100, 30)) as pilot:
+            assert app.sub_title == "Loading…"
+            await pilot.click("#prompt")
+            await pilot.press(*"Hi", "enter")  # refused politely while loading
+            await pilot.pause()
+            assert app.history == [] and not app.query(Message)
+            release.set()
+            await wait_for(lambda: app.client is not None, pilot, timeout=120)
+            assert app.sub_title == os.path.basename(path)
+            await pilot.press(*"Hi", "enter")
+            await wait_for(lambda: len(app.history) == 2 and not app.generating, pilot)
+        for connect, words in ((load_missing, "not a model folder"), (connect_unreachable, "cannot reach")):
+            app = ChatApp(connect=connect)
+            async with app.run_test(size=(100, 30)) as pilot:
+                await wait_for(lambda: app.query_one("#error").display, pilot, timeout=60)
+                assert "could not start the chat" in str(app.query_one("#error").render())
+                assert words in str(app.query_one("#error").render())
+                assert app.sub_title == "not loaded"
+
+    asyncio.run(run())
