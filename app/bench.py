@@ -203,9 +203,11 @@ def bench_hf(path: Path, dtype: torch.dtype, device: torch.device, prompts: list
 
 
 def run_bench(args: Any) -> list[dict[str, Any]]:
+    from backends import default_dtype
+
     backend = args.backend if args.backend != "auto" else "torch"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    dtype_name = args.dtype if args.dtype != "auto" else default_dtype(backend)
     dtype = getattr(torch, dtype_name)
     peaks = device_peaks(device, dtype)
     logger.info("peaks: %.0f GB/s, %.1f TFLOP/s (%s)", peaks.bandwidth / 1e9, peaks.flops / 1e12, peaks.source)

