@@ -60,8 +60,10 @@ def x_display():
     if not _gtk_available():
         pytest.skip("needs PyGObject with GTK 3 (apt-get install gir1.2-gtk-3.0 libgirepository1.0-dev "
                     "libcairo2-dev; pip install 'PyGObject<3.51')")
-    display = f":{free_port() % 1000 + 100}"
-    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "800x600x24", "-nolisten", "tcp"])
+    # -displayfd: Xvfb picks a free display number and reports it once it is ready.
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", "1", "-screen", "0", "800x600x24", "-nolisten", "tcp"],
+                            stdout=subprocess.PIPE, text=True)
+    display = ":" + xvfb.stdout.readline().strip()
     # Own session: the bus and what it activates must not share the test's process group.
     bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
                            stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -98,13 +100,45 @@ def on_gtk_thread(fn):
 def open_menu(tray, icon_window: str, env: dict) -> list[tuple[str, bool]]:
     """Right-click the docked icon like a user; return the open menu's (label, enabled) rows."""
     subprocess.run(["xdotool", "mousemove", "--window", icon_window, "8", "8", "click", "3"], env=env, check=True)
-    for _ in range(50):
-        if on_gtk_thread(lambda: tray.icon._menu_handle.get_visible()):
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the tray menu did not open")
+    wait_until(lambda: on_gtk_thread(lambda: tray.icon._menu_handle.get_visible()), "the tray menu did not open")
     return on_gtk_thread(lambda: [(c.get_label(), c.get_sensitive()) for c in tray.icon._menu_handle.get_children()])
+
+
+def choose(tray, key: str, label: str, env: dict) -> None:
+    """Move through the open menu with a key until `label` is selected, then press Return."""
+    def selected() -> str | None:
+        item = tray.icon._menu_handle.get_selected_item()
+        return item.get_label().replace("<b>", "").replace("</b>", "") if item else None
+
+    subprocess.run(["xdotool", "key", key], env=env, check=True)
+    wait_until(lambda: on_gtk_thread(selected) == label, f"{key} did not select {label}")
+    subprocess.run(["xdotool", "key", "Return"], env=env, check=True)
+
+
+def close_menu(tray, env: dict) -> None:
+    subprocess.run(["xdotool", "key", "Escape"], env=env, check=True)
+    wait_until(lambda: not on_gtk_thread(lambda: tray.icon._menu_handle.get_visible()), "the menu did not close")
+
+
+def wait_until(predicate, message: str, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.1)):
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(message)
+
+
+def docked_icon_window(env: dict) -> str:
+    """Our process's one visible X window: the icon docked in trayer."""
+    found: list[str] = []
+
+    def one_window() -> bool:
+        found[:] = subprocess.run(["xdotool", "search", "--onlyvisible", "--pid", str(os.getpid())],
+                                  env=env, capture_output=True, text=True).stdout.split()
+        return len(found) == 1
+
+    wait_until(one_window, f"expected one docked icon window, found {found}")
+    return found[0]
 
 
 def test_tray_menu_opens_starts_the_server_and_quits(tiny_model_dir, tmp_path, x_display):
@@ -119,31 +153,25 @@ def test_tray_menu_opens_starts_the_server_and_quits(tiny_model_dir, tmp_path, x
     thread = threading.Thread(target=tray.run, daemon=True)
     thread.start()
     try:
-        for _ in range(100):
-            if tray.icon.visible:
-                break
-            time.sleep(0.1)
-        time.sleep(0.5)  # docking into trayer
-        # Our process's one visible X window is the icon docked in trayer.
-        [icon_window] = subprocess.run(["xdotool", "search", "--onlyvisible", "--pid", str(os.getpid())],
-                                       env=x_display, capture_output=True, text=True).stdout.split()
+        wait_until(lambda: tray.icon.visible, "the tray icon did not show")
+        icon_window = docked_icon_window(x_display)
         rows = open_menu(tray, icon_window, x_display)
         labels = [label.replace("<b>", "").replace("</b>", "") for label, _ in rows if label]
         assert labels == ["Stopped", "Start", "Stop", "Model", "Open browser chat", "Copy API URL", "Quit"]
         assert dict(rows)["Stop"] is False and dict(rows)["Open browser chat"] is False
         assert tray.item("Model").submenu.items[0].checked
         # Keyboard in the open menu: Down selects the first enabled item (Start), Return runs it.
-        subprocess.run(["xdotool", "key", "Down", "Return"], env=x_display, check=True)
+        choose(tray, "Down", "Start", x_display)
         assert ctl.wait(timeout=240) == SERVING, (tmp_path / "menubar-server.log").read_text()
         for _ in range(50):  # the menu is rebuilt once the server answers /health
             rows = open_menu(tray, icon_window, x_display)
             if rows[0][0].startswith("Serving"):
                 break
-            subprocess.run(["xdotool", "key", "Escape"], env=x_display)
+            close_menu(tray, x_display)
             time.sleep(0.2)
         assert rows[0][0] == f"Serving {os.path.basename(model)} on port {ctl.port}"
         assert dict(rows)["Open browser chat"] is True and dict(rows)["Stop"] is True
-        subprocess.run(["xdotool", "key", "Escape"], env=x_display)
+        close_menu(tray, x_display)
         tray.item("Copy API URL")(tray.icon)
         assert copied == [ctl.api_url]
         tray.item("Open browser chat")(tray.icon)
@@ -151,7 +179,7 @@ def test_tray_menu_opens_starts_the_server_and_quits(tiny_model_dir, tmp_path, x
         assert "Lantern chat" in httpx.get(opened[0]).text
         pid = ctl.proc.pid
         open_menu(tray, icon_window, x_display)
-        subprocess.run(["xdotool", "key", "Up", "Return"], env=x_display, check=True)  # Up wraps to Quit
+        choose(tray, "Up", "Quit", x_display)  # Up from the top wraps to the last item
         thread.join(timeout=30)
         assert not thread.is_alive()
         assert ctl.status() == STOPPED
