@@ -100,3 +100,18 @@ def test_half_precision_pool(device):
     ours = triton_kernels.paged_decode(q, k_pool, v_pool, tables, seq_lens, 8, 0.125)
     ref = reference.paged_decode(q.float(), k_pool.float(), v_pool.float(), tables, seq_lens, 8, 0.125)
     torch.testing.assert_close(ours.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_half_precision_prefill(device, block_size):
+    """Prefill tiles run tl.dot on half inputs (P cast to half for the PV product)."""
+    device_ok(device)
+    k_pool, v_pool = make_pool(16, block_size, 2, 64, device, seed=3)
+    k_pool, v_pool = k_pool.half(), v_pool.half()
+    ctx_len, q_len = 45, 19
+    table = random_tables(1, -(-ctx_len // block_size), 16, seed=4)[0].to(device)
+    q = torch.randn(q_len, 8, 64, device=device).half()
+    ours = triton_kernels.paged_prefill(q, k_pool, v_pool, table, ctx_len, block_size, 0.125)
+    ref = reference.paged_prefill(q.float(), k_pool.float(), v_pool.float(), table, ctx_len, block_size, 0.125)
+    torch.testing.assert_close(ours.float(), ref, atol=3e-3, rtol=3e-3)

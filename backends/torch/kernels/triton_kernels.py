@@ -1,8 +1,8 @@
 """Triton kernels: KV-cache write through slot mapping, split-K paged decode, paged prefill.
 
 Each matches a function of kernels/reference.py (tests run both with TRITON_INTERPRET=1 on CPU).
-Scores use broadcast products rather than tl.dot so any block size and group size works; the
-online-softmax accumulation is in float32.
+Decode scores use broadcast products (a query group of 1-8 heads is too small for tl.dot); prefill
+uses tl.dot on 16-query x 32-key tiles. Online-softmax accumulation is in float32.
 """
 from __future__ import annotations
 
@@ -139,8 +139,13 @@ def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, sca
 @triton.jit
 def _prefill_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, out_ptr, q_len, ctx_len, scale,
                     stride_qt, stride_qh, stride_s, stride_sh, stride_ot, stride_oh,
-                    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
+                    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    """Flash-attention over a chunk's queries (BLOCK_M rows) and its whole paged context.
+
+    Key tiles of BLOCK_N tokens find their pool rows token by token through the block table, so
+    the tile size (what tl.dot needs, >= 16) does not depend on the KV block size."""
     h = tl.program_id(0)
     qb = tl.program_id(1)
     kvh = h // GROUP
@@ -148,37 +153,47 @@ def _prefill_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, out_ptr, q_len, ctx_len, scal
     d = tl.arange(0, BLOCK_D)
     mm, dm = offs_m < q_len, d < HEAD_DIM
     q = tl.load(q_ptr + offs_m[:, None] * stride_qt + h * stride_qh + d[None, :],
-                mask=mm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+                mask=mm[:, None] & dm[None, :], other=0.0)
     pos_q = ctx_len - q_len + offs_m
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    offs_n = tl.arange(0, BLOCK_SIZE)
+    offs_n = tl.arange(0, BLOCK_N)
     # Keys past this query block's last position are masked for every row: stop there.
     last = tl.minimum(ctx_len, ctx_len - q_len + (qb + 1) * BLOCK_M)
-    for blk in range(0, tl.cdiv(last, BLOCK_SIZE)):
-        tok = blk * BLOCK_SIZE + offs_n
-        phys = tl.load(bt_ptr + blk).to(tl.int64)
-        rows = (phys * BLOCK_SIZE + offs_n)[:, None] * stride_s + kvh * stride_sh + d[None, :]
-        km = (tok < ctx_len)[:, None] & dm[None, :]
-        k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(tl.float32)
-        v = tl.load(vp_ptr + rows, mask=km, other=0.0).to(tl.float32)
-        allowed = (tok[None, :] <= pos_q[:, None]) & (tok[None, :] < ctx_len)
-        m_i, l_i, acc = _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale)
+    for start in range(0, last, BLOCK_N):
+        tok = start + offs_n
+        tm = tok < ctx_len
+        phys = tl.load(bt_ptr + tok // BLOCK_SIZE, mask=tm, other=0).to(tl.int64)
+        rows = (phys * BLOCK_SIZE + tok % BLOCK_SIZE)[:, None] * stride_s + kvh * stride_sh + d[None, :]
+        km = tm[:, None] & dm[None, :]
+        k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(q.dtype)
+        v = tl.load(vp_ptr + rows, mask=km, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.where((tok[None, :] <= pos_q[:, None]) & tm[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PRECISION)
+        m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + offs_m[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mm[:, None] & dm[None, :])
 
 
 def paged_prefill(q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float,
-                  block_m: int = 16):
+                  block_m: int = 16, block_n: int = 32):
     n, h, d = q.shape
     q = q.contiguous()
     out = torch.empty_like(q)
     _prefill_kernel[(h, triton.cdiv(n, block_m))](
         q, k_pool, v_pool, block_table.contiguous(), out, n, ctx_len, scale,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1),
-        BLOCK_SIZE=block_size, BLOCK_M=block_m, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
-        GROUP=h // k_pool.shape[1],
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), GROUP=h // k_pool.shape[1],
+        # float32 stays exact (no TF32 rounding); half types use the tensor cores' native inputs.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out
