@@ -49,13 +49,14 @@ def test_write_kv(device, d):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_size,d,heads,kvh,blocks_per_split", [
+@pytest.mark.parametrize("block_size,d,heads,kvh,num_splits", [
     (4, 64, 2, 2, 2),     # GQA ratio 1, several splits
-    (8, 64, 8, 2, 1),     # ratio 4
-    (16, 128, 8, 1, 8),   # ratio 8, head dim 128, one split
+    (4, 64, 4, 2, 8),     # more splits than a short sequence has blocks: empty splits
+    (8, 64, 8, 2, 1),     # ratio 4, one split
+    (16, 128, 8, 1, 8),   # ratio 8, head dim 128
     (4, 128, 4, 1, 3),    # ratio 4, uneven splits
 ])
-def test_paged_decode(device, block_size, d, heads, kvh, blocks_per_split):
+def test_paged_decode(device, block_size, d, heads, kvh, num_splits):
     device_ok(device)
     num_blocks, batch, blocks_each = 24, 3, 5
     k_pool, v_pool = make_pool(num_blocks, block_size, kvh, d, device)
@@ -65,7 +66,7 @@ def test_paged_decode(device, block_size, d, heads, kvh, blocks_per_split):
     q = torch.randn(batch, heads, d, device=device)
     scale = d**-0.5
     ours = triton_kernels.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, scale,
-                                       blocks_per_split=blocks_per_split)
+                                       num_splits=num_splits)
     ref = reference.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, scale)
     torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
 

@@ -54,7 +54,7 @@ def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale):
 def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_ptr, l_ptr, scale,
                            stride_qb, stride_qh, stride_s, stride_sh, stride_bt,
                            BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                           GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCKS_PER_SPLIT: tl.constexpr,
+                           GROUP: tl.constexpr, GROUP_P: tl.constexpr,
                            NUM_SPLITS: tl.constexpr, NUM_HEADS: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -70,10 +70,12 @@ def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_pt
     l_i = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
     offs = tl.arange(0, BLOCK_SIZE)
-    first = split * BLOCKS_PER_SPLIT
-    # Splits past the sequence's end do no work (a CUDA graph sizes the grid for the longest
-    # possible context); they report m = -inf, which the reduction weighs as zero.
-    last = tl.minimum(first + BLOCKS_PER_SPLIT, tl.cdiv(seq_len, BLOCK_SIZE))
+    # Each sequence shares its own blocks out over the NUM_SPLITS programs, so the grid does not
+    # depend on the context length (a CUDA graph fixes it) and long contexts still spread out.
+    n_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
+    per_split = tl.cdiv(n_blocks, NUM_SPLITS)
+    first = split * per_split
+    last = tl.minimum(first + per_split, n_blocks)  # empty splits report m = -inf: zero weight
     for blk in range(first, last):
         tok = blk * BLOCK_SIZE + offs
         valid = tok < seq_len
@@ -108,13 +110,18 @@ def _decode_reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ob, stride_oh,
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=dm)
 
 
+def decode_splits(batch: int, kv_heads: int, max_blocks: int) -> int:
+    """Programs per (sequence, KV head): enough to fill a GPU (~256 programs) at small batch."""
+    want = triton.next_power_of_2(triton.cdiv(256, batch * kv_heads))
+    return max(1, min(32, want, max_blocks))
+
+
 def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float,
-                 blocks_per_split: int = 8):
+                 num_splits: int | None = None):
     b, h, d = q.shape
     kvh = k_pool.shape[1]
     group = h // kvh
-    max_blocks = block_tables.shape[1]
-    splits = max(1, triton.cdiv(max_blocks, blocks_per_split))
+    splits = num_splits or decode_splits(b, kvh, block_tables.shape[1])
     q = q.contiguous()
     block_tables = block_tables.contiguous()
     acc = torch.empty((b, h, splits, d), dtype=torch.float32, device=q.device)
@@ -125,8 +132,7 @@ def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, sca
         q, k_pool, v_pool, block_tables, seq_lens, acc, m, l, scale,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), block_tables.stride(0),
         BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group,
-        GROUP_P=triton.next_power_of_2(group), BLOCKS_PER_SPLIT=blocks_per_split,
-        NUM_SPLITS=splits, NUM_HEADS=h,
+        GROUP_P=triton.next_power_of_2(group), NUM_SPLITS=splits, NUM_HEADS=h,
     )
     out = torch.empty_like(q)
     _decode_reduce_kernel[(b, h)](
