@@ -55,9 +55,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         d, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
+        self.splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+        self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked (parallel.fuse_projections)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
@@ -66,9 +65,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+        q = q.view(t, self.n_heads, self.head_dim)
+        k = k.view(t, self.n_kv, self.head_dim)
+        v = v.view(t, self.n_kv, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q)[0], self.k_norm(k)[0]
         q, k = ops.rotary(q, meta.cos, meta.sin), ops.rotary(k, meta.cos, meta.sin)
@@ -80,12 +80,12 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
         self.tp = tp
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate, up stacked
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):

@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from app.models.gguf_names import read_gguf_dequantized
 from app.models.spec import ModelSpec
-from backends.torch.parallel import TPGroup, shard_weights
+from backends.torch.parallel import TPGroup, fuse_projections, shard_weights
 
 
 def load_weights(model: torch.nn.Module, spec: ModelSpec, dtype: torch.dtype, device: torch.device,
@@ -23,7 +23,7 @@ def load_weights(model: torch.nn.Module, spec: ModelSpec, dtype: torch.dtype, de
             weights.update(load_file(str(f)))
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    weights = shard_weights(weights, cfg, tp)
+    weights = fuse_projections(shard_weights(weights, cfg, tp))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
