@@ -67,8 +67,10 @@ class TorchBackend:
         self.local_cfg = local_config(spec.config, self.world)
         with torch.device("meta"):
             model = CausalLM(spec.config, self.tp)
-        model = model.to_empty(device="cpu")
-        load_weights(model, spec, self.dtype, self.device, self.tp)
+        # Storage straight on the device in the target dtype: loading copies each tensor into
+        # place once (no float32 staging copy of the whole model in host memory).
+        model = model.to(dtype=self.dtype).to_empty(device=self.device)
+        load_weights(model, spec, self.tp)
         model.eval()
         self.model = model
         self.cos, self.sin = rope_tables(spec.config, spec.config.max_position_embeddings, self.device)
