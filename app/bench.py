@@ -205,14 +205,17 @@ def bench_hf(path: Path, dtype: torch.dtype, device: torch.device, prompts: list
 def run_bench(args: Any) -> list[dict[str, Any]]:
     from backends import default_dtype
 
-    backend = args.backend if args.backend != "auto" else "torch"
+    from backends import pick_backend
+
+    backend = pick_backend(args.backend)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = args.shape or (["1b", "8b"] if device.type == "cuda" else ["135m"])  # 8B on 2 CPU cores: hours
     dtype_name = args.dtype if args.dtype != "auto" else default_dtype(backend)
     dtype = getattr(torch, dtype_name)
     peaks = device_peaks(device, dtype)
     logger.info("peaks: %.0f GB/s, %.1f TFLOP/s (%s)", peaks.bandwidth / 1e9, peaks.flops / 1e12, peaks.source)
     rows = []
-    for shape_name in args.shape or ["1b", "8b"]:
+    for shape_name in shapes:
         shape = SHAPES[shape_name]
         path = prepare_model(shape_name, dtype, device)
         prompts = _prompts(args.requests, args.prompt_len, shape["vocab_size"])

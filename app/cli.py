@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--backend", default="torch", choices=["auto", "mlx", "torch"])
     bench.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     bench.add_argument("--shape", action="append", choices=["tiny", "135m", "1b", "8b"],
-                       help="model shape (repeatable; default 1b and 8b)")
+                       help="model shape (repeatable; default 1b and 8b on a GPU, 135m on a CPU)")
     bench.add_argument("--requests", type=int, default=256)
     bench.add_argument("--prompt-len", type=int, default=128)
     bench.add_argument("--out-len", type=int, default=128)
