@@ -84,13 +84,17 @@ class DecodeGraphRunner:
         self.h_pos[:n] = batch.positions
         self.h_slots[:n] = batch.slot_mapping
         self.h_lens[:n] = batch.seq_lens
-        self.h_tables[:size] = 0
+        # Only the columns this step can read are refreshed: a sequence reads its own blocks
+        # (< its length), a padding row only block 0, so older values further right are never read.
+        width = max(len(t) for t in batch.block_tables)
+        self.h_tables[:size, :width] = 0
         for r, table in enumerate(batch.block_tables):
             self.h_tables[r, : len(table)] = table
         self.h_ids[n:size], self.h_pos[n:size], self.h_slots[n:size], self.h_lens[n:size] = 0, 0, -1, 1
         for host, dev in ((self.h_ids, self.ids), (self.h_pos, self.positions), (self.h_slots, self.slots),
-                          (self.h_lens, self.lens), (self.h_tables, self.tables)):
+                          (self.h_lens, self.lens)):
             dev[:size].copy_(torch.from_numpy(host[:size]), non_blocking=True)
+        self.tables[:size, :width].copy_(torch.from_numpy(self.h_tables[:size, :width]), non_blocking=True)
 
     def _forward(self, size: int) -> torch.Tensor:
         rows, pos = self.rows[:size], self.positions[:size]
