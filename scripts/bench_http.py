@@ -1,9 +1,10 @@
 """HTTP overhead: N concurrent streaming clients through `/v1/completions` vs the same load through
 the Python API (AsyncEngine), in one run on one engine.
 
-  python scripts/bench_http.py --openblas --model ~/.cache/lantern/bench/smollm2-135m-f32
-  (that folder is made by scripts/bench_offline.py; on Linux CPU prefer it to the Q4_1 GGUF,
-  whose quantized matmuls are very slow in MLX's CPU kernels at batch 32)
+  python scripts/bench_http.py                    # the default model on the default backend
+  python scripts/bench_http.py --backend mlx --openblas --model ~/.cache/lantern/bench/smollm2-135m-f32
+  (MLX on a Linux CPU: that folder is made by scripts/bench_offline.py; MLX's CPU kernels are
+  very slow on the Q4_1 GGUF's quantized matmuls at batch 32)
 
 Both paths decode greedily with EOS ignored, so they produce the same tokens; the figure is
 generated tokens / wall time, and the loss is 1 - http / api.
@@ -70,6 +71,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--out-len", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="alternating api/http rounds")
+    p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"])
     p.add_argument("--openblas", metavar="LIB", nargs="?", const=OPENBLAS)
     args = p.parse_args()
     if args.openblas and os.environ.get("LD_PRELOAD") != args.openblas:
@@ -82,8 +84,8 @@ def main() -> None:
     from app.models.default_model import resolve_default_model
     from server.app import ServerSettings, create_app
 
-    engine = AsyncEngine(model=args.model or resolve_default_model(prefer_gguf=True), kv_cache_memory_mb=1024,
-                         enable_prefix_caching=False)
+    engine = AsyncEngine(model=args.model or resolve_default_model(prefer_gguf=True), backend=args.backend,
+                         kv_cache_memory_mb=1024, enable_prefix_caching=False)
     app = create_app(engine, ServerSettings(served_model_name="bench"))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
@@ -102,7 +104,8 @@ def main() -> None:
         http.append(asyncio.run(via_http(base, "bench", prompts, args.out_len)))
     res = {"requests": args.requests, "prompt_len": args.prompt_len, "out_len": args.out_len,
            "api_tps": [round(x, 2) for x in api], "http_tps": [round(x, 2) for x in http],
-           "loss": round(1 - sum(http) / sum(api), 4), "ld_preload": os.environ.get("LD_PRELOAD")}
+           "loss": round(1 - sum(http) / sum(api), 4), "backend": engine.engine.backend.name,
+           "dtype": str(getattr(engine.engine.backend, "dtype", "")), "ld_preload": os.environ.get("LD_PRELOAD")}
     print(json.dumps(res))
     server.should_exit = True
     engine.shutdown()

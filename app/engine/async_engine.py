@@ -23,13 +23,22 @@ logger = logging.getLogger(__name__)
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine | None = None, **config: Any):
-        self.engine = engine or LLMEngine(EngineConfig(**config))
+        """Builds the engine (loads the model) on the engine thread and returns once it is ready;
+        loading errors are raised here. All model work then stays on that one thread: with torch
+        on a CPU, a second thread running OpenMP work (the loader) made every later step ~25%
+        slower, because OpenMP stops spinning when it sees more threads than cores."""
         self._commands: deque[tuple[str, Any]] = deque()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="lantern-engine", daemon=True)
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self.engine: LLMEngine = engine  # type: ignore[assignment]  # set on the thread when None
+        self._thread = threading.Thread(target=self._run, args=(config,), name="lantern-engine", daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._load_error is not None:
+            raise self._load_error
 
     @property
     def tokenizer(self) -> Any:
@@ -73,8 +82,9 @@ class AsyncEngine:
     def shutdown(self) -> None:
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout=10)
-        self.engine.shutdown()
+        self._thread.join(timeout=30)
+        if self._thread.is_alive():  # a step is stuck: release the backend from here
+            self.engine.shutdown()
 
     # ---- engine thread -------------------------------------------------------------------
     def _submit(self, kind: str, payload: Any) -> None:
@@ -86,6 +96,17 @@ class AsyncEngine:
         if target is not None:
             loop, queue = target
             loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """One wake-up per event loop per step, not one per request: with 32 streams the loop
+        thread would otherwise wake 32 times a step and compete with the model for the CPU."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        for out in outputs:
+            target = self._queues.get(out.request_id)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], out))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _apply_commands(self) -> None:
         while self._commands:
@@ -99,7 +120,21 @@ class AsyncEngine:
             elif kind == "abort":
                 self.engine.abort_request(payload)
 
-    def _run(self) -> None:
+    def _run(self, config: dict[str, Any]) -> None:
+        try:
+            if self.engine is None:
+                self.engine = LLMEngine(EngineConfig(**config))
+        except BaseException as exc:  # noqa: BLE001 - handed to the constructor's caller
+            self._load_error = exc
+            return
+        finally:
+            self._ready.set()
+        try:
+            self._serve()
+        finally:
+            self.engine.shutdown()
+
+    def _serve(self) -> None:
         while not self._stop:
             self._apply_commands()
             if not self.engine.has_unfinished_requests():
@@ -114,5 +149,9 @@ class AsyncEngine:
                     self.engine.abort_request(rid)
                     self._deliver(rid, RuntimeError("the engine failed while running this request"))
                 continue
-            for out in outputs:
-                self._deliver(out.request_id, out)
+            self._deliver_step(outputs)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
