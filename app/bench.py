@@ -159,8 +159,9 @@ def bench_lantern(path: Path, backend: str, dtype_name: str, prompts: list[list[
                   enforce_eager: bool) -> dict[str, float]:
     from app.engine import LLM, SamplingParams
 
+    # No prefix caching: the warm-up runs the same prompts, and HF generate recomputes every prefill.
     llm = LLM(str(path), backend=backend, dtype=dtype_name, max_num_seqs=max(len(prompts), 1),
-              enforce_eager=enforce_eager)
+              enforce_eager=enforce_eager, enable_prefix_caching=False)
 
     def timed(batch: list[list[int]], n: int) -> float:
         t = time.perf_counter()
