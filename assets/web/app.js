@@ -191,6 +191,7 @@ $("save-settings").onclick = () => {
 $("open-settings").onclick = openSettings;
 $("new-chat").onclick = newConversation;
 $("toggle-sidebar").onclick = () => document.body.classList.toggle("sidebar-open");
+$("backdrop").onclick = () => document.body.classList.remove("sidebar-open");
 $("model").onchange = () => { state.settings.model = $("model").value; save(); };
 $("stop").onclick = () => state.controller && state.controller.abort();
 $("composer").onsubmit = (e) => {

@@ -90,6 +90,11 @@ def test_send_message_streams_reply_and_survives_reload(ui_server, page):
         page.click("#toggle-sidebar")
         page.wait_for_timeout(300)
         assert page.locator("#sidebar").bounding_box()["x"] >= 0
+        page.mouse.click(340, 400)  # beside the drawer: the backdrop closes it
+        page.wait_for_timeout(300)
+        assert page.locator("#sidebar").bounding_box()["x"] < 0
+        page.click("#toggle-sidebar")  # the end state kept as the screenshot: drawer open
+        page.wait_for_timeout(300)
 
 
 def test_stop_button_ends_generation(ui_server, page):
