@@ -42,11 +42,13 @@ SHAPES: dict[str, dict[str, Any]] = {
            "tie_word_embeddings": False, **_LLAMA3},  # Llama 3.1 8B
 }
 
-# (name fragment, HBM bytes/s, dense bf16 FLOP/s) from the vendors' data sheets; first match wins.
+# (name fragment, HBM bytes/s, dense bf16 tensor FLOP/s, float32 FLOP/s) from the vendors' data
+# sheets; first match wins. float32 is the CUDA-core figure: torch keeps TF32 off for matmuls.
 GPU_PEAKS = [
-    ("H200", 4.8e12, 989e12), ("H100 NVL", 3.9e12, 835e12), ("H100 PCIe", 2.0e12, 756e12),
-    ("H100", 3.35e12, 989e12), ("A100-SXM4-80GB", 2.039e12, 312e12), ("A100", 1.555e12, 312e12),
-    ("L40S", 0.864e12, 362e12), ("RTX 4090", 1.008e12, 165e12),
+    ("H200", 4.8e12, 989e12, 67e12), ("H100 NVL", 3.9e12, 835e12, 60e12),
+    ("H100 PCIe", 2.0e12, 756e12, 51e12), ("H100", 3.35e12, 989e12, 67e12),
+    ("A100-SXM4-80GB", 2.039e12, 312e12, 19.5e12), ("A100", 1.555e12, 312e12, 19.5e12),
+    ("L40S", 0.864e12, 362e12, 91.6e12), ("RTX 4090", 1.008e12, 165e12, 82.6e12),
 ]
 
 
@@ -102,9 +104,9 @@ def _sync(device: torch.device) -> None:
 def device_peaks(device: torch.device, dtype: torch.dtype) -> Peaks:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for fragment, bw, flops in GPU_PEAKS:
+        for fragment, bw, half_flops, f32_flops in GPU_PEAKS:
             if fragment in name:
-                return Peaks(bw, flops if dtype != torch.float32 else flops / 2, f"data sheet ({name})")
+                return Peaks(bw, f32_flops if dtype == torch.float32 else half_flops, f"data sheet ({name})")
     # Otherwise measure: a large copy reads and writes each byte once; a square matmul.
     size = 1 << 28  # 256 MiB: well past any cache
     src = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)

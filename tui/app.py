@@ -145,7 +145,8 @@ class ChatApp(App):
         if not text or self.generating:
             return
         if self.client is None:
-            self.notify("The model is still loading" if self.sub_title == "Loading…" else "No model loaded",
+            loading = any(w.group == "connect" and not w.is_finished for w in self.workers)
+            self.notify("The model is still loading" if loading else "No model loaded",
                         severity="warning")
             return
         event.input.value = ""

@@ -47,3 +47,13 @@ def test_bench_runs_end_to_end_on_the_torch_backend(tmp_path, monkeypatch):
     assert row["bs1_fraction_of_roofline"] == pytest.approx(row["lantern"]["bs1_tok_s"] / row["bs1_roofline_tok_s"])
     assert json.loads((tmp_path / "out.json").read_text())[0]["shape"] == "tiny"
     assert (tmp_path / "cache" / "bench" / "roofline-tiny-float32" / "tokenizer.json").exists()
+
+
+def test_data_sheet_peaks_follow_the_dtype(monkeypatch):
+    from app import bench
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    cuda = torch.device("cuda")
+    bf16, f32 = bench.device_peaks(cuda, torch.bfloat16), bench.device_peaks(cuda, torch.float32)
+    assert bf16.bandwidth == f32.bandwidth == 3.35e12
+    assert bf16.flops == 989e12 and f32.flops == 67e12  # CUDA-core float32, not half the tensor rate
