@@ -97,17 +97,39 @@ def on_gtk_thread(fn):
     return box[0]
 
 
+def shown_menu():
+    """The tray's open top-level menu, found among GTK's toplevel windows (not through pystray's
+    handle: pystray rebuilds its menu object on every update, e.g. when the server comes up, so
+    the handle may be a newer, unshown menu than the one on screen). Call on the GTK thread."""
+    from gi.repository import Gtk
+
+    for window in Gtk.Window.list_toplevels():
+        child = window.get_child()
+        if window.get_visible() and isinstance(child, Gtk.Menu) and child.get_attach_widget() is None:
+            return child
+    return None
+
+
 def open_menu(tray, icon_window: str, env: dict) -> list[tuple[str, bool]]:
     """Right-click the docked icon like a user; return the open menu's (label, enabled) rows."""
-    subprocess.run(["xdotool", "mousemove", "--window", icon_window, "8", "8", "click", "3"], env=env, check=True)
-    wait_until(lambda: on_gtk_thread(lambda: tray.icon._menu_handle.get_visible()), "the tray menu did not open")
-    return on_gtk_thread(lambda: [(c.get_label(), c.get_sensitive()) for c in tray.icon._menu_handle.get_children()])
+    for attempt in range(3):  # a click may land while the tray is still settling; a user clicks again
+        subprocess.run(["xdotool", "mousemove", "--window", icon_window, "8", "8", "click", "3"],
+                       env=env, check=True)
+        try:
+            wait_until(lambda: on_gtk_thread(shown_menu) is not None, "the tray menu did not open",
+                       timeout=5.0)
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
+    return on_gtk_thread(lambda: [(c.get_label(), c.get_sensitive()) for c in shown_menu().get_children()])
 
 
 def choose(tray, key: str, label: str, env: dict) -> None:
     """Move through the open menu with a key until `label` is selected, then press Return."""
     def selected() -> str | None:
-        item = tray.icon._menu_handle.get_selected_item()
+        menu = shown_menu()
+        item = menu.get_selected_item() if menu else None
         return item.get_label().replace("<b>", "").replace("</b>", "") if item else None
 
     subprocess.run(["xdotool", "key", key], env=env, check=True)
@@ -117,7 +139,7 @@ def choose(tray, key: str, label: str, env: dict) -> None:
 
 def close_menu(tray, env: dict) -> None:
     subprocess.run(["xdotool", "key", "Escape"], env=env, check=True)
-    wait_until(lambda: not on_gtk_thread(lambda: tray.icon._menu_handle.get_visible()), "the menu did not close")
+    wait_until(lambda: on_gtk_thread(shown_menu) is None, "the menu did not close")
 
 
 def wait_until(predicate, message: str, timeout: float = 10.0) -> None:
