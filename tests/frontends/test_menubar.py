@@ -176,6 +176,7 @@ def test_tray_menu_opens_starts_the_server_and_quits(tiny_model_dir, tmp_path, x
     thread.start()
     try:
         wait_until(lambda: tray.icon.visible, "the tray icon did not show")
+        wait_until(lambda: on_gtk_thread(tray.icon._status_icon.is_embedded), "the icon did not dock in the tray")
         icon_window = docked_icon_window(x_display)
         rows = open_menu(tray, icon_window, x_display)
         labels = [label.replace("<b>", "").replace("</b>", "") for label, _ in rows if label]
