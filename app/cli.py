@@ -103,6 +103,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     from tui.app import ChatApp
     from tui.client import EngineClient, HTTPClient
+    from tui.history import ChatStore
 
     async def connect():
         """Runs inside the app, which shows "Loading…" and any failure (bad model, no server)."""
@@ -116,7 +117,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return EngineClient(await asyncio.to_thread(AsyncEngine, **options))
 
     logging.getLogger().setLevel(logging.WARNING)  # keep the terminal for the app
-    ChatApp(connect=connect).run()
+    ChatApp(connect=connect, store=None if args.no_history else ChatStore(args.history_dir)).run()
     return 0
 
 
@@ -170,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(chat)
     chat.add_argument("--url", default=None, help="attach to a running server, e.g. http://127.0.0.1:2000")
     chat.add_argument("--api-key", default=None, help="bearer key for --url (or set LANTERN_API_KEY)")
+    chat.add_argument("--history-dir", default=None, metavar="DIR",
+                      help="where chats are saved (default $XDG_STATE_HOME/lantern/chats)")
+    chat.add_argument("--no-history", action="store_true", help="do not save chats")
     chat.set_defaults(func=cmd_chat)
 
     menubar = sub.add_parser("menubar", help="status-bar / tray launcher for the server",

@@ -13,6 +13,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Collapsible, Footer, Header, Input, Label, Markdown, Static
 
 from tui.client import ChatClient, ChatError, ChatSettings
+from tui.history import ChatStore, HistoryScreen, new_chat_id
 from tui.settings import SettingsScreen
 
 _THINK = re.compile(r"^\s*<think>(.*?)(?:</think>|$)(.*)$", re.S)
@@ -73,15 +74,18 @@ class ChatApp(App):
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+o", "history", "Saved chats"),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("ctrl+y", "copy_last", "Copy reply"),
         Binding("ctrl+q", "quit", "Quit"),
     ]
 
     def __init__(self, client: ChatClient | None = None, settings: ChatSettings | None = None,
-                 stats_interval: float = 1.0, connect: Callable[[], Awaitable[ChatClient]] | None = None):
+                 stats_interval: float = 1.0, connect: Callable[[], Awaitable[ChatClient]] | None = None,
+                 store: ChatStore | None = None):
         """Give a ready `client`, or `connect`: the app opens at once, shows "Loading" while it
-        runs (loading a model takes a while) and shows its failure in the app."""
+        runs (loading a model takes a while) and shows its failure in the app. With a `store`,
+        each conversation is saved after every reply and can be reopened (Ctrl+O)."""
         super().__init__()
         if (client is None) == (connect is None):
             raise ValueError("give exactly one of client and connect")
@@ -89,6 +93,8 @@ class ChatApp(App):
         self.connect = connect
         self.settings = settings or ChatSettings()
         self.history: list[dict] = []
+        self.store = store
+        self.chat_id = new_chat_id()
         self.stats: dict = {}
         self.stats_interval = stats_interval
         self.generating = False
@@ -153,19 +159,22 @@ class ChatApp(App):
         self.show_error("")
         self.history.append({"role": "user", "content": text})
         log = self.log_view
-        await log.mount(Message("user", text))
+        asked = Message("user", text)
+        await log.mount(asked)
         reply = Message("assistant")
         await log.mount(reply)
         log.scroll_end(animate=False)
-        self.generate(reply)
+        self.generate(asked, reply)
 
     @work(exclusive=True, group="generate")
-    async def generate(self, reply: Message) -> None:
-        messages = list(self.history)
+    async def generate(self, asked: Message, reply: Message) -> None:
+        # New chat / opening a saved one swaps in a fresh list: a late reply lands in the old one.
+        history, chat_id = self.history, self.chat_id
+        messages = list(history)
         if self.settings.system_prompt:
             messages.insert(0, {"role": "system", "content": self.settings.system_prompt})
         self.generating = True
-        text, pieces, start, first = "", 0, time.monotonic(), None
+        text, pieces, start, first, failed = "", 0, time.monotonic(), None, False
         try:
             stream = self.client.stream_chat(messages, self.settings)
             async with contextlib.aclosing(stream):
@@ -182,19 +191,60 @@ class ChatApp(App):
                     self.log_view.scroll_end(animate=False)
         except ChatError as exc:
             self.show_error(str(exc))
+            if not text:
+                # Nothing came back (e.g. the prompt is too long): take the turn out of the
+                # conversation and give the prompt back to edit, so roles keep alternating.
+                failed = True
+                history.pop()
+                await asked.remove()
+                await reply.remove()
+                self.query_one("#prompt", Input).value = asked.text
         finally:
             self.generating = False
-            self.history.append({"role": "assistant", "content": text})
             self.stats_panel.show(self.stats)
+            if not failed:  # a stopped reply is kept as far as it got
+                history.append({"role": "assistant", "content": text})
+                self.save_chat(chat_id, history)
+
+    def save_chat(self, chat_id: str, history: list[dict]) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.save(chat_id, history)
+        except OSError as exc:  # a full or read-only disk must not end the chat
+            self.notify(f"Could not save the chat: {exc}", severity="warning")
 
     def action_stop(self) -> None:
         self.workers.cancel_group(self, "generate")
 
     async def action_new_chat(self) -> None:
         self.action_stop()
-        self.history.clear()
+        self.history, self.chat_id = [], new_chat_id()
         await self.log_view.remove_children()
         self.show_error("")
+
+    def action_history(self) -> None:
+        if self.store is None:
+            self.notify("Saved chats are off", severity="warning")
+            return
+
+        async def open_chat(chat_id: str | None) -> None:
+            if chat_id is None:
+                return
+            try:
+                chat = self.store.load(chat_id)
+            except (OSError, ValueError, KeyError) as exc:
+                self.show_error(f"could not open the saved chat: {exc}")
+                return
+            await self.action_new_chat()
+            self.history, self.chat_id = list(chat.messages), chat.id
+            for m in chat.messages:
+                message = Message(m["role"])
+                await self.log_view.mount(message)
+                await message.set_text(m["content"])
+            self.log_view.scroll_end(animate=False)
+
+        self.push_screen(HistoryScreen(self.store), open_chat)
 
     def action_settings(self) -> None:
         def apply(result: ChatSettings | None) -> None:

@@ -121,6 +121,20 @@ def test_escape_stops_generation_and_settings_change_request(long_engine):
             assert messages[0] == {"role": "system", "content": "Be brief."}
             assert settings.max_tokens == 3 and settings.temperature == 0
             assert 1 <= engine.stats()["generation_tokens"] - before <= 3  # max tokens 3 was obeyed
+            # The stopped reply stayed in the conversation as far as it got.
+            assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+            # New chat in the middle of a reply: it stops, and the late reply does not leak into the new chat.
+            app.settings = ChatSettings(temperature=0, max_tokens=4000)
+            await pilot.press(*"more", "enter")
+            await wait_for(lambda: app.generating and len(app.query(Message).last().text) > 20, pilot)
+            await pilot.press("ctrl+n")
+            await wait_for(lambda: not app.generating, pilot)
+            assert app.history == [] and not app.query(Message)
+            for _ in range(100):
+                if engine.stats()["num_running"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert engine.stats()["num_running"] == 0
 
     asyncio.run(run())
 
@@ -145,6 +159,14 @@ def test_bad_settings_are_refused_and_errors_shown(engine):
             await pilot.press("enter")
             await wait_for(lambda: not app.generating and app.query_one("#error").display, pilot)
             assert "context" in str(app.query_one("#error").render())
+            # The failed turn is taken out and the prompt given back to edit.
+            assert app.history == [] and not app.query(Message)
+            assert app.query_one("#prompt").value == ("word " * 400).strip()
+            app.query_one("#prompt").value = "Hi"
+            await pilot.press("enter")
+            await wait_for(lambda: not app.generating and len(app.history) == 2, pilot)
+            assert [m["role"] for m in client.sent[-1][0]] == ["user"]
+            assert not app.query_one("#error").display
 
     asyncio.run(run())
 
@@ -207,5 +229,55 @@ def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir)
                 assert "could not start the chat" in str(app.query_one("#error").render())
                 assert words in str(app.query_one("#error").render())
                 assert app.sub_title == "not loaded"
+
+    asyncio.run(run())
+
+
+def test_chats_are_saved_and_reopened(engine, tmp_path):
+    from tui.history import ChatStore, HistoryScreen
+
+    client = RecordingClient(engine, model_name="tiny")
+    store = ChatStore(tmp_path / "chats")
+    (tmp_path / "chats").mkdir()
+    (tmp_path / "chats" / "broken.json").write_text("{not json")  # skipped, not fatal
+
+    async def send(app, pilot, text):
+        turns = len(app.history)
+        app.query_one("#prompt").value = text
+        await pilot.press("enter")
+        await wait_for(lambda: not app.generating and len(app.history) == turns + 2, pilot)
+
+    async def run():
+        app = ChatApp(client, ChatSettings(temperature=0, max_tokens=6), stats_interval=3600, store=store)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.click("#prompt")
+            await send(app, pilot, "First   question")
+            first_id = app.chat_id
+            assert [c.title for c in store.list()] == ["First question"]
+            assert store.load(first_id).messages == app.history
+            await pilot.press("ctrl+n")
+            await send(app, pilot, "Second question")
+            assert [c.title for c in store.list()] == ["Second question", "First question"]
+            # Reopen the first chat from the list (newest first: Down moves to it) and go on with it.
+            await pilot.press("ctrl+o")
+            await pilot.pause()
+            assert isinstance(app.screen, HistoryScreen)
+            assert app.screen.query_one("#chats").option_count == 2
+            await pilot.press("down", "enter")
+            await wait_for(lambda: app.chat_id == first_id and len(app.query(Message)) == 2, pilot)
+            assert app.history == store.load(first_id).messages
+            await pilot.click("#prompt")
+            await send(app, pilot, "Follow-up")
+            assert [m["content"] for m in client.sent[-1][0]][0] == "First   question"  # sent with its past
+            assert len(store.load(first_id).messages) == 4 and len(store.list()) == 2
+            # Delete removes the highlighted chat (the first one, now the most recently updated).
+            await pilot.press("ctrl+o")
+            await pilot.pause()
+            await pilot.press("delete")
+            await pilot.pause()
+            assert [c.title for c in store.list()] == ["Second question"]
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, HistoryScreen)
 
     asyncio.run(run())
