@@ -63,6 +63,7 @@ class Tray:
         self.pystray = pystray
         self.controller = controller
         self.opener, self.copier = opener, copier
+        self._stopped = threading.Event()
         models = controller.local_models()
         self.selected: str | None = models[0] if models else None
         self.icon = pystray.Icon("lantern", icon_image(), title=status_bar_title() or "Lantern", menu=self.menu(models))
@@ -100,11 +101,6 @@ class Tray:
     # ---- actions (pystray calls them with (icon, item)) ----------------------------------
     def start(self, icon=None, item=None) -> None:
         self.controller.start(self.selected)
-        threading.Thread(target=self._refresh_when_ready, daemon=True).start()
-
-    def _refresh_when_ready(self) -> None:
-        self.controller.wait()
-        self.icon.update_menu()
 
     def stop(self, icon=None, item=None) -> None:
         self.controller.stop()
@@ -119,11 +115,24 @@ class Tray:
 
     def quit(self, icon=None, item=None) -> None:
         self._quitting = True
+        self._stopped.set()
         self.controller.stop()
         self.icon.stop()
 
+    def watch(self, interval: float = 1.0) -> None:
+        """Follow the server's status (up, loading, crashed) and rebuild the menu and the icon's
+        title when it changes: the menu is only evaluated when it is built."""
+        last = None
+        while not self._stopped.wait(interval):
+            text = self.controller.status_text()
+            if text != last:
+                last = text
+                self.icon.title = f"{status_bar_title() or 'Lantern'}: {text}"
+                self.icon.update_menu()
+
     def run(self) -> None:
         self._quitting = False
+        threading.Thread(target=self.watch, name="lantern-tray-watch", daemon=True).start()
         try:
             self.icon.run()
         except Exception as exc:  # noqa: BLE001
@@ -132,3 +141,5 @@ class Tray:
             if not self._quitting:
                 raise
             logger.debug("tray shut down with: %s", exc)
+        finally:
+            self._stopped.set()

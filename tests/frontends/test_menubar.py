@@ -122,7 +122,8 @@ def open_menu(tray, icon_window: str, env: dict) -> list[tuple[str, bool]]:
         except AssertionError:
             if attempt == 2:
                 raise
-    return on_gtk_thread(lambda: [(c.get_label(), c.get_sensitive()) for c in shown_menu().get_children()])
+    rows = on_gtk_thread(lambda: [(c.get_label(), c.get_sensitive()) for c in shown_menu().get_children()])
+    return [((label or "").replace("<b>", "").replace("</b>", ""), enabled) for label, enabled in rows]
 
 
 def choose(tray, key: str, label: str, env: dict) -> None:
@@ -179,7 +180,7 @@ def test_tray_menu_opens_starts_the_server_and_quits(tiny_model_dir, tmp_path, x
         wait_until(lambda: on_gtk_thread(tray.icon._status_icon.is_embedded), "the icon did not dock in the tray")
         icon_window = docked_icon_window(x_display)
         rows = open_menu(tray, icon_window, x_display)
-        labels = [label.replace("<b>", "").replace("</b>", "") for label, _ in rows if label]
+        labels = [label for label, _ in rows if label]  # separators have no label
         assert labels == ["Stopped", "Start", "Stop", "Model", "Open browser chat", "Copy API URL", "Quit"]
         assert dict(rows)["Stop"] is False and dict(rows)["Open browser chat"] is False
         assert tray.item("Model").submenu.items[0].checked
@@ -200,6 +201,15 @@ def test_tray_menu_opens_starts_the_server_and_quits(tiny_model_dir, tmp_path, x
         tray.item("Open browser chat")(tray.icon)
         assert opened == [ctl.base_url + "/"]
         assert "Lantern chat" in httpx.get(opened[0]).text
+        assert tray.icon.title.endswith(f"Serving {os.path.basename(model)} on port {ctl.port}")
+        # The server dies under the tray: it notices by itself and offers Start again.
+        ctl.proc.kill()
+        wait_until(lambda: "Failed" in tray.icon.title, "the tray did not notice the crash")
+        rows = open_menu(tray, icon_window, x_display)
+        assert rows[0][0].startswith("Failed") and dict(rows)["Start"] is True and dict(rows)["Stop"] is False
+        choose(tray, "Down", "Start", x_display)
+        assert ctl.wait(timeout=240) == SERVING, (tmp_path / "menubar-server.log").read_text()
+        wait_until(lambda: "Serving" in tray.icon.title, "the tray did not see the restart")
         pid = ctl.proc.pid
         open_menu(tray, icon_window, x_display)
         choose(tray, "Up", "Quit", x_display)  # Up from the top wraps to the last item
