@@ -47,17 +47,60 @@ function renderReply(text) {
   return thoughts + Markdown.render(m[3] || "");
 }
 
+// Clipboard API where the page is a secure context (localhost is); a hidden textarea otherwise
+// (a server reached by its LAN address over plain http).
+async function copyText(text) {
+  if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
+  const area = document.createElement("textarea");
+  area.value = text;
+  area.style.position = "fixed"; area.style.opacity = "0";
+  document.body.appendChild(area);
+  area.select();
+  document.execCommand("copy");
+  area.remove();
+}
+
+function copyButton(label, getText) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "copy";
+  button.textContent = label;
+  button.onclick = async () => {
+    try { await copyText(getText()); button.textContent = "Copied"; }
+    catch (_) { button.textContent = "Copy failed"; }
+    setTimeout(() => { button.textContent = label; }, 1500);
+  };
+  return button;
+}
+
+function fillReply(el, msg) {
+  el.innerHTML = renderReply(msg.content);
+  for (const pre of el.querySelectorAll("pre")) pre.prepend(copyButton("Copy code", () => pre.querySelector("code").textContent));
+}
+
 function messageElement(msg) {
   const el = document.createElement("div");
   el.className = `msg ${msg.role}`;
-  el.innerHTML = msg.role === "assistant" ? renderReply(msg.content) : Markdown.escape(msg.content).replace(/\n/g, "<br>");
+  if (msg.role === "assistant") fillReply(el, msg);
+  else el.innerHTML = Markdown.escape(msg.content).replace(/\n/g, "<br>");
   return el;
+}
+
+// The actions row under an assistant reply, added once it is complete.
+function replyActions(msg) {
+  const row = document.createElement("div");
+  row.className = "msg-actions";
+  row.appendChild(copyButton("Copy", () => msg.content));
+  return row;
 }
 
 function renderMessages() {
   const box = $("messages");
   box.innerHTML = "";
-  for (const msg of state.current ? state.current.messages : []) box.appendChild(messageElement(msg));
+  for (const msg of state.current ? state.current.messages : []) {
+    box.appendChild(messageElement(msg));
+    if (msg.role === "assistant" && msg.content) box.appendChild(replyActions(msg));
+  }
   box.scrollTop = box.scrollHeight;
 }
 
@@ -66,7 +109,16 @@ function renderConversations() {
   list.innerHTML = "";
   for (const conv of state.conversations) {
     const li = document.createElement("li");
-    li.textContent = conv.title || "New chat";
+    const title = document.createElement("span");
+    title.className = "title";
+    title.textContent = conv.title || "New chat";
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "delete";
+    remove.textContent = "×";
+    remove.title = remove.ariaLabel = "Delete conversation";
+    remove.onclick = (e) => { e.stopPropagation(); deleteConversation(conv); };
+    li.append(title, remove);
     li.className = conv === state.current ? "active" : "";
     li.onclick = () => { state.current = conv; renderConversations(); renderMessages(); document.body.classList.remove("sidebar-open"); };
     list.appendChild(li);
@@ -77,6 +129,13 @@ function newConversation() {
   const conv = { id: Date.now().toString(36), title: "", messages: [] };
   state.conversations.unshift(conv);
   state.current = conv;
+  save(); renderConversations(); renderMessages();
+}
+
+function deleteConversation(conv) {
+  if (conv === state.current && state.controller) state.controller.abort();
+  state.conversations = state.conversations.filter((c) => c !== conv);
+  if (conv === state.current) state.current = state.conversations[0] || null;
   save(); renderConversations(); renderMessages();
 }
 
@@ -118,7 +177,16 @@ async function send(text) {
   let first = null, tokens = 0;
   try {
     const r = await fetch("/v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body), signal: state.controller.signal });
-    if (!r.ok) { conv.messages.pop(); showError(await explain(r)); return; }
+    if (!r.ok) {
+      // Nothing was generated (bad key, prompt too long, busy): take the turn back out, so the
+      // conversation keeps alternating roles, and hand the prompt back to edit or resend.
+      conv.messages.splice(-2, 2);
+      if (!conv.messages.length) conv.title = "";
+      $("input").value = text;
+      showError(await explain(r));
+      renderConversations(); renderMessages();
+      return;
+    }
     showError("");
     const reader = r.body.getReader(), decoder = new TextDecoder();
     let buffer = "";
@@ -136,7 +204,7 @@ async function send(text) {
         if (first === null) { first = performance.now(); $("stat-ttft").textContent = `${((first - started) / 1000).toFixed(2)} s`; }
         tokens += 1;
         reply.content += delta;
-        bubble.innerHTML = renderReply(reply.content);
+        fillReply(bubble, reply);
         $("messages").scrollTop = $("messages").scrollHeight;
         const secs = (performance.now() - first) / 1000;
         if (secs > 0) $("stat-tps").textContent = (tokens / secs).toFixed(1);
@@ -147,6 +215,7 @@ async function send(text) {
   } finally {
     state.controller = null;
     setBusy(false);
+    if (reply.content && bubble.isConnected) bubble.after(replyActions(reply));
     save();
   }
 }

@@ -84,7 +84,7 @@ def test_send_message_streams_reply_and_survives_reload(ui_server, page):
     page.reload()
     page.wait_for_selector(".msg.user")
     assert page.inner_text(".msg.user") == "Hello there"
-    assert page.locator("#conversations li").first.inner_text() == "Hello there"
+    assert page.locator("#conversations li .title").first.inner_text() == "Hello there"
     if page.viewport_size["width"] < 700:  # phone: the sidebar is a drawer that opens on demand
         assert not page.is_visible("#new-chat") or page.locator("#sidebar").bounding_box()["x"] < 0
         page.click("#toggle-sidebar")
@@ -115,6 +115,51 @@ def test_stop_button_ends_generation(ui_server, page):
         page.wait_for_timeout(50)
     assert 'lantern:num_requests_running{model_name="tiny"} 0.0' in metrics
     assert page.is_hidden("#error")
+
+
+def test_copy_buttons_and_deleting_a_conversation(ui_server, page):
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=ui_server.base_url)
+    page.goto(ui_server.base_url + "/")
+    reply = 'Use print:\n\n```python\nprint("hi")  # say hi\n```\n\nThat is all.'
+    page.evaluate("""(reply) => localStorage.setItem("lantern.conversations", JSON.stringify([
+        {id: "a", title: "How do I print?", messages: [{role: "user", content: "How do I print?"},
+                                                       {role: "assistant", content: reply}]},
+        {id: "b", title: "Second chat", messages: [{role: "user", content: "Hi"}, {role: "assistant", content: "Hello"}]},
+    ]))""", reply)
+    page.reload()
+    page.wait_for_selector(".msg.assistant pre")
+    assert page.inner_text(".msg.assistant pre code") == 'print("hi")  # say hi'
+    page.click(".msg.assistant pre button.copy")
+    page.wait_for_function("document.querySelector('.msg.assistant pre button.copy').textContent === 'Copied'")
+    assert page.evaluate("navigator.clipboard.readText()") == 'print("hi")  # say hi'
+    page.click(".msg-actions button.copy")  # the whole reply, as Markdown
+    page.wait_for_function("document.querySelector('.msg-actions button.copy').textContent === 'Copied'")
+    assert page.evaluate("navigator.clipboard.readText()") == reply
+    # Delete the open conversation: the next one opens, and the deletion survives a reload.
+    page.click("#conversations li.active .delete")
+    assert page.locator("#conversations li .title").all_inner_texts() == ["Second chat"]
+    assert page.inner_text(".msg.user") == "Hi"
+    page.reload()
+    page.wait_for_selector(".msg.user")
+    assert page.locator("#conversations li .title").all_inner_texts() == ["Second chat"]
+
+
+def test_failed_request_hands_the_prompt_back(ui_server, page):
+    page.goto(ui_server.base_url + "/")
+    page.wait_for_function("document.querySelector('#model').options.length > 0")
+    prompt = "word " * 5000  # longer than the model's 4k context: the server answers 400
+    page.fill("#input", prompt)
+    page.press("#input", "Enter")
+    page.wait_for_selector("#error", state="visible")
+    assert "400" in page.inner_text("#error") and "context" in page.inner_text("#error")
+    assert page.locator(".msg").count() == 0  # the turn was taken back out
+    assert page.input_value("#input") == prompt.strip()
+    set_settings(page, temperature=0, max_tokens=4)
+    page.fill("#input", "short one")
+    page.press("#input", "Enter")
+    wait_idle(page)
+    assert page.is_hidden("#error")
+    assert page.locator(".msg.user").all_inner_texts() == ["short one"]
 
 
 def test_wrong_api_key_shows_clear_message(tiny_model_dir, browser, tmp_path):
