@@ -281,3 +281,55 @@ def test_chats_are_saved_and_reopened(engine, tmp_path):
             assert not isinstance(app.screen, HistoryScreen)
 
     asyncio.run(run())
+
+
+def test_attached_to_a_server_over_http(tmp_path):
+    """`lantern chat --url … --api-key …`: the reply streams from a live server and matches its
+    non-streaming answer, the stats come from /metrics, Esc ends the request on the server."""
+    import httpx
+
+    from server.app import ServerSettings
+    from tests.server.conftest import start_server
+    from tui.client import ChatError, HTTPClient
+
+    # A 4k context: greedy replies run for hundreds of tokens, long enough to press Esc.
+    path = build_model("llama2", tmp_path, max_position_embeddings=4096)
+    srv = start_server(str(path), ServerSettings(served_model_name="tiny", api_key="k1"), block_size=16, num_kv_blocks=300)
+    auth = {"Authorization": "Bearer k1"}
+
+    def running() -> float:
+        text = httpx.get(srv.base_url + "/metrics", headers=auth).text
+        return float(text.split('lantern:num_requests_running{model_name="tiny"} ')[1].split()[0])
+
+    async def run():
+        with pytest.raises(ChatError, match="API key"):
+            await HTTPClient(srv.base_url, api_key="wrong").connect()
+        client = HTTPClient(srv.base_url + "/v1", api_key="k1")
+        await client.connect()
+        assert client.model_name == "tiny"
+        app = ChatApp(client, ChatSettings(temperature=0, max_tokens=12), stats_interval=0.1)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.click("#prompt")
+            await pilot.press(*"Hello there", "enter")
+            await wait_for(lambda: not app.generating and len(app.history) == 2, pilot)
+            expected = httpx.post(srv.base_url + "/v1/chat/completions", headers=auth, json={
+                "model": "tiny", "messages": [{"role": "user", "content": "Hello there"}],
+                "temperature": 0, "max_tokens": 12}).json()["choices"][0]["message"]["content"]
+            assert app.history[1]["content"] == expected and expected
+            await wait_for(lambda: app.stats.get("kv_usage") is not None and app.stats.get("running") == 0, pilot)
+            app.settings = ChatSettings(temperature=0, max_tokens=4000)
+            await pilot.press(*"long story", "enter")
+            await wait_for(lambda: app.generating and len(app.query(Message).last().text) > 20, pilot)
+            assert running() == 1
+            await pilot.press("escape")
+            await wait_for(lambda: not app.generating, pilot)
+            for _ in range(100):
+                if running() == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert running() == 0  # the server dropped the request when the stream closed
+
+    try:
+        asyncio.run(run())
+    finally:
+        srv.stop()
