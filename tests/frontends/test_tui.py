@@ -124,8 +124,11 @@ def test_escape_stops_generation_and_settings_change_request(long_engine):
             # The stopped reply stayed in the conversation as far as it got.
             assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
             # New chat in the middle of a reply: it stops, and the late reply does not leak into the new chat.
+            # (From a fresh chat with the first prompt again, so the reply is the same long one.)
+            await pilot.press("ctrl+n")
+            await pilot.pause()
             app.settings = ChatSettings(temperature=0, max_tokens=4000)
-            await pilot.press(*"more", "enter")
+            await pilot.press(*"long story", "enter")
             await wait_for(lambda: app.generating and len(app.query(Message).last().text) > 20, pilot)
             await pilot.press("ctrl+n")
             await wait_for(lambda: not app.generating, pilot)
