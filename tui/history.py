@@ -11,6 +11,7 @@ from pathlib import Path
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
@@ -94,7 +95,9 @@ class HistoryScreen(ModalScreen[str | None]):
         for chat in saved:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated))
             turns = sum(m["role"] == "user" for m in chat.messages)
-            chats.add_option(Option(f"{chat.title}  [dim]{when} · {turns} turn{'s' * (turns != 1)}[/dim]", id=chat.id))
+            # The title is the user's own text: escaped, so "[/b]" or "x[0]" shows as typed.
+            label = f"{escape(chat.title)}  [dim]{when} · {turns} turn{'s' * (turns != 1)}[/dim]"
+            chats.add_option(Option(label, id=chat.id))
         if saved:
             chats.highlighted = 0
         else:

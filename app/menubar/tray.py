@@ -115,7 +115,6 @@ class Tray:
 
     def quit(self, icon=None, item=None) -> None:
         self._quitting = True
-        self._stopped.set()
         self.controller.stop()
         self.icon.stop()
 

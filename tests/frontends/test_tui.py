@@ -237,6 +237,8 @@ def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir)
 
 
 def test_chats_are_saved_and_reopened(engine, tmp_path):
+    from textual.content import Content
+
     from tui.history import ChatStore, HistoryScreen
 
     client = RecordingClient(engine, model_name="tiny")
@@ -259,13 +261,16 @@ def test_chats_are_saved_and_reopened(engine, tmp_path):
             assert [c.title for c in store.list()] == ["First question"]
             assert store.load(first_id).messages == app.history
             await pilot.press("ctrl+n")
-            await send(app, pilot, "Second question")
-            assert [c.title for c in store.list()] == ["Second question", "First question"]
+            await send(app, pilot, "Second [/b] x[0]")  # the user's brackets are text, not markup
+            assert [c.title for c in store.list()] == ["Second [/b] x[0]", "First question"]
             # Reopen the first chat from the list (newest first: Down moves to it) and go on with it.
             await pilot.press("ctrl+o")
             await pilot.pause()
             assert isinstance(app.screen, HistoryScreen)
-            assert app.screen.query_one("#chats").option_count == 2
+            chats = app.screen.query_one("#chats")
+            assert chats.option_count == 2
+            shown = Content.from_markup(chats.get_option_at_index(0).prompt).plain  # as rendered
+            assert shown.startswith("Second [/b] x[0]  ")
             await pilot.press("down", "enter")
             await wait_for(lambda: app.chat_id == first_id and len(app.query(Message)) == 2, pilot)
             assert app.history == store.load(first_id).messages
@@ -278,7 +283,7 @@ def test_chats_are_saved_and_reopened(engine, tmp_path):
             await pilot.pause()
             await pilot.press("delete")
             await pilot.pause()
-            assert [c.title for c in store.list()] == ["Second question"]
+            assert [c.title for c in store.list()] == ["Second [/b] x[0]"]
             await pilot.press("escape")
             await pilot.pause()
             assert not isinstance(app.screen, HistoryScreen)
