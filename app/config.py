@@ -21,6 +21,7 @@ class EngineConfig:
     chat_template: str | None = None  # overrides the model's template
     tensor_parallel_size: int = 1  # ranks (one process each) sharing the model; torch backend
     enforce_eager: bool = False  # no CUDA graphs for decode steps (torch backend on CUDA)
+    num_threads: int | None = None  # CPU threads for tensor work (CPU backends); None: the library's default
 
     def __post_init__(self) -> None:
         checks = {
@@ -30,7 +31,13 @@ class EngineConfig:
             "prefill_chunk_size": self.prefill_chunk_size >= 1,
             "gpu_memory_fraction": 0.0 < self.gpu_memory_fraction <= 1.0,
             "tensor_parallel_size": self.tensor_parallel_size >= 1,
+            "max_model_len": self.max_model_len is None or self.max_model_len >= 2,
+            "kv_cache_memory_mb": self.kv_cache_memory_mb is None or self.kv_cache_memory_mb >= 1,
+            "num_kv_blocks": self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+            "num_threads": self.num_threads is None or self.num_threads >= 1,
         }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name} has an invalid value: {getattr(self, name)!r}")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16; got {self.dtype!r}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hmac
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pathlib import Path
 
@@ -25,9 +25,13 @@ API_PREFIXES = ("/v1", "/tokenize", "/detokenize", "/metrics", "/docs", "/openap
 @dataclass
 class ServerSettings:
     served_model_name: str | None = None
-    api_key: str | None = None
+    api_key: str | None = None  # one key (kept for callers that have one); merged into api_keys
+    api_keys: list[str] = field(default_factory=list)  # each key is a tenant with its own prefix cache
     max_waiting: int = 1024
     ui_server: bool = False  # serve the browser chat (assets/web) at /
+    allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: no cross-origin access
+    max_request_bytes: int = 4 * 2**20  # larger bodies get 413
+    max_n: int = 128  # n x number of prompts in one request
 
 
 class APIKeyMiddleware:

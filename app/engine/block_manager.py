@@ -1,20 +1,35 @@
-"""KV block bookkeeping: ref-counted blocks, an LRU free list, prefix caching, copy-on-write.
+"""KV block bookkeeping: ref-counted blocks, an LRU free list and automatic prefix caching.
 
 The block manager owns block *ids*; backends own the memory behind them. A block whose ref count
-drops to zero goes back to the free list but keeps its content hash, so a later request with the
-same prefix can revive it until the block is handed out again (evicted, least recently freed first).
+drops to zero goes back to the free list but keeps its digest, so a later request with the same
+prefix (and the same cache salt) can revive it until the block is handed out again (evicted,
+least recently freed first).
+
+Sharing is only ever of full, computed blocks, and a sequence never writes into a block it did
+not fill itself (a cached prefix stops one token short of the prompt), so blocks need no
+copy-on-write: n > 1 samples are separate sequences that share the prompt through this cache.
 """
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
-from typing import Iterable
+from typing import Sequence as Seq
+
+import numpy as np
 
 from app.engine.sequence import Sequence
 
 
-def hash_block(parent: int | None, tokens: Iterable[int]) -> int:
-    """Chained hash: a block's identity is its tokens plus everything before it."""
-    return hash((parent, tuple(tokens)))
+def hash_block(parent: bytes | None, tokens: Seq[int], salt: bytes = b"") -> bytes:
+    """Chained SHA-256: a block's identity is its tokens, everything before it and the cache
+    salt (tenant + request salt). A collision-resistant digest, so no caller can craft a prompt
+    whose blocks alias another's."""
+    h = hashlib.sha256()
+    h.update(parent or b"\0" * 32)
+    h.update(len(salt).to_bytes(4, "little"))
+    h.update(salt)
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    return h.digest()
 
 
 class BlockManager:
@@ -25,9 +40,10 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # checked on every hit
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-        self.cached: dict[int, int] = {}  # content hash -> block id
+        self.cached: dict[bytes, int] = {}  # digest -> block id
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found cached
 
@@ -35,6 +51,10 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         return len(self.free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free)
 
     @property
     def usage(self) -> float:
@@ -48,18 +68,19 @@ class BlockManager:
         while (len(seq.block_hashes) + 1) * bs <= seq.num_tokens:
             i = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else None
-            seq.block_hashes.append(hash_block(parent, seq.tokens_range(i * bs, (i + 1) * bs)))
+            seq.block_hashes.append(hash_block(parent, seq.tokens_range(i * bs, (i + 1) * bs), seq.cache_salt))
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids holding a cached prefix of seq (never all of it: one token must be computed)."""
         if not self.enable_prefix_caching:
             return []
         self._update_hashes(seq)
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
         hits: list[int] = []
-        for h in seq.block_hashes[:max_blocks]:
+        for i, h in enumerate(seq.block_hashes[:max_blocks]):
             block = self.cached.get(h)
-            if block is None:
+            if block is None or self.block_tokens[block] != tuple(seq.tokens_range(i * bs, (i + 1) * bs)):
                 break
             hits.append(block)
         return hits
@@ -68,7 +89,7 @@ class BlockManager:
         self.prefix_queries += num_tokens
         self.prefix_hits += num_hit_tokens
 
-    def blocks_needed(self, seq: Sequence, num_tokens: int, cached: list[int] = ()) -> int:
+    def blocks_needed(self, seq: Sequence, num_tokens: int, cached: Seq[int] = ()) -> int:
         """Free blocks consumed to give seq room for num_tokens (reviving cached ones counts too)."""
         new = max(self.blocks_for(num_tokens) - len(seq.block_table) - len(cached), 0)
         return new + sum(1 for b in cached if self.ref_counts[b] == 0)
@@ -77,7 +98,7 @@ class BlockManager:
         return len(self.free) - num_blocks >= reserve
 
     # ---- mutations -----------------------------------------------------------------------
-    def allocate(self, seq: Sequence, num_tokens: int, cached: list[int] = ()) -> None:
+    def allocate(self, seq: Sequence, num_tokens: int, cached: Seq[int] = ()) -> None:
         """Extend seq's block table so it covers num_tokens slots, first with cached blocks."""
         for block in cached:
             self._ref(block)
@@ -92,31 +113,12 @@ class BlockManager:
         seq.block_table = []
         seq.num_registered_blocks = 0
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """child shares every block of parent; a write into a shared block copies it first."""
-        child.block_table = list(parent.block_table)
-        child.block_hashes = list(parent.block_hashes)
-        for block in child.block_table:
-            self._ref(block)
-
-    def copy_on_write(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
-        """Make the blocks that positions [start, end) write into private; returns (src, dst) copies."""
-        pairs = []
-        bs = self.block_size
-        for i in range(start // bs, (end - 1) // bs + 1):
-            block = seq.block_table[i]
-            if self.ref_counts[block] > 1:
-                new = self._take_free()
-                self.ref_counts[block] -= 1
-                seq.block_table[i] = new
-                pairs.append((block, new))
-        return pairs
-
     def register_computed(self, seq: Sequence) -> None:
-        """Publish the hashes of seq's blocks that are now full and computed."""
+        """Publish the digests of seq's blocks that are now full and computed."""
         if not self.enable_prefix_caching:
             return
-        n_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        bs = self.block_size
+        n_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
         if n_full <= seq.num_registered_blocks:
             return
         self._update_hashes(seq)
@@ -125,11 +127,13 @@ class BlockManager:
             if self.block_hash[block] is None and h not in self.cached:
                 self.cached[h] = block
                 self.block_hash[block] = h
+                self.block_tokens[block] = tuple(seq.tokens_range(i * bs, (i + 1) * bs))
         seq.num_registered_blocks = n_full
 
     def reset_prefix_cache(self) -> None:
         for block in list(self.cached.values()):
             self.block_hash[block] = None
+            self.block_tokens[block] = None
         self.cached.clear()
 
     # ---- internals -----------------------------------------------------------------------
@@ -157,5 +161,6 @@ class BlockManager:
             if self.cached.get(h) == block:
                 del self.cached[h]
             self.block_hash[block] = None
+            self.block_tokens[block] = None
         self.ref_counts[block] = 1
         return block

@@ -1,11 +1,34 @@
-"""Sampling parameters with OpenAI field names, validated on construction."""
+"""Sampling parameters with OpenAI field names, validated on construction.
+
+Bounds (documented in the README): n 1..128, temperature 0..100, top_p (0, 1], top_k -1/0 (off)
+or 1..2^31-1 (above the vocabulary = off), min_p 0..1, repetition_penalty (0, 100],
+frequency/presence penalties -2..2, |seed| < 2^63, max_tokens 1..2^31-1 (then capped by the
+context), min_tokens 0..max_tokens, at most 64 stop strings of at most 1024 characters, at most
+1024 stop_token_ids, logprobs 0..20, logit_bias at most 1024 entries with values -100..100.
+Token ids are checked against the model's vocabulary by the engine.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from app.engine.errors import InvalidRequestError
 
 # OpenAI caps top_logprobs at 20; vLLM allows more but the cost grows with the vocabulary.
 MAX_TOP_LOGPROBS = 20
 MAX_N = 128  # OpenAI's limit on parallel samples
+MAX_INT32 = 2**31 - 1
+MAX_STOPS = 64
+MAX_STOP_LEN = 1024
+MAX_TOKEN_LIST = 1024  # stop_token_ids, logit_bias entries
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass
@@ -27,57 +50,83 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; k: chosen token plus k most likely
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop_list = [self.stop]
-        else:
+        elif self.stop is None or isinstance(self.stop, (list, tuple)):
             self.stop_list = list(self.stop or [])
+        else:
+            raise InvalidRequestError("stop must be a string or a list of strings", param="stop")
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.logit_bias is not None:
+            self.logit_bias = self._parse_bias(self.logit_bias)
         self._validate()
+
+    @staticmethod
+    def _parse_bias(bias: object) -> dict[int, float]:
+        if not isinstance(bias, dict):
+            raise InvalidRequestError("logit_bias must be an object of token id -> bias", param="logit_bias")
+        if len(bias) > MAX_TOKEN_LIST:
+            raise InvalidRequestError(f"logit_bias may hold at most {MAX_TOKEN_LIST} entries", param="logit_bias")
+        out: dict[int, float] = {}
+        for key, value in bias.items():
+            try:
+                token = int(key)  # JSON object keys arrive as strings
+            except (TypeError, ValueError):
+                raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+            if token < 0 or not _is_number(value) or not -100.0 <= value <= 100.0:
+                raise InvalidRequestError(
+                    f"logit_bias maps token ids >= 0 to numbers in [-100, 100]; got {key!r}: {value!r}",
+                    param="logit_bias",
+                )
+            out[token] = float(value)
+        return out
 
     def _validate(self) -> None:
         def fail(name: str, why: str) -> None:
-            raise ValueError(f"{name} {why}")
+            raise InvalidRequestError(f"{name} {why}", param=name)
 
-        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             fail("n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
-                fail(name, f"must be a finite number, got {value!r}")
-        if self.temperature < 0:
-            fail("temperature", f"must be >= 0, got {self.temperature}")
+            if not _is_number(getattr(self, name)):
+                fail(name, f"must be a finite number, got {getattr(self, name)!r}")
+        if not 0 <= self.temperature <= 100:
+            fail("temperature", f"must be in [0, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             fail("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            fail("top_k", f"must be 0/-1 (disabled) or a positive integer, got {self.top_k!r}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_INT32:
+            fail("top_k", f"must be -1 or 0 (disabled) or an integer in [1, {MAX_INT32}], got {self.top_k!r}")
         if not 0.0 <= self.min_p <= 1.0:
             fail("min_p", f"must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            fail("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        if not 0 < self.repetition_penalty <= 100:
+            fail("repetition_penalty", f"must be in (0, 100], got {self.repetition_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             fail("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
         if not -2.0 <= self.presence_penalty <= 2.0:
             fail("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            fail("seed", f"must be an integer, got {self.seed!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            fail("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if self.seed is not None and (not _is_int(self.seed) or abs(self.seed) >= 2**63):
+            fail("seed", f"must be an integer with |seed| < 2^63, got {self.seed!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= MAX_INT32):
+            fail("max_tokens", f"must be an integer in [1, {MAX_INT32}], got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= MAX_INT32:
             fail("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             fail("min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if any(not isinstance(s, str) or not s for s in self.stop_list):
-            fail("stop", "must be a non-empty string or a list of non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if len(self.stop_list) > MAX_STOPS:
+            fail("stop", f"may hold at most {MAX_STOPS} strings")
+        if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_LEN for s in self.stop_list):
+            fail("stop", f"must be a non-empty string or a list of non-empty strings of at most {MAX_STOP_LEN} chars")
+        if len(self.stop_token_ids) > MAX_TOKEN_LIST:
+            fail("stop_token_ids", f"may hold at most {MAX_TOKEN_LIST} ids")
+        if any(not _is_int(t) or not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):
             fail("stop_token_ids", "must be a list of non-negative integers")
-        if self.logprobs is not None and (
-            not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
-        ):
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
 
     @property

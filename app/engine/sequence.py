@@ -5,6 +5,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.engine.sampling_params import SamplingParams
 
@@ -39,14 +40,24 @@ class Sequence:
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
-    # Chained hashes of this sequence's full blocks, computed once per block (prefix caching).
-    block_hashes: list[int] = field(default_factory=list)
+    # Chained digests of this sequence's full blocks, computed once per block (prefix caching).
+    block_hashes: list[bytes] = field(default_factory=list)
+    # Who may share this sequence's cached prefix: the tenant (API key) and the request's
+    # cache_salt. Part of every block digest, so different salts never see each other's blocks.
+    cache_salt: bytes = b""
+    # Penalty inputs kept up to date token by token (set by the batch builder when needed).
+    penalty: Any = None
     num_computed_tokens: int = 0
     num_registered_blocks: int = 0  # leading blocks already published to the prefix cache
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+
+    def append_token(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        if self.penalty is not None:
+            self.penalty.append(token)
 
     @property
     def token_ids(self) -> list[int]:
