@@ -72,13 +72,16 @@ def default_dtype(backend: str) -> str:
     return "float32"
 
 
-def create_backend(name: str = "auto", tensor_parallel_size: int = 1, enforce_eager: bool = False) -> Backend:
+def create_backend(name: str = "auto", tensor_parallel_size: int = 1, enforce_eager: bool = False,
+                   num_threads: int | None = None) -> Backend:
     chosen = pick_backend(name)
     if chosen == "mlx":
         if not _mlx_available():
             raise RuntimeError("backend 'mlx' needs MLX: pip install 'lantern[mlx]'")
         if tensor_parallel_size != 1:
             raise ValueError("tensor parallelism is implemented by the torch backend only")
+        if num_threads is not None:
+            raise ValueError("--threads applies to the torch backend; MLX sets its own CPU threads")
         from backends.mlx.runner import MLXBackend
 
         return MLXBackend()
@@ -86,4 +89,5 @@ def create_backend(name: str = "auto", tensor_parallel_size: int = 1, enforce_ea
         raise RuntimeError("backend 'torch' needs PyTorch: pip install 'lantern[torch]'")
     from backends.torch.runner import TorchBackend
 
-    return TorchBackend(tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager)
+    return TorchBackend(tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
+                        num_threads=num_threads)

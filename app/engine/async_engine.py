@@ -2,7 +2,9 @@
 
 Adds and aborts are queued and applied between steps, so the engine is only ever touched by its
 own thread. A caller that stops iterating (client disconnect) aborts its request, which frees its
-KV blocks before the next step.
+KV blocks before the next step. Every request ends: with its last output, with an abort output,
+or with an exception (its own failure, or the engine loop's death, which is also reported by
+`dead_reason` so a health check can say why).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, AsyncIterator
 
 from app.config import EngineConfig
 from app.engine.engine import LLMEngine, Prompt
+from app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from app.engine.request import RequestOutput
 from app.engine.sampling_params import SamplingParams
 
@@ -33,69 +36,122 @@ class AsyncEngine:
         self._stop = False
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
-        self.engine: LLMEngine = engine  # type: ignore[assignment]  # set on the thread when None
+        self._dead: str | None = None
+        self._engine: LLMEngine = engine  # type: ignore[assignment]  # set on the thread when None
         self._thread = threading.Thread(target=self._run, args=(config,), name="lantern-engine", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._load_error is not None:
             raise self._load_error
 
+    # ---- what front ends read --------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self._engine.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self._engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._engine.vocab_size
+
     @property
     def tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        return self._engine.tokenizer
 
+    @property
+    def backend_name(self) -> str:
+        return self._engine.backend.name
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the engine loop stopped, or None while it runs."""
+        return self._dead
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    chat_template_kwargs: dict | None = None) -> list[int]:
+        return self._engine.encode_chat(messages, add_generation_prompt, chat_template_kwargs)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        return self._engine.apply_chat_template(messages, add_generation_prompt, **kwargs)
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        self._engine.validate(prompt_ids, params)
+
+    def stats(self) -> dict:
+        return self._engine.stats_snapshot()
+
+    # ---- requests --------------------------------------------------------------------------
     async def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
-        prompt_token_ids: list[int] | None = None,
+        prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields a RequestOutput each time the request makes progress; the last has finished=True.
 
-        Raises ValueError at once for an invalid request (bad prompt, too long)."""
+        Raises InvalidRequestError at once for an invalid request (bad prompt, too long, an id
+        in use), EngineDeadError when the engine loop has stopped, RequestFailedError when the
+        engine failed this request."""
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self._dead}")
         params = params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
-        ids = prompt_token_ids if prompt_token_ids is not None else self.engine.tokenize_prompt(prompt)
-        self.engine.validate(ids, params)
+        if request_id in self._queues:
+            raise InvalidRequestError(f"request_id {request_id!r} is already in use", param="request_id")
+        ids = prompt_token_ids if prompt_token_ids is not None else self._engine.tokenize_prompt(prompt)
+        self._engine.validate(ids, params)
         queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = (asyncio.get_running_loop(), queue)
-        self._submit("add", (request_id, prompt, params, ids))
+        target = (asyncio.get_running_loop(), queue)
+        self._queues[request_id] = target
+        self._submit("add", (request_id, prompt, params, ids, cache_salt))
         finished = False
         try:
             while True:
                 item = await queue.get()
-                if isinstance(item, Exception):
+                if isinstance(item, BaseException):
+                    finished = True  # the engine already dropped it
                     raise item
+                if item.error is not None:
+                    finished = True
+                    raise RequestFailedError(item.error)
                 yield item
                 if item.finished:
                     finished = True
                     return
         finally:
-            self._queues.pop(request_id, None)
+            if self._queues.get(request_id) is target:
+                del self._queues[request_id]
             if not finished:
                 self._submit("abort", request_id)
 
     def abort(self, request_id: str) -> None:
+        """Stop a request; its iterator then yields a final output with finish_reason "abort"."""
         self._submit("abort", request_id)
-
-    def stats(self) -> dict:
-        return self.engine.stats_snapshot()
 
     def shutdown(self) -> None:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=30)
         if self._thread.is_alive():  # a step is stuck: release the backend from here
-            self.engine.shutdown()
+            self._engine.shutdown()
 
     # ---- engine thread -------------------------------------------------------------------
     def _submit(self, kind: str, payload: Any) -> None:
         self._commands.append((kind, payload))
         self._wake.set()
 
-    def _deliver(self, request_id: str, item: RequestOutput | Exception) -> None:
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         target = self._queues.get(request_id)
         if target is not None:
             loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the caller's event loop has closed: nobody is waiting
+                pass
 
     def _deliver_step(self, outputs: list[RequestOutput]) -> None:
         """One wake-up per event loop per step, not one per request: with 32 streams the loop
@@ -106,24 +162,29 @@ class AsyncEngine:
             if target is not None:
                 by_loop.setdefault(target[0], []).append((target[1], out))
         for loop, items in by_loop.items():
-            loop.call_soon_threadsafe(_put_all, items)
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:
+                pass
 
     def _apply_commands(self) -> None:
         while self._commands:
             kind, payload = self._commands.popleft()
             if kind == "add":
-                request_id, prompt, params, ids = payload
+                request_id, prompt, params, ids, salt = payload
                 try:
-                    self.engine.add_request(request_id, prompt, params, prompt_token_ids=ids)
+                    self._engine.add_request(request_id, prompt, params, prompt_token_ids=ids, cache_salt=salt)
                 except Exception as exc:  # validation raced with config; report to the caller
                     self._deliver(request_id, exc)
             elif kind == "abort":
-                self.engine.abort_request(payload)
+                final = self._engine.abort_request(payload)
+                if final is not None:
+                    self._deliver(payload, final)
 
     def _run(self, config: dict[str, Any]) -> None:
         try:
-            if self.engine is None:
-                self.engine = LLMEngine(EngineConfig(**config))
+            if self._engine is None:
+                self._engine = LLMEngine(EngineConfig(**config))
         except BaseException as exc:  # noqa: BLE001 - handed to the constructor's caller
             self._load_error = exc
             return
@@ -131,25 +192,40 @@ class AsyncEngine:
             self._ready.set()
         try:
             self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the loop is dead: say so to everyone
+            self._die(exc)
         finally:
-            self.engine.shutdown()
+            try:
+                self._engine.shutdown()
+            except Exception:  # noqa: BLE001
+                logger.exception("backend shutdown failed")
 
     def _serve(self) -> None:
         while not self._stop:
             self._apply_commands()
-            if not self.engine.has_unfinished_requests():
+            if not self._engine.has_unfinished_requests():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
-            try:
-                outputs = self.engine.step()
-            except Exception:
-                logger.exception("engine step failed; aborting the requests in flight")
-                for rid in list(self.engine.requests):
-                    self.engine.abort_request(rid)
-                    self._deliver(rid, RuntimeError("the engine failed while running this request"))
-                continue
-            self._deliver_step(outputs)
+            self._deliver_step(self._engine.step())
+
+    def _die(self, exc: BaseException) -> None:
+        self._dead = f"{type(exc).__name__}: {exc}"
+        logger.critical("the engine loop stopped: %s", self._dead, exc_info=exc)
+        error = EngineDeadError(f"the engine has stopped: {self._dead}")
+        for request_id in list(self._queues):
+            self._deliver(request_id, error)
+        # Requests that arrive from now on are refused in generate(); ones that raced in get
+        # the error from the command queue.
+        while True:
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            while self._commands:
+                kind, payload = self._commands.popleft()
+                if kind == "add":
+                    self._deliver(payload[0], error)
+            if self._stop:
+                return
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

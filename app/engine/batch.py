@@ -36,7 +36,6 @@ class ScheduledBatch:
     block_size: int
     sample_seq_indices: list[int]  # which sequences draw a token this step
     sampling: list[SamplingRow]  # one per sampled sequence, same order
-    copy_pairs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -102,5 +101,4 @@ def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[in
         block_size=block_size,
         sample_seq_indices=sample_idx,
         sampling=rows,
-        copy_pairs=list(out.copy_pairs),
     )

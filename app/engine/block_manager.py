@@ -33,7 +33,12 @@ def hash_block(parent: bytes | None, tokens: Seq[int], salt: bytes = b"") -> byt
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 prefer_touched: bool = False):
+        """prefer_touched: the backend's pool is committed lazily (a CPU allocation is backed by
+        memory only where written), so hand out blocks used before - evicting cached prefixes,
+        least recently freed first - before ever-unused ones: memory then grows with the peak
+        load, not with the pool's size. Off on devices whose pool is committed up front."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
@@ -42,7 +47,11 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # checked on every hit
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.prefer_touched = prefer_touched
+        # Freed blocks (uncached ones at the front, cached ones in LRU order behind them) and
+        # blocks never handed out (popped lowest id first).
+        self.free: OrderedDict[int, None] = OrderedDict()
+        self.fresh: list[int] = list(range(num_blocks - 1, -1, -1))
         self.cached: dict[bytes, int] = {}  # digest -> block id
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found cached
@@ -50,15 +59,15 @@ class BlockManager:
     # ---- queries -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free)
+        return len(self.free) + len(self.fresh)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free)
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self.free) / self.num_blocks
+        return self.num_used_blocks / self.num_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -95,7 +104,7 @@ class BlockManager:
         return new + sum(1 for b in cached if self.ref_counts[b] == 0)
 
     def can_allocate(self, num_blocks: int, reserve: int = 0) -> bool:
-        return len(self.free) - num_blocks >= reserve
+        return self.num_free_blocks - num_blocks >= reserve
 
     # ---- mutations -----------------------------------------------------------------------
     def allocate(self, seq: Sequence, num_tokens: int, cached: Seq[int] = ()) -> None:
@@ -153,6 +162,10 @@ class BlockManager:
                 self.free.move_to_end(block, last=False)
 
     def _take_free(self) -> int:
+        if self.fresh and not (self.prefer_touched and self.free):
+            block = self.fresh.pop()
+            self.ref_counts[block] = 1
+            return block
         if not self.free:
             raise RuntimeError("out of KV blocks (the scheduler should have checked)")
         block, _ = self.free.popitem(last=False)

@@ -43,14 +43,16 @@ class StopStringMatcher:
         self.include_stop = include_stop
         self.max_len = max((len(s) for s in stops), default=0)
 
-    def check(self, text: str, new_len: int) -> tuple[str | None, int]:
+    def check(self, text: str, new_len: int, floor: int = 0) -> tuple[str | None, int]:
         """Given the full text whose last `new_len` chars are new: (matched stop, cut position).
 
-        Without a match the cut position is how much of the text is safe to emit now.
+        Without a match the cut position is how much of the text is safe to emit now. `floor`
+        is text already emitted (before min_tokens allowed stops): a stop may not start inside
+        it and nothing before it is held back, so the streamed text always equals the final one.
         """
         if not self.stops:
             return None, len(text)
-        search_from = max(len(text) - new_len - self.max_len + 1, 0)
+        search_from = max(len(text) - new_len - self.max_len + 1, floor, 0)
         best: tuple[int, str] | None = None
         for stop in self.stops:
             i = text.find(stop, search_from)
@@ -62,7 +64,7 @@ class StopStringMatcher:
         # Hold back the longest suffix that is a proper prefix of some stop string.
         hold = 0
         for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            for k in range(min(len(stop) - 1, len(text) - floor), hold, -1):
                 if text.endswith(stop[:k]):
                     hold = k
                     break

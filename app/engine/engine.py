@@ -10,11 +10,14 @@ from typing import Any, Sequence as Seq
 from app.config import EngineConfig
 from app.engine.batch import build_batch
 from app.engine.block_manager import BlockManager
+from app.engine.chat_encoding import encode_chat
+from app.engine.errors import InvalidRequestError, RequestFailedError
+from app.engine.kv_sizing import plan_kv_cache
 from app.engine.metrics import EngineStats
 from app.engine.output_processor import OutputProcessor, RequestState
 from app.engine.request import RequestOutput
 from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerConfig
+from app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from app.engine.sequence import Sequence, TokenLogprob
 from app.models.loader import resolve_model
 
@@ -26,6 +29,7 @@ Prompt = str | list[int]
 class LLMEngine:
     def __init__(self, config: EngineConfig, backend: Any = None):
         from backends import create_backend, default_dtype, pick_backend  # the only place the core meets a backend
+        from backends.base import Backend
 
         self.config = config
         backend_name = pick_backend(config.backend) if backend is None else backend.name
@@ -37,7 +41,11 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.chat_template = config.chat_template or loaded.chat_template
         self.eos_token_ids = loaded.eos_token_ids
-        self.backend = backend or create_backend(backend_name, config.tensor_parallel_size, config.enforce_eager)
+        self.backend = backend or create_backend(
+            backend_name, config.tensor_parallel_size, config.enforce_eager, config.num_threads,
+        )
+        if not isinstance(self.backend, Backend):
+            raise TypeError(f"{type(self.backend).__name__} does not implement backends.base.Backend")
         info = self.backend.load(loaded.spec)
         logger.info(
             "loaded %s on %s (%s): %.1fM parameters, %.1f MiB of weights in %.1fs",
@@ -45,15 +53,13 @@ class LLMEngine:
             info.weight_bytes / 2**20, time.monotonic() - t0,
         )
         self.vocab_size = info.vocab_size
-        bs = config.block_size
-        max_len = config.max_model_len or info.max_model_len
-        num_blocks = self._num_kv_blocks(bs, max_len)
-        if max_len > num_blocks * bs:
-            logger.warning("max_model_len %d exceeds the KV pool (%d tokens); capping", max_len, num_blocks * bs)
-            max_len = num_blocks * bs
-        self.max_model_len = max_len
-        self.backend.allocate_kv(num_blocks, bs)
-        self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+        plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
+        self.max_model_len = plan.max_model_len
+        self.backend.allocate_kv(plan.num_blocks, config.block_size)
+        self.block_manager = BlockManager(
+            plan.num_blocks, config.block_size, config.enable_prefix_caching,
+            prefer_touched=self.backend.kv_memory_is_lazy,
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -62,27 +68,9 @@ class LLMEngine:
             ),
             self.block_manager,
         )
-        self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, max_len)
+        self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
-
-    def _num_kv_blocks(self, block_size: int, max_len: int) -> int:
-        per_block = self.backend.kv_bytes_per_block(block_size)
-        if self.config.num_kv_blocks:
-            num = self.config.num_kv_blocks
-        else:
-            if self.config.kv_cache_memory_mb:
-                budget = self.config.kv_cache_memory_mb * 2**20
-            else:
-                budget = int(self.backend.available_memory_bytes() * self.config.gpu_memory_fraction)
-            # More blocks than max_num_seqs full-length sequences can use is wasted memory.
-            useful = self.config.max_num_seqs * -(-max_len // block_size)
-            num = max(min(budget // per_block, useful), 1)
-        logger.info(
-            "KV cache: %d blocks x %d tokens (%.1f MiB, %d tokens in all)",
-            num, block_size, num * per_block / 2**20, num * block_size,
-        )
-        return num
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:
@@ -90,115 +78,163 @@ class LLMEngine:
             return self.tokenizer.encode(prompt, add_special_tokens=True)
         return list(prompt)
 
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    chat_template_kwargs: dict | None = None) -> list[int]:
+        """Messages -> prompt ids through the chat template; markup typed inside a message stays text."""
+        return encode_chat(self.tokenizer, self.chat_template, messages, add_generation_prompt,
+                           **(chat_template_kwargs or {}))
+
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
-            raise ValueError("prompt must not be empty")
-        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        vocab = self.vocab_size
+        if any(type(t) is not int or not 0 <= t < vocab for t in prompt_ids):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
         if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"prompt is {len(prompt_ids)} tokens; this model's context is {self.max_model_len} "
-                "tokens and at least one must be left for the reply"
+                "tokens and at least one must be left for the reply",
+                param="prompt", code="context_length_exceeded",
             )
+        if any(t >= vocab for t in params.stop_token_ids or ()):
+            raise InvalidRequestError(f"stop_token_ids must be ids in [0, {vocab})", param="stop_token_ids")
+        if params.logit_bias and any(t >= vocab for t in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab})", param="logit_bias")
 
     def add_request(
         self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
-        prompt_token_ids: list[int] | None = None,
+        prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
     ) -> None:
         params = params or SamplingParams()
         ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize_prompt(prompt)
         self.validate(ids, params)
         if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise InvalidRequestError(f"request_id {request_id!r} is already in use", param="request_id")
         room = self.max_model_len - len(ids)
         max_tokens = min(params.max_tokens or room, room)
         base_seed = params.seed if params.seed is not None else random.getrandbits(48)
+        salt = (cache_salt or "").encode("utf-8", "surrogatepass")
         state = RequestState(request_id, prompt if isinstance(prompt, str) else None, ids, params, max_tokens)
-        seqs = [
-            Sequence(request_id, ids, params, index=i, seed=base_seed + i) for i in range(params.n)
-        ]
-        self.outputs.track(state, seqs[0])
-        state.pending_forks = seqs[1:]
+        # n > 1 is a fan-out of n sequences with seeds seed+i: sample i equals the single
+        # request with seed+i. The others wait until the first has computed the prompt, then
+        # read it from the prefix cache instead of computing it again.
+        seqs = [Sequence(request_id, ids, params, index=i, seed=base_seed + i, cache_salt=salt)
+                for i in range(params.n)]
+        for seq in seqs:
+            self.outputs.track(state, seq)
+        if self.config.enable_prefix_caching:
+            state.pending_children = seqs[1:]
+            seqs = seqs[:1]
         self.requests[request_id] = state
-        self.scheduler.add(seqs[0])
+        for seq in seqs:
+            self.scheduler.add(seq)
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
+    def abort_request(self, request_id: str, reason: str = "abort", error: str | None = None) -> RequestOutput | None:
+        """Stop a request wherever it is and free its blocks; returns its final output."""
         state = self.requests.pop(request_id, None)
         if state is None:
             return None
-        state.pending_forks.clear()
+        state.pending_children.clear()
         for out in state.seqs:
-            self.scheduler.finish(out.seq, "abort")
-        return self.outputs.make_output(state)
+            self.scheduler.finish(out.seq, reason)
+        if error is not None:
+            self.stats.requests_failed += 1
+        final = self.outputs.make_output(state)
+        final.error = error
+        return final
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One scheduled batch through the backend. A failure fails only the requests that
+        cause it: the batch is retried one sequence at a time to find them."""
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
+        try:
+            return self._run(sched)
+        except Exception as exc:  # noqa: BLE001 - isolated below
+            if len(sched.scheduled) == 1:
+                return [self._fail(sched.scheduled[0].seq.request_id, exc)]
+            logger.warning("a step of %d sequences failed (%s); retrying them one by one",
+                           len(sched.scheduled), exc)
+        outputs: list[RequestOutput] = []
+        for item in sched.scheduled:
+            if item.seq.is_finished:  # a sibling of a request failed just now
+                continue
+            try:
+                outputs += self._run(SchedulerOutput(scheduled=[item]))
+            except Exception as exc:  # noqa: BLE001 - this request is the culprit
+                outputs.append(self._fail(item.seq.request_id, exc))
+        return outputs
+
+    def _fail(self, request_id: str, exc: Exception) -> RequestOutput:
+        logger.error("request %s failed in the engine: %s", request_id, exc, exc_info=exc)
+        message = f"the engine failed while running this request ({type(exc).__name__}: {exc})"
+        out = self.abort_request(request_id, "error", error=message)
+        assert out is not None
+        return out
+
+    def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
         banned = {s.seq.seq_id: self.outputs.banned_tokens(s.seq) for s in sched.scheduled if s.samples}
         batch = build_batch(sched, self.config.block_size, banned)
         result = self.backend.execute(batch)
+        # Nothing has changed before this point, so a failure above can simply be retried.
         self.scheduler.after_step(sched)
         self.stats.steps += 1
-        now = time.monotonic()
         touched: dict[str, RequestState] = {}
+        failed: list[RequestOutput] = []
         for row, seq_idx in enumerate(batch.sample_seq_indices):
             seq = sched.scheduled[seq_idx].seq
-            state = self.requests[seq.request_id]
-            if not seq.output_token_ids:
-                self.stats.prompt_tokens += seq.num_prompt_tokens if seq.index == 0 else 0
-                if state.pending_forks:
-                    self._fork_siblings(state, seq)
-            token = result.token_ids[row]
-            if result.logprobs is not None and seq.params.logprobs is not None:
-                top = dict(result.top_logprobs[row]) if result.top_logprobs else {}
-                seq.output_logprobs.append(TokenLogprob(token, result.logprobs[row], top))
-            out = next(o for o in state.seqs if o.seq is seq)
-            reason = self.outputs.append(state, out, token)
-            self.stats.generation_tokens += 1
-            if state.first_token_time is None:
-                state.first_token_time = now
-                self.stats.ttft_s.append(now - state.arrival)
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
+            state = self.requests.get(seq.request_id)
+            if state is None or seq.is_finished:
+                continue
+            try:
+                self._append(state, seq, row, result)
+            except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer that cannot decode a token
+                touched.pop(state.request_id, None)
+                failed.append(self._fail(state.request_id, exc))
+                continue
             touched[state.request_id] = state
-        outputs = []
+        outputs = failed
         for state in touched.values():
             outputs.append(self.outputs.make_output(state))
             if state.finished:
                 del self.requests[state.request_id]
                 self.stats.requests_finished += 1
-                self.stats.e2e_s.append(now - state.arrival)
         return outputs
 
-    def _fork_siblings(self, state: RequestState, parent: Sequence) -> None:
-        """n > 1: siblings share the prompt's blocks; each recomputes the last prompt token so
-        it draws its own first token (the write into the shared last block copies it first)."""
-        for child in state.pending_forks:
-            self.block_manager.fork(parent, child)
-            child.num_computed_tokens = parent.num_prompt_tokens - 1
-            child.num_registered_blocks = min(parent.num_registered_blocks, child.num_computed_tokens // self.config.block_size)
-            child.num_cached_tokens = parent.num_cached_tokens
-            self.outputs.track(state, child)
-            self.scheduler.add_running(child)
-        state.pending_forks = []
+    def _append(self, state: RequestState, seq: Sequence, row: int, result: Any) -> None:
+        if not seq.output_token_ids:
+            if seq.index == 0:
+                self.stats.prompt_tokens += seq.num_prompt_tokens
+            if state.pending_children:  # the prompt is in the cache now: the other samples start
+                self.scheduler.add_front(state.pending_children)
+                state.pending_children = []
+        token = result.token_ids[row]
+        if result.logprobs is not None and seq.params.logprobs is not None:
+            top = dict(result.top_logprobs[row]) if result.top_logprobs else {}
+            seq.output_logprobs.append(TokenLogprob(token, result.logprobs[row], top))
+        out = next(o for o in state.seqs if o.seq is seq)
+        reason = self.outputs.append(state, out, token)
+        self.stats.generation_tokens += 1
+        if state.first_token_time is None:
+            state.first_token_time = time.monotonic()
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
 
     def shutdown(self) -> None:
         """Release the backend's worker processes, if it has any (tensor parallelism)."""
-        stop = getattr(self.backend, "shutdown", None)
-        if stop is not None:
-            stop()
+        self.backend.shutdown()
 
     def stats_snapshot(self) -> dict:
         return self.stats.snapshot(self.scheduler, self.block_manager)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         if not self.chat_template:
-            raise ValueError("this model has no chat template; pass one with chat_template=")
+            raise InvalidRequestError("this model has no chat template; pass one with chat_template=", param="messages")
         return self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
             tokenize=False, **kwargs,
@@ -215,26 +251,31 @@ class LLM:
     def generate(
         self, prompts: Prompt | Seq[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
+        """Runs the prompts to the end. Raises RequestFailedError if the engine failed one (the
+        others are finished first); an interrupted call (Ctrl+C) leaves nothing behind."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+            prompts = [prompts]  # type: ignore[list-item]
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError("params must be one SamplingParams or one per prompt")
-        ids = []
+        ids: list[str] = []
+        final: dict[str, RequestOutput] = {}
         try:
             for prompt, p in zip(prompts, params_list):
                 rid = uuid.uuid4().hex
                 self.engine.add_request(rid, prompt, p)
                 ids.append(rid)
-        except Exception:
+            while len(final) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        final[out.request_id] = out
+        finally:
             for rid in ids:
-                self.engine.abort_request(rid)
-            raise
-        final: dict[str, RequestOutput] = {}
-        while len(final) < len(ids):
-            for out in self.engine.step():
-                if out.finished:
-                    final[out.request_id] = out
+                if rid not in final:
+                    self.engine.abort_request(rid)
+        errors = [final[rid].error for rid in ids if final[rid].error]
+        if errors:
+            raise RequestFailedError(errors[0])
         return [final[rid] for rid in ids]
 
     def chat(
@@ -242,9 +283,5 @@ class LLM:
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = [
-            self.engine.apply_chat_template(c, **(chat_template_kwargs or {})) for c in conversations
-        ]
-        # The template already holds any BOS/special tokens: do not add them a second time.
-        ids = [self.engine.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        ids = [self.engine.encode_chat(c, chat_template_kwargs=chat_template_kwargs) for c in conversations]  # type: ignore[arg-type]
         return self.generate(ids, params)

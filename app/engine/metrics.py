@@ -1,7 +1,8 @@
-"""Engine counters and latency samples, read by /metrics and the dashboards."""
+"""Engine counters read by /metrics and the dashboards (latency histograms live in the server)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -9,11 +10,10 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     requests_finished: int = 0
+    requests_failed: int = 0
     steps: int = 0
-    ttft_s: list[float] = field(default_factory=list)  # time to first token, per request
-    e2e_s: list[float] = field(default_factory=list)  # arrival -> finish, per request
 
-    def snapshot(self, scheduler, block_manager) -> dict:
+    def snapshot(self, scheduler: Any, block_manager: Any) -> dict:
         bm = block_manager
         return {
             "num_running": len(scheduler.running),
@@ -27,5 +27,6 @@ class EngineStats:
             "prompt_tokens": self.prompt_tokens,
             "generation_tokens": self.generation_tokens,
             "requests_finished": self.requests_finished,
+            "requests_failed": self.requests_failed,
             "steps": self.steps,
         }

@@ -28,14 +28,16 @@ class RequestState:
     params: SamplingParams
     max_tokens: int
     seqs: list[SeqOutputState] = field(default_factory=list)
-    pending_forks: list[Sequence] = field(default_factory=list)  # n>1 siblings waiting on the prompt
+    # n > 1: the other samples, queued once the first has computed the prompt (they then share
+    # it through the prefix cache).
+    pending_children: list[Sequence] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     stop_matcher: StopStringMatcher | None = None  # built once, when the request has stop strings
 
     @property
     def finished(self) -> bool:
-        return not self.pending_forks and all(s.seq.is_finished for s in self.seqs)
+        return not self.pending_children and all(s.seq.is_finished for s in self.seqs)
 
 
 class OutputProcessor:
@@ -58,14 +60,14 @@ class OutputProcessor:
     def append(self, state: RequestState, out: SeqOutputState, token: int) -> str | None:
         """Record a new token; returns a finish reason when the sequence must stop."""
         seq, p = out.seq, state.params
-        seq.output_token_ids.append(token)
+        seq.append_token(token)
         n_out = len(seq.output_token_ids)
         new_text = out.detok.add(token)
         out.visible_len = len(out.detok.text)
         if p.stop_list and n_out >= p.min_tokens:
             if state.stop_matcher is None:
                 state.stop_matcher = StopStringMatcher(p.stop_list, p.include_stop_str_in_output)
-            stop, cut = state.stop_matcher.check(out.detok.text, len(new_text))
+            stop, cut = state.stop_matcher.check(out.detok.text, len(new_text), floor=out.sent_text)
             out.visible_len = cut
             if stop is not None:
                 seq.stop_reason = stop

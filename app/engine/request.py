@@ -32,6 +32,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    error: str | None = None  # set (with finished=True) when the engine failed this request
 
     @property
     def num_generated_tokens(self) -> int:

@@ -38,7 +38,6 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    copy_pairs: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -62,10 +61,11 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def add_running(self, seq: Sequence) -> None:
-        """A forked sequence that already owns (shared) blocks joins the running set directly."""
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
+    def add_front(self, seqs: list[Sequence]) -> None:
+        """Sequences of an already admitted request (n > 1 samples) wait ahead of new requests."""
+        for seq in reversed(seqs):
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Remove seq wherever it is and return its blocks to the pool at once."""
@@ -109,7 +109,6 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             self.bm.allocate(seq, end)
-            out.copy_pairs += self.bm.copy_on_write(seq, seq.num_computed_tokens, end)
             out.scheduled.append(ScheduledSeq(seq, n))
             kept.append(seq)
             budget -= n
@@ -153,13 +152,8 @@ class Scheduler:
         return max(min(remaining, budget), 0)
 
     def _blocks_to_write(self, seq: Sequence, end: int) -> int:
-        """New blocks needed to cover `end` tokens, plus copies for shared blocks written into."""
-        new = max(self.bm.blocks_for(end) - len(seq.block_table), 0)
-        bs = self.bm.block_size
-        first = seq.num_computed_tokens // bs
-        last = min((end - 1) // bs, len(seq.block_table) - 1)
-        shared = sum(1 for i in range(first, last + 1) if self.bm.ref_counts[seq.block_table[i]] > 1)
-        return new + shared
+        """New blocks needed to cover `end` tokens (writes never land in shared blocks)."""
+        return max(self.bm.blocks_for(end) - len(seq.block_table), 0)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""

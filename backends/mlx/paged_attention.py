@@ -27,15 +27,6 @@ class PagedKVPool:
         self.k[layer][slots] = k.astype(self.k[layer].dtype)
         self.v[layer][slots] = v.astype(self.v[layer].dtype)
 
-    def copy_blocks(self, pairs: list[tuple[int, int]], block_size: int) -> None:
-        src = np.concatenate([np.arange(s * block_size, (s + 1) * block_size) for s, _ in pairs])
-        dst = np.concatenate([np.arange(d * block_size, (d + 1) * block_size) for _, d in pairs])
-        src_i, dst_i = mx.array(src), mx.array(dst)
-        for layer in range(len(self.k)):
-            self.k[layer][dst_i] = self.k[layer][src_i]
-            self.v[layer][dst_i] = self.v[layer][src_i]
-        mx.eval(self.k, self.v)
-
 
 @dataclass
 class PrefillGroup:

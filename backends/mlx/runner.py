@@ -36,6 +36,7 @@ def _count_params(model: nn.Module) -> int:
 
 class MLXBackend:
     name = "mlx"
+    kv_memory_is_lazy = False  # mx.zeros writes the whole pool
 
     def __init__(self) -> None:
         self.model: CausalLM | None = None
@@ -57,7 +58,7 @@ class MLXBackend:
         return ModelInfo(
             num_params=num_params,
             weight_bytes=self.weight_bytes,
-            max_model_len=spec.config.max_position_embeddings,
+            max_model_len=getattr(spec.config, "max_context", spec.config.max_position_embeddings),
             vocab_size=spec.config.vocab_size,
         )
 
@@ -79,13 +80,8 @@ class MLXBackend:
         self.block_size = block_size
         self.pool = PagedKVPool(c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim, self.dtype)
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        if pairs:
-            self.pool.copy_blocks(pairs, self.block_size)
-
     def compute_logits(self, batch: ScheduledBatch) -> mx.array:
         """Forward pass; logits [num sampled seqs, vocab] (float32) for the sampled sequences."""
-        self.copy_blocks(batch.copy_pairs)
         plan = plan_attention(batch)
         meta = build_metadata(self.pool, batch, plan)
         logits = self.model(mx.array(batch.input_ids), meta, mx.array(plan.logits_idx))
@@ -100,3 +96,8 @@ class MLXBackend:
         # The pools must be materialized every step, or the lazy graph would grow without end.
         mx.eval(self.pool.k, self.pool.v)
         return out
+
+    def shutdown(self) -> None:
+        """Drop the weights and the pools (nothing else to release: MLX runs in this process)."""
+        self.model = None
+        self.pool = None

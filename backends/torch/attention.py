@@ -7,8 +7,10 @@ reference elsewhere (kernels/ops.py).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from app.engine.batch import ScheduledBatch
@@ -16,19 +18,21 @@ from backends.paged_plan import AttentionPlan
 from backends.torch.kernels import ops, reference
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros; on a CPU from calloc'd numpy memory, which the OS backs with pages only where
+    written (torch.zeros writes every byte), so an unused KV pool costs no resident memory."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+
+
 class TorchKVPool:
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
         shape = (num_slots, kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-
-    def copy_blocks(self, pairs: list[tuple[int, int]], block_size: int) -> None:
-        device = self.k[0].device
-        src = torch.cat([torch.arange(s * block_size, (s + 1) * block_size) for s, _ in pairs]).to(device)
-        dst = torch.cat([torch.arange(d * block_size, (d + 1) * block_size) for _, d in pairs]).to(device)
-        for pool in self.k + self.v:
-            pool[dst] = pool[src]
+        self.k = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [_zeros(shape, dtype, device) for _ in range(num_layers)]
 
 
 @dataclass

@@ -5,6 +5,8 @@ rank, broadcasts each step's batch to them, and samples from the all-gathered lo
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import logging
 import os
 import socket
@@ -14,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from app.engine.batch import ScheduledBatch, StepOutput
+from app.engine.errors import EngineDeadError
 from app.models.spec import ModelInfo, ModelSpec
 from backends.paged_plan import plan_attention
 from backends.torch.attention import TorchKVPool, build_metadata
@@ -27,6 +30,8 @@ from backends.torch.weights import load_weights
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# A collective that waits longer than this means a rank is gone (NCCL would otherwise wait 10 min).
+TP_TIMEOUT = datetime.timedelta(seconds=120)
 
 
 def _rank_device(rank: int) -> torch.device:
@@ -37,12 +42,18 @@ class TorchBackend:
     name = "torch"
 
     def __init__(self, device: str | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False,
-                 static_decode: bool | None = None) -> None:
+                 static_decode: bool | None = None, num_threads: int | None = None) -> None:
         """static_decode: run decode steps through static buffers replayed as CUDA graphs. None
         means on for one CUDA rank with Triton unless enforce_eager; True elsewhere runs the same
         padded path without capture (how tests check it on a CPU)."""
         self.world = tensor_parallel_size
         self.device = torch.device(device) if device else _rank_device(0)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # every rank its own GPU, also for NCCL
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.kv_memory_is_lazy = self.device.type == "cpu"
+        logger.info("torch %s on %s, %d CPU threads", torch.__version__, self.device, torch.get_num_threads())
         self.tp = TPGroup(0, self.world)
         self.pool: TorchKVPool | None = None
         self.block_size = 0
@@ -73,12 +84,13 @@ class TorchBackend:
         load_weights(model, spec, self.tp)
         model.eval()
         self.model = model
-        self.cos, self.sin = rope_tables(spec.config, spec.config.max_position_embeddings, self.device)
+        self.max_context = getattr(spec.config, "max_context", spec.config.max_position_embeddings)
+        self.cos, self.sin = rope_tables(spec.config, self.max_context, self.device)
         params = list(model.parameters())
         return ModelInfo(
             num_params=sum(p.numel() for p in params) * self.world,
             weight_bytes=sum(p.numel() * p.element_size() for p in params),
-            max_model_len=spec.config.max_position_embeddings,
+            max_model_len=self.max_context,
             vocab_size=spec.config.vocab_size,
         )
 
@@ -92,16 +104,26 @@ class TorchBackend:
         for w in self.workers:
             w.start()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world,
+                                timeout=TP_TIMEOUT)
         logger.info("tensor parallel: %d ranks over %s", self.world, backend)
 
     def shutdown(self) -> None:
         if self.workers:
-            broadcast_command(self.tp, ("stop", None))
+            if all(w.is_alive() for w in self.workers):
+                broadcast_command(self.tp, ("stop", None))
             for w in self.workers:
                 w.join(timeout=30)
+                if w.is_alive():
+                    w.kill()
             dist.destroy_process_group()
             self.workers = []
+
+    def _check_workers(self) -> None:
+        """A dead rank would leave every collective waiting: report it instead."""
+        for rank, w in enumerate(self.workers, start=1):
+            if not w.is_alive():
+                raise EngineDeadError(f"tensor-parallel worker rank {rank} died (exit code {w.exitcode})")
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         c = self.local_cfg
@@ -124,25 +146,31 @@ class TorchBackend:
         self.pool = TorchKVPool(c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim,
                                 self.dtype, self.device)
         if self.static_decode:
-            max_blocks = min(num_blocks, -(-self.cfg.max_position_embeddings // block_size))
+            max_blocks = min(num_blocks, -(-self.max_context // block_size))
             self.graphs = DecodeGraphRunner(self.model, self.pool, self.cos, self.sin, block_size, max_blocks,
                                             capture=self.capture_graphs)
             logger.info("decode steps %s (batch buckets up to %d)",
                         "as CUDA graphs" if self.capture_graphs else "through static buffers", self.graphs.buckets[-1])
 
     # ---- steps ---------------------------------------------------------------------------
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        if pairs:
-            self.pool.copy_blocks(pairs, self.block_size)
-
     @torch.inference_mode()
     def compute_logits(self, batch: ScheduledBatch) -> torch.Tensor:
         if self.workers:
-            broadcast_command(self.tp, ("step", batch))
-        return self._forward(batch)
+            self._check_workers()
+            # Workers only run the forward pass: they get no sampling rows (the biggest part).
+            try:
+                broadcast_command(self.tp, ("step", dataclasses.replace(batch, sampling=[])))
+            except Exception as exc:  # a rank died mid-broadcast
+                self._check_workers()
+                raise EngineDeadError(f"tensor-parallel broadcast failed: {exc}") from exc
+        try:
+            return self._forward(batch)
+        except Exception:
+            if self.workers:
+                self._check_workers()  # a collective failed because a rank is gone
+            raise
 
     def _forward(self, batch: ScheduledBatch) -> torch.Tensor:
-        self.copy_blocks(batch.copy_pairs)
         if self.graphs is not None and self.graphs.supports(batch):
             return self.graphs.run(batch)
         plan = plan_attention(batch)
@@ -163,7 +191,10 @@ def _worker_main(rank: int, world: int, port: int, spec: ModelSpec) -> None:
     """Ranks 1..N-1: hold a shard, mirror rank 0's forward pass step by step."""
     device = _rank_device(rank)
     backend_name = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before NCCL: each rank talks from its own GPU
+    dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=TP_TIMEOUT)
     backend = TorchBackend(device=str(device), tensor_parallel_size=world)
     backend.tp = TPGroup(rank, world)
     backend._load_local(spec)

@@ -24,8 +24,8 @@ def test_model_is_loaded_and_run_on_the_engine_thread(tiny_model_dir, monkeypatc
     try:
         assert seen == ["lantern-engine"]
         steps = []
-        real_step = eng.engine.step
-        eng.engine.step = lambda: steps.append(threading.current_thread().name) or real_step()
+        real_step = eng._engine.step
+        eng._engine.step = lambda: steps.append(threading.current_thread().name) or real_step()
 
         async def run():
             async for out in eng.generate([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)):

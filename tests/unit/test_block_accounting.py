@@ -1,8 +1,9 @@
-"""Property-based block accounting: scheduler + block manager under random add/abort/finish/fork.
+"""Property-based block accounting: scheduler + block manager under random add/abort/finish.
 
 No model: tokens are invented. After every operation each block's ref count must equal the number of
 live block tables holding it, free blocks must be exactly those with no references, and at the end
-every block must be free.
+every block must be free. Every write a step schedules lands in a block only its sequence holds
+(which is why the engine needs no copy-on-write), and salted prompts never share blocks.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ ops = st.lists(
         st.tuples(st.just("add"), st.integers(0, 3), st.integers(1, 40)),  # prefix id, suffix length
         st.tuples(st.just("step"), st.integers(0, 2**16), st.integers(0, 0)),
         st.tuples(st.just("finish"), st.integers(0, 50), st.integers(0, 0)),
-        st.tuples(st.just("fork"), st.integers(0, 50), st.integers(0, 0)),
+        st.tuples(st.just("salted"), st.integers(0, 3), st.integers(1, 40)),  # same prompts, another tenant
     ),
     min_size=1,
     max_size=80,
@@ -35,7 +36,7 @@ def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
     for block in range(bm.num_blocks):
         assert bm.ref_counts[block] >= 0
         assert bm.ref_counts[block] == held.get(block, 0), f"block {block}"
-        assert (block in bm.free) == (bm.ref_counts[block] == 0)
+        assert (block in bm.free or block in bm.fresh) == (bm.ref_counts[block] == 0)
     for h, block in bm.cached.items():
         assert bm.block_hash[block] == h
     for s in live:
@@ -45,9 +46,9 @@ def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(ops=ops, num_blocks=st.integers(8, 40), block_size=st.sampled_from([1, 2, 4]),
-       chunk=st.integers(1, 16), caching=st.booleans())
-def test_no_block_leaked_or_double_freed(ops, num_blocks, block_size, chunk, caching):
-    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
+       chunk=st.integers(1, 16), caching=st.booleans(), touched=st.booleans())
+def test_no_block_leaked_or_double_freed(ops, num_blocks, block_size, chunk, caching, touched):
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching, prefer_touched=touched)
     sched = Scheduler(
         SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, prefill_chunk_size=chunk),
         bm,
@@ -55,18 +56,28 @@ def test_no_block_leaked_or_double_freed(ops, num_blocks, block_size, chunk, cac
     prefixes = [[100 + p] * 12 for p in range(4)]
     live: list[Sequence] = []
     for kind, a, b in ops:
-        if kind == "add":
+        if kind in ("add", "salted"):
             prompt = (prefixes[a] + list(range(b)))[: max(1, num_blocks * block_size // 2)]
-            seq = Sequence("r", prompt, PARAMS)
+            seq = Sequence("r", prompt, PARAMS, cache_salt=b"other" if kind == "salted" else b"")
             sched.add(seq)
             live.append(seq)
         elif kind == "step":
             out = sched.schedule()
+            for item in out.scheduled:
+                s = item.seq
+                first = s.num_computed_tokens // block_size
+                last = (s.num_computed_tokens + item.num_new_tokens - 1) // block_size
+                for i in range(first, last + 1):
+                    assert bm.ref_counts[s.block_table[i]] == 1, "a write into a shared block"
+            salts = {}
+            for s in live:
+                for blk in s.block_table:
+                    assert salts.setdefault(blk, s.cache_salt) == s.cache_salt, "tenants share a block"
             sched.after_step(out)
             for item in out.scheduled:
                 s = item.seq
                 if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens:
-                    s.output_token_ids.append((a + s.seq_id) % 50)
+                    s.append_token((a + s.seq_id) % 50)
                     if s.num_tokens >= num_blocks * block_size:
                         sched.finish(s, "length")
                         live.remove(s)
@@ -74,33 +85,11 @@ def test_no_block_leaked_or_double_freed(ops, num_blocks, block_size, chunk, cac
             seq = live[a % len(live)]
             sched.finish(seq, "abort")
             live.remove(seq)
-        elif kind == "fork" and live:
-            parent = live[a % len(live)]
-            # As the engine forks n>1 siblings: after the prompt is computed, share every block.
-            if parent.status is SequenceStatus.RUNNING and parent.num_computed_tokens == parent.num_tokens:
-                child = Sequence("r", parent.token_ids, PARAMS)
-                bm.fork(parent, child)
-                child.num_computed_tokens = parent.num_tokens - 1
-                sched.add_running(child)
-                live.append(child)
         check_invariants(bm, live)
     for seq in list(live):
         sched.finish(seq, "abort")
     check_invariants(bm, [])
     assert bm.num_free_blocks == num_blocks
-
-
-def test_copy_on_write_gives_private_block():
-    bm = BlockManager(8, 4)
-    parent = Sequence("p", list(range(6)), PARAMS)
-    bm.allocate(parent, 6)
-    child = Sequence("c", list(range(6)), PARAMS)
-    bm.fork(parent, child)
-    assert child.block_table == parent.block_table and bm.ref_counts[parent.block_table[1]] == 2
-    pairs = bm.copy_on_write(child, 5, 6)  # position 5 lives in the shared second block
-    assert pairs == [(parent.block_table[1], child.block_table[1])]
-    assert child.block_table[0] == parent.block_table[0]
-    assert bm.ref_counts[parent.block_table[1]] == 1 and bm.ref_counts[child.block_table[1]] == 1
 
 
 def test_prefix_blocks_survive_free_until_evicted():
@@ -118,3 +107,34 @@ def test_prefix_blocks_survive_free_until_evicted():
     for _ in range(4):
         bm._take_free()  # hand out every block: the cache is evicted
     assert bm.find_cached_prefix(b) == [] and not bm.cached
+
+
+def test_a_hit_needs_the_same_salt_and_the_same_tokens():
+    bm = BlockManager(8, 2)
+    a = Sequence("a", [1, 2, 3, 4, 5], PARAMS, cache_salt=b"tenant-a")
+    bm.allocate(a, 5)
+    a.num_computed_tokens = 5
+    bm.register_computed(a)
+    assert bm.find_cached_prefix(Sequence("a2", [1, 2, 3, 4, 9], PARAMS, cache_salt=b"tenant-a")) == a.block_table[:2]
+    assert bm.find_cached_prefix(Sequence("b", [1, 2, 3, 4, 9], PARAMS, cache_salt=b"tenant-b")) == []
+    assert bm.find_cached_prefix(Sequence("c", [1, 2, 3, 4, 9], PARAMS)) == []
+    # A digest that maps to a block holding other tokens (a forged or colliding entry) is no hit.
+    victim = Sequence("v", [7, 7, 7], PARAMS)
+    bm._update_hashes(victim)
+    bm.cached[victim.block_hashes[0]] = a.block_table[0]
+    assert bm.find_cached_prefix(victim) == []
+
+
+def test_lazy_pools_reuse_written_blocks_before_untouched_ones():
+    for touched, expect_fresh in ((True, False), (False, True)):
+        bm = BlockManager(8, 2, prefer_touched=touched)
+        a = Sequence("a", [1, 2, 3, 4], PARAMS)
+        bm.allocate(a, 4)
+        used = set(a.block_table)
+        a.num_computed_tokens = 4
+        bm.register_computed(a)
+        bm.free_seq(a)
+        b = Sequence("b", [9, 9, 9, 9], PARAMS)
+        bm.allocate(b, 4)
+        assert bool(set(b.block_table) - used) == expect_fresh
+        assert bm.num_free_blocks == 6

@@ -1,0 +1,78 @@
+"""How long a context the engine serves and how many KV blocks it asks the backend for.
+
+The pool is sized by need, not by the machine: room for `max_num_seqs` sequences of a default
+context (DEFAULT_TOKENS_PER_SEQ, or the model's context if shorter), never less than one
+full-length sequence, capped by a share of the memory left after the weights. On a CPU the pool
+is committed lazily (only blocks that were written use memory) and the block manager reuses
+written blocks first, so resident memory follows the load.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from app.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOKENS_PER_SEQ = 2048
+
+
+@dataclass
+class KVPlan:
+    num_blocks: int
+    max_model_len: int
+
+
+def _check_model_limits(config: EngineConfig, model_config: Any, model_max: int) -> int:
+    """The context to serve: what the user asked for, refused past what the model can compute."""
+    if config.max_model_len is not None and config.max_model_len > model_max:
+        raise ValueError(
+            f"--max-model-len {config.max_model_len} is longer than this model can compute: {model_max} "
+            "positions (max_position_embeddings and rope scaling in its config); use at most that"
+        )
+    max_len = config.max_model_len or model_max
+    try:
+        from app.models.spec import check_servable
+    except ImportError:  # pragma: no cover - older spec module
+        return max_len
+    check_servable(model_config, max_len)
+    return max_len
+
+
+def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backend: Any) -> KVPlan:
+    max_len = _check_model_limits(config, model_config, model_max)
+    bs = config.block_size
+    per_block = backend.kv_bytes_per_block(bs)
+    blocks_for = lambda tokens: -(-tokens // bs)  # noqa: E731
+    if config.num_kv_blocks:
+        num, why = config.num_kv_blocks, "num_kv_blocks"
+    elif config.kv_cache_memory_mb:
+        num, why = config.kv_cache_memory_mb * 2**20 // per_block, "--mem"
+        if num < 1:
+            raise ValueError(
+                f"--mem {config.kv_cache_memory_mb} MiB holds no KV block ({per_block / 2**20:.2f} MiB "
+                f"each for {bs} tokens); give more"
+            )
+    else:
+        need = blocks_for(max(max_len, config.max_num_seqs * min(max_len, DEFAULT_TOKENS_PER_SEQ)))
+        cap = int(backend.available_memory_bytes() * config.gpu_memory_fraction) // per_block
+        num = max(min(need, cap), 1)
+        why = (f"room for {config.max_num_seqs} sequences of {min(max_len, DEFAULT_TOKENS_PER_SEQ)} tokens"
+               if num == need else f"capped at {config.gpu_memory_fraction:.0%} of free memory")
+    if max_len > num * bs:
+        if config.max_model_len is not None:
+            raise ValueError(
+                f"--max-model-len {max_len} does not fit the KV cache ({num * bs} tokens); "
+                "give --mem more MiB or a shorter --max-model-len"
+            )
+        logger.warning("context capped at the KV cache's %d tokens (model: %d); give --mem more MiB for more",
+                       num * bs, max_len)
+        max_len = num * bs
+    logger.info(
+        "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)%s; context %d tokens",
+        num, bs, num * bs, num * per_block / 2**20, why,
+        ", committed as used" if backend.kv_memory_is_lazy else "", max_len,
+    )
+    return KVPlan(num_blocks=num, max_model_len=max_len)
