@@ -11,7 +11,7 @@ from app.config import EngineConfig
 from app.engine.batch import build_batch
 from app.engine.block_manager import BlockManager
 from app.engine.chat_encoding import encode_chat
-from app.engine.errors import InvalidRequestError, RequestFailedError
+from app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from app.engine.kv_sizing import plan_kv_cache
 from app.engine.metrics import EngineStats
 from app.engine.output_processor import OutputProcessor, RequestState
@@ -155,6 +155,8 @@ class LLMEngine:
             return []
         try:
             return self._run(sched)
+        except EngineDeadError:
+            raise  # the backend itself is gone: no request can be run, so none is to blame
         except Exception as exc:  # noqa: BLE001 - isolated below
             if len(sched.scheduled) == 1:
                 return [self._fail(sched.scheduled[0].seq.request_id, exc)]
@@ -166,6 +168,8 @@ class LLMEngine:
                 continue
             try:
                 outputs += self._run(SchedulerOutput(scheduled=[item]))
+            except EngineDeadError:
+                raise
             except Exception as exc:  # noqa: BLE001 - this request is the culprit
                 outputs.append(self._fail(item.seq.request_id, exc))
         return outputs

@@ -173,3 +173,24 @@ def test_children_count_toward_max_num_seqs(tiny_model_dir, backend):
 def test_max_model_len_past_the_model_is_refused(tiny_model_dir, backend):
     with pytest.raises(ValueError, match="longer than this model can compute: 256"):
         LLM(tiny_model_dir("llama2"), **_opts(backend, max_model_len=100_000))
+
+
+def test_min_tokens_with_a_stop_string_streams_exactly_the_final_text(tiny_model_dir, backend):
+    """A stop string straddling the min_tokens boundary starts in text already streamed: it may
+    not end the reply there (that would take back streamed text), so the stream and the final
+    text agree."""
+    engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
+    try:
+        prompt = "Lantern serves language models"
+        base = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        outs = asyncio.run(_collect(engine, prompt, base))
+        pieces = [o.outputs[0].text_delta for o in outs]
+        m = next(i for i in range(5, len(pieces) - 1) if len(pieces[i - 1]) >= 2 and len(pieces[i]) >= 2)
+        stop = pieces[m - 1][-2:] + pieces[m][:2]
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, min_tokens=m + 1, stop=[stop])
+        streamed = asyncio.run(_collect(engine, prompt, params))
+        final = streamed[-1].outputs[0]
+        assert "".join(o.outputs[0].text_delta for o in streamed) == final.text
+        assert final.text.startswith("".join(pieces[: m + 1]))
+    finally:
+        engine.shutdown()

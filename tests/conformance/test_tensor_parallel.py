@@ -25,3 +25,29 @@ def test_two_ranks_match_one(tiny_model_dir, variant):
         tp.engine.shutdown()
     assert sharded == single
     assert not tp.engine.backend.workers
+
+
+def test_a_dead_rank_is_reported_not_waited_on(tiny_model_dir):
+    import asyncio
+    import time
+
+    from app.engine import AsyncEngine, EngineDeadError
+
+    opts = dict(backend="torch", dtype="float32", block_size=4, num_kv_blocks=64)
+    engine = AsyncEngine(model=tiny_model_dir("llama2"), tensor_parallel_size=2, **opts)
+    try:
+        worker = engine._engine.backend.workers[0]
+        worker.kill()
+        worker.join(timeout=10)
+
+        async def run():
+            async for _ in engine.generate([1, 2, 3], SamplingParams(max_tokens=4)):
+                pass
+
+        start = time.monotonic()
+        with pytest.raises(EngineDeadError, match="rank 1 died"):
+            asyncio.run(asyncio.wait_for(run(), 60))
+        assert time.monotonic() - start < 30
+        assert "rank 1 died" in engine.dead_reason
+    finally:
+        engine.shutdown()

@@ -1,0 +1,71 @@
+"""KV pool sizing by need, refusals that name the limit, and a CPU pool that costs memory only
+where it is written."""
+from __future__ import annotations
+
+import pytest
+
+from app.config import EngineConfig
+from app.engine.kv_sizing import DEFAULT_TOKENS_PER_SEQ, plan_kv_cache
+
+
+class FakeBackend:
+    name = "fake"
+    kv_memory_is_lazy = True
+
+    def __init__(self, free_bytes: int, per_token: int = 1024):
+        self.free_bytes, self.per_token = free_bytes, per_token
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        return block_size * self.per_token
+
+    def available_memory_bytes(self) -> int:
+        return self.free_bytes
+
+
+class Cfg:
+    sliding_window = None
+
+
+def plan(free: int, **options):
+    config = EngineConfig(model="unused", **options)
+    return plan_kv_cache(config, Cfg(), 8192, FakeBackend(free))
+
+
+def test_default_pool_is_sized_by_need_not_by_free_memory():
+    p = plan(free=10**12, max_num_seqs=8)
+    assert p.num_blocks * 16 == 8 * DEFAULT_TOKENS_PER_SEQ
+    assert p.max_model_len == 8192
+
+
+def test_default_pool_is_capped_by_a_share_of_free_memory():
+    p = plan(free=16 * 2**20, max_num_seqs=256)  # 16 MiB free, 1 KiB a token
+    assert p.num_blocks * 16 * 1024 == 0.25 * 16 * 2**20
+    assert p.max_model_len == p.num_blocks * 16  # context capped to what fits, with a warning
+
+
+def test_explicit_limits_that_cannot_be_met_are_refused():
+    with pytest.raises(ValueError, match="longer than this model can compute: 8192"):
+        plan(free=10**12, max_model_len=100_000)
+    with pytest.raises(ValueError, match="does not fit the KV cache"):
+        plan(free=10**12, max_model_len=8192, kv_cache_memory_mb=1)
+    with pytest.raises(ValueError, match="kv_cache_memory_mb"):
+        EngineConfig(model="unused", kv_cache_memory_mb=0)
+    with pytest.raises(ValueError, match="kv_cache_memory_mb"):
+        EngineConfig(model="unused", kv_cache_memory_mb=-1)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def test_cpu_pool_is_committed_only_where_written():
+    torch = pytest.importorskip("torch")
+    from backends.torch.attention import TorchKVPool
+
+    before = _rss_mib()
+    pool = TorchKVPool(4, 2**20, 4, 32, torch.float32, torch.device("cpu"))  # 4 layers x 2 x 512 MiB
+    assert _rss_mib() - before < 64
+    assert float(pool.k[3][-1].abs().sum()) == 0.0  # reads as zeros
+    pool.k[0][:16] = 1.0
+    assert _rss_mib() - before < 64
