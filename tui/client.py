@@ -13,7 +13,8 @@ from typing import AsyncIterator, Protocol
 
 import httpx
 
-from app.engine import AsyncEngine, SamplingParams
+from app.engine import (AsyncEngine, EngineDeadError, InvalidRequestError, RequestFailedError,
+                        SamplingParams)
 
 
 @dataclass
@@ -43,22 +44,28 @@ class EngineClient:
 
     def __init__(self, engine: AsyncEngine, model_name: str | None = None):
         self.engine = engine
-        self.model_name = model_name or engine.engine.model_name
+        self.model_name = model_name or engine.model_name
 
     async def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[str]:
+        request_id = uuid.uuid4().hex
         try:
-            prompt = self.engine.engine.apply_chat_template(messages)
-            ids = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
+            # Tokenized once here; the engine validates the ids (length, sampling bounds).
+            ids = self.engine.encode_chat(messages)
             params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
                                     max_tokens=settings.max_tokens)
-            stream = self.engine.generate(ids, params, uuid.uuid4().hex, prompt_token_ids=ids)
-            async for out in stream:
+            async for out in self.engine.generate(ids, params, request_id, prompt_token_ids=ids):
                 if out.outputs[0].text_delta:
                     yield out.outputs[0].text_delta
-        except ValueError as exc:
-            raise ChatError(str(exc)) from None
+        except InvalidRequestError as exc:  # prompt too long, a bad setting, a template error
+            raise ChatError(exc.message) from None
+        except RequestFailedError as exc:  # this reply failed inside the engine; the engine lives on
+            raise ChatError(f"the reply failed: {exc}") from None
+        except EngineDeadError as exc:  # nothing more can run: say so rather than crash the app
+            raise ChatError(f"{exc}; restart `lantern chat` to go on") from None
 
     async def stats(self) -> dict:
+        if self.engine.dead_reason is not None:  # shown in the app even before the next prompt
+            raise ChatError(f"the engine has stopped: {self.engine.dead_reason}; restart `lantern chat` to go on")
         s = self.engine.stats()
         return {"kv_usage": s["kv_usage"], "running": s["num_running"], "waiting": s["num_waiting"]}
 

@@ -6,8 +6,8 @@ import os
 import sys
 import threading
 import webbrowser
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable
 
 from app.menubar.controller import FAILED, SERVING, STOPPED, ServerController
 from app.menubar.macos import copy_to_clipboard, status_bar_title
@@ -53,13 +53,43 @@ def linux_tray_backend() -> str:
         return "xorg"
 
 
+class TrayUnavailableError(RuntimeError):
+    """No tray icon can be shown here (no graphical session, or no tray library works); the
+    message is one line for the user, so `lantern menubar` ends with it instead of a traceback."""
+
+
+def check_graphical_session(environ: Mapping[str, str] = os.environ, platform: str = sys.platform) -> None:
+    """On Linux (and other X11/Wayland systems) a tray needs a display; macOS and Windows always
+    have their status bar."""
+    if platform == "darwin" or platform.startswith("win"):
+        return
+    if not (environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY")):
+        raise TrayUnavailableError(
+            "lantern menubar needs a graphical session (neither DISPLAY nor WAYLAND_DISPLAY is set); "
+            "run it from a desktop session, or use `lantern serve` here")
+
+
+def _import_pystray():
+    check_graphical_session()
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("PYSTRAY_BACKEND", linux_tray_backend())
+    try:
+        import pystray
+    except Exception as exc:  # noqa: BLE001
+        # pystray picks its backend while it is imported: an X server that refuses the connection
+        # (Xlib's DisplayConnectionError) or a GTK that cannot start (ImportError) surface here.
+        logger.debug("pystray failed to import", exc_info=True)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        display = os.environ.get("WAYLAND_DISPLAY") or os.environ.get("DISPLAY")
+        raise TrayUnavailableError(f"lantern menubar cannot show a tray icon on display {display!r} "
+                                   f"(is it running?): {reason}") from None
+    return pystray
+
+
 class Tray:
     def __init__(self, controller: ServerController, opener: Callable[[str], object] = webbrowser.open,
                  copier: Callable[[str], bool] = copy_to_clipboard):
-        if sys.platform.startswith("linux"):
-            os.environ.setdefault("PYSTRAY_BACKEND", linux_tray_backend())
-        import pystray
-
+        pystray = _import_pystray()
         self.pystray = pystray
         self.controller = controller
         self.opener, self.copier = opener, copier

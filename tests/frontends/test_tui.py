@@ -1,51 +1,37 @@
-"""The terminal chat under Textual's pilot, against a real in-process engine on a tiny model."""
+"""The terminal chat under Textual's pilot, against a real in-process engine on a tiny model,
+on each backend (torch: the Linux default; MLX)."""
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
-pytest.importorskip("mlx.core")
 pytest.importorskip("textual")
 
 from app.engine import AsyncEngine  # noqa: E402
-from tui.app import ChatApp, Message, split_reasoning  # noqa: E402
 from tests.fixtures.tiny_models import build_model  # noqa: E402
+from tests.frontends.tui_helpers import BACKENDS, PublicSurface, RecordingClient, wait_for, wait_idle  # noqa: E402
+from tui.app import ChatApp, Message, split_reasoning  # noqa: E402
 from tui.client import ChatSettings, EngineClient  # noqa: E402
 
 
-class RecordingClient(EngineClient):
-    """The real engine client, remembering what each request asked for."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.sent: list[tuple[list[dict], ChatSettings]] = []
-
-    def stream_chat(self, messages, settings):
-        self.sent.append((messages, settings))
-        return super().stream_chat(messages, settings)
-
-    async def close(self) -> None:  # the engine is shared by the tests of this module
-        pass
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    eng = AsyncEngine(model=tiny_model_dir("llama2"), backend="mlx", dtype="float32", block_size=4, num_kv_blocks=512)
+def engine(tiny_model_dir, backend):
+    eng = AsyncEngine(model=tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4,
+                      num_kv_blocks=512)
     yield eng
     eng.shutdown()
 
 
-async def wait_for(predicate, pilot, timeout=30.0):
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not reached")
-
-
-def test_prompt_streams_reply_and_stats_update(engine):
+def test_prompt_streams_reply_and_stats_update(engine, backend):
+    assert engine.backend_name == backend
     client = RecordingClient(engine, model_name="tiny")
 
     async def run():
@@ -61,7 +47,6 @@ def test_prompt_streams_reply_and_stats_update(engine):
             return app.history[-1]["content"]
 
     reply = asyncio.run(run())
-    import asyncio as aio
 
     async def direct():
         out = ""
@@ -69,14 +54,14 @@ def test_prompt_streams_reply_and_stats_update(engine):
             out += d
         return out
 
-    assert reply == aio.run(direct())
+    assert reply == asyncio.run(direct())  # what the app shows is the engine's own reply
 
 
 @pytest.fixture(scope="module")
-def long_engine(tmp_path_factory):
+def long_engine(tmp_path_factory, backend):
     # A 4k context so a reply takes long enough to be stopped by a key press.
     path = build_model("llama2", tmp_path_factory.mktemp("long"), max_position_embeddings=4096)
-    eng = AsyncEngine(model=str(path), backend="mlx", dtype="float32", block_size=16, num_kv_blocks=300)
+    eng = AsyncEngine(model=str(path), backend=backend, dtype="float32", block_size=16, num_kv_blocks=300)
     yield eng
     eng.shutdown()
 
@@ -95,11 +80,8 @@ def test_escape_stops_generation_and_settings_change_request(long_engine):
             assert engine.stats()["num_running"] == 1  # the request is mid-generation
             await pilot.press("escape")
             await wait_for(lambda: not app.generating, pilot)
-            for _ in range(100):
-                if engine.stats()["num_running"] == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert engine.stats()["num_running"] == 0 and engine.stats()["kv_usage"] == 0
+            await wait_idle(engine)
+            assert engine.stats()["kv_usage"] == 0
             stopped_at = engine.stats()["generation_tokens"]
             await asyncio.sleep(0.5)
             assert engine.stats()["generation_tokens"] == stopped_at  # nothing more was generated
@@ -133,11 +115,7 @@ def test_escape_stops_generation_and_settings_change_request(long_engine):
             await pilot.press("ctrl+n")
             await wait_for(lambda: not app.generating, pilot)
             assert app.history == [] and not app.query(Message)
-            for _ in range(100):
-                if engine.stats()["num_running"] == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert engine.stats()["num_running"] == 0
+            await wait_idle(engine)
 
     asyncio.run(run())
 
@@ -180,32 +158,49 @@ def test_reasoning_is_split_out():
     assert split_reasoning("No thoughts") == (None, "No thoughts")
 
 
-def test_snapshots(engine, snap_compare):
-    client = RecordingClient(engine, model_name="tiny")
-    assert snap_compare(ChatApp(client, stats_interval=3600), terminal_size=(100, 30))
+class IdleClient:
+    """A client that is never asked anything: the screens look the same whatever runs the model."""
+
+    model_name = "tiny"
+
+    def stream_chat(self, messages, settings):
+        raise AssertionError("no prompt is sent in the snapshot tests")
+
+    async def stats(self) -> dict:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+
+def test_snapshots(snap_compare):
+    assert snap_compare(ChatApp(IdleClient(), stats_interval=3600), terminal_size=(100, 30))
 
     async def open_settings(pilot):
         await pilot.press("ctrl+s")
         await pilot.pause()
 
-    assert snap_compare(ChatApp(client, stats_interval=3600), terminal_size=(100, 30), run_before=open_settings)
+    assert snap_compare(ChatApp(IdleClient(), stats_interval=3600), terminal_size=(100, 30),
+                        run_before=open_settings)
 
 
-def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir):
+def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir, backend):
     """`lantern chat` opens at once and loads the model in the background: "Loading…", then the
     model's name; a model that cannot load, or a server that is not there, is an error in the app."""
     from tui.client import HTTPClient
 
     path = tiny_model_dir("llama2")
     release = asyncio.Event()
+    loaded: list[AsyncEngine] = []
 
     async def load_real():
         await release.wait()
-        engine = await asyncio.to_thread(AsyncEngine, model=path, backend="mlx", dtype="float32", num_kv_blocks=64)
-        return EngineClient(engine)
+        engine = await asyncio.to_thread(AsyncEngine, model=path, backend=backend, dtype="float32", num_kv_blocks=64)
+        loaded.append(engine)
+        return EngineClient(PublicSurface(engine))
 
     async def load_missing():
-        return EngineClient(await asyncio.to_thread(AsyncEngine, model=str(path) + "-missing", backend="mlx"))
+        return EngineClient(await asyncio.to_thread(AsyncEngine, model=str(path) + "-missing", backend=backend))
 
     async def connect_unreachable():
         client = HTTPClient("http://127.0.0.1:9")  # the discard port: nothing listens
@@ -222,7 +217,8 @@ def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir)
             assert app.history == [] and not app.query(Message)
             release.set()
             await wait_for(lambda: app.client is not None, pilot, timeout=120)
-            assert app.sub_title == os.path.basename(path)
+            assert app.sub_title == os.path.basename(path)  # AsyncEngine.model_name
+            assert loaded[0].backend_name == backend
             await pilot.press(*"Hi", "enter")
             await wait_for(lambda: len(app.history) == 2 and not app.generating, pilot)
         for connect, words in ((load_missing, "not a model folder"), (connect_unreachable, "cannot reach")):
@@ -291,7 +287,7 @@ def test_chats_are_saved_and_reopened(engine, tmp_path):
     asyncio.run(run())
 
 
-def test_attached_to_a_server_over_http(tmp_path):
+def test_attached_to_a_server_over_http(tmp_path, backend):
     """`lantern chat --url … --api-key …`: the reply streams from a live server and matches its
     non-streaming answer, the stats come from /metrics, Esc ends the request on the server."""
     import httpx
@@ -302,7 +298,9 @@ def test_attached_to_a_server_over_http(tmp_path):
 
     # A 4k context: greedy replies run for hundreds of tokens, long enough to press Esc.
     path = build_model("llama2", tmp_path, max_position_embeddings=4096)
-    srv = start_server(str(path), ServerSettings(served_model_name="tiny", api_key="k1"), block_size=16, num_kv_blocks=300)
+    srv = start_server(str(path), ServerSettings(served_model_name="tiny", api_key="k1"), backend=backend,
+                       block_size=16, num_kv_blocks=300)
+    assert srv.engine.backend_name == backend
     auth = {"Authorization": "Bearer k1"}
 
     def running() -> float:
@@ -331,9 +329,8 @@ def test_attached_to_a_server_over_http(tmp_path):
             assert running() == 1
             await pilot.press("escape")
             await wait_for(lambda: not app.generating, pilot)
-            for _ in range(100):
-                if running() == 0:
-                    break
+            deadline = time.monotonic() + 5
+            while running() != 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert running() == 0  # the server dropped the request when the stream closed
 
