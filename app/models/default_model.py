@@ -36,11 +36,11 @@ def _from_hub() -> str | None:
         patterns = ["*.json", "*.safetensors", "*.jinja"]
         try:
             return snapshot_download(DEFAULT_HUB_ID, allow_patterns=patterns, local_files_only=True)
-        except Exception:
+        except Exception:  # noqa: BLE001 - not cached (several error types): try the hub
             if os.environ.get("HF_HUB_OFFLINE") == "1":
                 return None
             return snapshot_download(DEFAULT_HUB_ID, allow_patterns=patterns, etag_timeout=5)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any hub failure falls back to PyPI
         logger.debug("hub unavailable for %s: %s", DEFAULT_HUB_ID, exc)
         return None
 

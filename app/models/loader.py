@@ -12,6 +12,7 @@ from app.models.spec import ModelConfig, ModelSpec
 
 logger = logging.getLogger(__name__)
 
+_CACHE_FORMAT = 1  # bump when what gguf_config_and_tokenizer stores changes
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 
@@ -46,14 +47,14 @@ def _download(repo_id: str) -> Path:
 
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=True))
-    except Exception:
-        pass
+    except Exception as exc:  # noqa: BLE001 - not cached (several error types): try the hub
+        logger.debug("%s is not in the local Hugging Face cache: %s", repo_id, exc)
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ModelNotFoundError(f"model {repo_id!r} is not in the local Hugging Face cache (HF_HUB_OFFLINE=1)")
     logger.info("downloading %s from the Hugging Face hub", repo_id)
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS))
-    except Exception as exc:  # network down, no such repo, gated...
+    except Exception as exc:  # noqa: BLE001 - network down, no such repo, gated...
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelNotFoundError(
             f"model {repo_id!r} is not cached locally and could not be downloaded: {reason}"
@@ -88,11 +89,112 @@ def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
 
 def _load_gguf(path: Path, dtype: str) -> LoadedModel:
     """Hyper-parameters and tokenizer come from the file; transformers maps GGUF metadata to HF."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    logger.info("reading GGUF metadata and tokenizer from %s", path)
-    hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    hf_cfg, tokenizer = gguf_config_and_tokenizer(path)
     config = ModelConfig.from_hf(hf_cfg)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     spec = ModelSpec(name=path.stem, config=config, weight_format="gguf", weight_files=[path], dtype=dtype)
     return LoadedModel(spec, tokenizer, _collect_eos(config, tokenizer, {}), tokenizer.chat_template)
+
+
+def gguf_config_and_tokenizer(path: Path) -> tuple[dict[str, Any], Any]:
+    """The HF config dict and fast tokenizer of a GGUF file.
+
+    transformers rebuilds the tokenizer from GGUF metadata in Python (about 6 s for SmolLM2's 49k
+    tokens, several times that on a busy CPU) and parses the metadata again for the config, so the
+    result is saved once under <cache>/tokenizers/<key> and read back next time in ~0.1 s.
+    """
+    folder = gguf_cache_folder(path)
+    cfg_file = folder / "gguf_config.json"
+    if cfg_file.is_file():
+        try:
+            hf_cfg = json.loads(cfg_file.read_text())
+            tokenizer = _load_saved_tokenizer(folder)
+            logger.info("GGUF tokenizer and config from the cache %s", folder)
+            return hf_cfg, tokenizer
+        except Exception as exc:  # noqa: BLE001 - a damaged cache entry (tokenizers raises bare Exception): rebuild
+            logger.warning("rebuilding the unreadable tokenizer cache %s: %s", folder, exc)
+            _discard(folder)
+    hf_cfg, tokenizer = _convert_gguf(path)
+    _save_atomically(folder, hf_cfg, tokenizer)
+    return hf_cfg, tokenizer
+
+
+def _load_saved_tokenizer(folder: Path) -> Any:
+    """The generic fast tokenizer class loads directly (skipping AutoTokenizer's ~1 s of imports
+    and lookups); a model-specific class goes through AutoTokenizer as it was saved."""
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    if tok_cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
+    from transformers import AutoConfig, AutoTokenizer
+
+    logger.info("reading GGUF metadata and tokenizer from %s (converted once, then cached)", path)
+    hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return hf_cfg, tokenizer
+
+
+def gguf_cache_folder(path: Path) -> Path:
+    """Cache folder for one GGUF file's converted tokenizer and config.
+
+    The key covers the file (size, mtime, the first MiB: the header and the start of the
+    metadata) and the transformers version that did the conversion, so a changed file or an
+    upgraded converter gets a fresh entry.
+    """
+    import hashlib
+
+    import transformers
+
+    from app.models.default_model import cache_dir
+
+    st = path.stat()
+    digest = hashlib.sha256()
+    digest.update(f"{_CACHE_FORMAT}|{transformers.__version__}|{st.st_size}|{st.st_mtime_ns}|".encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(1 << 20))
+    return cache_dir() / "tokenizers" / f"{path.stem}-{digest.hexdigest()[:16]}"
+
+
+def _discard(folder: Path) -> None:
+    """Move a damaged entry aside, then delete it, so the rebuilt one can take its name."""
+    import shutil
+    import tempfile
+
+    try:
+        trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.damaged.", dir=folder.parent))
+        os.rename(folder, trash / "entry")
+    except OSError as exc:
+        logger.warning("cannot remove the damaged cache entry %s: %s", folder, exc)
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _save_atomically(folder: Path, hf_cfg: dict[str, Any], tokenizer: Any) -> None:
+    """Write into a temporary sibling, then rename: a reader never sees half a cache entry, and
+    two processes converting at once both succeed (the second rename loses harmlessly)."""
+    import shutil
+    import tempfile
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    except OSError as exc:  # read-only cache: serve anyway, just slower next time
+        logger.warning("cannot cache the GGUF tokenizer under %s: %s", folder.parent, exc)
+        return
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        # gguf_config.json last: its presence marks a complete entry (not config.json, which
+        # AutoTokenizer would read to pick a tokenizer class).
+        (tmp / "gguf_config.json").write_text(json.dumps(hf_cfg, default=str))
+        os.rename(tmp, folder)
+    except OSError as exc:
+        if not (folder / "gguf_config.json").is_file():
+            logger.warning("cannot cache the GGUF tokenizer at %s: %s", folder, exc)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

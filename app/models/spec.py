@@ -1,6 +1,7 @@
 """What a backend is handed to load a model: normalized hyper-parameters plus where weights live."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,89 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 
 class UnsupportedModelError(ValueError):
     pass
+
+
+# Keys each rope type may carry; both backends compute exactly these (torch through transformers'
+# initialisers, MLX through mlx_lm's). Anything else changes the maths in a way one of them ignores.
+_ROPE_KEYS = {
+    "linear": {"factor"},
+    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow"},
+    "dynamic": {"factor", "original_max_position_embeddings"},
+}
+_ACTIVATIONS = {"silu", "swish"}  # the same function under two names in transformers' ACT2FN
+
+
+def _refuse(key: str, value: Any, why: str = "") -> UnsupportedModelError:
+    return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
+
+
+def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dict[str, Any] | None:
+    """The rope scaling both backends implement, normalized; refuses the rest naming the key."""
+    scaling = dict(cfg.get("rope_scaling") or rope)
+    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
+    scaling.pop("type", None)
+    scaling.pop("rope_theta", None)
+    partial = scaling.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor")
+    if partial not in (None, 1, 1.0):
+        raise _refuse("partial_rotary_factor", partial, " (rotary embedding on part of each head)")
+    if rope_type == "default":
+        return None
+    if rope_type not in _ROPE_KEYS:
+        raise _refuse("rope_scaling.rope_type", rope_type, f"; supported: default, {', '.join(sorted(_ROPE_KEYS))}")
+    if scaling.get("truncate") is True:  # transformers' default, and what mlx_lm does
+        scaling.pop("truncate")
+    extra = sorted(k for k, v in scaling.items() if k not in _ROPE_KEYS[rope_type] and v is not None)
+    if extra:
+        raise _refuse(f"rope_scaling.{extra[0]}", scaling[extra[0]], f" for rope_type {rope_type}")
+    if rope_type == "dynamic":
+        # Dynamic NTK rescales only once a sequence outgrows max_position_embeddings; below that it
+        # is plain rope. max_context stays max_position_embeddings, so plain rope is the exact maths.
+        return None
+    if scaling.get("factor") is None:
+        raise _refuse("rope_scaling.factor", None, f" (rope_type {rope_type} needs a factor)")
+    if rope_type == "yarn" and scaling.get("original_max_position_embeddings") is None:
+        # transformers' default; mlx_lm would otherwise assume 4096.
+        scaling["original_max_position_embeddings"] = max_pos
+    scaling["rope_type"] = rope_type
+    return {k: v for k, v in scaling.items() if v is not None}
+
+
+def _sliding_window(model_type: str, cfg: dict[str, Any], num_layers: int) -> int | None:
+    """The attention window some layer uses, as transformers computes it; None for full attention."""
+    if model_type == "mistral":
+        # MistralConfig's default is 4096 when the key is absent; null turns it off (v0.2 and later).
+        window = cfg.get("sliding_window", 4096)
+        return int(window) if window else None
+    if model_type in ("qwen2", "qwen3"):
+        window = cfg.get("sliding_window", 4096)
+        if not cfg.get("use_sliding_window") or not window:
+            return None
+        layer_types = cfg.get("layer_types")
+        if layer_types is not None:
+            slides = "sliding_attention" in layer_types
+        else:  # only layers from max_window_layers on slide
+            slides = cfg.get("max_window_layers", 28) < num_layers
+        return int(window) if slides else None
+    return None  # llama has no sliding window in transformers either
+
+
+def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
+    """Keys that change the maths of these architectures in transformers but not in Lantern."""
+    act = cfg.get("hidden_act", "silu")
+    if act not in _ACTIVATIONS:
+        raise _refuse("hidden_act", act, "; Lantern's MLP is SiLU-gated")
+    if cfg.get("mlp_bias"):
+        raise _refuse("mlp_bias", cfg["mlp_bias"], " (biases on the MLP projections)")
+    if model_type in ("llama", "qwen3") and cfg.get("attention_bias"):
+        raise _refuse("attention_bias", cfg["attention_bias"], " (the o_proj bias it adds)")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key):
+            raise _refuse(key, cfg[key], " (logit soft-capping)")
+    quant = cfg.get("quantization_config") or {}
+    if isinstance(quant, dict) and quant.get("quant_method"):
+        raise _refuse("quantization_config.quant_method", quant["quant_method"],
+                      "; Lantern loads float, GGUF and MLX-quantized weights")
 
 
 @dataclass
@@ -38,9 +122,29 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     quantization: dict[str, Any] | None = None  # MLX-style {"group_size", "bits"} of an HF folder
+    sliding_window: int | None = None  # the active attention window; Lantern computes full attention
+    dual_chunk_size: int | None = None  # Qwen's dual chunk attention: full attention up to this length
+
+    @property
+    def max_context(self) -> int:
+        """Positions the rope can serve.
+
+        YaRN's max_position_embeddings is the pre-scaling length when original_max_position_embeddings
+        is absent or equal to it (Qwen2.5: 32768 x factor 4), so the context is their product;
+        otherwise (llama3, YaRN configs that already state the extended length) it is
+        max_position_embeddings. Linear scaling stays at max_position_embeddings: configs disagree on
+        which length they state, and the shorter is never wrong. Dynamic NTK is plain rope up to
+        max_position_embeddings (see _rope_scaling), so it stops there.
+        """
+        s = self.rope_scaling or {}
+        if s.get("rope_type") == "yarn" and s.get("original_max_position_embeddings") in (
+            None, self.max_position_embeddings
+        ):
+            return int(self.max_position_embeddings * float(s.get("factor") or 1.0))
+        return self.max_position_embeddings
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         model_type = cfg.get("model_type", "")
         if model_type not in ARCHITECTURES:
             raise UnsupportedModelError(
@@ -48,20 +152,28 @@ class ModelConfig:
                 f"supported: {', '.join(sorted(ARCHITECTURES))}"
             )
         traits = ARCHITECTURES[model_type]
+        _check_unimplemented(model_type, cfg)
         heads = cfg["num_attention_heads"]
+        kv_heads = cfg.get("num_key_value_heads") or heads
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        if heads % kv_heads or head_dim % 2:
+            raise UnsupportedModelError(
+                f"num_attention_heads={heads}, num_key_value_heads={kv_heads}, head_dim={head_dim} in config.json "
+                "are not implemented (query heads must be a multiple of KV heads, head_dim even)"
+            )
+        max_pos = cfg.get("max_position_embeddings", 4096)
         # transformers >= 5 folds rope_theta and rope_scaling into rope_parameters.
         rope = dict(cfg.get("rope_parameters") or {})
-        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-        scaling = cfg.get("rope_scaling") or rope
-        rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-        if rope_type in ("default", None):
-            scaling = None
-        else:
-            scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
-            scaling["rope_type"] = rope_type
+        theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
         eos = cfg.get("eos_token_id")
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        dca = cfg.get("dual_chunk_attention_config") or {}
+        if model_type == "qwen2":
+            bias = True  # Qwen2 always has q/k/v biases (and no config key for them)
+        elif model_type == "mistral":
+            bias = False  # transformers' Mistral has no attention biases whatever the config says
+        else:
+            bias = bool(cfg.get("attention_bias", traits.get("attention_bias", False)))
         return cls(
             architecture=model_type,
             vocab_size=cfg["vocab_size"],
@@ -69,19 +181,41 @@ class ModelConfig:
             intermediate_size=cfg["intermediate_size"],
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
-            rope_scaling=scaling,
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            rope_scaling=_rope_scaling(cfg, rope, max_pos),
+            max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", traits.get("attention_bias", False))),
+            attention_bias=bias,
             qk_norm=traits.get("qk_norm", False),
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             quantization=cfg.get("quantization"),
+            sliding_window=_sliding_window(model_type, cfg, cfg["num_hidden_layers"]),
+            dual_chunk_size=int(dca["chunk_size"]) if dca.get("chunk_size") else None,
         )
+
+
+def check_servable(config: ModelConfig, max_model_len: int) -> None:
+    """Refuse, in one line naming the key, a context whose maths Lantern does not implement yet.
+
+    Below these lengths the model computes exactly what transformers computes: a sliding window
+    longer than the context never drops a token, and dual chunk attention is full attention
+    inside one chunk.
+    """
+    if max_model_len > config.max_context:
+        raise ValueError(
+            f"max_model_len {max_model_len} is beyond the {config.max_context} positions this model's rope "
+            f"serves; serve with --max-model-len {config.max_context} (or less)"
+        )
+    limits = [("sliding_window", config.sliding_window), ("dual_chunk_attention_config.chunk_size", config.dual_chunk_size)]
+    for key, limit in limits:
+        if limit is not None and max_model_len > limit:
+            raise ValueError(
+                f"{key}={limit} in config.json is not implemented yet; serve with --max-model-len {limit} (or less)"
+            )
 
 
 @dataclass

@@ -1,0 +1,173 @@
+"""Model honesty: a config whose maths Lantern does not implement is refused in one line naming the
+key; what is accepted means what transformers (the reference) makes of the same config."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from app.models.spec import ModelConfig, UnsupportedModelError, check_servable
+
+BASE = {"vocab_size": 400, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5}
+BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(m) is None, reason=f"{b} not installed"))
+            for b, m in (("torch", "torch"), ("mlx", "mlx"))]
+
+
+def cfg(model_type: str, **extra) -> dict:
+    return {"model_type": model_type, **BASE, **extra}
+
+
+def hf_config(model_type: str, **extra):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **BASE, **extra)
+
+
+def hf_window(model_type: str, **extra) -> int | None:
+    """The window some layer of transformers' model attends within; None when every layer is full."""
+    hf = hf_config(model_type, **extra)
+    layer_types = getattr(hf, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return hf.sliding_window
+
+
+WINDOWS = [
+    ("mistral", {"sliding_window": 64}),
+    ("mistral", {"sliding_window": None}),  # v0.2 and later
+    ("mistral", {}),  # absent: transformers' MistralConfig default (4096) applies
+    ("qwen2", {"sliding_window": 64, "use_sliding_window": False}),  # Qwen2.5's shipped configs
+    ("qwen2", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 1}),
+    ("qwen2", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2}),  # no layer slides
+    ("qwen3", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 0}),
+    ("qwen3", {"sliding_window": 64, "use_sliding_window": True,
+               "layer_types": ["full_attention", "full_attention"]}),
+    ("llama", {"sliding_window": 64}),  # not a Llama key: transformers ignores it, so do we
+]
+
+
+@pytest.mark.parametrize("model_type, extra", WINDOWS)
+def test_active_sliding_window_is_what_transformers_uses(model_type, extra):
+    config = ModelConfig.from_hf(cfg(model_type, **extra))
+    expected = hf_window(model_type, **extra) if model_type != "llama" else None
+    assert config.sliding_window == expected
+
+
+def test_a_window_shorter_than_the_context_is_refused_naming_the_fix():
+    config = ModelConfig.from_hf(cfg("mistral", sliding_window=64))
+    with pytest.raises(ValueError) as err:
+        check_servable(config, 256)
+    assert str(err.value) == (
+        "sliding_window=64 in config.json is not implemented yet; serve with --max-model-len 64 (or less)"
+    )
+    check_servable(config, 64)  # inside the window full attention is exact: served
+    check_servable(config, 2)
+    check_servable(ModelConfig.from_hf(cfg("mistral", sliding_window=None)), 256)
+
+
+def test_dual_chunk_attention_is_served_within_one_chunk_only():
+    config = ModelConfig.from_hf(cfg("qwen2", dual_chunk_attention_config={"chunk_size": 128, "local_size": 32}))
+    with pytest.raises(ValueError, match=r"^dual_chunk_attention_config.chunk_size=128 in config.json .* 128 \(or less\)$"):
+        check_servable(config, 129)
+    check_servable(config, 128)
+
+
+@pytest.mark.parametrize(
+    "scaling, max_context",
+    [
+        (None, 256),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}, 1024),  # Qwen2.5 style
+        ({"type": "yarn", "factor": 4.0}, 1024),  # original absent: max_position_embeddings is the original
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, 256),  # already extended
+        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}, 256),  # Llama 3.1 states the extended length
+        ({"rope_type": "linear", "factor": 2.0}, 256),
+        ({"rope_type": "dynamic", "factor": 2.0}, 256),
+    ],
+)
+def test_max_context_follows_the_rope_scaling(scaling, max_context):
+    config = ModelConfig.from_hf(cfg("llama", rope_scaling=scaling))
+    assert config.max_context == max_context
+    check_servable(config, max_context)
+    with pytest.raises(ValueError, match=f"serve with --max-model-len {max_context} "):
+        check_servable(config, max_context + 1)
+
+
+def test_normalized_rope_scaling_matches_transformers_defaults():
+    # YaRN without original_max_position_embeddings: transformers takes max_position_embeddings
+    # (mlx_lm alone would assume 4096), so the normalized dict states it for both backends.
+    config = ModelConfig.from_hf(cfg("llama", rope_scaling={"type": "yarn", "factor": 4.0}))
+    hf = hf_config("llama", rope_scaling={"type": "yarn", "factor": 4.0}).rope_parameters
+    assert config.rope_scaling == {"rope_type": "yarn", "factor": 4.0,
+                                   "original_max_position_embeddings": hf["original_max_position_embeddings"]}
+    # Dynamic NTK equals plain rope up to max_position_embeddings (transformers only rescales past
+    # it), and max_context stops there, so it is computed as plain rope.
+    assert ModelConfig.from_hf(cfg("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})).rope_scaling is None
+
+
+@pytest.mark.parametrize(
+    "model_type, extra, key",
+    [
+        ("llama", {"mlp_bias": True}, "mlp_bias=true"),
+        ("llama", {"attention_bias": True}, "attention_bias=true"),  # adds an o_proj bias Lantern lacks
+        ("qwen3", {"attention_bias": True}, "attention_bias=true"),
+        ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu"'),
+        ("qwen2", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+                                    "original_max_position_embeddings": 64}}, 'rope_scaling.rope_type="longrope"'),
+        ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.5}},
+         "rope_scaling.attention_factor=0.5"),
+        ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}}, "rope_scaling.truncate=false"),
+        ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+        ("mistral", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
+        ("qwen2", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+        ("llama", {"quantization_config": {"quant_method": "gptq", "bits": 4}}, 'quantization_config.quant_method="gptq"'),
+        ("llama", {"num_key_value_heads": 3}, "num_key_value_heads=3"),
+    ],
+)
+def test_unimplemented_maths_is_refused_in_one_line_naming_the_key(model_type, extra, key):
+    with pytest.raises(UnsupportedModelError) as err:
+        ModelConfig.from_hf(cfg(model_type, **extra))
+    message = str(err.value)
+    assert key in message and "config.json" in message and "not implemented" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("model_type, extra", [
+    ("llama", {}), ("llama", {"attention_bias": False, "mlp_bias": False}), ("mistral", {"attention_bias": True}),
+    ("qwen2", {}), ("qwen3", {"head_dim": 32}), ("llama", {"hidden_act": "silu", "pretraining_tp": 2}),
+    ("llama", {"quantization_config": {"group_size": 64, "bits": 4}, "quantization": {"group_size": 64, "bits": 4}}),
+])
+def test_accepted_configs_get_the_projection_biases_transformers_builds(model_type, extra):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    config = ModelConfig.from_hf(cfg(model_type, **extra))
+    hf_extra = {k: v for k, v in extra.items() if not k.startswith("quantization")}
+    with torch.device("meta"):
+        attn = AutoModelForCausalLM.from_config(hf_config(model_type, **hf_extra)).model.layers[0].self_attn
+    assert config.attention_bias == (attn.q_proj.bias is not None)
+    assert attn.o_proj.bias is None  # Lantern has no o_proj bias: configs that add one are refused
+    assert config.head_dim == attn.head_dim
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_engine_refuses_a_sliding_window_model_unless_the_context_fits_it(backend, tmp_path):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from app.engine import LLM, SamplingParams
+    from tests.fixtures.tiny_models import build_model
+
+    folder = build_model("mistral", tmp_path / "mistral_sw", sliding_window=32)
+    with pytest.raises(ValueError, match=r"sliding_window=32 in config.json is not implemented yet; "
+                                         r"serve with --max-model-len 32 \(or less\)"):
+        LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=32)
+    llm = LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=32, max_model_len=32)
+    prompt = [5, 17, 42, 99, 120, 7]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].outputs[0]
+    # Within the window the model is exactly transformers' (which does apply the window).
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)[0]
+    assert out.token_ids == ref[len(prompt):].tolist()
