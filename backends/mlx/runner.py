@@ -58,7 +58,7 @@ class MLXBackend:
         return ModelInfo(
             num_params=num_params,
             weight_bytes=self.weight_bytes,
-            max_model_len=getattr(spec.config, "max_context", spec.config.max_position_embeddings),
+            max_model_len=spec.config.max_context,
             vocab_size=spec.config.vocab_size,
         )
 

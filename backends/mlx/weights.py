@@ -24,10 +24,12 @@ _MLX_NATIVE_GGUF = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 def _read_gguf(path: Path, cfg: ModelConfig) -> dict[str, mx.array]:
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    from app.models.gguf_names import read_gguf_index
+
+    index = read_gguf_index(str(path))  # gguf.GGUFReader parses the whole vocabulary first (seconds)
     native = mx.load(str(path))
     out: dict[str, mx.array] = {}
-    for t in reader.tensors:
+    for t in index.tensors:
         name = hf_name(t.name)
         if name is None:
             continue
@@ -44,8 +46,7 @@ def _read_gguf(path: Path, cfg: ModelConfig) -> dict[str, mx.array]:
             data = gguf.quants.dequantize(t.data, t.tensor_type)
             shape = tuple(int(d) for d in reversed(t.shape))
             out[name] = mx.array(np.asarray(data, dtype=np.float32).reshape(shape))
-    arch = reader.fields["general.architecture"].contents()
-    if arch in PERMUTED_ARCHITECTURES:
+    if index.architecture in PERMUTED_ARCHITECTURES:
         for name in list(out):
             which = needs_unpermute(name)
             if which:

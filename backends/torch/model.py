@@ -17,19 +17,19 @@ from backends.torch.parallel import TPGroup, local_config, parallel_embed, paral
 
 def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [max_len, head_dim] (HF's rotate_half layout), attention scaling folded in."""
-    from transformers import LlamaConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     params = {"rope_theta": cfg.rope_theta, "rope_type": "default", **(cfg.rope_scaling or {})}
-    hf_cfg = LlamaConfig(
-        hidden_size=cfg.num_heads * cfg.head_dim, num_attention_heads=cfg.num_heads, head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_position_embeddings, rope_parameters=params,
-    )
     rope_type = params["rope_type"]
     if rope_type == "default":
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
         scaling = 1.0
-    else:
+    else:  # transformers' config import costs ~3 s at start: only scaled ropes need it
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        hf_cfg = LlamaConfig(
+            hidden_size=cfg.num_heads * cfg.head_dim, num_attention_heads=cfg.num_heads, head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings, rope_parameters=params,
+        )
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"))
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq.float())
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -108,7 +108,8 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup, vocab_rows: int):
         super().__init__()
-        self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size)
+        # An explicit (meta) weight skips the random init, which imports torch._dynamo (~3 s).
+        self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size, _weight=torch.empty(vocab_rows, cfg.hidden_size))
         self.layers = nn.ModuleList([DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -84,7 +84,7 @@ class TorchBackend:
         load_weights(model, spec, self.tp)
         model.eval()
         self.model = model
-        self.max_context = getattr(spec.config, "max_context", spec.config.max_position_embeddings)
+        self.max_context = spec.config.max_context
         self.cos, self.sin = rope_tables(spec.config, self.max_context, self.device)
         params = list(model.parameters())
         return ModelInfo(
