@@ -5,7 +5,8 @@ are observed by the request handlers as tokens stream out.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -16,9 +17,10 @@ _E2E_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
 
 class _EngineCollector:
-    def __init__(self, snapshot: Callable[[], dict], model: str):
+    def __init__(self, snapshot: Callable[[], dict], model: str, alive: Callable[[], bool] | None = None):
         self.snapshot = snapshot
         self.model = model
+        self.alive = alive
 
     def collect(self):
         s = self.snapshot()
@@ -42,14 +44,19 @@ class _EngineCollector:
         yield counter("num_preemptions", "Sequences preempted for lack of KV blocks.", s["num_preemptions"])
         yield counter("prompt_tokens", "Prompt tokens prefilled.", s["prompt_tokens"])
         yield counter("generation_tokens", "Tokens generated.", s["generation_tokens"])
+        yield counter("request_failure", "Requests the engine failed (the others kept running).",
+                      s.get("requests_failed", 0))
+        if self.alive is not None:
+            yield gauge("engine_alive", "1 while the engine loop runs; 0 once it has stopped (see /health).",
+                        1.0 if self.alive() else 0.0)
 
 
 class ServerMetrics:
-    def __init__(self, snapshot: Callable[[], dict], model: str):
+    def __init__(self, snapshot: Callable[[], dict], model: str, alive: Callable[[], bool] | None = None):
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(snapshot, model))
+        self.registry.register(_EngineCollector(snapshot, model, alive))
         self.model = model
-        kw = dict(labelnames=["model_name"], registry=self.registry)
+        kw: dict[str, Any] = {"labelnames": ["model_name"], "registry": self.registry}
         self.ttft = Histogram("lantern:time_to_first_token_seconds", "Arrival to first token.",
                               buckets=_TTFT_BUCKETS, **kw).labels(model)
         self.itl = Histogram("lantern:inter_token_latency_seconds", "Time between streamed tokens.",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.engine.penalty_state import PenaltyState
 from app.engine.sampling_params import SamplingParams
 from app.engine.scheduler import SchedulerOutput
 
@@ -20,9 +21,9 @@ class SamplingRow:
     params: SamplingParams
     seed: int
     step: int  # number of tokens this sequence generated so far: the draw index
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
     banned_token_ids: list[int] = field(default_factory=list)  # e.g. EOS before min_tokens
+    # Incremental penalty inputs (set only when params.uses_penalties): no full histories here.
+    penalty: PenaltyState | None = None
 
 
 @dataclass
@@ -81,14 +82,20 @@ def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[in
         tables.append(table)
         if item.samples:
             sample_idx.append(i)
+            if seq.params.uses_penalties:
+                # Created once per sequence, then fed by Sequence.append_token; sync() only
+                # catches up on tokens appended some other way (O(1) when up to date).
+                if seq.penalty is None:
+                    seq.penalty = PenaltyState(seq.prompt_token_ids, seq.output_token_ids)
+                else:
+                    seq.penalty.sync(seq.output_token_ids)
             rows.append(
                 SamplingRow(
                     params=seq.params,
                     seed=seq.seed,
                     step=len(seq.output_token_ids),
-                    prompt_token_ids=seq.prompt_token_ids,
-                    output_token_ids=seq.output_token_ids,
                     banned_token_ids=banned.get(seq.seq_id, []),
+                    penalty=seq.penalty if seq.params.uses_penalties else None,
                 )
             )
     return ScheduledBatch(

@@ -34,11 +34,13 @@ def hash_block(parent: bytes | None, tokens: Seq[int], salt: bytes = b"") -> byt
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 prefer_touched: bool = False):
+                 prefer_touched: bool = False, cache_budget_blocks: int = 0):
         """prefer_touched: the backend's pool is committed lazily (a CPU allocation is backed by
-        memory only where written), so hand out blocks used before - evicting cached prefixes,
-        least recently freed first - before ever-unused ones: memory then grows with the peak
-        load, not with the pool's size. Off on devices whose pool is committed up front."""
+        memory only where written), so blocks used before are handed out before ever-unused
+        ones, and cached prefixes are kept in at most `cache_budget_blocks` free blocks (beyond
+        that the least recently freed is evicted rather than a new block touched): memory then
+        follows the peak load plus that budget, not the pool's size. Off on devices whose pool
+        is committed up front, where every block is kept cached until it is needed."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
@@ -48,6 +50,7 @@ class BlockManager:
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # checked on every hit
         self.prefer_touched = prefer_touched
+        self.cache_budget_blocks = cache_budget_blocks
         # Freed blocks (uncached ones at the front, cached ones in LRU order behind them) and
         # blocks never handed out (popped lowest id first).
         self.free: OrderedDict[int, None] = OrderedDict()
@@ -161,8 +164,16 @@ class BlockManager:
                 # Nothing to revive: hand this block out before ones holding cached prefixes.
                 self.free.move_to_end(block, last=False)
 
+    def _reuse_first(self) -> bool:
+        """On a lazy pool: reuse a freed block (rather than touch a new one) when one holds no
+        cached prefix, or when the cached ones are over their budget."""
+        if not self.free:
+            return False
+        front = next(iter(self.free))  # uncached blocks sit at the front
+        return self.block_hash[front] is None or len(self.free) >= self.cache_budget_blocks
+
     def _take_free(self) -> int:
-        if self.fresh and not (self.prefer_touched and self.free):
+        if self.fresh and not (self.prefer_touched and self._reuse_first()):
             block = self.fresh.pop()
             self.ref_counts[block] = 1
             return block

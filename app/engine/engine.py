@@ -58,7 +58,7 @@ class LLMEngine:
         self.backend.allocate_kv(plan.num_blocks, config.block_size)
         self.block_manager = BlockManager(
             plan.num_blocks, config.block_size, config.enable_prefix_caching,
-            prefer_touched=self.backend.kv_memory_is_lazy,
+            prefer_touched=self.backend.kv_memory_is_lazy, cache_budget_blocks=plan.cache_budget_blocks,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(

@@ -13,16 +13,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config import EngineConfig
+from app.models.spec import check_servable
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOKENS_PER_SEQ = 2048
+# On a lazily committed pool, free blocks kept only for their cached prefix may hold this much
+# memory (beyond it the oldest is evicted instead of a new block being touched).
+PREFIX_CACHE_BUDGET_BYTES = 512 * 2**20
 
 
 @dataclass
 class KVPlan:
     num_blocks: int
     max_model_len: int
+    cache_budget_blocks: int = 0  # see PREFIX_CACHE_BUDGET_BYTES; 0 where the pool is not lazy
 
 
 def _check_model_limits(config: EngineConfig, model_config: Any, model_max: int) -> int:
@@ -33,10 +38,6 @@ def _check_model_limits(config: EngineConfig, model_config: Any, model_max: int)
             "positions (max_position_embeddings and rope scaling in its config); use at most that"
         )
     max_len = config.max_model_len or model_max
-    try:
-        from app.models.spec import check_servable
-    except ImportError:  # pragma: no cover - older spec module
-        return max_len
     check_servable(model_config, max_len)
     return max_len
 
@@ -70,9 +71,11 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
         logger.warning("context capped at the KV cache's %d tokens (model: %d); give --mem more MiB for more",
                        num * bs, max_len)
         max_len = num * bs
+    budget = min(num, max(PREFIX_CACHE_BUDGET_BYTES // per_block, 1)) if backend.kv_memory_is_lazy else 0
     logger.info(
         "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)%s; context %d tokens",
         num, bs, num * bs, num * per_block / 2**20, why,
-        ", committed as used" if backend.kv_memory_is_lazy else "", max_len,
+        f", committed as used, prefix cache kept in up to {budget * per_block / 2**20:.0f} MiB of free blocks"
+        if budget else "", max_len,
     )
-    return KVPlan(num_blocks=num, max_model_len=max_len)
+    return KVPlan(num_blocks=num, max_model_len=max_len, cache_budget_blocks=budget)

@@ -125,16 +125,37 @@ def test_a_hit_needs_the_same_salt_and_the_same_tokens():
     assert bm.find_cached_prefix(victim) == []
 
 
-def test_lazy_pools_reuse_written_blocks_before_untouched_ones():
-    for touched, expect_fresh in ((True, False), (False, True)):
-        bm = BlockManager(8, 2, prefer_touched=touched)
-        a = Sequence("a", [1, 2, 3, 4], PARAMS)
-        bm.allocate(a, 4)
-        used = set(a.block_table)
-        a.num_computed_tokens = 4
-        bm.register_computed(a)
-        bm.free_seq(a)
-        b = Sequence("b", [9, 9, 9, 9], PARAMS)
-        bm.allocate(b, 4)
-        assert bool(set(b.block_table) - used) == expect_fresh
-        assert bm.num_free_blocks == 6
+def _cached_then_new(bm: BlockManager, prompt: list[int]) -> tuple[set[int], set[int]]:
+    """Cache a prompt's blocks, free them, then allocate for other tokens: (old, new) block ids."""
+    a = Sequence("a", prompt, PARAMS)
+    bm.allocate(a, len(prompt))
+    a.num_computed_tokens = len(prompt)
+    bm.register_computed(a)
+    old = set(a.block_table)
+    bm.free_seq(a)
+    b = Sequence("b", [9] * len(prompt), PARAMS)
+    bm.allocate(b, len(prompt))
+    return old, set(b.block_table)
+
+
+def test_lazy_pools_reuse_uncached_blocks_and_bound_the_cache():
+    # A freed block with no cached prefix is reused before an untouched one is written.
+    bm = BlockManager(8, 2, prefer_touched=True, cache_budget_blocks=4)
+    a = Sequence("a", [1], PARAMS)
+    bm.allocate(a, 1)
+    first = a.block_table[0]
+    bm.free_seq(a)
+    b = Sequence("b", [2], PARAMS)
+    bm.allocate(b, 1)
+    assert b.block_table == [first]
+    # Cached prefixes within the budget survive: new blocks are touched instead...
+    old, new = _cached_then_new(BlockManager(8, 2, prefer_touched=True, cache_budget_blocks=4), [1, 2, 3, 4])
+    assert not old & new
+    # ...and over the budget the oldest cached blocks are evicted rather than new ones touched.
+    old, new = _cached_then_new(BlockManager(8, 2, prefer_touched=True, cache_budget_blocks=2), [1, 2, 3, 4])
+    assert len(new & old) == 1  # two cached blocks, one may stay
+    old, new = _cached_then_new(BlockManager(8, 2, prefer_touched=True, cache_budget_blocks=1), [1, 2, 3, 4])
+    assert new == old
+    # A pool committed up front keeps every cached block while untouched ones remain.
+    old, new = _cached_then_new(BlockManager(8, 2), [1, 2, 3, 4])
+    assert not old & new

@@ -24,6 +24,8 @@ class FakeBackend:
 
 class Cfg:
     sliding_window = None
+    dual_chunk_size = None
+    max_context = 8192
 
 
 def plan(free: int, **options):
@@ -57,6 +59,21 @@ def test_explicit_limits_that_cannot_be_met_are_refused():
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def test_a_sliding_window_shorter_than_the_context_is_refused_naming_the_flag():
+    cfg = Cfg()
+    cfg.sliding_window = 4096
+    config = EngineConfig(model="unused")
+    with pytest.raises(ValueError, match="sliding_window=4096 .* --max-model-len 4096"):
+        plan_kv_cache(config, cfg, 8192, FakeBackend(10**12))
+    ok = plan_kv_cache(EngineConfig(model="unused", max_model_len=4096), cfg, 8192, FakeBackend(10**12))
+    assert ok.max_model_len == 4096
+
+
+def test_lazy_pools_get_a_prefix_cache_budget():
+    p = plan(free=10**12, max_num_seqs=256)
+    assert p.cache_budget_blocks * 16 * 1024 == 512 * 2**20
 
 
 def test_cpu_pool_is_committed_only_where_written():
