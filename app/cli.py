@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Any
 
-
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -18,11 +17,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--f", "--file", dest="gguf", metavar="GGUF", help="a .gguf model file")
     p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"], help="compute backend")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--mem", type=int, default=None, metavar="MB", help="KV cache size in MiB")
+    p.add_argument("--mem", type=int, default=None, metavar="MB", help="KV cache size in MiB (> 0)")
     p.add_argument("--gpu-memory-fraction", type=float, default=0.25,
                    help="share of free memory for the KV cache when --mem is not given")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences decoded together")
-    p.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length cap (>= 2)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--prefill-chunk-size", type=int, default=512, help="longest prefill piece per step")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn automatic prefix caching off")
@@ -32,25 +31,47 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="GPU ids to use, as in candle-vllm; their count is the tensor parallel size")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run decode steps eagerly instead of as CUDA graphs (torch backend on CUDA)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for tensor work (CPU backends; default: the library's choice)")
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+
+
+class UsageError(ValueError):
+    """A flag value that makes no sense; reported as one line before anything is loaded."""
+
+
+def check_engine_args(args: argparse.Namespace) -> None:
+    """Refuse nonsense at start instead of silently running something else (`--mem 0` used to
+    mean "a quarter of free memory", `--mem -1` one block)."""
+    positive = {"--mem": args.mem, "--threads": args.threads, "--max-num-seqs": args.max_num_seqs,
+                "--block-size": args.block_size, "--prefill-chunk-size": args.prefill_chunk_size,
+                "--tensor-parallel-size": args.tensor_parallel_size}
+    for flag, value in positive.items():
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive number, got {value}")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        raise UsageError(f"--max-model-len must be at least 2 (a prompt token and a generated one), got {args.max_model_len}")
+    if not 0.0 < args.gpu_memory_fraction <= 1.0:
+        raise UsageError(f"--gpu-memory-fraction must be in (0, 1], got {args.gpu_memory_fraction}")
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     from app.models.default_model import resolve_default_model
 
+    check_engine_args(args)
     model = args.weights or args.model_id or args.gguf or resolve_default_model()
     tp = args.tensor_parallel_size
     if args.devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = args.devices
         tp = tp or len(args.devices.split(","))
-    return dict(
-        tensor_parallel_size=tp or 1,
-        model=model, backend=args.backend, dtype=args.dtype, kv_cache_memory_mb=args.mem,
-        gpu_memory_fraction=args.gpu_memory_fraction, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, block_size=args.block_size,
-        prefill_chunk_size=args.prefill_chunk_size, enable_prefix_caching=not args.no_prefix_cache,
-        enforce_eager=args.enforce_eager,
-    )
+    return {
+        "tensor_parallel_size": tp or 1,
+        "model": model, "backend": args.backend, "dtype": args.dtype, "kv_cache_memory_mb": args.mem,
+        "gpu_memory_fraction": args.gpu_memory_fraction, "max_num_seqs": args.max_num_seqs,
+        "max_model_len": args.max_model_len, "block_size": args.block_size,
+        "prefill_chunk_size": args.prefill_chunk_size, "enable_prefix_caching": not args.no_prefix_cache,
+        "enforce_eager": args.enforce_eager, "num_threads": args.threads,
+    }
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -66,26 +87,76 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_key(key: str, source: str) -> str:
+    # An empty key used to switch authentication off; one with spaces or non-ASCII characters
+    # could never be sent in an Authorization header.
+    if not key or not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise UsageError(f"{source}: an API key must be non-empty printable ASCII without spaces")
+    return key
+
+
+def read_key_file(path: str) -> list[str]:
+    """One key per line; blank lines and lines starting with # are skipped."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
+    keys = [_check_key(line, f"{path}:{i}") for i, line in enumerate(lines, 1) if line and not line.startswith("#")]
+    if not keys:
+        raise UsageError(f"--api-key-file {path} holds no key")
+    return keys
+
+
+def api_keys(args: argparse.Namespace) -> list[str]:
+    """Keys from --api-key (repeatable) and --api-key-file; LANTERN_API_KEY when neither is given."""
+    keys = [_check_key(k, "--api-key") for k in args.api_key or []]
+    if args.api_key_file:
+        keys += read_key_file(args.api_key_file)
+    if not keys and os.environ.get("LANTERN_API_KEY"):
+        keys.append(_check_key(os.environ["LANTERN_API_KEY"], "LANTERN_API_KEY"))
+    return list(dict.fromkeys(keys))
+
+
+def allowed_origins(values: list[str] | None) -> list[str]:
+    origins = [o.strip().rstrip("/") for v in values or [] for o in v.split(",")]
+    for origin in origins:
+        if origin != "*" and "://" not in origin:
+            raise UsageError(f"--allowed-origins takes origins like http://localhost:3000 (or *), got {origin!r}")
+    return list(dict.fromkeys(origins))
+
+
+def server_settings(args: argparse.Namespace) -> Any:
+    """ServerSettings from the serve flags; raises UsageError before any model is loaded."""
+    from server.app import ServerSettings
+
+    if args.max_request_bytes < 1:
+        raise UsageError(f"--max-request-bytes must be a positive number, got {args.max_request_bytes}")
+    if args.max_n < 1:
+        raise UsageError(f"--max-n must be a positive number, got {args.max_n}")
+    if args.max_waiting < 0:
+        raise UsageError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    served = args.served_model_name
+    if served is None and not (args.weights or args.model_id or args.gguf):
+        served = DEFAULT_SERVED_NAME  # the same name whichever source served the default model
+    return ServerSettings(
+        served_model_name=served, api_keys=api_keys(args), max_waiting=args.max_waiting,
+        ui_server=args.ui_server, allowed_origins=allowed_origins(args.allowed_origins),
+        max_request_bytes=args.max_request_bytes, max_n=args.max_n,
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.engine import AsyncEngine
-    from server.app import ServerSettings, create_app
+    from server.app import create_app
 
+    settings = server_settings(args)  # refuses bad flags before the model loads
     options = engine_options(args)
     if args.chat_template:
         with open(args.chat_template, encoding="utf-8") as f:
             options["chat_template"] = f.read()
     engine = AsyncEngine(**options)
-    served = args.served_model_name
-    if served is None and not (args.weights or args.model_id or args.gguf):
-        served = DEFAULT_SERVED_NAME  # the same name whichever source served the default model
-    settings = ServerSettings(
-        served_model_name=served,
-        api_key=args.api_key or os.environ.get("LANTERN_API_KEY") or None,
-        max_waiting=args.max_waiting,
-        ui_server=args.ui_server,
-    )
     app = create_app(engine, settings)
     logging.getLogger("lantern").info(
         "serving %s at http://%s:%d/v1%s", app.state.lantern.model_name, args.host, args.port,
@@ -108,14 +179,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
     async def connect():
         """Runs inside the app, which shows "Loading…" and any failure (bad model, no server)."""
         if args.url:
-            client = HTTPClient(args.url, args.api_key or os.environ.get("LANTERN_API_KEY"))
+            client = HTTPClient(args.url, key)
             await client.connect()
             return client
         from app.engine import AsyncEngine
 
-        options = engine_options(args)
+        options = engine_options(args)  # may fetch the default model: the app shows "Loading…"
         return EngineClient(await asyncio.to_thread(AsyncEngine, **options))
 
+    key = args.api_key if args.api_key is not None else os.environ.get("LANTERN_API_KEY") or None
+    if key is not None:
+        _check_key(key, "--api-key")
+    check_engine_args(args)  # bad flags fail here with one line, not inside the app
     logging.getLogger().setLevel(logging.WARNING)  # keep the terminal for the app
     ChatApp(connect=connect, store=None if args.no_history else ChatStore(args.history_dir)).run()
     return 0
@@ -160,7 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--p", "--port", dest="port", type=int, default=2000, help="TCP port (default 2000)")
     serve.add_argument("--h", "--host", dest="host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--served-model-name", default=None, help="model name clients use (default: the model's)")
-    serve.add_argument("--api-key", default=None, help="require this bearer key (or set LANTERN_API_KEY)")
+    serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                       help="require this bearer key; repeat for several keys, each a tenant with its own "
+                            "prefix cache (default: LANTERN_API_KEY if set)")
+    serve.add_argument("--api-key-file", default=None, metavar="FILE",
+                       help="read keys from FILE, one per line (blank lines and # comments skipped)")
+    serve.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGIN",
+                       help="let browser pages from ORIGIN call the API (CORS); repeatable or a comma list, "
+                            "* for any (default: none)")
+    serve.add_argument("--max-request-bytes", type=int, default=4 * 2**20, metavar="N",
+                       help="larger request bodies get 413 (default 4 MiB)")
+    serve.add_argument("--max-n", type=int, default=128, metavar="N",
+                       help="most choices per request, n x number of prompts (default 128)")
     serve.add_argument("--chat-template", default=None, metavar="FILE", help="Jinja chat template overriding the model's")
     serve.add_argument("--max-waiting", type=int, default=1024, help="queued requests before answering 503")
     serve.add_argument("--ui-server", action="store_true", help="also serve the browser chat at /")
@@ -206,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, RuntimeError, OSError) as exc:
+    except (ValueError, RuntimeError, OSError) as exc:  # UsageError is a ValueError
         # User-facing failures (bad flag value, model not found, no network): one clear line.
         logging.getLogger("lantern").error("%s", exc)
         return 1

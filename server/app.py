@@ -190,7 +190,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> F
     name = settings.served_model_name or engine.model_name
     app.state.lantern = ServerState(
         engine=engine, model_name=name, metrics=ServerMetrics(engine.stats, name, alive=lambda: engine.dead_reason is None),
-        max_waiting=settings.max_waiting, api_key=settings.api_key,
+        max_waiting=settings.max_waiting, max_n=settings.max_n,
     )
     app.state.settings = settings
     app.state.started = int(time.time())

@@ -3,14 +3,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
-from app.engine import AsyncEngine, RequestOutput, SamplingParams, TokenLogprob
-from server.errors import APIError, bad_value
+from fastapi import Request
+
+from app.engine import (
+    AsyncEngine,
+    InvalidRequestError,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprob,
+)
+from server import tenancy
+from server.errors import APIError, engine_error, error_body
 from server.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -19,8 +32,7 @@ class ServerState:
     model_name: str
     metrics: ServerMetrics
     max_waiting: int = 1024
-    api_key: str | None = None
-    chat_template: str | None = None
+    max_n: int = 128  # choices per request: n x number of prompts (ServerSettings.max_n)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -28,46 +40,44 @@ class ServerState:
                            param="model", code="model_not_found")
 
     def check_capacity(self) -> None:
+        reason = self.engine.dead_reason
+        if reason is not None:  # before a stream's 200 goes out: say it with the status
+            raise APIError(503, f"the engine has stopped and cannot serve requests: {reason}", code="engine_dead")
         if self.engine.stats()["num_waiting"] >= self.max_waiting:
             raise APIError(503, "the server is at capacity (waiting queue full); retry shortly")
+
+    def check_choices(self, n: int, num_prompts: int = 1) -> None:
+        """Bound the sequences one request may start, before any prompt is tokenized."""
+        if n * num_prompts > self.max_n:
+            per = f" x {num_prompts} prompts" if num_prompts > 1 else ""
+            raise APIError(400, f"n ({n}){per} asks for {n * num_prompts} choices; this server allows at most "
+                                f"{self.max_n} per request", param="n")
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def build_params(request: Any) -> SamplingParams:
+def validated(state: ServerState, ids: list[int], params: SamplingParams, prompt_param: str = "prompt") -> list[int]:
+    """Check prompt ids and params against the model before anything is queued, so a bad request
+    is a 400 even when it asked for a stream (whose 200 goes out before the engine sees it)."""
     try:
-        return request.sampling_params()
-    except ValueError as exc:
-        raise bad_value(exc) from None
-
-
-def prepare_prompt(state: ServerState, prompt: str | list[int], params: SamplingParams,
-                   add_special_tokens: bool = True) -> list[int]:
-    engine = state.engine.engine
-    if isinstance(prompt, str):
-        ids = engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-    else:
-        ids = list(prompt)
-    try:
-        engine.validate(ids, params)
-    except ValueError as exc:
-        err = bad_value(exc)
-        err.param = err.param if err.param != "prompt" else ("messages" if not add_special_tokens else "prompt")
-        if "context" in err.message:
-            err.code = "context_length_exceeded"
-        raise err from None
+        state.engine.validate(ids, params)
+    except InvalidRequestError as exc:
+        if exc.param == "prompt":  # the engine's name for the prompt; chat calls it messages
+            exc.param = prompt_param
+        raise
     return ids
 
 
-async def generate(state: ServerState, ids: list[int], params: SamplingParams, request_id: str
-                   ) -> AsyncIterator[RequestOutput]:
-    """AsyncEngine.generate plus latency metrics."""
+async def generate(state: ServerState, ids: list[int], params: SamplingParams, request_id: str,
+                   request: Request, cache_salt: str | None) -> AsyncIterator[RequestOutput]:
+    """AsyncEngine.generate in this tenant's cache namespace, plus latency metrics."""
     m = state.metrics
     start = time.monotonic()
     last: float | None = None
-    async for out in state.engine.generate(ids, params, request_id, prompt_token_ids=ids):
+    salt = tenancy.cache_salt_for(request, cache_salt)
+    async for out in state.engine.generate(ids, params, request_id, prompt_token_ids=ids, cache_salt=salt):
         now = time.monotonic()
         new_tokens = sum(len(o.token_ids_delta) for o in out.outputs)
         if new_tokens:
@@ -96,7 +106,7 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
         try:
             async for out in stream:
                 await queue.put((i, out))
-        except Exception as exc:  # surfaced to the consumer
+        except Exception as exc:  # noqa: BLE001 - surfaced to the consumer
             await queue.put((i, exc))
         finally:
             await queue.put((i, done))
@@ -180,3 +190,17 @@ def completion_logprobs(tokenizer: Any, lps: list[TokenLogprob], offset: int = 0
 def sse(data: dict | str) -> str:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {payload}\n\n"
+
+
+async def guarded(events: AsyncIterator[str], request_id: str) -> AsyncIterator[str]:
+    """An SSE body that always ends well-formed: if producing it fails (the engine failed this
+    request, the engine died, a bug here), the client gets an error event and then [DONE], as
+    OpenAI's streams do, instead of a connection cut mid-body."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:  # noqa: BLE001 - every failure becomes the error event
+        err = engine_error(exc)
+        logger.warning("stream %s failed (%d): %s", request_id, err.status, err.message)
+        yield sse(error_body(err.status, err.message, err.param, err.code))
+        yield sse("[DONE]")

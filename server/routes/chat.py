@@ -1,59 +1,72 @@
 """POST /v1/chat/completions."""
 from __future__ import annotations
 
+import logging
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from app.engine import InvalidRequestError
 from server.errors import APIError
 from server.generation import (
-    ServerState, build_params, chat_logprobs, collect, generate, merge, new_id, prepare_prompt, sse, usage,
+    ServerState,
+    chat_logprobs,
+    collect,
+    generate,
+    guarded,
+    merge,
+    new_id,
+    sse,
+    usage,
+    validated,
 )
-from server.protocol import ChatCompletionRequest
+from server.protocol import ChatCompletionRequest, ChatMessage
 
 router = APIRouter()
+logger = logging.getLogger(__name__)
 
 
-def render_chat(state: ServerState, body: ChatCompletionRequest) -> str:
-    engine = state.engine.engine
-    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
+def encode_messages(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool,
+                    chat_template_kwargs: dict[str, Any] | None) -> list[int]:
+    """Prompt ids through the model's chat template; the engine tokenizes message content as
+    plain text, so only the template itself produces role markup."""
     try:
-        return engine.apply_chat_template(
-            messages, add_generation_prompt=body.add_generation_prompt, **(body.chat_template_kwargs or {})
-        )
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="messages") from None
-    except Exception as exc:  # a template that raises on these messages (jinja2 errors)
-        raise APIError(400, f"chat template failed on these messages: {exc}", param="messages") from None
+        return state.engine.encode_chat([m.as_template_message() for m in messages],
+                                        add_generation_prompt=add_generation_prompt,
+                                        chat_template_kwargs=chat_template_kwargs)
+    except InvalidRequestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a template that raises on these messages (jinja2, bad kwargs)
+        logger.info("chat template failed: %s", exc)
+        raise APIError(400, f"the chat template failed on these messages: {exc}", param="messages") from None
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.lantern
     state.check_model(body.model)
-    params = build_params(body)
-    prompt = render_chat(state, body)
-    # The template already holds the special tokens the model expects.
-    ids = prepare_prompt(state, prompt, params, add_special_tokens=False)
+    params = body.sampling_params()
+    state.check_choices(params.n)
+    ids = encode_messages(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
+    validated(state, ids, params, prompt_param="messages")
     state.check_capacity()
     rid = new_id("chatcmpl")
     created = int(time.time())
-    tokenizer = state.engine.tokenizer
-    stream = generate(state, ids, params, rid)
+    stream = generate(state, ids, params, rid, request, body.cache_salt)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            _stream(state, stream, rid, created, len(ids), params.n, body.logprobs, include_usage),
-            media_type="text/event-stream",
-        )
+        events = _stream(state, stream, rid, created, len(ids), params.n, bool(body.logprobs), include_usage)
+        return StreamingResponse(guarded(events, rid), media_type="text/event-stream")
     final = (await collect(merge([stream]), request))[0]
+    tokenizer = state.engine.tokenizer
     choices = [
         {
             "index": o.index,
             "message": {"role": "assistant", "content": o.text},
-            "logprobs": chat_logprobs(tokenizer, o.logprobs) if body.logprobs else None,
+            "logprobs": chat_logprobs(tokenizer, o.logprobs or []) if body.logprobs else None,
             "finish_reason": o.finish_reason,
             "stop_reason": o.stop_reason,
         }
@@ -77,13 +90,17 @@ async def _stream(state: ServerState, stream, rid: str, created: int, prompt_len
     for i in range(n):
         yield chunk(i, {"role": "assistant", "content": ""})
     final = None
+    done: set[int] = set()  # outputs repeat finished choices; each finishes exactly once
     async for out in stream:
         final = out
         for o in out.outputs:
+            if o.index in done:
+                continue
             lps = chat_logprobs(tokenizer, o.logprobs_delta) if logprobs and o.logprobs_delta else None
             if o.text_delta or lps:
                 yield chunk(o.index, {"content": o.text_delta}, lps=lps)
-            if o.finished and o.token_ids_delta:  # each choice finishes exactly once
+            if o.finished:
+                done.add(o.index)
                 yield chunk(o.index, {}, finish=o.finish_reason)
     if final is not None and include_usage:
         yield sse({**base, "choices": [], "usage": usage([prompt_len], [final], final.num_cached_tokens)})

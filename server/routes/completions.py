@@ -2,15 +2,23 @@
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from server.errors import bad_value
+from app.engine import RequestOutput
 from server.generation import (
-    ServerState, build_params, collect, completion_logprobs, generate, merge, new_id, prepare_prompt, sse,
+    ServerState,
+    collect,
+    completion_logprobs,
+    generate,
+    guarded,
+    merge,
+    new_id,
+    sse,
     usage,
+    validated,
 )
 from server.protocol import CompletionRequest
 
@@ -21,24 +29,22 @@ router = APIRouter()
 async def completions(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.lantern
     state.check_model(body.model)
-    params = build_params(body)
-    try:
-        prompts = body.prompts()
-    except ValueError as exc:
-        raise bad_value(exc) from None
-    prompt_ids = [prepare_prompt(state, p, params) for p in prompts]
+    params = body.sampling_params()
+    prompts = body.prompts()
+    state.check_choices(params.n, len(prompts))  # before tokenizing: a huge prompt list costs nothing
+    prompt_ids = [validated(state, state.engine.encode(p) if isinstance(p, str) else list(p), params)
+                  for p in prompts]
     state.check_capacity()
     rid = new_id("cmpl")
     created = int(time.time())
-    streams = [generate(state, ids, params, f"{rid}-{i}") for i, ids in enumerate(prompt_ids)]
+    streams = [generate(state, ids, params, f"{rid}-{i}", request, body.cache_salt)
+               for i, ids in enumerate(prompt_ids)]
     tokenizer = state.engine.tokenizer
     echo = [tokenizer.decode(ids) if body.echo else "" for ids in prompt_ids]
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            _stream(state, streams, rid, created, prompt_ids, params.n, body, echo, include_usage),
-            media_type="text/event-stream",
-        )
+        events = _stream(state, streams, rid, created, prompt_ids, params.n, body, echo, include_usage)
+        return StreamingResponse(guarded(events, rid), media_type="text/event-stream")
     finals = await collect(merge(streams), request)
     choices = []
     for i in range(len(prompts)):
@@ -46,7 +52,8 @@ async def completions(body: CompletionRequest, request: Request):
             choices.append({
                 "index": i * params.n + o.index,
                 "text": echo[i] + o.text,
-                "logprobs": completion_logprobs(tokenizer, o.logprobs, len(echo[i])) if body.logprobs is not None else None,
+                "logprobs": (completion_logprobs(tokenizer, o.logprobs or [], len(echo[i]))
+                             if body.logprobs is not None else None),
                 "finish_reason": o.finish_reason,
                 "stop_reason": o.stop_reason,
             })
@@ -63,18 +70,24 @@ async def _stream(state: ServerState, streams, rid: str, created: int, prompt_id
     tokenizer = state.engine.tokenizer
     base = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name}
     sent_echo: set[int] = set()
-    finals: dict[int, object] = {}
+    done: set[int] = set()  # outputs repeat finished choices; each finishes exactly once
+    finals: dict[int, RequestOutput] = {}
     async for i, out in merge(streams):
         finals[i] = out
         for o in out.outputs:
             index = i * n + o.index
+            if index in done:
+                continue
             text = o.text_delta
             if echo[i] and index not in sent_echo:
-                text, _ = echo[i] + text, sent_echo.add(index)
-            if not (text or o.token_ids_delta):
+                text = echo[i] + text
+                sent_echo.add(index)
+            if not (text or o.token_ids_delta or o.finished):
                 continue
             lps = completion_logprobs(tokenizer, o.logprobs_delta) if body.logprobs is not None and o.logprobs_delta else None
             finish = o.finish_reason if o.finished else None
+            if o.finished:
+                done.add(index)
             yield sse({**base, "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish}]})
     if include_usage and finals:
         outs = list(finals.values())

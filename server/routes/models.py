@@ -11,5 +11,5 @@ async def list_models(request: Request) -> dict:
     state = request.app.state.lantern
     return {"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": request.app.state.started,
-        "owned_by": "lantern", "max_model_len": state.engine.engine.max_model_len,
+        "owned_by": "lantern", "max_model_len": state.engine.max_model_len,
     }]}

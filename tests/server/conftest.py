@@ -1,6 +1,11 @@
-"""A real uvicorn on 127.0.0.1 serving a tiny model, shared by the server tests."""
+"""A real uvicorn on 127.0.0.1 serving a tiny model, shared by the server tests.
+
+The module-scoped `server` fixture runs every test that uses it on both backends: torch (the
+Linux default, what `lantern serve` ships with there) and MLX (skipped where it is missing).
+"""
 from __future__ import annotations
 
+import importlib.util
 import socket
 import threading
 import time
@@ -10,6 +15,11 @@ import uvicorn
 
 from app.engine import AsyncEngine
 from server.app import ServerSettings, create_app
+
+BACKENDS = [
+    "torch",
+    pytest.param("mlx", marks=pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="no MLX")),
+]
 
 
 def free_port() -> int:
@@ -34,20 +44,35 @@ class LiveServer:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.05)
 
+    @property
+    def backend(self) -> str:
+        return self.engine.backend_name
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.engine.shutdown()
 
 
-def start_server(model_dir: str, settings: ServerSettings | None = None, **engine_opts) -> LiveServer:
-    opts = dict(model=model_dir, backend="mlx", dtype="float32", block_size=4, num_kv_blocks=1024)
+def engine_options(model_dir: str, **engine_opts) -> dict:
+    """What the tests' engines share: float32 (exact comparisons), small blocks, a fixed pool."""
+    opts = {"model": model_dir, "backend": "mlx", "dtype": "float32", "block_size": 4, "num_kv_blocks": 1024}
     opts.update(engine_opts)
-    return LiveServer(AsyncEngine(**opts), settings or ServerSettings(served_model_name="tiny"))
+    return opts
+
+
+def start_server(model_dir: str, settings: ServerSettings | None = None, **engine_opts) -> LiveServer:
+    return LiveServer(AsyncEngine(**engine_options(model_dir, **engine_opts)),
+                      settings or ServerSettings(served_model_name="tiny"))
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    srv = start_server(tiny_model_dir("llama2"))
+def server(tiny_model_dir, backend):
+    srv = start_server(tiny_model_dir("llama2"), backend=backend)
     yield srv
     srv.stop()

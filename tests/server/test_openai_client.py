@@ -8,8 +8,6 @@ import pytest
 
 from app.engine import LLM, SamplingParams
 
-pytest.importorskip("mlx.core")
-
 MSG = [{"role": "user", "content": "Tell me about paged attention."}]
 
 
@@ -26,11 +24,26 @@ def test_models_and_chat(client):
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason in ("stop", "length")
     assert r.usage.completion_tokens <= 10 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
-    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_cached_tokens_count_the_shared_prefix(client):
+    """A prompt seen before is served from the prefix cache: whole 4-token blocks, never the
+    last prompt token (its logits must be computed). A new prompt gets no cached tokens."""
+    prompt = "Zebras quietly cache me, please: nobody sent this before."  # no chat template prefix
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    n = first.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 4 * 4
+    # A request's cache_salt keeps its blocks apart from unsalted and differently salted ones
+    # (each salted request comes right after the blocks it must not see were cached).
+    salted = [client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0,
+                                        extra_body={"cache_salt": salt}) for salt in ("s1", "s1", "s2")]
+    assert [r.usage.prompt_tokens_details.cached_tokens for r in salted] == [0, (n - 1) // 4 * 4, 0]
 
 
 def test_streaming_matches_non_streaming(client):
-    kw = dict(model="tiny", messages=MSG, max_tokens=12, temperature=0)
+    kw = {"model": "tiny", "messages": MSG, "max_tokens": 12, "temperature": 0}
     full = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -44,7 +57,7 @@ def test_streaming_matches_non_streaming(client):
 def test_async_client_n_samples_and_seed(server):
     async def run():
         aclient = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
-        kw = dict(model="tiny", messages=MSG, max_tokens=12, temperature=1.0, seed=42, n=3)
+        kw = {"model": "tiny", "messages": MSG, "max_tokens": 12, "temperature": 1.0, "seed": 42, "n": 3}
         a = await aclient.chat.completions.create(**kw)
         b = await aclient.chat.completions.create(**kw)
         await aclient.close()
@@ -87,7 +100,7 @@ def test_completions_prompt_forms_echo_and_stop(client, server):
     assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
 
 
-def test_32_concurrent_streams_match_offline_generate(server, tiny_model_dir):
+def test_32_concurrent_streams_match_offline_generate(server, tiny_model_dir, backend):
     prompts = [f"Request number {i} asks about continuous batching" for i in range(32)]
 
     async def one(aclient, prompt):
@@ -110,7 +123,7 @@ def test_32_concurrent_streams_match_offline_generate(server, tiny_model_dir):
         return results
 
     results = asyncio.run(run())
-    llm = LLM(tiny_model_dir("llama2"), backend="mlx", dtype="float32", block_size=4, num_kv_blocks=1024)
+    llm = LLM(tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4, num_kv_blocks=1024)
     offline = llm.chat([[{"role": "user", "content": p}] for p in prompts],
                        SamplingParams(temperature=0, max_tokens=16))
     for (text, usage), ref in zip(results, offline):
