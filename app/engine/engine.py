@@ -257,15 +257,18 @@ class LLM:
     ) -> list[RequestOutput]:
         """Runs the prompts to the end. Raises RequestFailedError if the engine failed one (the
         others are finished first); an interrupted call (Ctrl+C) leaves nothing behind."""
+        batch: list[Prompt]
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        if len(params_list) != len(prompts):
+            batch = [prompts]  # type: ignore[list-item]  # one prompt: text or token ids
+        else:
+            batch = list(prompts)  # type: ignore[arg-type]
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(batch)
+        if len(params_list) != len(batch):
             raise ValueError("params must be one SamplingParams or one per prompt")
         ids: list[str] = []
         final: dict[str, RequestOutput] = {}
         try:
-            for prompt, p in zip(prompts, params_list):
+            for prompt, p in zip(batch, params_list):
                 rid = uuid.uuid4().hex
                 self.engine.add_request(rid, prompt, p)
                 ids.append(rid)

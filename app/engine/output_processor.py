@@ -55,7 +55,7 @@ class OutputProcessor:
         p = seq.params
         if len(seq.output_token_ids) >= p.min_tokens:
             return []
-        return sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos))
+        return sorted(set(p.stop_token_ids or ()) | (set() if p.ignore_eos else self.eos))
 
     def append(self, state: RequestState, out: SeqOutputState, token: int) -> str | None:
         """Record a new token; returns a finish reason when the sequence must stop."""
@@ -73,7 +73,7 @@ class OutputProcessor:
                 seq.stop_reason = stop
                 return "stop"
         reason = None
-        if n_out >= p.min_tokens and token in p.stop_token_ids:
+        if n_out >= p.min_tokens and token in (p.stop_token_ids or ()):
             seq.stop_reason = token
             reason = "stop"
         elif n_out >= p.min_tokens and token in self.eos and not p.ignore_eos:

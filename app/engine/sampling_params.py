@@ -122,9 +122,10 @@ class SamplingParams:
             fail("stop", f"may hold at most {MAX_STOPS} strings")
         if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_LEN for s in self.stop_list):
             fail("stop", f"must be a non-empty string or a list of non-empty strings of at most {MAX_STOP_LEN} chars")
-        if len(self.stop_token_ids) > MAX_TOKEN_LIST:
+        stop_ids = self.stop_token_ids or []
+        if len(stop_ids) > MAX_TOKEN_LIST:
             fail("stop_token_ids", f"may hold at most {MAX_TOKEN_LIST} ids")
-        if any(not _is_int(t) or not 0 <= t <= MAX_INT32 for t in self.stop_token_ids):
+        if any(not _is_int(t) or not 0 <= t <= MAX_INT32 for t in stop_ids):
             fail("stop_token_ids", "must be a list of non-negative integers")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
