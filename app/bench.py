@@ -4,7 +4,9 @@ For each shape it measures, in one run and on the same weights:
   * bs=1 decode tokens/s: (out_len - 1) / (time to generate out_len tokens - time to generate 1),
     so prefill is excluded the same way for both sides;
   * throughput: N requests (prompt P, output O) submitted at once, generated tokens / wall time;
-and the same two numbers for HF transformers' `generate` (one batch of N for throughput).
+and the same two numbers for HF transformers' `generate` (one batch of N for throughput). Each is
+measured greedily and again sampling at temperature 1.0 (the default of every client: request i
+seeded i; HF samples with top-k off), on the same prompts, so the cost of sampling shows beside it.
 
 Roofline: a bs=1 decode step must read every weight matrix once (the embedding table only one
 row) plus the K/V of its context, so its floor is bytes / peak memory bandwidth. For throughput
@@ -165,50 +167,55 @@ def bench_lantern(path: Path, backend: str, dtype_name: str, prompts: list[list[
     llm = LLM(str(path), backend=backend, dtype=dtype_name, max_num_seqs=max(len(prompts), 1),
               enforce_eager=enforce_eager, enable_prefix_caching=False)
 
-    def timed(batch: list[list[int]], n: int) -> float:
+    def timed(batch: list[list[int]], n: int, temperature: float) -> float:
+        params = [SamplingParams(temperature=temperature, seed=i, max_tokens=n, ignore_eos=True)
+                  for i in range(len(batch))]
         t = time.perf_counter()
-        llm.generate(batch, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        llm.generate(batch, params)
         return time.perf_counter() - t
 
-    timed(prompts[:1], 4)  # warm-up: kernel compilation, first graph capture
-    bs1 = (out_len - 1) / (timed(prompts[:1], out_len) - timed(prompts[:1], 1))
-    timed(prompts, 2)  # warm-up at full width
-    tput = len(prompts) * out_len / timed(prompts, out_len)
+    timed(prompts[:1], 4, 0.0)  # warm-up: kernel compilation, first graph capture
+    timed(prompts, 2, 0.0)  # warm-up at full width
+    result = {}
+    for prefix, temp in (("", 0.0), ("sampled_", 1.0)):
+        result[f"{prefix}bs1_tok_s"] = (out_len - 1) / (timed(prompts[:1], out_len, temp) - timed(prompts[:1], 1, temp))
+        result[f"{prefix}throughput_tok_s"] = len(prompts) * out_len / timed(prompts, out_len, temp)
     llm.engine.shutdown()
-    return {"bs1_tok_s": bs1, "throughput_tok_s": tput}
+    return result
 
 
 def bench_hf(path: Path, dtype: torch.dtype, device: torch.device, prompts: list[list[int]],
              out_len: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()  # type: ignore[arg-type]
 
-    def timed(batch: list[list[int]], n: int) -> float:
+    def timed(batch: list[list[int]], n: int, temperature: float) -> float:
         ids = torch.tensor(batch, device=device)
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
+            "do_sample": False}
         _sync(device)
         t = time.perf_counter()
         with torch.inference_mode():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, pad_token_id=0)
+                           pad_token_id=0, **sampling)
         _sync(device)
         return time.perf_counter() - t
 
-    timed(prompts[:1], 4)
-    result = {"bs1_tok_s": (out_len - 1) / (timed(prompts[:1], out_len) - timed(prompts[:1], 1))}
-    try:
-        result["throughput_tok_s"] = len(prompts) * out_len / timed(prompts, out_len)
-    except torch.OutOfMemoryError:
-        logger.warning("HF generate ran out of memory at batch %d", len(prompts))
-        result["throughput_tok_s"] = float("nan")
-    del model
-    return result
+    timed(prompts[:1], 4, 0.0)
+    result = {}
+    for prefix, temp in (("", 0.0), ("sampled_", 1.0)):
+        result[f"{prefix}bs1_tok_s"] = (out_len - 1) / (timed(prompts[:1], out_len, temp) - timed(prompts[:1], 1, temp))
+        try:
+            result[f"{prefix}throughput_tok_s"] = len(prompts) * out_len / timed(prompts, out_len, temp)
+        except torch.OutOfMemoryError:
+            logger.warning("HF generate ran out of memory at batch %d", len(prompts))
+            result[f"{prefix}throughput_tok_s"] = float("nan")
+    return result  # the model is freed with this frame
 
 
 def run_bench(args: Any) -> list[dict[str, Any]]:
-    from backends import default_dtype
-
-    from backends import pick_backend
+    from backends import default_dtype, pick_backend
 
     backend = pick_backend(args.backend)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -252,12 +259,21 @@ def run_bench(args: Any) -> list[dict[str, Any]]:
 def format_row(r: dict[str, Any]) -> str:
     hf = r["hf"]
     lines = [
-        f"{r['shape']} ({r['params'] / 1e6:,.0f}M params, {r['dtype']}, {r['device']}, {r['backend']}); "
-        f"peaks {r['peaks']['bandwidth'] / 1e9:.0f} GB/s, {r['peaks']['flops'] / 1e12:.1f} TFLOP/s ({r['peaks']['source']})",
+        (f"{r['shape']} ({r['params'] / 1e6:,.0f}M params, {r['dtype']}, {r['device']}, {r['backend']}); "
+         f"peaks {r['peaks']['bandwidth'] / 1e9:.0f} GB/s, {r['peaks']['flops'] / 1e12:.1f} TFLOP/s "
+         f"({r['peaks']['source']})"),
         f"  bs=1 decode: {r['lantern']['bs1_tok_s']:.1f} tok/s = {100 * r['bs1_fraction_of_roofline']:.0f}% of "
-        f"roofline {r['bs1_roofline_tok_s']:.1f}" + (f"; HF generate {hf['bs1_tok_s']:.1f} ({r['bs1_vs_hf']:.2f}x)" if hf else ""),
-        f"  {r['requests']} requests ({r['prompt_len']}+{r['out_len']}): {r['lantern']['throughput_tok_s']:.1f} tok/s = "
+        f"roofline {r['bs1_roofline_tok_s']:.1f}"
+        + (f"; HF generate {hf['bs1_tok_s']:.1f} ({r['bs1_vs_hf']:.2f}x)" if hf else ""),
+        f"  {r['requests']} requests ({r['prompt_len']}+{r['out_len']}): "
+        f"{r['lantern']['throughput_tok_s']:.1f} tok/s = "
         f"{100 * r['throughput_fraction_of_ideal']:.0f}% of ideal {r['throughput_ideal_tok_s']:.1f}"
         + (f"; HF generate {hf['throughput_tok_s']:.1f} ({r['throughput_vs_hf']:.2f}x)" if hf else ""),
     ]
+    ours = r["lantern"]
+    if "sampled_bs1_tok_s" in ours:  # temperature 1.0 beside greedy
+        lines.append(
+            f"  temperature 1.0: bs=1 {ours['sampled_bs1_tok_s']:.1f} tok/s, {r['requests']} requests "
+            f"{ours['sampled_throughput_tok_s']:.1f} tok/s"
+            + (f"; HF generate {hf['sampled_bs1_tok_s']:.1f} and {hf['sampled_throughput_tok_s']:.1f}" if hf else ""))
     return "\n".join(lines)

@@ -1,8 +1,22 @@
 """Backend-neutral preparation of one step's sampling inputs (numpy), shared by every sampler.
 
-A backend turns these arrays into device arrays and applies, in this order: penalties, bans,
-temperature, top-k, top-p, min-p, then a Gumbel-max draw whose noise depends only on
-(seed, step) so a row draws the same token alone or batched.
+A backend turns these arrays into device arrays and applies, in this order (vLLM's): logit_bias,
+repetition penalty, frequency/presence penalties, bans, temperature, top-k, top-p, min-p, then a
+Gumbel-max draw. Raw logprobs are taken before all of it.
+
+The draw's noise is a pure function of (draw key, column), computed on the device with plain
+integer ops, so a row draws the same token alone or batched, and the same on every backend:
+
+    key      = draw_seed(seed, step)                        32-bit, mixed on the host
+    bits     = mix32(mix32(column) ^ key)                   uint32 arithmetic (mod 2^32)
+    u        = ((bits >> 9) + 0.5) / 2^23                   in (0, 1), exact in float32
+    gumbel   = -log(-log(u))
+
+mix32 is the "lowbias32" integer hash found by Chris Wellons' hash-prospector (constants
+0x21f0aaad, 0x735a2d97), a bijection of 32-bit words with near-ideal avalanche. Both multipliers
+are below 2^31, so a backend without uint32 (torch) computes it exactly in int64: a 32-bit value
+times a 31-bit constant stays below 2^63, then masks to 32 bits. `gumbel_noise` below is the numpy
+reference that the backends are tested against.
 """
 from __future__ import annotations
 
@@ -12,10 +26,47 @@ import numpy as np
 
 from app.engine.batch import SamplingRow
 
+MIX_C1 = 0x21F0AAAD
+MIX_C2 = 0x735A2D97
+M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+# Below this temperature a row takes the argmax: dividing by it would overflow float32 (vLLM's eps).
+MIN_TEMPERATURE = 1e-5
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
 
 def draw_seed(seed: int, step: int) -> int:
-    """The per-(seed, step) random seed of one draw."""
-    return (seed * 1_000_003 + step) & 0xFFFFFFFFFFFF
+    """The 32-bit key of draw `step` of a sequence seeded `seed` (any int; distinct per step)."""
+    return _splitmix64(_splitmix64(int(seed) & _M64) ^ (int(step) & _M64)) >> 32
+
+
+def mix32(x: np.ndarray) -> np.ndarray:
+    """lowbias32 on uint32 arrays (numpy wraps uint32 products mod 2^32)."""
+    x = x.astype(np.uint32, copy=True)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(MIX_C1)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(MIX_C2)
+    x ^= x >> np.uint32(15)
+    return x
+
+
+def noise_bits(keys: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Reference hash: keys [R, 1], cols [R, C] or [C] -> uint32 [R, C]."""
+    with np.errstate(over="ignore"):
+        return mix32(mix32(np.asarray(cols, dtype=np.uint32)) ^ np.asarray(keys, dtype=np.uint32))
+
+
+def gumbel_noise(keys: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Reference Gumbel noise (float32) of the draws `keys` at vocabulary columns `cols`."""
+    u = ((noise_bits(keys, cols) >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)
+    return -np.log(-np.log(u))
 
 
 @dataclass
@@ -26,45 +77,72 @@ class SamplingArrays:
     top_p: np.ndarray  # [B, 1] float32
     min_p: np.ndarray  # [B, 1] float32
     random_rows: list[int]  # rows that sample (temperature > 0); the rest take the argmax
-    draw_seeds: list[int]  # one per random row
-    # Penalties (None when no row uses them): flat indices into a [B * vocab] view.
-    repetition: np.ndarray | None = None  # [B, 1]
-    frequency: np.ndarray | None = None
-    presence: np.ndarray | None = None
-    seen_flat: np.ndarray | None = None  # prompt + output tokens of rows with repetition penalty
-    output_flat: np.ndarray | None = None  # generated tokens (with repeats) of rows with penalties
+    draw_keys: np.ndarray  # [len(random_rows), 1] int64: draw_seed of each random row
+    # Positions within random_rows of the rows that filter (top-k, top-p or min-p), and how many
+    # of the best columns they need: the largest top_k among them, or the vocabulary.
+    filter_rows: list[int]
+    filter_width: int
+    # Sparse edits, as flat indices into a [B * vocab] view plus one value per index.
+    bias_flat: np.ndarray | None = None  # logit_bias: added
+    bias_values: np.ndarray | None = None
+    rep_flat: np.ndarray | None = None  # ids seen (prompt + output) of rows with repetition_penalty
+    rep_values: np.ndarray | None = None  # that row's penalty: x / p if x > 0 else x * p
+    freq_flat: np.ndarray | None = None  # generated ids of rows with frequency/presence penalties
+    freq_values: np.ndarray | None = None  # count * frequency_penalty + presence_penalty: subtracted
     banned_flat: np.ndarray | None = None  # tokens a row may not draw now (EOS before min_tokens)
     max_logprobs: int | None = None  # None: no row wants logprobs
+
+    @property
+    def edits_logits(self) -> bool:
+        return any(x is not None for x in (self.bias_flat, self.rep_flat, self.freq_flat, self.banned_flat))
+
+
+def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray | None:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else None
 
 
 def prepare_sampling(rows: list[SamplingRow], vocab: int) -> SamplingArrays:
     b = len(rows)
-    col = lambda values, dtype: np.asarray(values, dtype=dtype).reshape(b, 1)  # noqa: E731
-    random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+    col = lambda values, dtype: np.asarray(values, dtype=dtype).reshape(b, 1)
+    random_rows = [i for i, r in enumerate(rows) if r.params.temperature >= MIN_TEMPERATURE]
+    top_k = [min(r.params.top_k or vocab, vocab) for r in rows]
+    filters = [j for j, i in enumerate(random_rows)
+               if top_k[i] < vocab or rows[i].params.top_p < 1.0 or rows[i].params.min_p > 0.0]
     arrays = SamplingArrays(
         vocab=vocab,
-        temperature=col([r.params.temperature or 1.0 for r in rows], np.float32),
-        top_k=col([r.params.top_k or vocab for r in rows], np.int64),
+        temperature=col([r.params.temperature if r.params.temperature >= MIN_TEMPERATURE else 1.0 for r in rows],
+                        np.float32),
+        top_k=col(top_k, np.int64),
         top_p=col([r.params.top_p for r in rows], np.float32),
         min_p=col([r.params.min_p for r in rows], np.float32),
         random_rows=random_rows,
-        draw_seeds=[draw_seed(rows[i].seed, rows[i].step) for i in random_rows],
+        draw_keys=np.asarray([draw_seed(rows[i].seed, rows[i].step) for i in random_rows], np.int64).reshape(-1, 1),
+        filter_rows=filters,
+        filter_width=max((top_k[random_rows[j]] for j in filters), default=vocab),
     )
-    if any(r.params.uses_penalties for r in rows):
-        seen, out = [], []
-        for i, r in enumerate(rows):
-            p = r.params
-            if not p.uses_penalties:
-                continue
-            if p.repetition_penalty != 1.0:
-                ids = np.unique(np.asarray(r.prompt_token_ids + r.output_token_ids, dtype=np.int64))
-                seen.append(i * vocab + ids)
-            out.append(i * vocab + np.asarray(r.output_token_ids, dtype=np.int64))
-        arrays.repetition = col([r.params.repetition_penalty for r in rows], np.float32)
-        arrays.frequency = col([r.params.frequency_penalty for r in rows], np.float32)
-        arrays.presence = col([r.params.presence_penalty for r in rows], np.float32)
-        arrays.seen_flat = np.concatenate(seen) if seen else np.zeros(0, np.int64)
-        arrays.output_flat = np.concatenate(out) if out else np.zeros(0, np.int64)
+    bias_idx, bias_val, rep_idx, rep_val, freq_idx, freq_val = [], [], [], [], [], []
+    for i, r in enumerate(rows):
+        p, base = r.params, i * vocab
+        if p.logit_bias:
+            ids = np.fromiter(p.logit_bias.keys(), np.int64, len(p.logit_bias))
+            vals = np.fromiter(p.logit_bias.values(), np.float32, len(p.logit_bias))
+            ok = (ids >= 0) & (ids < vocab)  # the engine validates ids; never index out of the row
+            bias_idx.append(base + ids[ok])
+            bias_val.append(vals[ok])
+        if not p.uses_penalties:
+            continue
+        if r.penalty is None:
+            raise ValueError("a row with penalties needs its PenaltyState (build_batch sets SamplingRow.penalty)")
+        if p.repetition_penalty != 1.0:
+            seen = r.penalty.seen_ids()
+            rep_idx.append(base + seen)
+            rep_val.append(np.full(seen.shape[0], p.repetition_penalty, np.float32))
+        if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            freq_idx.append(base + r.penalty.output_ids())
+            freq_val.append(r.penalty.output_counts() * p.frequency_penalty + p.presence_penalty)
+    arrays.bias_flat, arrays.bias_values = _cat(bias_idx, np.int64), _cat(bias_val, np.float32)
+    arrays.rep_flat, arrays.rep_values = _cat(rep_idx, np.int64), _cat(rep_val, np.float32)
+    arrays.freq_flat, arrays.freq_values = _cat(freq_idx, np.int64), _cat(freq_val, np.float32)
     banned = [i * vocab + np.asarray([t for t in r.banned_token_ids if 0 <= t < vocab], dtype=np.int64)
               for i, r in enumerate(rows) if r.banned_token_ids]
     if banned:
@@ -76,8 +154,11 @@ def prepare_sampling(rows: list[SamplingRow], vocab: int) -> SamplingArrays:
 
 def top_logprobs_lists(rows: list[SamplingRow], ids: list[list[int]] | None, vals: list[list[float]] | None
                        ) -> list[list[tuple[int, float]]]:
-    out = []
+    out: list[list[tuple[int, float]]] = []
     for r, row in enumerate(rows):
         n = row.params.logprobs or 0
-        out.append(list(zip(ids[r][:n], vals[r][:n])) if n and ids is not None else [])
+        if not n or ids is None or vals is None:
+            out.append([])
+            continue
+        out.append(list(zip(ids[r][:n], vals[r][:n], strict=True)))
     return out

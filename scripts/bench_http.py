@@ -6,7 +6,8 @@ the Python API (AsyncEngine), in one run on one engine.
   (MLX on a Linux CPU: that folder is made by scripts/bench_offline.py; MLX's CPU kernels are
   very slow on the Q4_1 GGUF's quantized matmuls at batch 32)
 
-Both paths decode greedily with EOS ignored, so they produce the same tokens; the figure is
+Each round runs both paths greedily and at temperature 1.0 (the default of every client; request i
+seeded i, so both paths draw the same tokens), EOS ignored, on the same prompts. The figure is
 generated tokens / wall time, and the loss is 1 - http / api.
 """
 from __future__ import annotations
@@ -26,12 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 
-async def via_api(engine, prompts, out_len: int) -> float:
+async def via_api(engine, prompts, out_len: int, temperature: float) -> float:
     from app.engine import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-
     async def one(i, p):
+        params = SamplingParams(temperature=temperature, seed=i, max_tokens=out_len, ignore_eos=True)
         n = 0
         async for out in engine.generate(p, params, request_id=f"api-{i}-{time.time()}", prompt_token_ids=p):
             n = len(out.outputs[0].token_ids)
@@ -42,14 +42,14 @@ async def via_api(engine, prompts, out_len: int) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
-async def via_http(base_url: str, model: str, prompts, out_len: int) -> float:
+async def via_http(base_url: str, model: str, prompts, out_len: int, temperature: float) -> float:
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="bench", max_retries=0, timeout=3600)
 
-    async def one(p):
+    async def one(i, p):
         stream = await client.completions.create(
-            model=model, prompt=p, max_tokens=out_len, temperature=0, stream=True,
+            model=model, prompt=p, max_tokens=out_len, temperature=temperature, seed=i, stream=True,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
         )
         n = 0
@@ -59,7 +59,7 @@ async def via_http(base_url: str, model: str, prompts, out_len: int) -> float:
         return n
 
     t0 = time.perf_counter()
-    counts = await asyncio.gather(*(one(p) for p in prompts))
+    counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     await client.close()
     return sum(counts) / (time.perf_counter() - t0)
 
@@ -72,6 +72,7 @@ def main() -> None:
     p.add_argument("--out-len", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="alternating api/http rounds")
     p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"])
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--openblas", metavar="LIB", nargs="?", const=OPENBLAS)
     args = p.parse_args()
     if args.openblas and os.environ.get("LD_PRELOAD") != args.openblas:
@@ -85,7 +86,7 @@ def main() -> None:
     from server.app import ServerSettings, create_app
 
     engine = AsyncEngine(model=args.model or resolve_default_model(prefer_gguf=True), backend=args.backend,
-                         kv_cache_memory_mb=1024, enable_prefix_caching=False)
+                         dtype=args.dtype, kv_cache_memory_mb=1024, enable_prefix_caching=False)
     app = create_app(engine, ServerSettings(served_model_name="bench"))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
@@ -94,18 +95,19 @@ def main() -> None:
     port = server.servers[0].sockets[0].getsockname()[1]
     base = f"http://127.0.0.1:{port}"
     rng = random.Random(0)
-    vocab = engine.engine.vocab_size
+    vocab = engine.vocab_size
     prompts = [[rng.randrange(100, vocab - 100) for _ in range(args.prompt_len)] for _ in range(args.requests)]
-    api, http = [], []
-    for _ in range(args.rounds):
-        # Each path runs on its own loop: the API path shares the process with uvicorn's loop
-        # exactly as the HTTP path does.
-        api.append(asyncio.run(via_api(engine, prompts, args.out_len)))
-        http.append(asyncio.run(via_http(base, "bench", prompts, args.out_len)))
-    res = {"requests": args.requests, "prompt_len": args.prompt_len, "out_len": args.out_len,
-           "api_tps": [round(x, 2) for x in api], "http_tps": [round(x, 2) for x in http],
-           "loss": round(1 - sum(http) / sum(api), 4), "backend": engine.engine.backend.name,
-           "dtype": str(getattr(engine.engine.backend, "dtype", "")), "ld_preload": os.environ.get("LD_PRELOAD")}
+    res: dict = {"requests": args.requests, "prompt_len": args.prompt_len, "out_len": args.out_len,
+                 "backend": engine.backend_name, "dtype": args.dtype, "ld_preload": os.environ.get("LD_PRELOAD")}
+    for label, temperature in (("greedy", 0.0), ("t1", 1.0)):
+        api, http = [], []
+        for _ in range(args.rounds):
+            # Each path runs on its own loop: the API path shares the process with uvicorn's loop
+            # exactly as the HTTP path does.
+            api.append(asyncio.run(via_api(engine, prompts, args.out_len, temperature)))
+            http.append(asyncio.run(via_http(base, "bench", prompts, args.out_len, temperature)))
+        res[label] = {"temperature": temperature, "api_tps": [round(x, 2) for x in api],
+                      "http_tps": [round(x, 2) for x in http], "loss": round(1 - sum(http) / sum(api), 4)}
     print(json.dumps(res))
     server.should_exit = True
     engine.shutdown()

@@ -26,6 +26,9 @@ class _GrowArray:
         self.size += 1
         return self.size - 1
 
+    def increment(self, index: int) -> None:
+        self._data[index] += 1
+
     def view(self) -> np.ndarray:
         return self._data[: self.size]
 
@@ -35,6 +38,9 @@ class PenaltyState:
 
     def __init__(self, prompt_token_ids: Sequence[int], output_token_ids: Iterable[int] = ()) -> None:
         self.prompt_ids = np.unique(np.asarray(prompt_token_ids, dtype=np.int64))  # sorted
+        self._reset(output_token_ids)
+
+    def _reset(self, output_token_ids: Iterable[int]) -> None:
         self._out_ids = _GrowArray()  # each generated id once, in first-seen order
         self._out_counts = _GrowArray()  # parallel to _out_ids
         self._slot: dict[int, int] = {}  # generated id -> its index in _out_ids
@@ -52,7 +58,7 @@ class PenaltyState:
         self.num_output += 1
         slot = self._slot.get(token)
         if slot is not None:
-            self._out_counts._data[slot] += 1
+            self._out_counts.increment(slot)
             return
         self._slot[token] = self._out_ids.append(token)
         self._out_counts.append(1)
@@ -64,8 +70,8 @@ class PenaltyState:
         n = len(output_token_ids)
         if n == self.num_output:
             return
-        if n < self.num_output:  # the output was cut back: start over from the histories
-            self.__init__(self.prompt_ids, output_token_ids)  # type: ignore[misc]
+        if n < self.num_output:  # the output was cut back: recount it
+            self._reset(output_token_ids)
             return
         for token in output_token_ids[self.num_output :]:
             self.append(token)

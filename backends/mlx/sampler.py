@@ -1,53 +1,125 @@
-"""On-device sampling (MLX) for one step; semantics in backends/sampling_prep.py.
+"""On-device sampling (MLX) for one step; semantics and the noise function in backends/sampling_prep.py.
 
-Logprobs are the model's raw log-probabilities (before temperature and penalties), as vLLM
-reports them.
+Logprobs are the model's raw log-probabilities (before logit_bias, penalties and temperature), as
+vLLM reports them.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import Any
+
 import mlx.core as mx
+import numpy as np
 
 from app.engine.batch import SamplingRow, StepOutput
-from backends.sampling_prep import SamplingArrays, prepare_sampling, top_logprobs_lists
+from backends.sampling_prep import (
+    MIX_C1,
+    MIX_C2,
+    SamplingArrays,
+    prepare_sampling,
+    top_logprobs_lists,
+)
 
 _MASK = -float("inf")
+_C1 = mx.array(MIX_C1, dtype=mx.uint32)
+_C2 = mx.array(MIX_C2, dtype=mx.uint32)
 
 
-def _apply_penalties(logits: mx.array, a: SamplingArrays) -> mx.array:
+def mix32(x: mx.array) -> mx.array:
+    """lowbias32 on uint32 (products wrap mod 2^32, as in the numpy reference)."""
+    x = x ^ (x >> 16)
+    x = x * _C1
+    x = x ^ (x >> 15)
+    x = x * _C2
+    return x ^ (x >> 15)
+
+
+@lru_cache(maxsize=8)
+def column_hashes(vocab: int) -> mx.array:
+    """mix32(column) for every column: the key-independent half of the hash, made once."""
+    h = mix32(mx.arange(vocab, dtype=mx.uint32))
+    mx.eval(h)
+    return h
+
+
+def noise_bits(keys: mx.array, col_hashes: mx.array) -> mx.array:
+    """keys [R, 1] uint32, col_hashes [R, C] or [C] = mix32(columns) -> uint32 [R, C]."""
+    return mix32(col_hashes ^ keys)
+
+
+def gumbel_noise(keys: mx.array, col_hashes: mx.array) -> mx.array:
+    """Gumbel(0, 1) noise, float32 [R, C], a pure function of (key, column)."""
+    u = ((noise_bits(keys, col_hashes) >> 9).astype(mx.float32) + 0.5) * (2.0**-23)
+    return -mx.log(-mx.log(u))
+
+
+def _list(x: mx.array) -> Any:
+    return x.tolist()  # typed as a scalar-or-list union by MLX's stubs
+
+
+def _keys(a: SamplingArrays, rows: list[int] | None = None) -> mx.array:
+    k = a.draw_keys if rows is None else a.draw_keys[rows]
+    return mx.array(k.astype(np.uint32))
+
+
+def _edit_logits(logits: mx.array, a: SamplingArrays) -> mx.array:
+    """logit_bias, penalties and bans as sparse edits of the flat [B * vocab] view."""
     b, vocab = logits.shape
-    counts = mx.zeros((b * vocab,), dtype=mx.float32)
-    if a.output_flat.size:
-        counts = counts.at[mx.array(a.output_flat)].add(1.0)
-    counts = counts.reshape(b, vocab)
-    seen = mx.zeros((b * vocab,), dtype=mx.bool_)
-    if a.seen_flat.size:
-        seen[mx.array(a.seen_flat)] = True
-    seen = seen.reshape(b, vocab)
-    rep = mx.array(a.repetition)
-    # HF/vLLM repetition penalty: shrink positive logits, push negative ones further down.
-    logits = mx.where(seen, mx.where(logits > 0, logits / rep, logits * rep), logits)
-    # OpenAI frequency/presence penalties count generated tokens only.
-    return logits - counts * mx.array(a.frequency) - (counts > 0) * mx.array(a.presence)
+    flat = logits.reshape(-1)
+    if a.bias_flat is not None and a.bias_values is not None:
+        flat = flat.at[mx.array(a.bias_flat)].add(mx.array(a.bias_values))
+    if a.rep_flat is not None and a.rep_values is not None:
+        # HF/vLLM repetition penalty: shrink positive logits, push negative ones further down.
+        idx, rep = mx.array(a.rep_flat), mx.array(a.rep_values)
+        v = flat[idx]
+        flat[idx] = mx.where(v > 0, v / rep, v * rep)
+    if a.freq_flat is not None and a.freq_values is not None:
+        # OpenAI frequency/presence penalties count generated tokens only.
+        flat = flat.at[mx.array(a.freq_flat)].subtract(mx.array(a.freq_values))
+    if a.banned_flat is not None:
+        flat[mx.array(a.banned_flat)] = _MASK
+    return flat.reshape(b, vocab)
 
 
-def _sample_random(logits: mx.array, a: SamplingArrays) -> mx.array:
-    """Filtered Gumbel-max draw for a.random_rows; returns their token ids."""
+def _sample_random(sub: mx.array, a: SamplingArrays) -> mx.array:
+    """Filtered Gumbel-max draw for the rows of `sub` (= logits[a.random_rows]); their token ids."""
     idx = a.random_rows
-    rows = mx.array(idx)
-    sub = logits[rows] / mx.array(a.temperature[idx])
+    temps = mx.array(a.temperature[idx])
     vocab = sub.shape[-1]
-    order = mx.argsort(-sub, axis=-1)
-    sorted_l = mx.take_along_axis(sub, order, axis=-1)
-    ranks = mx.arange(vocab)[None, :]
-    sorted_l = mx.where(ranks >= mx.array(a.top_k[idx]), _MASK, sorted_l)
+    hashes = column_hashes(vocab)
+    # argmax(logits + T * gumbel) = argmax(logits / T + gumbel), without a division pass.
+    if not a.filter_rows:
+        return mx.argmax(sub + temps * gumbel_noise(_keys(a), hashes), axis=-1)
+    tokens = mx.zeros((len(idx),), dtype=mx.uint32)
+    plain = sorted(set(range(len(idx))) - set(a.filter_rows))
+    if plain:
+        pl = mx.array(plain)
+        tokens[pl] = mx.argmax(sub[pl] + temps[pl] * gumbel_noise(_keys(a, plain), hashes), axis=-1)
+    # Rows with top-k/top-p/min-p: rank their best columns, mask, and draw among the survivors
+    # with the same per-column noise (so the filter decides only which columns may win).
+    f = a.filter_rows
+    fcol = lambda x: mx.array(x[idx][f])
+    fsub = sub[mx.array(f)] / temps[mx.array(f)]  # top-p and min-p act on the probabilities at T
+    width = a.filter_width
+    if width < vocab:
+        best = mx.argpartition(-fsub, kth=width - 1, axis=-1)[:, :width]
+        vals = mx.take_along_axis(fsub, best, axis=-1)
+        order = mx.take_along_axis(best, mx.argsort(-vals, axis=-1), axis=-1)
+    else:
+        order = mx.argsort(-fsub, axis=-1)
+    sorted_l = mx.take_along_axis(fsub, order, axis=-1)
+    ranks = mx.arange(width)[None, :]
+    sorted_l = mx.where(ranks >= fcol(a.top_k), _MASK, sorted_l)
     probs = mx.softmax(sorted_l, axis=-1)
     # Keep the smallest prefix whose mass reaches top_p (the first token always survives).
-    drop_p = (mx.cumsum(probs, axis=-1) - probs) > mx.array(a.top_p[idx])
-    drop_min = probs < mx.array(a.min_p[idx]) * probs[:, :1]
+    drop_p = (mx.cumsum(probs, axis=-1) - probs) > fcol(a.top_p)
+    drop_min = probs < fcol(a.min_p) * probs[:, :1]
     sorted_l = mx.where(drop_p | drop_min, _MASK, sorted_l)
-    noise = mx.stack([mx.random.gumbel((vocab,), key=mx.random.key(s)) for s in a.draw_seeds])
-    choice = mx.argmax(sorted_l + noise, axis=-1)
-    return mx.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
+    keep = max(1, int(np.array(mx.max(mx.sum(sorted_l > _MASK, axis=-1)))))  # survivors form a prefix
+    order = order[:, :keep]
+    choice = mx.argmax(sorted_l[:, :keep] + gumbel_noise(_keys(a, f), hashes[order]), axis=-1)
+    tokens[mx.array(f)] = mx.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(mx.uint32)
+    return tokens
 
 
 def sample(logits: mx.array, rows: list[SamplingRow]) -> StepOutput:
@@ -56,26 +128,28 @@ def sample(logits: mx.array, rows: list[SamplingRow]) -> StepOutput:
     b, vocab = logits.shape
     a = prepare_sampling(rows, vocab)
     raw_logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True) if a.max_logprobs is not None else None
-    if a.repetition is not None:
-        logits = _apply_penalties(logits, a)
-    if a.banned_flat is not None:
-        flat = logits.reshape(-1)
-        flat[mx.array(a.banned_flat)] = _MASK
-        logits = flat.reshape(b, vocab)
-    tokens = mx.argmax(logits, axis=-1)
-    if a.random_rows:
-        tokens[mx.array(a.random_rows)] = _sample_random(logits, a).astype(tokens.dtype)
+    if a.edits_logits:
+        logits = _edit_logits(logits, a)
+    if not a.random_rows:
+        tokens = mx.argmax(logits, axis=-1)
+    elif len(a.random_rows) == b:
+        tokens = _sample_random(logits, a)
+    else:
+        tokens = mx.argmax(logits, axis=-1)
+        r = mx.array(a.random_rows)
+        tokens[r] = _sample_random(logits[r], a).astype(tokens.dtype)
     if raw_logprobs is None:
         mx.eval(tokens)
-        return StepOutput(token_ids=tokens.tolist())
+        return StepOutput(token_ids=_list(tokens))
     k = a.max_logprobs
-    chosen = mx.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
-    ids = vals = None
+    chosen = mx.take_along_axis(raw_logprobs, tokens[:, None].astype(mx.int32), axis=-1)[:, 0]
+    ids: Any = None
+    vals: Any = None
     if k:
         top_ids = mx.argsort(-raw_logprobs, axis=-1)[:, :k]
         top_vals = mx.take_along_axis(raw_logprobs, top_ids, axis=-1)
         mx.eval(tokens, chosen, top_ids, top_vals)
         ids, vals = top_ids.tolist(), top_vals.tolist()
     mx.eval(tokens, chosen)
-    return StepOutput(token_ids=tokens.tolist(), logprobs=chosen.tolist(),
+    return StepOutput(token_ids=_list(tokens), logprobs=_list(chosen),
                       top_logprobs=top_logprobs_lists(rows, ids, vals))

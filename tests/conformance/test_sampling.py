@@ -1,4 +1,5 @@
-"""Sampling semantics on a real MLX model: seeds, top-k, logprobs, stops, penalties, streaming."""
+"""Sampling semantics on a real model, on each backend: seeds, top-k, logprobs, stops, penalties
+(against transformers' processors and the OpenAI formula), streaming."""
 from __future__ import annotations
 
 import asyncio
@@ -6,10 +7,14 @@ import asyncio
 import numpy as np
 import pytest
 import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+)
 
 from app.engine import LLM, AsyncEngine, SamplingParams
 from tests.conformance.test_scheduling import make_prompts
-
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +30,7 @@ def test_seeded_sampling_reproducible_alone_and_batched(llm):
     prompts = make_prompts(llm.tokenizer, 6, seed=10)
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=20) for i in range(6)]
     batched = tokens(llm.generate(prompts, params))
-    alone = [tokens(llm.generate([p], q))[0] for p, q in zip(prompts, params)]
+    alone = [tokens(llm.generate([p], q))[0] for p, q in zip(prompts, params, strict=True)]
     assert batched == alone
     other_seed = tokens(llm.generate([prompts[0]], SamplingParams(temperature=0.9, seed=999, max_tokens=20)))[0]
     assert other_seed != batched[0]
@@ -50,7 +55,8 @@ def test_logprobs_are_model_log_probabilities(llm, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     prompt = make_prompts(llm.tokenizer, 1, seed=13)[0]
-    out = llm.generate([prompt], SamplingParams(temperature=0.7, seed=3, max_tokens=8, logprobs=5))[0].outputs[0]
+    params = SamplingParams(temperature=0.7, seed=3, max_tokens=8, logprobs=5, ignore_eos=True)
+    out = llm.generate([prompt], params)[0].outputs[0]
     assert len(out.logprobs) == len(out.token_ids) == 8
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir("qwen2"), dtype=torch.float32)
     with torch.no_grad():
@@ -92,22 +98,110 @@ def test_stop_string_and_stop_token(llm):
 
 
 def test_max_tokens_finish_reason_length(llm):
-    out = llm.generate(make_prompts(llm.tokenizer, 1, seed=15), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    out = llm.generate(make_prompts(llm.tokenizer, 1, seed=15), params)
     assert out[0].outputs[0].finish_reason == "length" and len(out[0].outputs[0].token_ids) == 5
 
 
-def test_penalties_change_the_distribution(llm):
-    prompt = make_prompts(llm.tokenizer, 1, seed=16)[0]
-    base = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    plain = tokens(llm.generate([prompt], base))[0]
-    rep = tokens(llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
-                                                      repetition_penalty=5.0)))[0]
-    pres = tokens(llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
-                                                       presence_penalty=2.0, frequency_penalty=2.0)))[0]
-    repeats = lambda t: len(t) - len(set(t))  # noqa: E731
-    assert repeats(rep) < repeats(plain) or repeats(plain) == 0
-    assert repeats(pres) <= repeats(plain)
-    assert rep != plain or pres != plain
+class OpenAIPenalties(LogitsProcessor):
+    """OpenAI's formula, written out here: mu[j] - c[j] * frequency - (c[j] > 0) * presence, with c[j]
+    counting token j among the generated tokens only."""
+
+    def __init__(self, prompt_len: int, frequency: float, presence: float) -> None:
+        self.prompt_len, self.frequency, self.presence = prompt_len, frequency, presence
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        out = scores.clone()
+        for b in range(scores.shape[0]):
+            c = torch.bincount(input_ids[b, self.prompt_len :], minlength=scores.shape[1])[: scores.shape[1]]
+            out[b] -= c.to(scores.dtype) * self.frequency + (c > 0).to(scores.dtype) * self.presence
+        return out
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("qwen2"), dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # never stop early, as ignore_eos
+    return model
+
+
+def hf_greedy(hf, prompt: list[int], n: int, **kw) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0, **kw)
+    return out[0, len(prompt):].tolist()
+
+
+def test_repetition_penalty_decodes_as_transformers(llm, hf):
+    prompts = make_prompts(llm.tokenizer, 2, seed=16)
+    n = 30
+    plain = tokens(llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))
+    for penalty in (1.8, 0.7):  # < 1 favours repeats
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, repetition_penalty=penalty)
+        got = tokens(llm.generate(prompts, params))
+        assert got != plain  # the penalty is in play on these prompts
+        assert got == [hf_greedy(hf, p, n, repetition_penalty=penalty) for p in prompts]
+
+
+def test_frequency_and_presence_penalties_decode_as_the_openai_formula(llm, hf):
+    prompts = make_prompts(llm.tokenizer, 2, seed=18)
+    n = 30
+    plain = tokens(llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))
+    for freq, pres in ((0.9, 0.0), (0.0, 1.5), (1.5, -0.5), (-2.0, 0.0)):
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, frequency_penalty=freq,
+                                presence_penalty=pres)
+        got = tokens(llm.generate(prompts, params))
+        ref = [hf_greedy(hf, p, n, logits_processor=LogitsProcessorList([OpenAIPenalties(len(p), freq, pres)]))
+               for p in prompts]
+        assert got == ref, (freq, pres)
+        assert got != plain, (freq, pres)
+
+
+def test_penalized_samples_of_one_request_keep_their_own_counts(llm):
+    """n samples each keep their own penalty state: sample i equals the lone request seeded seed+i."""
+    prompt = make_prompts(llm.tokenizer, 1, seed=19)[0]
+    kw = {"temperature": 1.0, "max_tokens": 16, "ignore_eos": True, "frequency_penalty": 1.5,
+          "repetition_penalty": 1.3}
+    fan = llm.generate([prompt], SamplingParams(n=3, seed=40, **kw))[0].outputs
+    alone = [tokens(llm.generate([prompt], SamplingParams(seed=40 + i, **kw)))[0] for i in range(3)]
+    assert [o.token_ids for o in sorted(fan, key=lambda o: o.index)] == alone
+    assert len({tuple(t) for t in alone}) == 3
+
+
+def test_penalized_logits_equal_the_reference_processors(backend):
+    """The sampler's edited logits (all penalties at once, one row each) against transformers'
+    RepetitionPenaltyLogitsProcessor followed by the OpenAI formula."""
+    from app.engine.batch import SamplingRow
+    from app.engine.penalty_state import PenaltyState
+    from backends.sampling_prep import prepare_sampling
+    from tests.conformance.test_sampler_draws import Sampler
+
+    sampler = Sampler(backend)
+    rng = np.random.default_rng(8)
+    vocab = 300
+    logits = (rng.standard_normal((4, vocab)) * 3).astype(np.float32)
+    kws = [{"repetition_penalty": 1.6}, {"frequency_penalty": 0.8, "presence_penalty": 0.5},
+           {"repetition_penalty": 0.6, "frequency_penalty": -1.0, "presence_penalty": 2.0}, {}]
+    rows, expected = [], []
+    for i, kw in enumerate(kws):
+        prompt, output = rng.integers(0, vocab, 40).tolist(), rng.integers(0, vocab, 60).tolist()
+        params = SamplingParams(**kw)
+        state = PenaltyState(prompt)
+        for t in output:  # grown token by token, as in decoding
+            state.append(t)
+        penalty = state if params.uses_penalties else None
+        rows.append(SamplingRow(params=params, seed=i, step=len(output), penalty=penalty))
+        ref = torch.from_numpy(logits[i : i + 1].copy())
+        ids = torch.tensor([prompt + output])
+        ref = RepetitionPenaltyLogitsProcessor(kw.get("repetition_penalty", 1.0))(ids, ref)
+        pen = OpenAIPenalties(len(prompt), kw.get("frequency_penalty", 0.0), kw.get("presence_penalty", 0.0))
+        expected.append(pen(ids, ref)[0].numpy())
+    edited = sampler.mod._edit_logits(sampler.to(logits.copy()), prepare_sampling(rows, vocab))
+    got = sampler.back(edited)
+    assert np.allclose(got, np.stack(expected), atol=1e-5)
+    assert not np.allclose(got[:3], logits[:3], atol=0.1)  # each penalized row really changed
+    assert np.array_equal(got[3], logits[3])
 
 
 def test_sampling_params_reject_bad_values():
