@@ -17,6 +17,7 @@ measured here (labelled "measured").
   lantern bench --backend torch --shape 1b --shape 8b           # a GPU, bfloat16
   lantern bench --backend torch --shape tiny --requests 16 --prompt-len 32 --out-len 32   # a CPU
 """
+
 from __future__ import annotations
 
 import gc
@@ -34,23 +35,53 @@ logger = logging.getLogger(__name__)
 
 _LLAMA3 = {"vocab_size": 128256, "num_key_value_heads": 8, "rope_theta": 500000.0}
 SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "vocab_size": 8192, "tie_word_embeddings": True},
-    "135m": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-             "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True},
-    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
-           "tie_word_embeddings": True, **_LLAMA3},  # Llama 3.2 1B
-    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "tie_word_embeddings": False, **_LLAMA3},  # Llama 3.1 8B
+    "tiny": {
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 8192,
+        "tie_word_embeddings": True,
+    },
+    "135m": {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+    },
+    "1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "tie_word_embeddings": True,
+        **_LLAMA3,
+    },  # Llama 3.2 1B
+    "8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "tie_word_embeddings": False,
+        **_LLAMA3,
+    },  # Llama 3.1 8B
 }
 
 # (name fragment, HBM bytes/s, dense bf16 tensor FLOP/s, float32 FLOP/s) from the vendors' data
 # sheets; first match wins. float32 is the CUDA-core figure: torch keeps TF32 off for matmuls.
 GPU_PEAKS = [
-    ("H200", 4.8e12, 989e12, 67e12), ("H100 NVL", 3.9e12, 835e12, 60e12),
-    ("H100 PCIe", 2.0e12, 756e12, 51e12), ("H100", 3.35e12, 989e12, 67e12),
-    ("A100-SXM4-80GB", 2.039e12, 312e12, 19.5e12), ("A100", 1.555e12, 312e12, 19.5e12),
-    ("L40S", 0.864e12, 362e12, 91.6e12), ("RTX 4090", 1.008e12, 165e12, 82.6e12),
+    ("H200", 4.8e12, 989e12, 67e12),
+    ("H100 NVL", 3.9e12, 835e12, 60e12),
+    ("H100 PCIe", 2.0e12, 756e12, 51e12),
+    ("H100", 3.35e12, 989e12, 67e12),
+    ("A100-SXM4-80GB", 2.039e12, 312e12, 19.5e12),
+    ("A100", 1.555e12, 312e12, 19.5e12),
+    ("L40S", 0.864e12, 362e12, 91.6e12),
+    ("RTX 4090", 1.008e12, 165e12, 82.6e12),
 ]
 
 
@@ -134,7 +165,7 @@ def prepare_model(shape_name: str, dtype: torch.dtype, device: torch.device) -> 
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
-    from app.models.default_model import cache_dir
+    from lantern.app.models.default_model import cache_dir
 
     out = cache_dir() / "bench" / f"roofline-{shape_name}-{str(dtype).split('.')[-1]}"
     if (out / "config.json").exists():
@@ -159,17 +190,25 @@ def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def bench_lantern(path: Path, backend: str, dtype_name: str, prompts: list[list[int]], out_len: int,
-                  enforce_eager: bool) -> dict[str, float]:
-    from app.engine import LLM, SamplingParams
+def bench_lantern(
+    path: Path, backend: str, dtype_name: str, prompts: list[list[int]], out_len: int, enforce_eager: bool
+) -> dict[str, float]:
+    from lantern.app.engine import LLM, SamplingParams
 
     # No prefix caching: the warm-up runs the same prompts, and HF generate recomputes every prefill.
-    llm = LLM(str(path), backend=backend, dtype=dtype_name, max_num_seqs=max(len(prompts), 1),
-              enforce_eager=enforce_eager, enable_prefix_caching=False)
+    llm = LLM(
+        str(path),
+        backend=backend,
+        dtype=dtype_name,
+        max_num_seqs=max(len(prompts), 1),
+        enforce_eager=enforce_eager,
+        enable_prefix_caching=False,
+    )
 
     def timed(batch: list[list[int]], n: int, temperature: float) -> float:
-        params = [SamplingParams(temperature=temperature, seed=i, max_tokens=n, ignore_eos=True)
-                  for i in range(len(batch))]
+        params = [
+            SamplingParams(temperature=temperature, seed=i, max_tokens=n, ignore_eos=True) for i in range(len(batch))
+        ]
         t = time.perf_counter()
         llm.generate(batch, params)
         return time.perf_counter() - t
@@ -184,21 +223,26 @@ def bench_lantern(path: Path, backend: str, dtype_name: str, prompts: list[list[
     return result
 
 
-def bench_hf(path: Path, dtype: torch.dtype, device: torch.device, prompts: list[list[int]],
-             out_len: int) -> dict[str, float]:
+def bench_hf(
+    path: Path, dtype: torch.dtype, device: torch.device, prompts: list[list[int]], out_len: int
+) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()  # type: ignore[arg-type]
 
     def timed(batch: list[list[int]], n: int, temperature: float) -> float:
         ids = torch.tensor(batch, device=device)
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
-            "do_sample": False}
+        sampling = (
+            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            if temperature
+            else {"do_sample": False}
+        )
         _sync(device)
         t = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           pad_token_id=0, **sampling)
+            model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, pad_token_id=0, **sampling
+            )
         _sync(device)
         return time.perf_counter() - t
 
@@ -215,7 +259,7 @@ def bench_hf(path: Path, dtype: torch.dtype, device: torch.device, prompts: list
 
 
 def run_bench(args: Any) -> list[dict[str, Any]]:
-    from backends import default_dtype, pick_backend
+    from lantern.backends import default_dtype, pick_backend
 
     backend = pick_backend(args.backend)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -236,13 +280,23 @@ def run_bench(args: Any) -> list[dict[str, Any]]:
             torch.cuda.empty_cache()
         hf = bench_hf(path, dtype, device, prompts, args.out_len) if not args.no_hf else {}
         roof_bs1 = cost.bs1_roofline(args.prompt_len + args.out_len / 2, peaks)
-        ideal_tput = args.requests * args.out_len / cost.ideal_seconds(args.requests, args.prompt_len,
-                                                                        args.out_len, peaks)
+        ideal_tput = (
+            args.requests * args.out_len / cost.ideal_seconds(args.requests, args.prompt_len, args.out_len, peaks)
+        )
         row = {
-            "shape": shape_name, "dtype": dtype_name, "device": str(device), "backend": backend,
-            "params": cost.num_params(shape, dtype.itemsize), "peaks": asdict(peaks),
-            "requests": args.requests, "prompt_len": args.prompt_len, "out_len": args.out_len,
-            "lantern": ours, "hf": hf, "bs1_roofline_tok_s": roof_bs1, "throughput_ideal_tok_s": ideal_tput,
+            "shape": shape_name,
+            "dtype": dtype_name,
+            "device": str(device),
+            "backend": backend,
+            "params": cost.num_params(shape, dtype.itemsize),
+            "peaks": asdict(peaks),
+            "requests": args.requests,
+            "prompt_len": args.prompt_len,
+            "out_len": args.out_len,
+            "lantern": ours,
+            "hf": hf,
+            "bs1_roofline_tok_s": roof_bs1,
+            "throughput_ideal_tok_s": ideal_tput,
             "bs1_fraction_of_roofline": ours["bs1_tok_s"] / roof_bs1,
             "throughput_fraction_of_ideal": ours["throughput_tok_s"] / ideal_tput,
         }
@@ -259,9 +313,11 @@ def run_bench(args: Any) -> list[dict[str, Any]]:
 def format_row(r: dict[str, Any]) -> str:
     hf = r["hf"]
     lines = [
-        (f"{r['shape']} ({r['params'] / 1e6:,.0f}M params, {r['dtype']}, {r['device']}, {r['backend']}); "
-         f"peaks {r['peaks']['bandwidth'] / 1e9:.0f} GB/s, {r['peaks']['flops'] / 1e12:.1f} TFLOP/s "
-         f"({r['peaks']['source']})"),
+        (
+            f"{r['shape']} ({r['params'] / 1e6:,.0f}M params, {r['dtype']}, {r['device']}, {r['backend']}); "
+            f"peaks {r['peaks']['bandwidth'] / 1e9:.0f} GB/s, {r['peaks']['flops'] / 1e12:.1f} TFLOP/s "
+            f"({r['peaks']['source']})"
+        ),
         f"  bs=1 decode: {r['lantern']['bs1_tok_s']:.1f} tok/s = {100 * r['bs1_fraction_of_roofline']:.0f}% of "
         f"roofline {r['bs1_roofline_tok_s']:.1f}"
         + (f"; HF generate {hf['bs1_tok_s']:.1f} ({r['bs1_vs_hf']:.2f}x)" if hf else ""),
@@ -275,5 +331,6 @@ def format_row(r: dict[str, Any]) -> str:
         lines.append(
             f"  temperature 1.0: bs=1 {ours['sampled_bs1_tok_s']:.1f} tok/s, {r['requests']} requests "
             f"{ours['sampled_throughput_tok_s']:.1f} tok/s"
-            + (f"; HF generate {hf['sampled_bs1_tok_s']:.1f} and {hf['sampled_throughput_tok_s']:.1f}" if hf else ""))
+            + (f"; HF generate {hf['sampled_bs1_tok_s']:.1f} and {hf['sampled_throughput_tok_s']:.1f}" if hf else "")
+        )
     return "\n".join(lines)

@@ -1,4 +1,5 @@
 """The `lantern` command line. Flags keep candle-vllm's short names with long aliases."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,21 +19,44 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"], help="compute backend")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--mem", type=int, default=None, metavar="MB", help="KV cache size in MiB (> 0)")
-    p.add_argument("--gpu-memory-fraction", type=float, default=0.25,
-                   help="share of free memory for the KV cache when --mem is not given")
+    p.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=0.25,
+        help="share of free memory for the KV cache when --mem is not given",
+    )
     p.add_argument("--max-num-seqs", type=int, default=256, help="most sequences decoded together")
     p.add_argument("--max-model-len", type=int, default=None, help="context length cap (>= 2)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--prefill-chunk-size", type=int, default=512, help="longest prefill piece per step")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn automatic prefix caching off")
-    p.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
-                   help="shard the model over N ranks, one process each (torch backend)")
-    p.add_argument("--d", "--devices", dest="devices", default=None, metavar="0,1",
-                   help="GPU ids to use, as in candle-vllm; their count is the tensor parallel size")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="run decode steps eagerly instead of as CUDA graphs (torch backend on CUDA)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="CPU threads for tensor work (CPU backends; default: the library's choice)")
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="shard the model over N ranks, one process each (torch backend)",
+    )
+    p.add_argument(
+        "--d",
+        "--devices",
+        dest="devices",
+        default=None,
+        metavar="0,1",
+        help="GPU ids to use, as in candle-vllm; their count is the tensor parallel size",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run decode steps eagerly instead of as CUDA graphs (torch backend on CUDA)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads for tensor work (CPU backends; default: the library's choice)",
+    )
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
 
 
@@ -43,20 +67,27 @@ class UsageError(ValueError):
 def check_engine_args(args: argparse.Namespace) -> None:
     """Refuse nonsense at start instead of silently running something else (`--mem 0` used to
     mean "a quarter of free memory", `--mem -1` one block)."""
-    positive = {"--mem": args.mem, "--threads": args.threads, "--max-num-seqs": args.max_num_seqs,
-                "--block-size": args.block_size, "--prefill-chunk-size": args.prefill_chunk_size,
-                "--tensor-parallel-size": args.tensor_parallel_size}
+    positive = {
+        "--mem": args.mem,
+        "--threads": args.threads,
+        "--max-num-seqs": args.max_num_seqs,
+        "--block-size": args.block_size,
+        "--prefill-chunk-size": args.prefill_chunk_size,
+        "--tensor-parallel-size": args.tensor_parallel_size,
+    }
     for flag, value in positive.items():
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive number, got {value}")
     if args.max_model_len is not None and args.max_model_len < 2:
-        raise UsageError(f"--max-model-len must be at least 2 (a prompt token and a generated one), got {args.max_model_len}")
+        raise UsageError(
+            f"--max-model-len must be at least 2 (a prompt token and a generated one), got {args.max_model_len}"
+        )
     if not 0.0 < args.gpu_memory_fraction <= 1.0:
         raise UsageError(f"--gpu-memory-fraction must be in (0, 1], got {args.gpu_memory_fraction}")
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    from app.models.default_model import resolve_default_model
+    from lantern.app.models.default_model import resolve_default_model
 
     check_engine_args(args)
     model = args.weights or args.model_id or args.gguf or resolve_default_model()
@@ -66,16 +97,23 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         tp = tp or len(args.devices.split(","))
     return {
         "tensor_parallel_size": tp or 1,
-        "model": model, "backend": args.backend, "dtype": args.dtype, "kv_cache_memory_mb": args.mem,
-        "gpu_memory_fraction": args.gpu_memory_fraction, "max_num_seqs": args.max_num_seqs,
-        "max_model_len": args.max_model_len, "block_size": args.block_size,
-        "prefill_chunk_size": args.prefill_chunk_size, "enable_prefix_caching": not args.no_prefix_cache,
-        "enforce_eager": args.enforce_eager, "num_threads": args.threads,
+        "model": model,
+        "backend": args.backend,
+        "dtype": args.dtype,
+        "kv_cache_memory_mb": args.mem,
+        "gpu_memory_fraction": args.gpu_memory_fraction,
+        "max_num_seqs": args.max_num_seqs,
+        "max_model_len": args.max_model_len,
+        "block_size": args.block_size,
+        "prefill_chunk_size": args.prefill_chunk_size,
+        "enable_prefix_caching": not args.no_prefix_cache,
+        "enforce_eager": args.enforce_eager,
+        "num_threads": args.threads,
     }
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from app.engine import LLM, SamplingParams
+    from lantern.app.engine import LLM, SamplingParams
 
     llm = LLM(**engine_options(args))
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
@@ -125,7 +163,7 @@ def allowed_origins(values: list[str] | None) -> list[str]:
 
 def server_settings(args: argparse.Namespace) -> Any:
     """ServerSettings from the serve flags; raises UsageError before any model is loaded."""
-    from server.app import ServerSettings
+    from lantern.server.app import ServerSettings
 
     if args.max_request_bytes < 1:
         raise UsageError(f"--max-request-bytes must be a positive number, got {args.max_request_bytes}")
@@ -139,17 +177,21 @@ def server_settings(args: argparse.Namespace) -> Any:
     if served is None and not (args.weights or args.model_id or args.gguf):
         served = DEFAULT_SERVED_NAME  # the same name whichever source served the default model
     return ServerSettings(
-        served_model_name=served, api_keys=api_keys(args), max_waiting=args.max_waiting,
-        ui_server=args.ui_server, allowed_origins=allowed_origins(args.allowed_origins),
-        max_request_bytes=args.max_request_bytes, max_n=args.max_n,
+        served_model_name=served,
+        api_keys=api_keys(args),
+        max_waiting=args.max_waiting,
+        ui_server=args.ui_server,
+        allowed_origins=allowed_origins(args.allowed_origins),
+        max_request_bytes=args.max_request_bytes,
+        max_n=args.max_n,
     )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.engine import AsyncEngine
-    from server.app import create_app
+    from lantern.app.engine import AsyncEngine
+    from lantern.server.app import create_app
 
     settings = server_settings(args)  # refuses bad flags before the model loads
     options = engine_options(args)
@@ -159,7 +201,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = AsyncEngine(**options)
     app = create_app(engine, settings)
     logging.getLogger("lantern").info(
-        "serving %s at http://%s:%d/v1%s", app.state.lantern.model_name, args.host, args.port,
+        "serving %s at http://%s:%d/v1%s",
+        app.state.lantern.model_name,
+        args.host,
+        args.port,
         f" (browser chat at http://{args.host}:{args.port}/)" if args.ui_server else "",
     )
     try:
@@ -172,9 +217,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     import asyncio
 
-    from tui.app import ChatApp
-    from tui.client import EngineClient, HTTPClient
-    from tui.history import ChatStore
+    from lantern.tui.app import ChatApp
+    from lantern.tui.client import EngineClient, HTTPClient
+    from lantern.tui.history import ChatStore
 
     async def connect():
         """Runs inside the app, which shows "Loading…" and any failure (bad model, no server)."""
@@ -182,7 +227,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             client = HTTPClient(args.url, key)
             await client.connect()
             return client
-        from app.engine import AsyncEngine
+        from lantern.app.engine import AsyncEngine
 
         options = engine_options(args)  # may fetch the default model: the app shows "Loading…"
         return EngineClient(await asyncio.to_thread(AsyncEngine, **options))
@@ -197,8 +242,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_menubar(args: argparse.Namespace) -> int:
-    from app.menubar.controller import ServerController
-    from app.menubar.tray import Tray
+    from lantern.app.menubar.controller import ServerController
+    from lantern.app.menubar.tray import Tray
 
     controller = ServerController(port=args.port)
     try:
@@ -209,7 +254,7 @@ def cmd_menubar(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from app.bench import run_bench
+    from lantern.app.bench import run_bench
 
     run_bench(args)
     return 0
@@ -218,8 +263,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lantern", description="Local LLM inference and serving.")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="print one completion (offline use)",
-                         description="Generate one reply offline. Without a model flag, uses the default model.")
+    gen = sub.add_parser(
+        "generate",
+        help="print one completion (offline use)",
+        description="Generate one reply offline. Without a model flag, uses the default model.",
+    )
     add_model_args(gen)
     gen.add_argument("prompt", help="the user message (or raw prompt with --raw)")
     gen.add_argument("--raw", action="store_true", help="complete the prompt as is, without the chat template")
@@ -228,54 +276,99 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=cmd_generate)
 
-    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server",
-                           description="Serve a model over the OpenAI API. Without a model flag, serves "
-                                       "SmolLM2-135M-Instruct (local cache, else the hub, else PyPI).")
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible HTTP server",
+        description="Serve a model over the OpenAI API. Without a model flag, serves "
+        "SmolLM2-135M-Instruct (local cache, else the hub, else PyPI).",
+    )
     add_model_args(serve)
     serve.add_argument("--p", "--port", dest="port", type=int, default=2000, help="TCP port (default 2000)")
     serve.add_argument("--h", "--host", dest="host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--served-model-name", default=None, help="model name clients use (default: the model's)")
-    serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                       help="require this bearer key; repeat for several keys, each a tenant with its own "
-                            "prefix cache (default: LANTERN_API_KEY if set)")
-    serve.add_argument("--api-key-file", default=None, metavar="FILE",
-                       help="read keys from FILE, one per line (blank lines and # comments skipped)")
-    serve.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGIN",
-                       help="let browser pages from ORIGIN call the API (CORS); repeatable or a comma list, "
-                            "* for any (default: none)")
-    serve.add_argument("--max-request-bytes", type=int, default=4 * 2**20, metavar="N",
-                       help="larger request bodies get 413 (default 4 MiB)")
-    serve.add_argument("--max-n", type=int, default=128, metavar="N",
-                       help="most choices per request, n x number of prompts (default 128)")
-    serve.add_argument("--chat-template", default=None, metavar="FILE", help="Jinja chat template overriding the model's")
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require this bearer key; repeat for several keys, each a tenant with its own "
+        "prefix cache (default: LANTERN_API_KEY if set)",
+    )
+    serve.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="read keys from FILE, one per line (blank lines and # comments skipped)",
+    )
+    serve.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=None,
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN call the API (CORS); repeatable or a comma list, * for any (default: none)",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=4 * 2**20,
+        metavar="N",
+        help="larger request bodies get 413 (default 4 MiB)",
+    )
+    serve.add_argument(
+        "--max-n",
+        type=int,
+        default=128,
+        metavar="N",
+        help="most choices per request, n x number of prompts (default 128)",
+    )
+    serve.add_argument(
+        "--chat-template", default=None, metavar="FILE", help="Jinja chat template overriding the model's"
+    )
     serve.add_argument("--max-waiting", type=int, default=1024, help="queued requests before answering 503")
     serve.add_argument("--ui-server", action="store_true", help="also serve the browser chat at /")
     serve.set_defaults(func=cmd_serve)
 
-    chat = sub.add_parser("chat", help="terminal chat (in-process engine, or --url of a server)",
-                          description="A Textual chat: runs the model in-process, or talks to a running server.")
+    chat = sub.add_parser(
+        "chat",
+        help="terminal chat (in-process engine, or --url of a server)",
+        description="A Textual chat: runs the model in-process, or talks to a running server.",
+    )
     add_model_args(chat)
     chat.add_argument("--url", default=None, help="attach to a running server, e.g. http://127.0.0.1:2000")
     chat.add_argument("--api-key", default=None, help="bearer key for --url (or set LANTERN_API_KEY)")
-    chat.add_argument("--history-dir", default=None, metavar="DIR",
-                      help="where chats are saved (default $XDG_STATE_HOME/lantern/chats)")
+    chat.add_argument(
+        "--history-dir",
+        default=None,
+        metavar="DIR",
+        help="where chats are saved (default $XDG_STATE_HOME/lantern/chats)",
+    )
     chat.add_argument("--no-history", action="store_true", help="do not save chats")
     chat.set_defaults(func=cmd_chat)
 
-    menubar = sub.add_parser("menubar", help="status-bar / tray launcher for the server",
-                             description="A menu-bar (macOS) or tray (Linux) icon that starts and stops "
-                                         "`lantern serve`, picks a model and opens the browser chat.")
+    menubar = sub.add_parser(
+        "menubar",
+        help="status-bar / tray launcher for the server",
+        description="A menu-bar (macOS) or tray (Linux) icon that starts and stops "
+        "`lantern serve`, picks a model and opens the browser chat.",
+    )
     menubar.add_argument("--p", "--port", dest="port", type=int, default=2000, help="port of the server it runs")
     menubar.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
     menubar.set_defaults(func=cmd_menubar)
-    bench = sub.add_parser("bench", help="decode speed vs the memory roofline and HF generate",
-                           description="Benchmark a random Llama-shaped model (weights made on the device): "
-                                       "bs=1 decode and N-request throughput, as fractions of the roofline "
-                                       "and against HF transformers' generate in the same run.")
+    bench = sub.add_parser(
+        "bench",
+        help="decode speed vs the memory roofline and HF generate",
+        description="Benchmark a random Llama-shaped model (weights made on the device): "
+        "bs=1 decode and N-request throughput, as fractions of the roofline "
+        "and against HF transformers' generate in the same run.",
+    )
     bench.add_argument("--backend", default="torch", choices=["auto", "mlx", "torch"])
     bench.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    bench.add_argument("--shape", action="append", choices=["tiny", "135m", "1b", "8b"],
-                       help="model shape (repeatable; default 1b and 8b on a GPU, 135m on a CPU)")
+    bench.add_argument(
+        "--shape",
+        action="append",
+        choices=["tiny", "135m", "1b", "8b"],
+        help="model shape (repeatable; default 1b and 8b on a GPU, 135m on a CPU)",
+    )
     bench.add_argument("--requests", type=int, default=256)
     bench.add_argument("--prompt-len", type=int, default=128)
     bench.add_argument("--out-len", type=int, default=128)

@@ -1,4 +1,5 @@
 """Engine configuration: every knob the engine, CLI and server share, with defaults."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

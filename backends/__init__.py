@@ -1,10 +1,11 @@
 """Backend selection: one name -> one implementation of backends.base.Backend."""
+
 from __future__ import annotations
 
 import importlib.util
 import platform
 
-from backends.base import Backend
+from lantern.backends.base import Backend
 
 BACKENDS = ("mlx", "torch")
 
@@ -72,8 +73,9 @@ def default_dtype(backend: str) -> str:
     return "float32"
 
 
-def create_backend(name: str = "auto", tensor_parallel_size: int = 1, enforce_eager: bool = False,
-                   num_threads: int | None = None) -> Backend:
+def create_backend(
+    name: str = "auto", tensor_parallel_size: int = 1, enforce_eager: bool = False, num_threads: int | None = None
+) -> Backend:
     chosen = pick_backend(name)
     if chosen == "mlx":
         if not _mlx_available():
@@ -82,12 +84,11 @@ def create_backend(name: str = "auto", tensor_parallel_size: int = 1, enforce_ea
             raise ValueError("tensor parallelism is implemented by the torch backend only")
         if num_threads is not None:
             raise ValueError("--threads applies to the torch backend; MLX sets its own CPU threads")
-        from backends.mlx.runner import MLXBackend
+        from lantern.backends.mlx.runner import MLXBackend
 
         return MLXBackend()
     if importlib.util.find_spec("torch") is None:
         raise RuntimeError("backend 'torch' needs PyTorch: pip install 'lantern[torch]'")
-    from backends.torch.runner import TorchBackend
+    from lantern.backends.torch.runner import TorchBackend
 
-    return TorchBackend(tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
-                        num_threads=num_threads)
+    return TorchBackend(tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager, num_threads=num_threads)

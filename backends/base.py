@@ -4,12 +4,13 @@ A backend never sees a queue, a request or a tokenizer; it gets a ModelSpec once
 ScheduledBatch per step, and returns the sampled tokens. The KV pool's layout is the backend's
 business: the engine only asks how many bytes a block takes and hands out block ids.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from app.engine.batch import ScheduledBatch, StepOutput
-from app.models.spec import ModelInfo, ModelSpec
+from lantern.app.engine.batch import ScheduledBatch, StepOutput
+from lantern.app.models.spec import ModelInfo, ModelSpec
 
 
 @runtime_checkable

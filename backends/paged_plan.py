@@ -5,13 +5,14 @@ gathers each sequence's context block by block, and each multi-token prefill chu
 (reading its cached prefix back from the pool when there is one). This module computes the index
 arrays once per step; each backend only converts them to its own arrays.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.engine.batch import ScheduledBatch
+from lantern.app.engine.batch import ScheduledBatch
 
 
 @dataclass

@@ -18,13 +18,14 @@ are below 2^31, so a backend without uint32 (torch) computes it exactly in int64
 times a 31-bit constant stays below 2^63, then masks to 32 bits. `gumbel_noise` below is the numpy
 reference that the backends are tested against.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from app.engine.batch import SamplingRow
+from lantern.app.engine.batch import SamplingRow
 
 MIX_C1 = 0x21F0AAAD
 MIX_C2 = 0x735A2D97
@@ -106,12 +107,16 @@ def prepare_sampling(rows: list[SamplingRow], vocab: int) -> SamplingArrays:
     col = lambda values, dtype: np.asarray(values, dtype=dtype).reshape(b, 1)
     random_rows = [i for i, r in enumerate(rows) if r.params.temperature >= MIN_TEMPERATURE]
     top_k = [min(r.params.top_k or vocab, vocab) for r in rows]
-    filters = [j for j, i in enumerate(random_rows)
-               if top_k[i] < vocab or rows[i].params.top_p < 1.0 or rows[i].params.min_p > 0.0]
+    filters = [
+        j
+        for j, i in enumerate(random_rows)
+        if top_k[i] < vocab or rows[i].params.top_p < 1.0 or rows[i].params.min_p > 0.0
+    ]
     arrays = SamplingArrays(
         vocab=vocab,
-        temperature=col([r.params.temperature if r.params.temperature >= MIN_TEMPERATURE else 1.0 for r in rows],
-                        np.float32),
+        temperature=col(
+            [r.params.temperature if r.params.temperature >= MIN_TEMPERATURE else 1.0 for r in rows], np.float32
+        ),
         top_k=col(top_k, np.int64),
         top_p=col([r.params.top_p for r in rows], np.float32),
         min_p=col([r.params.min_p for r in rows], np.float32),
@@ -143,8 +148,11 @@ def prepare_sampling(rows: list[SamplingRow], vocab: int) -> SamplingArrays:
     arrays.bias_flat, arrays.bias_values = _cat(bias_idx, np.int64), _cat(bias_val, np.float32)
     arrays.rep_flat, arrays.rep_values = _cat(rep_idx, np.int64), _cat(rep_val, np.float32)
     arrays.freq_flat, arrays.freq_values = _cat(freq_idx, np.int64), _cat(freq_val, np.float32)
-    banned = [i * vocab + np.asarray([t for t in r.banned_token_ids if 0 <= t < vocab], dtype=np.int64)
-              for i, r in enumerate(rows) if r.banned_token_ids]
+    banned = [
+        i * vocab + np.asarray([t for t in r.banned_token_ids if 0 <= t < vocab], dtype=np.int64)
+        for i, r in enumerate(rows)
+        if r.banned_token_ids
+    ]
     if banned:
         arrays.banned_flat = np.concatenate(banned)
     wants = [r.params.logprobs for r in rows if r.params.logprobs is not None]
@@ -152,8 +160,9 @@ def prepare_sampling(rows: list[SamplingRow], vocab: int) -> SamplingArrays:
     return arrays
 
 
-def top_logprobs_lists(rows: list[SamplingRow], ids: list[list[int]] | None, vals: list[list[float]] | None
-                       ) -> list[list[tuple[int, float]]]:
+def top_logprobs_lists(
+    rows: list[SamplingRow], ids: list[list[int]] | None, vals: list[list[float]] | None
+) -> list[list[tuple[int, float]]]:
     out: list[list[tuple[int, float]]] = []
     for r, row in enumerate(rows):
         n = row.params.logprobs or 0

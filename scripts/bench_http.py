@@ -10,6 +10,7 @@ Each round runs both paths greedily and at temperature 1.0 (the default of every
 seeded i, so both paths draw the same tokens), EOS ignored, on the same prompts. The figure is
 generated tokens / wall time, and the loss is 1 - http / api.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 
 async def via_api(engine, prompts, out_len: int, temperature: float) -> float:
-    from app.engine import SamplingParams
+    from lantern.app.engine import SamplingParams
 
     async def one(i, p):
         params = SamplingParams(temperature=temperature, seed=i, max_tokens=out_len, ignore_eos=True)
@@ -49,8 +50,14 @@ async def via_http(base_url: str, model: str, prompts, out_len: int, temperature
 
     async def one(i, p):
         stream = await client.completions.create(
-            model=model, prompt=p, max_tokens=out_len, temperature=temperature, seed=i, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            model=model,
+            prompt=p,
+            max_tokens=out_len,
+            temperature=temperature,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )
         n = 0
         async for chunk in stream:
@@ -81,12 +88,17 @@ def main() -> None:
 
     import uvicorn
 
-    from app.engine import AsyncEngine
-    from app.models.default_model import resolve_default_model
-    from server.app import ServerSettings, create_app
+    from lantern.app.engine import AsyncEngine
+    from lantern.app.models.default_model import resolve_default_model
+    from lantern.server.app import ServerSettings, create_app
 
-    engine = AsyncEngine(model=args.model or resolve_default_model(prefer_gguf=True), backend=args.backend,
-                         dtype=args.dtype, kv_cache_memory_mb=1024, enable_prefix_caching=False)
+    engine = AsyncEngine(
+        model=args.model or resolve_default_model(prefer_gguf=True),
+        backend=args.backend,
+        dtype=args.dtype,
+        kv_cache_memory_mb=1024,
+        enable_prefix_caching=False,
+    )
     app = create_app(engine, ServerSettings(served_model_name="bench"))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
@@ -97,8 +109,14 @@ def main() -> None:
     rng = random.Random(0)
     vocab = engine.vocab_size
     prompts = [[rng.randrange(100, vocab - 100) for _ in range(args.prompt_len)] for _ in range(args.requests)]
-    res: dict = {"requests": args.requests, "prompt_len": args.prompt_len, "out_len": args.out_len,
-                 "backend": engine.backend_name, "dtype": args.dtype, "ld_preload": os.environ.get("LD_PRELOAD")}
+    res: dict = {
+        "requests": args.requests,
+        "prompt_len": args.prompt_len,
+        "out_len": args.out_len,
+        "backend": engine.backend_name,
+        "dtype": args.dtype,
+        "ld_preload": os.environ.get("LD_PRELOAD"),
+    }
     for label, temperature in (("greedy", 0.0), ("t1", 1.0)):
         api, http = [], []
         for _ in range(args.rounds):
@@ -106,8 +124,12 @@ def main() -> None:
             # exactly as the HTTP path does.
             api.append(asyncio.run(via_api(engine, prompts, args.out_len, temperature)))
             http.append(asyncio.run(via_http(base, "bench", prompts, args.out_len, temperature)))
-        res[label] = {"temperature": temperature, "api_tps": [round(x, 2) for x in api],
-                      "http_tps": [round(x, 2) for x in http], "loss": round(1 - sum(http) / sum(api), 4)}
+        res[label] = {
+            "temperature": temperature,
+            "api_tps": [round(x, 2) for x in api],
+            "http_tps": [round(x, 2) for x in http],
+            "loss": round(1 - sum(http) / sum(api), 4),
+        }
     print(json.dumps(res))
     server.should_exit = True
     engine.shutdown()

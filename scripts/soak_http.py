@@ -11,6 +11,7 @@ last request; and reports the server's RSS before and after.
     python scripts/soak_http.py --tiny --backend mlx --requests 60 --concurrency 8  # quick check
 Exit status 0 when every check passes; --json FILE (or -) writes the report as JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,10 @@ PROMPTS = [
     "Explain in two sentences why the sky is blue.",
     "Write a haiku about paged attention.",
     "List three uses of a hash map, one per line.",
-    ("You are a careful assistant. The user is planning a trip and asks what to pack for three "
-     "rainy days in a city, with a small backpack only. Give a short list."),
+    (
+        "You are a careful assistant. The user is planning a trip and asks what to pack for three "
+        "rainy days in a city, with a small backpack only. Give a short list."
+    ),
     "Translate to French: the quick brown fox jumps over the lazy dog.",
     "def add(a, b):\n    return a + b\n\n# Explain this function and suggest a test.",
 ]
@@ -92,7 +95,7 @@ def build_tiny_model() -> str:
 
 def serve_command(args: argparse.Namespace, port: int) -> list[str]:
     exe = shutil.which("lantern")
-    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+    cmd = [exe] if exe else [sys.executable, "-m", "lantern"]
     cmd += ["serve", "--port", str(port), "--log", "warning", "--backend", args.backend]
     if args.model:
         p = Path(args.model)
@@ -114,7 +117,7 @@ def rss_mb(pid: int | None) -> float | None:
     except ImportError:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
         return next(round(int(x.split()[1]) / 1024, 1) for x in lines if x.startswith("VmRSS:"))
-    except Exception:  # noqa: BLE001 - the process is gone
+    except Exception:
         return None
 
 
@@ -154,17 +157,23 @@ def malformed_requests(model: str) -> list[tuple[str, bytes, dict]]:
         return json.dumps({"model": model, **fields}).encode()
 
     return [
-        (chat, b"{not json", {}), (chat, b'\xff\xfe{"messages": []}', {}),
+        (chat, b"{not json", {}),
+        (chat, b'\xff\xfe{"messages": []}', {}),
         (chat, body(messages=[{"role": "user", "content": "\ud800"}]), {}),
         (comp, body(prompt="lone \udfff surrogate"), {}),
         (chat, json.dumps({"model": "\ud800", "messages": msg}).encode(), {}),
-        (chat, body(messages=msg, top_k=1e20), {}), (chat, body(messages=msg, max_completion_tokens=0), {}),
-        (chat, body(messages=msg, repetition_penalty=0), {}), (chat, body(messages=msg, temperature=-1), {}),
-        (chat, body(messages=msg, n=0), {}), (chat, body(messages=[]), {}),
+        (chat, body(messages=msg, top_k=1e20), {}),
+        (chat, body(messages=msg, max_completion_tokens=0), {}),
+        (chat, body(messages=msg, repetition_penalty=0), {}),
+        (chat, body(messages=msg, temperature=-1), {}),
+        (chat, body(messages=msg, n=0), {}),
+        (chat, body(messages=[]), {}),
         (chat, body(messages=[{"role": "wizard", "content": "x"}]), {}),
-        (comp, body(prompt=[1, 2, 10**9]), {}), (chat, body(messages=msg, logprobs=True, top_logprobs=100), {}),
+        (comp, body(prompt=[1, 2, 10**9]), {}),
+        (chat, body(messages=msg, logprobs=True, top_logprobs=100), {}),
         (chat, json.dumps({"model": "no-such-model", "messages": msg}).encode(), {}),
-        (chat, body(messages=msg, logit_bias={"999999999": 5}), {}), (chat, body(messages=msg, max_tokens="many"), {}),
+        (chat, body(messages=msg, logit_bias={"999999999": 5}), {}),
+        (chat, body(messages=msg, max_tokens="many"), {}),
         (chat, body(messages=msg, max_tokens=2), {"X-Odd": b"caf\xe9 \xff"}),  # odd header bytes: any non-5xx
     ]
 
@@ -174,10 +183,12 @@ class Crowd:
         self.args, self.model, self.report = args, model, report
         key = (args.api_key or ["none"])[0]
         limits = httpx.Limits(max_connections=args.concurrency * 2, max_keepalive_connections=args.concurrency)
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=args.hang_timeout, limits=limits,
-                                      headers={"Authorization": f"Bearer {key}"})
-        self.client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0,
-                                         timeout=args.hang_timeout)
+        self.http = httpx.AsyncClient(
+            base_url=base_url, timeout=args.hang_timeout, limits=limits, headers={"Authorization": f"Bearer {key}"}
+        )
+        self.client = openai.AsyncOpenAI(
+            base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=args.hang_timeout
+        )
         self.bad = malformed_requests(model)
         self.latencies: list[float] = []
 
@@ -185,12 +196,25 @@ class Crowd:
         jobs = []
         for i in range(n):
             r = rng.random()
-            kind = "malformed" if r < self.args.malformed else (
-                "disconnect" if r < self.args.malformed + self.args.disconnect else "innocent")
-            jobs.append({"i": i, "kind": kind, "chat": rng.random() < 0.5, "stream": rng.random() < 0.5,
-                         "temperature": rng.choice([0.0, 1.0]), "prompt": rng.choice(PROMPTS),
-                         "max_tokens": rng.randint(4, self.args.max_tokens), "after_chunks": rng.randint(1, 4),
-                         "cancel_after": rng.uniform(0.05, 0.5), "bad": rng.randrange(len(self.bad))})
+            kind = (
+                "malformed"
+                if r < self.args.malformed
+                else ("disconnect" if r < self.args.malformed + self.args.disconnect else "innocent")
+            )
+            jobs.append(
+                {
+                    "i": i,
+                    "kind": kind,
+                    "chat": rng.random() < 0.5,
+                    "stream": rng.random() < 0.5,
+                    "temperature": rng.choice([0.0, 1.0]),
+                    "prompt": rng.choice(PROMPTS),
+                    "max_tokens": rng.randint(4, self.args.max_tokens),
+                    "after_chunks": rng.randint(1, 4),
+                    "cancel_after": rng.uniform(0.05, 0.5),
+                    "bad": rng.randrange(len(self.bad)),
+                }
+            )
         return jobs
 
     async def run(self, jobs: list[dict]) -> None:
@@ -222,7 +246,7 @@ class Crowd:
             self.cut(job, f"HTTP {exc.status_code}: {exc.message}")
         except (openai.APIError, httpx.HTTPError) as exc:
             self.cut(job, f"{type(exc).__name__}: {exc}")
-        except Exception as exc:  # noqa: BLE001 - anything else is a broken answer too
+        except Exception as exc:
             self.cut(job, f"unexpected {type(exc).__name__}: {exc}")
 
     def cut(self, job: dict, why: str) -> None:
@@ -231,8 +255,12 @@ class Crowd:
         self.report.note(f"#{job['i']} {job['kind']} chat={job['chat']} stream={job['stream']}: {why}")
 
     def create(self, job: dict, stream: bool):
-        common = {"model": self.model, "max_tokens": job["max_tokens"], "temperature": job["temperature"],
-                  "stream": stream}
+        common = {
+            "model": self.model,
+            "max_tokens": job["max_tokens"],
+            "temperature": job["temperature"],
+            "stream": stream,
+        }
         if job["chat"]:
             return self.client.chat.completions.create(messages=[{"role": "user", "content": job["prompt"]}], **common)
         return self.client.completions.create(prompt=job["prompt"], **common)
@@ -327,7 +355,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="attach to a running server instead of starting `lantern serve`")
     p.add_argument("--pid", type=int, help="with --url: the server's pid, for RSS")
-    p.add_argument("--model", help="model for `lantern serve`: a folder, a .gguf file or a hub id (default: its default)")
+    p.add_argument(
+        "--model", help="model for `lantern serve`: a folder, a .gguf file or a hub id (default: its default)"
+    )
     p.add_argument("--tiny", action="store_true", help="serve a tiny random test model (quick check)")
     p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"])
     p.add_argument("--serve-arg", action="append", metavar="ARG", help="extra `lantern serve` argument (repeatable)")
@@ -371,8 +401,13 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    report.passed = (report.five_xx == 0 and report.hangs == 0 and report.innocent_cut == 0
-                     and report.settle_s is not None and report.settle_s <= 1.0)
+    report.passed = (
+        report.five_xx == 0
+        and report.hangs == 0
+        and report.innocent_cut == 0
+        and report.settle_s is not None
+        and report.settle_s <= 1.0
+    )
     print_report(report)
     if args.json:
         text = json.dumps(asdict(report), indent=2)
@@ -382,14 +417,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_report(r: Report) -> None:
     out = sys.stderr
-    print(f"\n{r.requests} requests (+{r.warmup} warm-up) at concurrency {r.concurrency} in {r.duration_s} s:"
-          f" {r.by_kind}", file=out)
+    print(
+        f"\n{r.requests} requests (+{r.warmup} warm-up) at concurrency {r.concurrency} in {r.duration_s} s:"
+        f" {r.by_kind}",
+        file=out,
+    )
     print(f"  status codes: {dict(sorted(r.status_counts.items()))}", file=out)
-    print(f"  5xx: {r.five_xx}   hangs: {r.hangs}   innocent cut: {r.innocent_cut}   "
-          f"disconnects: {r.disconnects_done}   malformed accepted: {r.malformed_accepted}", file=out)
+    print(
+        f"  5xx: {r.five_xx}   hangs: {r.hangs}   innocent cut: {r.innocent_cut}   "
+        f"disconnects: {r.disconnects_done}   malformed accepted: {r.malformed_accepted}",
+        file=out,
+    )
     print(f"  innocent latency {r.innocent_latency_s} s; idle again after {r.settle_s} s ({r.final_load})", file=out)
-    print(f"  RSS MB: start {r.rss_start_mb}, before {r.rss_before_mb}, after {r.rss_after_mb}"
-          f" ({r.rss_growth_pct}%)", file=out)
+    print(
+        f"  RSS MB: start {r.rss_start_mb}, before {r.rss_before_mb}, after {r.rss_after_mb} ({r.rss_growth_pct}%)",
+        file=out,
+    )
     for line in r.examples:
         print(f"  - {line}", file=out)
     print(f"  reproduce: {r.reproduce}", file=out)

@@ -6,6 +6,7 @@ disconnects from the routes, and they abort requests on disconnect):
   APIKeyMiddleware - bearer key -> tenant id on the request scope; 401 otherwise
   BodyLimitMiddleware - bodies over max_request_bytes -> 413, declared or streamed
 """
+
 from __future__ import annotations
 
 import time
@@ -18,12 +19,12 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.engine import AsyncEngine
-from server.errors import error_response, install_error_handlers
-from server.generation import ServerState
-from server.metrics import ServerMetrics
-from server.routes import admin, chat, completions, models
-from server.tenancy import ANONYMOUS, SCOPE_KEY, TenantKeys
+from lantern.app.engine import AsyncEngine
+from lantern.server.errors import error_response, install_error_handlers
+from lantern.server.generation import ServerState
+from lantern.server.metrics import ServerMetrics
+from lantern.server.routes import admin, chat, completions, models
+from lantern.server.tenancy import ANONYMOUS, SCOPE_KEY, TenantKeys
 
 OPEN_PATHS = {"/health"}
 WEB_DIR = Path(__file__).resolve().parent.parent / "assets" / "web"
@@ -97,8 +98,9 @@ class APIKeyMiddleware:
             path = scope.get("path", "")
             is_page = self.settings.ui_server and not path.startswith(API_PREFIXES)
             if tenant is None and path not in OPEN_PATHS and not is_page:
-                response = error_response(401, "missing or invalid API key (send Authorization: Bearer KEY)",
-                                          code="invalid_api_key")
+                response = error_response(
+                    401, "missing or invalid API key (send Authorization: Bearer KEY)", code="invalid_api_key"
+                )
                 await response(scope, receive, send)
                 return
         scope.setdefault("state", {})[SCOPE_KEY] = tenant or ANONYMOUS
@@ -164,7 +166,8 @@ class BodyLimitMiddleware:
                     if message["type"] != "http.request" or not message.get("more_body", False):
                         break
         response = error_response(
-            413, f"request body is larger than {self.max_bytes} bytes (the server's --max-request-bytes)",
+            413,
+            f"request body is larger than {self.max_bytes} bytes (the server's --max-request-bytes)",
             code="request_too_large",
         )
         response.headers["connection"] = "close"
@@ -189,8 +192,11 @@ def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> F
     app = FastAPI(title="Lantern", description="OpenAI-compatible local LLM server", version="0.1.0")
     name = settings.served_model_name or engine.model_name
     app.state.lantern = ServerState(
-        engine=engine, model_name=name, metrics=ServerMetrics(engine.stats, name, alive=lambda: engine.dead_reason is None),
-        max_waiting=settings.max_waiting, max_n=settings.max_n,
+        engine=engine,
+        model_name=name,
+        metrics=ServerMetrics(engine.stats, name, alive=lambda: engine.dead_reason is None),
+        max_waiting=settings.max_waiting,
+        max_n=settings.max_n,
     )
     app.state.settings = settings
     app.state.started = int(time.time())
@@ -203,8 +209,11 @@ def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> F
         # Outermost, so a preflight OPTIONS is answered before the key check (browsers never
         # send credentials on a preflight). Bearer keys, not cookies: no allow_credentials.
         app.add_middleware(
-            CORSMiddleware, allow_origins=list(settings.allowed_origins),
-            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600,
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+            max_age=600,
         )
     for module in (chat, completions, models, admin):
         app.include_router(module.router)

@@ -3,6 +3,7 @@
 User input never yields a 5xx: typed engine errors carry the field (`param`) and a reason (`code`);
 a 500 is left for faults of the server or engine themselves, and 503 for an engine that stopped.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,21 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.engine import EngineDeadError, InvalidRequestError, RequestFailedError
-from server.protocol import INVALID_UNICODE
+from lantern.app.engine import EngineDeadError, InvalidRequestError, RequestFailedError
+from lantern.server.protocol import INVALID_UNICODE
 
 logger = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          503: "service_unavailable", 500: "internal_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    503: "service_unavailable",
+    500: "internal_error",
+}
 # Pydantic names union members in error locations ("str", "list[int]", "TextPart"): not fields.
 _TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
 
@@ -41,12 +49,19 @@ def _printable(text: str | None) -> str | None:
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": _printable(message), "type": _TYPES.get(status, "invalid_request_error"),
-                      "param": _printable(param), "code": code}}
+    return {
+        "error": {
+            "message": _printable(message),
+            "type": _TYPES.get(status, "invalid_request_error"),
+            "param": _printable(param),
+            "code": code,
+        }
+    }
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
@@ -74,8 +89,9 @@ def _param(loc: Any) -> str | None:
     for p in loc:
         if p == "body" and not parts:
             continue
-        if isinstance(p, int) or (isinstance(p, str) and p.isidentifier() and p not in _TYPE_TAGS
-                                  and not p[0].isupper()):
+        if isinstance(p, int) or (
+            isinstance(p, str) and p.isidentifier() and p not in _TYPE_TAGS and not p[0].isupper()
+        ):
             parts.append(str(p))
     return ".".join(parts) or None
 

@@ -1,4 +1,5 @@
 """Shared request plumbing for the generation routes: state, validation, metrics, SSE, merging."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,16 +13,16 @@ from typing import Any
 
 from fastapi import Request
 
-from app.engine import (
+from lantern.app.engine import (
     AsyncEngine,
     InvalidRequestError,
     RequestOutput,
     SamplingParams,
     TokenLogprob,
 )
-from server import tenancy
-from server.errors import APIError, engine_error, error_body
-from server.metrics import ServerMetrics
+from lantern.server import tenancy
+from lantern.server.errors import APIError, engine_error, error_body
+from lantern.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,12 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
 
     def check_capacity(self) -> None:
         reason = self.engine.dead_reason
@@ -50,8 +55,11 @@ class ServerState:
         """Bound the sequences one request may start, before any prompt is tokenized."""
         if n * num_prompts > self.max_n:
             per = f" x {num_prompts} prompts" if num_prompts > 1 else ""
-            raise APIError(400, f"n ({n}){per} asks for {n * num_prompts} choices; this server allows at most "
-                                f"{self.max_n} per request", param="n")
+            raise APIError(
+                400,
+                f"n ({n}){per} asks for {n * num_prompts} choices; this server allows at most {self.max_n} per request",
+                param="n",
+            )
 
 
 def new_id(prefix: str) -> str:
@@ -70,8 +78,14 @@ def validated(state: ServerState, ids: list[int], params: SamplingParams, prompt
     return ids
 
 
-async def generate(state: ServerState, ids: list[int], params: SamplingParams, request_id: str,
-                   request: Request, cache_salt: str | None) -> AsyncIterator[RequestOutput]:
+async def generate(
+    state: ServerState,
+    ids: list[int],
+    params: SamplingParams,
+    request_id: str,
+    request: Request,
+    cache_salt: str | None,
+) -> AsyncIterator[RequestOutput]:
     """AsyncEngine.generate in this tenant's cache namespace, plus latency metrics."""
     m = state.metrics
     start = time.monotonic()
@@ -106,7 +120,7 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
         try:
             async for out in stream:
                 await queue.put((i, out))
-        except Exception as exc:  # noqa: BLE001 - surfaced to the consumer
+        except Exception as exc:
             await queue.put((i, exc))
         finally:
             await queue.put((i, done))
@@ -128,8 +142,9 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def collect(stream: AsyncIterator[tuple[int, RequestOutput]], request: Any,
-                  poll_s: float = 0.25) -> dict[int, RequestOutput]:
+async def collect(
+    stream: AsyncIterator[tuple[int, RequestOutput]], request: Any, poll_s: float = 0.25
+) -> dict[int, RequestOutput]:
     """Run a non-streaming request to the end, aborting it if the client goes away meanwhile."""
     finals: dict[int, RequestOutput] = {}
 
@@ -154,8 +169,12 @@ async def collect(stream: AsyncIterator[tuple[int, RequestOutput]], request: Any
 def usage(prompt_lens: list[int], outputs: list[RequestOutput], cached: int) -> dict:
     prompt = sum(prompt_lens)
     completion = sum(o.num_generated_tokens for o in outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:
@@ -167,10 +186,11 @@ def chat_logprobs(tokenizer: Any, lps: list[TokenLogprob]) -> dict:
         t = token_text(tokenizer, tid)
         return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
 
-    return {"content": [
-        {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top.items()]}
-        for lp in lps
-    ]}
+    return {
+        "content": [
+            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top.items()]} for lp in lps
+        ]
+    }
 
 
 def completion_logprobs(tokenizer: Any, lps: list[TokenLogprob], offset: int = 0) -> dict:
@@ -199,7 +219,7 @@ async def guarded(events: AsyncIterator[str], request_id: str) -> AsyncIterator[
     try:
         async for event in events:
             yield event
-    except Exception as exc:  # noqa: BLE001 - every failure becomes the error event
+    except Exception as exc:
         err = engine_error(exc)
         logger.warning("stream %s failed (%d): %s", request_id, err.status, err.message)
         yield sse(error_body(err.status, err.message, err.param, err.code))

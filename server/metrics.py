@@ -3,6 +3,7 @@
 Gauges and token counters are read from the engine's snapshot at scrape time; latency histograms
 are observed by the request handlers as tokens stream out.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -44,11 +45,15 @@ class _EngineCollector:
         yield counter("num_preemptions", "Sequences preempted for lack of KV blocks.", s["num_preemptions"])
         yield counter("prompt_tokens", "Prompt tokens prefilled.", s["prompt_tokens"])
         yield counter("generation_tokens", "Tokens generated.", s["generation_tokens"])
-        yield counter("request_failure", "Requests the engine failed (the others kept running).",
-                      s.get("requests_failed", 0))
+        yield counter(
+            "request_failure", "Requests the engine failed (the others kept running).", s.get("requests_failed", 0)
+        )
         if self.alive is not None:
-            yield gauge("engine_alive", "1 while the engine loop runs; 0 once it has stopped (see /health).",
-                        1.0 if self.alive() else 0.0)
+            yield gauge(
+                "engine_alive",
+                "1 while the engine loop runs; 0 once it has stopped (see /health).",
+                1.0 if self.alive() else 0.0,
+            )
 
 
 class ServerMetrics:
@@ -57,14 +62,21 @@ class ServerMetrics:
         self.registry.register(_EngineCollector(snapshot, model, alive))
         self.model = model
         kw: dict[str, Any] = {"labelnames": ["model_name"], "registry": self.registry}
-        self.ttft = Histogram("lantern:time_to_first_token_seconds", "Arrival to first token.",
-                              buckets=_TTFT_BUCKETS, **kw).labels(model)
-        self.itl = Histogram("lantern:inter_token_latency_seconds", "Time between streamed tokens.",
-                             buckets=_ITL_BUCKETS, **kw).labels(model)
-        self.e2e = Histogram("lantern:e2e_request_latency_seconds", "Arrival to finish.",
-                             buckets=_E2E_BUCKETS, **kw).labels(model)
-        self.requests = Counter("lantern:request_success", "Finished requests by reason.",
-                                labelnames=["model_name", "finished_reason"], registry=self.registry)
+        self.ttft = Histogram(
+            "lantern:time_to_first_token_seconds", "Arrival to first token.", buckets=_TTFT_BUCKETS, **kw
+        ).labels(model)
+        self.itl = Histogram(
+            "lantern:inter_token_latency_seconds", "Time between streamed tokens.", buckets=_ITL_BUCKETS, **kw
+        ).labels(model)
+        self.e2e = Histogram(
+            "lantern:e2e_request_latency_seconds", "Arrival to finish.", buckets=_E2E_BUCKETS, **kw
+        ).labels(model)
+        self.requests = Counter(
+            "lantern:request_success",
+            "Finished requests by reason.",
+            labelnames=["model_name", "finished_reason"],
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,6 +3,7 @@
 Unknown fields are ignored (clients add new ones), but every field we know is either honoured or
 refused with a 400 naming it: a request must never be silently answered as a different request.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -10,13 +11,22 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from app.engine import InvalidRequestError, SamplingParams
+from lantern.app.engine import InvalidRequestError, SamplingParams
 
 # Error type of a string holding a lone UTF-16 surrogate; the error handler reports it first.
 INVALID_UNICODE = "invalid_unicode"
 # Names apply_chat_template takes itself: passing them in chat_template_kwargs would be a TypeError.
-_RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "chat_template", "add_generation_prompt", "tokenize",
-                             "tools", "documents", "return_dict", "continue_final_message"}
+_RESERVED_TEMPLATE_KWARGS = {
+    "conversation",
+    "messages",
+    "chat_template",
+    "add_generation_prompt",
+    "tokenize",
+    "tools",
+    "documents",
+    "return_dict",
+    "continue_final_message",
+}
 
 
 def _is_valid_text(s: str) -> bool:
@@ -117,12 +127,15 @@ class _SamplingFields(_Lenient):
     def _sampling(self, max_tokens: int | None, logprobs: int | None, renames: dict[str, str]) -> SamplingParams:
         """SamplingParams with OpenAI's defaults for absent fields. `is None`, never `or`: an
         explicit 0 is a value to validate, not a request for the default."""
+
         def pick(value: Any, default: Any) -> Any:
             return default if value is None else value
 
         if self.best_of is not None and self.best_of != self.num_choices:
-            raise _refuse("best_of", f"must equal n ({self.num_choices}) when given: "
-                                     "returning the best of several samples is not supported")
+            raise _refuse(
+                "best_of",
+                f"must equal n ({self.num_choices}) when given: returning the best of several samples is not supported",
+            )
         try:
             return SamplingParams(
                 n=self.num_choices,
@@ -149,7 +162,7 @@ class _SamplingFields(_Lenient):
             if old in renames:  # SamplingParams' name for a field this client spelt another way
                 exc.param = renames[old]
                 if exc.message.startswith(old + " "):
-                    exc.message = exc.param + exc.message[len(old):]
+                    exc.message = exc.param + exc.message[len(old) :]
                     exc.args = (exc.message,)
             raise
 
@@ -175,7 +188,7 @@ class ChatCompletionRequest(_SamplingFields):
         if self.tool_choice not in (None, "none", "auto"):
             raise _refuse("tool_choice", "is not supported by this server (there are no tools)")
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise _refuse("response_format", "other than {\"type\": \"text\"} is not supported by this server")
+            raise _refuse("response_format", 'other than {"type": "text"} is not supported by this server')
 
     def sampling_params(self) -> SamplingParams:
         self.refuse_unsupported()

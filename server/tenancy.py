@@ -9,6 +9,7 @@ shared between requests of the same tenant that sent the same salt.
 A tenant id is derived from its key (never the key itself, so logs and salts cannot leak it).
 Without API keys every caller is the one anonymous tenant.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random models per architecture, built once per test session."""
+
 from __future__ import annotations
 
 import pytest

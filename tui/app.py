@@ -1,4 +1,5 @@
 """`lantern chat`: a Textual terminal chat over a ChatClient (in-process engine or HTTP server)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,9 +13,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Collapsible, Footer, Header, Input, Label, Markdown, Static
 
-from tui.client import ChatClient, ChatError, ChatSettings
-from tui.history import ChatStore, HistoryScreen, new_chat_id
-from tui.settings import SettingsScreen
+from lantern.tui.client import ChatClient, ChatError, ChatSettings
+from lantern.tui.history import ChatStore, HistoryScreen, new_chat_id
+from lantern.tui.settings import SettingsScreen
 
 _THINK = re.compile(r"^\s*<think>(.*?)(?:</think>|$)(.*)$", re.S)
 
@@ -80,9 +81,14 @@ class ChatApp(App):
         Binding("ctrl+q", "quit", "Quit"),
     ]
 
-    def __init__(self, client: ChatClient | None = None, settings: ChatSettings | None = None,
-                 stats_interval: float = 1.0, connect: Callable[[], Awaitable[ChatClient]] | None = None,
-                 store: ChatStore | None = None):
+    def __init__(
+        self,
+        client: ChatClient | None = None,
+        settings: ChatSettings | None = None,
+        stats_interval: float = 1.0,
+        connect: Callable[[], Awaitable[ChatClient]] | None = None,
+        store: ChatStore | None = None,
+    ):
         """Give a ready `client`, or `connect`: the app opens at once, shows "Loading" while it
         runs (loading a model takes a while) and shows its failure in the app. With a `store`,
         each conversation is saved after every reply and can be reopened (Ctrl+O)."""
@@ -152,8 +158,7 @@ class ChatApp(App):
             return
         if self.client is None:
             loading = any(w.group == "connect" and not w.is_finished for w in self.workers)
-            self.notify("The model is still loading" if loading else "No model loaded",
-                        severity="warning")
+            self.notify("The model is still loading" if loading else "No model loaded", severity="warning")
             return
         event.input.value = ""
         self.show_error("")

@@ -3,18 +3,19 @@
 Both stream reply text for a list of chat messages and report live stats with the same keys
 (tokens are counted by the chat app itself).
 """
+
 from __future__ import annotations
 
 import json
 import re
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import Protocol
 
 import httpx
 
-from app.engine import (AsyncEngine, EngineDeadError, InvalidRequestError, RequestFailedError,
-                        SamplingParams)
+from lantern.app.engine import AsyncEngine, EngineDeadError, InvalidRequestError, RequestFailedError, SamplingParams
 
 
 @dataclass
@@ -51,8 +52,9 @@ class EngineClient:
         try:
             # Tokenized once here; the engine validates the ids (length, sampling bounds).
             ids = self.engine.encode_chat(messages)
-            params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
-                                    max_tokens=settings.max_tokens)
+            params = SamplingParams(
+                temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
+            )
             async for out in self.engine.generate(ids, params, request_id, prompt_token_ids=ids):
                 if out.outputs[0].text_delta:
                     yield out.outputs[0].text_delta
@@ -92,8 +94,14 @@ class HTTPClient:
         self.model_name = r.json()["data"][0]["id"]
 
     async def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[str]:
-        body = {"model": self.model_name, "messages": messages, "stream": True,
-                "temperature": settings.temperature, "top_p": settings.top_p, "max_tokens": settings.max_tokens}
+        body = {
+            "model": self.model_name,
+            "messages": messages,
+            "stream": True,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "max_tokens": settings.max_tokens,
+        }
         try:
             async with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
                 if r.status_code != 200:
@@ -119,8 +127,11 @@ class HTTPClient:
             m = re.search(rf"^lantern:{name}\{{[^}}]*\}} ([0-9.e+-]+)", text, re.M)
             return float(m.group(1)) if m else None
 
-        return {"kv_usage": read("kv_cache_usage_perc"), "running": read("num_requests_running"),
-                "waiting": read("num_requests_waiting")}
+        return {
+            "kv_usage": read("kv_cache_usage_perc"),
+            "running": read("num_requests_running"),
+            "waiting": read("num_requests_waiting"),
+        }
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -1,4 +1,5 @@
 """Saved terminal chats: one JSON file per conversation, and the screen that reopens them."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The settings screen: system prompt, temperature, top-p, max tokens (validated before saving)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from tui.client import ChatSettings
+from lantern.tui.client import ChatSettings
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):
@@ -36,7 +37,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Button("Cancel", id="cancel")
 
     def _read(self) -> ChatSettings:
-        value = lambda name: self.query_one(f"#{name}", Input).value.strip()  # noqa: E731
+        value = lambda name: self.query_one(f"#{name}", Input).value.strip()
         try:
             temperature, top_p = float(value("temperature")), float(value("top_p"))
             max_tokens = int(value("max_tokens"))
@@ -44,8 +45,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             raise ValueError("temperature and top-p must be numbers, max tokens an integer") from None
         if temperature < 0 or not 0 < top_p <= 1 or max_tokens < 1:
             raise ValueError("need temperature >= 0, 0 < top-p <= 1, max tokens >= 1")
-        return replace(self.settings, system_prompt=value("system"), temperature=temperature,
-                       top_p=top_p, max_tokens=max_tokens)
+        return replace(
+            self.settings, system_prompt=value("system"), temperature=temperature, top_p=top_p, max_tokens=max_tokens
+        )
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "cancel":

@@ -6,6 +6,7 @@ KV blocks before the next step. Every request ends: with its last output, with a
 or with an exception (its own failure, or the engine loop's death, which is also reported by
 `dead_reason` so a health check can say why).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,13 +14,14 @@ import logging
 import threading
 import uuid
 from collections import deque
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
-from app.config import EngineConfig
-from app.engine.engine import LLMEngine, Prompt
-from app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
-from app.engine.request import RequestOutput
-from app.engine.sampling_params import SamplingParams
+from lantern.app.config import EngineConfig
+from lantern.app.engine.engine import LLMEngine, Prompt
+from lantern.app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from lantern.app.engine.request import RequestOutput
+from lantern.app.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +75,9 @@ class AsyncEngine:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    chat_template_kwargs: dict | None = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None
+    ) -> list[int]:
         return self._engine.encode_chat(messages, add_generation_prompt, chat_template_kwargs)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
@@ -88,8 +91,12 @@ class AsyncEngine:
 
     # ---- requests --------------------------------------------------------------------------
     async def generate(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
-        prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields a RequestOutput each time the request makes progress; the last has finished=True.
 
@@ -185,19 +192,19 @@ class AsyncEngine:
         try:
             if self._engine is None:
                 self._engine = LLMEngine(EngineConfig(**config))
-        except BaseException as exc:  # noqa: BLE001 - handed to the constructor's caller
+        except BaseException as exc:
             self._load_error = exc
             return
         finally:
             self._ready.set()
         try:
             self._serve()
-        except BaseException as exc:  # noqa: BLE001 - the loop is dead: say so to everyone
+        except BaseException as exc:
             self._die(exc)
         finally:
             try:
                 self._engine.shutdown()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.exception("backend shutdown failed")
 
     def _serve(self) -> None:

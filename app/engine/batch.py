@@ -3,15 +3,16 @@
 Prefill chunks and decode tokens are concatenated; sequence i owns tokens
 ``query_start_loc[i]:query_start_loc[i+1]`` and, after this step, ``seq_lens[i]`` tokens of KV.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.engine.penalty_state import PenaltyState
-from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import SchedulerOutput
+from lantern.app.engine.penalty_state import PenaltyState
+from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.engine.scheduler import SchedulerOutput
 
 
 @dataclass

@@ -9,15 +9,16 @@ Sharing is only ever of full, computed blocks, and a sequence never writes into 
 not fill itself (a cached prefix stops one token short of the prompt), so blocks need no
 copy-on-write: n > 1 samples are separate sequences that share the prompt through this cache.
 """
+
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from app.engine.sequence import Sequence
+from lantern.app.engine.sequence import Sequence
 
 
 def hash_block(parent: bytes | None, tokens: Seq[int], salt: bytes = b"") -> bytes:
@@ -33,8 +34,14 @@ def hash_block(parent: bytes | None, tokens: Seq[int], salt: bytes = b"") -> byt
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 prefer_touched: bool = False, cache_budget_blocks: int = 0):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        prefer_touched: bool = False,
+        cache_budget_blocks: int = 0,
+    ):
         """prefer_touched: the backend's pool is committed lazily (a CPU allocation is backed by
         memory only where written), so blocks used before are handed out before ever-unused
         ones, and cached prefixes are kept in at most `cache_budget_blocks` free blocks (beyond

@@ -12,6 +12,7 @@ the rendered text. The plain encoding (with offsets) is then kept as is, except 
 between two template-made special tokens which holds a special token overlapping a caller span is
 re-encoded with special tokens read as text. Everything else is token-for-token the plain path.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.errors import InvalidRequestError
+from lantern.app.engine.errors import InvalidRequestError
 
 _TEMPLATE_ERRORS: tuple[type[BaseException], ...] = (TypeError, ValueError, KeyError, IndexError, AttributeError)
 try:  # jinja2 comes with transformers; its errors are what a broken template or bad message raises
@@ -70,8 +71,10 @@ def _specials(tokenizer: Any) -> _Specials:
     pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
     backend = getattr(tokenizer, "backend_tokenizer", None)
     normalize = None
-    if backend is not None and backend.normalizer is not None and any(
-        getattr(t, "normalized", False) for t in special.values()
+    if (
+        backend is not None
+        and backend.normalizer is not None
+        and any(getattr(t, "normalized", False) for t in special.values())
     ):
         normalize = backend.normalizer.normalize_str
     unk = getattr(tokenizer, "unk_token_id", None)
@@ -121,17 +124,25 @@ def _special_in(value: Any, sp: _Specials) -> str | None:
 
 def _render(tokenizer: Any, template: str, messages: Any, add_generation_prompt: bool, kwargs: dict) -> str:
     try:
-        text = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=add_generation_prompt,
-                                             tokenize=False, **kwargs)
+        text = tokenizer.apply_chat_template(
+            messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
+        )
     except _TEMPLATE_ERRORS as exc:
-        raise InvalidRequestError(f"the chat template could not render these messages: {exc}", param="messages") from None
+        raise InvalidRequestError(
+            f"the chat template could not render these messages: {exc}", param="messages"
+        ) from None
     if not isinstance(text, str):
         raise InvalidRequestError("the chat template did not render to text", param="messages")
     return text
 
 
-def encode_chat(tokenizer: Any, template: str | None, messages: list[dict], add_generation_prompt: bool = True,
-                **template_kwargs: Any) -> list[int]:
+def encode_chat(
+    tokenizer: Any,
+    template: str | None,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    **template_kwargs: Any,
+) -> list[int]:
     """Render `messages` with `template` and tokenize. The template already holds any BOS/special
     tokens the model expects, so none are added a second time; special-token text inside caller
     strings stays text. Raises InvalidRequestError(param="messages") when it cannot do that."""
@@ -153,8 +164,9 @@ def _refuse(token: str) -> InvalidRequestError:
     )
 
 
-def _caller_spans(tokenizer: Any, template: str, messages: Any, add_generation_prompt: bool, kwargs: dict,
-                  text: str, sp: _Specials) -> list[tuple[int, int]] | None:
+def _caller_spans(
+    tokenizer: Any, template: str, messages: Any, add_generation_prompt: bool, kwargs: dict, text: str, sp: _Specials
+) -> list[tuple[int, int]] | None:
     """Where the caller strings that hold special-token text sit in `text`; None if the template
     does not reproduce them verbatim."""
     nonce = secrets.token_hex(6)
@@ -182,7 +194,7 @@ def _caller_spans(tokenizer: Any, template: str, messages: Any, add_generation_p
     rebuilt: list[str] = []
     pos = last = 0
     for m in split.finditer(marked):
-        piece = marked[last:m.start()]
+        piece = marked[last : m.start()]
         rebuilt.append(piece)
         pos += len(piece)
         value = originals[m.group(0)]
@@ -194,8 +206,16 @@ def _caller_spans(tokenizer: Any, template: str, messages: Any, add_generation_p
     return spans if "".join(rebuilt) == text else None
 
 
-def _encode_escaped(tokenizer: Any, template: str, messages: Any, add_generation_prompt: bool, kwargs: dict,
-                    text: str, sp: _Specials, found: str) -> list[int]:
+def _encode_escaped(
+    tokenizer: Any,
+    template: str,
+    messages: Any,
+    add_generation_prompt: bool,
+    kwargs: dict,
+    text: str,
+    sp: _Specials,
+    found: str,
+) -> list[int]:
     spans = _caller_spans(tokenizer, template, messages, add_generation_prompt, kwargs, text, sp)
     readers = sp.readers() if spans is not None else None
     if spans is None or readers is None:
@@ -212,7 +232,7 @@ def _encode_escaped(tokenizer: Any, template: str, messages: Any, add_generation
     out: list[int] = []
     prev_i, prev_end = -1, 0
     for a in [*anchors, len(ids)]:
-        stretch = ids[prev_i + 1:a]
+        stretch = ids[prev_i + 1 : a]
         end = offsets[a][0] if a < len(ids) else len(text)
         if any(t in sp.ids for t in stretch):  # a special token made of caller text: re-read as text
             reader = readers[0] if prev_end == 0 else readers[1]

@@ -4,6 +4,7 @@ Decoding a growing token list one token at a time is wrong for byte-level BPE (a
 tokens) and for SentencePiece (leading spaces depend on the previous token). We decode a small
 window ending at the new tokens and emit only text that is complete (no trailing U+FFFD).
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,25 +1,27 @@
 """The synchronous engine (`LLMEngine.step`) and the offline `LLM` API on top of it."""
+
 from __future__ import annotations
 
 import logging
 import random
 import time
 import uuid
-from typing import Any, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import Any
 
-from app.config import EngineConfig
-from app.engine.batch import build_batch
-from app.engine.block_manager import BlockManager
-from app.engine.chat_encoding import encode_chat
-from app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
-from app.engine.kv_sizing import plan_kv_cache
-from app.engine.metrics import EngineStats
-from app.engine.output_processor import OutputProcessor, RequestState
-from app.engine.request import RequestOutput
-from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from app.engine.sequence import Sequence, TokenLogprob
-from app.models.loader import resolve_model
+from lantern.app.config import EngineConfig
+from lantern.app.engine.batch import build_batch
+from lantern.app.engine.block_manager import BlockManager
+from lantern.app.engine.chat_encoding import encode_chat
+from lantern.app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from lantern.app.engine.kv_sizing import plan_kv_cache
+from lantern.app.engine.metrics import EngineStats
+from lantern.app.engine.output_processor import OutputProcessor, RequestState
+from lantern.app.engine.request import RequestOutput
+from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from lantern.app.engine.sequence import Sequence, TokenLogprob
+from lantern.app.models.loader import resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +30,12 @@ Prompt = str | list[int]
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, backend: Any = None):
-        from backends import create_backend, default_dtype, pick_backend  # the only place the core meets a backend
-        from backends.base import Backend
+        from lantern.backends import (  # the only place the core meets a backend
+            create_backend,
+            default_dtype,
+            pick_backend,
+        )
+        from lantern.backends.base import Backend
 
         self.config = config
         backend_name = pick_backend(config.backend) if backend is None else backend.name
@@ -42,23 +48,33 @@ class LLMEngine:
         self.chat_template = config.chat_template or loaded.chat_template
         self.eos_token_ids = loaded.eos_token_ids
         self.backend = backend or create_backend(
-            backend_name, config.tensor_parallel_size, config.enforce_eager, config.num_threads,
+            backend_name,
+            config.tensor_parallel_size,
+            config.enforce_eager,
+            config.num_threads,
         )
         if not isinstance(self.backend, Backend):
             raise TypeError(f"{type(self.backend).__name__} does not implement backends.base.Backend")
         info = self.backend.load(loaded.spec)
         logger.info(
             "loaded %s on %s (%s): %.1fM parameters, %.1f MiB of weights in %.1fs",
-            self.model_name, self.backend.name, dtype, info.num_params / 1e6,
-            info.weight_bytes / 2**20, time.monotonic() - t0,
+            self.model_name,
+            self.backend.name,
+            dtype,
+            info.num_params / 1e6,
+            info.weight_bytes / 2**20,
+            time.monotonic() - t0,
         )
         self.vocab_size = info.vocab_size
         plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
         self.max_model_len = plan.max_model_len
         self.backend.allocate_kv(plan.num_blocks, config.block_size)
         self.block_manager = BlockManager(
-            plan.num_blocks, config.block_size, config.enable_prefix_caching,
-            prefer_touched=self.backend.kv_memory_is_lazy, cache_budget_blocks=plan.cache_budget_blocks,
+            plan.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            prefer_touched=self.backend.kv_memory_is_lazy,
+            cache_budget_blocks=plan.cache_budget_blocks,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -78,11 +94,13 @@ class LLMEngine:
             return self.tokenizer.encode(prompt, add_special_tokens=True)
         return list(prompt)
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    chat_template_kwargs: dict | None = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None
+    ) -> list[int]:
         """Messages -> prompt ids through the chat template; markup typed inside a message stays text."""
-        return encode_chat(self.tokenizer, self.chat_template, messages, add_generation_prompt,
-                           **(chat_template_kwargs or {}))
+        return encode_chat(
+            self.tokenizer, self.chat_template, messages, add_generation_prompt, **(chat_template_kwargs or {})
+        )
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
@@ -94,7 +112,8 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"prompt is {len(prompt_ids)} tokens; this model's context is {self.max_model_len} "
                 "tokens and at least one must be left for the reply",
-                param="prompt", code="context_length_exceeded",
+                param="prompt",
+                code="context_length_exceeded",
             )
         if any(t >= vocab for t in params.stop_token_ids or ()):
             raise InvalidRequestError(f"stop_token_ids must be ids in [0, {vocab})", param="stop_token_ids")
@@ -102,8 +121,12 @@ class LLMEngine:
             raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab})", param="logit_bias")
 
     def add_request(
-        self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
-        prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        prompt_token_ids: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         params = params or SamplingParams()
         ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize_prompt(prompt)
@@ -118,8 +141,9 @@ class LLMEngine:
         # n > 1 is a fan-out of n sequences with seeds seed+i: sample i equals the single
         # request with seed+i. The others wait until the first has computed the prompt, then
         # read it from the prefix cache instead of computing it again.
-        seqs = [Sequence(request_id, ids, params, index=i, seed=base_seed + i, cache_salt=salt)
-                for i in range(params.n)]
+        seqs = [
+            Sequence(request_id, ids, params, index=i, seed=base_seed + i, cache_salt=salt) for i in range(params.n)
+        ]
         for seq in seqs:
             self.outputs.track(state, seq)
         if self.config.enable_prefix_caching:
@@ -157,11 +181,10 @@ class LLMEngine:
             return self._run(sched)
         except EngineDeadError:
             raise  # the backend itself is gone: no request can be run, so none is to blame
-        except Exception as exc:  # noqa: BLE001 - isolated below
+        except Exception as exc:
             if len(sched.scheduled) == 1:
                 return [self._fail(sched.scheduled[0].seq.request_id, exc)]
-            logger.warning("a step of %d sequences failed (%s); retrying them one by one",
-                           len(sched.scheduled), exc)
+            logger.warning("a step of %d sequences failed (%s); retrying them one by one", len(sched.scheduled), exc)
         outputs: list[RequestOutput] = []
         for item in sched.scheduled:
             if item.seq.is_finished:  # a sibling of a request failed just now
@@ -170,7 +193,7 @@ class LLMEngine:
                 outputs += self._run(SchedulerOutput(scheduled=[item]))
             except EngineDeadError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - this request is the culprit
+            except Exception as exc:
                 outputs.append(self._fail(item.seq.request_id, exc))
         return outputs
 
@@ -197,7 +220,7 @@ class LLMEngine:
                 continue
             try:
                 self._append(state, seq, row, result)
-            except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer that cannot decode a token
+            except Exception as exc:
                 touched.pop(state.request_id, None)
                 failed.append(self._fail(state.request_id, exc))
                 continue
@@ -240,8 +263,11 @@ class LLMEngine:
         if not self.chat_template:
             raise InvalidRequestError("this model has no chat template; pass one with chat_template=", param="messages")
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
-            tokenize=False, **kwargs,
+            messages,
+            chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **kwargs,
         )
 
 
@@ -253,7 +279,9 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
 
     def generate(
-        self, prompts: Prompt | Seq[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Runs the prompts to the end. Raises RequestFailedError if the engine failed one (the
         others are finished first); an interrupted call (Ctrl+C) leaves nothing behind."""
@@ -286,7 +314,9 @@ class LLM:
         return [final[rid] for rid in ids]
 
     def chat(
-        self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None,
+        self,
+        messages: list[dict] | list[list[dict]],
+        params: SamplingParams | None = None,
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]

@@ -1,5 +1,6 @@
 """Typed errors of the engine's public API. Front ends map them to their own envelopes (the server
 to OpenAI's `param`/`code`) without parsing message text."""
+
 from __future__ import annotations
 
 

@@ -6,14 +6,15 @@ full-length sequence, capped by a share of the memory left after the weights. On
 is committed lazily (only blocks that were written use memory) and the block manager reuses
 written blocks first, so resident memory follows the load.
 """
+
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-from app.config import EngineConfig
-from app.models.spec import check_servable
+from lantern.app.config import EngineConfig
+from lantern.app.models.spec import check_servable
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     max_len = _check_model_limits(config, model_config, model_max)
     bs = config.block_size
     per_block = backend.kv_bytes_per_block(bs)
-    blocks_for = lambda tokens: -(-tokens // bs)  # noqa: E731
+    blocks_for = lambda tokens: -(-tokens // bs)
     if config.num_kv_blocks:
         num, why = config.num_kv_blocks, "num_kv_blocks"
     elif config.kv_cache_memory_mb:
@@ -60,22 +61,32 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
         need = blocks_for(max(max_len, config.max_num_seqs * min(max_len, DEFAULT_TOKENS_PER_SEQ)))
         cap = int(backend.available_memory_bytes() * config.gpu_memory_fraction) // per_block
         num = max(min(need, cap), 1)
-        why = (f"room for {config.max_num_seqs} sequences of {min(max_len, DEFAULT_TOKENS_PER_SEQ)} tokens"
-               if num == need else f"capped at {config.gpu_memory_fraction:.0%} of free memory")
+        why = (
+            f"room for {config.max_num_seqs} sequences of {min(max_len, DEFAULT_TOKENS_PER_SEQ)} tokens"
+            if num == need
+            else f"capped at {config.gpu_memory_fraction:.0%} of free memory"
+        )
     if max_len > num * bs:
         if config.max_model_len is not None:
             raise ValueError(
                 f"--max-model-len {max_len} does not fit the KV cache ({num * bs} tokens); "
                 "give --mem more MiB or a shorter --max-model-len"
             )
-        logger.warning("context capped at the KV cache's %d tokens (model: %d); give --mem more MiB for more",
-                       num * bs, max_len)
+        logger.warning(
+            "context capped at the KV cache's %d tokens (model: %d); give --mem more MiB for more", num * bs, max_len
+        )
         max_len = num * bs
     budget = min(num, max(PREFIX_CACHE_BUDGET_BYTES // per_block, 1)) if backend.kv_memory_is_lazy else 0
     logger.info(
         "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)%s; context %d tokens",
-        num, bs, num * bs, num * per_block / 2**20, why,
+        num,
+        bs,
+        num * bs,
+        num * per_block / 2**20,
+        why,
         f", committed as used, prefix cache kept in up to {budget * per_block / 2**20:.0f} MiB of free blocks"
-        if budget else "", max_len,
+        if budget
+        else "",
+        max_len,
     )
     return KVPlan(num_blocks=num, max_model_len=max_len, cache_budget_blocks=budget)

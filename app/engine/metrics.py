@@ -1,4 +1,5 @@
 """Engine counters read by /metrics and the dashboards (latency histograms live in the server)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,14 +1,15 @@
 """Per-request output state: detokenization, stop conditions, and streaming deltas."""
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from app.engine.request import CompletionOutput, RequestOutput
-from app.engine.sampling_params import SamplingParams
-from app.engine.sequence import Sequence
+from lantern.app.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from lantern.app.engine.request import CompletionOutput, RequestOutput
+from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.engine.sequence import Sequence
 
 
 @dataclass

@@ -5,6 +5,7 @@ presence penalties need how often each generated id occurred. Rebuilding those f
 histories every step costs O(prompt + output) with a sort per penalized row; this state costs
 O(1) per generated token, and the sampler reads it as numpy views without rescanning anything.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence

@@ -1,9 +1,10 @@
 """What callers get back: per-request outputs holding one CompletionOutput per sample."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.engine.sequence import TokenLogprob
+from lantern.app.engine.sequence import TokenLogprob
 
 
 @dataclass

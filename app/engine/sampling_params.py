@@ -7,12 +7,13 @@ context), min_tokens 0..max_tokens, at most 64 stop strings of at most 1024 char
 1024 stop_token_ids, logprobs 0..20, logit_bias at most 1024 entries with values -100..100.
 Token ids are checked against the model's vocabulary by the engine.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from app.engine.errors import InvalidRequestError
+from lantern.app.engine.errors import InvalidRequestError
 
 # OpenAI caps top_logprobs at 20; vLLM allows more but the cost grows with the vocabulary.
 MAX_TOP_LOGPROBS = 20
@@ -78,7 +79,9 @@ class SamplingParams:
             try:
                 token = int(key)  # JSON object keys arrive as strings
             except (TypeError, ValueError):
-                raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+                ) from None
             if token < 0 or not _is_number(value) or not -100.0 <= value <= 100.0:
                 raise InvalidRequestError(
                     f"logit_bias maps token ids >= 0 to numbers in [-100, 100]; got {key!r}: {value!r}",
@@ -136,8 +139,4 @@ class SamplingParams:
 
     @property
     def uses_penalties(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0
-            or self.frequency_penalty != 0.0
-            or self.presence_penalty != 0.0
-        )
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0

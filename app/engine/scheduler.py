@@ -5,14 +5,15 @@ One token budget per step is shared by decodes (1 token each) and prefill chunks
 KV pool runs dry the newest running sequence is preempted (its blocks freed, to be recomputed
 later) and put back at the head of the waiting queue.
 """
+
 from __future__ import annotations
 
 import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from app.engine.block_manager import BlockManager
-from app.engine.sequence import Sequence, SequenceStatus
+from lantern.app.engine.block_manager import BlockManager
+from lantern.app.engine.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -115,12 +116,7 @@ class Scheduler:
         self.running = kept
 
         # Admit waiting sequences only while nothing had to be preempted this step.
-        while (
-            not out.preempted
-            and self.waiting
-            and budget > 0
-            and len(self.running) < self.config.max_num_seqs
-        ):
+        while not out.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached = self.bm.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
             computed = len(cached) * self.bm.block_size

@@ -1,4 +1,5 @@
 """One generated sequence: its tokens, KV blocks and progress through prefill and decode."""
+
 from __future__ import annotations
 
 import enum
@@ -7,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.sampling_params import SamplingParams
+from lantern.app.engine.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
 

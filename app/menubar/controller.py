@@ -2,11 +2,11 @@
 
 No GUI here, so the same controller serves the macOS status bar, a Linux tray, and tests.
 """
+
 from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from app.models.default_model import cache_dir
+from lantern.app.models.default_model import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +33,13 @@ def model_flag(model: str) -> list[str]:
 
 
 class ServerController:
-    def __init__(self, port: int = 2000, host: str = "127.0.0.1", extra_args: list[str] | None = None,
-                 state_dir: Path | None = None):
+    def __init__(
+        self,
+        port: int = 2000,
+        host: str = "127.0.0.1",
+        extra_args: list[str] | None = None,
+        state_dir: Path | None = None,
+    ):
         self.port, self.host = port, host
         self.extra_args = list(extra_args or [])
         self.state_dir = state_dir or cache_dir()
@@ -56,13 +61,11 @@ class ServerController:
         """Start serving `model` (None: the default model); restarts if already running."""
         self.stop()
         self.model, self.error = model, None
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--p", str(self.port), "--h", self.host, "--ui-server"]
+        cmd = [sys.executable, "-m", "lantern", "serve", "--p", str(self.port), "--h", self.host, "--ui-server"]
         cmd += (model_flag(model) if model else []) + self.extra_args
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self._log_path, "w")
-        root = Path(__file__).resolve().parents[2]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if model:
             self.remember(model)

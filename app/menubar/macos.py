@@ -1,4 +1,5 @@
 """macOS-only details of the launcher, kept in one place."""
+
 from __future__ import annotations
 
 import platform

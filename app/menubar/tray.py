@@ -1,4 +1,5 @@
 """The tray / status-bar icon (pystray): status, Start/Stop, model choice, browser chat, API URL, Quit."""
+
 from __future__ import annotations
 
 import logging
@@ -9,8 +10,8 @@ import webbrowser
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from app.menubar.controller import FAILED, SERVING, STOPPED, ServerController
-from app.menubar.macos import copy_to_clipboard, status_bar_title
+from lantern.app.menubar.controller import FAILED, SERVING, STOPPED, ServerController
+from lantern.app.menubar.macos import copy_to_clipboard, status_bar_title
 
 logger = logging.getLogger(__name__)
 
@@ -23,8 +24,13 @@ def icon_image(size: int = 64):
     d = ImageDraw.Draw(img)
     s = size / 64
     d.rectangle([26 * s, 4 * s, 38 * s, 10 * s], fill=(60, 60, 60, 255))
-    d.rounded_rectangle([16 * s, 10 * s, 48 * s, 54 * s], radius=8 * s, fill=(240, 180, 41, 255),
-                        outline=(60, 60, 60, 255), width=max(1, int(3 * s)))
+    d.rounded_rectangle(
+        [16 * s, 10 * s, 48 * s, 54 * s],
+        radius=8 * s,
+        fill=(240, 180, 41, 255),
+        outline=(60, 60, 60, 255),
+        width=max(1, int(3 * s)),
+    )
     d.ellipse([24 * s, 22 * s, 40 * s, 42 * s], fill=(255, 240, 200, 255))
     d.rectangle([20 * s, 54 * s, 44 * s, 60 * s], fill=(60, 60, 60, 255))
     return img
@@ -66,7 +72,8 @@ def check_graphical_session(environ: Mapping[str, str] = os.environ, platform: s
     if not (environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY")):
         raise TrayUnavailableError(
             "lantern menubar needs a graphical session (neither DISPLAY nor WAYLAND_DISPLAY is set); "
-            "run it from a desktop session, or use `lantern serve` here")
+            "run it from a desktop session, or use `lantern serve` here"
+        )
 
 
 def _import_pystray():
@@ -75,20 +82,25 @@ def _import_pystray():
         os.environ.setdefault("PYSTRAY_BACKEND", linux_tray_backend())
     try:
         import pystray
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         # pystray picks its backend while it is imported: an X server that refuses the connection
         # (Xlib's DisplayConnectionError) or a GTK that cannot start (ImportError) surface here.
         logger.debug("pystray failed to import", exc_info=True)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         display = os.environ.get("WAYLAND_DISPLAY") or os.environ.get("DISPLAY")
-        raise TrayUnavailableError(f"lantern menubar cannot show a tray icon on display {display!r} "
-                                   f"(is it running?): {reason}") from None
+        raise TrayUnavailableError(
+            f"lantern menubar cannot show a tray icon on display {display!r} (is it running?): {reason}"
+        ) from None
     return pystray
 
 
 class Tray:
-    def __init__(self, controller: ServerController, opener: Callable[[str], object] = webbrowser.open,
-                 copier: Callable[[str], bool] = copy_to_clipboard):
+    def __init__(
+        self,
+        controller: ServerController,
+        opener: Callable[[str], object] = webbrowser.open,
+        copier: Callable[[str], bool] = copy_to_clipboard,
+    ):
         pystray = _import_pystray()
         self.pystray = pystray
         self.controller = controller
@@ -105,8 +117,9 @@ class Tray:
         def choose(model):
             return lambda icon, item: setattr(self, "selected", model)
 
-        model_items = [Item(Path(m).name or m, choose(m), checked=lambda item, m=m: self.selected == m, radio=True)
-                       for m in models] or [Item("Default model", None, enabled=False)]
+        model_items = [
+            Item(Path(m).name or m, choose(m), checked=lambda item, m=m: self.selected == m, radio=True) for m in models
+        ] or [Item("Default model", None, enabled=False)]
         return Menu(
             Item(lambda item: c.status_text(), None, enabled=False),
             Menu.SEPARATOR,
@@ -164,7 +177,7 @@ class Tray:
         threading.Thread(target=self.watch, name="lantern-tray-watch", daemon=True).start()
         try:
             self.icon.run()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             # pystray's GTK backend closes its last notification on the way out and raises where
             # the desktop has no notification service; after Quit that is no error of ours.
             if not self._quitting:

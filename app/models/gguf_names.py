@@ -2,6 +2,7 @@
 
 Shared by every backend so each loads GGUF files through the same HF-named weight map.
 """
+
 from __future__ import annotations
 
 import re
@@ -70,8 +71,15 @@ def needs_unpermute(hf: str) -> str | None:
 # GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array).
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 # Plain element types as numpy dtypes, the rest are quantized blocks read as bytes (like GGUFReader).
-_PLAIN = {"F32": "float32", "F16": "float16", "F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32",
-          "I64": "int64"}
+_PLAIN = {
+    "F32": "float32",
+    "F16": "float16",
+    "F64": "float64",
+    "I8": "int8",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+}
 
 
 @dataclass
@@ -115,7 +123,7 @@ def read_gguf_index(path: str) -> GGUFIndex:
 
     def read_str(at: int) -> tuple[str, int]:
         (n,) = struct.unpack_from("<Q", buf, at)
-        return buf[at + 8:at + 8 + n].decode("utf-8", errors="replace"), at + 8 + n
+        return buf[at + 8 : at + 8 + n].decode("utf-8", errors="replace"), at + 8 + n
 
     def skip(vtype: int, at: int, count: int = 1) -> int:
         if vtype == 8:
@@ -157,7 +165,7 @@ def read_gguf_index(path: str) -> GGUFIndex:
         shape = tuple(int(d) for d in reversed(dims))
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         n_bytes = int(np.prod(shape, dtype=np.int64)) * size // block
-        raw = whole[start + offset:start + offset + n_bytes]
+        raw = whole[start + offset : start + offset + n_bytes]
         if qtype.name in _PLAIN:
             data = raw.view(_PLAIN[qtype.name]).reshape(shape)
         else:

@@ -1,4 +1,5 @@
 """Resolve a model argument (HF folder, HF hub id, or .gguf file) to a ModelSpec and a tokenizer."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.models.spec import ModelConfig, ModelSpec
+from lantern.app.models.spec import ModelConfig, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +48,14 @@ def _download(repo_id: str) -> Path:
 
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=True))
-    except Exception as exc:  # noqa: BLE001 - not cached (several error types): try the hub
+    except Exception as exc:
         logger.debug("%s is not in the local Hugging Face cache: %s", repo_id, exc)
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ModelNotFoundError(f"model {repo_id!r} is not in the local Hugging Face cache (HF_HUB_OFFLINE=1)")
     logger.info("downloading %s from the Hugging Face hub", repo_id)
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS))
-    except Exception as exc:  # noqa: BLE001 - network down, no such repo, gated...
+    except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelNotFoundError(
             f"model {repo_id!r} is not cached locally and could not be downloaded: {reason}"
@@ -110,7 +111,7 @@ def gguf_config_and_tokenizer(path: Path) -> tuple[dict[str, Any], Any]:
             tokenizer = _load_saved_tokenizer(folder)
             logger.info("GGUF tokenizer and config from the cache %s", folder)
             return hf_cfg, tokenizer
-        except Exception as exc:  # noqa: BLE001 - a damaged cache entry (tokenizers raises bare Exception): rebuild
+        except Exception as exc:
             logger.warning("rebuilding the unreadable tokenizer cache %s: %s", folder, exc)
             _discard(folder)
     hf_cfg, tokenizer = _convert_gguf(path)
@@ -151,7 +152,7 @@ def gguf_cache_folder(path: Path) -> Path:
 
     import transformers
 
-    from app.models.default_model import cache_dir
+    from lantern.app.models.default_model import cache_dir
 
     st = path.stat()
     digest = hashlib.sha256()

@@ -1,4 +1,5 @@
 """What a backend is handed to load a model: normalized hyper-parameters plus where weights live."""
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,11 @@ def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
             raise _refuse(key, cfg[key], " (logit soft-capping)")
     quant = cfg.get("quantization_config") or {}
     if isinstance(quant, dict) and quant.get("quant_method"):
-        raise _refuse("quantization_config.quant_method", quant["quant_method"],
-                      "; Lantern loads float, GGUF and MLX-quantized weights")
+        raise _refuse(
+            "quantization_config.quant_method",
+            quant["quant_method"],
+            "; Lantern loads float, GGUF and MLX-quantized weights",
+        )
 
 
 @dataclass
@@ -138,7 +142,8 @@ class ModelConfig:
         """
         s = self.rope_scaling or {}
         if s.get("rope_type") == "yarn" and s.get("original_max_position_embeddings") in (
-            None, self.max_position_embeddings
+            None,
+            self.max_position_embeddings,
         ):
             return int(self.max_position_embeddings * float(s.get("factor") or 1.0))
         return self.max_position_embeddings
@@ -210,7 +215,10 @@ def check_servable(config: ModelConfig, max_model_len: int) -> None:
             f"max_model_len {max_model_len} is beyond the {config.max_context} positions this model's rope "
             f"serves; serve with --max-model-len {config.max_context} (or less)"
         )
-    limits = [("sliding_window", config.sliding_window), ("dual_chunk_attention_config.chunk_size", config.dual_chunk_size)]
+    limits = [
+        ("sliding_window", config.sliding_window),
+        ("dual_chunk_attention_config.chunk_size", config.dual_chunk_size),
+    ]
     for key, limit in limits:
         if limit is not None and max_model_len > limit:
             raise ValueError(

@@ -3,14 +3,15 @@
 Differences between the architectures are flags on ModelConfig (qkv bias, q/k norm, tied
 embeddings, rope scaling); attention goes through the paged KV pool in paged_attention.py.
 """
+
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
-from app.models.spec import ModelConfig
-from backends.mlx.paged_attention import AttentionMetadata, paged_attention
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attention
 
 
 class Attention(nn.Module):
@@ -28,9 +29,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
-        self.rope = initialize_rope(
-            self.head_dim, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings
-        )
+        self.rope = initialize_rope(self.head_dim, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         t = x.shape[0]

@@ -5,6 +5,7 @@ array [num_blocks * block_size, kv_heads, head_dim]; new K/V are scattered to `s
 each sequence's context is gathered by slot index. Exactly one reference to each pool is kept
 (rebinding after every write), so MLX can update it in place instead of copying the whole pool.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from app.engine.batch import ScheduledBatch
-from backends.paged_plan import AttentionPlan
+from lantern.app.engine.batch import ScheduledBatch
+from lantern.backends.paged_plan import AttentionPlan
 
 
 class PagedKVPool:

@@ -1,4 +1,5 @@
 """The MLX backend: weights, the paged KV pool and one forward+sample per scheduled batch."""
+
 from __future__ import annotations
 
 import logging
@@ -9,13 +10,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from app.engine.batch import ScheduledBatch, StepOutput
-from app.models.spec import ModelInfo, ModelSpec
-from backends.mlx.model import CausalLM
-from backends.mlx.paged_attention import PagedKVPool, build_metadata
-from backends.mlx.sampler import sample
-from backends.mlx.weights import load_weights
-from backends.paged_plan import plan_attention
+from lantern.app.engine.batch import ScheduledBatch, StepOutput
+from lantern.app.models.spec import ModelInfo, ModelSpec
+from lantern.backends.mlx.model import CausalLM
+from lantern.backends.mlx.paged_attention import PagedKVPool, build_metadata
+from lantern.backends.mlx.sampler import sample
+from lantern.backends.mlx.weights import load_weights
+from lantern.backends.paged_plan import plan_attention
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ def _count_params(model: nn.Module) -> int:
     for _, module in model.named_modules():
         bits = getattr(module, "bits", None)
         for name, value in module.parameters().items():
-            if not isinstance(value, mx.array) or name in ("scales", "biases") and bits:
+            if not isinstance(value, mx.array) or (name in ("scales", "biases") and bits):
                 continue
             total += value.size * (32 // bits if bits and value.dtype == mx.uint32 else 1)
     return total

@@ -3,6 +3,7 @@
 Logprobs are the model's raw log-probabilities (before logit_bias, penalties and temperature), as
 vLLM reports them.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -11,8 +12,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from app.engine.batch import SamplingRow, StepOutput
-from backends.sampling_prep import (
+from lantern.app.engine.batch import SamplingRow, StepOutput
+from lantern.backends.sampling_prep import (
     MIX_C1,
     MIX_C2,
     SamplingArrays,
@@ -151,5 +152,4 @@ def sample(logits: mx.array, rows: list[SamplingRow]) -> StepOutput:
         mx.eval(tokens, chosen, top_ids, top_vals)
         ids, vals = top_ids.tolist(), top_vals.tolist()
     mx.eval(tokens, chosen)
-    return StepOutput(token_ids=_list(tokens), logprobs=_list(chosen),
-                      top_logprobs=top_logprobs_lists(rows, ids, vals))
+    return StepOutput(token_ids=_list(tokens), logprobs=_list(chosen), top_logprobs=top_logprobs_lists(rows, ids, vals))

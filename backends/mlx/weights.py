@@ -4,6 +4,7 @@ GGUF Q4_0/Q4_1/Q8_0 tensors stay quantized: MLX reads them as affine (group 32) 
 quantized GGUF types are dequantized with the `gguf` package's reference code, because MLX's own
 reader gets some of them wrong (see PLATFORM-NOTES).
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,8 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from app.models.gguf_names import PERMUTED_ARCHITECTURES, hf_name, needs_unpermute, unpermute_rows
-from app.models.spec import ModelConfig, ModelSpec
+from lantern.app.models.gguf_names import PERMUTED_ARCHITECTURES, hf_name, needs_unpermute, unpermute_rows
+from lantern.app.models.spec import ModelConfig, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ _MLX_NATIVE_GGUF = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 def _read_gguf(path: Path, cfg: ModelConfig) -> dict[str, mx.array]:
     import gguf
 
-    from app.models.gguf_names import read_gguf_index
+    from lantern.app.models.gguf_names import read_gguf_index
 
     index = read_gguf_index(str(path))  # gguf.GGUFReader parses the whole vocabulary first (seconds)
     native = mx.load(str(path))
@@ -81,7 +82,9 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
     if cfg.quantization and spec.weight_format != "gguf":
         q = cfg.quantization
         nn.quantize(
-            model, q["group_size"], q["bits"],
+            model,
+            q["group_size"],
+            q["bits"],
             class_predicate=lambda p, m: f"{p}.scales" in weights,
         )
     elif any(k.endswith(".scales") for k in weights):

@@ -5,6 +5,7 @@ for K and one for V; writes go to `slot_mapping`, reads gather context slots fro
 numpy plan (backends/paged_plan.py). Each op is a Triton kernel on CUDA and its plain-torch
 reference elsewhere (kernels/ops.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from app.engine.batch import ScheduledBatch
-from backends.paged_plan import AttentionPlan
-from backends.torch.kernels import ops, reference
+from lantern.app.engine.batch import ScheduledBatch
+from lantern.backends.paged_plan import AttentionPlan
+from lantern.backends.torch.kernels import ops, reference
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -28,8 +29,9 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 class TorchKVPool:
-    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ):
         shape = (num_slots, kv_heads, head_dim)
         self.k = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.v = [_zeros(shape, dtype, device) for _ in range(num_layers)]
@@ -58,34 +60,47 @@ class TorchAttentionMetadata:
     restore_order: torch.Tensor | None = None
 
 
-def build_metadata(pool: TorchKVPool, batch: ScheduledBatch, plan: AttentionPlan,
-                   cos_table: torch.Tensor, sin_table: torch.Tensor) -> TorchAttentionMetadata:
+def build_metadata(
+    pool: TorchKVPool, batch: ScheduledBatch, plan: AttentionPlan, cos_table: torch.Tensor, sin_table: torch.Tensor
+) -> TorchAttentionMetadata:
     dev = cos_table.device
-    as_t = lambda a, dtype=torch.long: torch.from_numpy(a).to(dev, dtype)  # noqa: E731
+    as_t = lambda a, dtype=torch.long: torch.from_numpy(a).to(dev, dtype)
     positions = as_t(batch.positions)
-    meta = TorchAttentionMetadata(pool, batch.block_size, as_t(batch.slot_mapping),
-                                  cos_table[positions], sin_table[positions])
+    meta = TorchAttentionMetadata(
+        pool, batch.block_size, as_t(batch.slot_mapping), cos_table[positions], sin_table[positions]
+    )
     if plan.decode_token_idx is not None:
         meta.decode_token_idx = as_t(plan.decode_token_idx)
         meta.decode_block_tables = as_t(plan.decode_block_tables, torch.int32)
         meta.decode_seq_lens = as_t(plan.decode_seq_lens, torch.int32)
     for g in plan.prefills:
-        meta.prefills.append(PrefillGroup(g.q_start, g.q_end, as_t(g.block_table, torch.int32), g.ctx_len,
-                                          g.context_slots is not None))
+        meta.prefills.append(
+            PrefillGroup(g.q_start, g.q_end, as_t(g.block_table, torch.int32), g.ctx_len, g.context_slots is not None)
+        )
     if plan.restore_order is not None:
         meta.restore_order = as_t(plan.restore_order)
     return meta
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: TorchAttentionMetadata,
-                    layer: int, scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: TorchAttentionMetadata, layer: int, scale: float
+) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D]."""
     k_pool, v_pool = meta.pool.k[layer], meta.pool.v[layer]
     ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
     pieces = []
     if meta.decode_token_idx is not None:
-        pieces.append(ops.paged_decode(q[meta.decode_token_idx], k_pool, v_pool, meta.decode_block_tables,
-                                       meta.decode_seq_lens, meta.block_size, scale))
+        pieces.append(
+            ops.paged_decode(
+                q[meta.decode_token_idx],
+                k_pool,
+                v_pool,
+                meta.decode_block_tables,
+                meta.decode_seq_lens,
+                meta.block_size,
+                scale,
+            )
+        )
     for g in meta.prefills:
         qp = q[g.q_start : g.q_end]
         if g.has_prefix:

@@ -10,6 +10,7 @@ Replaying one graph replaces hundreds of kernel launches per step (a 32-layer mo
 are fast. With `capture=False` (no CUDA) the same static-buffer path runs eagerly: that is how
 the padding logic is tested on a CPU.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,8 @@ import time
 import numpy as np
 import torch
 
-from app.engine.batch import ScheduledBatch
-from backends.torch.attention import TorchAttentionMetadata, TorchKVPool
+from lantern.app.engine.batch import ScheduledBatch
+from lantern.backends.torch.attention import TorchAttentionMetadata, TorchKVPool
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +34,17 @@ def batch_buckets(max_size: int) -> list[int]:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model: torch.nn.Module, pool: TorchKVPool, cos: torch.Tensor, sin: torch.Tensor,
-                 block_size: int, max_blocks_per_seq: int, max_batch: int = MAX_CAPTURE_SIZE,
-                 capture: bool = True) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: TorchKVPool,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        block_size: int,
+        max_blocks_per_seq: int,
+        max_batch: int = MAX_CAPTURE_SIZE,
+        capture: bool = True,
+    ) -> None:
         self.model, self.pool, self.cos, self.sin = model, pool, cos, sin
         self.block_size = block_size
         self.max_blocks = max_blocks_per_seq
@@ -91,16 +100,26 @@ class DecodeGraphRunner:
         for r, table in enumerate(batch.block_tables):
             self.h_tables[r, : len(table)] = table
         self.h_ids[n:size], self.h_pos[n:size], self.h_slots[n:size], self.h_lens[n:size] = 0, 0, -1, 1
-        for host, dev in ((self.h_ids, self.ids), (self.h_pos, self.positions), (self.h_slots, self.slots),
-                          (self.h_lens, self.lens)):
+        for host, dev in (
+            (self.h_ids, self.ids),
+            (self.h_pos, self.positions),
+            (self.h_slots, self.slots),
+            (self.h_lens, self.lens),
+        ):
             dev[:size].copy_(torch.from_numpy(host[:size]), non_blocking=True)
         self.tables[:size, :width].copy_(torch.from_numpy(self.h_tables[:size, :width]), non_blocking=True)
 
     def _forward(self, size: int) -> torch.Tensor:
         rows, pos = self.rows[:size], self.positions[:size]
         meta = TorchAttentionMetadata(
-            self.pool, self.block_size, self.slots[:size], self.cos[pos], self.sin[pos],
-            decode_token_idx=rows, decode_block_tables=self.tables[:size], decode_seq_lens=self.lens[:size],
+            self.pool,
+            self.block_size,
+            self.slots[:size],
+            self.cos[pos],
+            self.sin[pos],
+            decode_token_idx=rows,
+            decode_block_tables=self.tables[:size],
+            decode_seq_lens=self.lens[:size],
         )
         return self.model(self.ids[:size], meta, rows).float()
 
@@ -119,5 +138,6 @@ class DecodeGraphRunner:
             out = self._forward(size)
         self.mempool = graph.pool()  # all buckets share one memory pool
         self.graphs[size] = (graph, out)
-        logger.info("captured the decode CUDA graph for batch size %d in %.0f ms", size,
-                    (time.perf_counter() - t0) * 1e3)
+        logger.info(
+            "captured the decode CUDA graph for batch size %d in %.0f ms", size, (time.perf_counter() - t0) * 1e3
+        )

@@ -3,16 +3,17 @@
 Rotary frequencies (default, llama3, YaRN) come from transformers' own rope initialisers, so the
 scaling maths is the reference's, not a copy of it.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.models.spec import ModelConfig
-from backends.torch.attention import TorchAttentionMetadata, paged_attention
-from backends.torch.kernels import ops
-from backends.torch.parallel import TPGroup, local_config, parallel_embed, parallel_logits, vocab_shard
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
+from lantern.backends.torch.kernels import ops
+from lantern.backends.torch.parallel import TPGroup, local_config, parallel_embed, parallel_logits, vocab_shard
 
 
 def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,8 +28,11 @@ def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[t
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         hf_cfg = LlamaConfig(
-            hidden_size=cfg.num_heads * cfg.head_dim, num_attention_heads=cfg.num_heads, head_dim=cfg.head_dim,
-            max_position_embeddings=cfg.max_position_embeddings, rope_parameters=params,
+            hidden_size=cfg.num_heads * cfg.head_dim,
+            num_attention_heads=cfg.num_heads,
+            head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings,
+            rope_parameters=params,
         )
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"))
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq.float())
@@ -96,8 +100,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                meta: TorchAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, meta: TorchAttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x is the previous sublayer's output, not yet added to the residual stream (the add is
         fused into the next norm)."""
         h, residual = self.input_layernorm(x, residual)

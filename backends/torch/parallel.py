@@ -5,6 +5,7 @@ Column-parallel: q/k/v (split by heads), gate/up (split by rows). Row-parallel: 
 outside it embed to zero; all-reduce) and head (local logits, all-gather). Norms are replicated.
 Rank 0 runs the engine and samples; other ranks mirror each step's forward pass.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from app.models.spec import ModelConfig
+from lantern.app.models.spec import ModelConfig
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")
@@ -46,12 +47,19 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
     """The per-rank shapes: heads, kv heads and FFN width divided by the world size."""
     if world == 1:
         return cfg
-    for name, value in (("num_attention_heads", cfg.num_heads), ("num_key_value_heads", cfg.num_kv_heads),
-                        ("intermediate_size", cfg.intermediate_size)):
+    for name, value in (
+        ("num_attention_heads", cfg.num_heads),
+        ("num_key_value_heads", cfg.num_kv_heads),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
         if value % world:
             raise ValueError(f"tensor parallel size {world} does not divide {name} ({value})")
-    return dataclasses.replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world,
-                               intermediate_size=cfg.intermediate_size // world)
+    return dataclasses.replace(
+        cfg,
+        num_heads=cfg.num_heads // world,
+        num_kv_heads=cfg.num_kv_heads // world,
+        intermediate_size=cfg.intermediate_size // world,
+    )
 
 
 def vocab_shard(vocab: int, tp: TPGroup) -> tuple[int, int, int]:

@@ -3,6 +3,7 @@
 With tensor_parallel_size > 1 this process is rank 0: it spawns one worker process per other
 rank, broadcasts each step's batch to them, and samples from the all-gathered logits.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,17 +16,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from app.engine.batch import ScheduledBatch, StepOutput
-from app.engine.errors import EngineDeadError
-from app.models.spec import ModelInfo, ModelSpec
-from backends.paged_plan import plan_attention
-from backends.torch.attention import TorchKVPool, build_metadata
-from backends.torch.cuda_graphs import DecodeGraphRunner
-from backends.torch.kernels import ops
-from backends.torch.model import CausalLM, rope_tables
-from backends.torch.parallel import TPGroup, broadcast_command, local_config
-from backends.torch.sampler import sample
-from backends.torch.weights import load_weights
+from lantern.app.engine.batch import ScheduledBatch, StepOutput
+from lantern.app.engine.errors import EngineDeadError
+from lantern.app.models.spec import ModelInfo, ModelSpec
+from lantern.backends.paged_plan import plan_attention
+from lantern.backends.torch.attention import TorchKVPool, build_metadata
+from lantern.backends.torch.cuda_graphs import DecodeGraphRunner
+from lantern.backends.torch.kernels import ops
+from lantern.backends.torch.model import CausalLM, rope_tables
+from lantern.backends.torch.parallel import TPGroup, broadcast_command, local_config
+from lantern.backends.torch.sampler import sample
+from lantern.backends.torch.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,14 @@ def _rank_device(rank: int) -> torch.device:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, device: str | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False,
-                 static_decode: bool | None = None, num_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        device: str | None = None,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = False,
+        static_decode: bool | None = None,
+        num_threads: int | None = None,
+    ) -> None:
         """static_decode: run decode steps through static buffers replayed as CUDA graphs. None
         means on for one CUDA rank with Triton unless enforce_eager; True elsewhere runs the same
         padded path without capture (how tests check it on a CPU)."""
@@ -58,7 +65,9 @@ class TorchBackend:
         self.pool: TorchKVPool | None = None
         self.block_size = 0
         self.workers: list = []
-        can_capture = self.device.type == "cuda" and self.world == 1 and ops.use_triton(torch.empty(0, device=self.device))
+        can_capture = (
+            self.device.type == "cuda" and self.world == 1 and ops.use_triton(torch.empty(0, device=self.device))
+        )
         self.capture_graphs = can_capture and not enforce_eager
         self.static_decode = self.capture_graphs if static_decode is None else static_decode
         self.graphs: DecodeGraphRunner | None = None
@@ -99,13 +108,16 @@ class TorchBackend:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         ctx = mp.get_context("spawn")
-        self.workers = [ctx.Process(target=_worker_main, args=(r, self.world, port, spec), daemon=True)
-                        for r in range(1, self.world)]
+        self.workers = [
+            ctx.Process(target=_worker_main, args=(r, self.world, port, spec), daemon=True)
+            for r in range(1, self.world)
+        ]
         for w in self.workers:
             w.start()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world,
-                                timeout=TP_TIMEOUT)
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world, timeout=TP_TIMEOUT
+        )
         logger.info("tensor parallel: %d ranks over %s", self.world, backend)
 
     def shutdown(self) -> None:
@@ -143,14 +155,19 @@ class TorchBackend:
     def _allocate_local(self, num_blocks: int, block_size: int) -> None:
         c = self.local_cfg
         self.block_size = block_size
-        self.pool = TorchKVPool(c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim,
-                                self.dtype, self.device)
+        self.pool = TorchKVPool(
+            c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device
+        )
         if self.static_decode:
             max_blocks = min(num_blocks, -(-self.max_context // block_size))
-            self.graphs = DecodeGraphRunner(self.model, self.pool, self.cos, self.sin, block_size, max_blocks,
-                                            capture=self.capture_graphs)
-            logger.info("decode steps %s (batch buckets up to %d)",
-                        "as CUDA graphs" if self.capture_graphs else "through static buffers", self.graphs.buckets[-1])
+            self.graphs = DecodeGraphRunner(
+                self.model, self.pool, self.cos, self.sin, block_size, max_blocks, capture=self.capture_graphs
+            )
+            logger.info(
+                "decode steps %s (batch buckets up to %d)",
+                "as CUDA graphs" if self.capture_graphs else "through static buffers",
+                self.graphs.buckets[-1],
+            )
 
     # ---- steps ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -193,8 +210,9 @@ def _worker_main(rank: int, world: int, port: int, spec: ModelSpec) -> None:
     backend_name = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL: each rank talks from its own GPU
-    dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=TP_TIMEOUT)
+    dist.init_process_group(
+        backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TP_TIMEOUT
+    )
     backend = TorchBackend(device=str(device), tensor_parallel_size=world)
     backend.tp = TPGroup(rank, world)
     backend._load_local(spec)

@@ -3,14 +3,15 @@
 Logprobs are the model's raw log-probabilities (before logit_bias, penalties and temperature), as
 vLLM reports them.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
 
 import torch
 
-from app.engine.batch import SamplingRow, StepOutput
-from backends.sampling_prep import (
+from lantern.app.engine.batch import SamplingRow, StepOutput
+from lantern.backends.sampling_prep import (
     M32,
     MIX_C1,
     MIX_C2,
@@ -61,8 +62,9 @@ def gumbel_noise(keys: torch.Tensor, col_hashes: torch.Tensor) -> torch.Tensor:
     return _neg_gumbel(keys, col_hashes).neg_()
 
 
-def _argmax_with_noise(scores: torch.Tensor, keys: torch.Tensor, col_hashes: torch.Tensor,
-                       temperature: torch.Tensor | None = None) -> torch.Tensor:
+def _argmax_with_noise(
+    scores: torch.Tensor, keys: torch.Tensor, col_hashes: torch.Tensor, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
     """argmax(scores + temperature * gumbel) per row (= argmax(scores / T + gumbel), without a
     division pass over the logits), in row chunks so the scratch stays small."""
     limit = _NOISE_ELEMS.get(scores.device.type, _NOISE_ELEMS_DEFAULT)
@@ -164,5 +166,6 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> StepOutput:
     if a.max_logprobs:
         top_vals, top_ids = torch.topk(raw, a.max_logprobs, dim=-1)
         ids, vals = top_ids.tolist(), top_vals.tolist()
-    return StepOutput(token_ids=tokens.tolist(), logprobs=chosen.tolist(),
-                      top_logprobs=top_logprobs_lists(rows, ids, vals))
+    return StepOutput(
+        token_ids=tokens.tolist(), logprobs=chosen.tolist(), top_logprobs=top_logprobs_lists(rows, ids, vals)
+    )

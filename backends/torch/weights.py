@@ -1,4 +1,5 @@
 """Load HF safetensors folders and GGUF files (dequantized) into the torch model."""
+
 from __future__ import annotations
 
 import warnings
@@ -6,9 +7,9 @@ import warnings
 import torch
 from safetensors.torch import load_file
 
-from app.models.gguf_names import read_gguf_dequantized
-from app.models.spec import ModelSpec
-from backends.torch.parallel import TPGroup, fuse_projections, shard_weights
+from lantern.app.models.gguf_names import read_gguf_dequantized
+from lantern.app.models.spec import ModelSpec
+from lantern.backends.torch.parallel import TPGroup, fuse_projections, shard_weights
 
 
 def load_weights(model: torch.nn.Module, spec: ModelSpec, tp: TPGroup = TPGroup()) -> None:

@@ -1,12 +1,13 @@
 """GET /health, POST /tokenize and /detokenize, GET /metrics."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from server.errors import APIError, error_response
-from server.generation import ServerState
-from server.protocol import DetokenizeRequest, TokenizeRequest
-from server.routes.chat import encode_messages
+from lantern.server.errors import APIError, error_response
+from lantern.server.generation import ServerState
+from lantern.server.protocol import DetokenizeRequest, TokenizeRequest
+from lantern.server.routes.chat import encode_messages
 
 router = APIRouter()
 
@@ -21,8 +22,11 @@ async def health(request: Request) -> Response | dict:
         return error_response(503, f"the engine has stopped: {reason}", code="engine_dead")
     s = engine.stats()
     return {
-        "status": "ok", "running": s["num_running"], "waiting": s["num_waiting"],
-        "kv_usage": s["kv_usage"], "kv_blocks_used": s["num_blocks"] - s["num_free_blocks"],
+        "status": "ok",
+        "running": s["num_running"],
+        "waiting": s["num_waiting"],
+        "kv_usage": s["kv_usage"],
+        "kv_blocks_used": s["num_blocks"] - s["num_free_blocks"],
     }
 
 

@@ -1,4 +1,5 @@
 """POST /v1/chat/completions."""
+
 from __future__ import annotations
 
 import logging
@@ -9,9 +10,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.engine import InvalidRequestError
-from server.errors import APIError
-from server.generation import (
+from lantern.app.engine import InvalidRequestError
+from lantern.server.errors import APIError
+from lantern.server.generation import (
     ServerState,
     chat_logprobs,
     collect,
@@ -23,23 +24,29 @@ from server.generation import (
     usage,
     validated,
 )
-from server.protocol import ChatCompletionRequest, ChatMessage
+from lantern.server.protocol import ChatCompletionRequest, ChatMessage
 
 router = APIRouter()
 logger = logging.getLogger(__name__)
 
 
-def encode_messages(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool,
-                    chat_template_kwargs: dict[str, Any] | None) -> list[int]:
+def encode_messages(
+    state: ServerState,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    chat_template_kwargs: dict[str, Any] | None,
+) -> list[int]:
     """Prompt ids through the model's chat template; the engine tokenizes message content as
     plain text, so only the template itself produces role markup."""
     try:
-        return state.engine.encode_chat([m.as_template_message() for m in messages],
-                                        add_generation_prompt=add_generation_prompt,
-                                        chat_template_kwargs=chat_template_kwargs)
+        return state.engine.encode_chat(
+            [m.as_template_message() for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+        )
     except InvalidRequestError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a template that raises on these messages (jinja2, bad kwargs)
+    except Exception as exc:
         logger.info("chat template failed: %s", exc)
         raise APIError(400, f"the chat template failed on these messages: {exc}", param="messages") from None
 
@@ -73,13 +80,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         for o in final.outputs
     ]
     return {
-        "id": rid, "object": "chat.completion", "created": created, "model": state.model_name,
-        "choices": choices, "usage": usage([len(ids)], [final], final.num_cached_tokens),
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": state.model_name,
+        "choices": choices,
+        "usage": usage([len(ids)], [final], final.num_cached_tokens),
     }
 
 
-async def _stream(state: ServerState, stream, rid: str, created: int, prompt_len: int, n: int,
-                  logprobs: bool, include_usage: bool) -> AsyncIterator[str]:
+async def _stream(
+    state: ServerState, stream, rid: str, created: int, prompt_len: int, n: int, logprobs: bool, include_usage: bool
+) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
 

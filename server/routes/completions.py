@@ -1,4 +1,5 @@
 """POST /v1/completions: prompt as a string, a list of strings, token ids, or lists of token ids."""
+
 from __future__ import annotations
 
 import time
@@ -7,8 +8,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.engine import RequestOutput
-from server.generation import (
+from lantern.app.engine import RequestOutput
+from lantern.server.generation import (
     ServerState,
     collect,
     completion_logprobs,
@@ -20,7 +21,7 @@ from server.generation import (
     usage,
     validated,
 )
-from server.protocol import CompletionRequest
+from lantern.server.protocol import CompletionRequest
 
 router = APIRouter()
 
@@ -32,13 +33,11 @@ async def completions(body: CompletionRequest, request: Request):
     params = body.sampling_params()
     prompts = body.prompts()
     state.check_choices(params.n, len(prompts))  # before tokenizing: a huge prompt list costs nothing
-    prompt_ids = [validated(state, state.engine.encode(p) if isinstance(p, str) else list(p), params)
-                  for p in prompts]
+    prompt_ids = [validated(state, state.engine.encode(p) if isinstance(p, str) else list(p), params) for p in prompts]
     state.check_capacity()
     rid = new_id("cmpl")
     created = int(time.time())
-    streams = [generate(state, ids, params, f"{rid}-{i}", request, body.cache_salt)
-               for i, ids in enumerate(prompt_ids)]
+    streams = [generate(state, ids, params, f"{rid}-{i}", request, body.cache_salt) for i, ids in enumerate(prompt_ids)]
     tokenizer = state.engine.tokenizer
     echo = [tokenizer.decode(ids) if body.echo else "" for ids in prompt_ids]
     if body.stream:
@@ -49,24 +48,41 @@ async def completions(body: CompletionRequest, request: Request):
     choices = []
     for i in range(len(prompts)):
         for o in finals[i].outputs:
-            choices.append({
-                "index": i * params.n + o.index,
-                "text": echo[i] + o.text,
-                "logprobs": (completion_logprobs(tokenizer, o.logprobs or [], len(echo[i]))
-                             if body.logprobs is not None else None),
-                "finish_reason": o.finish_reason,
-                "stop_reason": o.stop_reason,
-            })
+            choices.append(
+                {
+                    "index": i * params.n + o.index,
+                    "text": echo[i] + o.text,
+                    "logprobs": (
+                        completion_logprobs(tokenizer, o.logprobs or [], len(echo[i]))
+                        if body.logprobs is not None
+                        else None
+                    ),
+                    "finish_reason": o.finish_reason,
+                    "stop_reason": o.stop_reason,
+                }
+            )
     outs = [finals[i] for i in range(len(prompts))]
     return {
-        "id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": state.model_name,
         "choices": choices,
         "usage": usage([len(x) for x in prompt_ids], outs, sum(o.num_cached_tokens for o in outs)),
     }
 
 
-async def _stream(state: ServerState, streams, rid: str, created: int, prompt_ids: list[list[int]],
-                  n: int, body: CompletionRequest, echo: list[str], include_usage: bool) -> AsyncIterator[str]:
+async def _stream(
+    state: ServerState,
+    streams,
+    rid: str,
+    created: int,
+    prompt_ids: list[list[int]],
+    n: int,
+    body: CompletionRequest,
+    echo: list[str],
+    include_usage: bool,
+) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer
     base = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name}
     sent_echo: set[int] = set()
@@ -84,13 +100,22 @@ async def _stream(state: ServerState, streams, rid: str, created: int, prompt_id
                 sent_echo.add(index)
             if not (text or o.token_ids_delta or o.finished):
                 continue
-            lps = completion_logprobs(tokenizer, o.logprobs_delta) if body.logprobs is not None and o.logprobs_delta else None
+            lps = (
+                completion_logprobs(tokenizer, o.logprobs_delta)
+                if body.logprobs is not None and o.logprobs_delta
+                else None
+            )
             finish = o.finish_reason if o.finished else None
             if o.finished:
                 done.add(index)
             yield sse({**base, "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish}]})
     if include_usage and finals:
         outs = list(finals.values())
-        yield sse({**base, "choices": [],
-                   "usage": usage([len(x) for x in prompt_ids], outs, sum(o.num_cached_tokens for o in outs))})
+        yield sse(
+            {
+                **base,
+                "choices": [],
+                "usage": usage([len(x) for x in prompt_ids], outs, sum(o.num_cached_tokens for o in outs)),
+            }
+        )
     yield sse("[DONE]")

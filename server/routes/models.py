@@ -1,4 +1,5 @@
 """GET /v1/models."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -9,7 +10,15 @@ router = APIRouter()
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     state = request.app.state.lantern
-    return {"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": request.app.state.started,
-        "owned_by": "lantern", "max_model_len": state.engine.max_model_len,
-    }]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": state.model_name,
+                "object": "model",
+                "created": request.app.state.started,
+                "owned_by": "lantern",
+                "max_model_len": state.engine.max_model_len,
+            }
+        ],
+    }

@@ -1,4 +1,5 @@
 """The conformance suite runs once per backend: every backend must pass the same tests."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -4,16 +4,17 @@ On a CPU the static-buffer path runs without capture (`static_decode=True`): bat
 their bucket (1, 2, 4, 8, 16, ...) with rows that must neither write the KV pool nor disturb the
 real rows. The gpu-marked cases capture and replay real CUDA graphs, in float32 and bfloat16.
 """
+
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from app.config import EngineConfig  # noqa: E402
-from app.engine import LLM, SamplingParams  # noqa: E402
-from app.engine.engine import LLMEngine  # noqa: E402
-from backends.torch.runner import TorchBackend  # noqa: E402
+from lantern.app.config import EngineConfig  # noqa: E402
+from lantern.app.engine import LLM, SamplingParams  # noqa: E402
+from lantern.app.engine.engine import LLMEngine  # noqa: E402
+from lantern.backends.torch.runner import TorchBackend  # noqa: E402
 from tests.conformance.test_scheduling import make_prompts  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

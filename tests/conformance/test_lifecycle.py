@@ -1,13 +1,19 @@
 """Request lifecycle on both backends: every request ends, one failure fails only its request,
 a dead engine says so at once, and n > 1 is a fan-out of seeds seed..seed+n-1."""
+
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from app.engine import (
-    LLM, AsyncEngine, EngineDeadError, InvalidRequestError, RequestFailedError, SamplingParams,
+from lantern.app.engine import (
+    LLM,
+    AsyncEngine,
+    EngineDeadError,
+    InvalidRequestError,
+    RequestFailedError,
+    SamplingParams,
 )
 
 POISON = 7  # a prompt holding this token id makes the patched backend fail
@@ -39,6 +45,7 @@ async def _collect(engine: AsyncEngine, prompt, params, rid=None, **kw):
 def test_abort_ends_the_stream_with_an_abort_output(tiny_model_dir, backend):
     engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
     try:
+
         async def run():
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
             outs = []
@@ -59,6 +66,7 @@ def test_abort_ends_the_stream_with_an_abort_output(tiny_model_dir, backend):
 def test_duplicate_request_id_is_refused_and_the_first_runs_on(tiny_model_dir, backend):
     engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
     try:
+
         async def run():
             params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
             first = asyncio.create_task(_collect(engine, [1, 2, 3], params, "same"))
@@ -78,6 +86,7 @@ def test_a_failing_request_fails_alone(tiny_model_dir, backend):
     engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
     _poison(engine._engine)
     try:
+
         async def run():
             params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
             good = [asyncio.create_task(_collect(engine, [1, 2, 3 + i], params)) for i in range(4)]
@@ -108,6 +117,7 @@ def test_a_dead_engine_loop_fails_pending_and_new_requests(tiny_model_dir, backe
 
     engine._engine.step = dying_step
     try:
+
         async def run():
             params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
             with pytest.raises(EngineDeadError, match="scheduler state lost"):

@@ -1,13 +1,14 @@
 """logit_bias on each backend: added to the logits before temperature and filtering (OpenAI), per
 row, without touching the reported (raw) logprobs; end to end it decodes as transformers'
 SequenceBiasLogitsProcessor does."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from app.engine import LLM, SamplingParams
+from lantern.app.engine import LLM, SamplingParams
 from tests.conformance.test_sampler_draws import (
     Sampler,
     chi2_p,
@@ -28,11 +29,13 @@ def test_bias_steers_greedy_rows_and_leaves_unbiased_rows_alone(sampler):
     logits = (rng.standard_normal((5, 3000)) * 3).astype(np.float32)
     low = int(np.argmin(logits[0]))
     best, second = np.argsort(-logits[1])[:2].tolist()
-    rows = [row(0, temperature=0, logit_bias={low: 100.0}),  # the least likely token wins
-            row(1, temperature=0, logit_bias={best: -100.0}),  # the greedy token is excluded
-            row(2, temperature=0),
-            row(3, temperature=0, logit_bias={low: 0.0}),  # a zero bias changes nothing
-            row(4, temperature=0, logit_bias={int(np.argmax(logits[4])): 5.0})]
+    rows = [
+        row(0, temperature=0, logit_bias={low: 100.0}),  # the least likely token wins
+        row(1, temperature=0, logit_bias={best: -100.0}),  # the greedy token is excluded
+        row(2, temperature=0),
+        row(3, temperature=0, logit_bias={low: 0.0}),  # a zero bias changes nothing
+        row(4, temperature=0, logit_bias={int(np.argmax(logits[4])): 5.0}),
+    ]
     tokens = sampler.sample(logits, rows)
     assert tokens[0] == low and tokens[1] == second
     assert tokens[2:] == np.argmax(logits[2:], axis=-1).tolist()
@@ -97,7 +100,12 @@ def test_greedy_decoding_with_bias_matches_transformers(tiny_model_dir, backend)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # never stop early: compare all n tokens
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompts[0]]), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                          sequence_bias=[[[t], b] for t, b in bias.items()])
-    assert got[0] == ref[0, len(prompts[0]):].tolist()
+        ref = hf.generate(
+            torch.tensor([prompts[0]]),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            sequence_bias=[[[t], b] for t, b in bias.items()],
+        )
+    assert got[0] == ref[0, len(prompts[0]) :].tolist()
     llm.engine.shutdown()

@@ -1,14 +1,14 @@
 """MLX backend vs transformers: logits through the paged cache, and greedy generations."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from app.engine import LLM, SamplingParams
-from app.engine.batch import build_batch
+from lantern.app.engine import LLM, SamplingParams
+from lantern.app.engine.batch import build_batch
 from tests.conftest import ALL_VARIANTS
-
 
 PROMPT = "Paged attention stores keys and values in blocks, while continuous batching"
 
@@ -25,9 +25,12 @@ def hf_greedy(model, prompt_ids, n):
     model.generation_config.eos_token_id = None  # never stop early: compare all n tokens
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, pad_token_id=0,
+            torch.tensor([prompt_ids]),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
         )
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def step_logits(engine, batch) -> np.ndarray:

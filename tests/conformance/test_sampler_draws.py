@@ -3,6 +3,7 @@ numpy reference, a row draws the same token alone or in a batch, and the draws f
 softmax(logits / T) (after top-k / top-p) by a chi-square test with the power to reject a slightly
 wrong distribution. Steps and seeds give independent draws.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,9 +12,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.engine.batch import SamplingRow
-from app.engine.sampling_params import SamplingParams
-from backends import sampling_prep as prep
+from lantern.app.engine.batch import SamplingRow
+from lantern.app.engine.sampling_params import SamplingParams
+from lantern.backends import sampling_prep as prep
 
 P_MIN = 1e-4  # deterministic draws: a correct sampler passes at any threshold this small
 
@@ -26,7 +27,7 @@ class Sampler:
         if backend == "mlx":
             import mlx.core as mx
 
-            from backends.mlx import sampler
+            from lantern.backends.mlx import sampler
 
             self.to = mx.array
             self.back = np.array
@@ -35,7 +36,7 @@ class Sampler:
         else:
             import torch
 
-            from backends.torch import sampler
+            from lantern.backends.torch import sampler
 
             dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             self.to = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(dev)
@@ -98,13 +99,16 @@ def test_noise_is_the_reference_hash_bit_for_bit(sampler):
     assert abs(g.mean() - np.euler_gamma) < 0.01 and abs(g.var() - np.pi**2 / 6) < 0.02
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mlx") is None or importlib.util.find_spec("torch") is None,
-                    reason="needs both backends")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mlx") is None or importlib.util.find_spec("torch") is None, reason="needs both backends"
+)
 def test_torch_and_mlx_draw_the_same_tokens():
     rng = np.random.default_rng(3)
     logits = (rng.standard_normal((16, 5000)) * 2).astype(np.float32)
-    rows = [row(1000 + i, 7 + i, temperature=0.5 + 0.1 * i, top_p=0.9 if i % 3 == 0 else 1.0,
-                top_k=50 if i % 4 == 1 else 0) for i in range(16)]
+    rows = [
+        row(1000 + i, 7 + i, temperature=0.5 + 0.1 * i, top_p=0.9 if i % 3 == 0 else 1.0, top_k=50 if i % 4 == 1 else 0)
+        for i in range(16)
+    ]
     assert Sampler("torch").sample(logits, rows) == Sampler("mlx").sample(logits, rows)
 
 
@@ -112,12 +116,18 @@ def test_a_row_draws_the_same_token_alone_and_in_a_batch_of_32(sampler):
     rng = np.random.default_rng(4)
     vocab = 32000
     logits = (rng.standard_normal((32, vocab)) * 3).astype(np.float32)
-    variants = [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.3, "top_k": 40},
-                {"temperature": 0.9, "min_p": 0.05}, {"temperature": 0.0},
-                {"temperature": 2.0, "top_k": 5, "top_p": 0.5},
-                {"temperature": 1.0, "logit_bias": {7: 4.0, 9: -100.0}}]
-    rows = [row(rng.integers(-(2**40), 2**40), int(rng.integers(0, 500)), **variants[i % len(variants)])
-            for i in range(32)]
+    variants = [
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.3, "top_k": 40},
+        {"temperature": 0.9, "min_p": 0.05},
+        {"temperature": 0.0},
+        {"temperature": 2.0, "top_k": 5, "top_p": 0.5},
+        {"temperature": 1.0, "logit_bias": {7: 4.0, 9: -100.0}},
+    ]
+    rows = [
+        row(rng.integers(-(2**40), 2**40), int(rng.integers(0, 500)), **variants[i % len(variants)]) for i in range(32)
+    ]
     batched = sampler.sample(logits, rows)
     alone = [sampler.sample(logits[i : i + 1], [r])[0] for i, r in enumerate(rows)]
     assert batched == alone

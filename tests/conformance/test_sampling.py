@@ -1,5 +1,6 @@
 """Sampling semantics on a real model, on each backend: seeds, top-k, logprobs, stops, penalties
 (against transformers' processors and the OpenAI formula), streaming."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +14,7 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from app.engine import LLM, AsyncEngine, SamplingParams
+from lantern.app.engine import LLM, AsyncEngine, SamplingParams
 from tests.conformance.test_scheduling import make_prompts
 
 
@@ -85,14 +86,17 @@ def test_stop_string_and_stop_token(llm):
     assert o.finish_reason == "stop" and o.stop_reason == stop
     assert o.text == text[:first]
     stop_id = free.token_ids[5]
-    by_id = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
-                                                  stop_token_ids=[stop_id]))[0].outputs[0]
+    by_id = llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id])
+    )[0].outputs[0]
     k = free.token_ids.index(stop_id)
     assert by_id.token_ids == free.token_ids[: k + 1]
     assert by_id.finish_reason == "stop" and by_id.stop_reason == stop_id
     # min_tokens bans the stop token until enough tokens are out.
-    late = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
-                                                 stop_token_ids=[stop_id], min_tokens=k + 2))[0].outputs[0]
+    late = llm.generate(
+        [prompt],
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id], min_tokens=k + 2),
+    )[0].outputs[0]
     assert stop_id not in late.token_ids[: k + 2]
     assert len(late.token_ids) >= k + 2
 
@@ -130,7 +134,7 @@ def hf(tiny_model_dir):
 def hf_greedy(hf, prompt: list[int], n: int, **kw) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0, **kw)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def test_repetition_penalty_decodes_as_transformers(llm, hf):
@@ -149,11 +153,14 @@ def test_frequency_and_presence_penalties_decode_as_the_openai_formula(llm, hf):
     n = 30
     plain = tokens(llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))
     for freq, pres in ((0.9, 0.0), (0.0, 1.5), (1.5, -0.5), (-2.0, 0.0)):
-        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, frequency_penalty=freq,
-                                presence_penalty=pres)
+        params = SamplingParams(
+            temperature=0, max_tokens=n, ignore_eos=True, frequency_penalty=freq, presence_penalty=pres
+        )
         got = tokens(llm.generate(prompts, params))
-        ref = [hf_greedy(hf, p, n, logits_processor=LogitsProcessorList([OpenAIPenalties(len(p), freq, pres)]))
-               for p in prompts]
+        ref = [
+            hf_greedy(hf, p, n, logits_processor=LogitsProcessorList([OpenAIPenalties(len(p), freq, pres)]))
+            for p in prompts
+        ]
         assert got == ref, (freq, pres)
         assert got != plain, (freq, pres)
 
@@ -161,8 +168,7 @@ def test_frequency_and_presence_penalties_decode_as_the_openai_formula(llm, hf):
 def test_penalized_samples_of_one_request_keep_their_own_counts(llm):
     """n samples each keep their own penalty state: sample i equals the lone request seeded seed+i."""
     prompt = make_prompts(llm.tokenizer, 1, seed=19)[0]
-    kw = {"temperature": 1.0, "max_tokens": 16, "ignore_eos": True, "frequency_penalty": 1.5,
-          "repetition_penalty": 1.3}
+    kw = {"temperature": 1.0, "max_tokens": 16, "ignore_eos": True, "frequency_penalty": 1.5, "repetition_penalty": 1.3}
     fan = llm.generate([prompt], SamplingParams(n=3, seed=40, **kw))[0].outputs
     alone = [tokens(llm.generate([prompt], SamplingParams(seed=40 + i, **kw)))[0] for i in range(3)]
     assert [o.token_ids for o in sorted(fan, key=lambda o: o.index)] == alone
@@ -172,17 +178,21 @@ def test_penalized_samples_of_one_request_keep_their_own_counts(llm):
 def test_penalized_logits_equal_the_reference_processors(backend):
     """The sampler's edited logits (all penalties at once, one row each) against transformers'
     RepetitionPenaltyLogitsProcessor followed by the OpenAI formula."""
-    from app.engine.batch import SamplingRow
-    from app.engine.penalty_state import PenaltyState
-    from backends.sampling_prep import prepare_sampling
+    from lantern.app.engine.batch import SamplingRow
+    from lantern.app.engine.penalty_state import PenaltyState
+    from lantern.backends.sampling_prep import prepare_sampling
     from tests.conformance.test_sampler_draws import Sampler
 
     sampler = Sampler(backend)
     rng = np.random.default_rng(8)
     vocab = 300
     logits = (rng.standard_normal((4, vocab)) * 3).astype(np.float32)
-    kws = [{"repetition_penalty": 1.6}, {"frequency_penalty": 0.8, "presence_penalty": 0.5},
-           {"repetition_penalty": 0.6, "frequency_penalty": -1.0, "presence_penalty": 2.0}, {}]
+    kws = [
+        {"repetition_penalty": 1.6},
+        {"frequency_penalty": 0.8, "presence_penalty": 0.5},
+        {"repetition_penalty": 0.6, "frequency_penalty": -1.0, "presence_penalty": 2.0},
+        {},
+    ]
     rows, expected = [], []
     for i, kw in enumerate(kws):
         prompt, output = rng.integers(0, vocab, 40).tolist(), rng.integers(0, vocab, 60).tolist()
@@ -206,10 +216,17 @@ def test_penalized_logits_equal_the_reference_processors(backend):
 
 def test_sampling_params_reject_bad_values():
     for kwargs, field in [
-        ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": -3}, "top_k"),
-        ({"min_p": 2}, "min_p"), ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"),
-        ({"logprobs": 50}, "logprobs"), ({"stop": [""]}, "stop"), ({"frequency_penalty": 3}, "frequency_penalty"),
-        ({"repetition_penalty": 0}, "repetition_penalty"), ({"min_tokens": 9, "max_tokens": 3}, "min_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -3}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"logprobs": 50}, "logprobs"),
+        ({"stop": [""]}, "stop"),
+        ({"frequency_penalty": 3}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_tokens": 9, "max_tokens": 3}, "min_tokens"),
     ]:
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kwargs)

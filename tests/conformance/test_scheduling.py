@@ -1,12 +1,12 @@
 """Continuous batching on a real MLX model: batch invariance, preemption, prefix cache, n > 1."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from app.engine import LLM, SamplingParams
-
+from lantern.app.engine import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -30,8 +30,13 @@ def all_blocks_free(engine):
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir, backend):
     return LLM(
-        tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4,
-        prefill_chunk_size=8, max_num_batched_tokens=48, num_kv_blocks=512,
+        tiny_model_dir("llama2"),
+        backend=backend,
+        dtype="float32",
+        block_size=4,
+        prefill_chunk_size=8,
+        max_num_batched_tokens=48,
+        num_kv_blocks=512,
     )
 
 
@@ -76,8 +81,7 @@ def test_prefix_cache_reuses_blocks_and_changes_nothing(tiny_model_dir, backend)
     suffixes = make_prompts(_tok(path), 6, seed=3, min_len=3, max_len=9)
     prompts = [prefix + s for s in suffixes]
     cached = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=256)
-    uncached = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=256,
-                   enable_prefix_caching=False)
+    uncached = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=256, enable_prefix_caching=False)
     first = cached.generate([prompts[0]], GREEDY)  # fills the cache
     rest = cached.generate(prompts[1:], GREEDY)
     bm = cached.engine.block_manager

@@ -1,9 +1,10 @@
 """Tensor parallelism with 2 gloo ranks on CPU gives the same greedy tokens as 1 rank."""
+
 from __future__ import annotations
 
 import pytest
 
-from app.engine import LLM, SamplingParams
+from lantern.app.engine import LLM, SamplingParams
 
 pytest.importorskip("torch")
 
@@ -31,7 +32,7 @@ def test_a_dead_rank_is_reported_not_waited_on(tiny_model_dir):
     import asyncio
     import time
 
-    from app.engine import AsyncEngine, EngineDeadError
+    from lantern.app.engine import AsyncEngine, EngineDeadError
 
     opts = dict(backend="torch", dtype="float32", block_size=4, num_kv_blocks=64)
     engine = AsyncEngine(model=tiny_model_dir("llama2"), tensor_parallel_size=2, **opts)

@@ -1,5 +1,6 @@
 """The browser chat (`--ui-server`) in headless Debian Chromium, driven by Playwright, against a
 live server on 127.0.0.1. Each test leaves a screenshot of its end state in its tmp_path."""
+
 from __future__ import annotations
 
 import os
@@ -8,16 +9,25 @@ import shutil
 import httpx
 import pytest
 
-from server.app import ServerSettings
+from lantern.server.app import ServerSettings
 from tests.server.conftest import start_server
 
 pytest.importorskip("mlx.core")
 sync_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = os.environ.get("LANTERN_CHROMIUM", "/usr/bin/chromium")
-pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-quic"]
+pytestmark = pytest.mark.skipif(
+    not shutil.which(CHROMIUM), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+)
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +36,9 @@ def ui_server(tmp_path_factory):
     from tests.fixtures.tiny_models import build_model
 
     path = build_model("llama2", tmp_path_factory.mktemp("long"), max_position_embeddings=4096)
-    srv = start_server(str(path), ServerSettings(served_model_name="tiny", ui_server=True),
-                       block_size=16, num_kv_blocks=300)
+    srv = start_server(
+        str(path), ServerSettings(served_model_name="tiny", ui_server=True), block_size=16, num_kv_blocks=300
+    )
     yield srv
     srv.stop()
 
@@ -65,8 +76,9 @@ def wait_idle(page):
     page.wait_for_selector("#send", state="visible", timeout=60_000)
 
 
-@pytest.mark.parametrize("page", [{"width": 1280, "height": 800}, {"width": 375, "height": 740}], indirect=True,
-                         ids=["desktop", "phone"])
+@pytest.mark.parametrize(
+    "page", [{"width": 1280, "height": 800}, {"width": 375, "height": 740}], indirect=True, ids=["desktop", "phone"]
+)
 def test_send_message_streams_reply_and_survives_reload(ui_server, page):
     page.goto(ui_server.base_url + "/")
     page.wait_for_function("document.querySelector('#model').options.length > 0")
@@ -76,9 +88,15 @@ def test_send_message_streams_reply_and_survives_reload(ui_server, page):
     page.press("#input", "Enter")
     wait_idle(page)
     reply = page.inner_text(".msg.assistant")
-    expected = httpx.post(ui_server.base_url + "/v1/chat/completions", json={
-        "model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "temperature": 0, "max_tokens": 12,
-    }).json()["choices"][0]["message"]["content"]
+    expected = httpx.post(
+        ui_server.base_url + "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Hello there"}],
+            "temperature": 0,
+            "max_tokens": 12,
+        },
+    ).json()["choices"][0]["message"]["content"]
     assert reply.strip() and reply.split() == expected.split()
     assert page.inner_text("#stat-ttft") != "–"
     page.reload()
@@ -121,11 +139,15 @@ def test_copy_buttons_and_deleting_a_conversation(ui_server, page):
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=ui_server.base_url)
     page.goto(ui_server.base_url + "/")
     reply = 'Use print:\n\n```python\nprint("hi")  # say hi\n```\n\nThat is all.'
-    page.evaluate("""(reply) => localStorage.setItem("lantern.conversations", JSON.stringify([
+    page.evaluate(
+        """(reply) => localStorage.setItem("lantern.conversations", JSON.stringify([
         {id: "a", title: "How do I print?", messages: [{role: "user", content: "How do I print?"},
                                                        {role: "assistant", content: reply}]},
-        {id: "b", title: "Second chat", messages: [{role: "user", content: "Hi"}, {role: "assistant", content: "Hello"}]},
-    ]))""", reply)
+        {id: "b", title: "Second chat",
+         messages: [{role: "user", content: "Hi"}, {role: "assistant", content: "Hello"}]},
+    ]))""",
+        reply,
+    )
     page.reload()
     page.wait_for_selector(".msg.assistant pre")
     assert page.inner_text(".msg.assistant pre code") == 'print("hi")  # say hi'

@@ -1,6 +1,7 @@
 """The menu-bar launcher: its controller against a real `lantern serve` child process, and the
 tray icon itself (pystray's GTK status icon) docked in a real system tray (trayer) under Xvfb:
 its menu opened with a right click and driven with the keyboard through xdotool."""
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from app.menubar.controller import FAILED, SERVING, STOPPED, ServerController
+from lantern.app.menubar.controller import FAILED, SERVING, STOPPED, ServerController
 from tests.server.conftest import free_port
 
 pytestmark = pytest.mark.slow
@@ -24,7 +25,7 @@ ENGINE_ARGS = ["--backend", "auto", "--dtype", "float32", "--mem", "16", "--log"
 
 @pytest.fixture(autouse=True)
 def _needs_a_backend():
-    from backends import pick_backend
+    from lantern.backends import pick_backend
 
     try:
         pick_backend("auto")
@@ -65,25 +66,36 @@ def _gtk_available() -> bool:
 @pytest.fixture
 def x_display():
     """Xvfb with a system tray (trayer) docked in it and a D-Bus session bus (GTK wants one)."""
-    if not (shutil.which("Xvfb") and shutil.which("trayer") and shutil.which("xdotool")
-            and shutil.which("dbus-daemon")):
+    if not (
+        shutil.which("Xvfb") and shutil.which("trayer") and shutil.which("xdotool") and shutil.which("dbus-daemon")
+    ):
         pytest.skip("needs Xvfb, trayer, xdotool and dbus (apt-get install xvfb trayer xdotool dbus)")
     if not _gtk_available():
-        pytest.skip("needs PyGObject with GTK 3 (apt-get install gir1.2-gtk-3.0 libgirepository1.0-dev "
-                    "libcairo2-dev; pip install 'PyGObject<3.51')")
+        pytest.skip(
+            "needs PyGObject with GTK 3 (apt-get install gir1.2-gtk-3.0 libgirepository1.0-dev "
+            "libcairo2-dev; pip install 'PyGObject<3.51')"
+        )
     # -displayfd: Xvfb picks a free display number and reports it once it is ready.
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", "1", "-screen", "0", "800x600x24", "-nolisten", "tcp"],
-                            stdout=subprocess.PIPE, text=True)
+    xvfb = subprocess.Popen(
+        ["Xvfb", "-displayfd", "1", "-screen", "0", "800x600x24", "-nolisten", "tcp"], stdout=subprocess.PIPE, text=True
+    )
     display = ":" + xvfb.stdout.readline().strip()
     # Own session: the bus and what it activates must not share the test's process group.
-    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
-                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    bus = subprocess.Popen(
+        ["dbus-daemon", "--session", "--nofork", "--print-address=1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     bus_address = bus.stdout.readline().strip()
     env = dict(os.environ, DISPLAY=display, DBUS_SESSION_BUS_ADDRESS=bus_address)
     time.sleep(1.0)
-    tray = subprocess.Popen(["trayer", "--edge", "top", "--align", "right", "--widthtype", "pixel",
-                             "--width", "200", "--height", "32"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tray = subprocess.Popen(
+        ["trayer", "--edge", "top", "--align", "right", "--widthtype", "pixel", "--width", "200", "--height", "32"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(1.5)
     saved = {k: os.environ.get(k) for k in ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "NO_AT_BRIDGE")}
     # NO_AT_BRIDGE: GTK would otherwise start an accessibility bus on the session bus.
@@ -124,11 +136,9 @@ def shown_menu():
 def open_menu(tray, icon_window: str, env: dict) -> list[tuple[str, bool]]:
     """Right-click the docked icon like a user; return the open menu's (label, enabled) rows."""
     for attempt in range(3):  # a click may land while the tray is still settling; a user clicks again
-        subprocess.run(["xdotool", "mousemove", "--window", icon_window, "8", "8", "click", "3"],
-                       env=env, check=True)
+        subprocess.run(["xdotool", "mousemove", "--window", icon_window, "8", "8", "click", "3"], env=env, check=True)
         try:
-            wait_until(lambda: on_gtk_thread(shown_menu) is not None, "the tray menu did not open",
-                       timeout=5.0)
+            wait_until(lambda: on_gtk_thread(shown_menu) is not None, "the tray menu did not open", timeout=5.0)
             break
         except AssertionError:
             if attempt == 2:
@@ -139,6 +149,7 @@ def open_menu(tray, icon_window: str, env: dict) -> list[tuple[str, bool]]:
 
 def choose(tray, key: str, label: str, env: dict) -> None:
     """Move through the open menu with a key until `label` is selected, then press Return."""
+
     def selected() -> str | None:
         menu = shown_menu()
         item = menu.get_selected_item() if menu else None
@@ -167,8 +178,9 @@ def docked_icon_window(env: dict) -> str:
     found: list[str] = []
 
     def one_window() -> bool:
-        found[:] = subprocess.run(["xdotool", "search", "--onlyvisible", "--pid", str(os.getpid())],
-                                  env=env, capture_output=True, text=True).stdout.split()
+        found[:] = subprocess.run(
+            ["xdotool", "search", "--onlyvisible", "--pid", str(os.getpid())], env=env, capture_output=True, text=True
+        ).stdout.split()
         return len(found) == 1
 
     wait_until(one_window, f"expected one docked icon window, found {found}")
@@ -176,7 +188,7 @@ def docked_icon_window(env: dict) -> str:
 
 
 def test_tray_menu_opens_starts_the_server_and_quits(tiny_model_dir, tmp_path, x_display):
-    from app.menubar.tray import Tray  # imports pystray, which needs the display
+    from lantern.app.menubar.tray import Tray  # imports pystray, which needs the display
 
     ctl = ServerController(port=free_port(), extra_args=ENGINE_ARGS, state_dir=tmp_path)
     model = tiny_model_dir("llama2")

@@ -1,5 +1,6 @@
 """`lantern menubar` where no tray can be shown: one line naming the cause, exit status 1, no
 traceback (it printed pystray's raw ImportError before). No GUI and no model needed."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.menubar.tray import TrayUnavailableError, check_graphical_session
+from lantern.app.menubar.tray import TrayUnavailableError, check_graphical_session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,8 +22,15 @@ def run_menubar(**env_changes: str | None) -> subprocess.CompletedProcess:
             env.pop(key, None)
         else:
             env[key] = value
-    return subprocess.run([sys.executable, "-m", "app.cli", "menubar"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "lantern", "menubar"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def error_lines(result: subprocess.CompletedProcess) -> list[str]:

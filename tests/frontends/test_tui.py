@@ -1,5 +1,6 @@
 """The terminal chat under Textual's pilot, against a real in-process engine on a tiny model,
 on each backend (torch: the Linux default; MLX)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,11 +11,11 @@ import pytest
 
 pytest.importorskip("textual")
 
-from app.engine import AsyncEngine  # noqa: E402
-from tests.fixtures.tiny_models import build_model  # noqa: E402
-from tests.frontends.tui_helpers import BACKENDS, PublicSurface, RecordingClient, wait_for, wait_idle  # noqa: E402
-from tui.app import ChatApp, Message, split_reasoning  # noqa: E402
-from tui.client import ChatSettings, EngineClient  # noqa: E402
+from lantern.app.engine import AsyncEngine
+from lantern.tui.app import ChatApp, Message, split_reasoning
+from lantern.tui.client import ChatSettings, EngineClient
+from tests.fixtures.tiny_models import build_model
+from tests.frontends.tui_helpers import BACKENDS, PublicSurface, RecordingClient, wait_for, wait_idle
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -24,8 +25,7 @@ def backend(request) -> str:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, backend):
-    eng = AsyncEngine(model=tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4,
-                      num_kv_blocks=512)
+    eng = AsyncEngine(model=tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4, num_kv_blocks=512)
     yield eng
     eng.shutdown()
 
@@ -50,7 +50,9 @@ def test_prompt_streams_reply_and_stats_update(engine, backend):
 
     async def direct():
         out = ""
-        async for d in client.stream_chat([{"role": "user", "content": "Hello there"}], ChatSettings(temperature=0, max_tokens=12)):
+        async for d in client.stream_chat(
+            [{"role": "user", "content": "Hello there"}], ChatSettings(temperature=0, max_tokens=12)
+        ):
             out += d
         return out
 
@@ -180,14 +182,13 @@ def test_snapshots(snap_compare):
         await pilot.press("ctrl+s")
         await pilot.pause()
 
-    assert snap_compare(ChatApp(IdleClient(), stats_interval=3600), terminal_size=(100, 30),
-                        run_before=open_settings)
+    assert snap_compare(ChatApp(IdleClient(), stats_interval=3600), terminal_size=(100, 30), run_before=open_settings)
 
 
 def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir, backend):
     """`lantern chat` opens at once and loads the model in the background: "Loading…", then the
     model's name; a model that cannot load, or a server that is not there, is an error in the app."""
-    from tui.client import HTTPClient
+    from lantern.tui.client import HTTPClient
 
     path = tiny_model_dir("llama2")
     release = asyncio.Event()
@@ -224,7 +225,7 @@ def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir,
         for connect, words in ((load_missing, "not a model folder"), (connect_unreachable, "cannot reach")):
             app = ChatApp(connect=connect)
             async with app.run_test(size=(100, 30)) as pilot:
-                await wait_for(lambda: app.query_one("#error").display, pilot, timeout=60)
+                await wait_for(lambda app=app: app.query_one("#error").display, pilot, timeout=60)
                 assert "could not start the chat" in str(app.query_one("#error").render())
                 assert words in str(app.query_one("#error").render())
                 assert app.sub_title == "not loaded"
@@ -235,7 +236,7 @@ def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir,
 def test_chats_are_saved_and_reopened(engine, tmp_path):
     from textual.content import Content
 
-    from tui.history import ChatStore, HistoryScreen
+    from lantern.tui.history import ChatStore, HistoryScreen
 
     client = RecordingClient(engine, model_name="tiny")
     store = ChatStore(tmp_path / "chats")
@@ -292,14 +293,19 @@ def test_attached_to_a_server_over_http(tmp_path, backend):
     non-streaming answer, the stats come from /metrics, Esc ends the request on the server."""
     import httpx
 
-    from server.app import ServerSettings
+    from lantern.server.app import ServerSettings
+    from lantern.tui.client import ChatError, HTTPClient
     from tests.server.conftest import start_server
-    from tui.client import ChatError, HTTPClient
 
     # A 4k context: greedy replies run for hundreds of tokens, long enough to press Esc.
     path = build_model("llama2", tmp_path, max_position_embeddings=4096)
-    srv = start_server(str(path), ServerSettings(served_model_name="tiny", api_key="k1"), backend=backend,
-                       block_size=16, num_kv_blocks=300)
+    srv = start_server(
+        str(path),
+        ServerSettings(served_model_name="tiny", api_key="k1"),
+        backend=backend,
+        block_size=16,
+        num_kv_blocks=300,
+    )
     assert srv.engine.backend_name == backend
     auth = {"Authorization": "Bearer k1"}
 
@@ -318,9 +324,16 @@ def test_attached_to_a_server_over_http(tmp_path, backend):
             await pilot.click("#prompt")
             await pilot.press(*"Hello there", "enter")
             await wait_for(lambda: not app.generating and len(app.history) == 2, pilot)
-            expected = httpx.post(srv.base_url + "/v1/chat/completions", headers=auth, json={
-                "model": "tiny", "messages": [{"role": "user", "content": "Hello there"}],
-                "temperature": 0, "max_tokens": 12}).json()["choices"][0]["message"]["content"]
+            expected = httpx.post(
+                srv.base_url + "/v1/chat/completions",
+                headers=auth,
+                json={
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": "Hello there"}],
+                    "temperature": 0,
+                    "max_tokens": 12,
+                },
+            ).json()["choices"][0]["message"]["content"]
             assert app.history[1]["content"] == expected and expected
             await wait_for(lambda: app.stats.get("kv_usage") is not None and app.stats.get("running") == 0, pilot)
             app.settings = ChatSettings(temperature=0, max_tokens=4000)

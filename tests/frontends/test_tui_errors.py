@@ -1,6 +1,7 @@
 """The terminal chat when the engine fails: a request that fails inside the engine, and an engine
 loop that dies, on each backend. Both are errors shown in the app (the app keeps running), never a
 crash; the reply so far stays, and after a one-request failure the next prompt is answered."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,12 +11,17 @@ import pytest
 
 pytest.importorskip("textual")
 
-from app.engine import (  # noqa: E402
-    AsyncEngine, EngineConfig, EngineDeadError, InvalidRequestError, LLMEngine, RequestFailedError,
+from lantern.app.engine import (
+    AsyncEngine,
+    EngineConfig,
+    EngineDeadError,
+    InvalidRequestError,
+    LLMEngine,
+    RequestFailedError,
 )
-from tests.frontends.tui_helpers import BACKENDS, PublicSurface, wait_for, wait_idle  # noqa: E402
-from tui.app import ChatApp, Message  # noqa: E402
-from tui.client import ChatError, ChatSettings, EngineClient  # noqa: E402
+from lantern.tui.app import ChatApp, Message
+from lantern.tui.client import ChatError, ChatSettings, EngineClient
+from tests.frontends.tui_helpers import BACKENDS, PublicSurface, wait_for, wait_idle
 
 # Greedy on the tiny model runs well past a few tokens for this prompt: the fault lands mid-reply.
 PROMPT = "long story"
@@ -26,12 +32,12 @@ class SimulatedFault(RuntimeError):
     pass
 
 
-def faulty_engine(model_dir: str, backend: str, *, execute_fails_at: int | None = None,
-                  step_fails_at: int | None = None) -> AsyncEngine:
+def faulty_engine(
+    model_dir: str, backend: str, *, execute_fails_at: int | None = None, step_fails_at: int | None = None
+) -> AsyncEngine:
     """A real engine whose backend raises on its Nth forward pass (the engine fails that one
     request), or whose engine step raises (the engine loop itself dies)."""
-    inner = LLMEngine(EngineConfig(model=model_dir, backend=backend, dtype="float32", block_size=4,
-                                   num_kv_blocks=128))
+    inner = LLMEngine(EngineConfig(model=model_dir, backend=backend, dtype="float32", block_size=4, num_kv_blocks=128))
     calls = {"execute": 0, "step": 0}
     execute, step = inner.backend.execute, inner.step
 
@@ -88,8 +94,9 @@ def test_a_request_failing_in_the_engine_is_shown_and_the_chat_goes_on(tiny_mode
         engine.shutdown()
     # What the app got after the fault is what a fresh, healthy engine answers to the same
     # conversation: the failed request left nothing behind (no half-written cache blocks).
-    healthy = AsyncEngine(model=tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4,
-                          num_kv_blocks=128)
+    healthy = AsyncEngine(
+        model=tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4, num_kv_blocks=128
+    )
     try:
         assert history[3]["content"] == asyncio.run(_reply(EngineClient(healthy), history[:3]))
     finally:
@@ -146,13 +153,22 @@ class RaisingEngine:
         raise self.error
 
 
-@pytest.mark.parametrize(("error", "shown"), [
-    (InvalidRequestError("prompt is 900 tokens; the context is 128", param="prompt",
-                         code="context_length_exceeded"), "prompt is 900 tokens; the context is 128"),
-    (RequestFailedError("the engine failed while running this request (X: y)"),
-     "the reply failed: the engine failed while running this request (X: y)"),
-    (EngineDeadError("the engine has stopped: X: y"), "the engine has stopped: X: y; restart `lantern chat`"),
-])
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (
+            InvalidRequestError(
+                "prompt is 900 tokens; the context is 128", param="prompt", code="context_length_exceeded"
+            ),
+            "prompt is 900 tokens; the context is 128",
+        ),
+        (
+            RequestFailedError("the engine failed while running this request (X: y)"),
+            "the reply failed: the engine failed while running this request (X: y)",
+        ),
+        (EngineDeadError("the engine has stopped: X: y"), "the engine has stopped: X: y; restart `lantern chat`"),
+    ],
+)
 @pytest.mark.parametrize("after_deltas", [[], ["Once", " upon"]])
 def test_engine_errors_become_chat_errors(error, shown, after_deltas):
     client = EngineClient(RaisingEngine(error, after_deltas))  # type: ignore[arg-type]

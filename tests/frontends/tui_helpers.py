@@ -1,5 +1,6 @@
 """Shared pieces of the terminal-chat tests: the backends they run on, the recording client, and a
 deadline-bounded wait under Textual's pilot."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from tui.client import ChatSettings, EngineClient
+from lantern.tui.client import ChatSettings, EngineClient
 
 
 def _installed(module: str) -> bool:
@@ -26,10 +27,22 @@ BACKENDS = [
 
 
 # AsyncEngine's public surface (the contract front ends are held to; no reach into `.engine`).
-PUBLIC_ENGINE_API = frozenset({
-    "model_name", "max_model_len", "vocab_size", "tokenizer", "encode", "encode_chat", "validate",
-    "generate", "abort", "dead_reason", "stats", "shutdown",
-})
+PUBLIC_ENGINE_API = frozenset(
+    {
+        "model_name",
+        "max_model_len",
+        "vocab_size",
+        "tokenizer",
+        "encode",
+        "encode_chat",
+        "validate",
+        "generate",
+        "abort",
+        "dead_reason",
+        "stats",
+        "shutdown",
+    }
+)
 
 
 class PublicSurface:

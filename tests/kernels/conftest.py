@@ -1,4 +1,5 @@
 """Kernel tests run Triton's interpreter on CPU unless a CUDA device is present."""
+
 import os
 
 if not os.environ.get("CUDA_VISIBLE_DEVICES") and "TRITON_INTERPRET" not in os.environ:

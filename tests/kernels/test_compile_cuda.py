@@ -3,6 +3,7 @@
 The CPU interpreter (the other kernel tests) checks what the kernels compute; this checks that
 the compiler accepts them as a GPU would build them. See compile_for_cuda.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_kernels_compile_for_nvidia_targets(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "cache"))  # a fresh cache: really compile
-    result = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_for_cuda.py"))], env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("compile_for_cuda.py"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     compiled = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
     assert len(compiled) == 18 and any("_prefill_kernel bf16 sm_90" in line for line in compiled)

@@ -3,20 +3,24 @@
 On CPU they run in Triton's interpreter (see conftest.py); the cuda cases are marked gpu and also
 cover bfloat16, which the interpreter cannot represent (numpy has no bfloat16).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backends.torch.kernels import reference
+from lantern.backends.torch.kernels import reference
 
-triton_fused = pytest.importorskip("backends.torch.kernels.triton_fused")
+triton_fused = pytest.importorskip("lantern.backends.torch.kernels.triton_fused")
 
 CASES = [("cpu", torch.float32), ("cpu", torch.float16)] + [
     pytest.param("cuda", dt, marks=pytest.mark.gpu) for dt in (torch.float32, torch.float16, torch.bfloat16)
 ]
-TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.float16: {"atol": 2e-3, "rtol": 2e-3},
-       torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
+TOL = {
+    torch.float32: {"atol": 1e-5, "rtol": 1e-5},
+    torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+    torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2},
+}
 
 
 def device_ok(device: str) -> None:
@@ -46,8 +50,7 @@ def test_rms_norm_per_head_3d(device, dtype):
     device_ok(device)
     x = torch.randn(4, 6, 64).to(device, dtype)
     w = torch.rand(64).to(device, dtype)
-    torch.testing.assert_close(triton_fused.rms_norm(x, w, 1e-6)[0], reference.rms_norm(x, w, 1e-6)[0],
-                               **TOL[dtype])
+    torch.testing.assert_close(triton_fused.rms_norm(x, w, 1e-6)[0], reference.rms_norm(x, w, 1e-6)[0], **TOL[dtype])
 
 
 @pytest.mark.parametrize("device,dtype", CASES)
@@ -65,5 +68,6 @@ def test_rotary(device, dtype, heads, d):
     torch.testing.assert_close(ours, reference.rotary(x, cos, sin), **TOL[dtype])
     # A strided view (q sliced out of a fused projection) is read correctly.
     wide = torch.randn(t, heads + 2, d).to(device, dtype)
-    torch.testing.assert_close(triton_fused.rotary(wide[:, 1:-1], cos, sin),
-                               reference.rotary(wide[:, 1:-1], cos, sin), **TOL[dtype])
+    torch.testing.assert_close(
+        triton_fused.rotary(wide[:, 1:-1], cos, sin), reference.rotary(wide[:, 1:-1], cos, sin), **TOL[dtype]
+    )

@@ -5,14 +5,15 @@ see conftest.py); with a CUDA device the same tests run on the GPU (marked gpu).
 Shapes are small (the interpreter costs ~1 ms per program) but cover several block sizes, head dims
 64/128, GQA ratios 1/4/8, and chunk boundaries inside blocks.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backends.torch.kernels import reference
+from lantern.backends.torch.kernels import reference
 
-triton_kernels = pytest.importorskip("backends.torch.kernels.triton_kernels")
+triton_kernels = pytest.importorskip("lantern.backends.torch.kernels.triton_kernels")
 
 DEVICES = ["cpu"] + [pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -49,13 +50,16 @@ def test_write_kv(device, d):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_size,d,heads,kvh,num_splits", [
-    (4, 64, 2, 2, 2),     # GQA ratio 1, several splits
-    (4, 64, 4, 2, 8),     # more splits than a short sequence has blocks: empty splits
-    (8, 64, 8, 2, 1),     # ratio 4, one split
-    (16, 128, 8, 1, 8),   # ratio 8, head dim 128
-    (4, 128, 4, 1, 3),    # ratio 4, uneven splits
-])
+@pytest.mark.parametrize(
+    "block_size,d,heads,kvh,num_splits",
+    [
+        (4, 64, 2, 2, 2),  # GQA ratio 1, several splits
+        (4, 64, 4, 2, 8),  # more splits than a short sequence has blocks: empty splits
+        (8, 64, 8, 2, 1),  # ratio 4, one split
+        (16, 128, 8, 1, 8),  # ratio 8, head dim 128
+        (4, 128, 4, 1, 3),  # ratio 4, uneven splits
+    ],
+)
 def test_paged_decode(device, block_size, d, heads, kvh, num_splits):
     device_ok(device)
     num_blocks, batch, blocks_each = 24, 3, 5
@@ -65,19 +69,21 @@ def test_paged_decode(device, block_size, d, heads, kvh, num_splits):
     seq_lens = torch.tensor([blocks_each * block_size - 1, 2 * block_size, 1], dtype=torch.int32, device=device)
     q = torch.randn(batch, heads, d, device=device)
     scale = d**-0.5
-    ours = triton_kernels.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, scale,
-                                       num_splits=num_splits)
+    ours = triton_kernels.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, scale, num_splits=num_splits)
     ref = reference.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, scale)
     torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_size,d,heads,kvh,q_len,ctx_len", [
-    (4, 64, 2, 2, 7, 7),      # no prefix
-    (4, 64, 4, 1, 5, 14),     # chunk starts inside a block
-    (8, 128, 8, 1, 9, 21),    # GQA 8, head dim 128
-    (16, 64, 8, 2, 20, 37),   # query blocks of 16 over two tiles
-])
+@pytest.mark.parametrize(
+    "block_size,d,heads,kvh,q_len,ctx_len",
+    [
+        (4, 64, 2, 2, 7, 7),  # no prefix
+        (4, 64, 4, 1, 5, 14),  # chunk starts inside a block
+        (8, 128, 8, 1, 9, 21),  # GQA 8, head dim 128
+        (16, 64, 8, 2, 20, 37),  # query blocks of 16 over two tiles
+    ],
+)
 def test_paged_prefill(device, block_size, d, heads, kvh, q_len, ctx_len):
     device_ok(device)
     num_blocks = 16

@@ -1,17 +1,28 @@
 """Model honesty: a config whose maths Lantern does not implement is refused in one line naming the
 key; what is accepted means what transformers (the reference) makes of the same config."""
+
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
 
-from app.models.spec import ModelConfig, UnsupportedModelError, check_servable
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError, check_servable
 
-BASE = {"vocab_size": 400, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5}
-BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(m) is None, reason=f"{b} not installed"))
-            for b, m in (("torch", "torch"), ("mlx", "mlx"))]
+BASE = {
+    "vocab_size": 400,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+}
+BACKENDS = [
+    pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(m) is None, reason=f"{b} not installed"))
+    for b, m in (("torch", "torch"), ("mlx", "mlx"))
+]
 
 
 def cfg(model_type: str, **extra) -> dict:
@@ -41,8 +52,7 @@ WINDOWS = [
     ("qwen2", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 1}),
     ("qwen2", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2}),  # no layer slides
     ("qwen3", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 0}),
-    ("qwen3", {"sliding_window": 64, "use_sliding_window": True,
-               "layer_types": ["full_attention", "full_attention"]}),
+    ("qwen3", {"sliding_window": 64, "use_sliding_window": True, "layer_types": ["full_attention", "full_attention"]}),
     ("llama", {"sliding_window": 64}),  # not a Llama key: transformers ignores it, so do we
 ]
 
@@ -68,7 +78,9 @@ def test_a_window_shorter_than_the_context_is_refused_naming_the_fix():
 
 def test_dual_chunk_attention_is_served_within_one_chunk_only():
     config = ModelConfig.from_hf(cfg("qwen2", dual_chunk_attention_config={"chunk_size": 128, "local_size": 32}))
-    with pytest.raises(ValueError, match=r"^dual_chunk_attention_config.chunk_size=128 in config.json .* 128 \(or less\)$"):
+    with pytest.raises(
+        ValueError, match=r"^dual_chunk_attention_config.chunk_size=128 in config.json .* 128 \(or less\)$"
+    ):
         check_servable(config, 129)
     check_servable(config, 128)
 
@@ -80,8 +92,16 @@ def test_dual_chunk_attention_is_served_within_one_chunk_only():
         ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}, 1024),  # Qwen2.5 style
         ({"type": "yarn", "factor": 4.0}, 1024),  # original absent: max_position_embeddings is the original
         ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, 256),  # already extended
-        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 32}, 256),  # Llama 3.1 states the extended length
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            256,
+        ),  # Llama 3.1 states the extended length
         ({"rope_type": "linear", "factor": 2.0}, 256),
         ({"rope_type": "dynamic", "factor": 2.0}, 256),
     ],
@@ -99,8 +119,11 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
     # (mlx_lm alone would assume 4096), so the normalized dict states it for both backends.
     config = ModelConfig.from_hf(cfg("llama", rope_scaling={"type": "yarn", "factor": 4.0}))
     hf = hf_config("llama", rope_scaling={"type": "yarn", "factor": 4.0}).rope_parameters
-    assert config.rope_scaling == {"rope_type": "yarn", "factor": 4.0,
-                                   "original_max_position_embeddings": hf["original_max_position_embeddings"]}
+    assert config.rope_scaling == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": hf["original_max_position_embeddings"],
+    }
     # Dynamic NTK equals plain rope up to max_position_embeddings (transformers only rescales past
     # it), and max_context stops there, so it is computed as plain rope.
     assert ModelConfig.from_hf(cfg("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})).rope_scaling is None
@@ -113,15 +136,36 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
         ("llama", {"attention_bias": True}, "attention_bias=true"),  # adds an o_proj bias Lantern lacks
         ("qwen3", {"attention_bias": True}, "attention_bias=true"),
         ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu"'),
-        ("qwen2", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
-                                    "original_max_position_embeddings": 64}}, 'rope_scaling.rope_type="longrope"'),
-        ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.5}},
-         "rope_scaling.attention_factor=0.5"),
-        ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}}, "rope_scaling.truncate=false"),
+        (
+            "qwen2",
+            {
+                "rope_scaling": {
+                    "rope_type": "longrope",
+                    "short_factor": [1.0],
+                    "long_factor": [2.0],
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            'rope_scaling.rope_type="longrope"',
+        ),
+        (
+            "llama",
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.5}},
+            "rope_scaling.attention_factor=0.5",
+        ),
+        (
+            "llama",
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}},
+            "rope_scaling.truncate=false",
+        ),
         ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
         ("mistral", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
         ("qwen2", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
-        ("llama", {"quantization_config": {"quant_method": "gptq", "bits": 4}}, 'quantization_config.quant_method="gptq"'),
+        (
+            "llama",
+            {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+            'quantization_config.quant_method="gptq"',
+        ),
         ("llama", {"num_key_value_heads": 3}, "num_key_value_heads=3"),
     ],
 )
@@ -133,11 +177,21 @@ def test_unimplemented_maths_is_refused_in_one_line_naming_the_key(model_type, e
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("model_type, extra", [
-    ("llama", {}), ("llama", {"attention_bias": False, "mlp_bias": False}), ("mistral", {"attention_bias": True}),
-    ("qwen2", {}), ("qwen3", {"head_dim": 32}), ("llama", {"hidden_act": "silu", "pretraining_tp": 2}),
-    ("llama", {"quantization_config": {"group_size": 64, "bits": 4}, "quantization": {"group_size": 64, "bits": 4}}),
-])
+@pytest.mark.parametrize(
+    "model_type, extra",
+    [
+        ("llama", {}),
+        ("llama", {"attention_bias": False, "mlp_bias": False}),
+        ("mistral", {"attention_bias": True}),
+        ("qwen2", {}),
+        ("qwen3", {"head_dim": 32}),
+        ("llama", {"hidden_act": "silu", "pretraining_tp": 2}),
+        (
+            "llama",
+            {"quantization_config": {"group_size": 64, "bits": 4}, "quantization": {"group_size": 64, "bits": 4}},
+        ),
+    ],
+)
 def test_accepted_configs_get_the_projection_biases_transformers_builds(model_type, extra):
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
@@ -156,12 +210,15 @@ def test_engine_refuses_a_sliding_window_model_unless_the_context_fits_it(backen
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
 
-    from app.engine import LLM, SamplingParams
+    from lantern.app.engine import LLM, SamplingParams
     from tests.fixtures.tiny_models import build_model
 
     folder = build_model("mistral", tmp_path / "mistral_sw", sliding_window=32)
-    with pytest.raises(ValueError, match=r"sliding_window=32 in config.json is not implemented yet; "
-                                         r"serve with --max-model-len 32 \(or less\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"sliding_window=32 in config.json is not implemented yet; "
+        r"serve with --max-model-len 32 \(or less\)",
+    ):
         LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=32)
     llm = LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=32, max_model_len=32)
     prompt = [5, 17, 42, 99, 120, 7]
@@ -170,4 +227,4 @@ def test_engine_refuses_a_sliding_window_model_unless_the_context_fits_it(backen
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)[0]
-    assert out.token_ids == ref[len(prompt):].tolist()
+    assert out.token_ids == ref[len(prompt) :].tolist()

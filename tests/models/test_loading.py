@@ -1,4 +1,5 @@
 """Model resolution: HF folders (sharded), hub ids from the user's cache offline, clear errors."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -9,12 +10,14 @@ import sys
 
 import pytest
 
-from app.engine import LLM, SamplingParams
-from app.models.loader import ModelNotFoundError, resolve_model
-from app.models.spec import UnsupportedModelError
+from lantern.app.engine import LLM, SamplingParams
+from lantern.app.models.loader import ModelNotFoundError, resolve_model
+from lantern.app.models.spec import UnsupportedModelError
 
-BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(b) is None, reason=f"{b} not installed"))
-            for b in ("torch", "mlx")]
+BACKENDS = [
+    pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(b) is None, reason=f"{b} not installed"))
+    for b in ("torch", "mlx")
+]
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPT = [5, 17, 42, 99, 120, 7]
 
@@ -27,9 +30,7 @@ def test_sharded_folder_loads_the_same_model(tiny_model_dir, tmp_path, backend):
     src = tiny_model_dir("qwen2")
     sharded = tmp_path / "sharded"
     shutil.copytree(src, sharded, ignore=shutil.ignore_patterns("*.safetensors"))
-    AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).save_pretrained(
-        sharded, max_shard_size="50KB"
-    )
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).save_pretrained(sharded, max_shard_size="50KB")
     assert len(list(sharded.glob("*.safetensors"))) > 1 and (sharded / "model.safetensors.index.json").exists()
     a = LLM(src, backend=backend, dtype="float32", num_kv_blocks=32).generate([PROMPT], PARAMS)
     b = LLM(str(sharded), backend=backend, dtype="float32", num_kv_blocks=32).generate([PROMPT], PARAMS)
@@ -38,7 +39,7 @@ def test_sharded_folder_loads_the_same_model(tiny_model_dir, tmp_path, backend):
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=12, min_new_tokens=12, do_sample=False)[0]
-    assert b[0].outputs[0].token_ids == ref[len(PROMPT):].tolist()
+    assert b[0].outputs[0].token_ids == ref[len(PROMPT) :].tolist()
 
 
 def test_hub_id_resolves_from_the_local_cache_offline(tiny_model_dir, tmp_path, monkeypatch):
@@ -72,8 +73,11 @@ def test_unsupported_architecture_lists_supported(tiny_model_dir, tmp_path):
 
 def test_cli_reports_missing_model_in_one_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "generate", "--w", str(tmp_path / "nope"), "hi"],
-        capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "-m", "lantern", "generate", "--w", str(tmp_path / "nope"), "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr

@@ -1,4 +1,5 @@
 """A real model: SmolLM2-135M-Instruct from its Q4_1 GGUF (fetched from PyPI, cached outside the repo)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -8,13 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine import LLM, SamplingParams
-from app.engine.batch import build_batch
-from app.models.default_model import fetch_from_pypi
+from lantern.app.engine import LLM, SamplingParams
+from lantern.app.engine.batch import build_batch
+from lantern.app.models.default_model import fetch_from_pypi
 
 pytestmark = pytest.mark.slow
-BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(b) is None, reason=f"{b} not installed"))
-            for b in ("mlx", "torch")]
+BACKENDS = [
+    pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(b) is None, reason=f"{b} not installed"))
+    for b in ("mlx", "torch")
+]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -60,7 +63,7 @@ def test_logits_match_transformers_on_dequantized_weights(llm, gguf_path):
     with torch.no_grad():
         ref_ids = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0].tolist()
         ref = hf(torch.tensor([ref_ids])).logits[0].numpy()
-    gen = ref_ids[len(ids):]
+    gen = ref_ids[len(ids) :]
     engine.add_request("r", ids, SamplingParams(temperature=0, max_tokens=len(gen) + 1, ignore_eos=True))
     seq = engine.requests["r"].seqs[0].seq
     worst = 0.0

@@ -3,6 +3,7 @@
 The module-scoped `server` fixture runs every test that uses it on both backends: torch (the
 Linux default, what `lantern serve` ships with there) and MLX (skipped where it is missing).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +14,8 @@ import time
 import pytest
 import uvicorn
 
-from app.engine import AsyncEngine
-from server.app import ServerSettings, create_app
+from lantern.app.engine import AsyncEngine
+from lantern.server.app import ServerSettings, create_app
 
 BACKENDS = [
     "torch",
@@ -62,8 +63,9 @@ def engine_options(model_dir: str, **engine_opts) -> dict:
 
 
 def start_server(model_dir: str, settings: ServerSettings | None = None, **engine_opts) -> LiveServer:
-    return LiveServer(AsyncEngine(**engine_options(model_dir, **engine_opts)),
-                      settings or ServerSettings(served_model_name="tiny"))
+    return LiveServer(
+        AsyncEngine(**engine_options(model_dir, **engine_opts)), settings or ServerSettings(served_model_name="tiny")
+    )
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -1,6 +1,7 @@
 """Every malformed request is a 4xx in OpenAI's envelope naming the field, never a 5xx, and never
 disturbs another client's stream. Checked with raw httpx (which can send what no SDK would: lone
 surrogates, bytes that are not UTF-8) and with the official openai client where it can send it."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,12 @@ SUR = "\ud800"  # a lone UTF-16 surrogate: valid JSON ("\ud800"), not valid Unic
 MALFORMED = [
     (CHAT, chat(model="tiny" + SUR), 400, "model"),
     (CHAT, chat(messages=[{"role": "user", "content": "hi " + SUR}]), 400, "messages.0.content"),
-    (CHAT, chat(messages=[{"role": "user", "content": [{"type": "text", "text": SUR}]}]), 400,
-     "messages.0.content.0.text"),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": SUR}]}]),
+        400,
+        "messages.0.content.0.text",
+    ),
     (CHAT, chat(stop=["ok", "\udfff"]), 400, "stop"),
     (CHAT, chat(user=SUR), 400, "user"),
     (CHAT, chat(cache_salt="salt" + SUR), 400, "cache_salt"),
@@ -63,8 +68,12 @@ MALFORMED = [
     (CHAT, chat(temperature="hot"), 400, "temperature"),
     (CHAT, chat(messages="hello"), 400, "messages"),
     (CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages.0.content"),
-    (CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400,
-     "messages.0.content.0.type"),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        400,
+        "messages.0.content.0.type",
+    ),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
     (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
     (CHAT, chat(chat_template_kwargs={"tokenize": True}), 400, "chat_template_kwargs"),
@@ -177,8 +186,12 @@ def test_bad_requests_never_cut_another_clients_stream(server, http):
     """A long stream runs while every malformed and extreme request above is sent; one chunk of
     the stream is read between requests, so they overlap its life. It must end intact: the same
     text and token count as the same request answered on its own, then [DONE]."""
-    body = chat(messages=[{"role": "user", "content": "Tell me about paged attention."}], max_tokens=120,
-                ignore_eos=True, temperature=0)
+    body = chat(
+        messages=[{"role": "user", "content": "Tell me about paged attention."}],
+        max_tokens=120,
+        ignore_eos=True,
+        temperature=0,
+    )
     reference = http.post(CHAT, json=body).json()
     assert reference["usage"]["completion_tokens"] == 120
     streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -208,13 +221,14 @@ def test_bad_requests_never_cut_another_clients_stream(server, http):
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == reference["choices"][0]["message"]["content"]
     assert chunks[-1]["usage"]["completion_tokens"] == 120
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] \
-        == ["length"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] == [
+        "length"
+    ]
 
 
 def test_max_n_setting_bounds_choices_per_request(tiny_model_dir, backend):
     """ServerSettings.max_n (--max-n) caps n x prompts before anything is tokenized or queued."""
-    from server.app import ServerSettings
+    from lantern.server.app import ServerSettings
     from tests.server.conftest import start_server
 
     srv = start_server(tiny_model_dir("llama2"), ServerSettings(served_model_name="tiny", max_n=4), backend=backend)

@@ -1,5 +1,6 @@
 """`lantern serve` flags: nonsense is refused at start with one clear line and exit status 1,
 before any model is loaded; the new flags reach ServerSettings and EngineConfig."""
+
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from app.cli import build_parser, engine_options, main, server_settings
+from lantern.app.cli import build_parser, engine_options, main, server_settings
 
 
 def parse(*argv: str):
@@ -41,8 +42,14 @@ def test_nonsense_is_refused_before_loading(argv, needle, tmp_path, monkeypatch,
 @pytest.mark.parametrize("argv,needle", [NONSENSE[0], NONSENSE[2]])
 def test_the_command_prints_one_line_and_exits_1(argv, needle, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "LANTERN_API_KEY"}
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--w", str(tmp_path / "none"), *argv],
-                          check=False, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lantern", "serve", "--w", str(tmp_path / "none"), *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 1, proc.stderr
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in lines[0], lines
@@ -69,8 +76,22 @@ def test_env_key_is_used_when_no_flag_gives_one(monkeypatch):
 
 def test_server_and_engine_flags_reach_their_settings(monkeypatch):
     monkeypatch.delenv("LANTERN_API_KEY", raising=False)
-    args = parse("--w", "/models/x", "--allowed-origins", "http://a.test,http://b.test/", "--allowed-origins",
-                 "http://c.test", "--max-request-bytes", "1000", "--max-n", "7", "--threads", "3", "--mem", "64")
+    args = parse(
+        "--w",
+        "/models/x",
+        "--allowed-origins",
+        "http://a.test,http://b.test/",
+        "--allowed-origins",
+        "http://c.test",
+        "--max-request-bytes",
+        "1000",
+        "--max-n",
+        "7",
+        "--threads",
+        "3",
+        "--mem",
+        "64",
+    )
     settings = server_settings(args)
     assert settings.allowed_origins == ["http://a.test", "http://b.test", "http://c.test"]
     assert (settings.max_request_bytes, settings.max_n, settings.api_keys) == (1000, 7, [])

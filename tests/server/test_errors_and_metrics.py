@@ -1,4 +1,5 @@
 """Error envelopes, auth, capacity, disconnects and /metrics, with raw httpx."""
+
 from __future__ import annotations
 
 import time
@@ -7,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.app import ServerSettings
+from lantern.server.app import ServerSettings
 from tests.server.conftest import start_server
 
 CHAT = "/v1/chat/completions"
@@ -29,17 +30,20 @@ def http(server):
         yield c
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"model": "tiny", "messages": OK_MSG, "temperature": -0.5}, "temperature"),
-    ({"model": "tiny", "messages": OK_MSG, "top_p": 1.5}, "top_p"),
-    ({"model": "tiny", "messages": OK_MSG, "n": 0}, "n"),
-    ({"model": "tiny", "messages": OK_MSG, "max_tokens": -3}, "max_tokens"),
-    ({"model": "tiny", "messages": OK_MSG, "top_logprobs": 50, "logprobs": True}, "top_logprobs"),
-    ({"model": "tiny", "messages": []}, "messages"),
-    ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-    ({"model": "tiny", "messages": OK_MSG, "temperature": "hot"}, "temperature"),
-    ({"model": "tiny"}, "messages"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"model": "tiny", "messages": OK_MSG, "temperature": -0.5}, "temperature"),
+        ({"model": "tiny", "messages": OK_MSG, "top_p": 1.5}, "top_p"),
+        ({"model": "tiny", "messages": OK_MSG, "n": 0}, "n"),
+        ({"model": "tiny", "messages": OK_MSG, "max_tokens": -3}, "max_tokens"),
+        ({"model": "tiny", "messages": OK_MSG, "top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+        ({"model": "tiny", "messages": []}, "messages"),
+        ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"model": "tiny", "messages": OK_MSG, "temperature": "hot"}, "temperature"),
+        ({"model": "tiny"}, "messages"),
+    ],
+)
 def test_invalid_values_are_400_naming_the_field(http, body, param):
     assert_error(http.post(CHAT, json=body), 400, param)
 
@@ -85,8 +89,13 @@ def test_metrics_move_and_disconnect_frees_blocks(http):
     after = scrape(http)
     assert after["lantern:generation_tokens_total"] > before["lantern:generation_tokens_total"]
     assert after["lantern:prompt_tokens_total"] > before["lantern:prompt_tokens_total"]
-    assert after["lantern:time_to_first_token_seconds_count"] == before.get("lantern:time_to_first_token_seconds_count", 0) + 1
-    assert after["lantern:e2e_request_latency_seconds_count"] > before.get("lantern:e2e_request_latency_seconds_count", 0)
+    assert (
+        after["lantern:time_to_first_token_seconds_count"]
+        == before.get("lantern:time_to_first_token_seconds_count", 0) + 1
+    )
+    assert after["lantern:e2e_request_latency_seconds_count"] > before.get(
+        "lantern:e2e_request_latency_seconds_count", 0
+    )
     # A client that drops a long stream: its request is aborted and the KV cache empties.
     body = {"model": "tiny", "messages": OK_MSG, "max_tokens": 200, "ignore_eos": True, "stream": True}
     with http.stream("POST", CHAT, json=body) as r:
@@ -105,14 +114,18 @@ def test_metrics_move_and_disconnect_frees_blocks(http):
 
 
 def test_api_key_and_capacity(tiny_model_dir, backend):
-    srv = start_server(tiny_model_dir("llama2"), ServerSettings(served_model_name="tiny", api_key="s3cret", max_waiting=0),
-                       backend=backend)
+    srv = start_server(
+        tiny_model_dir("llama2"),
+        ServerSettings(served_model_name="tiny", api_key="s3cret", max_waiting=0),
+        backend=backend,
+    )
     try:
         with httpx.Client(base_url=srv.base_url) as c:
             assert c.get("/health").status_code == 200  # open without the key
             assert_error(c.get("/v1/models"), 401)
-            assert_error(c.post(CHAT, json={"model": "tiny", "messages": OK_MSG},
-                                headers={"Authorization": "Bearer wrong"}), 401)
+            assert_error(
+                c.post(CHAT, json={"model": "tiny", "messages": OK_MSG}, headers={"Authorization": "Bearer wrong"}), 401
+            )
             assert_error(c.get("/metrics"), 401)
             auth = {"Authorization": "Bearer s3cret"}
             assert c.get("/v1/models", headers=auth).status_code == 200

@@ -2,6 +2,7 @@
 choice (greedy or sampled), -100 on the greedy token makes the runner-up win, and a biased
 request in the same batch as an unbiased one leaves the other's output alone. Token texts are
 checked against the model's own tokenizer loaded with transformers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -60,11 +61,13 @@ def test_plus_100_forces_a_token_greedy_sampled_and_in_chat(client, tok):
     r = greedy(client, max_tokens=4, logprobs=0, logit_bias=bias)
     assert r.logprobs.tokens == [tok.decode([forced])] * 4
     assert r.text == tok.decode([forced] * 4) and r.finish_reason == "length"
-    sampled = client.completions.create(model="tiny", prompt=PROMPT, temperature=1.0, seed=7, n=3, max_tokens=4,
-                                        logit_bias=bias)
+    sampled = client.completions.create(
+        model="tiny", prompt=PROMPT, temperature=1.0, seed=7, n=3, max_tokens=4, logit_bias=bias
+    )
     assert [c.text for c in sampled.choices] == [tok.decode([forced] * 4)] * 3
-    msg = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                         temperature=0, logit_bias=bias)
+    msg = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0, logit_bias=bias
+    )
     assert msg.choices[0].message.content == tok.decode([forced] * 3)
 
 
@@ -75,9 +78,9 @@ def test_bias_stays_with_its_request_in_a_shared_batch(server, client, tok):
     async def run():
         aclient = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
         kw = {"model": "tiny", "prompt": PROMPT, "temperature": 0, "max_tokens": 12}
-        results = await asyncio.gather(*(
-            aclient.completions.create(**kw, logit_bias={str(forced): 100} if i % 2 else None) for i in range(6)
-        ))
+        results = await asyncio.gather(
+            *(aclient.completions.create(**kw, logit_bias={str(forced): 100} if i % 2 else None) for i in range(6))
+        )
         await aclient.close()
         return [r.choices[0].text for r in results]
 

@@ -1,4 +1,5 @@
 """The server driven by the official openai client: sync, async, streaming, n, logprobs, seeds, stops."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +7,7 @@ import asyncio
 import openai
 import pytest
 
-from app.engine import LLM, SamplingParams
+from lantern.app.engine import LLM, SamplingParams
 
 MSG = [{"role": "user", "content": "Tell me about paged attention."}]
 
@@ -37,8 +38,12 @@ def test_cached_tokens_count_the_shared_prefix(client):
     assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 4 * 4
     # A request's cache_salt keeps its blocks apart from unsalted and differently salted ones
     # (each salted request comes right after the blocks it must not see were cached).
-    salted = [client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0,
-                                        extra_body={"cache_salt": salt}) for salt in ("s1", "s1", "s2")]
+    salted = [
+        client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=2, temperature=0, extra_body={"cache_salt": salt}
+        )
+        for salt in ("s1", "s1", "s2")
+    ]
     assert [r.usage.prompt_tokens_details.cached_tokens for r in salted] == [0, (n - 1) // 4 * 4, 0]
 
 
@@ -71,8 +76,9 @@ def test_async_client_n_samples_and_seed(server):
 
 
 def test_chat_logprobs(client):
-    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=5, temperature=0,
-                                       logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(
+        model="tiny", messages=MSG, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
     for entry in content:
@@ -86,12 +92,14 @@ def test_completions_prompt_forms_echo_and_stop(client, server):
     one = client.completions.create(model="tiny", prompt="Lantern serves", max_tokens=8, temperature=0)
     ids = client.completions.create(model="tiny", prompt=tok.encode("Lantern serves"), max_tokens=8, temperature=0)
     assert one.choices[0].text == ids.choices[0].text
-    many = client.completions.create(model="tiny", prompt=["Lantern serves", "The quick"], max_tokens=8,
-                                      temperature=0, n=2)
+    many = client.completions.create(
+        model="tiny", prompt=["Lantern serves", "The quick"], max_tokens=8, temperature=0, n=2
+    )
     assert [c.index for c in many.choices] == [0, 1, 2, 3]
     assert many.choices[0].text == one.choices[0].text
-    echo = client.completions.create(model="tiny", prompt="Lantern serves", max_tokens=4, temperature=0,
-                                     echo=True, logprobs=2)
+    echo = client.completions.create(
+        model="tiny", prompt="Lantern serves", max_tokens=4, temperature=0, echo=True, logprobs=2
+    )
     assert echo.choices[0].text.startswith("Lantern serves")
     assert len(echo.choices[0].logprobs.tokens) == 4
     text = one.choices[0].text
@@ -105,8 +113,12 @@ def test_32_concurrent_streams_match_offline_generate(server, tiny_model_dir, ba
 
     async def one(aclient, prompt):
         stream = await aclient.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=16, temperature=0,
-            stream=True, stream_options={"include_usage": True},
+            model="tiny",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         text, usage = "", None
         async for chunk in stream:
@@ -124,8 +136,9 @@ def test_32_concurrent_streams_match_offline_generate(server, tiny_model_dir, ba
 
     results = asyncio.run(run())
     llm = LLM(tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4, num_kv_blocks=1024)
-    offline = llm.chat([[{"role": "user", "content": p}] for p in prompts],
-                       SamplingParams(temperature=0, max_tokens=16))
+    offline = llm.chat(
+        [[{"role": "user", "content": p}] for p in prompts], SamplingParams(temperature=0, max_tokens=16)
+    )
     for (text, usage), ref in zip(results, offline):
         assert text == ref.outputs[0].text
         assert usage.completion_tokens == len(ref.outputs[0].token_ids)

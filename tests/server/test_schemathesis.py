@@ -4,20 +4,22 @@ Its own server, on both backends, with a short context and a small `max_n`: gene
 ask for the largest n and max_tokens the schema allows, and what matters here is how every field
 combination is answered, not how long the longest one takes to generate.
 """
+
 from __future__ import annotations
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from server.app import ServerSettings
+from lantern.server.app import ServerSettings
 from tests.server.conftest import start_server
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, backend):
-    srv = start_server(tiny_model_dir("llama2"), ServerSettings(served_model_name="tiny", max_n=4),
-                       backend=backend, max_model_len=32)
+    srv = start_server(
+        tiny_model_dir("llama2"), ServerSettings(served_model_name="tiny", max_n=4), backend=backend, max_model_len=32
+    )
     yield srv
     srv.stop()
 

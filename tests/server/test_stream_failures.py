@@ -7,6 +7,7 @@ real `AsyncEngine.generate` (monkeypatched on the server's engine instance): req
 the marker seed run for real and then raise the given exception after `after` outputs; every other
 request is untouched. What is tested is the server's handling of the engine's documented errors.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,23 +20,30 @@ import httpx
 import openai
 import pytest
 
-from app.engine import EngineDeadError, RequestFailedError
+from lantern.app.engine import EngineDeadError, RequestFailedError
 
 CHAT = "/v1/chat/completions"
 MARK = 424242  # the seed that makes the double fail a request
 
 
 def chat(**fields) -> dict:
-    return {"model": "tiny", "messages": [{"role": "user", "content": "Tell me about paged attention."}],
-            "max_tokens": 40, "ignore_eos": True, "temperature": 0, **fields}
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Tell me about paged attention."}],
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "temperature": 0,
+        **fields,
+    }
 
 
 def inject(monkeypatch, server, make_error: Callable[[], Exception], after: int = 2) -> None:
     real = server.engine.generate
 
     async def generate(prompt, params, request_id=None, prompt_token_ids=None, cache_salt=None):
-        async with contextlib.aclosing(real(prompt, params, request_id, prompt_token_ids=prompt_token_ids,
-                                            cache_salt=cache_salt)) as outputs:
+        async with contextlib.aclosing(
+            real(prompt, params, request_id, prompt_token_ids=prompt_token_ids, cache_salt=cache_salt)
+        ) as outputs:
             n = 0
             async for out in outputs:
                 if params.seed == MARK and n >= after:
@@ -69,14 +77,18 @@ def http(server):
         yield c
 
 
-@pytest.mark.parametrize("make_error,status_type,code,text", [
-    (lambda: RequestFailedError("injected fault"), "internal_error", "request_failed", "injected fault"),
-    (lambda: EngineDeadError("injected death"), "service_unavailable", "engine_dead", "injected death"),
-    (lambda: RuntimeError("a bug in the server"), "internal_error", None, "internal server error"),
-])
+@pytest.mark.parametrize(
+    "make_error,status_type,code,text",
+    [
+        (lambda: RequestFailedError("injected fault"), "internal_error", "request_failed", "injected fault"),
+        (lambda: EngineDeadError("injected death"), "service_unavailable", "engine_dead", "injected death"),
+        (lambda: RuntimeError("a bug in the server"), "internal_error", None, "internal server error"),
+    ],
+)
 @pytest.mark.parametrize("after", [0, 3])
-def test_failed_stream_ends_with_error_event_then_done(server, http, monkeypatch, make_error, status_type,
-                                                       code, text, after):
+def test_failed_stream_ends_with_error_event_then_done(
+    server, http, monkeypatch, make_error, status_type, code, text, after
+):
     inject(monkeypatch, server, make_error, after=after)
     data = stream_events(http, CHAT, chat(seed=MARK))
     assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
@@ -100,13 +112,17 @@ def test_openai_client_raises_on_the_error_event(server, monkeypatch):
             pass
 
 
-@pytest.mark.parametrize("make_error,status,code", [
-    (lambda: RequestFailedError("injected fault"), 500, "request_failed"),
-    (lambda: EngineDeadError("injected death"), 503, "engine_dead"),
-    (lambda: RuntimeError("a bug in the server"), 500, None),
-])
-def test_failed_non_streaming_request_gets_envelope_and_keeps_connection(server, http, monkeypatch, make_error,
-                                                                         status, code):
+@pytest.mark.parametrize(
+    "make_error,status,code",
+    [
+        (lambda: RequestFailedError("injected fault"), 500, "request_failed"),
+        (lambda: EngineDeadError("injected death"), 503, "engine_dead"),
+        (lambda: RuntimeError("a bug in the server"), 500, None),
+    ],
+)
+def test_failed_non_streaming_request_gets_envelope_and_keeps_connection(
+    server, http, monkeypatch, make_error, status, code
+):
     inject(monkeypatch, server, make_error)
     r = http.post(CHAT, json=chat(seed=MARK))
     assert r.status_code == status, r.text
@@ -148,8 +164,14 @@ def test_failing_stream_does_not_cut_a_concurrent_one(server, http, monkeypatch)
 
 def test_completion_stream_over_several_prompts_fails_cleanly(server, http, monkeypatch):
     inject(monkeypatch, server, lambda: RequestFailedError("injected fault"), after=1)
-    body = {"model": "tiny", "prompt": ["one", "two", "three"], "max_tokens": 30, "ignore_eos": True,
-            "temperature": 0, "seed": MARK}
+    body = {
+        "model": "tiny",
+        "prompt": ["one", "two", "three"],
+        "max_tokens": 30,
+        "ignore_eos": True,
+        "temperature": 0,
+        "seed": MARK,
+    }
     data = stream_events(http, "/v1/completions", body)
     assert data[-1] == "[DONE]"
     assert json.loads(data[-2])["error"]["code"] == "request_failed"

@@ -5,6 +5,7 @@ tenants shared the cache, that number would be an oracle on another tenant's pro
 tests play the attacker (with the official openai client) and check it learns nothing, while a
 tenant still gets its own hits, and `cache_salt` splits callers within one key.
 """
+
 from __future__ import annotations
 
 import random
@@ -15,14 +16,15 @@ import openai
 import pytest
 from starlette.requests import Request
 
-from server.app import ServerSettings
-from server.tenancy import ANONYMOUS, SCOPE_KEY, TenantKeys, cache_salt_for, tenant_id
+from lantern.server.app import ServerSettings
+from lantern.server.tenancy import ANONYMOUS, SCOPE_KEY, TenantKeys, cache_salt_for, tenant_id
 from tests.server.conftest import start_server
 
 KEY_A, KEY_B = "tenant-a-key", "tenant-b-key"
 BLOCK = 4  # conftest's block_size
-SUFFIX = ("Paged attention stores keys and values in blocks. Continuous batching lets new requests "
-          "join while others decode.")
+SUFFIX = (
+    "Paged attention stores keys and values in blocks. Continuous batching lets new requests join while others decode."
+)
 
 
 # ---- unit: ids, keys, salts --------------------------------------------------------------------
@@ -78,8 +80,14 @@ def touch_pool(server, n: int = 24) -> None:
     tests look for. After this, only stale blocks are evicted, as on a server that has run."""
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY_B, max_retries=0, timeout=120)
     with ThreadPoolExecutor(n) as pool:
-        list(pool.map(lambda i: client.completions.create(
-            model="tiny", prompt=f"{i} warm {SUFFIX} {SUFFIX}", max_tokens=8, temperature=0), range(n)))
+        list(
+            pool.map(
+                lambda i: client.completions.create(
+                    model="tiny", prompt=f"{i} warm {SUFFIX} {SUFFIX}", max_tokens=8, temperature=0
+                ),
+                range(n),
+            )
+        )
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +105,9 @@ def cached(client: openai.OpenAI, prompt: str, salt: str | None = None) -> int:
 
 
 def cached_chat(client: openai.OpenAI, text: str) -> int:
-    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}],
-                                       max_tokens=1, temperature=0)
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": text}], max_tokens=1, temperature=0
+    )
     return r.usage.prompt_tokens_details.cached_tokens
 
 
@@ -113,8 +122,14 @@ def test_a_wrong_key_is_refused(server):
         cached(bad, "hello")
 
 
-def probe(owner: openai.OpenAI, prompt: str, prober: openai.OpenAI, probe_prompt: str | None = None,
-          owner_salt: str | None = None, probe_salt: str | None = None) -> int:
+def probe(
+    owner: openai.OpenAI,
+    prompt: str,
+    prober: openai.OpenAI,
+    probe_prompt: str | None = None,
+    owner_salt: str | None = None,
+    probe_salt: str | None = None,
+) -> int:
     """cached_tokens the prober sees right after the owner's prompt was (again) served from the
     cache. Re-warming first matters on CPU torch: its lazily committed pool reuses freed blocks
     before fresh ones, so any other request may evict cached prefixes; here the owner's blocks
@@ -154,7 +169,7 @@ def divergence(tokenize, prompts: list[str]) -> int:
     seqs = [tokenize(p) for p in prompts]
     firsts = set()
     for i, s in enumerate(seqs):
-        for t in seqs[i + 1:]:
+        for t in seqs[i + 1 :]:
             firsts.add(next(k for k, (x, y) in enumerate(zip(s, t)) if x != y))
     assert len(firsts) == 1 and len({len(s) for s in seqs}) == 1, (firsts, [len(s) for s in seqs])
     return firsts.pop()
@@ -175,8 +190,9 @@ def pick_candidates(tokenize, template: str, decoy: str, rng: random.Random) -> 
     return picked
 
 
-def attack(owner: openai.OpenAI, attacker: openai.OpenAI, template: str, secret: str, decoy: str,
-           candidates: list[str]) -> list[int]:
+def attack(
+    owner: openai.OpenAI, attacker: openai.OpenAI, template: str, secret: str, decoy: str, candidates: list[str]
+) -> list[int]:
     """The attacker warms its own cache with the known text around the PIN (a decoy PIN), then
     reads cached_tokens for each candidate, each time right after the owner used its prompt."""
     cached(attacker, template.format(pin=decoy))

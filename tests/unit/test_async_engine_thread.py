@@ -1,4 +1,5 @@
 """AsyncEngine loads the model on its engine thread, so every tensor op runs on one thread."""
+
 from __future__ import annotations
 
 import threading
@@ -7,8 +8,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from app.engine import AsyncEngine, SamplingParams  # noqa: E402
-from app.engine import async_engine  # noqa: E402
+from lantern.app.engine import (
+    AsyncEngine,
+    SamplingParams,
+    async_engine,
+)
 
 
 def test_model_is_loaded_and_run_on_the_engine_thread(tiny_model_dir, monkeypatch):

@@ -1,4 +1,5 @@
 """Which backend and dtype `auto` resolves to on each kind of machine."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -6,7 +7,7 @@ import io
 
 import pytest
 
-import backends
+from lantern import backends
 
 
 def test_named_backends_pass_through_and_unknown_names_fail():
@@ -89,5 +90,7 @@ def test_without_torch_mlx_is_the_fallback(monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(backends, "_is_apple_silicon", lambda: False)
     monkeypatch.setattr(backends, "_mlx_available", lambda: True)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
+    )
     assert backends.pick_backend("auto") == "mlx"

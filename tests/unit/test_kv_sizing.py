@@ -1,11 +1,12 @@
 """KV pool sizing by need, refusals that name the limit, and a CPU pool that costs memory only
 where it is written."""
+
 from __future__ import annotations
 
 import pytest
 
-from app.config import EngineConfig
-from app.engine.kv_sizing import DEFAULT_TOKENS_PER_SEQ, plan_kv_cache
+from lantern.app.config import EngineConfig
+from lantern.app.engine.kv_sizing import DEFAULT_TOKENS_PER_SEQ, plan_kv_cache
 
 
 class FakeBackend:
@@ -65,7 +66,7 @@ def test_a_sliding_window_shorter_than_the_context_is_refused_naming_the_flag():
     cfg = Cfg()
     cfg.sliding_window = 4096
     config = EngineConfig(model="unused")
-    with pytest.raises(ValueError, match="sliding_window=4096 .* --max-model-len 4096"):
+    with pytest.raises(ValueError, match=r"sliding_window=4096 .* --max-model-len 4096"):
         plan_kv_cache(config, cfg, 8192, FakeBackend(10**12))
     ok = plan_kv_cache(EngineConfig(model="unused", max_model_len=4096), cfg, 8192, FakeBackend(10**12))
     assert ok.max_model_len == 4096
@@ -78,7 +79,7 @@ def test_lazy_pools_get_a_prefix_cache_budget():
 
 def test_cpu_pool_is_committed_only_where_written():
     torch = pytest.importorskip("torch")
-    from backends.torch.attention import TorchKVPool
+    from lantern.backends.torch.attention import TorchKVPool
 
     before = _rss_mib()
     pool = TorchKVPool(4, 2**20, 4, 32, torch.float32, torch.device("cpu"))  # 4 layers x 2 x 512 MiB

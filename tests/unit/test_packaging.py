@@ -1,16 +1,18 @@
 """Packaging: a non-editable install carries the files the front ends load at run time, and every
 third-party module the front ends import is a runtime dependency (not only a dev one)."""
+
 from __future__ import annotations
 
 import ast
 import importlib.metadata
 import re
+import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,22 +106,57 @@ def test_import_scan_skips_optional_and_relative_imports():
     )
     # pystray's guard is not an ImportError one: a failing import still fails the command.
     assert required_imports(source) == {"os", "httpx", "textual", "pystray", "PIL"}
-    assert runtime_requirements(["httpx>=0.27", "pyobjc; sys_platform == 'darwin'", "pytest; extra == 'dev'"]) \
-        == {"httpx"}
+    assert runtime_requirements(["httpx>=0.27", "pyobjc; sys_platform == 'darwin'", "pytest; extra == 'dev'"]) == {
+        "httpx"
+    }
 
 
-def test_wheel_ships_browser_chat_and_tui_styles(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path)], check=True, timeout=300)
+def test_wheel_is_one_lantern_package_with_the_web_files_and_tui_styles(tmp_path):
+    # A copy without build/: setuptools reuses build/lib, where stale files could hide a gap.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", "tests"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        timeout=300,
+    )
     [wheel] = tmp_path.glob("lantern-*.whl")
     zf = zipfile.ZipFile(wheel)
     names = set(zf.namelist())
+    top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith((".dist-info", ".data"))}
+    assert top == {"lantern"}  # no top-level app/, server/... to clash with a user's own packages
     web = {p.name for p in (ROOT / "assets" / "web").iterdir()}
-    assert {f"assets/web/{n}" for n in web} <= names  # server/app.py looks for ../assets/web
-    assert "server/app.py" in names and "tui/chat.tcss" in names and "app/cli.py" in names
+    assert {f"lantern/assets/web/{n}" for n in web} <= names  # server/app.py looks for ../assets/web
+    assert {
+        "lantern/__init__.py",
+        "lantern/server/app.py",
+        "lantern/tui/chat.tcss",
+        "lantern/app/cli.py",
+        "lantern/backends/torch/kernels/triton_kernels.py",
+    } <= names
+    py_files = {
+        str(p.relative_to(ROOT)) for d in ("app", "backends", "server", "tui") for p in (ROOT / d).rglob("*.py")
+    }
+    assert {f"lantern/{p}" for p in py_files} <= names  # every module of every folder is shipped
+    entry = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "lantern = lantern.app.cli:main" in zf.read(entry[0]).decode()
     # What pip installs without extras (the wheel's metadata, not our reading of pyproject)
     # covers the front ends' imports.
     [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
-    requires = [line.split(":", 1)[1].strip() for line in zf.read(metadata).decode().splitlines()
-                if line.startswith("Requires-Dist:")]
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in zf.read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
     assert missing_runtime_dependencies(requires) == {}

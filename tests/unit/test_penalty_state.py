@@ -1,18 +1,19 @@
 """Incremental penalty inputs: the state a sequence keeps token by token equals a full rescan of its
 histories, build_batch creates it once and only for penalized sequences, and the sampling arrays
 built from it are the ones a rescan would give."""
+
 from __future__ import annotations
 
 from collections import Counter
 
 import numpy as np
 
-from app.engine.batch import build_batch
-from app.engine.penalty_state import PenaltyState
-from app.engine.sampling_params import SamplingParams
-from app.engine.scheduler import ScheduledSeq, SchedulerOutput
-from app.engine.sequence import Sequence
-from backends.sampling_prep import prepare_sampling
+from lantern.app.engine.batch import build_batch
+from lantern.app.engine.penalty_state import PenaltyState
+from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.engine.scheduler import ScheduledSeq, SchedulerOutput
+from lantern.app.engine.sequence import Sequence
+from lantern.backends.sampling_prep import prepare_sampling
 
 
 def check_matches_rescan(state: PenaltyState, prompt: list[int], output: list[int]) -> None:
@@ -75,8 +76,14 @@ def test_sampling_arrays_from_the_state_equal_a_rescan():
     vocab = 64
     rng = np.random.default_rng(1)
     seqs = []
-    for i, kw in enumerate([{"repetition_penalty": 1.3}, {"frequency_penalty": 0.7, "presence_penalty": -0.4},
-                            {}, {"repetition_penalty": 0.8, "presence_penalty": 1.0}]):
+    for i, kw in enumerate(
+        [
+            {"repetition_penalty": 1.3},
+            {"frequency_penalty": 0.7, "presence_penalty": -0.4},
+            {},
+            {"repetition_penalty": 0.8, "presence_penalty": 1.0},
+        ]
+    ):
         s = Sequence(f"r{i}", rng.integers(0, vocab, 12).tolist(), SamplingParams(**kw))
         for t in rng.integers(0, vocab, 20).tolist():
             s.append_token(t)
@@ -90,8 +97,12 @@ def test_sampling_arrays_from_the_state_equal_a_rescan():
         if p.repetition_penalty != 1.0:
             rep.update({i * vocab + t: p.repetition_penalty for t in set(s.prompt_token_ids + s.output_token_ids)})
         if p.frequency_penalty or p.presence_penalty:
-            sub.update({i * vocab + t: c * p.frequency_penalty + p.presence_penalty
-                        for t, c in Counter(s.output_token_ids).items()})
+            sub.update(
+                {
+                    i * vocab + t: c * p.frequency_penalty + p.presence_penalty
+                    for t, c in Counter(s.output_token_ids).items()
+                }
+            )
     assert a.rep_flat is not None and a.rep_values is not None and a.freq_flat is not None
     expected_rep = {k: np.float32(v) for k, v in rep.items()}
     assert dict(zip(a.rep_flat.tolist(), a.rep_values.tolist(), strict=True)) == expected_rep

@@ -1,4 +1,5 @@
 """Ops of the torch backend: Triton kernels on CUDA, their plain-torch references elsewhere."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -6,7 +7,7 @@ import os
 
 import torch
 
-from backends.torch.kernels import reference
+from lantern.backends.torch.kernels import reference
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -19,7 +20,7 @@ def use_triton(t: torch.Tensor) -> bool:
 
 def write_kv(k_pool, v_pool, k, v, slots) -> None:
     if use_triton(k):
-        from backends.torch.kernels import triton_kernels
+        from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.write_kv(k_pool, v_pool, k, v, slots)
     return reference.write_kv(k_pool, v_pool, k, v, slots)
@@ -27,7 +28,7 @@ def write_kv(k_pool, v_pool, k, v, slots) -> None:
 
 def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float):
     if use_triton(q):
-        from backends.torch.kernels import triton_kernels
+        from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale)
     return reference.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale)
@@ -35,7 +36,7 @@ def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, sca
 
 def paged_prefill(q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float):
     if use_triton(q):
-        from backends.torch.kernels import triton_kernels
+        from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale)
     return reference.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale)
@@ -43,7 +44,7 @@ def paged_prefill(q, k_pool, v_pool, block_table, ctx_len: int, block_size: int,
 
 def rms_norm(x, weight, eps: float, residual=None):
     if use_triton(x):
-        from backends.torch.kernels import triton_fused
+        from lantern.backends.torch.kernels import triton_fused
 
         return triton_fused.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
@@ -51,7 +52,7 @@ def rms_norm(x, weight, eps: float, residual=None):
 
 def rotary(x, cos, sin):
     if use_triton(x):
-        from backends.torch.kernels import triton_fused
+        from lantern.backends.torch.kernels import triton_fused
 
         return triton_fused.rotary(x, cos, sin)
     return reference.rotary(x, cos, sin)

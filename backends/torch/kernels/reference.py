@@ -5,14 +5,14 @@ A negative slot in a slot mapping means "write nothing" (padding rows of a CUDA-
 Shapes: pools [num_slots, kv_heads, head_dim] (slot = block * block_size + offset);
 block_tables [B, max_blocks] int; lengths [B] int.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slots: torch.Tensor) -> None:
+def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
     keep = slots >= 0
     if not bool(keep.all()):
         slots, k, v = slots[keep], k[keep], v[keep]
@@ -35,8 +35,15 @@ def sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
-def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
     """One query token per sequence: q [B, H, D] -> [B, H, D].
 
     Gathers whole blocks (contiguous copies) and keeps grouped-query heads grouped, two batched
@@ -60,20 +67,29 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """q [L, H, D] are the last L of the S keys k/v [S, KVH, D] (bottom-right causal) -> [L, H, D]."""
     n_q, n_k = q.shape[0], k.shape[0]
     mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
-    out = sdpa_grouped(q.transpose(0, 1)[None], k.to(q.dtype).transpose(0, 1)[None],
-                       v.to(q.dtype).transpose(0, 1)[None], scale, mask)
+    out = sdpa_grouped(
+        q.transpose(0, 1)[None], k.to(q.dtype).transpose(0, 1)[None], v.to(q.dtype).transpose(0, 1)[None], scale, mask
+    )
     return out[0].transpose(0, 1)
 
 
-def paged_prefill(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor,
-                  ctx_len: int, block_size: int, scale: float) -> torch.Tensor:
+def paged_prefill(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx_len: int,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
     """A prefill chunk q [L, H, D] (its K/V already in the pool) against its whole context."""
     slots = context_slots(block_table[None], ctx_len, block_size)[0]
     return causal_attention(q, k_pool[slots], v_pool[slots], scale)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of x, or of x + residual when one is given; returns (normed, the sum as new residual).
 
     Rounding follows HF Llama: the sum in the model dtype, the norm in float32, weight applied in

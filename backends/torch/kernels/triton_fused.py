@@ -3,6 +3,7 @@
 Each replaces several eager ops (and their launches and round trips through memory) with one
 pass over the row; each matches a function of kernels/reference.py, rounding included.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,16 +12,28 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                     stride_x, stride_r, stride_o, stride_ro,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    n_cols,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         # The sum is rounded to the model dtype before the norm, as an eager `x + residual` is.
-        h = (h.to(tl.float32) + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32))
+        h = h.to(tl.float32) + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         h = h.to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * stride_ro + cols, h, mask=mask)
     hf = h.to(tl.float32)
@@ -30,8 +43,9 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
     tl.store(out_ptr + row * stride_o + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -43,16 +57,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         res_in = residual.reshape(-1, cols).contiguous()
         res_out = torch.empty_like(x2)
     _rms_norm_kernel[(rows,)](
-        x2, res_in, weight, out, res_out, cols, eps,
-        x2.stride(0), res_in.stride(0), out.stride(0), res_out.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols),
+        x2,
+        res_in,
+        weight,
+        out,
+        res_out,
+        cols,
+        eps,
+        x2.stride(0),
+        res_in.stride(0),
+        out.stride(0),
+        res_out.stride(0),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=triton.next_power_of_2(cols),
     )
     return out.view(x.shape), (x if residual is None else res_out.view(x.shape))
 
 
 @triton.jit
-def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ct, stride_ot, stride_oh,
-                   HALF: tl.constexpr, BLOCK: tl.constexpr):
+def _rotary_kernel(
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    stride_xt,
+    stride_xh,
+    stride_ct,
+    stride_ot,
+    stride_oh,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     i = tl.arange(0, BLOCK)
@@ -75,6 +110,17 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         x = x.contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
-    _rotary_kernel[(t, h)](x, cos, sin, out, x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
-                           HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2))
+    _rotary_kernel[(t, h)](
+        x,
+        cos,
+        sin,
+        out,
+        x.stride(0),
+        x.stride(1),
+        cos.stride(0),
+        out.stride(0),
+        out.stride(1),
+        HALF=d // 2,
+        BLOCK=triton.next_power_of_2(d // 2),
+    )
     return out

@@ -4,6 +4,7 @@ Each matches a function of kernels/reference.py (tests run both with TRITON_INTE
 Decode scores use broadcast products (a query group of 1-8 heads is too small for tl.dot); prefill
 uses tl.dot on 16-query x 32-key tiles. Online-softmax accumulation is in float32.
 """
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _write_kv_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, slot_ptr, stride_t, stride_h, stride_s, stride_sh,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    kp_ptr,
+    vp_ptr,
+    slot_ptr,
+    stride_t,
+    stride_h,
+    stride_s,
+    stride_sh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     t = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -29,8 +41,17 @@ def write_kv(k_pool, v_pool, k, v, slots) -> None:
     t, kvh, d = k.shape
     k, v = k.to(k_pool.dtype).contiguous(), v.to(v_pool.dtype).contiguous()
     _write_kv_kernel[(t, kvh)](
-        k, v, k_pool, v_pool, slots, k.stride(0), k.stride(1), k_pool.stride(0), k_pool.stride(1),
-        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        k,
+        v,
+        k_pool,
+        v_pool,
+        slots,
+        k.stride(0),
+        k.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        HEAD_DIM=d,
+        BLOCK_D=triton.next_power_of_2(d),
     )
 
 
@@ -51,11 +72,29 @@ def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale):
 
 
 @triton.jit
-def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_ptr, l_ptr, scale,
-                           stride_qb, stride_qh, stride_s, stride_sh, stride_bt,
-                           BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                           GROUP: tl.constexpr, GROUP_P: tl.constexpr,
-                           NUM_SPLITS: tl.constexpr, NUM_HEADS: tl.constexpr):
+def _decode_partial_kernel(
+    q_ptr,
+    kp_ptr,
+    vp_ptr,
+    bt_ptr,
+    len_ptr,
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    scale,
+    stride_qb,
+    stride_qh,
+    stride_s,
+    stride_sh,
+    stride_bt,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -64,8 +103,9 @@ def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_pt
     d = tl.arange(0, BLOCK_D)
     gm, dm = g < GROUP, d < HEAD_DIM
     heads = kvh * GROUP + g
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=gm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0
+    ).to(tl.float32)
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
@@ -92,9 +132,19 @@ def _decode_partial_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, len_ptr, acc_ptr, m_pt
 
 
 @triton.jit
-def _decode_reduce_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, stride_ob, stride_oh,
-                          NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_reduce_kernel(
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, SPLITS_P)
@@ -116,8 +166,9 @@ def decode_splits(batch: int, kv_heads: int, max_blocks: int) -> int:
     return max(1, min(32, want, max_blocks))
 
 
-def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float,
-                 num_splits: int | None = None):
+def paged_decode(
+    q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float, num_splits: int | None = None
+):
     b, h, d = q.shape
     kvh = k_pool.shape[1]
     group = h // kvh
@@ -129,25 +180,69 @@ def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, sca
     l = torch.empty_like(m)
     block_d = triton.next_power_of_2(d)
     _decode_partial_kernel[(b, kvh, splits)](
-        q, k_pool, v_pool, block_tables, seq_lens, acc, m, l, scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), block_tables.stride(0),
-        BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group,
-        GROUP_P=triton.next_power_of_2(group), NUM_SPLITS=splits, NUM_HEADS=h,
+        q,
+        k_pool,
+        v_pool,
+        block_tables,
+        seq_lens,
+        acc,
+        m,
+        l,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        block_tables.stride(0),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        GROUP=group,
+        GROUP_P=triton.next_power_of_2(group),
+        NUM_SPLITS=splits,
+        NUM_HEADS=h,
     )
     out = torch.empty_like(q)
     _decode_reduce_kernel[(b, h)](
-        acc, m, l, out, out.stride(0), out.stride(1), NUM_HEADS=h, NUM_SPLITS=splits,
-        SPLITS_P=triton.next_power_of_2(splits), HEAD_DIM=d, BLOCK_D=block_d,
+        acc,
+        m,
+        l,
+        out,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=h,
+        NUM_SPLITS=splits,
+        SPLITS_P=triton.next_power_of_2(splits),
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
     )
     return out
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, out_ptr, q_len, ctx_len, scale,
-                    stride_qt, stride_qh, stride_s, stride_sh, stride_ot, stride_oh,
-                    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
-                    PRECISION: tl.constexpr):
+def _prefill_kernel(
+    q_ptr,
+    kp_ptr,
+    vp_ptr,
+    bt_ptr,
+    out_ptr,
+    q_len,
+    ctx_len,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_s,
+    stride_sh,
+    stride_ot,
+    stride_oh,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Flash-attention over a chunk's queries (BLOCK_M rows) and its whole paged context.
 
     Key tiles of BLOCK_N tokens find their pool rows token by token through the block table, so
@@ -158,8 +253,9 @@ def _prefill_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, out_ptr, q_len, ctx_len, scal
     offs_m = qb * BLOCK_M + tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     mm, dm = offs_m < q_len, d < HEAD_DIM
-    q = tl.load(q_ptr + offs_m[:, None] * stride_qt + h * stride_qh + d[None, :],
-                mask=mm[:, None] & dm[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + offs_m[:, None] * stride_qt + h * stride_qh + d[None, :], mask=mm[:, None] & dm[None, :], other=0.0
+    )
     pos_q = ctx_len - q_len + offs_m
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -185,20 +281,40 @@ def _prefill_kernel(q_ptr, kp_ptr, vp_ptr, bt_ptr, out_ptr, q_len, ctx_len, scal
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + offs_m[:, None] * stride_ot + h * stride_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=mm[:, None] & dm[None, :])
+    tl.store(
+        out_ptr + offs_m[:, None] * stride_ot + h * stride_oh + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=mm[:, None] & dm[None, :],
+    )
 
 
-def paged_prefill(q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float,
-                  block_m: int = 16, block_n: int = 32):
+def paged_prefill(
+    q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float, block_m: int = 16, block_n: int = 32
+):
     n, h, d = q.shape
     q = q.contiguous()
     out = torch.empty_like(q)
     _prefill_kernel[(h, triton.cdiv(n, block_m))](
-        q, k_pool, v_pool, block_table.contiguous(), out, n, ctx_len, scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), out.stride(0), out.stride(1),
-        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), GROUP=h // k_pool.shape[1],
+        q,
+        k_pool,
+        v_pool,
+        block_table.contiguous(),
+        out,
+        n,
+        ctx_len,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        HEAD_DIM=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        GROUP=h // k_pool.shape[1],
         # float32 stays exact (no TF32 rounding); half types use the tensor cores' native inputs.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
