@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BackendOptions:
+    """Options only a backend reads; the engine core passes them through untouched."""
+
+    tensor_parallel_size: int = 1  # ranks (one process each) sharing the model; torch backend
+    enforce_eager: bool = False  # no CUDA graphs for decode steps (torch backend on CUDA)
+    num_threads: int | None = None  # CPU threads for tensor work (CPU backends); None: the library's default
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size has an invalid value: {self.tensor_parallel_size!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads has an invalid value: {self.num_threads!r}")
+
+
+BACKEND_OPTION_NAMES = {f.name for f in dataclasses.fields(BackendOptions)}
 
 
 @dataclass
@@ -20,9 +40,16 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # exact block count (tests); overrides the memory budget
     enable_prefix_caching: bool = True
     chat_template: str | None = None  # overrides the model's template
-    tensor_parallel_size: int = 1  # ranks (one process each) sharing the model; torch backend
-    enforce_eager: bool = False  # no CUDA graphs for decode steps (torch backend on CUDA)
-    num_threads: int | None = None  # CPU threads for tensor work (CPU backends); None: the library's default
+    backend_options: BackendOptions = field(default_factory=BackendOptions)  # passed to the backend as is
+
+    @classmethod
+    def from_options(cls, **options: Any) -> EngineConfig:
+        """Flat keyword options (what LLM(...), AsyncEngine(...) and the CLI take), the backend's
+        own (tensor_parallel_size, enforce_eager, num_threads) gathered into backend_options."""
+        backend = {k: options.pop(k) for k in list(options) if k in BACKEND_OPTION_NAMES}
+        if backend:
+            options["backend_options"] = BackendOptions(**backend)
+        return cls(**options)
 
     def __post_init__(self) -> None:
         checks = {
@@ -31,11 +58,9 @@ class EngineConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
             "prefill_chunk_size": self.prefill_chunk_size >= 1,
             "gpu_memory_fraction": 0.0 < self.gpu_memory_fraction <= 1.0,
-            "tensor_parallel_size": self.tensor_parallel_size >= 1,
             "max_model_len": self.max_model_len is None or self.max_model_len >= 2,
             "kv_cache_memory_mb": self.kv_cache_memory_mb is None or self.kv_cache_memory_mb >= 1,
             "num_kv_blocks": self.num_kv_blocks is None or self.num_kv_blocks >= 1,
-            "num_threads": self.num_threads is None or self.num_threads >= 1,
         }
         for name, ok in checks.items():
             if not ok:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 
+from lantern.app.engine.contract import BackendOptions
 from lantern.backends.base import Backend
 
 BACKENDS = ("mlx", "torch")
@@ -73,16 +74,15 @@ def default_dtype(backend: str) -> str:
     return "float32"
 
 
-def create_backend(
-    name: str = "auto", tensor_parallel_size: int = 1, enforce_eager: bool = False, num_threads: int | None = None
-) -> Backend:
+def create_backend(name: str = "auto", options: BackendOptions | None = None) -> Backend:
+    options = options or BackendOptions()
     chosen = pick_backend(name)
     if chosen == "mlx":
         if not _mlx_available():
             raise RuntimeError("backend 'mlx' needs MLX: pip install 'lantern[mlx]'")
-        if tensor_parallel_size != 1:
+        if options.tensor_parallel_size != 1:
             raise ValueError("tensor parallelism is implemented by the torch backend only")
-        if num_threads is not None:
+        if options.num_threads is not None:
             raise ValueError("--threads applies to the torch backend; MLX sets its own CPU threads")
         from lantern.backends.mlx.runner import MLXBackend
 
@@ -91,4 +91,4 @@ def create_backend(
         raise RuntimeError("backend 'torch' needs PyTorch: pip install 'lantern[torch]'")
     from lantern.backends.torch.runner import TorchBackend
 
-    return TorchBackend(tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager, num_threads=num_threads)
+    return TorchBackend(options=options)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from lantern.app.engine.batch import ScheduledBatch, StepOutput
-from lantern.app.models.spec import ModelInfo, ModelSpec
+from lantern.app.engine.contract import ModelInfo, ModelSpec, ScheduledBatch, StepOutput
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lantern.app.engine.batch import ScheduledBatch
+from lantern.app.engine.contract import ScheduledBatch
 
 
 @dataclass

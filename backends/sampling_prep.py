@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lantern.app.engine.batch import SamplingRow
+from lantern.app.engine.contract import SamplingRow
 
 MIX_C1 = 0x21F0AAAD
 MIX_C2 = 0x735A2D97

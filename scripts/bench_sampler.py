@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def make_rows(args: argparse.Namespace) -> list:
-    from lantern.app.engine.batch import SamplingRow
+    from lantern.app.engine.contract import SamplingRow
     from lantern.app.engine.sampling_params import SamplingParams
 
     params = SamplingParams(

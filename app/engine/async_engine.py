@@ -191,7 +191,7 @@ class AsyncEngine:
     def _run(self, config: dict[str, Any]) -> None:
         try:
             if self._engine is None:
-                self._engine = LLMEngine(EngineConfig(**config))
+                self._engine = LLMEngine(EngineConfig.from_options(**config))
         except BaseException as exc:
             self._load_error = exc
             return

@@ -47,12 +47,7 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.chat_template = config.chat_template or loaded.chat_template
         self.eos_token_ids = loaded.eos_token_ids
-        self.backend = backend or create_backend(
-            backend_name,
-            config.tensor_parallel_size,
-            config.enforce_eager,
-            config.num_threads,
-        )
+        self.backend = backend or create_backend(backend_name, config.backend_options)
         if not isinstance(self.backend, Backend):
             raise TypeError(f"{type(self.backend).__name__} does not implement backends.base.Backend")
         info = self.backend.load(loaded.spec)
@@ -275,7 +270,7 @@ class LLM:
     """Offline batch generation: ``LLM(model=...).generate(prompts, params)``."""
 
     def __init__(self, model: str, backend: str = "auto", dtype: str = "auto", **engine_options: Any):
-        self.engine = LLMEngine(EngineConfig(model=model, backend=backend, dtype=dtype, **engine_options))
+        self.engine = LLMEngine(EngineConfig.from_options(model=model, backend=backend, dtype=dtype, **engine_options))
         self.tokenizer = self.engine.tokenizer
 
     def generate(

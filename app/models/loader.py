@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lantern.app.models.spec import ModelConfig, ModelSpec
+from lantern.app.engine.contract import ModelSpec
+from lantern.app.models.spec import ModelConfig
 
 logger = logging.getLogger(__name__)
 

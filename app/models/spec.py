@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 # model_type -> what differs from plain Llama. One table instead of a class per architecture.
@@ -224,24 +223,3 @@ def check_servable(config: ModelConfig, max_model_len: int) -> None:
             raise ValueError(
                 f"{key}={limit} in config.json is not implemented yet; serve with --max-model-len {limit} (or less)"
             )
-
-
-@dataclass
-class ModelSpec:
-    """A resolved model: config, weight files and their format ("safetensors" or "gguf")."""
-
-    name: str
-    config: ModelConfig
-    weight_format: str
-    weight_files: list[Path]
-    dtype: str = "float32"
-
-
-@dataclass
-class ModelInfo:
-    """What the backend reports after loading."""
-
-    num_params: int
-    weight_bytes: int
-    max_model_len: int
-    vocab_size: int

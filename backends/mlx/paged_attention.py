@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from lantern.app.engine.batch import ScheduledBatch
+from lantern.app.engine.contract import ScheduledBatch
 from lantern.backends.paged_plan import AttentionPlan
 
 

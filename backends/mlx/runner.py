@@ -10,8 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from lantern.app.engine.batch import ScheduledBatch, StepOutput
-from lantern.app.models.spec import ModelInfo, ModelSpec
+from lantern.app.engine.contract import ModelInfo, ModelSpec, ScheduledBatch, StepOutput
 from lantern.backends.mlx.model import CausalLM
 from lantern.backends.mlx.paged_attention import PagedKVPool, build_metadata
 from lantern.backends.mlx.sampler import sample

@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from lantern.app.engine.batch import SamplingRow, StepOutput
+from lantern.app.engine.contract import SamplingRow, StepOutput
 from lantern.backends.sampling_prep import (
     MIX_C1,
     MIX_C2,

@@ -14,8 +14,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.gguf_names import PERMUTED_ARCHITECTURES, hf_name, needs_unpermute, unpermute_rows
-from lantern.app.models.spec import ModelConfig, ModelSpec
+from lantern.app.models.spec import ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lantern.app.engine.batch import ScheduledBatch
+from lantern.app.engine.contract import ScheduledBatch
 from lantern.backends.paged_plan import AttentionPlan
 from lantern.backends.torch.kernels import ops, reference
 

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from lantern.app.engine.batch import ScheduledBatch
+from lantern.app.engine.contract import ScheduledBatch
 from lantern.backends.torch.attention import TorchAttentionMetadata, TorchKVPool
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lantern.app.engine.batch import ScheduledBatch, StepOutput
+from lantern.app.engine.contract import BackendOptions, ModelInfo, ModelSpec, ScheduledBatch, StepOutput
 from lantern.app.engine.errors import EngineDeadError
-from lantern.app.models.spec import ModelInfo, ModelSpec
 from lantern.backends.paged_plan import plan_attention
 from lantern.backends.torch.attention import TorchKVPool, build_metadata
 from lantern.backends.torch.cuda_graphs import DecodeGraphRunner
@@ -45,20 +44,20 @@ class TorchBackend:
     def __init__(
         self,
         device: str | None = None,
-        tensor_parallel_size: int = 1,
-        enforce_eager: bool = False,
+        options: BackendOptions | None = None,
         static_decode: bool | None = None,
-        num_threads: int | None = None,
     ) -> None:
         """static_decode: run decode steps through static buffers replayed as CUDA graphs. None
         means on for one CUDA rank with Triton unless enforce_eager; True elsewhere runs the same
         padded path without capture (how tests check it on a CPU)."""
-        self.world = tensor_parallel_size
+        options = options or BackendOptions()
+        self.options = options
+        self.world = options.tensor_parallel_size
         self.device = torch.device(device) if device else _rank_device(0)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # every rank its own GPU, also for NCCL
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        if options.num_threads is not None:
+            torch.set_num_threads(options.num_threads)
         self.kv_memory_is_lazy = self.device.type == "cpu"
         logger.info("torch %s on %s, %d CPU threads", torch.__version__, self.device, torch.get_num_threads())
         self.tp = TPGroup(0, self.world)
@@ -68,7 +67,7 @@ class TorchBackend:
         can_capture = (
             self.device.type == "cuda" and self.world == 1 and ops.use_triton(torch.empty(0, device=self.device))
         )
-        self.capture_graphs = can_capture and not enforce_eager
+        self.capture_graphs = can_capture and not options.enforce_eager
         self.static_decode = self.capture_graphs if static_decode is None else static_decode
         self.graphs: DecodeGraphRunner | None = None
 
@@ -213,7 +212,7 @@ def _worker_main(rank: int, world: int, port: int, spec: ModelSpec) -> None:
     dist.init_process_group(
         backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TP_TIMEOUT
     )
-    backend = TorchBackend(device=str(device), tensor_parallel_size=world)
+    backend = TorchBackend(device=str(device), options=BackendOptions(tensor_parallel_size=world))
     backend.tp = TPGroup(rank, world)
     backend._load_local(spec)
     with torch.inference_mode():

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import torch
 
-from lantern.app.engine.batch import SamplingRow, StepOutput
+from lantern.app.engine.contract import SamplingRow, StepOutput
 from lantern.backends.sampling_prep import (
     M32,
     MIX_C1,

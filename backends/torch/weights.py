@@ -7,8 +7,8 @@ import warnings
 import torch
 from safetensors.torch import load_file
 
+from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.gguf_names import read_gguf_dequantized
-from lantern.app.models.spec import ModelSpec
 from lantern.backends.torch.parallel import TPGroup, fuse_projections, shard_weights
 
 

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from lantern.app.config import EngineConfig  # noqa: E402
 from lantern.app.engine import LLM, SamplingParams  # noqa: E402
+from lantern.app.engine.contract import BackendOptions  # noqa: E402
 from lantern.app.engine.engine import LLMEngine  # noqa: E402
 from lantern.backends.torch.runner import TorchBackend  # noqa: E402
 from tests.conformance.test_scheduling import make_prompts  # noqa: E402
@@ -34,7 +35,7 @@ def test_padded_decode_matches_eager(tiny_model_dir, device, variant):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     path = tiny_model_dir(variant)
-    eager = engine_with(path, TorchBackend(device=device, enforce_eager=True))
+    eager = engine_with(path, TorchBackend(device=device, options=BackendOptions(enforce_eager=True)))
     graphed = engine_with(path, TorchBackend(device=device, static_decode=True))
     assert eager.engine.backend.graphs is None and graphed.engine.backend.graphs is not None
     replays = []

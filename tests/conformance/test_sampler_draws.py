@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lantern.app.engine.batch import SamplingRow
+from lantern.app.engine.contract import SamplingRow
 from lantern.app.engine.sampling_params import SamplingParams
 from lantern.backends import sampling_prep as prep
 

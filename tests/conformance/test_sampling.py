@@ -178,7 +178,7 @@ def test_penalized_samples_of_one_request_keep_their_own_counts(llm):
 def test_penalized_logits_equal_the_reference_processors(backend):
     """The sampler's edited logits (all penalties at once, one row each) against transformers'
     RepetitionPenaltyLogitsProcessor followed by the OpenAI formula."""
-    from lantern.app.engine.batch import SamplingRow
+    from lantern.app.engine.contract import SamplingRow
     from lantern.app.engine.penalty_state import PenaltyState
     from lantern.backends.sampling_prep import prepare_sampling
     from tests.conformance.test_sampler_draws import Sampler

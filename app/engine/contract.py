@@ -1,0 +1,85 @@
+"""The engine <-> backend contract: every type a backend consumes or returns, in one module.
+
+It imports nothing from the scheduler or the block manager: a backend (backends/base.py says what
+it must implement) needs only this module, SamplingParams and the model's config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lantern.app.config import BackendOptions
+from lantern.app.engine.penalty_state import PenaltyState
+from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.models.spec import ModelConfig
+
+__all__ = ["BackendOptions", "ModelInfo", "ModelSpec", "SamplingRow", "ScheduledBatch", "StepOutput"]
+
+
+@dataclass
+class ModelSpec:
+    """A resolved model: config, weight files and their format ("safetensors" or "gguf")."""
+
+    name: str
+    config: ModelConfig
+    weight_format: str
+    weight_files: list[Path]
+    dtype: str = "float32"
+
+
+@dataclass
+class ModelInfo:
+    """What the backend reports after loading."""
+
+    num_params: int
+    weight_bytes: int
+    max_model_len: int
+    vocab_size: int
+
+
+@dataclass
+class SamplingRow:
+    """What the backend needs to draw one token for one sequence."""
+
+    params: SamplingParams
+    seed: int
+    step: int  # number of tokens this sequence generated so far: the draw index
+    banned_token_ids: list[int] = field(default_factory=list)  # e.g. EOS before min_tokens
+    # Incremental penalty inputs (set only when params.uses_penalties): no full histories here.
+    penalty: PenaltyState | None = None
+
+
+@dataclass
+class ScheduledBatch:
+    input_ids: np.ndarray  # [T] int32
+    positions: np.ndarray  # [T] int32
+    query_start_loc: np.ndarray  # [S+1] int32
+    seq_lens: np.ndarray  # [S] int32, KV length after this step
+    block_tables: list[list[int]]
+    slot_mapping: np.ndarray  # [T] int32, pool slot each new token's K/V goes to
+    block_size: int
+    sample_seq_indices: list[int]  # which sequences draw a token this step
+    sampling: list[SamplingRow]  # one per sampled sequence, same order
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def query_lens(self) -> np.ndarray:
+        return np.diff(self.query_start_loc)
+
+
+@dataclass
+class StepOutput:
+    """Per sampled sequence (same order as ScheduledBatch.sampling)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # log-probability of each chosen token
+    top_logprobs: list[list[tuple[int, float]]] | None = None
