@@ -103,8 +103,8 @@ class AsyncEngine:
         Raises InvalidRequestError at once for an invalid request (bad prompt, too long, an id
         in use), EngineDeadError when the engine loop has stopped, RequestFailedError when the
         engine failed this request."""
-        if self._dead is not None:
-            raise EngineDeadError(f"the engine has stopped: {self._dead}")
+        if self._dead is not None or self._stop:
+            raise EngineDeadError(f"the engine has stopped: {self._dead or 'it was shut down'}")
         params = params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
@@ -130,14 +130,17 @@ class AsyncEngine:
                     finished = True
                     return
         finally:
-            if self._queues.get(request_id) is target:
-                del self._queues[request_id]
-            if not finished:
-                self._submit("abort", request_id)
+            if finished:
+                if self._queues.get(request_id) is target:
+                    del self._queues[request_id]
+            else:
+                # The entry stays until the engine thread has dropped the request, so the id
+                # cannot be reused meanwhile (a new caller would get this request's outputs).
+                self._submit("abort", (request_id, target))
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its iterator then yields a final output with finish_reason "abort"."""
-        self._submit("abort", request_id)
+        self._submit("abort", (request_id, None))
 
     def shutdown(self) -> None:
         self._stop = True
@@ -184,9 +187,13 @@ class AsyncEngine:
                 except Exception as exc:  # validation raced with config; report to the caller
                     self._deliver(request_id, exc)
             elif kind == "abort":
-                final = self._engine.abort_request(payload)
-                if final is not None:
-                    self._deliver(payload, final)
+                request_id, left = payload
+                final = self._engine.abort_request(request_id)
+                if left is not None:  # its caller has gone: free the id
+                    if self._queues.get(request_id) is left:
+                        del self._queues[request_id]
+                elif final is not None:
+                    self._deliver(request_id, final)
 
     def _run(self, config: dict[str, Any]) -> None:
         try:
@@ -199,6 +206,7 @@ class AsyncEngine:
             self._ready.set()
         try:
             self._serve()
+            self._fail_all(EngineDeadError("the engine was shut down"))
         except BaseException as exc:
             self._die(exc)
         finally:
@@ -216,12 +224,21 @@ class AsyncEngine:
                 continue
             self._deliver_step(self._engine.step())
 
-    def _die(self, exc: BaseException) -> None:
-        self._dead = f"{type(exc).__name__}: {exc}"
-        logger.critical("the engine loop stopped: %s", self._dead, exc_info=exc)
-        error = EngineDeadError(f"the engine has stopped: {self._dead}")
+    def _fail_all(self, error: EngineDeadError) -> None:
+        """The loop is over: every waiting caller, and every later one, gets `error`."""
+        self._dead = str(error)
         for request_id in list(self._queues):
             self._deliver(request_id, error)
+        while self._commands:
+            kind, payload = self._commands.popleft()
+            if kind == "add":
+                self._deliver(payload[0], error)
+
+    def _die(self, exc: BaseException) -> None:
+        logger.critical("the engine loop stopped: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        error = EngineDeadError(f"the engine has stopped: {type(exc).__name__}: {exc}")
+        self._fail_all(error)
+        self._dead = f"{type(exc).__name__}: {exc}"
         # Requests that arrive from now on are refused in generate(); ones that raced in get
         # the error from the command queue.
         while True:

@@ -62,11 +62,16 @@ class StopStringMatcher:
         if best is not None:
             i, stop = best
             return stop, i + len(stop) if self.include_stop else i
-        # Hold back the longest suffix that is a proper prefix of some stop string.
+        # Hold back the longest suffix that is a proper prefix of some stop string. Only tail
+        # positions holding the stop's first character can start one (linear, not quadratic,
+        # in the stop's length).
         hold = 0
         for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(text) - floor), hold, -1):
-                if text.endswith(stop[:k]):
-                    hold = k
+            start = max(len(text) - len(stop) + 1, floor)
+            i = text.find(stop[0], start)
+            while i != -1 and len(text) - i > hold:
+                if stop.startswith(text[i:]):
+                    hold = len(text) - i
                     break
+                i = text.find(stop[0], i + 1)
         return None, len(text) - hold

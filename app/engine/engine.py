@@ -13,6 +13,7 @@ from lantern.app.config import EngineConfig
 from lantern.app.engine.batch import build_batch
 from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.chat_encoding import encode_chat
+from lantern.app.engine.contract import ScheduledBatch, StepOutput
 from lantern.app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from lantern.app.engine.kv_sizing import plan_kv_cache
 from lantern.app.engine.metrics import EngineStats
@@ -26,6 +27,8 @@ from lantern.app.models.loader import resolve_model
 logger = logging.getLogger(__name__)
 
 Prompt = str | list[int]
+# Steps in a row whose every sequence failed on its own before the backend is declared broken.
+MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
 class LLMEngine:
@@ -82,6 +85,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
+        self._consecutive_failures = 0
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:
@@ -168,28 +172,51 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduled batch through the backend. A failure fails only the requests that
-        cause it: the batch is retried one sequence at a time to find them."""
+        cause it: the batch is retried one sequence at a time to find them. A backend that
+        fails every sequence of several multi-sequence steps in a row is broken, not fed bad
+        requests: that is reported as the engine's death, not as one failed request after another."""
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
         try:
-            return self._run(sched)
+            batch, result = self._execute(sched)
         except EngineDeadError:
             raise  # the backend itself is gone: no request can be run, so none is to blame
         except Exception as exc:
-            if len(sched.scheduled) == 1:
-                return [self._fail(sched.scheduled[0].seq.request_id, exc)]
-            logger.warning("a step of %d sequences failed (%s); retrying them one by one", len(sched.scheduled), exc)
+            return self._isolate(sched, exc)
+        self._consecutive_failures = 0
+        return self._process(sched, batch, result)
+
+    def _isolate(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        items = sched.scheduled
+        if len(items) > 1:
+            logger.warning("a step of %d sequences failed (%s); retrying them one by one", len(items), exc)
         outputs: list[RequestOutput] = []
-        for item in sched.scheduled:
+        failures = 0
+        for item in items:
             if item.seq.is_finished:  # a sibling of a request failed just now
                 continue
-            try:
-                outputs += self._run(SchedulerOutput(scheduled=[item]))
-            except EngineDeadError:
-                raise
-            except Exception as exc:
-                outputs.append(self._fail(item.seq.request_id, exc))
+            one = SchedulerOutput(scheduled=[item])
+            if len(items) > 1:
+                try:
+                    batch, result = self._execute(one)
+                except EngineDeadError:
+                    raise
+                except Exception as err:
+                    exc = err
+                else:
+                    outputs += self._process(one, batch, result)
+                    continue
+            failures += 1
+            outputs.append(self._fail(item.seq.request_id, exc))
+        # One request failing alone proves nothing about the backend; several failing each on
+        # their own, step after step, do.
+        if failures < len(items):
+            self._consecutive_failures = 0
+        elif len(items) > 1:
+            self._consecutive_failures += 1
+        if self._consecutive_failures >= MAX_CONSECUTIVE_FAILED_STEPS:
+            raise EngineDeadError(f"the backend failed every request of {self._consecutive_failures} steps: {exc}")
         return outputs
 
     def _fail(self, request_id: str, exc: Exception) -> RequestOutput:
@@ -199,11 +226,14 @@ class LLMEngine:
         assert out is not None
         return out
 
-    def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
+    def _execute(self, sched: SchedulerOutput) -> tuple[ScheduledBatch, StepOutput]:
+        """The part of a step that changes no engine state, so a failure can simply be retried."""
         banned = {s.seq.seq_id: self.outputs.banned_tokens(s.seq) for s in sched.scheduled if s.samples}
         batch = build_batch(sched, self.config.block_size, banned)
-        result = self.backend.execute(batch)
-        # Nothing has changed before this point, so a failure above can simply be retried.
+        return batch, self.backend.execute(batch)
+
+    def _process(self, sched: SchedulerOutput, batch: ScheduledBatch, result: StepOutput) -> list[RequestOutput]:
+        """Advance the sequences and hand out the new tokens; a failure here fails only its request."""
         self.scheduler.after_step(sched)
         self.stats.steps += 1
         touched: dict[str, RequestState] = {}

@@ -3,8 +3,9 @@
 Bounds (documented in the README): n 1..128, temperature 0..100, top_p (0, 1], top_k -1/0 (off)
 or 1..2^31-1 (above the vocabulary = off), min_p 0..1, repetition_penalty (0, 100],
 frequency/presence penalties -2..2, |seed| < 2^63, max_tokens 1..2^31-1 (then capped by the
-context), min_tokens 0..max_tokens, at most 64 stop strings of at most 1024 characters, at most
-1024 stop_token_ids, logprobs 0..20, logit_bias at most 1024 entries with values -100..100.
+context), min_tokens 0..max_tokens, at most 64 stop strings of at most 1024 characters (4096 in
+all), at most 1024 stop_token_ids, logprobs 0..20, logit_bias at most 1024 entries with values
+-100..100.
 Token ids are checked against the model's vocabulary by the engine.
 """
 
@@ -21,6 +22,7 @@ MAX_N = 128  # OpenAI's limit on parallel samples
 MAX_INT32 = 2**31 - 1
 MAX_STOPS = 64
 MAX_STOP_LEN = 1024
+MAX_STOP_CHARS = 4096  # all stop strings together: each is searched for after every token
 MAX_TOKEN_LIST = 1024  # stop_token_ids, logit_bias entries
 
 
@@ -125,6 +127,8 @@ class SamplingParams:
             fail("stop", f"may hold at most {MAX_STOPS} strings")
         if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_LEN for s in self.stop_list):
             fail("stop", f"must be a non-empty string or a list of non-empty strings of at most {MAX_STOP_LEN} chars")
+        if sum(len(s) for s in self.stop_list) > MAX_STOP_CHARS:
+            fail("stop", f"strings may hold at most {MAX_STOP_CHARS} characters together")
         stop_ids = self.stop_token_ids or []
         if len(stop_ids) > MAX_TOKEN_LIST:
             fail("stop_token_ids", f"may hold at most {MAX_TOKEN_LIST} ids")

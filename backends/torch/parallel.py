@@ -101,10 +101,10 @@ def parallel_logits(h: torch.Tensor, head: torch.Tensor, tp: TPGroup, vocab: int
     return tp.all_gather_last(F.linear(h, head))[..., :vocab]
 
 
-def broadcast_command(tp: TPGroup, command: Any = None) -> Any:
+def broadcast_command(tp: TPGroup, command: Any = None, group: Any = None) -> Any:
     """Rank 0 sends (kind, payload); the others receive it. Everyone returns it."""
     box = [command]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 

@@ -11,6 +11,7 @@ import datetime
 import logging
 import os
 import socket
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,8 +31,16 @@ from lantern.backends.torch.weights import load_weights
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# A collective that waits longer than this means a rank is gone (NCCL would otherwise wait 10 min).
-TP_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+# A forward-pass collective that waits longer than this means a rank is gone (NCCL would
+# otherwise wait 10 min). Commands travel on a group of their own without it: a worker may wait
+# for the next step as long as the server stays idle.
+def _tp_timeout() -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(os.environ.get("LANTERN_TP_TIMEOUT_S", "120")))
+
+
+IDLE_TIMEOUT = datetime.timedelta(days=365)
 
 
 def _rank_device(rank: int) -> torch.device:
@@ -64,6 +73,8 @@ class TorchBackend:
         self.pool: TorchKVPool | None = None
         self.block_size = 0
         self.workers: list = []
+        self.commands: Any = None  # the process group commands travel on (tensor parallelism)
+        self._in_step = False
         can_capture = (
             self.device.type == "cuda" and self.world == 1 and ops.use_triton(torch.empty(0, device=self.device))
         )
@@ -108,27 +119,34 @@ class TorchBackend:
             port = s.getsockname()[1]
         ctx = mp.get_context("spawn")
         self.workers = [
-            ctx.Process(target=_worker_main, args=(r, self.world, port, spec), daemon=True)
+            ctx.Process(target=_worker_main, args=(r, self.world, port, spec, self.options), daemon=True)
             for r in range(1, self.world)
         ]
         for w in self.workers:
             w.start()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world, timeout=TP_TIMEOUT
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world, timeout=_tp_timeout()
         )
+        self.commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         logger.info("tensor parallel: %d ranks over %s", self.world, backend)
 
     def shutdown(self) -> None:
-        if self.workers:
-            if all(w.is_alive() for w in self.workers):
-                broadcast_command(self.tp, ("stop", None))
+        if not self.workers:
+            return
+        if self._in_step:  # called from another thread while a step is stuck in a collective
             for w in self.workers:
-                w.join(timeout=30)
-                if w.is_alive():
-                    w.kill()
-            dist.destroy_process_group()
+                w.kill()
             self.workers = []
+            return
+        if all(w.is_alive() for w in self.workers):
+            broadcast_command(self.tp, ("stop", None), self.commands)
+        for w in self.workers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.kill()
+        dist.destroy_process_group()
+        self.workers = []
 
     def _check_workers(self) -> None:
         """A dead rank would leave every collective waiting: report it instead."""
@@ -148,7 +166,7 @@ class TorchBackend:
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         if self.workers:
-            broadcast_command(self.tp, ("allocate", (num_blocks, block_size)))
+            broadcast_command(self.tp, ("allocate", (num_blocks, block_size)), self.commands)
         self._allocate_local(num_blocks, block_size)
 
     def _allocate_local(self, num_blocks: int, block_size: int) -> None:
@@ -171,20 +189,21 @@ class TorchBackend:
     # ---- steps ---------------------------------------------------------------------------
     @torch.inference_mode()
     def compute_logits(self, batch: ScheduledBatch) -> torch.Tensor:
-        if self.workers:
-            self._check_workers()
-            # Workers only run the forward pass: they get no sampling rows (the biggest part).
-            try:
-                broadcast_command(self.tp, ("step", dataclasses.replace(batch, sampling=[])))
-            except Exception as exc:  # a rank died mid-broadcast
-                self._check_workers()
-                raise EngineDeadError(f"tensor-parallel broadcast failed: {exc}") from exc
-        try:
+        if not self.workers:
             return self._forward(batch)
-        except Exception:
-            if self.workers:
-                self._check_workers()  # a collective failed because a rank is gone
-            raise
+        self._check_workers()
+        self._in_step = True
+        try:
+            # Workers only run the forward pass: they get no sampling rows (the biggest part).
+            broadcast_command(self.tp, ("step", dataclasses.replace(batch, sampling=[])), self.commands)
+            return self._forward(batch)
+        except Exception as exc:
+            # The ranks are out of step now (some wait in a collective the others left): no
+            # retry can pair them up again, so this is the end of this backend, said plainly.
+            self._check_workers()
+            raise EngineDeadError(f"tensor-parallel step failed, ranks out of step: {exc}") from exc
+        finally:
+            self._in_step = False
 
     def _forward(self, batch: ScheduledBatch) -> torch.Tensor:
         if self.graphs is not None and self.graphs.supports(batch):
@@ -203,21 +222,22 @@ class TorchBackend:
         return sample(logits, batch.sampling)
 
 
-def _worker_main(rank: int, world: int, port: int, spec: ModelSpec) -> None:
+def _worker_main(rank: int, world: int, port: int, spec: ModelSpec, options: BackendOptions) -> None:
     """Ranks 1..N-1: hold a shard, mirror rank 0's forward pass step by step."""
     device = _rank_device(rank)
     backend_name = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL: each rank talks from its own GPU
     dist.init_process_group(
-        backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TP_TIMEOUT
+        backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=_tp_timeout()
     )
-    backend = TorchBackend(device=str(device), options=BackendOptions(tensor_parallel_size=world))
+    commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    backend = TorchBackend(device=str(device), options=options)
     backend.tp = TPGroup(rank, world)
     backend._load_local(spec)
     with torch.inference_mode():
         while True:
-            kind, payload = broadcast_command(backend.tp)
+            kind, payload = broadcast_command(backend.tp, None, commands)
             if kind == "stop":
                 break
             if kind == "allocate":

@@ -4,6 +4,8 @@ a dead engine says so at once, and n > 1 is a fan-out of seeds seed..seed+n-1.""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -202,5 +204,83 @@ def test_min_tokens_with_a_stop_string_streams_exactly_the_final_text(tiny_model
         final = streamed[-1].outputs[0]
         assert "".join(o.outputs[0].text_delta for o in streamed) == final.text
         assert final.text.startswith("".join(pieces[: m + 1]))
+    finally:
+        engine.shutdown()
+
+
+def test_shutdown_ends_every_stream_and_refuses_new_ones(tiny_model_dir, backend):
+    engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
+    real_step = engine._engine.step
+    started = threading.Event()
+
+    def slow_step():
+        started.set()
+        time.sleep(0.05)
+        return real_step()
+
+    engine._engine.step = slow_step
+
+    async def run():
+        params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        task = asyncio.create_task(_collect(engine, [1, 2, 3], params))
+        await asyncio.to_thread(started.wait, 10)
+        await asyncio.to_thread(engine.shutdown)
+        with pytest.raises(EngineDeadError, match="shut down"):
+            await task
+        with pytest.raises(EngineDeadError):
+            await _collect(engine, [1, 2, 3], params)
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+    assert engine.dead_reason is not None
+
+
+def test_a_reused_request_id_never_receives_the_old_requests_outputs(tiny_model_dir, backend):
+    engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
+    try:
+
+        async def run():
+            params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+            stream = engine.generate([5, 6, 7], params, "same")
+            await stream.__anext__()
+            await stream.aclose()  # the caller leaves; its abort is still queued
+            outs = []
+            for _ in range(200):  # the id is refused until the engine has dropped the old request
+                try:
+                    outs = await _collect(engine, [9, 10, 11], params, "same")
+                    break
+                except InvalidRequestError:
+                    await asyncio.sleep(0.01)
+            return outs
+
+        outs = asyncio.run(asyncio.wait_for(run(), 30))
+        assert outs[-1].prompt_token_ids == [9, 10, 11]
+        assert outs[-1].outputs[0].finish_reason == "length" and len(outs[-1].outputs[0].token_ids) == 30
+        assert engine.stats()["num_free_blocks"] == 256
+    finally:
+        engine.shutdown()
+
+
+def test_a_backend_failing_every_request_is_reported_dead(tiny_model_dir, backend):
+    engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
+
+    def broken(batch):
+        raise RuntimeError("device lost")
+
+    engine._engine.backend.execute = broken
+    try:
+
+        async def run():
+            params = SamplingParams(temperature=0, max_tokens=8)
+            results = await asyncio.gather(
+                *[_collect(engine, [1, 2, 3 + i], params) for i in range(4)], return_exceptions=True
+            )
+            assert all(isinstance(r, RequestFailedError | EngineDeadError) for r in results)
+            for _ in range(3):  # steps of several requests, each failing alone
+                await asyncio.gather(*[_collect(engine, [4, 5, i], params) for i in range(3)], return_exceptions=True)
+                if engine.dead_reason:
+                    break
+
+        asyncio.run(asyncio.wait_for(run(), 30))
+        assert "device lost" in (engine.dead_reason or "")
     finally:
         engine.shutdown()

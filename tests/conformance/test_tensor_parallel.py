@@ -52,3 +52,20 @@ def test_a_dead_rank_is_reported_not_waited_on(tiny_model_dir):
         assert "rank 1 died" in engine.dead_reason
     finally:
         engine.shutdown()
+
+
+def test_ranks_outlive_an_idle_spell_longer_than_the_collective_timeout(tiny_model_dir, monkeypatch):
+    """Workers wait for the next command without a deadline: only forward collectives time out."""
+    import time
+
+    monkeypatch.setenv("LANTERN_TP_TIMEOUT_S", "2")
+    opts = dict(backend="torch", dtype="float32", block_size=4, num_kv_blocks=64, num_threads=1)
+    tp = LLM(tiny_model_dir("llama2"), tensor_parallel_size=2, **opts)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    try:
+        first = tp.generate(["Paged attention"], params)[0].outputs[0].token_ids
+        time.sleep(4)
+        assert tp.generate(["Paged attention"], params)[0].outputs[0].token_ids == first
+        assert all(w.is_alive() for w in tp.engine.backend.workers)
+    finally:
+        tp.engine.shutdown()

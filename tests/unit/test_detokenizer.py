@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lantern.app.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
@@ -56,3 +58,34 @@ def test_stop_string_across_tokens_and_hold_back():
     assert m.check("axy", 1) == ("xy", 1)
     assert StopStringMatcher(["STOP"], include_stop=True).check("a STOP", 2) == ("STOP", 6)
     assert StopStringMatcher([]).check("anything", 3) == (None, 8)
+
+
+def _reference_check(stops: list[str], text: str, new_len: int, floor: int, include: bool):
+    """Brute force: earliest stop starting at or after the search window; else the longest
+    suffix (not reaching into `floor`) that is a proper prefix of a stop."""
+    max_len = max(len(s) for s in stops)
+    lo = max(len(text) - new_len - max_len + 1, floor, 0)
+    hits = [(i, s) for s in stops for i in range(lo, len(text) - len(s) + 1) if text.startswith(s, i)]
+    if hits:
+        i = min(h[0] for h in hits)
+        first = next(s for s in stops if text.startswith(s, i))  # the first stop listed that matches there
+        return first, i + len(first) if include else i
+    hold = max(
+        (k for s in stops for k in range(1, len(s)) if k <= len(text) - floor and text.endswith(s[:k])), default=0
+    )
+    return None, len(text) - hold
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    stops=st.lists(st.text("ab c", min_size=1, max_size=6), min_size=1, max_size=4),
+    text=st.text("ab c", max_size=30),
+    new=st.integers(0, 30),
+    floor=st.integers(0, 30),
+    include=st.booleans(),
+)
+def test_stop_matcher_equals_a_brute_force_reference(stops, text, new, floor, include):
+    new, floor = min(new, len(text)), min(floor, len(text))
+    assert StopStringMatcher(stops, include).check(text, new, floor) == _reference_check(
+        stops, text, new, floor, include
+    )
