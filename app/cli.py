@@ -169,8 +169,8 @@ def server_settings(args: argparse.Namespace) -> Any:
         raise UsageError(f"--max-request-bytes must be a positive number, got {args.max_request_bytes}")
     if args.max_n < 1:
         raise UsageError(f"--max-n must be a positive number, got {args.max_n}")
-    if args.max_waiting < 0:
-        raise UsageError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if args.max_waiting < 1:
+        raise UsageError(f"--max-waiting must be >= 1 (0 would refuse every request), got {args.max_waiting}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     served = args.served_model_name

@@ -15,8 +15,8 @@ from lantern.app.engine.contract import ModelInfo, ModelSpec, ScheduledBatch, St
 @runtime_checkable
 class Backend(Protocol):
     name: str
-    # True when the KV pool takes memory only where blocks are written (a CPU allocation):
-    # the block manager then reuses written blocks before untouched ones.
+    # True when the KV pool takes memory only as blocks are written (a lazily committed CPU
+    # allocation, or a pool that grows): the block manager then reuses written blocks first.
     kv_memory_is_lazy: bool
 
     def load(self, spec: ModelSpec) -> ModelInfo:

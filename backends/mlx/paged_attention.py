@@ -18,10 +18,36 @@ from lantern.backends.paged_plan import AttentionPlan
 
 
 class PagedKVPool:
-    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: mx.Dtype):
-        shape = (num_slots, kv_heads, head_dim)
+    """Per layer one K and one V array of `num_slots` slots at most. They start at a few blocks
+    and double when a step writes past the end (mx.zeros writes every byte it allocates, so a
+    full-size pool would take its whole memory at start); the block manager hands out the
+    lowest block ids first, so the arrays follow the load."""
+
+    INITIAL_BLOCKS = 64
+
+    def __init__(
+        self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: mx.Dtype, block_size: int = 1
+    ):
+        self.max_slots, self.block_size, self.dtype = num_slots, block_size, dtype
+        shape = (min(num_slots, self.INITIAL_BLOCKS * block_size), kv_heads, head_dim)
         self.k = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        mx.eval(self.k, self.v)
+
+    @property
+    def num_slots(self) -> int:
+        return self.k[0].shape[0]
+
+    def reserve(self, slots: int) -> None:
+        """Grow every layer to hold slot ids below `slots` (whole blocks, at least doubling)."""
+        if slots <= self.num_slots:
+            return
+        blocks = -(-max(slots, 2 * self.num_slots) // self.block_size)
+        new = min(blocks * self.block_size, self.max_slots)
+        extra = (new - self.num_slots, *self.k[0].shape[1:])
+        for pools in (self.k, self.v):
+            for layer, arr in enumerate(pools):
+                pools[layer] = mx.concatenate([arr, mx.zeros(extra, dtype=self.dtype)])
         mx.eval(self.k, self.v)
 
     def write(self, layer: int, slots: mx.array, k: mx.array, v: mx.array) -> None:
@@ -52,6 +78,8 @@ class AttentionMetadata:
 
 
 def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan) -> AttentionMetadata:
+    if batch.slot_mapping.size:
+        pool.reserve(int(batch.slot_mapping.max()) + 1)
     meta = AttentionMetadata(pool, mx.array(batch.positions), mx.array(batch.slot_mapping), batch.block_size)
     if plan.decode_token_idx is not None:
         meta.decode_token_idx = mx.array(plan.decode_token_idx)

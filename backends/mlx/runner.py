@@ -36,7 +36,7 @@ def _count_params(model: nn.Module) -> int:
 
 class MLXBackend:
     name = "mlx"
-    kv_memory_is_lazy = False  # mx.zeros writes the whole pool
+    kv_memory_is_lazy = True  # the pool grows with the blocks written (PagedKVPool.reserve)
 
     def __init__(self) -> None:
         self.model: CausalLM | None = None
@@ -78,7 +78,9 @@ class MLXBackend:
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         c = self.cfg
         self.block_size = block_size
-        self.pool = PagedKVPool(c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim, self.dtype)
+        self.pool = PagedKVPool(
+            c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim, self.dtype, block_size=block_size
+        )
 
     def compute_logits(self, batch: ScheduledBatch) -> mx.array:
         """Forward pass; logits [num sampled seqs, vocab] (float32) for the sampled sequences."""

@@ -178,7 +178,7 @@ EXTREME = [
     (CHAT, chat(logprobs=True, top_logprobs=20, n=4, temperature=1.0)),
     (COMP, comp(logit_bias={str(i): -100 for i in range(300)}, temperature=1.0)),
     (COMP, comp(prompt=[[1, 2]] * 8, n=16, max_tokens=3)),  # exactly max_n choices
-    (COMP, comp(stop=["x" * 1024] * 64, echo=True, logprobs=0)),
+    (COMP, comp(stop=["x" * 64] * 64, echo=True, logprobs=0)),  # 4096 characters: the most allowed
 ]
 
 

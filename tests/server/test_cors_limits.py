@@ -263,3 +263,16 @@ def test_health_is_503_naming_the_cause_once_the_engine_loop_dies(tiny_model_dir
         assert r.status_code == 503, r.text
     finally:
         srv.stop()
+
+
+def test_health_shows_the_load_only_to_key_holders(tiny_model_dir):
+    srv = start_server(
+        tiny_model_dir("llama2"), ServerSettings(served_model_name="tiny", api_keys=["k1"]), backend="torch"
+    )
+    try:
+        anonymous = httpx.get(f"{srv.base_url}/health").json()
+        assert anonymous == {"status": "ok"}
+        keyed = httpx.get(f"{srv.base_url}/health", headers={"Authorization": "Bearer k1"}).json()
+        assert keyed["status"] == "ok" and keyed["running"] == 0 and "kv_usage" in keyed
+    finally:
+        srv.stop()

@@ -87,3 +87,20 @@ def test_cpu_pool_is_committed_only_where_written():
     assert float(pool.k[3][-1].abs().sum()) == 0.0  # reads as zeros
     pool.k[0][:16] = 1.0
     assert _rss_mib() - before < 64
+
+
+def test_mlx_pool_grows_with_the_blocks_written_and_keeps_its_contents():
+    mx = pytest.importorskip("mlx.core")
+    from lantern.backends.mlx.paged_attention import PagedKVPool
+
+    pool = PagedKVPool(2, 100_000 * 16, 2, 8, mx.float32, block_size=16)
+    assert pool.num_slots == PagedKVPool.INITIAL_BLOCKS * 16  # not 1.6M slots up front
+    first = mx.ones((3, 2, 8))
+    pool.write(1, mx.array([0, 5, 17]), first, 2 * first)
+    pool.reserve(5000)
+    assert pool.num_slots >= 5000 and pool.num_slots % 16 == 0
+    assert pool.num_slots < 10_000  # doubling, not the whole pool
+    assert float(pool.k[1][5].sum()) == 16.0 and float(pool.v[1][17].sum()) == 32.0
+    assert float(pool.k[0][4999].sum()) == 0.0
+    pool.reserve(10**9)
+    assert pool.num_slots == 100_000 * 16  # capped at the planned size
