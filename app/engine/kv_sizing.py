@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOKENS_PER_SEQ = 2048
 # On a lazily committed pool, free blocks kept only for their cached prefix may hold this much
 # memory (beyond it the oldest is evicted instead of a new block being touched).
-PREFIX_CACHE_BUDGET_BYTES = 512 * 2**20
+PREFIX_CACHE_BUDGET_BYTES = 256 * 2**20
 
 
 @dataclass

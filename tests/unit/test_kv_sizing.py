@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lantern.app.config import EngineConfig
-from lantern.app.engine.kv_sizing import DEFAULT_TOKENS_PER_SEQ, plan_kv_cache
+from lantern.app.engine.kv_sizing import DEFAULT_TOKENS_PER_SEQ, PREFIX_CACHE_BUDGET_BYTES, plan_kv_cache
 
 
 class FakeBackend:
@@ -74,7 +74,7 @@ def test_a_sliding_window_shorter_than_the_context_is_refused_naming_the_flag():
 
 def test_lazy_pools_get_a_prefix_cache_budget():
     p = plan(free=10**12, max_num_seqs=256)
-    assert p.cache_budget_blocks * 16 * 1024 == 512 * 2**20
+    assert p.cache_budget_blocks * 16 * 1024 == PREFIX_CACHE_BUDGET_BYTES
 
 
 def test_cpu_pool_is_committed_only_where_written():
