@@ -91,7 +91,9 @@ async def generate(
     start = time.monotonic()
     last: float | None = None
     salt = tenancy.cache_salt_for(request, cache_salt)
-    async for out in state.engine.generate(ids, params, request_id, prompt_token_ids=ids, cache_salt=salt):
+    # The routes ran validated() on these ids: the prompt is checked once.
+    stream = state.engine.generate(ids, params, request_id, prompt_token_ids=ids, cache_salt=salt, validated=True)
+    async for out in stream:
         now = time.monotonic()
         new_tokens = sum(len(o.token_ids_delta) for o in out.outputs)
         if new_tokens:

@@ -97,12 +97,15 @@ class AsyncEngine:
         request_id: str | None = None,
         prompt_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
+        validated: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Yields a RequestOutput each time the request makes progress; the last has finished=True.
 
         Raises InvalidRequestError at once for an invalid request (bad prompt, too long, an id
         in use), EngineDeadError when the engine loop has stopped, RequestFailedError when the
-        engine failed this request."""
+        engine failed this request. validated=True: the caller has just run validate() on these
+        very prompt_token_ids and params (a server does, to answer 400 before a stream starts),
+        so they are not checked a second time."""
         if self._dead is not None or self._stop:
             raise EngineDeadError(f"the engine has stopped: {self._dead or 'it was shut down'}")
         params = params or SamplingParams()
@@ -110,7 +113,8 @@ class AsyncEngine:
         if request_id in self._queues:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use", param="request_id")
         ids = prompt_token_ids if prompt_token_ids is not None else self._engine.tokenize_prompt(prompt)
-        self._engine.validate(ids, params)
+        if not (validated and prompt_token_ids is not None):
+            self._engine.validate(ids, params)
         queue: asyncio.Queue = asyncio.Queue()
         target = (asyncio.get_running_loop(), queue)
         self._queues[request_id] = target
@@ -183,7 +187,9 @@ class AsyncEngine:
             if kind == "add":
                 request_id, prompt, params, ids, salt = payload
                 try:
-                    self._engine.add_request(request_id, prompt, params, prompt_token_ids=ids, cache_salt=salt)
+                    self._engine.add_request(
+                        request_id, prompt, params, prompt_token_ids=ids, cache_salt=salt, validated=True
+                    )
                 except Exception as exc:  # validation raced with config; report to the caller
                     self._deliver(request_id, exc)
             elif kind == "abort":

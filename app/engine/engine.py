@@ -128,10 +128,14 @@ class LLMEngine:
         params: SamplingParams | None = None,
         prompt_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
+        validated: bool = False,
     ) -> None:
+        """validated: the caller has run validate(ids, params) on exactly these ids (AsyncEngine
+        does, before queueing), so the engine thread does not walk a long prompt again."""
         params = params or SamplingParams()
         ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize_prompt(prompt)
-        self.validate(ids, params)
+        if not validated:
+            self.validate(ids, params)
         if request_id in self.requests:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use", param="request_id")
         room = self.max_model_len - len(ids)

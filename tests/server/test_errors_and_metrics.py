@@ -156,3 +156,16 @@ def test_non_streaming_client_that_leaves_is_aborted(tmp_path_factory, backend):
             assert m["lantern:generation_tokens_total"] < 4000  # stopped early, not run to the end
     finally:
         srv.stop()
+
+
+def test_a_prompt_is_validated_once(server, http, monkeypatch):
+    inner = server.engine._engine  # test-only reach-in: count the engine's own checks
+    calls = []
+    real = inner.validate
+    monkeypatch.setattr(inner, "validate", lambda ids, params: calls.append(len(ids)) or real(ids, params))
+    body = {"model": "tiny", "messages": OK_MSG, "max_tokens": 2}
+    assert http.post(CHAT, json=body).status_code == 200
+    assert http.post(CHAT, json={**body, "stream": True}).status_code == 200
+    assert len(calls) == 2  # one check per request, whichever path it took
+    too_long = {"model": "tiny", "messages": [{"role": "user", "content": "word " * 5000}]}
+    assert_error(http.post(CHAT, json=too_long), 400, "messages")

@@ -40,9 +40,16 @@ def chat(**fields) -> dict:
 def inject(monkeypatch, server, make_error: Callable[[], Exception], after: int = 2) -> None:
     real = server.engine.generate
 
-    async def generate(prompt, params, request_id=None, prompt_token_ids=None, cache_salt=None):
+    async def generate(prompt, params, request_id=None, prompt_token_ids=None, cache_salt=None, validated=False):
         async with contextlib.aclosing(
-            real(prompt, params, request_id, prompt_token_ids=prompt_token_ids, cache_salt=cache_salt)
+            real(
+                prompt,
+                params,
+                request_id,
+                prompt_token_ids=prompt_token_ids,
+                cache_salt=cache_salt,
+                validated=validated,
+            )
         ) as outputs:
             n = 0
             async for out in outputs:
