@@ -107,7 +107,7 @@ class AsyncEngine:
         very prompt_token_ids and params (a server does, to answer 400 before a stream starts),
         so they are not checked a second time."""
         if self._dead is not None or self._stop:
-            raise EngineDeadError(f"the engine has stopped: {self._dead or 'it was shut down'}")
+            raise EngineDeadError(f"the engine has stopped: {self._dead or 'the engine was shut down'}")
         params = params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
@@ -121,6 +121,8 @@ class AsyncEngine:
         self._submit("add", (request_id, prompt, params, ids, cache_salt))
         finished = False
         try:
+            if self._dead is not None:  # the loop ended while this was queued: nobody will run it
+                raise EngineDeadError(f"the engine has stopped: {self._dead}")
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -134,7 +136,7 @@ class AsyncEngine:
                     finished = True
                     return
         finally:
-            if finished:
+            if finished or self._dead is not None:
                 if self._queues.get(request_id) is target:
                     del self._queues[request_id]
             else:
@@ -212,7 +214,7 @@ class AsyncEngine:
             self._ready.set()
         try:
             self._serve()
-            self._fail_all(EngineDeadError("the engine was shut down"))
+            self._fail_all("the engine was shut down")
         except BaseException as exc:
             self._die(exc)
         finally:
@@ -230,32 +232,17 @@ class AsyncEngine:
                 continue
             self._deliver_step(self._engine.step())
 
-    def _fail_all(self, error: EngineDeadError) -> None:
-        """The loop is over: every waiting caller, and every later one, gets `error`."""
-        self._dead = str(error)
+    def _fail_all(self, reason: str) -> None:
+        """The loop is over: every waiting caller gets EngineDeadError. Later callers see
+        `_dead` in generate(), which also checks it after queueing, so none can slip between."""
+        self._dead = reason
+        error = EngineDeadError(f"the engine has stopped: {reason}")
         for request_id in list(self._queues):
             self._deliver(request_id, error)
-        while self._commands:
-            kind, payload = self._commands.popleft()
-            if kind == "add":
-                self._deliver(payload[0], error)
 
     def _die(self, exc: BaseException) -> None:
         logger.critical("the engine loop stopped: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        error = EngineDeadError(f"the engine has stopped: {type(exc).__name__}: {exc}")
-        self._fail_all(error)
-        self._dead = f"{type(exc).__name__}: {exc}"
-        # Requests that arrive from now on are refused in generate(); ones that raced in get
-        # the error from the command queue.
-        while True:
-            self._wake.wait(timeout=0.5)
-            self._wake.clear()
-            while self._commands:
-                kind, payload = self._commands.popleft()
-                if kind == "add":
-                    self._deliver(payload[0], error)
-            if self._stop:
-                return
+        self._fail_all(f"{type(exc).__name__}: {exc}")
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

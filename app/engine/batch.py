@@ -36,13 +36,9 @@ def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[in
         tables.append(table)
         if item.samples:
             sample_idx.append(i)
-            if seq.params.uses_penalties:
-                # Created once per sequence, then fed by Sequence.append_token; sync() only
-                # catches up on tokens appended some other way (O(1) when up to date).
-                if seq.penalty is None:
-                    seq.penalty = PenaltyState(seq.prompt_token_ids, seq.output_token_ids)
-                else:
-                    seq.penalty.sync(seq.output_token_ids)
+            if seq.params.uses_penalties and seq.penalty is None:
+                # Created once per sequence, then fed token by token by Sequence.append_token.
+                seq.penalty = PenaltyState(seq.prompt_token_ids, seq.output_token_ids)
             rows.append(
                 SamplingRow(
                     params=seq.params,

@@ -31,20 +31,9 @@ class KVPlan:
     cache_budget_blocks: int = 0  # see PREFIX_CACHE_BUDGET_BYTES; 0 where the pool is not lazy
 
 
-def _check_model_limits(config: EngineConfig, model_config: Any, model_max: int) -> int:
-    """The context to serve: what the user asked for, refused past what the model can compute."""
-    if config.max_model_len is not None and config.max_model_len > model_max:
-        raise ValueError(
-            f"--max-model-len {config.max_model_len} is longer than this model can compute: {model_max} "
-            "positions (max_position_embeddings and rope scaling in its config); use at most that"
-        )
-    max_len = config.max_model_len or model_max
-    check_servable(model_config, max_len)
-    return max_len
-
-
 def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backend: Any) -> KVPlan:
-    max_len = _check_model_limits(config, model_config, model_max)
+    max_len = config.max_model_len or model_max
+    check_servable(model_config, max_len)  # past the rope's positions, or a window we do not implement
     bs = config.block_size
     per_block = backend.kv_bytes_per_block(bs)
     blocks_for = lambda tokens: -(-tokens // bs)

@@ -39,9 +39,6 @@ class PenaltyState:
 
     def __init__(self, prompt_token_ids: Sequence[int], output_token_ids: Iterable[int] = ()) -> None:
         self.prompt_ids = np.unique(np.asarray(prompt_token_ids, dtype=np.int64))  # sorted
-        self._reset(output_token_ids)
-
-    def _reset(self, output_token_ids: Iterable[int]) -> None:
         self._out_ids = _GrowArray()  # each generated id once, in first-seen order
         self._out_counts = _GrowArray()  # parallel to _out_ids
         self._slot: dict[int, int] = {}  # generated id -> its index in _out_ids
@@ -65,17 +62,6 @@ class PenaltyState:
         self._out_counts.append(1)
         if not self._in_prompt(token):
             self._new_ids.append(token)
-
-    def sync(self, output_token_ids: Sequence[int]) -> None:
-        """Catch up with tokens appended without append() (a cheap no-op when up to date)."""
-        n = len(output_token_ids)
-        if n == self.num_output:
-            return
-        if n < self.num_output:  # the output was cut back: recount it
-            self._reset(output_token_ids)
-            return
-        for token in output_token_ids[self.num_output :]:
-            self.append(token)
 
     def output_ids(self) -> np.ndarray:
         """Distinct generated ids (int64 view; do not modify)."""

@@ -183,7 +183,7 @@ def test_children_count_toward_max_num_seqs(tiny_model_dir, backend):
 
 
 def test_max_model_len_past_the_model_is_refused(tiny_model_dir, backend):
-    with pytest.raises(ValueError, match="longer than this model can compute: 256"):
+    with pytest.raises(ValueError, match="max_model_len 100000 is beyond the 256 positions"):
         LLM(tiny_model_dir("llama2"), **_opts(backend, max_model_len=100_000))
 
 

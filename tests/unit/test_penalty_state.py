@@ -37,17 +37,6 @@ def test_appends_match_a_rescan_of_the_histories():
     check_matches_rescan(from_scratch, prompt, output)
 
 
-def test_sync_catches_up_and_restarts_after_a_cut():
-    prompt, output = [5, 5, 6], [7, 5, 7]
-    state = PenaltyState(prompt, output[:1])
-    state.sync(output)  # two tokens appended without append()
-    check_matches_rescan(state, prompt, output)
-    state.sync(output)  # up to date: no change
-    check_matches_rescan(state, prompt, output)
-    state.sync(output[:2])  # the output got shorter: rebuilt
-    check_matches_rescan(state, prompt, output[:2])
-
-
 def _schedule(*seqs: Sequence) -> SchedulerOutput:
     for s in seqs:
         s.block_table = [0, 1, 2, 3]
