@@ -57,6 +57,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="CPU threads for tensor work (CPU backends; default: the library's choice)",
     )
+    p.add_argument(
+        "--isq",
+        default=None,
+        choices=["q4", "q8"],
+        help="quantize a float checkpoint to 4 or 8 bits while loading (in-situ quantization)",
+    )
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
 
 
@@ -109,6 +115,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "enable_prefix_caching": not args.no_prefix_cache,
         "enforce_eager": args.enforce_eager,
         "num_threads": args.threads,
+        "quantization": args.isq,
     }
 
 

@@ -40,6 +40,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # exact block count (tests); overrides the memory budget
     enable_prefix_caching: bool = True
     chat_template: str | None = None  # overrides the model's template
+    quantization: str | None = None  # "q4" | "q8": in-situ quantization of float weights (--isq)
     backend_options: BackendOptions = field(default_factory=BackendOptions)  # passed to the backend as is
 
     @classmethod
@@ -65,5 +66,7 @@ class EngineConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name} has an invalid value: {getattr(self, name)!r}")
+        if self.quantization not in (None, "q4", "q8"):
+            raise ValueError(f"quantization must be q4 or q8; got {self.quantization!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16; got {self.dtype!r}")

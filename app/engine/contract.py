@@ -28,6 +28,7 @@ class ModelSpec:
     weight_format: str
     weight_files: list[Path]
     dtype: str = "float32"
+    isq: str | None = None  # "q4" | "q8": quantize float weights while loading (--isq)
 
 
 @dataclass

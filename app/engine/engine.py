@@ -47,6 +47,7 @@ class LLMEngine:
         dtype = config.dtype if config.dtype != "auto" else default_dtype(backend_name)
         t0 = time.monotonic()
         loaded = resolve_model(config.model, dtype)
+        loaded.spec.isq = config.quantization
         self.model_name = loaded.spec.name
         self.model_config = loaded.spec.config
         self.tokenizer = loaded.tokenizer

@@ -1,14 +1,21 @@
-"""GGUF tensor names -> Hugging Face names, and llama.cpp's q/k row permutation.
+"""GGUF files: tensor names -> Hugging Face names, llama.cpp's q/k row permutation, split files, and
+the stream of (HF name, weight) every backend loads a GGUF through.
 
 Shared by every backend so each loads GGUF files through the same HF-named weight map.
 """
 
 from __future__ import annotations
 
+import logging
+import mmap
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 _GLOBAL = {
     "token_embd": "model.embed_tokens",
@@ -91,6 +98,8 @@ class GGUFTensor:
     tensor_type: Any  # gguf.GGMLQuantizationType
     shape: tuple[int, ...]
     data: Any
+    offset: int = 0  # where the data starts in the file (bytes)
+    n_bytes: int = 0
 
 
 @dataclass
@@ -98,6 +107,24 @@ class GGUFIndex:
     architecture: str
     metadata: dict[str, Any]  # scalar and string keys; arrays (the tokenizer's vocabulary) are skipped
     tensors: list[GGUFTensor]
+    path: str = ""
+    buffer: Any = None  # the read-only mmap the tensors' data view
+
+    def release(self, tensor: GGUFTensor) -> None:
+        """Drop the tensor's pages from this process's resident set once it has been converted.
+
+        The mapping is read-only and file-backed, so the data stays correct (a later read faults it
+        back in from the page cache); without this, every page read stays resident and loading peaks
+        at file size + converted weights.
+        """
+        if self.buffer is None or not tensor.n_bytes or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = tensor.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(len(self.buffer), tensor.offset + tensor.n_bytes)
+        try:
+            self.buffer.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError) as exc:  # not fatal: only memory is at stake
+            logger.debug("madvise failed for %s: %s", tensor.name, exc)
 
 
 def read_gguf_index(path: str) -> GGUFIndex:
@@ -107,8 +134,6 @@ def read_gguf_index(path: str) -> GGUFIndex:
     strings take it 3-6 s. Here arrays are stepped over with struct and the tensors are views of
     one memory map (~50 ms).
     """
-    import mmap
-
     import gguf
     import numpy as np
 
@@ -170,29 +195,117 @@ def read_gguf_index(path: str) -> GGUFIndex:
             data = raw.view(_PLAIN[qtype.name]).reshape(shape)
         else:
             data = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, qtype))
-        tensors.append(GGUFTensor(name, qtype, tuple(int(d) for d in dims), data))
-    return GGUFIndex(str(metadata.get("general.architecture", "")), metadata, tensors)
+        tensors.append(GGUFTensor(name, qtype, tuple(int(d) for d in dims), data, start + offset, n_bytes))
+    return GGUFIndex(str(metadata.get("general.architecture", "")), metadata, tensors, str(path), buf)
+
+
+# ---- split files and the weight stream ---------------------------------------------------------------
+# llama.cpp's gguf-split names: <stem>-00001-of-00003.gguf; only the first part carries the model's
+# metadata, every part carries split.no / split.count / split.tensors.count.
+SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")  # on a file stem: the model name without it
+_SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def gguf_split_parts(path: str | Path) -> list[Path]:
+    """Every file of the model `path` belongs to, first part first: [path] for a single file, all
+    `<stem>-0000i-of-0000N.gguf` next to it for a split one (whichever part was named).
+
+    Raises FileNotFoundError naming the missing parts.
+    """
+    p = Path(path)
+    m = _SPLIT_RE.match(p.name)
+    if not m:
+        return [p]
+    count = int(m["count"])
+    suffix = p.name[-5:]  # keep the spelling of ".gguf" the user's files have
+    parts = [p.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}{suffix}") for i in range(1, count + 1)]
+    missing = [q.name for q in parts if not q.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"split GGUF model {parts[0].name} has {count} parts; missing in {p.parent}: {', '.join(missing)}"
+        )
+    return parts
+
+
+def gguf_tensor_names(path: str | Path) -> list[str]:
+    """GGUF tensor names across every part (e.g. whether "output.weight" exists decides
+    tie_word_embeddings, and in a split file it may live in a later part)."""
+    return [t.name for q in gguf_split_parts(path) for t in read_gguf_index(str(q)).tensors]
+
+
+def _read_split(path: str | Path) -> list[GGUFIndex]:
+    """The indexes of every part, checked against the split metadata the parts carry."""
+    parts = gguf_split_parts(path)
+    indexes = [read_gguf_index(str(q)) for q in parts]
+    declared = int(indexes[0].metadata.get("split.count", 1) or 1)
+    if declared != len(parts):
+        raise ValueError(
+            f"{parts[0].name}: its metadata says split.count={declared}, but {len(parts)} file(s) were found "
+            f"(split files must keep llama.cpp's <name>-0000i-of-0000N.gguf names)"
+        )
+    if len(parts) > 1:
+        for i, index in enumerate(indexes):
+            no = index.metadata.get("split.no")
+            if no is not None and int(no) != i:
+                raise ValueError(f"{parts[i].name}: split.no={no}, expected {i}")
+        total = indexes[0].metadata.get("split.tensors.count")
+        found = sum(len(index.tensors) for index in indexes)
+        if total is not None and int(total) != found:
+            raise ValueError(f"{parts[0].name}: split.tensors.count={total}, but the parts hold {found} tensors")
+    return indexes
+
+
+def _rows_cols(t: GGUFTensor) -> tuple[int, int]:
+    """GGUF dims are fastest-first: ne0 = input features (cols), the rest multiply into rows."""
+    rows = 1
+    for d in t.shape[1:]:
+        rows *= d
+    return rows, t.shape[0]
+
+
+def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, Any]]:
+    """(HF name, weight) for every tensor the model uses, one at a time, from every part of a
+    (possibly split) GGUF file.
+
+    Block types come as `AffineWeight` (exact, see quant.gguf_blocks), F32/F16/BF16 as numpy arrays
+    (F16 stays float16). q/k projection rows are un-permuted for PERMUTED_ARCHITECTURES. Each
+    tensor's file pages are released after conversion, so peak memory stays near what the caller
+    keeps. An unsupported block type is refused before anything is converted.
+    """
+    from lantern.app.models.quant.affine import AffineWeight
+    from lantern.app.models.quant.gguf_blocks import SUPPORTED_TYPES, gguf_to_weight
+    from lantern.app.models.spec import UnsupportedModelError
+
+    indexes = _read_split(path)
+    used = [(index, t, hf_name(t.name)) for index in indexes for t in index.tensors]
+    used = [(index, t, name) for index, t, name in used if name is not None]
+    for _, t, _ in used:
+        if t.tensor_type.name not in SUPPORTED_TYPES:
+            raise UnsupportedModelError(
+                f"{Path(path).name}: tensor {t.name} is GGUF type {t.tensor_type.name}, which is not supported; "
+                f"supported types: {', '.join(SUPPORTED_TYPES)}"
+            )
+    permuted = indexes[0].architecture in PERMUTED_ARCHITECTURES
+    for index, t, name in used:
+        rows, cols = _rows_cols(t)
+        w = gguf_to_weight(t.tensor_type.name, t.data, rows, cols)
+        which = needs_unpermute(name) if permuted else None
+        if which:
+            n = num_heads if which == "q" else num_kv_heads
+            if isinstance(w, AffineWeight):
+                w = w.map_rows(lambda a, n=n: unpermute_rows(a, n))
+            else:
+                w = unpermute_rows(w, n)
+        index.release(t)
+        yield name, w
 
 
 def read_gguf_dequantized(path: str, num_heads: int, num_kv_heads: int) -> dict[str, Any]:
-    """Every tensor of a GGUF file as float32 numpy under its HF name, q/k rows un-permuted.
-
-    Dequantization is the `gguf` package's reference code; backends that keep some types
-    quantized read those themselves and use this for the rest.
-    """
-    import gguf
+    """Every tensor of a GGUF file (all parts of a split one) as float32 numpy under its HF name,
+    q/k rows un-permuted."""
     import numpy as np
 
-    index = read_gguf_index(path)
     out: dict[str, Any] = {}
-    for t in index.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            continue
-        shape = tuple(reversed(t.shape))
-        data = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-        which = needs_unpermute(name) if index.architecture in PERMUTED_ARCHITECTURES else None
-        if which:
-            data = unpermute_rows(data, num_heads if which == "q" else num_kv_heads)
-        out[name] = data
+    for name, w in iter_gguf_weights(path, num_heads, num_kv_heads):
+        out[name] = np.asarray(w, dtype=np.float32) if isinstance(w, np.ndarray) else w.dequantize()
     return out

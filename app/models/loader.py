@@ -90,10 +90,25 @@ def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
 
 
 def _load_gguf(path: Path, dtype: str) -> LoadedModel:
-    """Hyper-parameters and tokenizer come from the file; transformers maps GGUF metadata to HF."""
-    hf_cfg, tokenizer = gguf_config_and_tokenizer(path)
+    """Hyper-parameters and tokenizer come from the file; transformers maps GGUF metadata to HF.
+
+    A split model (`name-00001-of-00003.gguf`, whichever part is named) reads its metadata from
+    the first part and its tensors from all of them.
+    """
+    from lantern.app.models.gguf_names import SPLIT_SUFFIX, gguf_split_parts, gguf_tensor_names
+
+    try:
+        parts = gguf_split_parts(path)
+    except FileNotFoundError as exc:
+        raise ModelNotFoundError(str(exc)) from None
+    first = parts[0]
+    hf_cfg, tokenizer = gguf_config_and_tokenizer(first)
+    if len(parts) > 1:
+        # transformers decides tying by looking for output.weight in the one file it reads.
+        hf_cfg["tie_word_embeddings"] = "output.weight" not in gguf_tensor_names(first)
     config = ModelConfig.from_hf(hf_cfg)
-    spec = ModelSpec(name=path.stem, config=config, weight_format="gguf", weight_files=[path], dtype=dtype)
+    name = SPLIT_SUFFIX.sub("", first.stem)
+    spec = ModelSpec(name=name, config=config, weight_format="gguf", weight_files=parts, dtype=dtype)
     return LoadedModel(spec, tokenizer, _collect_eos(config, tokenizer, {}), tokenizer.chat_template)
 
 

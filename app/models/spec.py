@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lantern.app.models.quant.hf_formats import QuantScheme
 
 # model_type -> what differs from plain Llama. One table instead of a class per architecture.
 ARCHITECTURES: dict[str, dict[str, Any]] = {
@@ -96,13 +99,6 @@ def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key):
             raise _refuse(key, cfg[key], " (logit soft-capping)")
-    quant = cfg.get("quantization_config") or {}
-    if isinstance(quant, dict) and quant.get("quant_method"):
-        raise _refuse(
-            "quantization_config.quant_method",
-            quant["quant_method"],
-            "; Lantern loads float, GGUF and MLX-quantized weights",
-        )
 
 
 @dataclass
@@ -124,7 +120,7 @@ class ModelConfig:
     qk_norm: bool = False
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
-    quantization: dict[str, Any] | None = None  # MLX-style {"group_size", "bits"} of an HF folder
+    quantization: QuantScheme | None = None  # how a quantized HF folder stores its linears (hf_formats.py)
     sliding_window: int | None = None  # the active attention window; Lantern computes full attention
     dual_chunk_size: int | None = None  # Qwen's dual chunk attention: full attention up to this length
 
@@ -157,6 +153,9 @@ class ModelConfig:
             )
         traits = ARCHITECTURES[model_type]
         _check_unimplemented(model_type, cfg)
+        # Imported here: hf_formats raises this module's UnsupportedModelError (no import cycle).
+        from lantern.app.models.quant.hf_formats import parse_quant_scheme
+
         heads = cfg["num_attention_heads"]
         kv_heads = cfg.get("num_key_value_heads") or heads
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -196,7 +195,7 @@ class ModelConfig:
             qk_norm=traits.get("qk_norm", False),
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
-            quantization=cfg.get("quantization"),
+            quantization=parse_quant_scheme(cfg),
             sliding_window=_sliding_window(model_type, cfg, cfg["num_hidden_layers"]),
             dual_chunk_size=int(dca["chunk_size"]) if dca.get("chunk_size") else None,
         )

@@ -91,6 +91,8 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             h = layer(h, meta)
+        if logits_idx.size == 0:  # a prefill chunk short of the prompt's end (quantized_matmul traps on 0 rows)
+            return mx.zeros((0, self.cfg.vocab_size), dtype=h.dtype)
         h = self.model.norm(h[logits_idx])
         if self.cfg.tie_word_embeddings:
             return self.model.embed_tokens.as_linear(h)

@@ -60,7 +60,7 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         d, bias = cfg.hidden_size, cfg.attention_bias
         self.splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
-        self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked (parallel.fuse_projections)
+        self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
@@ -133,10 +133,21 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
-        h = parallel_embed(self.model.embed_tokens.weight, input_ids, self.tp, self.cfg.vocab_size)
+        h = parallel_embed(self._embed, input_ids, self.tp, self.cfg.vocab_size)
         residual = None
         for layer in self.model.layers:
             h, residual = layer(h, residual, meta)
         h = self.model.norm(h[logits_idx], residual[logits_idx])[0]
-        head = self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
-        return parallel_logits(h, head, self.tp, self.cfg.vocab_size)
+        return parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
+
+    # The embedding and the head may be float (nn.Embedding / nn.Linear) or quantized layers
+    # (quant_linear.py: the embedding's logits() reads its table for a tied head).
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        table = self.model.embed_tokens
+        return F.embedding(ids, table.weight) if isinstance(table, nn.Embedding) else table(ids)
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        if not self.cfg.tie_word_embeddings:
+            return self.lm_head(h)
+        table = self.model.embed_tokens
+        return F.linear(h, table.weight) if isinstance(table, nn.Embedding) else table.logits(h)

@@ -9,16 +9,16 @@ Rank 0 runs the engine and samples; other ranks mirror each step's forward pass.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from lantern.app.models.spec import ModelConfig
 
-_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-_ROW = ("o_proj", "down_proj")
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,37 +68,22 @@ def vocab_shard(vocab: int, tp: TPGroup) -> tuple[int, int, int]:
     return tp.rank * per, min((tp.rank + 1) * per, vocab), per
 
 
-def shard_weights(weights: dict[str, torch.Tensor], cfg: ModelConfig, tp: TPGroup) -> dict[str, torch.Tensor]:
+def parallel_embed(
+    lookup: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor, tp: TPGroup, vocab: int
+) -> torch.Tensor:
+    """lookup: this rank's embedding rows for local ids (a float table or a quantized one)."""
     if not tp.active:
-        return weights
-    out = {}
-    for name, w in weights.items():
-        module = name.rsplit(".", 2)[-2]
-        if module in _COLUMN:
-            out[name] = w.chunk(tp.world, dim=0)[tp.rank].clone()
-        elif module in _ROW and name.endswith(".weight"):
-            out[name] = w.chunk(tp.world, dim=1)[tp.rank].clone()
-        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
-            start, end, per = vocab_shard(cfg.vocab_size, tp)
-            shard = torch.zeros(per, w.shape[1], dtype=w.dtype)
-            shard[: end - start] = w[start:end]
-            out[name] = shard
-        else:
-            out[name] = w
-    return out
-
-
-def parallel_embed(weight: torch.Tensor, ids: torch.Tensor, tp: TPGroup, vocab: int) -> torch.Tensor:
-    if not tp.active:
-        return F.embedding(ids, weight)
+        return lookup(ids)
     start, end, _ = vocab_shard(vocab, tp)
     inside = (ids >= start) & (ids < end)
-    h = F.embedding(torch.where(inside, ids - start, 0), weight) * inside[:, None].to(weight.dtype)
-    return tp.all_reduce(h)
+    h = lookup(torch.where(inside, ids - start, 0))
+    return tp.all_reduce(h * inside[:, None].to(h.dtype))
 
 
-def parallel_logits(h: torch.Tensor, head: torch.Tensor, tp: TPGroup, vocab: int) -> torch.Tensor:
-    return tp.all_gather_last(F.linear(h, head))[..., :vocab]
+def parallel_logits(
+    h: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor], tp: TPGroup, vocab: int
+) -> torch.Tensor:
+    return tp.all_gather_last(project(h))[..., :vocab]
 
 
 def broadcast_command(tp: TPGroup, command: Any = None, group: Any = None) -> Any:
@@ -106,22 +91,3 @@ def broadcast_command(tp: TPGroup, command: Any = None, group: Any = None) -> An
     box = [command]
     dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
-
-
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-def fuse_projections(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """q/k/v into one qkv_proj and gate/up into one gate_up_proj (weights and biases), after
-    sharding, so each rank stacks its own heads. One wide matmul reads the input once and
-    launches once instead of three (or two) times."""
-    out = dict(weights)
-    for name in weights:
-        if name.count(".") < 2:
-            continue
-        prefix, module, kind = name.rsplit(".", 2)
-        for fused, parts in _FUSED.items():
-            names = [f"{prefix}.{part}.{kind}" for part in parts]
-            if module == parts[0] and all(n in out for n in names):  # else load_state_dict names the gap
-                out[f"{prefix}.{fused}.{kind}"] = torch.cat([out.pop(n) for n in names], dim=0)
-    return out

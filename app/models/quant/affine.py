@@ -1,0 +1,276 @@
+"""The one backend-neutral form of a quantized weight, and the arithmetic every format shares.
+
+Every quantized checkpoint (GGUF blocks, MLX-community folders, AWQ, GPTQ, `--isq`) is first
+read into an `AffineWeight`: unpacked integer codes with one scale and one bias per group of
+`group_size` consecutive input columns, so that
+
+    w[o, i] = codes[o, i] * scales[o, i // group_size] + biases[o, i // group_size]
+
+This is exact for every format those files use (a symmetric format is affine with
+bias = -zero_point * scale). Each backend then packs it into its own kernel layout, converting to
+the nearest mode it has when the file's mode is not one of them (`requantize`, error measured).
+FP8 checkpoints are an `Fp8Weight` (raw e4m3 bytes with per-tensor or block scales).
+
+Codes are held unpacked (one uint8 per weight) only while one tensor is being converted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AffineWeight:
+    codes: np.ndarray  # uint8 [rows, cols], each < 2**bits
+    scales: np.ndarray  # float32 [rows, cols // group_size]
+    biases: np.ndarray  # float32 [rows, cols // group_size]
+    bits: int
+    group_size: int
+    source: str  # where it came from, for log lines: "GGUF Q4_K", "AWQ 4-bit g128", "ISQ q4"
+
+    def __post_init__(self) -> None:
+        rows, cols = self.codes.shape
+        if cols % self.group_size or self.scales.shape != (rows, cols // self.group_size):
+            raise ValueError(
+                f"{self.source}: codes {self.codes.shape} do not match scales {self.scales.shape} "
+                f"for group size {self.group_size}"
+            )
+        if self.biases.shape != self.scales.shape:
+            raise ValueError(f"{self.source}: biases {self.biases.shape} differ from scales {self.scales.shape}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape  # type: ignore[return-value]
+
+    @property
+    def mode(self) -> tuple[int, int]:
+        return self.bits, self.group_size
+
+    def dequantize(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
+        rows, cols = self.codes.shape
+        g = self.group_size
+        w = self.codes.reshape(rows, cols // g, g).astype(np.float32)
+        w *= self.scales[:, :, None]
+        w += self.biases[:, :, None]
+        return w.reshape(rows, cols).astype(dtype, copy=False)
+
+    def rows(self, start: int, end: int) -> AffineWeight:
+        return replace(self, codes=self.codes[start:end], scales=self.scales[start:end], biases=self.biases[start:end])
+
+    def cols(self, start: int, end: int) -> AffineWeight:
+        """Input columns [start, end); both must fall on group boundaries (tensor-parallel rows)."""
+        g = self.group_size
+        if start % g or end % g:
+            raise ValueError(f"{self.source}: columns {start}:{end} split a quantization group of {g}")
+        return replace(
+            self,
+            codes=self.codes[:, start:end],
+            scales=self.scales[:, start // g : end // g],
+            biases=self.biases[:, start // g : end // g],
+        )
+
+    def map_rows(self, fn) -> AffineWeight:
+        """Apply one row permutation (e.g. llama.cpp's q/k un-permute) to codes, scales and biases."""
+        return replace(self, codes=fn(self.codes), scales=fn(self.scales), biases=fn(self.biases))
+
+
+@dataclass
+class Fp8Weight:
+    """An FP8 (e4m3fn) weight: raw bytes and the scale(s) that multiply them.
+
+    `scale` is a scalar (per-tensor), [rows, 1] (per output channel) or [rows / b0, cols / b1] for
+    block-wise scales (`block` = (b0, b1), as DeepSeek-V3 and Qwen3-FP8 ship with 128x128).
+    """
+
+    data: np.ndarray  # uint8 [rows, cols], e4m3fn bit patterns
+    scale: np.ndarray  # float32
+    block: tuple[int, int] | None
+    source: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.data.shape  # type: ignore[return-value]
+
+    def dequantize(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
+        w = E4M3_VALUES[self.data]
+        if self.block is None:
+            w *= np.asarray(self.scale, dtype=np.float32).reshape(-1, 1) if self.scale.size > 1 else self.scale
+        else:
+            b0, b1 = self.block
+            s = np.repeat(np.repeat(self.scale, b0, axis=0), b1, axis=1)
+            w *= s[: w.shape[0], : w.shape[1]]
+        return w.astype(dtype, copy=False)
+
+
+def _e4m3fn_table() -> np.ndarray:
+    """The 256 values of float8 e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no
+    infinities, 0x7F and 0xFF are NaN), as float32."""
+    b = np.arange(256, dtype=np.uint32)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    exp = (b >> 3) & 0xF
+    man = (b & 0x7).astype(np.float64)
+    normal = (1.0 + man / 8.0) * np.exp2(exp.astype(np.float64) - 7)
+    subnormal = (man / 8.0) * 2.0**-6
+    vals = sign * np.where(exp == 0, subnormal, normal)
+    vals[(b & 0x7F) == 0x7F] = np.nan
+    return vals.astype(np.float32)
+
+
+E4M3_VALUES = _e4m3fn_table()
+
+
+# ---- packing: MLX's layout, also the layout of MLX-community checkpoints --------------------------
+def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Pack codes [rows, cols] into uint32 [rows, cols * bits / 32] as one little-endian bit stream
+    per row: code j occupies bits j*bits .. j*bits+bits-1 (MLX's affine layout, every width)."""
+    rows, cols = codes.shape
+    if (cols * bits) % 32:
+        raise ValueError(f"{cols} columns of {bits}-bit codes do not fill whole 32-bit words")
+    out = np.empty((rows, cols * bits // 32), dtype=np.uint32)
+    step = max(1, (1 << 22) // max(cols * bits, 1))  # bound the temporaries to a few MiB
+    if 32 % bits == 0:
+        per = 32 // bits
+        shifts = (np.arange(per, dtype=np.uint32) * bits)[None, None, :]
+        for r in range(0, rows, step):
+            c = codes[r : r + step].reshape(-1, cols // per, per).astype(np.uint32)
+            out[r : r + step] = np.bitwise_or.reduce(c << shifts, axis=-1)
+        return out
+    for r in range(0, rows, step):
+        chunk = codes[r : r + step]
+        stream = np.zeros((chunk.shape[0], cols, bits), dtype=np.uint8)
+        for i in range(bits):
+            stream[:, :, i] = (chunk >> i) & 1
+        packed = np.packbits(stream.reshape(chunk.shape[0], -1, 8), axis=-1, bitorder="little")
+        out[r : r + step] = packed.reshape(chunk.shape[0], -1).view(np.uint32)
+    return out
+
+
+def unpack_bits(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:
+    """The inverse of pack_bits: uint32 [rows, cols * bits / 32] -> uint8 codes [rows, cols]."""
+    rows = packed.shape[0]
+    packed = np.ascontiguousarray(packed, dtype=np.uint32)
+    out = np.empty((rows, cols), dtype=np.uint8)
+    step = max(1, (1 << 22) // max(cols * bits, 1))  # bound the temporaries to a few MiB
+    if 32 % bits == 0:
+        per = 32 // bits
+        shifts = (np.arange(per, dtype=np.uint32) * bits)[None, None, :]
+        for r in range(0, rows, step):
+            c = (packed[r : r + step, :, None] >> shifts) & np.uint32((1 << bits) - 1)
+            out[r : r + step] = c.reshape(c.shape[0], -1)[:, :cols]
+        return out
+    weights = (1 << np.arange(bits, dtype=np.uint8))[None, None, :]
+    for r in range(0, rows, step):
+        chunk = packed[r : r + step]
+        stream = np.unpackbits(chunk.view(np.uint8), axis=-1, bitorder="little")
+        stream = stream[:, : cols * bits].reshape(chunk.shape[0], cols, bits)
+        out[r : r + step] = (stream * weights).sum(axis=-1, dtype=np.uint8)
+    return out
+
+
+# ---- quantizing and changing modes -----------------------------------------------------------------
+def quantize_affine(
+    w: np.ndarray, bits: int, group_size: int, *, symmetric: bool = False, source: str = ""
+) -> AffineWeight:
+    """Round-to-nearest quantization of a float matrix, one scale and bias per group.
+
+    Asymmetric: the group's [min, max] spans the codes (as Q4_1 and MLX do). Symmetric: codes are
+    centred on 2**(bits-1) and the scale is absmax / (2**(bits-1) - 1), which is what per-channel
+    int8 kernels need (bias = -2**(bits-1) * scale). group_size may equal the column count
+    (per-channel).
+    """
+    rows, cols = w.shape
+    if cols % group_size:
+        raise ValueError(f"{cols} columns are not a multiple of the group size {group_size}")
+    g = np.asarray(w, dtype=np.float32).reshape(rows, cols // group_size, group_size)
+    levels = (1 << bits) - 1
+    if symmetric:
+        half = 1 << (bits - 1)
+        scales = np.abs(g).max(axis=-1) / (half - 1)
+        scales[scales == 0] = 1.0
+        codes = np.clip(np.rint(g / scales[..., None]) + half, 0, levels)
+        biases = -half * scales
+    else:
+        lo, hi = g.min(axis=-1), g.max(axis=-1)
+        scales = (hi - lo) / levels
+        scales[scales == 0] = 1.0
+        codes = np.clip(np.rint((g - lo[..., None]) / scales[..., None]), 0, levels)
+        biases = lo
+    return AffineWeight(
+        codes.astype(np.uint8).reshape(rows, cols),
+        scales.astype(np.float32),
+        biases.astype(np.float32),
+        bits,
+        group_size,
+        source or f"{bits}-bit g{group_size}",
+    )
+
+
+def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
+    """||approx - exact|| / ||exact|| (Frobenius); 0 for an all-zero exact."""
+    denom = float(np.linalg.norm(exact))
+    return float(np.linalg.norm(approx - exact)) / denom if denom else 0.0
+
+
+def requantize(w: AffineWeight, bits: int, group_size: int, *, symmetric: bool = False) -> tuple[AffineWeight, float]:
+    """`w` in another mode, and the relative error that costs against `w`'s own values.
+
+    group_size 0 means one group per row (per-channel). Works through row chunks, so a large
+    embedding never exists in float32 all at once."""
+    rows, cols = w.shape
+    g = group_size or cols
+    codes = np.empty((rows, cols), np.uint8)
+    scales = np.empty((rows, cols // g), np.float32)
+    biases = np.empty((rows, cols // g), np.float32)
+    diff2 = norm2 = 0.0
+    step = max(1, (1 << 20) // max(cols, 1))  # ~4 MiB of float32 per chunk
+    for r in range(0, rows, step):
+        exact = w.rows(r, r + step).dequantize()
+        part = quantize_affine(exact, bits, g, symmetric=symmetric)
+        codes[r : r + step], scales[r : r + step], biases[r : r + step] = part.codes, part.scales, part.biases
+        diff2 += float(np.square(part.dequantize() - exact, dtype=np.float64).sum())
+        norm2 += float(np.square(exact, dtype=np.float64).sum())
+    out = AffineWeight(codes, scales, biases, bits, g, f"{w.source} as {bits}-bit g{g}")
+    return out, (diff2 / norm2) ** 0.5 if norm2 else 0.0
+
+
+def concat_rows(parts: list[AffineWeight]) -> AffineWeight:
+    """Stack weights of one mode along the output axis (fused q/k/v or gate/up)."""
+    first = parts[0]
+    if any(p.mode != first.mode for p in parts):
+        raise ValueError("cannot stack quantized weights of different modes: " + ", ".join(p.source for p in parts))
+    return replace(
+        first,
+        codes=np.concatenate([p.codes for p in parts]),
+        scales=np.concatenate([p.scales for p in parts]),
+        biases=np.concatenate([p.biases for p in parts]),
+        source=first.source if all(p.source == first.source for p in parts) else "mixed",
+    )
+
+
+class ErrorLog:
+    """Collects requantization errors per (from, to) mode and logs one line for each at the end,
+    instead of one per tensor."""
+
+    def __init__(self) -> None:
+        self.worst: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def add(self, source: str, target: str, error: float) -> None:
+        worst, count = self.worst.get((source, target), (0.0, 0))
+        self.worst[(source, target)] = (max(worst, error), count + 1)
+
+    def report(self, backend: str) -> None:
+        for (source, target), (worst, count) in sorted(self.worst.items()):
+            logger.warning(
+                "%s: %d %s tensor(s) have no exact %s layout; converted to %s, relative error up to %.2e",
+                backend,
+                count,
+                source,
+                backend,
+                target,
+                worst,
+            )

@@ -1,0 +1,396 @@
+"""Quantized Hugging Face folders (MLX-community, AWQ, GPTQ, FP8) read into the shared affine form.
+
+`parse_quant_scheme` turns config.json's `quantization` / `quantization_config` into a `QuantScheme`
+(refusing, in one line naming the key, what is not implemented), `quantized_module_names` says which
+stored tensors make each quantized linear, and `read_quantized_module` converts one module exactly to
+an `AffineWeight` (rows = output features, cols = input features) or an `Fp8Weight`.
+
+Packing facts the readers rely on (published by each format; the code is Lantern's own):
+- MLX affine: `weight` uint32 [out, in*bits/32], one little-endian bit stream per row;
+  `scales`/`biases` [out, in/g]; w = q * scale + bias.
+- AWQ GEMM (AutoAWQ): `qweight` int32 [in, out/8] packs 8 output columns per word, nibble i holding
+  column 8k + AWQ_ORDER[i]; `qzeros` int32 [in/g, out/8] packed the same way; `scales` [in/g, out];
+  w = (q - z) * s.
+- GPTQ: `qweight` int32 [in*bits/32, out] packs consecutive input rows, value j at bits j*bits;
+  `qzeros` int32 [in/g, out*bits/32] packs consecutive output columns the same way; `scales`
+  [in/g, out]; `g_idx` [in] (group of each input). The v1 format ("gptq") stores zero - 1 (AutoGPTQ
+  reads it back as (stored + 1) mod 2**bits); "gptq_v2" stores the zero itself. w = (q - z) * s.
+- FP8 (transformers' "fp8"): `weight` float8 e4m3fn [out, in] with `weight_scale_inv` [ceil(out/b0),
+  ceil(in/b1)] for weight_block_size [b0, b1] (multiplied, despite its name), or a per-tensor /
+  per-channel `weight_scale`; `input_scale` (static activation scales) is not used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, unpack_bits
+from lantern.app.models.spec import UnsupportedModelError
+
+logger = logging.getLogger(__name__)
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds output column 8k + AWQ_ORDER[i]
+_AWQ_NIBBLE_OF_COLUMN = np.argsort(AWQ_ORDER)  # column j lives in nibble _AWQ_NIBBLE_OF_COLUMN[j]
+MLX_BITS = (2, 3, 4, 5, 6, 8)
+MLX_GROUPS = (32, 64, 128)
+SUPPORTED = (
+    "supported: MLX affine `quantization` (2-8 bit, groups 32/64/128), "
+    "quant_method awq (4-bit, version gemm, zero_point), gptq (4/8-bit, checkpoint_format gptq or gptq_v2), "
+    "fp8 (e4m3, block or per-tensor scales)"
+)
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How a quantized HF folder stores its linear weights (parsed from config.json)."""
+
+    method: str  # "mlx" | "awq" | "gptq" | "fp8"
+    bits: int  # 8 for fp8
+    group_size: int  # -1: GPTQ per-channel (one group per row); 0 for fp8
+    sym: bool = False  # GPTQ: zeros are 2**(bits-1) (still read from the file)
+    zero_point: bool = True  # AWQ
+    desc_act: bool = False  # GPTQ act-order: accepted only when g_idx is contiguous groups
+    checkpoint_format: str = ""  # GPTQ: "gptq" (v1, stored zero = zero - 1) | "gptq_v2"; AWQ: "gemm"
+    weight_block_size: tuple[int, int] | None = None  # FP8 block scales
+    activation_scheme: str = ""  # FP8: "dynamic" | "static" (static input scales are ignored)
+    # MLX per-module entries: prefix -> (bits, group_size), or None where the module stays float.
+    overrides: dict[str, tuple[int, int] | None] = field(default_factory=dict, hash=False)
+    modules_to_not_convert: tuple[str, ...] = ()
+
+    def mode_for(self, prefix: str) -> tuple[int, int] | None:
+        """(bits, group_size) of one module; None when config.json keeps it in float."""
+        if prefix in self.overrides:
+            return self.overrides[prefix]
+        return self.bits, self.group_size
+
+    @property
+    def label(self) -> str:
+        if self.method == "fp8":
+            block = self.weight_block_size
+            return "FP8 e4m3" + (f" block {block[0]}x{block[1]}" if block else "")
+        group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
+        label = f"{self.method.upper()} {self.bits}-bit {group}"
+        if self.method == "gptq":
+            label += " sym" if self.sym else " asym"
+        return label
+
+
+def _refuse(key: str, value: Any, why: str = "") -> UnsupportedModelError:
+    """One line naming the key and its value, then what is supported."""
+    value = json.dumps(value, default=str)
+    return UnsupportedModelError(f"{key}={value} in config.json is not implemented{why}; {SUPPORTED}")
+
+
+# ---- config.json -----------------------------------------------------------------------------------
+def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
+    """The quantization of an HF folder's config.json; None for float weights.
+
+    MLX-community folders carry `quantization` (mlx_lm copies it to `quantization_config`); HF
+    folders carry `quantization_config` with a `quant_method`. Anything else is refused in one line.
+    """
+    mlx = cfg.get("quantization")
+    hf = cfg.get("quantization_config")
+    method = hf.get("quant_method") if isinstance(hf, dict) else None
+    if mlx:
+        if method is not None:
+            raise _refuse("quantization_config.quant_method", method, " alongside MLX `quantization`")
+        return _parse_mlx(mlx, "quantization")
+    if not hf:
+        return None
+    if not isinstance(hf, dict):
+        raise _refuse("quantization_config", hf)
+    if method is None:
+        if "bits" in hf and "group_size" in hf:  # what mlx_lm writes, without the `quantization` copy
+            return _parse_mlx(hf, "quantization_config")
+        raise _refuse("quantization_config", sorted(hf), " (no quant_method)")
+    parsers = {"awq": _parse_awq, "gptq": _parse_gptq, "fp8": _parse_fp8}
+    parse = parsers.get(str(method).lower())
+    if parse is None:
+        raise _refuse("quantization_config.quant_method", method)
+    return parse(hf)
+
+
+def _mlx_mode(key: str, entry: dict[str, Any], bits: int, group: int) -> tuple[int, int]:
+    mode = entry.get("mode", "affine")
+    if mode != "affine":
+        raise _refuse(f"{key}.mode", mode, " (MLX affine only)")
+    bits, group = int(entry.get("bits", bits)), int(entry.get("group_size", group))
+    if bits not in MLX_BITS:
+        raise _refuse(f"{key}.bits", bits, "")
+    if group not in MLX_GROUPS:
+        raise _refuse(f"{key}.group_size", group, "")
+    return bits, group
+
+
+def _parse_mlx(q: dict[str, Any], key: str) -> QuantScheme:
+    if "bits" not in q or "group_size" not in q:
+        raise _refuse(key, {k: v for k, v in q.items() if not isinstance(v, dict)}, " (needs bits and group_size)")
+    bits, group = _mlx_mode(key, q, q["bits"], q["group_size"])
+    overrides: dict[str, tuple[int, int] | None] = {}
+    for name, entry in q.items():
+        # mlx_lm records per-module choices under the module's path: a dict of params, or a bool.
+        if isinstance(entry, bool):
+            overrides[name] = (bits, group) if entry else None
+        elif isinstance(entry, dict):
+            overrides[name] = _mlx_mode(f"{key}.{name}", entry, bits, group)
+    return QuantScheme("mlx", bits, group, overrides=overrides)
+
+
+def _not_converted(q: dict[str, Any]) -> tuple[str, ...]:
+    names = q.get("modules_to_not_convert") or q.get("ignored_layers") or ()
+    return tuple(str(n) for n in names)
+
+
+def _parse_awq(q: dict[str, Any]) -> QuantScheme:
+    bits = int(q.get("bits", q.get("w_bit", 4)))
+    if bits != 4:
+        raise _refuse("quantization_config.bits", bits, " for awq")
+    version = str(q.get("version") or q.get("format") or "gemm").lower()
+    if version != "gemm":  # GEMV / exllama / llm-awq pack the words differently
+        raise _refuse("quantization_config.version", version, " for awq")
+    if not q.get("zero_point", True):
+        raise _refuse("quantization_config.zero_point", False, " for awq")
+    group = int(q.get("group_size", q.get("q_group_size", 128)))
+    if group <= 0:
+        raise _refuse("quantization_config.group_size", group, " for awq (groups of input columns)")
+    return QuantScheme("awq", 4, group, checkpoint_format="gemm", modules_to_not_convert=_not_converted(q))
+
+
+def _parse_gptq(q: dict[str, Any]) -> QuantScheme:
+    bits = int(q.get("bits", 4))
+    if bits not in (4, 8):
+        raise _refuse("quantization_config.bits", bits, " for gptq")
+    group = int(q.get("group_size", 128))
+    if group <= 0 and group != -1:
+        raise _refuse("quantization_config.group_size", group, " for gptq (-1 or a positive group)")
+    fmt = str(q.get("checkpoint_format") or q.get("format") or "gptq").lower()
+    if fmt not in ("gptq", "gptq_v2") or q.get("is_marlin_format"):
+        raise _refuse(
+            "quantization_config.checkpoint_format",
+            "marlin" if q.get("is_marlin_format") else fmt,
+            " for gptq",
+        )
+    if q.get("dynamic"):  # GPTQModel's per-module bits/groups, matched by regex
+        raise _refuse("quantization_config.dynamic", q["dynamic"], " for gptq (per-module overrides)")
+    return QuantScheme(
+        "gptq",
+        bits,
+        group,
+        sym=bool(q.get("sym", True)),
+        desc_act=bool(q.get("desc_act", False)),
+        checkpoint_format=fmt,
+        modules_to_not_convert=_not_converted(q),
+    )
+
+
+def _parse_fp8(q: dict[str, Any]) -> QuantScheme:
+    fmt = str(q.get("fmt", "e4m3")).lower()
+    if fmt != "e4m3":
+        raise _refuse("quantization_config.fmt", fmt, " for fp8")
+    scheme = str(q.get("activation_scheme", "dynamic")).lower()
+    if scheme not in ("dynamic", "static"):
+        raise _refuse("quantization_config.activation_scheme", scheme, " for fp8 (dynamic or static)")
+    if str(q.get("scale_fmt", "float")) != "float":
+        raise _refuse("quantization_config.scale_fmt", q["scale_fmt"], " for fp8 (float32 scales only)")
+    if q.get("modules_to_convert"):
+        raise _refuse("quantization_config.modules_to_convert", q["modules_to_convert"], " (FP8 embedding tables)")
+    # transformers' FineGrainedFP8Config defaults an absent weight_block_size to 128x128; an explicit
+    # null means per-tensor scales. A scalar scale tensor is per-tensor whatever this says.
+    block = q["weight_block_size"] if "weight_block_size" in q else (128, 128)
+    if block is not None:
+        if len(block) != 2 or min(int(b) for b in block) <= 0:
+            raise _refuse("quantization_config.weight_block_size", block, " for fp8 (two positive sizes)")
+        block = (int(block[0]), int(block[1]))
+    return QuantScheme(
+        "fp8",
+        8,
+        0,
+        weight_block_size=block,
+        activation_scheme=scheme,
+        modules_to_not_convert=_not_converted(q),
+    )
+
+
+# ---- which tensors make a quantized module ---------------------------------------------------------
+# method -> (suffixes marking a quantized module, required members, optional members)
+_MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "mlx": (("scales",), ("weight", "scales", "biases"), ()),
+    "awq": (("qweight",), ("qweight", "qzeros", "scales"), ()),
+    "gptq": (("qweight",), ("qweight", "qzeros", "scales"), ("g_idx",)),
+    "fp8": (("weight_scale_inv", "weight_scale"), ("weight",), ("input_scale",)),
+}
+
+
+def quantized_module_names(scheme: QuantScheme, tensor_names: Iterable[str]) -> dict[str, list[str]]:
+    """prefix -> the stored tensor names that make that quantized module, in file order.
+
+    `.bias` tensors are not members (they stay plain float tensors). FP8's `input_scale` is a member
+    so a loader consumes it, but read_quantized_module ignores it. Pass the names of every file of a
+    sharded folder: a module whose members are missing raises ValueError naming them.
+    """
+    markers, required, optional = _MEMBERS[scheme.method]
+    names = list(tensor_names)
+    present = set(names)
+    out: dict[str, list[str]] = {}
+    for name in names:
+        prefix, _, suffix = name.rpartition(".")
+        if suffix not in markers or prefix in out:
+            continue
+        members = [f"{prefix}.{s}" for s in required]
+        if scheme.method == "fp8":  # one scale tensor, under either name
+            scale = next(s for s in markers if f"{prefix}.{s}" in present)
+            members.append(f"{prefix}.{scale}")
+        missing = [m for m in members if m not in present]
+        if missing:
+            raise ValueError(f"{scheme.label} module {prefix} lacks {', '.join(missing)}")
+        out[prefix] = members + [f"{prefix}.{s}" for s in optional if f"{prefix}.{s}" in present]
+    return out
+
+
+# ---- reading one module ----------------------------------------------------------------------------
+def read_quantized_module(scheme: QuantScheme, prefix: str, tensors: dict[str, np.ndarray]) -> AffineWeight | Fp8Weight:
+    """One quantized module as the shared form, exactly.
+
+    tensors: suffix ("qweight", "scales", ...; full names are accepted too) -> numpy array as stored,
+    with float scales as float16/float32 (bf16 widened to float32 by the caller) and FP8 weights as
+    uint8 bit patterns.
+    """
+    t = {_suffix(k, prefix): v for k, v in tensors.items()}
+    readers = {"mlx": _read_mlx, "awq": _read_awq, "gptq": _read_gptq, "fp8": _read_fp8}
+    return readers[scheme.method](scheme, prefix, t)
+
+
+def _suffix(key: str, prefix: str) -> str:
+    return key[len(prefix) + 1 :] if key.startswith(prefix + ".") else key.lstrip(".")
+
+
+def _words(a: np.ndarray, what: str) -> np.ndarray:
+    if a.dtype not in (np.int32, np.uint32):
+        raise ValueError(f"{what} is {a.dtype}; packed words are int32/uint32")
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def _unpack(words: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """uint32 words [rows, n] -> uint8 codes [rows, count], value j of each word at bits j*bits.
+
+    One strided pass per position keeps the temporary at the size of the words, not 4 bytes a code."""
+    if 32 % bits:
+        return unpack_bits(words, bits, count)
+    per = 32 // bits
+    rows, n = words.shape
+    out = np.empty((rows, n * per), dtype=np.uint8)
+    mask = np.uint32((1 << bits) - 1)
+    for j in range(per):
+        out[:, j::per] = (words >> np.uint32(j * bits)) & mask
+    return out if count == out.shape[1] else np.ascontiguousarray(out[:, :count])
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32)
+
+
+def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
+    w, scales, biases = _words(t["weight"], f"{prefix}.weight"), t["scales"], t["biases"]
+    if not np.issubdtype(scales.dtype, np.floating):
+        raise UnsupportedModelError(
+            f"{prefix}.scales is {scales.dtype}: MLX mxfp4/nvfp4/mxfp8 weights are not implemented; {SUPPORTED}"
+        )
+    mode = scheme.mode_for(prefix)
+    if mode is None:
+        raise ValueError(f"{prefix} is quantized in the file but config.json's `quantization` says it is not")
+    rows, groups = scales.shape
+    bits, group = _mlx_shape_mode(mode, w.shape[1], groups)
+    if w.shape[0] != rows or biases.shape != scales.shape:
+        raise ValueError(f"{prefix}: weight {w.shape}, scales {scales.shape}, biases {biases.shape} do not match")
+    cols = groups * group
+    return AffineWeight(_unpack(w, bits, cols), _f32(scales), _f32(biases), bits, group, f"MLX {bits}-bit g{group}")
+
+
+def _mlx_shape_mode(mode: tuple[int, int], words: int, groups: int) -> tuple[int, int]:
+    """The (bits, group) the stored shapes hold: the configured mode, else (as mlx_lm infers from the
+    shapes) the configured group with other bits, else the configured bits with another group."""
+    bits, group = mode
+    candidates = [(bits, group)] + [(b, group) for b in MLX_BITS] + [(bits, g) for g in MLX_GROUPS]
+    for b, g in candidates:
+        if words * 32 == groups * g * b:
+            return b, g
+    raise ValueError(f"MLX weight of {words} words per row and {groups} groups fits no {bits}-bit g{group} layout")
+
+
+def _read_awq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
+    qweight, qzeros, scales = _words(t["qweight"], prefix), _words(t["qzeros"], prefix), t["scales"]
+    in_f, out_f = qweight.shape[0], qweight.shape[1] * 8
+    groups = scales.shape[0]
+    if scales.shape != (groups, out_f) or qzeros.shape != (groups, out_f // 8) or in_f != groups * scheme.group_size:
+        raise ValueError(
+            f"{prefix}: AWQ qweight {qweight.shape}, qzeros {qzeros.shape}, scales {scales.shape} do not fit "
+            f"group size {scheme.group_size}"
+        )
+
+    def columns(words: np.ndarray) -> np.ndarray:  # AWQ nibble order -> output columns, then [out, rows]
+        nibbles = _unpack(words, 4, words.shape[1] * 8).reshape(words.shape[0], -1, 8)
+        return np.ascontiguousarray(nibbles[:, :, _AWQ_NIBBLE_OF_COLUMN].reshape(words.shape[0], -1).T)
+
+    codes = columns(qweight)
+    s = np.ascontiguousarray(_f32(scales).T)
+    biases = -columns(qzeros).astype(np.float32) * s  # (q - z) * s = q * s + (-z * s)
+    return AffineWeight(codes, s, biases, 4, scheme.group_size, scheme.label)
+
+
+def _read_gptq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
+    bits = scheme.bits
+    per = 32 // bits
+    qweight, qzeros, scales = _words(t["qweight"], prefix), _words(t["qzeros"], prefix), t["scales"]
+    in_f, out_f = qweight.shape[0] * per, qweight.shape[1]
+    group = in_f if scheme.group_size == -1 else scheme.group_size
+    groups = scales.shape[0]
+    if scales.shape != (groups, out_f) or qzeros.shape != (groups, out_f // per) or in_f != groups * group:
+        raise ValueError(
+            f"{prefix}: GPTQ qweight {qweight.shape}, qzeros {qzeros.shape}, scales {scales.shape} do not fit "
+            f"{bits}-bit group size {scheme.group_size}"
+        )
+    g_idx = t.get("g_idx")
+    if g_idx is not None and not np.array_equal(np.asarray(g_idx).ravel(), np.arange(in_f) // group):
+        # Act-order files scatter each group's input columns; the affine form needs them contiguous.
+        raise UnsupportedModelError(
+            f"quantization_config.desc_act={json.dumps(scheme.desc_act)} in config.json with a permuted "
+            f"{prefix}.g_idx (act-order groups) is not implemented; supported: GPTQ whose g_idx is "
+            "contiguous groups (desc_act false, or static_groups)"
+        )
+    codes = _unpack(np.ascontiguousarray(qweight.T), bits, in_f)  # [out, in]
+    zeros = _unpack(qzeros, bits, out_f).astype(np.int32)  # [groups, out]
+    if scheme.checkpoint_format == "gptq":
+        zeros = (zeros + 1) & ((1 << bits) - 1)  # v1 stores zero - 1
+    s = np.ascontiguousarray(_f32(scales).T)
+    biases = -np.ascontiguousarray(zeros.T).astype(np.float32) * s
+    return AffineWeight(codes, s, biases, bits, group, scheme.label)
+
+
+_noted_input_scale = False
+
+
+def _read_fp8(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> Fp8Weight:
+    global _noted_input_scale
+    data = t["weight"]
+    if data.dtype.itemsize != 1:
+        raise ValueError(f"{prefix}.weight is {data.dtype}; FP8 weights are one byte each (e4m3fn bits)")
+    data = np.ascontiguousarray(data).view(np.uint8)
+    scale = _f32(t["weight_scale_inv"] if "weight_scale_inv" in t else t["weight_scale"])
+    if "input_scale" in t and not _noted_input_scale:
+        _noted_input_scale = True
+        logger.info("FP8 input_scale tensors (static activation scales) are ignored: activations stay in float")
+    rows, cols = data.shape
+    if scale.size == 1:
+        return Fp8Weight(data, scale.reshape(()), None, "FP8 e4m3 per-tensor")
+    block = scheme.weight_block_size
+    if block is not None and scale.shape == (-(-rows // block[0]), -(-cols // block[1])):
+        return Fp8Weight(data, scale, block, scheme.label)
+    if scale.size == rows and (scale.ndim == 1 or scale.shape == (rows, 1)):
+        return Fp8Weight(data, scale.reshape(rows, 1), None, "FP8 e4m3 per-channel")
+    raise ValueError(f"{prefix}: FP8 scale {scale.shape} fits neither weight {data.shape} nor block {block}")

@@ -1,0 +1,222 @@
+"""One tensor at a time, under its Hugging Face name, whatever the checkpoint's format.
+
+Backends load by iterating `iter_weights`: float tensors arrive in the backend's framework (or as
+numpy from GGUF), quantized ones as the backend-neutral AffineWeight / Fp8Weight
+(app/models/quant/affine.py), which each backend packs into its kernel layout. Nothing holds the
+whole model in float: peak memory while loading is the backend's quantized copy plus one tensor.
+
+`--isq q4|q8` (in-situ quantization) quantizes float checkpoints on the way through, with progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lantern.app.engine.contract import ModelSpec
+from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, quantize_affine
+
+logger = logging.getLogger(__name__)
+
+ISQ_SCHEMES = ("q4", "q8")
+
+
+@dataclass(frozen=True)
+class IsqMode:
+    """How a backend wants `--isq` weights laid out: bits, group size (0 = per row), symmetric."""
+
+    bits: int
+    group_size: int
+    symmetric: bool = False
+
+
+def iter_weights(
+    spec: ModelSpec, framework: str, isq: IsqMode | None = None, progress: bool = True
+) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) for every weight the model uses.
+
+    framework: "pt" or "mlx" — what float safetensors entries are read as (GGUF floats are numpy).
+    """
+    if spec.weight_format == "gguf":
+        from lantern.app.models.gguf_names import iter_gguf_weights
+
+        cfg = spec.config
+        source: Iterator[tuple[str, Any]] = iter_gguf_weights(
+            str(spec.weight_files[0]), cfg.num_heads, cfg.num_kv_heads
+        )
+    else:
+        source = _iter_safetensors(spec, framework)
+    if isq is not None:
+        source = _quantize_stream(source, isq, spec, progress)
+    for item in source:
+        yield item
+        del item
+        release_freed_memory()
+
+
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim).
+
+    Converting a tensor frees several temporaries between the long-lived packed weights; glibc
+    keeps such holes in its heap, so without this the resident size after loading SmolLM2's
+    95 MB of weights was ~2x that. A no-op elsewhere.
+    """
+    global _TRIM
+    if _TRIM is None:
+        try:
+            import ctypes
+
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
+
+
+def _quantize_stream(
+    source: Iterator[tuple[str, Any]], isq: IsqMode, spec: ModelSpec, progress: bool
+) -> Iterator[tuple[str, Any]]:
+    from tqdm import tqdm
+
+    label = f"{isq.bits}-bit " + (f"g{isq.group_size}" if isq.group_size else "per-channel")
+    cfg = spec.config
+    # Every 2-D weight of these models is a projection or the embedding: 7 per layer, + 1 or 2.
+    expected = 7 * cfg.num_layers + (1 if cfg.tie_word_embeddings else 2)
+    bar = tqdm(total=expected, desc=f"quantizing to {label}", unit="tensor", disable=not progress, leave=False)
+    done = 0
+    try:
+        for name, value in source:
+            if isinstance(value, (AffineWeight, Fp8Weight)) or not name.endswith(".weight") or _ndim(value) != 2:
+                yield name, value
+                continue
+            w = _to_numpy_f32(value)
+            group = isq.group_size or w.shape[1]
+            if w.shape[1] % group:
+                logger.warning("%s: %d columns are not a multiple of %d; kept in float", name, w.shape[1], group)
+                yield name, value
+                continue
+            del value
+            yield name, quantize_affine(w, isq.bits, group, symmetric=isq.symmetric, source=f"ISQ {label}")
+            done += 1
+            bar.update(1)
+    finally:
+        bar.close()
+    logger.info("in-situ quantization: %d tensors to %s", done, label)
+
+
+def _ndim(value: Any) -> int:
+    return len(value.shape)
+
+
+def _to_numpy_f32(value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value.astype(np.float32, copy=False)
+    module = type(value).__module__
+    if module.startswith("torch"):
+        return value.float().numpy()
+    import mlx.core as mx  # the only other framework streams are read in
+
+    return np.array(value.astype(mx.float32))
+
+
+# ---- safetensors folders ---------------------------------------------------------------------------
+def _iter_safetensors(spec: ModelSpec, framework: str) -> Iterator[tuple[str, Any]]:
+    from safetensors import safe_open
+
+    scheme = spec.config.quantization
+    parts: set[str] = set()
+    if scheme is not None:
+        from lantern.app.models.quant.hf_formats import quantized_module_names, read_quantized_module
+
+        # One module's tensors may sit in different shards of a split checkpoint.
+        raws = [RawSafetensors(path) for path in spec.weight_files]
+        try:
+            where = {name: raw for raw in raws for name in raw.names}
+            for prefix, names in quantized_module_names(scheme, list(where)).items():
+                tensors = {n[len(prefix) + 1 :]: where[n].numpy(n) for n in names}
+                weight = read_quantized_module(scheme, prefix, tensors)
+                del tensors
+                for n in names:
+                    where[n].release()
+                parts.update(names)
+                yield f"{prefix}.weight", weight
+        finally:
+            for raw in raws:
+                raw.close()
+    for path in spec.weight_files:
+        with safe_open(str(path), framework=framework) as handle:
+            for name in handle.keys():
+                if name not in parts:
+                    yield name, handle.get_tensor(name)
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "U32": np.uint32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+    "F8_E4M3": np.uint8,  # bit patterns; Fp8Weight decodes them
+    "BF16": np.uint16,  # widened to float32 below
+}
+
+
+class RawSafetensors:
+    """A safetensors file's tensors as numpy, any dtype (bf16 widened to float32, float8 as its
+    bytes), from one memory map whose pages are given back after each module.
+
+    The safetensors library reads bf16 and float8 only into torch or MLX; a quantized folder's
+    scales are bf16 as often as not, and its FP8 weights float8, on either backend. The format is
+    an 8-byte header length, a JSON header of dtype/shape/offsets, then the data.
+    """
+
+    def __init__(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            self.buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        (n,) = struct.unpack_from("<Q", self.buf, 0)
+        header = json.loads(bytes(self.buf[8 : 8 + n]))
+        header.pop("__metadata__", None)
+        self.start = 8 + n
+        self.header: dict[str, dict[str, Any]] = header
+        self.path = path
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.header)
+
+    def numpy(self, name: str) -> np.ndarray:
+        info = self.header[name]
+        dtype = info["dtype"]
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{self.path}: tensor {name} has dtype {dtype}, which Lantern cannot read")
+        begin, end = info["data_offsets"]
+        np_dtype = np.dtype(_SAFETENSORS_DTYPES[dtype])
+        count = (end - begin) // np_dtype.itemsize
+        arr = np.frombuffer(self.buf, dtype=np_dtype, count=count, offset=self.start + begin).reshape(info["shape"])
+        if dtype == "BF16":
+            return (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr.copy()
+
+    def release(self) -> None:
+        """Drop the pages read so far from this process's resident memory (they are file-backed)."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self.buf.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        self.buf.close()

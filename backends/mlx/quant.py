@@ -1,0 +1,89 @@
+"""AffineWeight -> MLX's quantized layers (mx.quantized_matmul underneath), for every model file.
+
+MLX's affine mode is the canonical form itself: codes packed little-endian into uint32, one scale
+and one bias per group, bits 2/3/4/5/6/8, groups 32/64/128. So GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
+Q4_K/Q5_K, MLX-community, AWQ and GPTQ weights map exactly (scales stored in the model dtype).
+Group-16 k-quants (Q2_K, Q3_K, Q6_K) have no MLX layout: they are requantized to group 32 with
+two more bits, and the error is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, pack_bits, requantize
+
+logger = logging.getLogger(__name__)
+
+BITS = (2, 3, 4, 5, 6, 8)
+GROUPS = (32, 64, 128)
+
+
+def mlx_mode(w: AffineWeight) -> tuple[int, int]:
+    """The MLX (bits, group) that holds w: its own when MLX has it, else the nearest wider one."""
+    if w.bits in BITS and w.group_size in GROUPS:
+        return w.bits, w.group_size
+    cols = w.shape[1]
+    if w.group_size > GROUPS[-1]:  # per-channel (GPTQ group -1) or g256: the same bits, finer groups
+        bits = next(b for b in BITS if b >= w.bits)
+        return bits, next(g for g in reversed(GROUPS) if cols % g == 0)
+    # Group 16 (Q2_K, Q3_K, Q6_K): twice the group, two more bits keep the error small.
+    return next(b for b in BITS if b >= min(w.bits + 2, 8)), 32
+
+
+def to_mlx_arrays(w: AffineWeight, dtype: mx.Dtype, errors: ErrorLog) -> tuple[mx.array, mx.array, mx.array, int, int]:
+    """(packed uint32 weight, scales, biases, bits, group_size) in MLX's layout."""
+    bits, group = mlx_mode(w)
+    if (bits, group) != w.mode:
+        w, err = requantize(w, bits, group)
+        errors.add(w.source.split(" as ")[0], f"MLX {bits}-bit g{group}", err)
+    packed = mx.array(pack_bits(w.codes, bits))
+    return packed, _scale_array(w.scales, dtype), _scale_array(w.biases, dtype), bits, group
+
+
+def _scale_array(values: np.ndarray, dtype: mx.Dtype) -> mx.array:
+    """Scales in the model dtype, or in float16 when the model is float32 and float16 holds them
+    exactly (GGUF's Q4_0/Q4_1/Q8_0 store float16 scales): half the bytes, the same results, as
+    quantized_matmul widens them to the activations' type."""
+    if dtype == mx.float32:
+        half = values.astype(np.float16)
+        if np.array_equal(half.astype(np.float32), values):
+            return mx.array(half)
+    return mx.array(values).astype(dtype)
+
+
+def quantized_module(old: nn.Module, w: AffineWeight, dtype: mx.Dtype, errors: ErrorLog) -> tuple[nn.Module, dict]:
+    """A quantized replacement for `old` (Linear or Embedding) and its arrays, named as MLX names
+    them (weight, scales, biases), for Module.load_weights."""
+    packed, scales, biases, bits, group = to_mlx_arrays(w, dtype, errors)
+    rows, cols = w.shape
+    if isinstance(old, nn.Embedding):
+        # The lookup dequantizes in the scales' type: keep the model dtype for exact rows.
+        scales, biases = scales.astype(dtype), biases.astype(dtype)
+        new: nn.Module = nn.QuantizedEmbedding(rows, cols, group_size=group, bits=bits)
+    else:
+        new = nn.QuantizedLinear(cols, rows, bias="bias" in old, group_size=group, bits=bits)
+    return new, {"weight": packed, "scales": scales, "biases": biases}
+
+
+def set_module(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
+    """Replace the submodule at a dotted path (list indices included); returns the old one."""
+    *parents, last = path.split(".")
+    obj: Any = root
+    for part in parents:
+        obj = obj[int(part)] if isinstance(obj, list) else getattr(obj, part)
+    old = getattr(obj, last)
+    setattr(obj, last, new)
+    return old
+
+
+def get_module(root: nn.Module, path: str) -> Any:
+    obj: Any = root
+    for part in path.split("."):
+        obj = obj[int(part)] if isinstance(obj, list) else getattr(obj, part)
+    return obj

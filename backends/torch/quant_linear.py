@@ -1,0 +1,404 @@
+"""Quantized linear and embedding layers of the torch backend: the weight stays quantized on the device.
+
+An `AffineWeight` (or `Fp8Weight`) becomes one of these kernels (`select_kernel`):
+
+- "int4pack" (CPU, bits <= 4): aten's `_weight_int4pack_mm_for_cpu`, called directly (tensor-subclass
+  wrappers eat the gain). It computes w = (q - 8) * scale + zero per group of 32/64/128/256 columns, so an
+  affine code c with scale s and bias b maps exactly as q = c, zero = b + 8 * s (2- and 3-bit codes are
+  valid 4-bit codes, moved to the middle of the range). Scales and zeros are stored in bf16 (the fast
+  path needs bf16 activations: x is cast to bf16 inside), and that rounding is measured and logged.
+  Group-16 modes (GGUF Q2_K/Q3_K) are requantized to 4-bit g32. The packed layout is [N/64][K][32 bytes]:
+  byte b of column k in block j holds rows 64j+b (low nibble) and 64j+32+b (high nibble), so N is padded
+  to a multiple of 64 and the embedding decodes rows from the same bytes.
+- "int8pack" (CPU, bits 5..8): `_weight_int8pack_mm`, per-channel symmetric int8; exact when the source
+  already is (a per-row scale and an integer zero point), else requantized. bf16 activations (measured
+  4-40x faster than f32 for this op here). The op gets unit scales and the f32 per-row scale is applied
+  to its output, so the stored weight is exact.
+- "triton" (CUDA): `kernels.triton_quant.affine_matmul` on "packed nibbles", 4- and 8-bit, groups
+  32/64/128. Narrower codes widen exactly (2/3-bit -> 4, 5..7-bit -> 8), larger groups split exactly
+  (g256 -> g128, per-channel -> g128), group 16 is requantized to g32.
+- "fp8" (CUDA, compute capability >= 8.9, per-tensor scale): `torch._scaled_mm` with a dynamic
+  per-tensor activation scale. Block-wise or per-channel scales, older GPUs and CPU: "dense".
+- "dense": the weight dequantized to `dtype` (one INFO line per reason).
+
+Every conversion that is not exact adds its measured relative error to the caller's `ErrorLog`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, relative_error, requantize
+
+logger = logging.getLogger(__name__)
+
+INT4PACK_GROUPS = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts, largest first
+TRITON_GROUPS = (128, 64, 32)
+_BLOCK_N = 64  # the int4pack layout's row block
+_PACK_ROWS = 4096  # rows per conversion call: bounds the int32 temporary the aten packer needs
+_ERROR_SAMPLE = 1 << 20  # weights (whole rows) compared when measuring a conversion's error
+_FP8_MAX = 448.0  # largest finite e4m3fn value
+_logged: set[str] = set()
+
+
+def select_kernel(w: AffineWeight | Fp8Weight, device: torch.device | str) -> str:
+    """The kernel a weight gets on `device`: "int4pack", "int8pack", "triton", "fp8" or "dense"."""
+    device = torch.device(device)
+    if isinstance(w, Fp8Weight):
+        return "fp8" if device.type == "cuda" and _fp8_native(w, device) else "dense"
+    if device.type == "cuda":
+        return "triton" if w.shape[1] % TRITON_GROUPS[-1] == 0 else "dense"
+    if w.bits > 4:
+        return "int8pack"
+    return "int4pack" if w.shape[1] % INT4PACK_GROUPS[-1] == 0 else "dense"  # (K % 32: never in a real model)
+
+
+def quantized_linear(
+    w: AffineWeight | Fp8Weight,
+    bias: torch.Tensor | None,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    errors: ErrorLog,
+    *,
+    kernel: str | None = None,
+) -> nn.Module:
+    """A layer computing x @ W.T (+ bias) on the quantized weight; forward(x [..., in]) -> [..., out] in
+    x's dtype. `kernel` overrides `select_kernel` (tests run the Triton path on CPU under the interpreter)."""
+    device = torch.device(device)
+    kernel = kernel or select_kernel(w, device)
+    if isinstance(w, Fp8Weight):
+        layer: QuantLayer = Fp8Linear(w, device) if kernel == "fp8" else _dense_fp8(w, device, dtype)
+    elif kernel == "int4pack":
+        layer = Int4PackLinear(w, device, errors)
+    elif kernel == "int8pack":
+        layer = Int8PackLinear(w, device, errors)
+    elif kernel == "triton":
+        layer = TritonLinear(w, device, dtype, errors)
+    elif kernel == "dense":
+        _log_once(f"{w.source} {tuple(w.shape)}: no quantized kernel fits this shape on {device}; dequantized")
+        layer = DenseLinear(torch.from_numpy(w.dequantize()), device, dtype)
+    else:
+        raise ValueError(f"unknown quantized kernel {kernel!r}")
+    if bias is not None:
+        layer.bias = bias.detach().to(device, dtype)
+    return layer
+
+
+def quantized_embedding(
+    w: AffineWeight | Fp8Weight, device: torch.device | str, dtype: torch.dtype, errors: ErrorLog, **kw
+) -> nn.Module:
+    """An embedding table kept quantized: forward(ids) -> [T, hidden] in `dtype`, logits(h) -> [T, vocab]
+    (a tied lm_head reads the same stored tensors)."""
+    return QuantEmbedding(quantized_linear(w, None, device, dtype, errors, **kw), dtype)
+
+
+def stacked_linear(parts: list[nn.Module]) -> nn.Module:
+    """Fused q/k/v or gate/up projections whose parts have different quantization modes."""
+    return StackedLinear(parts)
+
+
+def quantized_bytes(module: nn.Module) -> int:
+    """Device bytes of the layer's tensors (quantized codes, scales, bias), each storage counted once."""
+    seen: set[int] = set()
+    total = 0
+    for t in list(module.buffers()) + list(module.parameters()):
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+# ---- the layers ---------------------------------------------------------------------------------------------
+class QuantLayer(nn.Module):
+    """Common part: out_features / in_features, the optional bias, and the embedding row decoder."""
+
+    bias: torch.Tensor | None
+
+    def __init__(self, n: int, k: int):
+        super().__init__()
+        self.out_features, self.in_features = n, k
+        self.register_buffer("bias", None)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] contiguous -> [M, N] in x's dtype
+        raise NotImplementedError
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:  # the weight's rows `ids` as float32 [T, K]
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] == 0:
+            y = x2.new_empty((0, self.out_features))
+        else:
+            y = self.matmul(x2.contiguous())
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int4PackLinear(QuantLayer):
+    def __init__(self, w: AffineWeight, device: torch.device, errors: ErrorLog):
+        n, k = w.shape
+        super().__init__(n, k)
+        _check_int4pack_layout()
+        src = w
+        exact = _regroup(w, INT4PACK_GROUPS) if w.bits <= 4 else None
+        w = exact if exact is not None else requantize(w, 4, 32)[0]
+        self.group_size = w.group_size
+        n_pad = -(-n // _BLOCK_N) * _BLOCK_N
+        # Narrower codes move to the middle of the 4-bit range (2-bit c -> c + 6), so that zero = b + 2s
+        # stays small: near the ends, (q - 8) * s and zero would cancel and their bf16 rounding would not.
+        shift = 8 - (1 << (w.bits - 1))
+        codes = torch.from_numpy(w.codes + np.uint8(shift) if shift else np.ascontiguousarray(w.codes))
+        codes = F.pad(codes, (0, 0, 0, n_pad - n), value=8)  # 8: weight 0 with zero 0
+        scales = F.pad(torch.from_numpy(np.ascontiguousarray(w.scales)), (0, 0, 0, n_pad - n))
+        zeros = F.pad(torch.from_numpy(w.biases + (8 - shift) * w.scales), (0, 0, 0, n_pad - n))
+        packed = torch.cat(
+            [
+                torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[i : i + _PACK_ROWS].to(torch.int32), 2)
+                for i in range(0, n_pad, _PACK_ROWS)
+            ]
+        )
+        self.register_buffer("packed", packed.to(device))
+        # [K/g, N, 2] (scale, zero) in bf16, the op's layout
+        sz = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.register_buffer("scales_and_zeros", sz.to(device))
+        target = f"int4 g{w.group_size} ({'requantized, ' if exact is None else ''}bf16 scales)"
+        _record(errors, src, self, target, exact is None)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros
+        )
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
+        return y.to(x.dtype) if y.dtype != x.dtype else y.contiguous()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return _int4pack_rows(self.packed, self.scales_and_zeros, ids, self.in_features, self.group_size)
+
+
+class Int8PackLinear(QuantLayer):
+    def __init__(self, w: AffineWeight, device: torch.device, errors: ErrorLog):
+        n, k = w.shape
+        super().__init__(n, k)
+        offset, scale = _per_channel_int8(w)
+        exact = offset.size > 0
+        if exact:
+            q = _minus(w.codes, offset)
+        else:
+            r = requantize(w, 8, 0, symmetric=True)[0]  # codes centred on 128
+            q, scale = _minus(r.codes, np.full(n, 128, np.int16)), r.scales[:, 0]
+        self.register_buffer("weight", torch.from_numpy(q).to(device))
+        self.register_buffer("scale", torch.from_numpy(np.ascontiguousarray(scale, np.float32)).to(device))
+        # The op multiplies by bf16 scales; unit ones keep the f32 scale exact (applied to the output).
+        self.register_buffer("ones", torch.ones(n, dtype=torch.bfloat16, device=device))
+        _record(errors, w, self, "int8 per-channel (requantized)", not exact)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.ones)
+        return y.mul_(self.scale) if x.dtype == torch.bfloat16 else y.to(x.dtype).mul_(self.scale)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].float() * self.scale[ids, None]
+
+
+class TritonLinear(QuantLayer):
+    def __init__(self, w: AffineWeight, device: torch.device, dtype: torch.dtype, errors: ErrorLog):
+        from lantern.backends.torch.kernels import triton_quant  # CUDA (or the interpreter) only
+
+        n, k = w.shape
+        super().__init__(n, k)
+        src = w
+        bits = 4 if w.bits <= 4 else 8
+        exact = _regroup(w, TRITON_GROUPS)
+        w = exact if exact is not None else requantize(w, bits, 32)[0]
+        self.bits, self.group_size = bits, w.group_size
+        self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(w.codes), bits).to(device))
+        self.register_buffer("scales", torch.from_numpy(w.scales).to(device, dtype))
+        self.register_buffer("biases", torch.from_numpy(w.biases).to(device, dtype))
+        self._matmul = triton_quant.affine_matmul
+        target = f"{bits}-bit g{w.group_size} ({'requantized, ' if exact is None else ''}{_dtype_name(dtype)} scales)"
+        _record(errors, src, self, target, exact is None)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._matmul(x.to(self.scales.dtype), self.packed, self.scales, self.biases, self.bits, self.group_size)
+        return y.to(x.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        p = self.packed[ids]
+        if self.bits == 4:
+            p = torch.stack((p & 15, p >> 4), dim=-1).reshape(p.shape[0], -1)
+        t, g = p.shape[0], self.group_size
+        w = p.view(t, -1, g).float() * self.scales[ids].float()[:, :, None] + self.biases[ids].float()[:, :, None]
+        return w.view(t, self.in_features)
+
+
+class Fp8Linear(QuantLayer):
+    """e4m3 weight with a per-tensor scale; activations quantized per call with their own amax scale."""
+
+    def __init__(self, w: Fp8Weight, device: torch.device):
+        n, k = w.shape
+        super().__init__(n, k)
+        data = torch.from_numpy(np.ascontiguousarray(w.data)).view(torch.float8_e4m3fn)
+        self.register_buffer("weight", data.to(device))
+        self.register_buffer("weight_scale", torch.tensor(float(np.asarray(w.scale).reshape(-1)[0]), device=device))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        x_scale = (x.abs().amax().float() / _FP8_MAX).clamp(min=1e-12)
+        xq = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=x_scale, scale_b=self.weight_scale, out_dtype=out_dtype)
+        return y.to(x.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].float() * self.weight_scale
+
+
+class DenseLinear(QuantLayer):
+    """A dequantized weight (no kernel for the format on this device)."""
+
+    def __init__(self, weight: torch.Tensor, device: torch.device, dtype: torch.dtype):
+        super().__init__(*weight.shape)
+        self.register_buffer("weight", weight.to(device, dtype))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].float()
+
+
+class QuantEmbedding(nn.Module):
+    def __init__(self, table: QuantLayer, dtype: torch.dtype):
+        super().__init__()
+        self.table, self.dtype = table, dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        return self.table.rows(flat).to(self.dtype).view(*ids.shape, self.table.in_features)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.table(h)
+
+
+class StackedLinear(nn.Module):
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------
+def _regroup(w: AffineWeight, groups: tuple[int, ...]) -> AffineWeight | None:
+    """`w` with a group size from `groups` (largest first), exactly: a group that is a multiple of a
+    supported one repeats its scale and bias; None when none divides it (group 16)."""
+    if w.group_size in groups:
+        return w
+    for g in groups:
+        if w.group_size % g == 0:
+            f = w.group_size // g
+            scales, biases = np.repeat(w.scales, f, axis=1), np.repeat(w.biases, f, axis=1)
+            return AffineWeight(w.codes, scales, biases, w.bits, g, w.source)
+    return None
+
+
+def _minus(codes: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """int8 codes - offset per row, without an int16 copy of the whole table (embeddings are large)."""
+    if np.all(offset == 128):  # c - 128 as int8 is c with its top bit flipped
+        return (codes ^ np.uint8(0x80)).view(np.int8)
+    out = np.empty(codes.shape, np.int8)
+    step = max(1, (1 << 22) // max(codes.shape[1], 1))
+    for r in range(0, codes.shape[0], step):
+        out[r : r + step] = codes[r : r + step].astype(np.int16) - offset[r : r + step, None]
+    return out
+
+
+def _per_channel_int8(w: AffineWeight) -> tuple[np.ndarray, np.ndarray]:
+    """(zero point per row, scale per row) when `w` is exactly s * (c - zero) with one scale and an integer
+    zero point per row and c - zero within int8; else two empty arrays."""
+    none = np.empty(0, np.int16), np.empty(0, np.float32)
+    s, b = w.scales, w.biases
+    if not (np.all(s == s[:, :1]) and np.all(b == b[:, :1])) or np.any(s[:, 0] <= 0):
+        return none
+    scale = s[:, 0]
+    offset = np.rint(-b[:, 0] / scale)
+    if not np.array_equal((-offset * scale).astype(np.float32), b[:, 0]):
+        return none
+    if w.codes.size and (np.any(w.codes.min(axis=1) - offset < -128) or np.any(w.codes.max(axis=1) - offset > 127)):
+        return none
+    return offset.astype(np.int16), scale.astype(np.float32)
+
+
+def _int4pack_rows(packed: torch.Tensor, sz: torch.Tensor, ids: torch.Tensor, k: int, g: int) -> torch.Tensor:
+    """float32 rows `ids` of an int4pack weight, decoded from its [N/64][K][32] bytes and bf16 scales."""
+    blocks = packed.view(-1, k, 32)
+    b = ids % _BLOCK_N
+    byte = blocks[ids // _BLOCK_N, :, b % 32]  # [T, K]
+    codes = (byte >> ((b >= 32).to(torch.uint8) * 4)[:, None]) & 15
+    scale = sz[:, ids, 0].t().float()[:, :, None]  # [T, K/g, 1]
+    zero = sz[:, ids, 1].t().float()[:, :, None]
+    return ((codes.view(ids.shape[0], -1, g).float() - 8) * scale + zero).view(ids.shape[0], k)
+
+
+@functools.cache
+def _check_int4pack_layout() -> None:
+    """The row decoder assumes aten's int4pack byte layout; check it once on this torch build."""
+    codes = torch.randint(0, 16, (_BLOCK_N, 32), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
+    sz = torch.stack((torch.ones(1, _BLOCK_N), torch.full((1, _BLOCK_N), 8.0)), dim=-1).to(torch.bfloat16)
+    got = _int4pack_rows(packed, sz, torch.arange(_BLOCK_N), 32, 32)
+    if not torch.equal(got, codes.float()):
+        raise RuntimeError(f"torch {torch.__version__}: the int4pack CPU layout is not the one quant_linear decodes")
+
+
+def _record(errors: ErrorLog, src: AffineWeight, layer: QuantLayer, target: str, requantized: bool) -> None:
+    """Measure what the stored form costs against `src`'s own values (on evenly spaced whole rows, at most
+    ~1M weights) and log it unless the mapping is exact."""
+    n, k = src.shape
+    ids = np.unique(np.linspace(0, n - 1, min(n, max(1, _ERROR_SAMPLE // k))).astype(np.int64))
+    exact = AffineWeight(src.codes[ids], src.scales[ids], src.biases[ids], src.bits, src.group_size, src.source)
+    stored = layer.rows(torch.from_numpy(ids).to(next(layer.buffers()).device)).cpu().numpy()
+    error = relative_error(stored, exact.dequantize())
+    if requantized or error > 2**-20:  # (float32 rounding of c * s + b vs (c - z) * s is not a loss)
+        errors.add(src.source, target, error)
+
+
+def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
+    n, k = w.shape
+    if w.block is not None or np.asarray(w.scale).size != 1 or n % 16 or k % 16:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _dense_fp8(w: Fp8Weight, device: torch.device, dtype: torch.dtype) -> DenseLinear:
+    if device.type != "cuda":
+        reason = "no FP8 matmul on CPU"
+    elif w.block is not None or np.asarray(w.scale).size != 1:
+        reason = "torch._scaled_mm is used for per-tensor scales only"
+    else:
+        reason = "this GPU has no FP8 (needs compute capability >= 8.9)"
+    _log_once(f"FP8 weights ({w.source}) dequantized to {_dtype_name(dtype)} on {device.type}: {reason}")
+    return DenseLinear(torch.from_numpy(w.dequantize(np.float32)), device, dtype)
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logger.info(message)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,172 @@
+"""Quantized matmul kernels (triton_quant) against their plain-torch reference, and the layout against MLX.
+
+On CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, see conftest.py) with small block
+overrides so that grids stay tiny; K = 3 groups leaves a half-masked last K step for both kernels.
+The cuda cases (marked gpu) use the block sizes affine_matmul picks, and bfloat16 too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lantern.backends.torch.kernels import quant_reference as qr
+
+tq = pytest.importorskip("lantern.backends.torch.kernels.triton_quant")
+
+CPU_DTYPES = [torch.float32, torch.float16]  # the interpreter cannot run bf16 tl.dot
+TOL = {
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,  # the GEMM rounds dequantized weights to f16, as a GPU tensor-core dot needs
+    torch.bfloat16: 1.6e-2,
+}
+SMALL = {  # block sizes for the interpreter; BLOCK_K = 64 covers GS = 2 (g32), 1 (g64) and 1/2 (g128)
+    "gemv": lambda g: {"BLOCK_N": 8, "BLOCK_K": 2 * g, "rows_per_pass": 3},
+    "gemm": lambda g: {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64},
+}
+
+
+def make_weight(n: int, k: int, bits: int, group: int, dtype: torch.dtype, seed: int = 0, device: str = "cpu"):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
+    # Scales of both signs and biases around -scale * 2^(bits-1), as quantizers produce.
+    sign = torch.sign(torch.randn(n, k // group, generator=g))
+    scales = (torch.rand(n, k // group, generator=g) * 0.04 + 0.01) * sign
+    biases = -scales * 2 ** (bits - 1) + 0.01 * torch.randn(n, k // group, generator=g)
+    packed = tq.pack_codes(codes, bits)
+    return codes, packed.to(device), scales.to(device, dtype), biases.to(device, dtype)
+
+
+def run(path: str, x, packed, scales, biases, bits: int, group: int, **config):
+    return (tq.gemv if path == "gemv" else tq.gemm)(x, packed, scales, biases, bits, group, **config)
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    scale = float(ref.float().abs().max()) + 1e-6
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype] * scale, rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_kernel_matches_reference(bits, group, dtype, path):
+    k = 3 * group
+    for m, n in [(1, 40), (3, 72), (17, 40)]:  # GEMV: 1 pass, 1 pass with a padded row, 6 passes
+        _, packed, scales, biases = make_weight(n, k, bits, group, dtype, seed=m * n + group)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+        out = run(path, x, packed, scales, biases, bits, group, **SMALL[path](group))
+        assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, bits, group), dtype)
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+def test_nibble_order_by_hand(path):
+    """Byte j = code[2j] | code[2j+1] << 4: a one-hot x picks one known weight out of each row."""
+    codes = torch.zeros(2, 32, dtype=torch.uint8)
+    codes[0, 1] = 15  # odd column: the high nibble of byte 0
+    codes[1, 0] = 7  # even column: the low nibble of byte 0
+    packed = tq.pack_codes(codes, 4)
+    assert packed[0, 0] == 0xF0 and packed[1, 0] == 0x07
+    scales = torch.tensor([[0.5], [2.0]])
+    biases = torch.tensor([[-1.0], [0.25]])
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 1] = 10.0, 1.0
+    # row 0: 10 * (0 * 0.5 - 1) + (15 * 0.5 - 1) = -3.5; row 1: 10 * (7 * 2 + 0.25) + (0 * 2 + 0.25) = 142.75
+    out = run(path, x, packed, scales, biases, 4, 32, **SMALL[path](32))
+    assert out.tolist() == [[-3.5, 142.75]]
+    assert qr.affine_matmul_reference(x, packed, scales, biases, 4, 32).tolist() == [[-3.5, 142.75]]
+
+
+def test_pack_codes_round_trip_and_layout():
+    codes = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+    packed = tq.pack_codes(codes, 4)
+    assert packed.shape == (5, 32) and packed.dtype == torch.uint8
+    assert torch.equal(qr.unpack_codes(packed, 4), codes)
+    assert tq.pack_codes(torch.tensor([[1, 2, 3, 4]], dtype=torch.uint8), 4).tolist() == [[0x21, 0x43]]
+    codes8 = torch.randint(0, 256, (3, 64), dtype=torch.uint8)
+    assert torch.equal(qr.unpack_codes(tq.pack_codes(codes8, 8), 8), codes8)
+    with pytest.raises(ValueError, match="< 16"):
+        tq.pack_codes(codes8, 4)
+    with pytest.raises(ValueError, match="even"):
+        tq.pack_codes(codes[:, :3], 4)
+    with pytest.raises(ValueError, match="4- or 8-bit"):
+        tq.pack_codes(codes, 3)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [32, 128])
+def test_layout_is_mlx_packing(bits, group):
+    """The packed bytes read as little-endian uint32 are mx.quantize's words: mx.dequantize is the truth."""
+    mx = pytest.importorskip("mlx.core")
+    w = np.random.default_rng(group + bits).standard_normal((24, 256)).astype(np.float32)
+    wq, s, b = mx.quantize(mx.array(w), group_size=group, bits=bits)
+    packed = torch.from_numpy(np.array(wq).view(np.uint8).copy())
+    scales, biases = torch.from_numpy(np.array(s)), torch.from_numpy(np.array(b))
+    truth = np.array(mx.dequantize(wq, s, b, group_size=group, bits=bits))
+    np.testing.assert_allclose(qr.dequantize_packed(packed, scales, biases, bits, group).numpy(), truth, rtol=1e-6)
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    mlx_out = np.array(mx.quantized_matmul(mx.array(x), wq, s, b, transpose=True, group_size=group, bits=bits))
+    for path in ("gemv", "gemm"):
+        out = run(path, torch.from_numpy(x), packed, scales, biases, bits, group, **SMALL[path](group))
+        np.testing.assert_allclose(out.numpy(), mlx_out, rtol=1e-4, atol=1e-4 * np.abs(mlx_out).max())
+
+
+def test_affine_matmul_dispatch_and_default_blocks(monkeypatch):
+    """M <= GEMV_MAX_M takes the GEMV, more rows the GEMM; leading dims are kept; default block sizes work."""
+    _, packed, scales, biases = make_weight(40, 256, 4, 64, torch.float16, seed=3)
+    calls = []
+    for name in ("gemv", "gemm"):
+        fn = getattr(tq, name)
+        monkeypatch.setattr(tq, name, lambda *a, _fn=fn, _name=name, **kw: calls.append(_name) or _fn(*a, **kw))
+    for m in (1, tq.GEMV_MAX_M, tq.GEMV_MAX_M + 1, 5):
+        x = torch.randn(m, 256).half()
+        out = tq.affine_matmul(x, packed, scales, biases, 4, 64)
+        assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, 4, 64), torch.float16)
+    assert calls == ["gemv", "gemv", "gemm", "gemm"]
+    x3 = torch.randn(2, 3, 256)
+    out3 = tq.affine_matmul(x3, packed, scales.float(), biases.float(), 4, 64)
+    assert out3.shape == (2, 3, 40)
+    ref = qr.affine_matmul_reference(x3.reshape(6, 256), packed, scales.float(), biases.float(), 4, 64)
+    assert_matches(out3.reshape(6, 40), ref, torch.float32)
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+def test_strided_and_empty_inputs(path):
+    _, packed, scales, biases = make_weight(24, 128, 8, 32, torch.float32, seed=5)
+    wide = torch.randn(3, 160)
+    for x in (wide[:, 16:144], torch.randn(128, 3).T):  # a column slice (row stride 160); a transpose
+        out = run(path, x, packed, scales, biases, 8, 32, **SMALL[path](32))
+        assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, 8, 32), torch.float32)
+    assert run(path, torch.zeros(0, 128), packed, scales, biases, 8, 32).shape == (0, 24)
+
+
+def test_shape_errors():
+    _, packed, scales, biases = make_weight(8, 64, 4, 32, torch.float32)
+    x = torch.randn(1, 64)
+    with pytest.raises(ValueError, match="does not hold"):
+        tq.affine_matmul(torch.randn(1, 128), packed, scales, biases, 4, 32)
+    with pytest.raises(ValueError, match="do not fit"):
+        tq.affine_matmul(x, packed, scales[:, :1], biases[:, :1], 4, 32)
+    with pytest.raises(ValueError, match="group size"):
+        tq.affine_matmul(x, packed, scales, biases, 4, 16)
+    with pytest.raises(ValueError, match="do not match"):
+        qr.dequantize_packed(packed, scales[:, :1], biases[:, :1], 4, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 32), (8, 128)])
+@pytest.mark.parametrize("m", [1, 2, 3, 16, 40, 300])
+def test_cuda_default_blocks(m, bits, group, dtype):
+    """On a GPU, with the block sizes affine_matmul picks, at 8B-model-like widths (and a narrow one)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    for n, k in [(4096, 4096), (1024, 4096), (4100, 1536)]:
+        _, packed, scales, biases = make_weight(n, k, bits, group, dtype, seed=m + n, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        out = tq.affine_matmul(x, packed, scales, biases, bits, group)
+        assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, bits, group), dtype)
+        for path in ("gemv", "gemm"):  # both kernels at every M, not only the one dispatch picks
+            assert_matches(run(path, x, packed, scales, biases, bits, group), out, dtype)

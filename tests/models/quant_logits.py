@@ -1,0 +1,62 @@
+"""Shared by the quantized-model tests: Lantern's logits through the paged cache vs transformers run
+on the DEQUANTIZED weights (the exact values the quantized file holds)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lantern.app.engine import LLM, SamplingParams
+from lantern.app.engine.batch import build_batch
+from tests.conformance.test_parity import PROMPT, hf_model, step_logits
+
+
+def reference_folder(src: Path, out: Path, transform: Callable[[str, np.ndarray], np.ndarray]) -> Path:
+    """A copy of the float folder `src` whose weights went through `transform(name, w)`."""
+    from safetensors.numpy import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.is_file():
+            shutil.copy(f, out / f.name)
+    for f in src.glob("*.safetensors"):
+        weights = load_file(str(f))
+        save_file(
+            {k: np.ascontiguousarray(transform(k, v), dtype=np.float32) for k, v in weights.items()}, out / f.name
+        )
+    return out
+
+
+def logits_error(model: str, reference: str, backend: str, steps: int = 6, **options) -> float:
+    """Largest |ours - transformers| over the prompt's last position and `steps` decode steps,
+    teacher-forced on transformers' greedy tokens, divided by the reference logits' spread."""
+    llm = LLM(model, backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64, **options)
+    engine = llm.engine
+    prompt_ids = llm.tokenizer.encode(PROMPT)
+    hf = hf_model(reference)
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=steps, do_sample=False, pad_token_id=0)
+        ref_tokens = out[0, len(prompt_ids) :].tolist()
+        ref_logits = hf(torch.tensor([prompt_ids + ref_tokens])).logits[0].numpy()
+    engine.add_request("q", prompt_ids, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
+    seq = engine.requests["q"].seqs[0].seq
+    worst = 0.0
+    compared = 0
+    while len(seq.output_token_ids) < steps:
+        sched = engine.scheduler.schedule()
+        batch = build_batch(sched, engine.config.block_size, {})
+        logits = step_logits(engine, batch)
+        engine.scheduler.after_step(sched)
+        if not batch.sampling:
+            continue
+        ref = ref_logits[int(batch.seq_lens[0]) - 1]
+        worst = max(worst, float(np.abs(logits[0] - ref).max() / ref.std()))
+        compared += 1
+        seq.output_token_ids.append(ref_tokens[len(seq.output_token_ids)])
+    assert compared == steps
+    return worst

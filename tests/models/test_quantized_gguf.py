@@ -1,0 +1,116 @@
+"""GGUF files of every supported block type load quantized and compute what their blocks mean.
+
+Files are written by tests/fixtures/gguf_writer.py with the `gguf` package; the reference is
+transformers, through Lantern's paged cache, on the file's exact values (gguf.quants.dequantize),
+with one change where a backend has no exact layout for a type and says so in the log: those
+tensors are round-to-nearest quantized to the mode the backend documents (below), so the test
+checks that the backend computes exactly what it claims to hold. (A random 2-layer model turns a
+3% weight change into a different model, so "close to the file" would be a meaningless bound.)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from lantern.app.models.quant.affine import quantize_affine
+from tests.fixtures.gguf_writer import write_gguf_model
+from tests.models.quant_logits import logits_error, reference_folder
+
+FILES = {
+    # like llama.cpp's Q4_K_M: Q4_K with Q6_K for v/down and a Q8_0 embedding
+    "q4_k_m": ("llama", "Q4_K", {"token_embd": "Q8_0", "attn_v": "Q6_K", "ffn_down": "Q6_K"}),
+    "legacy": ("llama", "Q4_0", {"attn_k": "Q4_1", "attn_v": "Q5_0", "ffn_up": "Q5_1", "token_embd": "Q8_0"}),
+    "q5_k": ("qwen2", "Q5_K", {"output": "Q8_0"}),
+    "low_bit_k": ("llama", "Q3_K", {"ffn_down": "Q2_K", "attn_output": "Q2_K"}),
+}
+_HF = {
+    "token_embd": "model.embed_tokens.",
+    "output": "lm_head.",
+    "attn_q": ".self_attn.q_proj.",
+    "attn_k": ".self_attn.k_proj.",
+    "attn_v": ".self_attn.v_proj.",
+    "attn_output": ".self_attn.o_proj.",
+    "ffn_gate": ".mlp.gate_proj.",
+    "ffn_up": ".mlp.up_proj.",
+    "ffn_down": ".mlp.down_proj.",
+}
+# (bits, group (0: per row), symmetric) each backend converts a type to when it has no exact layout.
+CONVERTED = {
+    "mlx": {"Q2_K": (4, 32, False), "Q3_K": (5, 32, False), "Q6_K": (8, 32, False)},
+    "torch": {
+        "Q2_K": (4, 32, False),
+        "Q3_K": (4, 32, False),
+        **{t: (8, 0, True) for t in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")},
+    },
+}
+# Relative to the reference logits' spread (quant_logits.logits_error): MLX computes in float32;
+# torch's CPU int4/int8 kernels take bfloat16 activations (their fast path), and these random
+# models amplify rounding: the float model run in bfloat16 differs by ~0.11 on this measure.
+TOLERANCE = {"mlx": 2e-3, "torch": 0.15}
+
+
+def _qtype(kind: str, name: str) -> str | None:
+    _, default, overrides = FILES[kind]
+    if not name.endswith(".weight") or "norm" in name:
+        return None
+    for stem, hf in _HF.items():
+        if hf in name or name.startswith(hf):
+            return overrides.get(stem, default)
+    return None
+
+
+def held_reference(kind: str, backend: str, ref: Path, out: Path) -> Path:
+    """The file's values, with the tensors the backend converts put in the mode it converts to."""
+
+    def held(name, w):
+        mode = CONVERTED[backend].get(_qtype(kind, name) or "")
+        if mode is None:
+            return w
+        bits, group, symmetric = mode
+        return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
+
+    return reference_folder(ref, out, held)
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    cache = {}
+
+    def get(kind: str, split: int = 1):
+        if (kind, split) not in cache:
+            arch, qtype, overrides = FILES[kind]
+            out = tmp_path_factory.mktemp(f"{kind}-{split}")
+            cache[(kind, split)] = write_gguf_model(out, arch=arch, qtype=qtype, overrides=overrides, split=split)
+        return cache[(kind, split)]
+
+    return get
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("kind", list(FILES))
+def test_gguf_logits_match_what_the_backend_holds(gguf_files, backend, kind, caplog, tmp_path):
+    path, ref = gguf_files(kind)
+    held = held_reference(kind, backend, Path(ref), tmp_path / "held")
+    with caplog.at_level(logging.WARNING):
+        err = logits_error(str(path), str(held), backend)
+    assert err <= TOLERANCE[backend], f"{backend} {kind}: {err:.4f}"
+    _, default, overrides = FILES[kind]
+    for qtype in {default, *overrides.values()}:
+        lines = [line for line in caplog.text.splitlines() if f"GGUF {qtype} tensor(s)" in line]
+        # torch/CPU also logs what storing int4 scales in bfloat16 costs: a rounding, not a conversion
+        converted = [line for line in lines if backend == "mlx" or "requantized" in line]
+        assert bool(converted) == (qtype in CONVERTED[backend]), (qtype, caplog.text)
+
+
+def test_split_gguf_serves_like_the_whole_file(gguf_files, backend, tmp_path):
+    _, ref = gguf_files("q4_k_m")
+    first, _ = gguf_files("q4_k_m", split=3)
+    held = held_reference("q4_k_m", backend, Path(ref), tmp_path / "held")
+    assert logits_error(str(first), str(held), backend) <= TOLERANCE[backend]

@@ -1,0 +1,291 @@
+"""quant_linear.py: every kernel path against the dequantize-then-matmul reference.
+
+Reference: F.linear in float64 on `AffineWeight.dequantize()` / `Fp8Weight.dequantize()` (the lead's
+format code, not the layers'). Tolerances, as normwise relative errors ||y - ref|| / ||ref||:
+- BF16 = 2**-6 for the CPU kernels and any bf16 caller. With bf16 activations the layer rounds x to bf16
+  (unit roundoff u = 2**-8), the int4 op forms each weight in bf16 (u) from bf16 scale/zero (about u each),
+  and rounds its output to bf16 (u): independent errors of at most u each, about 0.5% in total on random
+  data, so 2**-6 (1.6%) leaves a 3x margin and still fails on any wrong code, scale, row or group (>= 10%).
+- F32 = 1e-5 for the Triton path with float32 activations and scales (f32 accumulation of 256 terms).
+- Requantized modes: the same bound against the requantized weight (`affine.requantize`, which the layer
+  must then hold exactly), and 1.5x the logged relative weight error + BF16 against the source (for
+  random x the output's relative error is the weight's).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the CUDA path runs on CPU
+
+import importlib.util
+import logging
+
+import numpy as np
+import pytest
+import torch.nn.functional as F
+
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, quantize_affine, requantize
+from lantern.backends.torch import quant_linear as ql
+
+BF16 = 2.0**-6
+F32 = 1e-5
+N, K = 72, 256  # N not a multiple of 64 (int4pack pads to 128); K holds 2..16 groups
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+@pytest.fixture
+def triton_device() -> str:
+    """Where the Triton layer runs: the GPU, else the CPU under the interpreter (when triton_quant was
+    first imported after TRITON_INTERPRET=1 was set, which this module does at import)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from lantern.backends.torch.kernels import triton_quant
+
+    if not isinstance(triton_quant._gemm_kernel, InterpretedFunction):
+        pytest.skip("triton_quant was imported before TRITON_INTERPRET=1 was set")
+    return "cpu"
+
+
+def affine(rows: int, cols: int, bits: int, group: int, seed: int = 0, source: str = "") -> AffineWeight:
+    """Random codes with arbitrary positive scales and biases (like Q4_1/Q4_K/AWQ: a min and a step)."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 1 << bits, (rows, cols), dtype=np.uint8)
+    scales = rng.uniform(0.005, 0.02, (rows, cols // group)).astype(np.float32)
+    biases = (-scales * (1 << (bits - 1)) + rng.normal(0, 0.01, scales.shape)).astype(np.float32)
+    return AffineWeight(codes, scales, biases, bits, group, source or f"test {bits}-bit g{group}")
+
+
+def reference(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = F.linear(x.double(), torch.from_numpy(w).double())
+    return y + bias.double() if bias is not None else y
+
+
+def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def inputs(m: int, k: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("group", [16, 32, 64, 128])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
+def test_cpu_linear_matches_dequantized_reference(bits: int, group: int) -> None:
+    w = affine(N, K, bits, group, seed=bits * 1000 + group)
+    bias = torch.randn(N, generator=torch.Generator().manual_seed(7))
+    errors = ErrorLog()
+    layer = ql.quantized_linear(w, bias, "cpu", torch.bfloat16, errors)
+    exact = bits <= 4 and group >= 32  # int4pack holds <= 4-bit codes of groups 32..256 as they are
+    assert ql.select_kernel(w, "cpu") == ("int4pack" if bits <= 4 else "int8pack")
+    if exact:
+        target = f"int4 g{group} (bf16 scales)"
+        held = w
+    else:
+        target = "int4 g32 (requantized, bf16 scales)" if bits <= 4 else "int8 per-channel (requantized)"
+        held, req_error = requantize(w, 4, 32) if bits <= 4 else requantize(w, 8, 0, symmetric=True)
+    assert list(errors.worst) == [(w.source, target)]
+    logged = errors.worst[(w.source, target)][0]
+    if exact:
+        assert 0 < logged < 2**-8  # bf16 storage of scale and zero only
+    else:  # the requantization, plus at most the bf16 storage of its scales
+        assert req_error * 0.99 <= logged <= req_error + 2**-8
+    for m in (1, 37):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = inputs(m, K, dtype, seed=m)
+            y = layer(x)
+            assert y.dtype == dtype and y.shape == (m, N)
+            assert rel(y, reference(x, held.dequantize(), bias)) < BF16
+            if not exact:
+                assert rel(y, reference(x, w.dequantize(), bias)) < 1.5 * logged + BF16
+
+
+@pytest.mark.parametrize("bits", [8, 6])
+def test_int8_is_exact_for_per_channel_symmetric(bits: int) -> None:
+    """A per-channel symmetric source (`--isq q8`, or 6-bit with zero point 32) maps with no error."""
+    dense = np.random.default_rng(3).normal(0, 0.05, (N, K)).astype(np.float32)
+    w = quantize_affine(dense, bits, K, symmetric=True, source=f"sym {bits}")
+    errors = ErrorLog()
+    layer = ql.quantized_linear(w, None, "cpu", torch.float32, errors)
+    assert isinstance(layer, ql.Int8PackLinear)
+    assert errors.worst == {}
+    emb = ql.quantized_embedding(w, "cpu", torch.float32, errors)
+    ids = torch.tensor([0, 5, 71, 5])
+    np.testing.assert_allclose(emb(ids).numpy(), w.dequantize()[ids.numpy()], rtol=1e-6, atol=1e-7)
+    x = inputs(37, K, torch.float32)
+    assert rel(layer(x), reference(x, w.dequantize())) < 2**-7  # only x's and y's bf16 rounding
+
+
+def test_int4_embedding_rows_and_tied_logits() -> None:
+    w = affine(200, K, 4, 32, seed=11)  # 200 rows: the last 64-row block is partly padding
+    errors = ErrorLog()
+    emb = ql.quantized_embedding(w, "cpu", torch.float32, errors)
+    ids = torch.tensor([[0, 31, 32, 63], [64, 130, 199, 31]])
+    rows = emb(ids)
+    assert rows.shape == (2, 4, K) and rows.dtype == torch.float32
+    want = w.dequantize()[ids.numpy()]
+    # bf16 storage of scale s and zero z = b + 8s: |error| <= 2**-8 (|c - 8| s + |b + 8s|) per weight
+    c = w.codes[ids.numpy()].astype(np.float32).reshape(2, 4, -1, 32)
+    s = w.scales[ids.numpy()][..., None]
+    z = (w.biases + 8 * w.scales)[ids.numpy()][..., None]
+    bound = (2.0**-8 * (np.abs(c - 8) * s + np.abs(z))).reshape(want.shape) * 1.01 + 1e-7
+    assert np.all(np.abs(rows.numpy() - want) <= bound)
+    assert emb(ids[0]).dtype == torch.float32
+    assert ql.quantized_embedding(w, "cpu", torch.bfloat16, ErrorLog())(ids).dtype == torch.bfloat16
+    # logits read the same table with the linear kernel; the decoded rows are that kernel's weight
+    h = inputs(5, K, torch.float32)
+    linear = ql.quantized_linear(w, None, "cpu", torch.float32, ErrorLog())
+    assert torch.equal(emb.logits(h), linear(h))
+    table = emb(torch.arange(200))
+    assert rel(emb.logits(h), F.linear(h.double(), table.double())) < BF16
+    assert rel(emb.logits(h), reference(h, w.dequantize())) < BF16
+    assert ql.quantized_bytes(emb) == ql.quantized_bytes(linear)  # one table, not two
+
+
+def test_int8_embedding_rows_are_the_requantized_rows() -> None:
+    w = affine(N, K, 6, 16, seed=5)
+    emb = ql.quantized_embedding(w, "cpu", torch.float32, ErrorLog())
+    held = requantize(w, 8, 0, symmetric=True)[0].dequantize()
+    ids = torch.tensor([3, 0, 71])
+    np.testing.assert_allclose(emb(ids).numpy(), held[ids.numpy()], rtol=1e-6, atol=1e-7)
+    h = inputs(4, K, torch.bfloat16)
+    assert emb.logits(h).dtype == torch.bfloat16
+    assert rel(emb.logits(h), reference(h, held)) < BF16
+
+
+def test_large_groups_split_exactly() -> None:
+    """A per-channel 4-bit weight (g = K = 512) becomes int4 g256 with the same values."""
+    w = affine(64, 512, 4, 512, seed=9)
+    errors = ErrorLog()
+    layer = ql.quantized_linear(w, None, "cpu", torch.float32, errors)
+    assert layer.group_size == 256
+    assert list(errors.worst) == [(w.source, "int4 g256 (bf16 scales)")]
+    x = inputs(3, 512, torch.float32)
+    assert rel(layer(x), reference(x, w.dequantize())) < BF16
+
+
+def test_shapes_batch_dims_and_empty_batch() -> None:
+    w = affine(5, 64, 4, 32)  # N = 5: 59 of the 64 packed rows are padding
+    layer = ql.quantized_linear(w, None, "cpu", torch.float32, ErrorLog())
+    x = torch.randn(2, 3, 64)
+    y = layer(x)
+    assert y.shape == (2, 3, 5)
+    assert rel(y, reference(x.reshape(6, 64), w.dequantize()).reshape(2, 3, 5)) < BF16
+    assert layer(torch.randn(0, 64)).shape == (0, 5)
+
+
+def test_stacked_linear_of_mixed_modes_and_bytes() -> None:
+    q4, q6 = affine(64, K, 4, 32, seed=1), affine(N, K, 6, 16, seed=2)  # Q4_K_M mixes Q4_K and Q6_K
+    errors = ErrorLog()
+    parts = [
+        ql.quantized_linear(q4, None, "cpu", torch.bfloat16, errors),
+        ql.quantized_linear(q6, None, "cpu", torch.bfloat16, errors),
+    ]
+    stacked = ql.stacked_linear(parts)
+    x = inputs(37, K, torch.bfloat16)
+    y = stacked(x)
+    assert y.shape == (37, 64 + N) and y.dtype == torch.bfloat16
+    assert torch.equal(y, torch.cat([parts[0](x), parts[1](x)], dim=-1))
+    held6 = requantize(q6, 8, 0, symmetric=True)[0].dequantize()
+    assert rel(y, reference(x, np.concatenate([q4.dequantize(), held6]))) < BF16
+    # int4: K/2 bytes per row + bf16 (scale, zero) per group; int8: K bytes per row + f32 scale + bf16 one
+    assert ql.quantized_bytes(parts[0]) == 64 * K // 2 + 64 * (K // 32) * 4
+    assert ql.quantized_bytes(parts[1]) == N * K + N * 4 + N * 2
+    assert ql.quantized_bytes(stacked) == ql.quantized_bytes(parts[0]) + ql.quantized_bytes(parts[1])
+
+
+def fp8(rows: int, cols: int, scale: np.ndarray, block: tuple[int, int] | None, source: str) -> Fp8Weight:
+    data = np.random.default_rng(4).integers(0, 256, (rows, cols), dtype=np.uint8)
+    data[(data & 0x7F) == 0x7F] = 0x40  # no NaN patterns
+    return Fp8Weight(data, scale.astype(np.float32), block, source)
+
+
+@pytest.mark.parametrize("block", [None, (32, 32)])
+def test_fp8_is_dequantized_on_cpu_with_a_log_line(block, caplog) -> None:
+    scale = np.array(0.01) if block is None else np.random.default_rng(5).uniform(0.005, 0.02, (3, 8))
+    w = fp8(N, K, scale, block, f"fp8 test {block}")
+    assert ql.select_kernel(w, "cpu") == "dense"
+    with caplog.at_level(logging.INFO, logger=ql.__name__):
+        layer = ql.quantized_linear(w, None, "cpu", torch.bfloat16, ErrorLog())
+    assert any("dequantized" in r.getMessage() and w.source in r.getMessage() for r in caplog.records)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = inputs(37, K, dtype)
+        assert layer(x).dtype == dtype
+        assert rel(layer(x), reference(x, w.dequantize())) < BF16
+    f32 = ql.quantized_linear(w, None, "cpu", torch.float32, ErrorLog())
+    x = inputs(5, K, torch.float32)
+    assert rel(f32(x), reference(x, w.dequantize())) < F32
+
+
+def test_fp8_scaled_mm_layer_math() -> None:
+    """The Hopper path's arithmetic (torch._scaled_mm also runs on CPU in recent torch)."""
+    w = fp8(64, K, np.array(0.01), None, "fp8 per-tensor")
+    layer = ql.quantized_linear(w, None, "cpu", torch.bfloat16, ErrorLog(), kernel="fp8")
+    x = inputs(37, K, torch.bfloat16)
+    # activations rounded to e4m3 (3 mantissa bits: u = 2**-4) dominate the error: ~2**-4 / sqrt(3)
+    assert rel(layer(x), reference(x, w.dequantize())) < 0.06
+    np.testing.assert_array_equal(
+        ql.quantized_embedding(w, "cpu", torch.float32, ErrorLog(), kernel="fp8")(torch.tensor([2, 9])).numpy(),
+        w.dequantize()[[2, 9]],
+    )
+
+
+def test_kernel_selection(monkeypatch) -> None:
+    assert ql.select_kernel(affine(8, 64, 4, 32), "cuda") == "triton"
+    assert ql.select_kernel(affine(8, 64, 6, 16), torch.device("cuda", 1)) == "triton"
+    assert ql.select_kernel(affine(8, 48, 4, 16), "cpu") == "dense"  # no group of 32 fits K = 48
+    per_tensor = fp8(64, 64, np.array(0.5), None, "pt")
+    blocks = fp8(64, 64, np.ones((1, 1)), (128, 128), "blocks")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert ql.select_kernel(per_tensor, "cuda") == "fp8"
+    assert ql.select_kernel(blocks, "cuda") == "dense"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert ql.select_kernel(per_tensor, "cuda") == "dense"
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize(
+    "bits,group,label",
+    [
+        (4, 32, "4-bit g32"),
+        (2, 64, "4-bit g64"),  # 2-bit codes widen exactly
+        (8, 128, "8-bit g128"),
+        (5, 32, "8-bit g32"),  # 5-bit codes widen exactly
+        (3, 16, "4-bit g32 (requantized, float32 scales)"),
+        (6, 16, "8-bit g32 (requantized, float32 scales)"),
+    ],
+)
+def test_triton_path(bits: int, group: int, label: str, triton_device: str) -> None:
+    """The CUDA layer with the device forced to CPU (Triton's interpreter), float32: exact modes log nothing."""
+    w = affine(N, K, bits, group, seed=bits + group)
+    errors = ErrorLog()
+    device = triton_device
+    layer = ql.quantized_linear(w, torch.ones(N), device, torch.float32, errors, kernel="triton")
+    requantized = "requantized" in label
+    held = requantize(w, 4 if bits <= 4 else 8, 32)[0] if requantized else w
+    assert layer.bits == (4 if bits <= 4 else 8) and label.startswith(f"{layer.bits}-bit g{layer.group_size}")
+    assert list(errors.worst) == ([(w.source, label)] if requantized else [])
+    for m in (1, 37) if bits == 4 else (1, 5):  # GEMV (M <= 4) and GEMM
+        x = inputs(m, K, torch.float32).to(device)
+        y = layer(x)
+        assert y.dtype == torch.float32
+        assert rel(y.cpu(), reference(x.cpu(), held.dequantize(), torch.ones(N))) < F32
+    emb = ql.quantized_embedding(w, device, torch.float32, ErrorLog(), kernel="triton")
+    ids = torch.tensor([0, 33, 71])
+    np.testing.assert_allclose(emb(ids.to(device)).cpu().numpy(), held.dequantize()[ids.numpy()], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_triton_path_bf16_scales_are_logged(triton_device: str) -> None:
+    w = affine(N, K, 4, 32, seed=3)
+    errors = ErrorLog()
+    device = triton_device
+    layer = ql.quantized_linear(w, None, device, torch.bfloat16, errors, kernel="triton")
+    assert list(errors.worst) == [(w.source, "4-bit g32 (bfloat16 scales)")]
+    x = inputs(1, K, torch.float32).to(device)  # M = 1: the GEMV (bf16 tl.dot is wrong in the interpreter)
+    y = layer(x)
+    assert y.dtype == torch.float32
+    assert rel(y.cpu(), reference(x.cpu(), w.dequantize())) < BF16
