@@ -31,10 +31,10 @@ def reference_folder(src: Path, out: Path, transform: Callable[[str, np.ndarray]
     return out
 
 
-def logits_error(model: str, reference: str, backend: str, steps: int = 6, **options) -> float:
+def logits_error(model: str, reference: str, backend: str, steps: int = 6, dtype: str = "float32", **options) -> float:
     """Largest |ours - transformers| over the prompt's last position and `steps` decode steps,
     teacher-forced on transformers' greedy tokens, divided by the reference logits' spread."""
-    llm = LLM(model, backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64, **options)
+    llm = LLM(model, backend=backend, dtype=dtype, block_size=4, prefill_chunk_size=8, num_kv_blocks=64, **options)
     engine = llm.engine
     prompt_ids = llm.tokenizer.encode(PROMPT)
     hf = hf_model(reference)
@@ -60,3 +60,22 @@ def logits_error(model: str, reference: str, backend: str, steps: int = 6, **opt
         seq.output_token_ids.append(ref_tokens[len(seq.output_token_ids)])
     assert compared == steps
     return worst
+
+
+_BF16_BASELINE: dict[str, float] = {}
+
+
+def tolerance(backend: str, reference: str) -> float:
+    """How far Lantern may be from transformers on the dequantized weights.
+
+    MLX computes in float32 on exactly those values: 2e-3 of the logits' spread. torch/CPU's int4
+    and int8 kernels take bfloat16 activations (their fast path; each layer is checked to 2^-6 in
+    tests/unit/test_torch_quant_linear.py), and these random 2-layer models amplify rounding by
+    orders of magnitude, so the bound is calibrated on the same model: 5x what running the float
+    reference itself in bfloat16 costs, and never below 0.15.
+    """
+    if backend == "mlx":
+        return 2e-3
+    if reference not in _BF16_BASELINE:
+        _BF16_BASELINE[reference] = logits_error(reference, reference, "torch", dtype="bfloat16")
+    return max(0.15, 5 * _BF16_BASELINE[reference])

@@ -1,0 +1,88 @@
+"""Quantized Hugging Face folders (MLX-community, AWQ, GPTQ, FP8) load quantized on both backends
+and compute what the file holds.
+
+Folders are written by tests/fixtures/hf_quant_writers.py (AWQ/GPTQ packed by the test from random
+integers following the published layouts); the reference is transformers on the DEQUANTIZED
+weights, through Lantern's paged cache. Where a backend has no exact layout for a module it
+converts it to a stated mode and logs the error; the reference applies the same round-to-nearest
+conversion to those modules (see test_quantized_gguf.py for why "close to the file" is no bound).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from lantern.app.models.quant.affine import quantize_affine
+from tests.fixtures.hf_quant_writers import writer
+from tests.models.quant_logits import logits_error, reference_folder, tolerance
+
+PER_CHANNEL_INT8 = (8, 0, True)
+# (backend, kind) -> {module name fragment: (bits, group (0: per row), symmetric)} converted modules.
+CONVERTED = {
+    ("mlx", "gptq8"): {"down_proj": (8, 128, False)},  # per-channel over 256 inputs: MLX groups stop at 128
+    ("torch", "mlx8"): {"": PER_CHANNEL_INT8},  # every quantized tensor: 8-bit g32 -> int8 per channel
+    ("torch", "mlx_mixed"): {"embed_tokens": PER_CHANNEL_INT8, "layers.0.mlp.down_proj": PER_CHANNEL_INT8},
+}
+KINDS = ["mlx4", "mlx8", "mlx_mixed", "awq", "gptq", "gptq_asym", "gptq8", "gptq_v2", "fp8", "fp8_tensor"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    cache = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            cache[kind] = writer(kind, tmp_path_factory.mktemp(kind))
+        return cache[kind]
+
+    return get
+
+
+def held_reference(backend: str, kind: str, ref: Path, out: Path) -> Path:
+    rules = CONVERTED.get((backend, kind), {})
+
+    def held(name, w):
+        if w.ndim != 2 or "norm" in name:
+            return w
+        for fragment, (bits, group, symmetric) in rules.items():
+            if fragment in name and not (fragment == "" and name == "model.layers.1.self_attn.v_proj.weight"):
+                return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
+        return w
+
+    return reference_folder(ref, out, held)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantized_folder_logits_match_what_the_backend_holds(folders, backend, kind, tmp_path, caplog):
+    quant, ref = folders(kind)
+    held = held_reference(backend, kind, Path(ref), tmp_path / "held")
+    with caplog.at_level(logging.INFO):
+        err = logits_error(str(quant), str(held), backend)
+    assert err <= tolerance(backend, str(held)), f"{backend} {kind}: {err:.4f}"
+    converted = [line for line in caplog.text.splitlines() if "relative error" in line and "requantized" in line]
+    if backend == "mlx":
+        converted = [line for line in caplog.text.splitlines() if "relative error" in line]
+    assert bool(converted) == ((backend, kind) in CONVERTED), caplog.text
+    if kind.startswith("fp8"):
+        assert "dequantized" in caplog.text  # no FP8 matmul on a CPU: said once
+
+
+def test_quantized_folder_stays_small(folders, backend):
+    """4-bit AWQ weights take about a quarter of the float32 model's bytes (+ scales), not more."""
+    from lantern.app.engine import LLM
+
+    quant, ref = folders("awq")
+    sizes = {}
+    for name, path in (("quant", quant), ("float", ref)):
+        engine = LLM(str(path), backend=backend, dtype="float32", num_kv_blocks=8).engine
+        if backend == "mlx":
+            sizes[name] = engine.backend.weight_bytes
+        else:
+            from lantern.backends.torch.weights import model_bytes
+
+            sizes[name] = model_bytes(engine.backend.model)
+    # the float embedding and head stay float in AWQ files: only the projections shrink
+    assert sizes["quant"] < 0.75 * sizes["float"], sizes
