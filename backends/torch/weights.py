@@ -120,7 +120,11 @@ class _Loader:
         if any(isinstance(p, (AffineWeight, Fp8Weight)) for p in parts):
             if kind != "weight":
                 raise ValueError(f"{path}.{kind}: only weights can be quantized")
-            _set_module(self.model, path, self.quantized_layer(path, parts))
+            layer = self.quantized_layer(path, parts)
+            bias = getattr(self.model.get_submodule(path), "bias", None)
+            if isinstance(bias, torch.Tensor) and not bias.is_meta:  # the bias came first (names sort so)
+                layer = BiasAdded(layer, bias.detach())
+            _set_module(self.model, path, layer)
             self.quantized.add(path)
             return
         tensor = parts[0] if len(parts) == 1 else torch.cat([_as_torch(p) for p in parts])

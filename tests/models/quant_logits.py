@@ -35,30 +35,33 @@ def logits_error(model: str, reference: str, backend: str, steps: int = 6, dtype
     """Largest |ours - transformers| over the prompt's last position and `steps` decode steps,
     teacher-forced on transformers' greedy tokens, divided by the reference logits' spread."""
     llm = LLM(model, backend=backend, dtype=dtype, block_size=4, prefill_chunk_size=8, num_kv_blocks=64, **options)
-    engine = llm.engine
-    prompt_ids = llm.tokenizer.encode(PROMPT)
-    hf = hf_model(reference)
-    hf.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=steps, do_sample=False, pad_token_id=0)
-        ref_tokens = out[0, len(prompt_ids) :].tolist()
-        ref_logits = hf(torch.tensor([prompt_ids + ref_tokens])).logits[0].numpy()
-    engine.add_request("q", prompt_ids, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
-    seq = engine.requests["q"].seqs[0].seq
-    worst = 0.0
-    compared = 0
-    while len(seq.output_token_ids) < steps:
-        sched = engine.scheduler.schedule()
-        batch = build_batch(sched, engine.config.block_size, {})
-        logits = step_logits(engine, batch)
-        engine.scheduler.after_step(sched)
-        if not batch.sampling:
-            continue
-        ref = ref_logits[int(batch.seq_lens[0]) - 1]
-        worst = max(worst, float(np.abs(logits[0] - ref).max() / ref.std()))
-        compared += 1
-        seq.output_token_ids.append(ref_tokens[len(seq.output_token_ids)])
-    assert compared == steps
+    try:
+        engine = llm.engine
+        prompt_ids = llm.tokenizer.encode(PROMPT)
+        hf = hf_model(reference)
+        hf.generation_config.eos_token_id = None
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=steps, do_sample=False, pad_token_id=0)
+            ref_tokens = out[0, len(prompt_ids) :].tolist()
+            ref_logits = hf(torch.tensor([prompt_ids + ref_tokens])).logits[0].numpy()
+        engine.add_request("q", prompt_ids, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
+        seq = engine.requests["q"].seqs[0].seq
+        worst = 0.0
+        compared = 0
+        while len(seq.output_token_ids) < steps:
+            sched = engine.scheduler.schedule()
+            batch = build_batch(sched, engine.config.block_size, {})
+            logits = step_logits(engine, batch)
+            engine.scheduler.after_step(sched)
+            if not batch.sampling:
+                continue
+            ref = ref_logits[int(batch.seq_lens[0]) - 1]
+            worst = max(worst, float(np.abs(logits[0] - ref).max() / ref.std()))
+            compared += 1
+            seq.output_token_ids.append(ref_tokens[len(seq.output_token_ids)])
+        assert compared == steps
+    finally:
+        llm.engine.shutdown()
     return worst
 
 

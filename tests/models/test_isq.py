@@ -25,7 +25,7 @@ MODES = {
 
 
 @pytest.mark.parametrize("scheme", ["q4", "q8"])
-@pytest.mark.parametrize("variant", ["llama2", "qwen3"])
+@pytest.mark.parametrize("variant", ["llama2", "qwen2", "qwen3"])
 def test_isq_logits_match_the_dequantized_reference(tiny_model_dir, tmp_path, backend, variant, scheme):
     from pathlib import Path
 
@@ -71,3 +71,18 @@ def test_isq_refuses_an_unknown_scheme(tiny_model_dir):
 
     with pytest.raises(ValueError, match="quantization must be q4 or q8"):
         LLM(tiny_model_dir("llama2"), quantization="q3")
+
+
+@pytest.mark.parametrize("variant", ["llama2", "qwen2"])
+def test_isq_weights_shard_over_two_ranks(tiny_model_dir, tmp_path, variant):
+    """Tensor parallelism slices the quantized weights along whole groups (q/k/v and gate/up by
+    rows, o_proj and down_proj by input columns): 2 gloo ranks compute the same quantized model."""
+    from pathlib import Path
+
+    bits, group, _ = MODES[("torch", "q4")]
+    src = Path(tiny_model_dir(variant))
+    ref = reference_folder(
+        src, tmp_path / "ref", lambda n, w: w if w.ndim != 2 else quantize_affine(w, bits, group).dequantize()
+    )
+    err = logits_error(str(src), str(ref), "torch", quantization="q4", tensor_parallel_size=2)
+    assert err <= tolerance("torch", str(ref))
