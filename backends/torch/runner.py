@@ -25,8 +25,9 @@ from lantern.backends.torch.cuda_graphs import DecodeGraphRunner
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.model import CausalLM, rope_tables
 from lantern.backends.torch.parallel import TPGroup, broadcast_command, local_config
+from lantern.backends.torch.quant_linear import quantized_bytes
 from lantern.backends.torch.sampler import sample
-from lantern.backends.torch.weights import count_params, load_weights, model_bytes
+from lantern.backends.torch.weights import count_params, load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class TorchBackend:
         self.model = model
         self.max_context = spec.config.max_context
         self.cos, self.sin = rope_tables(spec.config, self.max_context, self.device)
-        weight_bytes = model_bytes(model)
+        weight_bytes = quantized_bytes(model)  # every parameter and buffer, quantized or not
         logger.info("weights: %.1f MB on %s", weight_bytes / 1e6, self.device)
         return ModelInfo(
             num_params=count_params(spec.config),

@@ -188,18 +188,6 @@ def count_params(cfg: Any) -> int:
     return layers * (attn + 3 * d * inter + 2 * d) + embed + d
 
 
-def model_bytes(model: nn.Module) -> int:
-    """Device bytes of every parameter and buffer, each storage counted once."""
-    seen: set[int] = set()
-    total = 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        key = t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
-
-
 def _as_torch(value: Any) -> torch.Tensor:
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value)

@@ -61,9 +61,9 @@ def _weight_bytes(engine) -> int:
     backend = engine.backend
     if backend.name == "mlx":
         return backend.weight_bytes
-    from lantern.backends.torch.weights import model_bytes
+    from lantern.backends.torch.quant_linear import quantized_bytes
 
-    return model_bytes(backend.model)
+    return quantized_bytes(backend.model)
 
 
 def test_isq_refuses_an_unknown_scheme(tiny_model_dir):
