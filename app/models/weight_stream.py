@@ -94,40 +94,39 @@ def _quantize_stream(
     # Every 2-D weight of these models is a projection or the embedding: 7 per layer, + 1 or 2.
     expected = 7 * cfg.num_layers + (1 if cfg.tie_word_embeddings else 2)
     bar = tqdm(total=expected, desc=f"quantizing to {label}", unit="tensor", disable=not progress, leave=False)
-    done = 0
+    done = already = 0
     try:
         for name, value in source:
-            if isinstance(value, (AffineWeight, Fp8Weight)) or not name.endswith(".weight") or _ndim(value) != 2:
+            if cfg.tie_word_embeddings and name == "lm_head.weight":
+                continue  # the embedding serves as the head: quantizing this copy would be wasted
+            if isinstance(value, (AffineWeight, Fp8Weight)):
+                already += 1
                 yield name, value
                 continue
-            w = _to_numpy_f32(value)
-            group = isq.group_size or w.shape[1]
-            if w.shape[1] % group:
-                logger.warning("%s: %d columns are not a multiple of %d; kept in float", name, w.shape[1], group)
+            if not name.endswith(".weight") or _ndim(value) != 2:
                 yield name, value
                 continue
+            cols = value.shape[1]
+            group = isq.group_size or cols
+            if cols % group:
+                logger.warning("%s: %d columns are not a multiple of %d; kept in float", name, cols, group)
+                yield name, value
+                continue
+            # Converted to float32 a few rows at a time (a 128k-row embedding never is, whole).
+            quantized = quantize_affine(value, isq.bits, group, symmetric=isq.symmetric, source=f"ISQ {label}")
             del value
-            yield name, quantize_affine(w, isq.bits, group, symmetric=isq.symmetric, source=f"ISQ {label}")
+            yield name, quantized
             done += 1
             bar.update(1)
     finally:
         bar.close()
     logger.info("in-situ quantization: %d tensors to %s", done, label)
+    if already:
+        logger.info("in-situ quantization left %d tensors as the checkpoint quantized them", already)
 
 
 def _ndim(value: Any) -> int:
     return len(value.shape)
-
-
-def _to_numpy_f32(value: Any) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value.astype(np.float32, copy=False)
-    module = type(value).__module__
-    if module.startswith("torch"):
-        return value.float().numpy()
-    import mlx.core as mx  # the only other framework streams are read in
-
-    return np.array(value.astype(mx.float32))
 
 
 # ---- safetensors folders ---------------------------------------------------------------------------

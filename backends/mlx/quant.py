@@ -4,7 +4,7 @@ MLX's affine mode is the canonical form itself: codes packed little-endian into 
 and one bias per group, bits 2/3/4/5/6/8, groups 32/64/128. So GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
 Q4_K/Q5_K, MLX-community, AWQ and GPTQ weights map exactly (scales stored in the model dtype).
 Group-16 k-quants (Q2_K, Q3_K, Q6_K) have no MLX layout: they are requantized to group 32 with
-two more bits, and the error is logged.
+two more bits, and the error is logged; wider groups (per-channel GPTQ) map exactly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, pack_bits, requantize
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, pack_bits, regroup, requantize
 
 logger = logging.getLogger(__name__)
 
@@ -24,26 +24,23 @@ BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 
 
-def mlx_mode(w: AffineWeight) -> tuple[int, int]:
-    """The MLX (bits, group) that holds w: its own when MLX has it, else the nearest wider one."""
-    if w.bits in BITS and w.group_size in GROUPS:
-        return w.bits, w.group_size
-    cols = w.shape[1]
-    if w.group_size > GROUPS[-1]:  # per-channel (GPTQ group -1) or g256: the same bits, finer groups
-        bits = next(b for b in BITS if b >= w.bits)
-        return bits, next(g for g in reversed(GROUPS) if cols % g == 0)
-    # Group 16 (Q2_K, Q3_K, Q6_K): twice the group, two more bits keep the error small.
-    return next(b for b in BITS if b >= min(w.bits + 2, 8)), 32
-
-
 def to_mlx_arrays(w: AffineWeight, dtype: mx.Dtype, errors: ErrorLog) -> tuple[mx.array, mx.array, mx.array, int, int]:
-    """(packed uint32 weight, scales, biases, bits, group_size) in MLX's layout."""
-    bits, group = mlx_mode(w)
-    if (bits, group) != w.mode:
-        w, err = requantize(w, bits, group)
-        errors.add(w.source.split(" as ")[0], f"MLX {bits}-bit g{group}", err)
-    packed = mx.array(pack_bits(w.codes, bits))
-    return packed, _scale_array(w.scales, dtype), _scale_array(w.biases, dtype), bits, group
+    """(packed uint32 weight, scales, biases, bits, group_size) in MLX's layout.
+
+    A group wider than 128 (per-channel GPTQ, g256) repeats its scale over groups of 128: exact.
+    Group 16 (Q2_K, Q3_K, Q6_K) has no exact layout: it is requantized to group 32 with two more
+    bits, which keeps the error small, and the error is logged.
+    """
+    exact = regroup(w, tuple(reversed(GROUPS))) if w.bits in BITS else None
+    if exact is None:
+        if w.shape[1] % 32:
+            raise ValueError(f"{w.source} weight of {w.shape[1]} columns: MLX needs a multiple of 32")
+        bits = next(b for b in BITS if b >= min(w.bits + 2, 8))
+        exact, err = requantize(w, bits, 32)
+        errors.add(w.source, f"MLX {bits}-bit g32", err)
+    packed = mx.array(pack_bits(exact.codes, exact.bits))
+    scales, biases = _scale_array(exact.scales, dtype), _scale_array(exact.biases, dtype)
+    return packed, scales, biases, exact.bits, exact.group_size
 
 
 def _scale_array(values: np.ndarray, dtype: mx.Dtype) -> mx.array:

@@ -34,17 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, relative_error, requantize
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, relative_error, requantize
 
 logger = logging.getLogger(__name__)
 
 INT4PACK_GROUPS = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts, largest first
 TRITON_GROUPS = (128, 64, 32)
 _BLOCK_N = 64  # the int4pack layout's row block
-_PACK_ROWS = 4096  # rows per conversion call: bounds the int32 temporary the aten packer needs
 _ERROR_SAMPLE = 1 << 20  # weights (whole rows) compared when measuring a conversion's error
 _FP8_MAX = 448.0  # largest finite e4m3fn value
-_logged: set[str] = set()
 
 
 def select_kernel(w: AffineWeight | Fp8Weight, device: torch.device | str) -> str:
@@ -73,7 +71,7 @@ def quantized_linear(
     device = torch.device(device)
     kernel = kernel or select_kernel(w, device)
     if isinstance(w, Fp8Weight):
-        layer: QuantLayer = Fp8Linear(w, device) if kernel == "fp8" else _dense_fp8(w, device, dtype)
+        layer: QuantLayer = Fp8Linear(w, device) if kernel == "fp8" else _dense_fp8(w, device, dtype, errors)
     elif kernel == "int4pack":
         layer = Int4PackLinear(w, device, errors)
     elif kernel == "int8pack":
@@ -81,7 +79,7 @@ def quantized_linear(
     elif kernel == "triton":
         layer = TritonLinear(w, device, dtype, errors)
     elif kernel == "dense":
-        _log_once(f"{w.source} {tuple(w.shape)}: no quantized kernel fits this shape on {device}; dequantized")
+        errors.note(f"{w.source} {tuple(w.shape)}: no quantized kernel fits this shape on {device}; dequantized")
         layer = DenseLinear(torch.from_numpy(w.dequantize()), device, dtype)
     else:
         raise ValueError(f"unknown quantized kernel {kernel!r}")
@@ -152,7 +150,7 @@ class Int4PackLinear(QuantLayer):
         super().__init__(n, k)
         _check_int4pack_layout()
         src = w
-        exact = _regroup(w, INT4PACK_GROUPS) if w.bits <= 4 else None
+        exact = regroup(w, INT4PACK_GROUPS) if w.bits <= 4 else None
         w = exact if exact is not None else requantize(w, 4, 32)[0]
         self.group_size = w.group_size
         n_pad = -(-n // _BLOCK_N) * _BLOCK_N
@@ -163,12 +161,12 @@ class Int4PackLinear(QuantLayer):
         codes = F.pad(codes, (0, 0, 0, n_pad - n), value=8)  # 8: weight 0 with zero 0
         scales = F.pad(torch.from_numpy(np.ascontiguousarray(w.scales)), (0, 0, 0, n_pad - n))
         zeros = F.pad(torch.from_numpy(w.biases + (8 - shift) * w.scales), (0, 0, 0, n_pad - n))
-        packed = torch.cat(
-            [
-                torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[i : i + _PACK_ROWS].to(torch.int32), 2)
-                for i in range(0, n_pad, _PACK_ROWS)
-            ]
-        )
+        # In blocks of 64 rows (the layout's unit) sized to ~64 MiB of int32 codes at a time.
+        rows = max(_BLOCK_N, (1 << 24) // max(k, 1) // _BLOCK_N * _BLOCK_N)
+        packed = torch.empty(n_pad, k // 2, dtype=torch.uint8)
+        for i in range(0, n_pad, rows):
+            chunk = codes[i : i + rows].to(torch.int32)
+            packed[i : i + rows] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(chunk, 2)
         self.register_buffer("packed", packed.to(device))
         # [K/g, N, 2] (scale, zero) in bf16, the op's layout
         sz = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
@@ -221,7 +219,7 @@ class TritonLinear(QuantLayer):
         super().__init__(n, k)
         src = w
         bits = 4 if w.bits <= 4 else 8
-        exact = _regroup(w, TRITON_GROUPS)
+        exact = regroup(w, TRITON_GROUPS)
         w = exact if exact is not None else requantize(w, bits, 32)[0]
         self.bits, self.group_size = bits, w.group_size
         self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(w.codes), bits).to(device))
@@ -302,19 +300,6 @@ class StackedLinear(nn.Module):
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
-def _regroup(w: AffineWeight, groups: tuple[int, ...]) -> AffineWeight | None:
-    """`w` with a group size from `groups` (largest first), exactly: a group that is a multiple of a
-    supported one repeats its scale and bias; None when none divides it (group 16)."""
-    if w.group_size in groups:
-        return w
-    for g in groups:
-        if w.group_size % g == 0:
-            f = w.group_size // g
-            scales, biases = np.repeat(w.scales, f, axis=1), np.repeat(w.biases, f, axis=1)
-            return AffineWeight(w.codes, scales, biases, w.bits, g, w.source)
-    return None
-
-
 def _minus(codes: np.ndarray, offset: np.ndarray) -> np.ndarray:
     """int8 codes - offset per row, without an int16 copy of the whole table (embeddings are large)."""
     if np.all(offset == 128):  # c - 128 as int8 is c with its top bit flipped
@@ -383,21 +368,15 @@ def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def _dense_fp8(w: Fp8Weight, device: torch.device, dtype: torch.dtype) -> DenseLinear:
+def _dense_fp8(w: Fp8Weight, device: torch.device, dtype: torch.dtype, errors: ErrorLog) -> DenseLinear:
     if device.type != "cuda":
         reason = "no FP8 matmul on CPU"
     elif w.block is not None or np.asarray(w.scale).size != 1:
         reason = "torch._scaled_mm is used for per-tensor scales only"
     else:
         reason = "this GPU has no FP8 (needs compute capability >= 8.9)"
-    _log_once(f"FP8 weights ({w.source}) dequantized to {_dtype_name(dtype)} on {device.type}: {reason}")
+    errors.note(f"FP8 weights ({w.source}) dequantized to {_dtype_name(dtype)} on {device.type}: {reason}")
     return DenseLinear(torch.from_numpy(w.dequantize(np.float32)), device, dtype)
-
-
-def _log_once(message: str) -> None:
-    if message not in _logged:
-        _logged.add(message)
-        logger.info(message)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -74,7 +74,7 @@ class _Loader:
         self.errors = ErrorLog()
         self.parts: dict[tuple[str, str], dict[int, Any]] = {}
         self.quantized: set[str] = set()
-        self.fp8 = 0
+        self.fp8 = False
 
     # ---- tensor parallel slicing ---------------------------------------------------------
     def shard(self, prefix: str, kind: str, value: Any) -> Any:
@@ -87,9 +87,16 @@ class _Loader:
             return _rows(value, self.tp.rank * per, (self.tp.rank + 1) * per)
         if module in ROW_PARALLEL and kind == "weight":
             per = value.shape[1] // self.tp.world
+            start, end = self.tp.rank * per, (self.tp.rank + 1) * per
+            if isinstance(value, Fp8Weight):
+                try:
+                    return value.cols(start, end)
+                except ValueError as exc:  # a shard cuts the scale blocks
+                    logger.info("%s; dequantized for tensor parallelism", exc)
+                    value = _as_torch(value.dequantize())
             if isinstance(value, AffineWeight):
-                return value.cols(self.tp.rank * per, (self.tp.rank + 1) * per)
-            return _as_torch(value)[:, self.tp.rank * per : (self.tp.rank + 1) * per]
+                return value.cols(start, end)
+            return _as_torch(value)[:, start:end]
         if prefix in ("model.embed_tokens", "lm_head"):
             start, end, per = vocab_shard(self.cfg.vocab_size, self.tp)
             return _pad_rows(_rows(value, start, end), per)
@@ -98,8 +105,6 @@ class _Loader:
     # ---- placing -------------------------------------------------------------------------
     def add(self, name: str, value: Any) -> None:
         prefix, kind = name.rsplit(".", 1)
-        if isinstance(value, Fp8Weight) and self.device.type != "cuda":
-            self.fp8 += 1  # quant_linear dequantizes on CUDA itself when the GPU has no FP8
         value = self.shard(prefix, kind, value)
         parent, module = prefix.rsplit(".", 1) if "." in prefix else ("", prefix)
         if module in _FUSED:
@@ -117,9 +122,16 @@ class _Loader:
             bias = torch.cat([_as_torch(p) for p in parts]).to(self.device, self.dtype)
             _set_module(self.model, path, BiasAdded(self.model.get_submodule(path), bias))
             return
+        if path.endswith("embed_tokens") and isinstance(parts[0], Fp8Weight):
+            self.fp8 = True  # no FP8 gather: the table is float (an FP8 embedding is rare)
+            parts = [_as_torch(parts[0].dequantize())]
         if any(isinstance(p, (AffineWeight, Fp8Weight)) for p in parts):
             if kind != "weight":
                 raise ValueError(f"{path}.{kind}: only weights can be quantized")
+            expected = tuple(self.model.get_submodule(path).weight.shape)
+            got = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+            if got != expected:
+                raise ValueError(f"{path}.weight has shape {got}, the model expects {expected}")
             layer = self.quantized_layer(path, parts)
             bias = getattr(self.model.get_submodule(path), "bias", None)
             if isinstance(bias, torch.Tensor) and not bias.is_meta:  # the bias came first (names sort so)
@@ -141,10 +153,7 @@ class _Loader:
         from lantern.backends.torch.quant_linear import quantized_embedding, quantized_linear, stacked_linear
 
         if path.endswith("embed_tokens"):
-            if not isinstance(parts[0], AffineWeight):
-                parts = [_affine_or_float(parts[0])]
-            if isinstance(parts[0], AffineWeight):
-                return quantized_embedding(parts[0], self.device, self.dtype, self.errors)
+            return quantized_embedding(parts[0], self.device, self.dtype, self.errors)
         if all(isinstance(p, AffineWeight) for p in parts) and len({p.mode for p in parts}) == 1:
             return quantized_linear(concat_rows(parts), None, self.device, self.dtype, self.errors)
         layers: list[nn.Module] = []
@@ -162,8 +171,8 @@ class _Loader:
         missing = [n for n, p in self.model.named_parameters() if p.is_meta]
         if missing:
             raise ValueError(f"weights do not match the model: missing {missing[:5]}")
-        if self.fp8:
-            logger.info("%d FP8 weight(s) dequantized to %s: no FP8 matmul on %s", self.fp8, self.dtype, self.device)
+        if self.fp8:  # FP8 projections say what they do in quant_linear
+            logger.info("the FP8 embedding table is dequantized to %s", self.dtype)
         self.errors.report("torch")
 
 
@@ -177,6 +186,7 @@ def load_weights(model: nn.Module, spec: ModelSpec, tp: TPGroup, device: torch.d
             if tied and name.startswith("lm_head."):
                 continue
             loader.add(name, value)
+            del value  # not alive while the next tensor converts
     loader.finish()
 
 
@@ -194,15 +204,14 @@ def _as_torch(value: Any) -> torch.Tensor:
     return value
 
 
-def _affine_or_float(value: Any) -> Any:
-    return value if isinstance(value, AffineWeight) else _as_torch(value.dequantize())
-
-
 def _rows(value: Any, start: int, end: int) -> Any:
-    if isinstance(value, (AffineWeight, Fp8Weight)):
-        if isinstance(value, Fp8Weight):
-            value = _as_torch(value.dequantize())  # block scales do not slice along shards
-            return value[start:end]
+    if isinstance(value, Fp8Weight):
+        try:
+            return value.rows(start, end)
+        except ValueError as exc:  # a shard cuts the scale blocks
+            logger.info("%s; dequantized for tensor parallelism", exc)
+            return _as_torch(value.dequantize())[start:end]
+    if isinstance(value, AffineWeight):
         return value.rows(start, end)
     return _as_torch(value)[start:end]
 

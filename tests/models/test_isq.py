@@ -73,16 +73,21 @@ def test_isq_refuses_an_unknown_scheme(tiny_model_dir):
         LLM(tiny_model_dir("llama2"), quantization="q3")
 
 
-@pytest.mark.parametrize("variant", ["llama2", "qwen2"])
-def test_isq_weights_shard_over_two_ranks(tiny_model_dir, tmp_path, variant):
+@pytest.mark.parametrize(("variant", "scheme"), [("llama2", "q4"), ("qwen2", "q4"), ("llama2", "q8")])
+def test_isq_weights_shard_over_two_ranks(tiny_model_dir, tmp_path, variant, scheme):
     """Tensor parallelism slices the quantized weights along whole groups (q/k/v and gate/up by
-    rows, o_proj and down_proj by input columns): 2 gloo ranks compute the same quantized model."""
+    rows, o_proj and down_proj by input columns; a per-channel q8 row keeps its scale): 2 gloo
+    ranks compute the same quantized model."""
     from pathlib import Path
 
-    bits, group, _ = MODES[("torch", "q4")]
+    bits, group, symmetric = MODES[("torch", scheme)]
     src = Path(tiny_model_dir(variant))
-    ref = reference_folder(
-        src, tmp_path / "ref", lambda n, w: w if w.ndim != 2 else quantize_affine(w, bits, group).dequantize()
-    )
-    err = logits_error(str(src), str(ref), "torch", quantization="q4", tensor_parallel_size=2)
+
+    def quantized(name, w):
+        if w.ndim != 2:
+            return w
+        return quantize_affine(w, bits, group or w.shape[1], symmetric=symmetric).dequantize()
+
+    ref = reference_folder(src, tmp_path / "ref", quantized)
+    err = logits_error(str(src), str(ref), "torch", quantization=scheme, tensor_parallel_size=2)
     assert err <= tolerance("torch", str(ref))

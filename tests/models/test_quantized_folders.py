@@ -22,7 +22,6 @@ from tests.models.quant_logits import logits_error, reference_folder, tolerance
 PER_CHANNEL_INT8 = (8, 0, True)
 # (backend, kind) -> {module name fragment: (bits, group (0: per row), symmetric)} converted modules.
 CONVERTED = {
-    ("mlx", "gptq8"): {"down_proj": (8, 128, False)},  # per-channel over 256 inputs: MLX groups stop at 128
     ("torch", "mlx8"): {"": PER_CHANNEL_INT8},  # every quantized tensor: 8-bit g32 -> int8 per channel
     ("torch", "mlx_mixed"): {"embed_tokens": PER_CHANNEL_INT8, "layers.0.mlp.down_proj": PER_CHANNEL_INT8},
 }
@@ -86,3 +85,12 @@ def test_quantized_folder_stays_small(folders, backend):
             sizes[name] = quantized_bytes(engine.backend.model)
     # the float embedding and head stay float in AWQ files: only the projections shrink
     assert sizes["quant"] < 0.75 * sizes["float"], sizes
+
+
+@pytest.mark.parametrize("kind", ["fp8", "fp8_tensor", "gptq8"])
+def test_quantized_folder_shards_over_two_ranks(folders, kind):
+    """FP8 per-tensor scales and per-channel GPTQ slice along the shards; 128x128 FP8 blocks that
+    a 64-wide shard would cut are dequantized for that layer (logged)."""
+    quant, ref = folders(kind)
+    err = logits_error(str(quant), str(ref), "torch", tensor_parallel_size=2)
+    assert err <= tolerance("torch", str(ref)), f"{kind}: {err:.4f}"

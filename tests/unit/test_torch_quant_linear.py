@@ -208,8 +208,10 @@ def test_fp8_is_dequantized_on_cpu_with_a_log_line(block, caplog) -> None:
     scale = np.array(0.01) if block is None else np.random.default_rng(5).uniform(0.005, 0.02, (3, 8))
     w = fp8(N, K, scale, block, f"fp8 test {block}")
     assert ql.select_kernel(w, "cpu") == "dense"
-    with caplog.at_level(logging.INFO, logger=ql.__name__):
-        layer = ql.quantized_linear(w, None, "cpu", torch.bfloat16, ErrorLog())
+    errors = ErrorLog()
+    layer = ql.quantized_linear(w, None, "cpu", torch.bfloat16, errors)
+    with caplog.at_level(logging.INFO):
+        errors.report("torch")  # what the loader logs once the model is in
     assert any("dequantized" in r.getMessage() and w.source in r.getMessage() for r in caplog.records)
     for dtype in (torch.float32, torch.bfloat16):
         x = inputs(37, K, dtype)

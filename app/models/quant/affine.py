@@ -63,8 +63,11 @@ class AffineWeight:
         return replace(self, codes=self.codes[start:end], scales=self.scales[start:end], biases=self.biases[start:end])
 
     def cols(self, start: int, end: int) -> AffineWeight:
-        """Input columns [start, end); both must fall on group boundaries (tensor-parallel rows)."""
+        """Input columns [start, end); both must fall on group boundaries (tensor-parallel rows).
+        A per-channel weight (one group per row) keeps its scales over the narrower rows."""
         g = self.group_size
+        if g == self.codes.shape[1]:
+            return replace(self, codes=self.codes[:, start:end], group_size=end - start)
         if start % g or end % g:
             raise ValueError(f"{self.source}: columns {start}:{end} split a quantization group of {g}")
         return replace(
@@ -77,6 +80,19 @@ class AffineWeight:
     def map_rows(self, fn) -> AffineWeight:
         """Apply one row permutation (e.g. llama.cpp's q/k un-permute) to codes, scales and biases."""
         return replace(self, codes=fn(self.codes), scales=fn(self.scales), biases=fn(self.biases))
+
+
+def regroup(w: AffineWeight, groups: tuple[int, ...]) -> AffineWeight | None:
+    """`w` with a group size from `groups` (largest first), exactly: a group that is a multiple of
+    a supported one repeats its scale and bias; None when none divides it (group 16)."""
+    if w.group_size in groups:
+        return w
+    for g in groups:
+        if w.group_size % g == 0:
+            f = w.group_size // g
+            scales, biases = np.repeat(w.scales, f, axis=1), np.repeat(w.biases, f, axis=1)
+            return AffineWeight(w.codes, scales, biases, w.bits, g, w.source)
+    return None
 
 
 @dataclass
@@ -95,6 +111,27 @@ class Fp8Weight:
     @property
     def shape(self) -> tuple[int, int]:
         return self.data.shape  # type: ignore[return-value]
+
+    def rows(self, start: int, end: int) -> Fp8Weight:
+        return self._slice(0, start, end)
+
+    def cols(self, start: int, end: int) -> Fp8Weight:
+        return self._slice(1, start, end)
+
+    def _slice(self, axis: int, start: int, end: int) -> Fp8Weight:
+        """A tensor-parallel shard; block scales must not be cut (ValueError: the caller dequantizes)."""
+        index = (slice(start, end), slice(None)) if axis == 0 else (slice(None), slice(start, end))
+        scale = self.scale
+        if self.block is not None:
+            b = self.block[axis]
+            if start % b or (end % b and end != self.data.shape[axis]):
+                raise ValueError(f"{self.source}: a shard {start}:{end} cuts its {b}-wide scale blocks")
+            scale = scale[
+                (slice(start // b, -(-end // b)),) if axis == 0 else (slice(None), slice(start // b, -(-end // b)))
+            ]
+        elif axis == 0 and scale.size > 1:  # per output channel
+            scale = scale.reshape(-1, 1)[start:end]
+        return replace(self, data=self.data[index], scale=scale)
 
     def dequantize(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
         w = E4M3_VALUES[self.data]
@@ -181,12 +218,36 @@ def quantize_affine(
     Asymmetric: the group's [min, max] spans the codes (as Q4_1 and MLX do). Symmetric: codes are
     centred on 2**(bits-1) and the scale is absmax / (2**(bits-1) - 1), which is what per-channel
     int8 kernels need (bias = -2**(bits-1) * scale). group_size may equal the column count
-    (per-channel).
+    (per-channel). `w` may be any array-like with rows (a torch or MLX tensor too): it is read
+    and converted in row chunks, so no float32 copy of a whole large matrix is made.
     """
     rows, cols = w.shape
     if cols % group_size:
         raise ValueError(f"{cols} columns are not a multiple of the group size {group_size}")
-    g = np.asarray(w, dtype=np.float32).reshape(rows, cols // group_size, group_size)
+    codes = np.empty((rows, cols), np.uint8)
+    scales = np.empty((rows, cols // group_size), np.float32)
+    biases = np.empty((rows, cols // group_size), np.float32)
+    step = max(1, (1 << 20) // max(cols, 1))  # ~4 MiB of float32 temporaries at a time
+    for r in range(0, rows, step):
+        chunk = _float32_rows(w[r : r + step]).reshape(-1, cols // group_size, group_size)
+        c, s, b = _round_groups(chunk, bits, symmetric)
+        codes[r : r + step], scales[r : r + step], biases[r : r + step] = c.reshape(-1, cols), s, b
+    return AffineWeight(codes, scales, biases, bits, group_size, source or f"{bits}-bit g{group_size}")
+
+
+def _float32_rows(rows: object) -> np.ndarray:
+    if isinstance(rows, np.ndarray):
+        return rows.astype(np.float32, copy=False)
+    if type(rows).__module__.startswith("torch"):
+        return rows.float().numpy()  # type: ignore[attr-defined]
+    if type(rows).__module__.startswith("mlx"):
+        import mlx.core as mx
+
+        return np.array(rows.astype(mx.float32))  # type: ignore[attr-defined]
+    return np.asarray(rows, dtype=np.float32)
+
+
+def _round_groups(g: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     levels = (1 << bits) - 1
     if symmetric:
         half = 1 << (bits - 1)
@@ -200,14 +261,7 @@ def quantize_affine(
         scales[scales == 0] = 1.0
         codes = np.clip(np.rint((g - lo[..., None]) / scales[..., None]), 0, levels)
         biases = lo
-    return AffineWeight(
-        codes.astype(np.uint8).reshape(rows, cols),
-        scales.astype(np.float32),
-        biases.astype(np.float32),
-        bits,
-        group_size,
-        source or f"{bits}-bit g{group_size}",
-    )
+    return codes.astype(np.uint8), scales.astype(np.float32), biases.astype(np.float32)
 
 
 def relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
@@ -258,12 +312,18 @@ class ErrorLog:
 
     def __init__(self) -> None:
         self.worst: dict[tuple[str, str], tuple[float, int]] = {}
+        self.notes: dict[str, None] = {}  # other one-line facts about this load, said once each
+
+    def note(self, message: str) -> None:
+        self.notes[message] = None
 
     def add(self, source: str, target: str, error: float) -> None:
         worst, count = self.worst.get((source, target), (0.0, 0))
         self.worst[(source, target)] = (max(worst, error), count + 1)
 
     def report(self, backend: str) -> None:
+        for message in self.notes:
+            logger.info("%s", message)
         for (source, target), (worst, count) in sorted(self.worst.items()):
             logger.warning(
                 "%s: %d %s tensor(s) have no exact %s layout; converted to %s, relative error up to %.2e",
