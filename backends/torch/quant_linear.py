@@ -243,24 +243,26 @@ class TritonLinear(QuantLayer):
 
 
 class Fp8Linear(QuantLayer):
-    """e4m3 weight with a per-tensor scale; activations quantized per call with their own amax scale."""
+    """e4m3 weight with a per-tensor or per-output-channel scale; each activation row quantized per
+    call with its own amax scale (row-wise, so one request's outliers never coarsen another's)."""
 
     def __init__(self, w: Fp8Weight, device: torch.device):
         n, k = w.shape
         super().__init__(n, k)
         data = torch.from_numpy(np.ascontiguousarray(w.data)).view(torch.float8_e4m3fn)
         self.register_buffer("weight", data.to(device))
-        self.register_buffer("weight_scale", torch.tensor(float(np.asarray(w.scale).reshape(-1)[0]), device=device))
+        scale = np.broadcast_to(np.asarray(w.scale, np.float32).reshape(1, -1), (1, n))
+        self.register_buffer("weight_scale", torch.from_numpy(np.ascontiguousarray(scale)).to(device))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        x_scale = (x.abs().amax().float() / _FP8_MAX).clamp(min=1e-12)
+        x_scale = (x.abs().amax(dim=-1, keepdim=True).float() / _FP8_MAX).clamp(min=1e-12)  # [M, 1]
         xq = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
-        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=x_scale, scale_b=self.weight_scale, out_dtype=out_dtype)
+        # Row-wise scaling wants a bf16 output on Hopper.
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=x_scale, scale_b=self.weight_scale, out_dtype=torch.bfloat16)
         return y.to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.weight[ids].float() * self.weight_scale
+        return self.weight[ids].float() * self.weight_scale[0, ids, None]
 
 
 class DenseLinear(QuantLayer):
@@ -363,7 +365,7 @@ def _record(errors: ErrorLog, src: AffineWeight, layer: QuantLayer, target: str,
 
 def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
     n, k = w.shape
-    if w.block is not None or np.asarray(w.scale).size != 1 or n % 16 or k % 16:
+    if w.block is not None or np.asarray(w.scale).size not in (1, n) or n % 16 or k % 16:
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
@@ -371,8 +373,8 @@ def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
 def _dense_fp8(w: Fp8Weight, device: torch.device, dtype: torch.dtype, errors: ErrorLog) -> DenseLinear:
     if device.type != "cuda":
         reason = "no FP8 matmul on CPU"
-    elif w.block is not None or np.asarray(w.scale).size != 1:
-        reason = "torch._scaled_mm is used for per-tensor scales only"
+    elif w.block is not None:
+        reason = "block-wise scales: no torch._scaled_mm path yet"
     else:
         reason = "this GPU has no FP8 (needs compute capability >= 8.9)"
     errors.note(f"FP8 weights ({w.source}) dequantized to {_dtype_name(dtype)} on {device.type}: {reason}")

@@ -222,16 +222,23 @@ def test_fp8_is_dequantized_on_cpu_with_a_log_line(block, caplog) -> None:
     assert rel(f32(x), reference(x, w.dequantize())) < F32
 
 
-def test_fp8_scaled_mm_layer_math() -> None:
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_fp8_scaled_mm_layer_math(per_channel) -> None:
     """The Hopper path's arithmetic (torch._scaled_mm also runs on CPU in recent torch)."""
-    w = fp8(64, K, np.array(0.01), None, "fp8 per-tensor")
+    scale = np.random.default_rng(6).uniform(0.005, 0.02, (64, 1)) if per_channel else np.array(0.01)
+    w = fp8(64, K, scale, None, "fp8 per-channel" if per_channel else "fp8 per-tensor")
     layer = ql.quantized_linear(w, None, "cpu", torch.bfloat16, ErrorLog(), kernel="fp8")
     x = inputs(37, K, torch.bfloat16)
     # activations rounded to e4m3 (3 mantissa bits: u = 2**-4) dominate the error: ~2**-4 / sqrt(3)
     assert rel(layer(x), reference(x, w.dequantize())) < 0.06
-    np.testing.assert_array_equal(
+    # Row-wise activation scales: a row's result does not depend on what else is in the batch.
+    loud = x.clone()
+    loud[0] *= 1000
+    torch.testing.assert_close(layer(loud)[1:], layer(x)[1:], rtol=0, atol=0)
+    np.testing.assert_allclose(
         ql.quantized_embedding(w, "cpu", torch.float32, ErrorLog(), kernel="fp8")(torch.tensor([2, 9])).numpy(),
         w.dequantize()[[2, 9]],
+        rtol=1e-6,
     )
 
 
@@ -243,6 +250,7 @@ def test_kernel_selection(monkeypatch) -> None:
     blocks = fp8(64, 64, np.ones((1, 1)), (128, 128), "blocks")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert ql.select_kernel(per_tensor, "cuda") == "fp8"
+    assert ql.select_kernel(fp8(64, 64, np.ones((64, 1)), None, "pc"), "cuda") == "fp8"
     assert ql.select_kernel(blocks, "cuda") == "dense"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert ql.select_kernel(per_tensor, "cuda") == "dense"
