@@ -190,8 +190,25 @@ def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
+def quantized_bytes_per_weight(isq: str | None, device: torch.device) -> float | None:
+    """Device bytes per weight under --isq (codes + a scale and a zero per group), for the roofline:
+    on CUDA 4/8-bit g64 with 16-bit scale and bias; on a CPU int4 g32 (bf16 scale and zero) or
+    per-channel int8 (backends/torch/weights.py: isq_mode)."""
+    if isq is None:
+        return None
+    if device.type == "cuda":
+        return (0.5 if isq == "q4" else 1.0) + 4 / 64
+    return 0.5 + 4 / 32 if isq == "q4" else 1.0
+
+
 def bench_lantern(
-    path: Path, backend: str, dtype_name: str, prompts: list[list[int]], out_len: int, enforce_eager: bool
+    path: Path,
+    backend: str,
+    dtype_name: str,
+    prompts: list[list[int]],
+    out_len: int,
+    enforce_eager: bool,
+    quantization: str | None = None,
 ) -> dict[str, float]:
     from lantern.app.engine import LLM, SamplingParams
 
@@ -203,6 +220,7 @@ def bench_lantern(
         max_num_seqs=max(len(prompts), 1),
         enforce_eager=enforce_eager,
         enable_prefix_caching=False,
+        quantization=quantization,
     )
 
     def timed(batch: list[list[int]], n: int, temperature: float) -> float:
@@ -273,8 +291,9 @@ def run_bench(args: Any) -> list[dict[str, Any]]:
         shape = SHAPES[shape_name]
         path = prepare_model(shape_name, dtype, device)
         prompts = _prompts(args.requests, args.prompt_len, shape["vocab_size"])
-        cost = ShapeCost.of(shape, dtype.itemsize)
-        ours = bench_lantern(path, backend, dtype_name, prompts, args.out_len, args.enforce_eager)
+        isq = getattr(args, "isq", None)
+        cost = ShapeCost.of(shape, quantized_bytes_per_weight(isq, device) or dtype.itemsize)
+        ours = bench_lantern(path, backend, dtype_name, prompts, args.out_len, args.enforce_eager, isq)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -285,10 +304,10 @@ def run_bench(args: Any) -> list[dict[str, Any]]:
         )
         row = {
             "shape": shape_name,
-            "dtype": dtype_name,
+            "dtype": dtype_name + (f" --isq {isq}" if isq else ""),
             "device": str(device),
             "backend": backend,
-            "params": cost.num_params(shape, dtype.itemsize),
+            "params": ShapeCost.of(shape, 1).num_params(shape, 1),
             "peaks": asdict(peaks),
             "requests": args.requests,
             "prompt_len": args.prompt_len,

@@ -381,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out-len", type=int, default=128)
     bench.add_argument("--no-hf", action="store_true", help="skip the HF transformers comparison")
     bench.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    bench.add_argument("--isq", default=None, choices=["q4", "q8"], help="quantize the model while loading")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     bench.add_argument("--log", default="warning", choices=["debug", "info", "warning", "error"], help="log level")
     bench.set_defaults(func=cmd_bench)

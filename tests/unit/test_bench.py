@@ -64,6 +64,18 @@ def test_bench_runs_end_to_end_on_the_torch_backend(tmp_path, monkeypatch):
     assert (tmp_path / "cache" / "bench" / "roofline-tiny-float32" / "tokenizer.json").exists()
 
 
+def test_bench_isq_quantizes_and_counts_quantized_bytes_in_the_roofline(tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    base = dict(backend="torch", dtype="float32", shape=["tiny"], requests=2, prompt_len=8, out_len=4)
+    args = SimpleNamespace(**base, no_hf=True, enforce_eager=False, json=None, isq="q4")
+    [row] = run_bench(args)
+    assert row["dtype"] == "float32 --isq q4"
+    assert row["lantern"]["bs1_tok_s"] > 0
+    # 4-bit codes + a bf16 scale and zero per 32 weights (CPU), not float32, bound the bs=1 roofline
+    float_roof = ShapeCost.of(SHAPES["tiny"], 4).bs1_roofline(8 + 4 / 2, Peaks(**row["peaks"]))
+    assert row["bs1_roofline_tok_s"] == pytest.approx(float_roof * 4 / (0.5 + 4 / 32), rel=0.2)
+
+
 def test_data_sheet_peaks_follow_the_dtype(monkeypatch):
     from lantern.app import bench
 
