@@ -57,12 +57,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="CPU threads for tensor work (CPU backends; default: the library's choice)",
     )
-    p.add_argument(
-        "--isq",
-        default=None,
-        choices=["q4", "q8"],
-        help="quantize a float checkpoint to 4 or 8 bits while loading (in-situ quantization)",
-    )
+    isq_help = "quantize a float checkpoint to 4 or 8 bits while loading (in-situ quantization)"
+    p.add_argument("--isq", default=None, choices=["q4", "q8"], help=isq_help)
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
 
 
