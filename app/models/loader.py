@@ -107,6 +107,8 @@ def _load_gguf(path: Path, dtype: str) -> LoadedModel:
         # transformers decides tying by looking for output.weight in the one file it reads.
         hf_cfg["tie_word_embeddings"] = "output.weight" not in gguf_tensor_names(first)
     config = ModelConfig.from_hf(hf_cfg)
+    if config.architecture == "phi3":  # llama.cpp's attn_qkv / fused ffn_up are not mapped yet
+        raise ModelNotFoundError(f"{first.name}: Phi-3 GGUF files are not supported yet; use the Hugging Face folder")
     name = SPLIT_SUFFIX.sub("", first.stem)
     spec = ModelSpec(name=name, config=config, weight_format="gguf", weight_files=parts, dtype=dtype)
     return LoadedModel(spec, tokenizer, _collect_eos(config, tokenizer, {}), tokenizer.chat_template)

@@ -15,6 +15,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "mistral": {},
     "qwen2": {"attention_bias": True},
     "qwen3": {"qk_norm": True},
+    # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
+    # loading: weight_stream.split_fused); LongRoPE and partial rotary (Phi-4-mini) are refused.
+    "phi3": {},
 }
 
 
@@ -73,6 +76,9 @@ def _sliding_window(model_type: str, cfg: dict[str, Any], num_layers: int) -> in
     if model_type == "mistral":
         # MistralConfig's default is 4096 when the key is absent; null turns it off (v0.2 and later).
         window = cfg.get("sliding_window", 4096)
+        return int(window) if window else None
+    if model_type == "phi3":  # Phi-3-mini-4k: 2047; Phi-4 and the 128k variants: none
+        window = cfg.get("sliding_window")
         return int(window) if window else None
     if model_type in ("qwen2", "qwen3"):
         window = cfg.get("sliding_window", 4096)

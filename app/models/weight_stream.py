@@ -54,6 +54,8 @@ def iter_weights(
         )
     else:
         source = _iter_safetensors(spec, framework)
+    if spec.config.architecture in FUSED_CHECKPOINTS:
+        source = split_fused(source, spec)
     if isq is not None:
         source = _quantize_stream(source, isq, spec, progress)
     for item in source:
@@ -82,6 +84,50 @@ def release_freed_memory() -> None:
 
 
 _TRIM: Any = None
+
+
+FUSED_CHECKPOINTS = {"phi3"}  # q/k/v in one qkv_proj and gate/up in one gate_up_proj
+
+
+def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[tuple[str, Any]]:
+    """Phi-3's fused qkv_proj / gate_up_proj as the separate q/k/v and gate/up every model file
+    takes (the torch model fuses them again its own way). Row slices of float, affine and FP8
+    tensors alike, so a quantized checkpoint stays quantized."""
+    cfg = spec.config
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    splits = {
+        "self_attn.qkv_proj": [
+            ("self_attn.q_proj", 0, q),
+            ("self_attn.k_proj", q, q + kv),
+            ("self_attn.v_proj", q + kv, q + 2 * kv),
+        ],
+        "mlp.gate_up_proj": [
+            ("mlp.gate_proj", 0, cfg.intermediate_size),
+            ("mlp.up_proj", cfg.intermediate_size, 2 * cfg.intermediate_size),
+        ],
+    }
+    for name, value in source:
+        prefix, _, kind = name.rpartition(".")
+        fused = next((f for f in splits if prefix.endswith(f)), None)
+        if fused is None:
+            yield name, value
+            continue
+        if value.shape[0] != splits[fused][-1][2]:
+            raise ValueError(f"{name} has {value.shape[0]} rows; the config implies {splits[fused][-1][2]}")
+        base = prefix[: -len(fused)]
+        for part, start, end in splits[fused]:
+            yield f"{base}{part}.{kind}", _row_slice(value, start, end)
+
+
+def _row_slice(value: Any, start: int, end: int) -> Any:
+    if isinstance(value, Fp8Weight):
+        try:
+            return value.rows(start, end)
+        except ValueError:  # q/k/v boundaries inside a scale block: exact values, in float
+            return value.dequantize()[start:end]
+    if isinstance(value, AffineWeight):
+        return value.rows(start, end)
+    return value[start:end]
 
 
 def _quantize_stream(

@@ -54,6 +54,8 @@ WINDOWS = [
     ("qwen3", {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 0}),
     ("qwen3", {"sliding_window": 64, "use_sliding_window": True, "layer_types": ["full_attention", "full_attention"]}),
     ("llama", {"sliding_window": 64}),  # not a Llama key: transformers ignores it, so do we
+    ("phi3", {"sliding_window": 2047}),  # Phi-3-mini-4k
+    ("phi3", {}),  # Phi-4
 ]
 
 
@@ -159,6 +161,15 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
             "rope_scaling.truncate=false",
         ),
         ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+        ("phi3", {"partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75"),  # Phi-4-mini
+        (
+            "phi3",
+            {
+                "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+                "original_max_position_embeddings": 64,
+            },
+            'rope_scaling.rope_type="longrope"',
+        ),
         ("mistral", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
         ("qwen2", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
         (
