@@ -67,7 +67,7 @@ def test_unsupported_architecture_lists_supported(tiny_model_dir, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, phi3, qwen2, qwen3"):
         resolve_model(str(folder))
 
 
