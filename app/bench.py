@@ -190,17 +190,6 @@ def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def quantized_bytes_per_weight(isq: str | None, device: torch.device) -> float | None:
-    """Device bytes per weight under --isq (codes + a scale and a zero per group), for the roofline:
-    on CUDA 4/8-bit g64 with 16-bit scale and bias; on a CPU int4 g32 (bf16 scale and zero) or
-    per-channel int8 (backends/torch/weights.py: isq_mode)."""
-    if isq is None:
-        return None
-    if device.type == "cuda":
-        return (0.5 if isq == "q4" else 1.0) + 4 / 64
-    return 0.5 + 4 / 32 if isq == "q4" else 1.0
-
-
 def bench_lantern(
     path: Path,
     backend: str,
@@ -233,7 +222,8 @@ def bench_lantern(
 
     timed(prompts[:1], 4, 0.0)  # warm-up: kernel compilation, first graph capture
     timed(prompts, 2, 0.0)  # warm-up at full width
-    result = {}
+    # What the backend holds per weight (quantized codes + scales under --isq): the roofline's bytes.
+    result = {"bytes_per_weight": llm.engine.weight_bytes / llm.engine.num_params}
     for prefix, temp in (("", 0.0), ("sampled_", 1.0)):
         result[f"{prefix}bs1_tok_s"] = (out_len - 1) / (timed(prompts[:1], out_len, temp) - timed(prompts[:1], 1, temp))
         result[f"{prefix}throughput_tok_s"] = len(prompts) * out_len / timed(prompts, out_len, temp)
@@ -292,8 +282,8 @@ def run_bench(args: Any) -> list[dict[str, Any]]:
         path = prepare_model(shape_name, dtype, device)
         prompts = _prompts(args.requests, args.prompt_len, shape["vocab_size"])
         isq = getattr(args, "isq", None)
-        cost = ShapeCost.of(shape, quantized_bytes_per_weight(isq, device) or dtype.itemsize)
         ours = bench_lantern(path, backend, dtype_name, prompts, args.out_len, args.enforce_eager, isq)
+        cost = ShapeCost.of(shape, ours.pop("bytes_per_weight") if isq else dtype.itemsize)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -67,6 +67,7 @@ class LLMEngine:
             time.monotonic() - t0,
         )
         self.vocab_size = info.vocab_size
+        self.num_params, self.weight_bytes = info.num_params, info.weight_bytes
         plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
         self.max_model_len = plan.max_model_len
         self.backend.allocate_kv(plan.num_blocks, config.block_size)

@@ -298,14 +298,3 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
                 w = unpermute_rows(w, n)
         index.release(t)
         yield name, w
-
-
-def read_gguf_dequantized(path: str, num_heads: int, num_kv_heads: int) -> dict[str, Any]:
-    """Every tensor of a GGUF file (all parts of a split one) as float32 numpy under its HF name,
-    q/k rows un-permuted."""
-    import numpy as np
-
-    out: dict[str, Any] = {}
-    for name, w in iter_gguf_weights(path, num_heads, num_kv_heads):
-        out[name] = np.asarray(w, dtype=np.float32) if isinstance(w, np.ndarray) else w.dequantize()
-    return out

@@ -27,7 +27,7 @@ from lantern.backends.torch.model import CausalLM, rope_tables
 from lantern.backends.torch.parallel import TPGroup, broadcast_command, local_config
 from lantern.backends.torch.quant_linear import quantized_bytes
 from lantern.backends.torch.sampler import sample
-from lantern.backends.torch.weights import count_params, load_weights
+from lantern.backends.torch.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class TorchBackend:
         self.local_cfg = local_config(spec.config, self.world)
         with torch.device("meta"):
             model = CausalLM(spec.config, self.tp)
+        # Counted on the meta model, before packed quantized layers hide the logical shapes.
+        num_params = sum(p.numel() for p in model.parameters()) * self.world
         # Each tensor is placed on the device as it is read (quantized ones stay quantized): no
         # float staging copy of the whole model in host memory.
         load_weights(model, spec, self.tp, self.device, self.dtype)
@@ -108,7 +110,7 @@ class TorchBackend:
         weight_bytes = quantized_bytes(model)  # every parameter and buffer, quantized or not
         logger.info("weights: %.1f MB on %s", weight_bytes / 1e6, self.device)
         return ModelInfo(
-            num_params=count_params(spec.config),
+            num_params=num_params,
             weight_bytes=weight_bytes,
             max_model_len=self.max_context,
             vocab_size=spec.config.vocab_size,

@@ -190,14 +190,6 @@ def load_weights(model: nn.Module, spec: ModelSpec, tp: TPGroup, device: torch.d
     loader.finish()
 
 
-def count_params(cfg: Any) -> int:
-    """The model's logical parameter count (from its shapes: packed weights hide it)."""
-    d, layers, inter = cfg.hidden_size, cfg.num_layers, cfg.intermediate_size
-    attn = d * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    embed = cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2)
-    return layers * (attn + 3 * d * inter + 2 * d) + embed + d
-
-
 def _as_torch(value: Any) -> torch.Tensor:
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value)

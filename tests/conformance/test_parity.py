@@ -9,6 +9,7 @@ import torch
 from lantern.app.engine import LLM, SamplingParams
 from lantern.app.engine.batch import build_batch
 from tests.conftest import ALL_VARIANTS
+from tests.fixtures.teacher_forcing import step_logits, teacher_forced_logits
 
 PROMPT = "Paged attention stores keys and values in blocks, while continuous batching"
 
@@ -33,17 +34,6 @@ def hf_greedy(model, prompt_ids, n):
     return out[0, len(prompt_ids) :].tolist()
 
 
-def step_logits(engine, batch) -> np.ndarray:
-    """Logits of one scheduled batch as numpy, with the KV pool writes materialized."""
-    logits = engine.backend.compute_logits(batch)
-    if engine.backend.name == "mlx":
-        import mlx.core as mx
-
-        mx.eval(logits, engine.backend.pool.k, engine.backend.pool.v)
-        return np.array(logits)
-    return logits.cpu().numpy()
-
-
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_logits_match_transformers_through_paged_cache(tiny_model_dir, variant, backend):
     path = tiny_model_dir(variant)
@@ -59,22 +49,11 @@ def test_logits_match_transformers_through_paged_cache(tiny_model_dir, variant, 
     with torch.no_grad():
         ref_logits = hf(torch.tensor([prompt_ids + ref_tokens])).logits[0].numpy()
 
-    engine.add_request("r", prompt_ids, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
-    seq = engine.requests["r"].seqs[0].seq
     compared = 0
-    while len(seq.output_token_ids) < steps:
-        sched = engine.scheduler.schedule()
-        batch = build_batch(sched, engine.config.block_size, {})
-        logits = step_logits(engine, batch)
-        engine.scheduler.after_step(sched)
-        if not batch.sampling:
-            continue  # a prefill chunk that does not reach the end of the prompt
-        pos = int(batch.seq_lens[0]) - 1
-        ours = logits[0]
+    # Teacher-forced on transformers' tokens so both see the same sequence.
+    for pos, ours in teacher_forced_logits(engine, prompt_ids, ref_tokens):
         np.testing.assert_allclose(ours, ref_logits[pos], atol=1e-4, rtol=0)
         compared += 1
-        # Teacher-force transformers' token so both see the same sequence.
-        seq.output_token_ids.append(ref_tokens[len(seq.output_token_ids)])
     assert compared == steps  # the prefill's last position plus 32 decode steps
 
 

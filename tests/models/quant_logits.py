@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lantern.app.engine import LLM, SamplingParams
-from lantern.app.engine.batch import build_batch
-from tests.conformance.test_parity import PROMPT, hf_model, step_logits
+from lantern.app.engine import LLM
+from tests.conformance.test_parity import PROMPT, hf_model
+from tests.fixtures.teacher_forcing import teacher_forced_logits
 
 
 def reference_folder(src: Path, out: Path, transform: Callable[[str, np.ndarray], np.ndarray]) -> Path:
@@ -44,21 +44,12 @@ def logits_error(model: str, reference: str, backend: str, steps: int = 6, dtype
             out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=steps, do_sample=False, pad_token_id=0)
             ref_tokens = out[0, len(prompt_ids) :].tolist()
             ref_logits = hf(torch.tensor([prompt_ids + ref_tokens])).logits[0].numpy()
-        engine.add_request("q", prompt_ids, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
-        seq = engine.requests["q"].seqs[0].seq
         worst = 0.0
         compared = 0
-        while len(seq.output_token_ids) < steps:
-            sched = engine.scheduler.schedule()
-            batch = build_batch(sched, engine.config.block_size, {})
-            logits = step_logits(engine, batch)
-            engine.scheduler.after_step(sched)
-            if not batch.sampling:
-                continue
-            ref = ref_logits[int(batch.seq_lens[0]) - 1]
-            worst = max(worst, float(np.abs(logits[0] - ref).max() / ref.std()))
+        for pos, ours in teacher_forced_logits(engine, prompt_ids, ref_tokens):
+            ref = ref_logits[pos]
+            worst = max(worst, float(np.abs(ours - ref).max() / ref.std()))
             compared += 1
-            seq.output_token_ids.append(ref_tokens[len(seq.output_token_ids)])
         assert compared == steps
     finally:
         llm.engine.shutdown()

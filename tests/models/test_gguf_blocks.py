@@ -20,7 +20,6 @@ from lantern.app.models.gguf_names import (
     gguf_split_parts,
     gguf_tensor_names,
     iter_gguf_weights,
-    read_gguf_dequantized,
     read_gguf_index,
 )
 from lantern.app.models.quant.affine import AffineWeight
@@ -167,16 +166,6 @@ def test_q_k_rows_are_unpermuted_for_llama(written):
     got = dict(iter_gguf_weights(path, 4, 2))
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"):
         np.testing.assert_array_equal(got[name].dequantize(), ref[name])
-
-
-def test_read_gguf_dequantized_still_works(written):
-    path, ref_dir = written("qwen2", "Q5_K", CASES[2][2])
-    ref = load_file(str(ref_dir / "model.safetensors"))
-    got = read_gguf_dequantized(str(path), 4, 2)
-    assert sorted(got) == sorted(ref)
-    for name, w in got.items():
-        assert w.dtype == np.float32
-        _close(w, ref[name])
 
 
 def test_written_file_reads_like_its_reference(written, tmp_path, monkeypatch):

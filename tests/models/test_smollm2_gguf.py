@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lantern.app.engine import LLM, SamplingParams
-from lantern.app.engine.batch import build_batch
+from tests.fixtures.teacher_forcing import teacher_forced_logits
 
 pytestmark = pytest.mark.slow
 BACKENDS = [
@@ -23,15 +23,6 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module", params=BACKENDS)
 def llm(request, gguf_path):
     return LLM(str(gguf_path), backend=request.param, dtype="float32", kv_cache_memory_mb=64)
-
-
-def logits_row(engine, logits) -> np.ndarray:
-    if engine.backend.name == "mlx":
-        import mlx.core as mx
-
-        mx.eval(logits, engine.backend.pool.k, engine.backend.pool.v)
-        return np.array(logits[0])
-    return logits[0].float().numpy()
 
 
 def test_answers_capital_of_france(llm):
@@ -54,20 +45,10 @@ def test_logits_match_transformers_on_dequantized_weights(llm, gguf_path):
         ref_ids = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0].tolist()
         ref = hf(torch.tensor([ref_ids])).logits[0].numpy()
     gen = ref_ids[len(ids) :]
-    engine.add_request("r", ids, SamplingParams(temperature=0, max_tokens=len(gen) + 1, ignore_eos=True))
-    seq = engine.requests["r"].seqs[0].seq
     worst = 0.0
     spread = float(ref[len(ids) - 1 :].std())
-    while len(seq.output_token_ids) < len(gen):
-        sched = engine.scheduler.schedule()
-        batch = build_batch(sched, engine.config.block_size, {})
-        row = logits_row(engine, engine.backend.compute_logits(batch))
-        engine.scheduler.after_step(sched)
-        if batch.sampling:
-            pos = int(batch.seq_lens[0]) - 1
-            worst = max(worst, float(np.abs(row - ref[pos]).max()))
-            seq.output_token_ids.append(gen[len(seq.output_token_ids)])
-    engine.abort_request("r")
+    for pos, row in teacher_forced_logits(engine, ids, gen):
+        worst = max(worst, float(np.abs(row - ref[pos]).max()))
     if engine.backend.name == "mlx":  # the file's exact values in float32
         assert worst < 1e-3, f"max |logit difference| {worst}"
     else:
