@@ -199,11 +199,33 @@ def _iter_safetensors(spec: ModelSpec, framework: str) -> Iterator[tuple[str, An
         finally:
             for raw in raws:
                 raw.close()
+    if framework == "mlx":  # safetensors' MLX reader cannot read bf16, the dtype most checkpoints use
+        yield from _iter_safetensors_mlx(spec, parts)
+        return
     for path in spec.weight_files:
         with safe_open(str(path), framework=framework) as handle:
             for name in handle.keys():
                 if name not in parts:
                     yield name, handle.get_tensor(name)
+
+
+def _iter_safetensors_mlx(spec: ModelSpec, skip: set[str]) -> Iterator[tuple[str, Any]]:
+    """Float tensors as MLX arrays in their stored dtype (bf16 included), pages released per tensor."""
+    import mlx.core as mx
+
+    for path in spec.weight_files:
+        raw = RawSafetensors(path)
+        try:
+            for name in raw.names:
+                if name in skip:
+                    continue
+                value = mx.array(raw.view(name))  # a copy: the map's pages can go
+                if raw.header[name]["dtype"] == "BF16":
+                    value = value.view(mx.bfloat16)
+                raw.release()
+                yield name, value
+        finally:
+            raw.close()
 
 
 _SAFETENSORS_DTYPES = {
@@ -246,17 +268,20 @@ class RawSafetensors:
         return list(self.header)
 
     def numpy(self, name: str) -> np.ndarray:
-        info = self.header[name]
-        dtype = info["dtype"]
-        if dtype not in _SAFETENSORS_DTYPES:
-            raise ValueError(f"{self.path}: tensor {name} has dtype {dtype}, which Lantern cannot read")
-        begin, end = info["data_offsets"]
-        np_dtype = np.dtype(_SAFETENSORS_DTYPES[dtype])
-        count = (end - begin) // np_dtype.itemsize
-        arr = np.frombuffer(self.buf, dtype=np_dtype, count=count, offset=self.start + begin).reshape(info["shape"])
-        if dtype == "BF16":
+        arr = self.view(name)
+        if self.header[name]["dtype"] == "BF16":
             return (arr.astype(np.uint32) << 16).view(np.float32)
         return arr.copy()
+
+    def view(self, name: str) -> np.ndarray:
+        """The tensor in its stored width (bf16 as uint16 bit patterns), read-only over the map."""
+        info = self.header[name]
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{self.path}: tensor {name} has dtype {info['dtype']}, which Lantern cannot read")
+        begin, end = info["data_offsets"]
+        np_dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+        count = (end - begin) // np_dtype.itemsize
+        return np.frombuffer(self.buf, dtype=np_dtype, count=count, offset=self.start + begin).reshape(info["shape"])
 
     def release(self) -> None:
         """Drop the pages read so far from this process's resident memory (they are file-backed)."""

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 INT4PACK_GROUPS = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts, largest first
 TRITON_GROUPS = (128, 64, 32)
 _BLOCK_N = 64  # the int4pack layout's row block
-_ERROR_SAMPLE = 1 << 20  # weights (whole rows) compared when measuring a conversion's error
+_ERROR_SAMPLE = 1 << 18  # weights sampled to measure a conversion (a few MB of float32 at most)
 _FP8_MAX = 448.0  # largest finite e4m3fn value
 
 
@@ -157,15 +157,18 @@ class Int4PackLinear(QuantLayer):
         # Narrower codes move to the middle of the 4-bit range (2-bit c -> c + 6), so that zero = b + 2s
         # stays small: near the ends, (q - 8) * s and zero would cancel and their bf16 rounding would not.
         shift = 8 - (1 << (w.bits - 1))
-        codes = torch.from_numpy(w.codes + np.uint8(shift) if shift else np.ascontiguousarray(w.codes))
-        codes = F.pad(codes, (0, 0, 0, n_pad - n), value=8)  # 8: weight 0 with zero 0
         scales = F.pad(torch.from_numpy(np.ascontiguousarray(w.scales)), (0, 0, 0, n_pad - n))
         zeros = F.pad(torch.from_numpy(w.biases + (8 - shift) * w.scales), (0, 0, 0, n_pad - n))
-        # In blocks of 64 rows (the layout's unit) sized to ~64 MiB of int32 codes at a time.
-        rows = max(_BLOCK_N, (1 << 24) // max(k, 1) // _BLOCK_N * _BLOCK_N)
+        # In blocks of 64 rows (the layout's unit), ~4 MiB of int32 codes at a time, shifted and
+        # padded per block: loading never holds more than that beyond the codes themselves.
+        rows = max(_BLOCK_N, (1 << 20) // max(k, 1) // _BLOCK_N * _BLOCK_N)
         packed = torch.empty(n_pad, k // 2, dtype=torch.uint8)
         for i in range(0, n_pad, rows):
-            chunk = codes[i : i + rows].to(torch.int32)
+            chunk = torch.from_numpy(np.ascontiguousarray(w.codes[i : i + rows])).to(torch.int32)
+            if shift:
+                chunk += shift
+            if chunk.shape[0] < min(rows, n_pad - i):
+                chunk = F.pad(chunk, (0, 0, 0, min(rows, n_pad - i) - chunk.shape[0]), value=8)  # 8: weight 0
             packed[i : i + rows] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(chunk, 2)
         self.register_buffer("packed", packed.to(device))
         # [K/g, N, 2] (scale, zero) in bf16, the op's layout

@@ -42,6 +42,26 @@ def test_sharded_folder_loads_the_same_model(tiny_model_dir, tmp_path, backend):
     assert b[0].outputs[0].token_ids == ref[len(PROMPT) :].tolist()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bfloat16_checkpoint_loads_with_its_exact_values(tiny_model_dir, tmp_path, backend):
+    """Most published checkpoints are bf16 (safetensors' MLX reader cannot read that dtype)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    src = tiny_model_dir("qwen2")
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(src, bf16, ignore=shutil.ignore_patterns("*.safetensors"))
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(bf16)
+    llm = LLM(str(bf16), backend=backend, dtype="float32", num_kv_blocks=32)
+    ours = llm.generate([PROMPT], PARAMS)[0].outputs[0].token_ids
+    # transformers on the same bf16 values, upcast to float32 as ours are
+    hf = AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert ours == ref[0, len(PROMPT) :].tolist()
+
+
 def test_hub_id_resolves_from_the_local_cache_offline(tiny_model_dir, tmp_path, monkeypatch):
     # Lay the model out exactly as huggingface_hub caches a download.
     repo = tmp_path / "hub" / "models--lantern-test--tiny"
