@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,11 +19,28 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
     # loading: weight_stream.split_fused); LongRoPE and partial rotary (Phi-4-mini) are refused.
     "phi3": {},
+    # Other families: "family" names the model file both backends build (backends/*/models/),
+    # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys.
+    "gemma2": {"family": "gemma", "configure": "family_gemma"},
+    "gemma3_text": {"family": "gemma", "configure": "family_gemma"},
+    "mixtral": {"configure": "family_moe"},
+    "qwen2_moe": {"attention_bias": True, "configure": "family_moe"},
+    "qwen3_moe": {"qk_norm": True, "configure": "family_moe"},
 }
 
 
 class UnsupportedModelError(ValueError):
     pass
+
+
+def _gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    from lantern.app.models.family_gemma import text_config_of
+
+    return text_config_of(cfg)
+
+
+# Vision-language model_types whose language model Lantern serves: model_type -> its text config.
+MULTIMODAL_WRAPPERS = {"gemma3": _gemma3_text_config}
 
 
 # Keys each rope type may carry; both backends compute exactly these (torch through transformers'
@@ -71,30 +89,32 @@ def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> di
     return {k: v for k, v in scaling.items() if v is not None}
 
 
-def _sliding_window(model_type: str, cfg: dict[str, Any], num_layers: int) -> int | None:
-    """The attention window some layer uses, as transformers computes it; None for full attention."""
-    if model_type == "mistral":
+def _layer_windows(model_type: str, cfg: dict[str, Any], num_layers: int) -> list[int | None] | None:
+    """Each layer's attention window (keys a query sees, itself included) as transformers computes
+    it; None for a full-attention layer, and None overall when no layer slides."""
+    window: int | None = None
+    slides = [True] * num_layers
+    if model_type in ("mistral", "mixtral"):
         # MistralConfig's default is 4096 when the key is absent; null turns it off (v0.2 and later).
-        window = cfg.get("sliding_window", 4096)
-        return int(window) if window else None
-    if model_type == "phi3":  # Phi-3-mini-4k: 2047; Phi-4 and the 128k variants: none
+        window = cfg.get("sliding_window", 4096 if model_type == "mistral" else None)
+    elif model_type == "phi3":  # Phi-3-mini-4k: 2047; Phi-4 and the 128k variants: none
         window = cfg.get("sliding_window")
-        return int(window) if window else None
-    if model_type in ("qwen2", "qwen3"):
-        window = cfg.get("sliding_window", 4096)
-        if not cfg.get("use_sliding_window") or not window:
-            return None
+    elif model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window") else None
         layer_types = cfg.get("layer_types")
         if layer_types is not None:
-            slides = "sliding_attention" in layer_types
+            slides = [t == "sliding_attention" for t in layer_types]
         else:  # only layers from max_window_layers on slide
-            slides = cfg.get("max_window_layers", 28) < num_layers
-        return int(window) if slides else None
-    return None  # llama has no sliding window in transformers either
+            first = cfg.get("max_window_layers", 28)
+            slides = [i >= first for i in range(num_layers)]
+    if not window or not any(slides):
+        return None  # llama has no sliding window in transformers either
+    return [int(window) if s else None for s in slides]
 
 
 def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
-    """Keys that change the maths of these architectures in transformers but not in Lantern."""
+    """Keys that change the maths of the Llama-like architectures in transformers but not in
+    Lantern (other families check their own keys in their configure())."""
     act = cfg.get("hidden_act", "silu")
     if act not in _ACTIVATIONS:
         raise _refuse("hidden_act", act, "; Lantern's MLP is SiLU-gated")
@@ -127,8 +147,34 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     quantization: QuantScheme | None = None  # how a quantized HF folder stores its linears (hf_formats.py)
-    sliding_window: int | None = None  # the active attention window; Lantern computes full attention
     dual_chunk_size: int | None = None  # Qwen's dual chunk attention: full attention up to this length
+    family: str = "llama"  # the model file both backends build: backends/*/models/<family>.py
+    hidden_act: str = "silu"  # of the gated MLP: "silu" or "gelu_tanh"
+    # Per layer: the keys a query attends to (itself included), None for full attention; the
+    # whole list is None when no layer slides.
+    layer_windows: list[int | None] | None = None
+    attn_scale: float | None = None  # query scale; None: head_dim ** -0.5
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
+    final_softcap: float | None = None  # the same on the output logits
+    local_rope_theta: float | None = None  # rope base of the sliding layers (Gemma 3), unscaled
+    norm_offset: bool = False  # Gemma's RMSNorm scales by (1 + weight)
+    embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(hidden_size)
+    sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
+    moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
+    # The vision-language model_type whose folder this language model came from (its tensor names
+    # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
+    multimodal_wrapper: str | None = None
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The widest window any layer uses; None when every layer attends to the whole context."""
+        windows = [w for w in self.layer_windows or [] if w is not None]
+        return max(windows) if windows else None
+
+    @property
+    def all_layers_slide(self) -> bool:
+        """True when no layer reads past its window: KV blocks behind it can be freed."""
+        return bool(self.layer_windows) and all(w is not None for w in self.layer_windows)
 
     @property
     def max_context(self) -> int:
@@ -152,13 +198,19 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         model_type = cfg.get("model_type", "")
+        wrapper = None
+        if model_type in MULTIMODAL_WRAPPERS and cfg.get("text_config") is not None:
+            # A vision-language folder: serve its language model (the vision tower is not loaded).
+            wrapper, cfg = model_type, MULTIMODAL_WRAPPERS[model_type](cfg)
+            model_type = cfg["model_type"]
         if model_type not in ARCHITECTURES:
             raise UnsupportedModelError(
                 f"unsupported architecture {model_type!r} ({', '.join(cfg.get('architectures') or [])}); "
                 f"supported: {', '.join(sorted(ARCHITECTURES))}"
             )
         traits = ARCHITECTURES[model_type]
-        _check_unimplemented(model_type, cfg)
+        if "configure" not in traits or model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
+            _check_unimplemented(model_type, cfg)
         # Imported here: hf_formats raises this module's UnsupportedModelError (no import cycle).
         from lantern.app.models.quant.hf_formats import parse_quant_scheme
 
@@ -183,7 +235,7 @@ class ModelConfig:
             bias = False  # transformers' Mistral has no attention biases whatever the config says
         else:
             bias = bool(cfg.get("attention_bias", traits.get("attention_bias", False)))
-        return cls(
+        fields: dict[str, Any] = dict(
             architecture=model_type,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -202,29 +254,32 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             quantization=parse_quant_scheme(cfg),
-            sliding_window=_sliding_window(model_type, cfg, cfg["num_hidden_layers"]),
+            layer_windows=_layer_windows(model_type, cfg, cfg["num_hidden_layers"]),
             dual_chunk_size=int(dca["chunk_size"]) if dca.get("chunk_size") else None,
+            family=traits.get("family", "llama"),
+            multimodal_wrapper=wrapper,
         )
+        if "configure" in traits:
+            module = importlib.import_module(f"lantern.app.models.{traits['configure']}")
+            fields.update(module.configure(model_type, cfg, fields))
+        return cls(**fields)
 
 
 def check_servable(config: ModelConfig, max_model_len: int) -> None:
     """Refuse, in one line naming the key, a context whose maths Lantern does not implement yet.
 
-    Below these lengths the model computes exactly what transformers computes: a sliding window
-    longer than the context never drops a token, and dual chunk attention is full attention
-    inside one chunk.
+    Sliding windows are implemented (both backends' paged attention masks per layer), so a window
+    shorter than the context is served. Dual chunk attention is not: below its chunk size it is
+    full attention, which is what Lantern computes.
     """
     if max_model_len > config.max_context:
         raise ValueError(
             f"max_model_len {max_model_len} is beyond the {config.max_context} positions this model's rope "
             f"serves; serve with --max-model-len {config.max_context} (or less)"
         )
-    limits = [
-        ("sliding_window", config.sliding_window),
-        ("dual_chunk_attention_config.chunk_size", config.dual_chunk_size),
-    ]
-    for key, limit in limits:
-        if limit is not None and max_model_len > limit:
-            raise ValueError(
-                f"{key}={limit} in config.json is not implemented yet; serve with --max-model-len {limit} (or less)"
-            )
+    limit = config.dual_chunk_size
+    if limit is not None and max_model_len > limit:
+        raise ValueError(
+            f"dual_chunk_attention_config.chunk_size={limit} in config.json is not implemented yet; "
+            f"serve with --max-model-len {limit} (or less)"
+        )

@@ -14,7 +14,7 @@ import json
 import logging
 import mmap
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ def iter_weights(
             str(spec.weight_files[0]), cfg.num_heads, cfg.num_kv_heads
         )
     else:
-        source = _iter_safetensors(spec, framework)
+        source = _iter_safetensors(spec, framework, _text_name_map(spec))
     if spec.config.architecture in FUSED_CHECKPOINTS:
         source = split_fused(source, spec)
     if isq is not None:
@@ -176,18 +176,42 @@ def _ndim(value: Any) -> int:
 
 
 # ---- safetensors folders ---------------------------------------------------------------------------
-def _iter_safetensors(spec: ModelSpec, framework: str) -> Iterator[tuple[str, Any]]:
+def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
+    """For a vision-language folder: its language model's tensor names (None: a vision tensor)."""
+    if spec.config.multimodal_wrapper == "gemma3":
+        from lantern.app.models.family_gemma import text_weight_name
+
+        return text_weight_name
+    return None
+
+
+def _iter_safetensors(
+    spec: ModelSpec, framework: str, rename: Callable[[str], str | None] | None = None
+) -> Iterator[tuple[str, Any]]:
+    if rename is None:
+        yield from _read_safetensors(spec, framework, skip=set())
+        return
+    skip: set[str] = set()  # vision tensors: skipped by name, before they are read
+    for path in spec.weight_files:
+        raw = RawSafetensors(path)
+        skip.update(n for n in raw.names if rename(n) is None)
+        raw.close()
+    for name, value in _read_safetensors(spec, framework, skip):
+        yield rename(name), value  # type: ignore[misc]
+
+
+def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterator[tuple[str, Any]]:
     from safetensors import safe_open
 
     scheme = spec.config.quantization
-    parts: set[str] = set()
+    parts: set[str] = set(skip)
     if scheme is not None:
         from lantern.app.models.quant.hf_formats import quantized_module_names, read_quantized_module
 
         # One module's tensors may sit in different shards of a split checkpoint.
         raws = [RawSafetensors(path) for path in spec.weight_files]
         try:
-            where = {name: raw for raw in raws for name in raw.names}
+            where = {name: raw for raw in raws for name in raw.names if name not in skip}
             for prefix, names in quantized_module_names(scheme, list(where)).items():
                 tensors = {n[len(prefix) + 1 :]: where[n].numpy(n) for n in names}
                 weight = read_quantized_module(scheme, prefix, tensors)

@@ -4,6 +4,11 @@ The same code runs on Metal, Linux CPU and CUDA: no custom kernels. Each layer's
 array [num_blocks * block_size, kv_heads, head_dim]; new K/V are scattered to `slot_mapping`, and
 each sequence's context is gathered by slot index. Exactly one reference to each pool is kept
 (rebinding after every write), so MLX can update it in place instead of copying the whole pool.
+
+Sliding windows differ per layer, so the gathers and masks they need are built once per distinct
+window per step (cached on the metadata), not per layer; a windowed decode gathers only the
+blocks its window reaches. Soft-capping needs the scores themselves, so it takes an explicit
+matmul path; sinks go to fast.scaled_dot_product_attention's `sinks` where the fused path runs.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from lantern.app.engine.contract import ScheduledBatch
-from lantern.backends.paged_plan import AttentionPlan
+from lantern.backends.paged_plan import AttentionPlan, decode_window, prefill_key_start, prefill_window_mask
 
 
 class PagedKVPool:
@@ -60,6 +65,10 @@ class PrefillGroup:
     q_start: int
     q_end: int
     context_slots: mx.array | None  # None: no cached prefix, attend to this chunk's own K/V
+    first_pos: int = 0  # position of the chunk's first query
+    slots_np: np.ndarray | None = None  # context_slots in numpy, to cut windowed views from
+    # window -> (key slots or None, mask or None): built on the first layer using that window.
+    views: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -72,6 +81,10 @@ class AttentionMetadata:
     decode_token_idx: mx.array | None = None  # [B]
     decode_tables: mx.array | None = None  # [B, max_blocks]
     decode_mask: mx.array | None = None  # [B, 1, 1, max_blocks * block_size] bool
+    decode_tables_np: np.ndarray | None = None
+    decode_seq_lens_np: np.ndarray | None = None
+    # window -> (tables, mask) of the decode batch, built on the first layer using that window.
+    decode_views: dict = field(default_factory=dict)
     prefills: list[PrefillGroup] = field(default_factory=list)
     # Pieces are computed decode-first then prefills; this permutation restores batch order.
     restore_order: mx.array | None = None
@@ -87,9 +100,10 @@ def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan
         meta.decode_tables = mx.array(tables)
         span = np.arange(tables.shape[1] * batch.block_size)
         meta.decode_mask = mx.array((span[None, :] < plan.decode_seq_lens[:, None])[:, None, None, :])
+        meta.decode_tables_np, meta.decode_seq_lens_np = tables, plan.decode_seq_lens
     for g in plan.prefills:
         slots = None if g.context_slots is None else mx.array(g.context_slots)
-        meta.prefills.append(PrefillGroup(g.q_start, g.q_end, slots))
+        meta.prefills.append(PrefillGroup(g.q_start, g.q_end, slots, g.first_pos, g.context_slots))
     if plan.restore_order is not None:
         meta.restore_order = mx.array(plan.restore_order)
     return meta
@@ -102,49 +116,128 @@ def _gather_blocks(pool: mx.array, tables: mx.array, block_size: int) -> mx.arra
     return blocks.reshape(b, nblocks * block_size, kvh, d).transpose(0, 2, 1, 3)
 
 
-def _decode_attention_cpu(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
-    """Grouped-query decode attention as two batched matmuls.
+def _attention_explicit(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    mask: mx.array | None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """Grouped-query attention as two batched matmuls: q [B, H, L, D], k/v [B, KVH, S, D], mask
+    broadcastable to [B, L, S] (True = attend) -> [B, H, L, D].
 
-    On the CPU, fast.scaled_dot_product_attention has no fused kernel and costs about twice this
-    for single-token queries (measured: 11 ms vs 5 ms per layer at 32 x 256 tokens); on Metal and
-    CUDA the fused kernel wins, so it is used there."""
-    b, h, _, d = q.shape
+    Used where the scores themselves are needed (soft-capping) and for decode on the CPU, where
+    fast.scaled_dot_product_attention has no fused kernel and costs about twice this for
+    single-token queries (measured: 11 ms vs 5 ms per layer at 32 x 256 tokens)."""
+    b, h, n_q, d = q.shape
     kvh = k.shape[1]
-    qg = q.reshape(b, kvh, h // kvh, d)
-    scores = (qg @ k.swapaxes(-1, -2)) * scale  # [B, KVH, G, L]
-    scores = mx.where(mask.reshape(b, 1, 1, -1), scores, -mx.inf)
-    return (mx.softmax(scores, axis=-1) @ v).reshape(b, h, 1, d)
+    qg = q.reshape(b, kvh, h // kvh, n_q, d)
+    scores = (qg @ k[:, :, None].swapaxes(-1, -2)) * scale  # [B, KVH, G, L, S]
+    if softcap is not None:
+        scores = mx.tanh(scores / softcap) * softcap  # Gemma 2: capped before masking
+    if mask is not None:
+        scores = mx.where(mask.reshape(mask.shape[0], 1, 1, n_q, -1), scores, -mx.inf)
+    if sinks is not None:
+        # One extra logit per head in the denominator, with no value behind it (gpt-oss).
+        sink = mx.broadcast_to(sinks.astype(scores.dtype).reshape(1, kvh, h // kvh, 1, 1), (*scores.shape[:-1], 1))
+        probs = mx.softmax(mx.concatenate([scores, sink], axis=-1), axis=-1, precise=True)[..., :-1]
+    else:
+        probs = mx.softmax(scores, axis=-1, precise=True)
+    return (probs.astype(v.dtype) @ v[:, :, None]).reshape(b, h, n_q, d)
+
+
+def _attend(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    mask: mx.array | str | None,
+    softcap: float | None,
+    sinks: mx.array | None,
+    prefer_explicit: bool = False,
+) -> mx.array:
+    """The fused SDPA where it computes the same thing, the explicit matmuls otherwise."""
+    if softcap is None and not prefer_explicit:
+        if sinks is not None:
+            sinks = sinks.astype(q.dtype)  # SDPA wants sinks that promote to the output type
+        if isinstance(mask, mx.array) and mask.ndim == 2:
+            mask = mask[None, None]
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    if isinstance(mask, str):  # "causal": the last query aligned with the last key
+        n_q, n_k = q.shape[2], k.shape[2]
+        mask = mx.arange(n_k)[None, :] <= mx.arange(n_k - n_q, n_k)[:, None]
+    if mask is not None and mask.ndim == 2:
+        mask = mask[None]
+    return _attention_explicit(q, k, v, scale, mask, softcap, sinks)
+
+
+def _decode_view(meta: AttentionMetadata, window: int | None) -> tuple[mx.array, mx.array]:
+    """(block tables [B, n], mask [B, n * block_size]) of the decode batch for one window, cached."""
+    if window is None or window >= int(meta.decode_seq_lens_np.max()):  # no row reaches past it
+        return meta.decode_tables, meta.decode_mask
+    if window not in meta.decode_views:
+        view = decode_window(meta.decode_tables_np, meta.decode_seq_lens_np, meta.block_size, window)
+        meta.decode_views[window] = (mx.array(view.block_tables), mx.array(view.mask[:, None, None, :]))
+    return meta.decode_views[window]
+
+
+def _prefill_view(g: PrefillGroup, window: int | None) -> tuple[mx.array | None, mx.array | str]:
+    """(context slots to gather or None, mask) of one prefill chunk for one window, cached."""
+    if window not in g.views:
+        n_q = g.q_end - g.q_start
+        if window is None or g.first_pos + n_q <= window:  # no query reaches past its window
+            g.views[window] = (g.context_slots, "causal")
+        else:
+            start = prefill_key_start(g.first_pos, window)
+            slots = None if g.slots_np is None else mx.array(g.slots_np[start:])
+            n_k = g.first_pos + n_q - start
+            g.views[window] = (slots, mx.array(prefill_window_mask(g.first_pos, n_q, start, n_k, window)))
+    return g.views[window]
 
 
 def paged_attention(
-    q: mx.array, k: mx.array, v: mx.array, meta: AttentionMetadata, layer: int, scale: float
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    meta: AttentionMetadata,
+    layer: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
-    """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D]."""
+    """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D].
+
+    window: a query at position p sees keys p - window < j <= p; softcap: scores (after scale)
+    become softcap * tanh(scores / softcap) before masking; sinks [H]: one extra logit per head
+    in the softmax's denominator, with no value (gpt-oss)."""
     pool = meta.pool
     pool.write(layer, meta.slot_mapping, k, v)
     k_pool, v_pool = pool.k[layer], pool.v[layer]
     pieces = []
     if meta.decode_token_idx is not None:
+        tables, mask = _decode_view(meta, window)
         qd = q[meta.decode_token_idx][:, :, None, :]  # [B, H, 1, D]
         # Gather whole blocks (contiguous runs) rather than single slots: far fewer, larger copies.
-        kd = _gather_blocks(k_pool, meta.decode_tables, meta.block_size)  # [B, KVH, L, D]
-        vd = _gather_blocks(v_pool, meta.decode_tables, meta.block_size)
-        if mx.default_device().type == mx.DeviceType.gpu:
-            od = mx.fast.scaled_dot_product_attention(qd, kd, vd, scale=scale, mask=meta.decode_mask)
-        else:
-            od = _decode_attention_cpu(qd, kd, vd, scale, meta.decode_mask)
+        kd = _gather_blocks(k_pool, tables, meta.block_size)  # [B, KVH, L, D]
+        vd = _gather_blocks(v_pool, tables, meta.block_size)
+        on_cpu = mx.default_device().type != mx.DeviceType.gpu
+        od = _attend(qd, kd, vd, scale, mask, softcap, sinks, prefer_explicit=on_cpu)
         pieces.append(od[:, :, 0, :].astype(q.dtype))
     for g in meta.prefills:
+        slots, mask = _prefill_view(g, window)
         qp = q[g.q_start : g.q_end].transpose(1, 0, 2)[None]  # [1, H, L, D]
-        if g.context_slots is None:
+        if slots is None:  # no cached prefix: the chunk (from position 0) is its whole context
             kp, vp = k[g.q_start : g.q_end], v[g.q_start : g.q_end]
         else:
-            kp, vp = k_pool[g.context_slots], v_pool[g.context_slots]
+            kp, vp = k_pool[slots], v_pool[slots]
         kp = kp.astype(q.dtype).transpose(1, 0, 2)[None]
         vp = vp.astype(q.dtype).transpose(1, 0, 2)[None]
         # "causal" aligns the last query with the last key, i.e. the chunk follows its prefix.
-        op = mx.fast.scaled_dot_product_attention(qp, kp, vp, scale=scale, mask="causal")
-        pieces.append(op[0].transpose(1, 0, 2))
+        op = _attend(qp, kp, vp, scale, mask, softcap, sinks)
+        pieces.append(op[0].transpose(1, 0, 2).astype(q.dtype))
     out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=0)
     if meta.restore_order is not None:
         out = out[meta.restore_order]

@@ -11,7 +11,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from lantern.app.engine.contract import ModelInfo, ModelSpec, ScheduledBatch, StepOutput
-from lantern.backends.mlx.model import CausalLM
+from lantern.backends.mlx.models import build_model
 from lantern.backends.mlx.paged_attention import PagedKVPool, build_metadata
 from lantern.backends.mlx.sampler import sample
 from lantern.backends.mlx.weights import load_weights
@@ -39,7 +39,7 @@ class MLXBackend:
     kv_memory_is_lazy = True  # the pool grows with the blocks written (PagedKVPool.reserve)
 
     def __init__(self) -> None:
-        self.model: CausalLM | None = None
+        self.model: nn.Module | None = None
         self.pool: PagedKVPool | None = None
         self.block_size = 0
         self.weight_bytes = 0
@@ -49,7 +49,7 @@ class MLXBackend:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {spec.dtype!r}")
         self.dtype = DTYPES[spec.dtype]
         self.cfg = spec.config
-        model = CausalLM(spec.config)
+        model = build_model(spec.config)
         load_weights(model, spec, self.dtype)
         model.eval()
         self.model = model

@@ -41,7 +41,7 @@ class TorchKVPool:
 class PrefillGroup:
     q_start: int
     q_end: int
-    block_table: torch.Tensor
+    block_table: torch.Tensor  # no negative (released) entries: the plan maps them to block 0
     ctx_len: int
     has_prefix: bool  # False: the chunk is the whole context, attend to its own K/V directly
 
@@ -54,10 +54,11 @@ class TorchAttentionMetadata:
     cos: torch.Tensor  # [T, D] at each token's position
     sin: torch.Tensor
     decode_token_idx: torch.Tensor | None = None
-    decode_block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
+    decode_block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, no negative (released) entries
     decode_seq_lens: torch.Tensor | None = None  # [B] int32
     prefills: list[PrefillGroup] = field(default_factory=list)
     restore_order: torch.Tensor | None = None
+    positions: torch.Tensor | None = None  # [T] int64: models with their own rope tables index them
 
 
 def build_metadata(
@@ -69,6 +70,7 @@ def build_metadata(
     meta = TorchAttentionMetadata(
         pool, batch.block_size, as_t(batch.slot_mapping), cos_table[positions], sin_table[positions]
     )
+    meta.positions = positions
     if plan.decode_token_idx is not None:
         meta.decode_token_idx = as_t(plan.decode_token_idx)
         meta.decode_block_tables = as_t(plan.decode_block_tables, torch.int32)
@@ -83,11 +85,25 @@ def build_metadata(
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: TorchAttentionMetadata, layer: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: TorchAttentionMetadata,
+    layer: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D]."""
+    """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D].
+
+    window: a query at position p sees keys p - window < j <= p; softcap: scores (after scale)
+    become softcap * tanh(scores / softcap) before masking; sinks [H]: one extra logit per head
+    in the softmax's denominator, with no value (gpt-oss). Decode queries sit at seq_len - 1, a
+    prefill chunk's first query at ctx_len - chunk length."""
     k_pool, v_pool = meta.pool.k[layer], meta.pool.v[layer]
     ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
+    extras = dict(window=window, softcap=softcap, sinks=sinks)
     pieces = []
     if meta.decode_token_idx is not None:
         pieces.append(
@@ -99,14 +115,18 @@ def paged_attention(
                 meta.decode_seq_lens,
                 meta.block_size,
                 scale,
+                **extras,
             )
         )
     for g in meta.prefills:
         qp = q[g.q_start : g.q_end]
         if g.has_prefix:
-            pieces.append(ops.paged_prefill(qp, k_pool, v_pool, g.block_table, g.ctx_len, meta.block_size, scale))
+            pieces.append(
+                ops.paged_prefill(qp, k_pool, v_pool, g.block_table, g.ctx_len, meta.block_size, scale, **extras)
+            )
         else:
-            pieces.append(reference.causal_attention(qp, k[g.q_start : g.q_end], v[g.q_start : g.q_end], scale))
+            kp, vp = k[g.q_start : g.q_end], v[g.q_start : g.q_end]
+            pieces.append(reference.causal_attention(qp, kp, vp, scale, **extras))
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
     if meta.restore_order is not None:
         out = out[meta.restore_order]

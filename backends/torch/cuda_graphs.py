@@ -2,7 +2,8 @@
 
 A decode-only step of n sequences runs the graph of the smallest bucket >= n. Its inputs are
 copied into static buffers; rows n.. are padding (slot -1 writes nothing, a length of 1 over
-block 0 reads finite values) and only the first n rows of logits are returned. Prefill and
+block 0 reads finite values, under any window) and only the first n rows of logits are returned.
+Sliding windows, soft-caps and sinks are per-layer constants, so the captured kernels carry them. Prefill and
 mixed steps, and batches larger than the largest bucket, run eagerly.
 
 Replaying one graph replaces hundreds of kernel launches per step (a 32-layer model launches
@@ -95,10 +96,12 @@ class DecodeGraphRunner:
         self.h_lens[:n] = batch.seq_lens
         # Only the columns this step can read are refreshed: a sequence reads its own blocks
         # (< its length), a padding row only block 0, so older values further right are never read.
+        # Released blocks (-1, wholly before every layer's window) become block 0: the kernels
+        # start at the window's first block, and mask what lies before it, so it is never used.
         width = max(len(t) for t in batch.block_tables)
         self.h_tables[:size, :width] = 0
         for r, table in enumerate(batch.block_tables):
-            self.h_tables[r, : len(table)] = table
+            self.h_tables[r, : len(table)] = np.maximum(table, 0)
         self.h_ids[n:size], self.h_pos[n:size], self.h_slots[n:size], self.h_lens[n:size] = 0, 0, -1, 1
         for host, dev in (
             (self.h_ids, self.ids),
@@ -120,6 +123,7 @@ class DecodeGraphRunner:
             decode_token_idx=rows,
             decode_block_tables=self.tables[:size],
             decode_seq_lens=self.lens[:size],
+            positions=pos,
         )
         return self.model(self.ids[:size], meta, rows).float()
 

@@ -23,7 +23,8 @@ from lantern.backends.paged_plan import plan_attention
 from lantern.backends.torch.attention import TorchKVPool, build_metadata
 from lantern.backends.torch.cuda_graphs import DecodeGraphRunner
 from lantern.backends.torch.kernels import ops
-from lantern.backends.torch.model import CausalLM, rope_tables
+from lantern.backends.torch.layers import rope_tables
+from lantern.backends.torch.models import build_model
 from lantern.backends.torch.parallel import TPGroup, broadcast_command, local_config
 from lantern.backends.torch.quant_linear import quantized_bytes
 from lantern.backends.torch.sampler import sample
@@ -97,7 +98,7 @@ class TorchBackend:
         self.cfg = spec.config
         self.local_cfg = local_config(spec.config, self.world)
         with torch.device("meta"):
-            model = CausalLM(spec.config, self.tp)
+            model = build_model(spec.config, self.tp)
         # Counted on the meta model, before packed quantized layers hide the logical shapes.
         num_params = sum(p.numel() for p in model.parameters()) * self.world
         # Each tensor is placed on the device as it is read (quantized ones stay quantized): no

@@ -20,7 +20,7 @@ from lantern.backends.torch.kernels import triton_kernels as tk
 from lantern.backends.torch.kernels import triton_quant as tq
 
 TYPE_NAMES = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
-FLOAT32_PTRS = {"acc_ptr", "m_ptr", "l_ptr", "cos_ptr", "sin_ptr"}
+FLOAT32_PTRS = {"acc_ptr", "m_ptr", "l_ptr", "cos_ptr", "sin_ptr", "sinks_ptr"}
 INT_PTRS = {"bt_ptr": "*i32", "len_ptr": "*i32", "slot_ptr": "*i64", "codes_ptr": "*u8", "words_ptr": "*i32"}
 
 
@@ -35,9 +35,9 @@ def signature(fn, dtype: str, consts: dict) -> dict[str, str]:
             sig[name] = "*fp32"
         elif name.endswith("_ptr"):
             sig[name] = TYPE_NAMES[dtype]
-        elif name in ("scale", "eps"):
+        elif name in ("scale", "eps", "softcap"):
             sig[name] = "fp32"
-        else:  # strides and lengths
+        else:  # strides, lengths and the sliding window
             sig[name] = "i32"
     return sig
 
@@ -66,42 +66,35 @@ def gemm_case(dtype: str, cap: int, bits: int, group: int, m: int, n: int = 4096
     return (tq._gemm_kernel, dtype, cap, consts, options)
 
 
+def prefill_case(dtype: str, cap: int, d: int, group: int, bs: int, softcap: bool = False, sinks: bool = False):
+    consts = {**attention_consts(d, group, bs), "BLOCK_M": 16, "BLOCK_N": 32}
+    consts.update(PRECISION="ieee" if dtype == "fp32" else "tf32", HAS_SOFTCAP=softcap, HAS_SINKS=sinks)
+    return (tk._prefill_kernel, dtype, cap, consts)
+
+
+def decode_case(dtype: str, cap: int, d: int, group: int, bs: int, softcap: bool = False):
+    consts = {**attention_consts(d, group, bs), "GROUP_P": triton.next_power_of_2(group), "NUM_SPLITS": 16}
+    return (tk._decode_partial_kernel, dtype, cap, {**consts, "NUM_HEADS": 32, "HAS_SOFTCAP": softcap})
+
+
+def reduce_case(dtype: str, splits: int, sinks: bool = False):
+    consts = {"NUM_HEADS": 32, "NUM_SPLITS": splits, "SPLITS_P": triton.next_power_of_2(splits)}
+    return (tk._decode_reduce_kernel, dtype, 90, {**consts, "HEAD_DIM": 128, "BLOCK_D": 128, "HAS_SINKS": sinks})
+
+
 CASES = [
     # (kernel, dtype, compute capability, constexprs[, compile options])
-    *[
-        (
-            tk._prefill_kernel,
-            dt,
-            cap,
-            {
-                **attention_consts(128, 4, 16),
-                "BLOCK_M": 16,
-                "BLOCK_N": 32,
-                "PRECISION": "ieee" if dt == "fp32" else "tf32",
-            },
-        )
-        for dt in ("bf16", "fp32")
-        for cap in (80, 90)
-    ],
-    (tk._prefill_kernel, "fp16", 90, {**attention_consts(64, 1, 8), "BLOCK_M": 16, "BLOCK_N": 32, "PRECISION": "tf32"}),
-    *[
-        (
-            tk._decode_partial_kernel,
-            dt,
-            cap,
-            {**attention_consts(d, g, bs), "GROUP_P": triton.next_power_of_2(g), "NUM_SPLITS": 16, "NUM_HEADS": 32},
-        )
-        for dt, cap, d, g, bs in (("bf16", 90, 128, 8, 16), ("fp32", 80, 64, 1, 16), ("fp16", 90, 128, 4, 8))
-    ],
-    *[
-        (
-            tk._decode_reduce_kernel,
-            dt,
-            90,
-            {"NUM_HEADS": 32, "NUM_SPLITS": s, "SPLITS_P": triton.next_power_of_2(s), "HEAD_DIM": 128, "BLOCK_D": 128},
-        )
-        for dt, s in (("bf16", 16), ("fp32", 3))
-    ],
+    *[prefill_case(dt, cap, 128, 4, 16) for dt in ("bf16", "fp32") for cap in (80, 90)],
+    prefill_case("fp16", 90, 64, 1, 8),
+    # soft-capping (Gemma 2) and sinks (gpt-oss); sliding windows are a runtime argument of every case
+    prefill_case("bf16", 90, 256, 2, 16, softcap=True, sinks=True),  # Gemma's head dim
+    prefill_case("bf16", 80, 64, 8, 16, softcap=True, sinks=True),  # gpt-oss's
+    *[decode_case(dt, cap, d, g, bs) for dt, cap, d, g, bs in (("bf16", 90, 128, 8, 16), ("fp32", 80, 64, 1, 16))],
+    decode_case("fp16", 90, 128, 4, 8),
+    *[decode_case("bf16", cap, 256, 2, 16, softcap=True) for cap in (80, 90)],
+    reduce_case("bf16", 16),
+    reduce_case("fp32", 3),
+    reduce_case("bf16", 16, sinks=True),
     *[(tk._write_kv_kernel, dt, 90, {"HEAD_DIM": 128, "BLOCK_D": 128}) for dt in ("bf16", "fp32")],
     *[
         (tf._rms_norm_kernel, dt, 90, {"HAS_RESIDUAL": res, "BLOCK": 4096})
@@ -129,6 +122,7 @@ def main() -> int:
             label += f" {consts['BITS']}-bit g{consts['GROUP']} " + " ".join(
                 f"{k}={consts[k]}" for k in ("ROWS", "BLOCK_M", "BLOCK_N", "BLOCK_K") if k in consts
             )
+        label += "".join(f" {flag[4:].lower()}" for flag in ("HAS_SOFTCAP", "HAS_SINKS") if consts.get(flag))
         try:
             compiled = triton.compile(
                 ASTSource(fn=fn, signature=signature(fn, dtype, consts), constexprs=consts),

@@ -122,3 +122,87 @@ def test_half_precision_prefill(device, block_size):
     ours = triton_kernels.paged_prefill(q, k_pool, v_pool, table, ctx_len, block_size, 0.125)
     ref = reference.paged_prefill(q.float(), k_pool.float(), v_pool.float(), table, ctx_len, block_size, 0.125)
     torch.testing.assert_close(ours.float(), ref, atol=3e-3, rtol=3e-3)
+
+
+def poison_blocks_before(k_pool, v_pool, tables, first_positions, block_size, window, poison_block):
+    """Point every table column wholly before the window at one block filled with huge values, as
+    the plan does with released (-1) blocks: any read of it that is not masked shows up."""
+    k_pool[poison_block * block_size : (poison_block + 1) * block_size] = 1e3
+    v_pool[poison_block * block_size : (poison_block + 1) * block_size] = 1e3
+    for r, first_pos in enumerate(first_positions):
+        dead = max(0, int(first_pos) - window + 1) // block_size  # blocks before the first query's window
+        tables[r, :dead] = poison_block
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "block_size,window,softcap,sinks,num_splits",
+    [
+        (4, 6, None, False, 2),  # window not a multiple of the block size, several splits
+        (4, 3, 5.0, True, 3),  # window shorter than a block, soft-cap and sinks
+        (8, 9, None, True, 1),  # one split walks only the window's blocks
+        (4, 100, 5.0, False, 4),  # window longer than every context: full attention
+        (4, None, None, True, 2),  # sinks alone
+    ],
+)
+def test_paged_decode_window_softcap_sinks(device, block_size, window, softcap, sinks, num_splits):
+    device_ok(device)
+    num_blocks, batch, blocks_each, heads, kvh, d = 24, 3, 5, 4, 2, 64
+    k_pool, v_pool = make_pool(num_blocks, block_size, kvh, d, device, seed=5)
+    tables = random_tables(batch, blocks_each, num_blocks - 1, seed=6).to(device) + 1  # block 0 stays free
+    seq_lens = torch.tensor([blocks_each * block_size - 1, 2 * block_size + 1, 1], dtype=torch.int32, device=device)
+    if window is not None and window < 100:
+        poison_blocks_before(k_pool, v_pool, tables, seq_lens - 1, block_size, window, 0)
+    q = torch.randn(batch, heads, d, device=device)
+    sink = torch.randn(heads, device=device) * 2 if sinks else None
+    kw = dict(window=window, softcap=softcap, sinks=sink)
+    ours = triton_kernels.paged_decode(
+        q, k_pool, v_pool, tables, seq_lens, block_size, 0.3, num_splits=num_splits, **kw
+    )
+    ref = reference.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, 0.3, **kw)
+    torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
+    if window is not None or sinks:  # the options change the result (the test could fail)
+        plain = reference.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, 0.3)
+        assert not torch.allclose(ref, plain, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "block_size,q_len,ctx_len,window,softcap,sinks",
+    [
+        (4, 7, 7, 3, None, False),  # no prefix, window shorter than a block
+        (4, 5, 14, 6, 5.0, True),  # chunk after a prefix, window reaching into it
+        (8, 20, 37, 9, None, True),  # two query blocks: the second starts past the first window
+        (16, 9, 21, 40, 5.0, False),  # window longer than the context, soft-cap only
+    ],
+)
+def test_paged_prefill_window_softcap_sinks(device, block_size, q_len, ctx_len, window, softcap, sinks):
+    device_ok(device)
+    num_blocks, heads, kvh, d = 16, 2, 1, 64
+    k_pool, v_pool = make_pool(num_blocks, block_size, kvh, d, device, seed=7)
+    table = (random_tables(1, -(-ctx_len // block_size), num_blocks - 1, seed=8) + 1).to(device)
+    if window < ctx_len:
+        poison_blocks_before(k_pool, v_pool, table, [ctx_len - q_len], block_size, window, 0)
+    q = torch.randn(q_len, heads, d, device=device)
+    sink = torch.randn(heads, device=device) * 2 if sinks else None
+    kw = dict(window=window, softcap=softcap, sinks=sink)
+    ours = triton_kernels.paged_prefill(q, k_pool, v_pool, table[0], ctx_len, block_size, 0.3, **kw)
+    ref = reference.paged_prefill(q, k_pool, v_pool, table[0], ctx_len, block_size, 0.3, **kw)
+    torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
+    plain = reference.paged_prefill(q, k_pool, v_pool, table[0], ctx_len, block_size, 0.3)
+    assert not torch.allclose(ref, plain, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_precision_window_softcap_sinks(device):
+    """The half-precision tl.dot tiles under a window, a soft-cap and sinks."""
+    device_ok(device)
+    k_pool, v_pool = make_pool(16, 4, 2, 64, device, seed=9)
+    k_pool, v_pool = k_pool.half(), v_pool.half()
+    ctx_len, q_len = 29, 18
+    table = random_tables(1, -(-ctx_len // 4), 16, seed=10)[0].to(device)
+    q = torch.randn(q_len, 4, 64, device=device).half()
+    kw = dict(window=7, softcap=4.0, sinks=torch.randn(4, device=device))
+    ours = triton_kernels.paged_prefill(q, k_pool, v_pool, table, ctx_len, 4, 0.125, **kw)
+    ref = reference.paged_prefill(q.float(), k_pool.float(), v_pool.float(), table, ctx_len, 4, 0.125, **kw)
+    torch.testing.assert_close(ours.float(), ref, atol=3e-3, rtol=3e-3)

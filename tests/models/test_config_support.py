@@ -66,15 +66,10 @@ def test_active_sliding_window_is_what_transformers_uses(model_type, extra):
     assert config.sliding_window == expected
 
 
-def test_a_window_shorter_than_the_context_is_refused_naming_the_fix():
+def test_a_window_shorter_than_the_context_is_served():
     config = ModelConfig.from_hf(cfg("mistral", sliding_window=64))
-    with pytest.raises(ValueError) as err:
-        check_servable(config, 256)
-    assert str(err.value) == (
-        "sliding_window=64 in config.json is not implemented yet; serve with --max-model-len 64 (or less)"
-    )
-    check_servable(config, 64)  # inside the window full attention is exact: served
-    check_servable(config, 2)
+    assert config.layer_windows == [64, 64] and config.all_layers_slide
+    check_servable(config, 256)  # sliding windows are implemented: the whole context is served
     check_servable(ModelConfig.from_hf(cfg("mistral", sliding_window=None)), 256)
 
 
@@ -217,25 +212,22 @@ def test_accepted_configs_get_the_projection_biases_transformers_builds(model_ty
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_engine_refuses_a_sliding_window_model_unless_the_context_fits_it(backend, tmp_path):
+def test_engine_serves_a_sliding_window_model_past_its_window(backend, tmp_path):
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
 
     from lantern.app.engine import LLM, SamplingParams
     from tests.fixtures.tiny_models import build_model
 
-    folder = build_model("mistral", tmp_path / "mistral_sw", sliding_window=32)
-    with pytest.raises(
-        ValueError,
-        match=r"sliding_window=32 in config.json is not implemented yet; "
-        r"serve with --max-model-len 32 \(or less\)",
-    ):
-        LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=32)
-    llm = LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=32, max_model_len=32)
-    prompt = [5, 17, 42, 99, 120, 7]
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].outputs[0]
-    # Within the window the model is exactly transformers' (which does apply the window).
+    folder = build_model("mistral", tmp_path / "mistral_sw", sliding_window=8)
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, num_kv_blocks=32)
+    prompt = [5, 17, 42, 99, 120, 7, 64, 3, 88, 250, 11, 36]  # longer than the window
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].outputs[0]
+    # transformers applies the window (p - 8 < j <= p); so must Lantern, far past it.
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)[0]
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)[0]
+        hf.config.sliding_window = None  # the same weights attending to everything
+        full = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)[0]
     assert out.token_ids == ref[len(prompt) :].tolist()
+    assert ref.tolist() != full.tolist()  # the window matters here: ignoring it would fail

@@ -62,12 +62,17 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
-def test_a_sliding_window_shorter_than_the_context_is_refused_naming_the_flag():
+def test_a_sliding_window_shorter_than_the_context_is_served():
     cfg = Cfg()
-    cfg.sliding_window = 4096
-    config = EngineConfig(model="unused")
-    with pytest.raises(ValueError, match=r"sliding_window=4096 .* --max-model-len 4096"):
-        plan_kv_cache(config, cfg, 8192, FakeBackend(10**12))
+    cfg.sliding_window = 4096  # implemented by both backends' paged attention: no longer a limit
+    assert plan_kv_cache(EngineConfig(model="unused"), cfg, 8192, FakeBackend(10**12)).max_model_len == 8192
+
+
+def test_dual_chunk_attention_past_one_chunk_is_refused_naming_the_flag():
+    cfg = Cfg()
+    cfg.dual_chunk_size = 4096
+    with pytest.raises(ValueError, match=r"dual_chunk_attention_config.chunk_size=4096 .* --max-model-len 4096"):
+        plan_kv_cache(EngineConfig(model="unused"), cfg, 8192, FakeBackend(10**12))
     ok = plan_kv_cache(EngineConfig(model="unused", max_model_len=4096), cfg, 8192, FakeBackend(10**12))
     assert ok.max_model_len == 4096
 

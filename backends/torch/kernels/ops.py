@@ -26,20 +26,28 @@ def write_kv(k_pool, v_pool, k, v, slots) -> None:
     return reference.write_kv(k_pool, v_pool, k, v, slots)
 
 
-def paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float):
+def paged_decode(
+    q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float, window=None, softcap=None, sinks=None
+):
     if use_triton(q):
         from lantern.backends.torch.kernels import triton_kernels
 
-        return triton_kernels.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale)
-    return reference.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale)
+        return triton_kernels.paged_decode(
+            q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window=window, softcap=softcap, sinks=sinks
+        )
+    return reference.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window, softcap, sinks)
 
 
-def paged_prefill(q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float):
+def paged_prefill(
+    q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float, window=None, softcap=None, sinks=None
+):
     if use_triton(q):
         from lantern.backends.torch.kernels import triton_kernels
 
-        return triton_kernels.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale)
-    return reference.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale)
+        return triton_kernels.paged_prefill(
+            q, k_pool, v_pool, block_table, ctx_len, block_size, scale, window=window, softcap=softcap, sinks=sinks
+        )
+    return reference.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale, window, softcap, sinks)
 
 
 def rms_norm(x, weight, eps: float, residual=None):

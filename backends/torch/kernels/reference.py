@@ -1,6 +1,8 @@
 """Plain-torch references of the Triton kernels. They are also the CPU path of the torch backend.
 
 A negative slot in a slot mapping means "write nothing" (padding rows of a CUDA-graph batch).
+Attention takes a sliding `window` (query p sees keys p - window < j <= p), a logit `softcap`
+and per-head `sinks`, as transformers computes them (Mistral/Gemma 2/gpt-oss eager attention).
 
 Shapes: pools [num_slots, kv_heads, head_dim] (slot = block * block_size + offset);
 block_tables [B, max_blocks] int; lengths [B] int.
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from lantern.backends.paged_plan import window_blocks
 
 
 def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -26,13 +30,63 @@ def context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> t
     return block_tables[:, j // block_size].long() * block_size + j % block_size
 
 
-def sdpa_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
-    """q [B, H, L, D], k/v [B, KVH, S, D] (grouped-query heads); mask [.., L, S] bool, True = attend."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+def sdpa_grouped(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [B, H, L, D], k/v [B, KVH, S, D] (grouped-query heads); mask [.., L, S] bool, True = attend.
+
+    softcap: scores (after scale) -> softcap * tanh(scores / softcap) before masking (Gemma 2);
+    sinks [H]: an extra logit per head in the softmax's denominator only (gpt-oss). Either one
+    needs the scores, so they take explicit matmuls in float32; otherwise torch's SDPA."""
+    if softcap is None and sinks is None:
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    b, h, n_q, d = q.shape
+    kvh = k.shape[1]
+    qg = q.reshape(b, kvh, h // kvh, n_q, d)
+    scores = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, KVH, G, L, S]
+    probs = _softmax(scores, mask.reshape(-1, 1, 1, n_q, mask.shape[-1]), softcap, sinks)
+    return torch.matmul(probs.to(v.dtype), v[:, :, None]).reshape(b, h, n_q, d)
+
+
+def _softmax(
+    scores: torch.Tensor, allowed: torch.Tensor, softcap: float | None, sinks: torch.Tensor | None
+) -> torch.Tensor:
+    """Softmax of float32 scores [B, KVH, G, L, S] over allowed keys, soft-capped, with sinks."""
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    kvh, g = scores.shape[1], scores.shape[2]
+    sink = sinks.float().reshape(1, kvh, g, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def decode_window_tables(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, n_blocks: int, block_size: int, window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks each decode row's window reaches: (tables [B, n] int64, allowed [B, n * block_size]).
+
+    Row b reads table columns first[b] .. first[b] + n - 1, where first[b] is the block holding
+    its window's first key (clamped so the columns stay inside the first n_blocks)."""
+    n = n_blocks if window is None else min(n_blocks, window_blocks(window, block_size))
+    lens = seq_lens.long()
+    lo = torch.zeros_like(lens) if window is None else (lens - window).clamp(min=0)
+    first = torch.minimum(lo // block_size, torch.full_like(lo, n_blocks - n))
+    cols = first[:, None] + torch.arange(n, device=lens.device)[None, :]
+    key_pos = first[:, None] * block_size + torch.arange(n * block_size, device=lens.device)[None, :]
+    allowed = (key_pos >= lo[:, None]) & (key_pos < lens[:, None])
+    return block_tables.long().gather(1, cols), allowed
 
 
 def paged_decode(
@@ -43,32 +97,60 @@ def paged_decode(
     seq_lens: torch.Tensor,
     block_size: int,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence: q [B, H, D] -> [B, H, D].
+    """One query token per sequence (at position seq_len - 1): q [B, H, D] -> [B, H, D].
 
     Gathers whole blocks (contiguous copies) and keeps grouped-query heads grouped, two batched
-    matmuls rather than SDPA over repeated K/V: on a CPU this is ~2x faster at 32 sequences."""
+    matmuls rather than SDPA over repeated K/V: on a CPU this is ~2x faster at 32 sequences.
+    With a window only the blocks it reaches are gathered; negative table entries must have been
+    mapped to a real block (their positions lie before the window and are masked)."""
     b, h, d = q.shape
     kvh = k_pool.shape[1]
     n_blocks = -(-int(seq_lens.max()) // block_size)
-    tables = block_tables[:, :n_blocks].long()
-    span = n_blocks * block_size
+    tables, allowed = decode_window_tables(block_tables, seq_lens, n_blocks, block_size, window)
+    span = tables.shape[1] * block_size
     k = k_pool.view(-1, block_size, kvh, d)[tables].view(b, span, kvh, d).to(q.dtype)
     v = v_pool.view(-1, block_size, kvh, d)[tables].view(b, span, kvh, d).to(q.dtype)
-    qg = q.view(b, kvh, h // kvh, d)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale  # [B, KVH, G, S]
-    past_end = torch.arange(span, device=q.device)[None, :] >= seq_lens[:, None]
-    scores.masked_fill_(past_end[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(q.dtype)
-    return torch.matmul(probs, v.transpose(1, 2)).view(b, h, d)  # [B, KVH, G, D] -> [B, H, D]
+    qg = q.view(b, kvh, h // kvh, 1, d)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)[:, :, None]).float() * scale  # [B, KVH, G, 1, S]
+    probs = _softmax(scores, allowed[:, None, None, None, :], softcap, sinks).to(q.dtype)
+    return torch.matmul(probs, v.transpose(1, 2)[:, :, None]).view(b, h, d)  # [B, KVH, G, 1, D] -> [B, H, D]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_mask(n_q: int, n_k: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[n_q, n_k] bool: the queries are the last n_q of n_k positions; query p sees p - window < j <= p."""
+    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+    if window is not None:
+        mask = mask.triu(n_k - n_q - window + 1)
+    return mask
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q [L, H, D] are the last L of the S keys k/v [S, KVH, D] (bottom-right causal) -> [L, H, D]."""
     n_q, n_k = q.shape[0], k.shape[0]
-    mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+    if window is not None and n_k > n_q + window - 1:  # keys before the first query's window: drop
+        k, v = k[n_k - (n_q + window - 1) :], v[n_k - (n_q + window - 1) :]
+        n_k = k.shape[0]
+    mask = causal_mask(n_q, n_k, window, q.device)
     out = sdpa_grouped(
-        q.transpose(0, 1)[None], k.to(q.dtype).transpose(0, 1)[None], v.to(q.dtype).transpose(0, 1)[None], scale, mask
+        q.transpose(0, 1)[None],
+        k.to(q.dtype).transpose(0, 1)[None],
+        v.to(q.dtype).transpose(0, 1)[None],
+        scale,
+        mask,
+        softcap,
+        sinks,
     )
     return out[0].transpose(0, 1)
 
@@ -81,10 +163,16 @@ def paged_prefill(
     ctx_len: int,
     block_size: int,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A prefill chunk q [L, H, D] (its K/V already in the pool) against its whole context."""
-    slots = context_slots(block_table[None], ctx_len, block_size)[0]
-    return causal_attention(q, k_pool[slots], v_pool[slots], scale)
+    """A prefill chunk q [L, H, D] (its K/V already in the pool) against its whole context.
+
+    With a window only the keys from the first query's window on are gathered."""
+    first = 0 if window is None else max(0, ctx_len - q.shape[0] - window + 1)
+    slots = context_slots(block_table[None], ctx_len, block_size)[0, first:]
+    return causal_attention(q, k_pool[slots], v_pool[slots], scale, window, softcap, sinks)
 
 
 def rms_norm(

@@ -3,6 +3,10 @@
 Each matches a function of kernels/reference.py (tests run both with TRITON_INTERPRET=1 on CPU).
 Decode scores use broadcast products (a query group of 1-8 heads is too small for tl.dot); prefill
 uses tl.dot on 16-query x 32-key tiles. Online-softmax accumulation is in float32.
+
+Sliding windows (query p sees keys p - window < j <= p) are a runtime argument: one compiled kernel
+serves every layer, and loops start at the window's first block. Soft-caps and sinks are constexpr
+switches: models without them pay nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +14,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from lantern.backends.paged_plan import window_blocks
+
+NO_WINDOW = 1 << 30  # the window argument when a layer attends to its whole context
 
 
 @triton.jit
@@ -56,11 +64,20 @@ def write_kv(k_pool, v_pool, k, v, slots) -> None:
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale):
+def _tanh(x):
+    e = tl.exp(-2.0 * tl.abs(x))  # tanh from exp (interpreter and GPUs alike); never overflows
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, softcap, HAS_SOFTCAP: tl.constexpr):
     """Fold one tile of keys into the running (max, sum, weighted values) of each query row.
 
     q [M, D], k/v [N, D], allowed [M, N]; rows with nothing allowed yet keep m = -inf safely."""
     s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+    if HAS_SOFTCAP:
+        s = softcap * _tanh(s / softcap)  # before masking, as Gemma 2
     s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -82,6 +99,8 @@ def _decode_partial_kernel(
     m_ptr,
     l_ptr,
     scale,
+    window,
+    softcap,
     stride_qb,
     stride_qh,
     stride_s,
@@ -94,6 +113,7 @@ def _decode_partial_kernel(
     GROUP_P: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     NUM_HEADS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -110,21 +130,24 @@ def _decode_partial_kernel(
     l_i = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
     offs = tl.arange(0, BLOCK_SIZE)
-    # Each sequence shares its own blocks out over the NUM_SPLITS programs, so the grid does not
-    # depend on the context length (a CUDA graph fixes it) and long contexts still spread out.
+    # Each sequence shares the blocks its window reaches out over the NUM_SPLITS programs, so the
+    # grid does not depend on the context length (a CUDA graph fixes it) and long contexts still
+    # spread out. The query sits at seq_len - 1: it sees keys from seq_len - window on.
+    lo = tl.maximum(seq_len - window, 0)
+    first_blk = lo // BLOCK_SIZE
     n_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
-    per_split = tl.cdiv(n_blocks, NUM_SPLITS)
-    first = split * per_split
+    per_split = tl.cdiv(n_blocks - first_blk, NUM_SPLITS)
+    first = first_blk + split * per_split
     last = tl.minimum(first + per_split, n_blocks)  # empty splits report m = -inf: zero weight
     for blk in range(first, last):
         tok = blk * BLOCK_SIZE + offs
-        valid = tok < seq_len
+        valid = (tok < seq_len) & (tok >= lo)
         phys = tl.load(bt_ptr + b * stride_bt + blk).to(tl.int64)
         rows = (phys * BLOCK_SIZE + offs)[:, None] * stride_s + kvh * stride_sh + d[None, :]
         km = valid[:, None] & dm[None, :]
         k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(tl.float32)
         v = tl.load(vp_ptr + rows, mask=km, other=0.0).to(tl.float32)
-        m_i, l_i, acc = _online_softmax_step(q, k, v, valid[None, :], m_i, l_i, acc, scale)
+        m_i, l_i, acc = _online_softmax_step(q, k, v, valid[None, :], m_i, l_i, acc, scale, softcap, HAS_SOFTCAP)
     base = (b * NUM_HEADS + heads) * NUM_SPLITS + split
     tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gm[:, None] & dm[None, :])
     tl.store(m_ptr + base, m_i, mask=gm)
@@ -136,6 +159,7 @@ def _decode_reduce_kernel(
     acc_ptr,
     m_ptr,
     l_ptr,
+    sinks_ptr,
     out_ptr,
     stride_ob,
     stride_oh,
@@ -144,6 +168,7 @@ def _decode_reduce_kernel(
     SPLITS_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -155,8 +180,14 @@ def _decode_reduce_kernel(
     l = tl.load(l_ptr + base, mask=sm, other=0.0)
     acc = tl.load(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
     m_max = tl.max(m, axis=0)
+    if HAS_SINKS:  # the head's sink logit joins the denominator once, with no value (gpt-oss)
+        sink = tl.load(sinks_ptr + h).to(tl.float32)
+        m_max = tl.maximum(m_max, sink)
     w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    denom = tl.sum(l * w, axis=0)
+    if HAS_SINKS:
+        denom += tl.exp(sink - m_max)
+    out = tl.sum(acc * w[:, None], axis=0) / denom
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=dm)
 
 
@@ -167,12 +198,24 @@ def decode_splits(batch: int, kv_heads: int, max_blocks: int) -> int:
 
 
 def paged_decode(
-    q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float, num_splits: int | None = None
+    q,
+    k_pool,
+    v_pool,
+    block_tables,
+    seq_lens,
+    block_size: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    num_splits: int | None = None,
 ):
+    """Matches reference.paged_decode; block_tables must hold no negative (released) entries."""
     b, h, d = q.shape
     kvh = k_pool.shape[1]
     group = h // kvh
-    splits = num_splits or decode_splits(b, kvh, block_tables.shape[1])
+    reach = block_tables.shape[1] if window is None else min(block_tables.shape[1], window_blocks(window, block_size))
+    splits = num_splits or decode_splits(b, kvh, reach)  # split only the blocks the window reaches
     q = q.contiguous()
     block_tables = block_tables.contiguous()
     acc = torch.empty((b, h, splits, d), dtype=torch.float32, device=q.device)
@@ -189,6 +232,8 @@ def paged_decode(
         m,
         l,
         scale,
+        NO_WINDOW if window is None else window,
+        float(softcap or 0.0),
         q.stride(0),
         q.stride(1),
         k_pool.stride(0),
@@ -201,12 +246,14 @@ def paged_decode(
         GROUP_P=triton.next_power_of_2(group),
         NUM_SPLITS=splits,
         NUM_HEADS=h,
+        HAS_SOFTCAP=softcap is not None,
     )
     out = torch.empty_like(q)
     _decode_reduce_kernel[(b, h)](
         acc,
         m,
         l,
+        m if sinks is None else sinks.float().contiguous(),  # unread without sinks
         out,
         out.stride(0),
         out.stride(1),
@@ -215,6 +262,7 @@ def paged_decode(
         SPLITS_P=triton.next_power_of_2(splits),
         HEAD_DIM=d,
         BLOCK_D=block_d,
+        HAS_SINKS=sinks is not None,
     )
     return out
 
@@ -226,9 +274,12 @@ def _prefill_kernel(
     vp_ptr,
     bt_ptr,
     out_ptr,
+    sinks_ptr,
     q_len,
     ctx_len,
     scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,
     stride_s,
@@ -242,6 +293,8 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """Flash-attention over a chunk's queries (BLOCK_M rows) and its whole paged context.
 
@@ -257,13 +310,18 @@ def _prefill_kernel(
         q_ptr + offs_m[:, None] * stride_qt + h * stride_qh + d[None, :], mask=mm[:, None] & dm[None, :], other=0.0
     )
     pos_q = ctx_len - q_len + offs_m
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:  # start from the sink logit: weight exp(sink), no value (gpt-oss)
+        m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks_ptr + h).to(tl.float32)
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    # Keys past this query block's last position are masked for every row: stop there.
+    # Only keys between this query block's first window start and its last position can be seen.
+    first = tl.maximum(ctx_len - q_len + qb * BLOCK_M - window + 1, 0)
     last = tl.minimum(ctx_len, ctx_len - q_len + (qb + 1) * BLOCK_M)
-    for start in range(0, last, BLOCK_N):
+    for start in range(first, last, BLOCK_N):
         tok = start + offs_n
         tm = tok < ctx_len
         phys = tl.load(bt_ptr + tok // BLOCK_SIZE, mask=tm, other=0).to(tl.int64)
@@ -272,7 +330,10 @@ def _prefill_kernel(
         k = tl.load(kp_ptr + rows, mask=km, other=0.0).to(q.dtype)
         v = tl.load(vp_ptr + rows, mask=km, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        s = tl.where((tok[None, :] <= pos_q[:, None]) & tm[None, :], s, float("-inf"))
+        if HAS_SOFTCAP:
+            s = softcap * _tanh(s / softcap)
+        seen = (tok[None, :] <= pos_q[:, None]) & (tok[None, :] > pos_q[:, None] - window)
+        s = tl.where(seen & tm[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(s - m_safe[:, None])
@@ -289,8 +350,20 @@ def _prefill_kernel(
 
 
 def paged_prefill(
-    q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float, block_m: int = 16, block_n: int = 32
+    q,
+    k_pool,
+    v_pool,
+    block_table,
+    ctx_len: int,
+    block_size: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    block_m: int = 16,
+    block_n: int = 32,
 ):
+    """Matches reference.paged_prefill; block_table must hold no negative (released) entries."""
     n, h, d = q.shape
     q = q.contiguous()
     out = torch.empty_like(q)
@@ -300,9 +373,12 @@ def paged_prefill(
         v_pool,
         block_table.contiguous(),
         out,
+        q if sinks is None else sinks.float().contiguous(),  # unread without sinks
         n,
         ctx_len,
         scale,
+        NO_WINDOW if window is None else window,
+        float(softcap or 0.0),
         q.stride(0),
         q.stride(1),
         k_pool.stride(0),
@@ -317,5 +393,7 @@ def paged_prefill(
         GROUP=h // k_pool.shape[1],
         # float32 stays exact (no TF32 rounding); half types use the tensor cores' native inputs.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
     )
     return out

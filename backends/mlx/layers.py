@@ -1,0 +1,75 @@
+"""Building blocks the MLX model files share: attention over the paged pool, the gated MLP.
+
+Each block reads what differs between families from ModelConfig (window, soft-cap, query scale,
+q/k norms, activation), so a family's model file only says how the blocks are wired.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.rope_utils import initialize_rope
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attention
+
+ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": nn.gelu_approx}
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, norm: type[nn.Module] = nn.RMSNorm):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
+        self.window = cfg.layer_windows[layer_idx] if cfg.layer_windows else None
+        self.softcap = cfg.attn_softcap
+        d = cfg.hidden_size
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
+            self.k_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
+        theta, scaling = cfg.rope_theta, cfg.rope_scaling
+        if self.window is not None and cfg.local_rope_theta is not None:
+            theta, scaling = cfg.local_rope_theta, None
+        self.rope = initialize_rope(self.head_dim, theta, False, scaling, cfg.max_position_embeddings)
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
+        t = x.shape[0]
+        q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        # Every token has its own position: treat tokens as a batch of length-1 sequences so
+        # rope takes one offset per token.
+        q = self.rope(q[:, :, None, :], offset=meta.positions)[:, :, 0, :]
+        k = self.rope(k[:, :, None, :], offset=meta.positions)[:, :, 0, :]
+        out = paged_attention(q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap)
+        return self.o_proj(out.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None):
+        super().__init__()
+        inner = intermediate_size or cfg.intermediate_size
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.gate_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
+        self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def feed_forward(cfg: ModelConfig, layer_idx: int) -> nn.Module:
+    """The layer's MLP: a mixture of experts where the config makes this layer sparse."""
+    if cfg.moe is not None and cfg.moe.is_sparse(layer_idx):
+        from lantern.backends.mlx.moe import SparseMoE  # only MoE models pay its import
+
+        return SparseMoE(cfg)
+    return MLP(cfg)

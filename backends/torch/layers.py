@@ -1,0 +1,120 @@
+"""Building blocks the torch model files share: rope tables, RMSNorm, attention over the paged
+pool, the gated MLP (same layout as the MLX blocks).
+
+Rotary frequencies (default, llama3, YaRN) come from transformers' own rope initialisers, so the
+scaling maths is the reference's, not a copy of it. q/k/v and gate/up are single stacked
+projections (weights.py stacks them while loading).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
+from lantern.backends.torch.kernels import ops
+from lantern.backends.torch.parallel import TPGroup
+
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+def rope_tables(
+    cfg: ModelConfig, max_len: int, device: torch.device, theta: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_len, head_dim] (HF's rotate_half layout), attention scaling folded in.
+    theta: a plain rope of this base instead of the config's (Gemma 3's sliding layers)."""
+    if theta is not None:
+        params = {"rope_theta": theta, "rope_type": "default"}
+    else:
+        params = {"rope_theta": cfg.rope_theta, "rope_type": "default", **(cfg.rope_scaling or {})}
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        base = params["rope_theta"]
+        inv_freq = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        scaling = 1.0
+    else:  # transformers' config import costs ~3 s at start: only scaled ropes need it
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        hf_cfg = LlamaConfig(
+            hidden_size=cfg.num_heads * cfg.head_dim,
+            num_attention_heads=cfg.num_heads,
+            head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings,
+            rope_parameters=params,
+        )
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq.float())
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Norm of x (+ residual): (normed, new residual). One fused kernel on CUDA."""
+        return ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup, norm: type[nn.Module] = RMSNorm):
+        super().__init__()
+        self.tp = tp
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
+        self.window = cfg.layer_windows[layer_idx] if cfg.layer_windows else None
+        self.softcap = cfg.attn_softcap
+        d, bias = cfg.hidden_size, cfg.attention_bias
+        self.splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+        self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = norm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = norm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, meta: TorchAttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """rope: this layer's (cos, sin) at each token's position; None: the model's (meta.cos/sin)."""
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+        q = q.view(t, self.n_heads, self.head_dim)
+        k = k.view(t, self.n_kv, self.head_dim)
+        v = v.view(t, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+        cos, sin = rope if rope is not None else (meta.cos, meta.sin)
+        q, k = ops.rotary(q, cos, sin), ops.rotary(k, cos, sin)
+        out = paged_attention(q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap)
+        return self.tp.all_reduce(self.o_proj(out.reshape(t, -1)))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, intermediate_size: int | None = None):
+        super().__init__()
+        self.tp = tp
+        inner = intermediate_size or cfg.intermediate_size
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inner, bias=False)  # gate, up stacked
+        self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.tp.all_reduce(self.down_proj(self.act(gate) * up))
+
+
+def feed_forward(cfg: ModelConfig, layer_idx: int, tp: TPGroup) -> nn.Module:
+    """The layer's MLP: a mixture of experts where the config makes this layer sparse."""
+    if cfg.moe is not None and cfg.moe.is_sparse(layer_idx):
+        from lantern.backends.torch.moe import SparseMoE  # only MoE models pay its import
+
+        return SparseMoE(cfg, tp)
+    return MLP(cfg, tp)

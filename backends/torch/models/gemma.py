@@ -1,0 +1,128 @@
+"""Gemma 2 / Gemma 3 (text) decoder in torch over a flattened token batch (the same layout as the
+MLX file): (1 + weight) RMSNorm in float32, embeddings times sqrt(hidden_size) in the model dtype,
+sandwich norms, GeGLU, soft-capped logits, and Gemma 3's sliding layers on their own rope table.
+
+Tensor parallelism works as for Llama: attention and MLP all-reduce their outputs before the
+(replicated) sandwich norms see them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.torch.attention import TorchAttentionMetadata
+from lantern.backends.torch.kernels import ops
+from lantern.backends.torch.layers import Attention, feed_forward, rope_tables
+from lantern.backends.torch.parallel import TPGroup, local_config, parallel_embed, parallel_logits, vocab_shard
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+class GemmaRMSNorm(nn.Module):
+    """x / rms(x) * (1 + weight) with the residual add fused in, like layers.RMSNorm. The weight is
+    the checkpoint's (centred on 0): the loader fills it by name, the 1 is added here in float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed x + residual, x + residual)."""
+        scale = self.weight.float() + 1.0
+        if ops.use_triton(x):  # the fused kernel reads a float32 weight as is
+            return ops.rms_norm(x, scale, self.eps, residual)
+        # transformers' order: norm and (1 + w) product in float32, one rounding at the end.
+        h = x if residual is None else x + residual
+        hf = h.float()
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps) * scale).to(h.dtype), h
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx, tp, norm=GemmaRMSNorm)
+        self.mlp = feed_forward(cfg, layer_idx, tp)
+        d, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(d, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(d, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(d, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
+        # Gemma 3's sliding layers rotate with a plain rope of their own base (CausalLM's table).
+        self.local_rope = self.self_attn.window is not None and cfg.local_rope_theta is not None
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, meta: TorchAttentionMetadata, local_rope: Rope | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's (normed) MLP output, not yet added to the residual stream."""
+        h, residual = self.input_layernorm(x, residual)
+        attn = self.self_attn(h, meta, local_rope if self.local_rope else None)
+        h, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(attn)[0], residual)
+        return self.post_feedforward_layernorm(self.mlp(h))[0], residual
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, vocab_rows: int):
+        super().__init__()
+        # An explicit (meta) weight skips the random init, which imports torch._dynamo (~3 s).
+        self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size, _weight=torch.empty(vocab_rows, cfg.hidden_size))
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers)])
+        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """With tp.world > 1 this is one rank's shard (see parallel.py); cfg is the full model's."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp
+        rows = vocab_shard(cfg.vocab_size, tp)[2] if tp.active else cfg.vocab_size
+        self.model = Backbone(local_config(cfg, tp.world), tp, rows)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
+        self._local_table: Rope | None = None  # built on first use, on the weights' device
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
+        h = parallel_embed(self._embed, input_ids, self.tp, self.cfg.vocab_size)
+        h = h * _rounded(self.cfg.hidden_size**0.5, h.dtype)
+        local = self._local_rope(meta)
+        residual = None
+        for layer in self.model.layers:
+            h, residual = layer(h, residual, meta, local)
+        h = self.model.norm(h[logits_idx], residual[logits_idx])[0]
+        logits = parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
+        cap = self.cfg.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def _local_rope(self, meta: TorchAttentionMetadata) -> Rope | None:
+        """(cos, sin) of the sliding layers at each token's position; None when they share the model's."""
+        if self.cfg.local_rope_theta is None:
+            return None
+        device = meta.cos.device
+        # Built outside CUDA-graph capture: the graph runner's warm-up steps come first.
+        if self._local_table is None or self._local_table[0].device != device:
+            self._local_table = rope_tables(self.cfg, self.cfg.max_context, device, theta=self.cfg.local_rope_theta)
+        cos, sin = self._local_table
+        return cos[meta.positions], sin[meta.positions]
+
+    # The embedding and the head may be float (nn.Embedding / nn.Linear) or quantized layers
+    # (quant_linear.py: the embedding's logits() reads its table for a tied head).
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        table = self.model.embed_tokens
+        return F.embedding(ids, table.weight) if isinstance(table, nn.Embedding) else table(ids)
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        if not self.cfg.tie_word_embeddings:
+            return self.lm_head(h)
+        table = self.model.embed_tokens
+        return F.linear(h, table.weight) if isinstance(table, nn.Embedding) else table.logits(h)
+
+
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    """value as the dtype holds it (transformers multiplies by a tensor of the embedding's dtype)."""
+    return float(torch.tensor(value, dtype=dtype))
