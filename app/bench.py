@@ -16,6 +16,8 @@ measured here (labelled "measured").
 
   lantern bench --backend torch --shape 1b --shape 8b           # a GPU, bfloat16
   lantern bench --backend torch --shape tiny --requests 16 --prompt-len 32 --out-len 32   # a CPU
+  lantern bench --backend torch --shape moe --requests 8 --prompt-len 32 --out-len 32     # MoE on a CPU
+  lantern bench --backend torch --shape 30b-a3b                                            # MoE on a GPU
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _LLAMA3 = {"vocab_size": 128256, "num_key_value_heads": 8, "rope_theta": 500000.0}
+_QWEN3_MOE = {"model_type": "qwen3_moe", "num_experts_per_tok": 8, "norm_topk_prob": True, "tie_word_embeddings": False}
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {
         "hidden_size": 256,
@@ -69,6 +72,30 @@ SHAPES: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         **_LLAMA3,
     },  # Llama 3.1 8B
+    # Qwen3-30B-A3B scaled down to fit a CPU: the same 8-of-many routing, a quarter of its widths.
+    "moe": {
+        **_QWEN3_MOE,
+        "hidden_size": 512,
+        "moe_intermediate_size": 192,
+        "num_experts": 64,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 16384,
+    },
+    "30b-a3b": {
+        **_QWEN3_MOE,
+        "hidden_size": 2048,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rope_theta": 1000000.0,
+    },  # Qwen3-30B-A3B
 }
 
 # (name fragment, HBM bytes/s, dense bf16 tensor FLOP/s, float32 FLOP/s) from the vendors' data
@@ -94,25 +121,43 @@ class Peaks:
 
 @dataclass
 class ShapeCost:
-    """What one token costs a Llama-shaped model: weights read per step, KV bytes and FLOPs."""
+    """What one token costs a Llama- or Qwen3-MoE-shaped model: weights read per step, KV bytes and FLOPs."""
 
-    weight_bytes_per_step: float  # every matrix once; the embedding table contributes one row
+    weight_bytes_per_step: float  # every matrix a bs=1 step reads once (k experts per MoE layer); one embedding row
     kv_bytes_per_token: float  # K and V of one context token, all layers
     matmul_flops_per_token: float  # 2 x parameters used
     attn_flops_per_ctx_token: float  # QK^T and PV per query token and context token
+    expert_bytes: float = 0.0  # one expert's three matrices, all MoE layers together
+    num_experts: int = 0
+    top_k: int = 0
 
     @classmethod
     def of(cls, shape: dict[str, Any], elt: int) -> ShapeCost:
-        h, i, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+        h, i, n = shape["hidden_size"], shape.get("intermediate_size", 0), shape["num_hidden_layers"]
         heads, kv, v = shape["num_attention_heads"], shape["num_key_value_heads"], shape["vocab_size"]
         d = shape.get("head_dim") or h // heads
-        per_layer = h * heads * d * 2 + h * kv * d * 2 + 3 * h * i + 2 * h  # q,o + k,v + mlp + 2 norms
+        per_layer = h * heads * d * 2 + h * kv * d * 2 + 2 * h  # q,o + k,v + 2 norms
+        experts, k, expert = shape.get("num_experts", 0), shape.get("num_experts_per_tok", 0), 0
+        if experts:  # Qwen3-MoE, every layer sparse: q/k norms, the router and the k experts a token reads
+            expert = 3 * h * shape["moe_intermediate_size"]
+            per_layer += 2 * d + experts * h + k * expert
+        else:
+            per_layer += 3 * h * i  # the gated MLP
         used = n * per_layer + h + v * h  # + final norm + lm head
-        return cls(used * elt, 2 * n * kv * d * elt, 2.0 * used, 4.0 * n * heads * d)
+        return cls(used * elt, 2 * n * kv * d * elt, 2.0 * used, 4.0 * n * heads * d, n * expert * elt, experts, k)
 
     def num_params(self, shape: dict[str, Any], elt: int) -> int:
         embed = 0 if shape["tie_word_embeddings"] else shape["vocab_size"] * shape["hidden_size"]
-        return int(self.weight_bytes_per_step // elt) + embed
+        idle = (self.num_experts - self.top_k) * self.expert_bytes  # experts a bs=1 step does not read
+        return int((self.weight_bytes_per_step + idle) // elt) + embed
+
+    def step_weight_bytes(self, n: int) -> float:
+        """Weights read by a decode step of n sequences: with experts, those any of the n tokens chose
+        (uniform routing: E (1 - (1 - k/E)^n) distinct experts per layer)."""
+        if not self.num_experts:
+            return self.weight_bytes_per_step
+        touched = self.num_experts * (1 - (1 - self.top_k / self.num_experts) ** n)
+        return self.weight_bytes_per_step + (touched - self.top_k) * self.expert_bytes
 
     def bs1_roofline(self, ctx: float, peaks: Peaks) -> float:
         """Tokens/s of a bs=1 decode at context ctx if it only waited on memory."""
@@ -121,9 +166,9 @@ class ShapeCost:
     def ideal_seconds(self, n: int, prompt: int, out: int, peaks: Peaks) -> float:
         """Floor for n requests: the prefill, then out-1 decode steps of n sequences."""
         pre_flops = n * prompt * self.matmul_flops_per_token + n * self.attn_flops_per_ctx_token * prompt**2 / 2
-        total = max(pre_flops / peaks.flops, self.weight_bytes_per_step / peaks.bandwidth)
+        total = max(pre_flops / peaks.flops, self.step_weight_bytes(n * prompt) / peaks.bandwidth)
         for ctx in range(prompt, prompt + out - 1):
-            step_bytes = self.weight_bytes_per_step + n * self.kv_bytes_per_token * ctx
+            step_bytes = self.step_weight_bytes(n) + n * self.kv_bytes_per_token * ctx
             step_flops = n * (self.matmul_flops_per_token + self.attn_flops_per_ctx_token * ctx)
             total += max(step_bytes / peaks.bandwidth, step_flops / peaks.flops)
         return total
@@ -163,7 +208,7 @@ def device_peaks(device: torch.device, dtype: torch.dtype) -> Peaks:
 def prepare_model(shape_name: str, dtype: torch.dtype, device: torch.device) -> Path:
     """Random weights made on the device, saved once under ~/.cache/lantern/bench with a word-level tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from lantern.app.models.default_model import cache_dir
 
@@ -171,8 +216,8 @@ def prepare_model(shape_name: str, dtype: torch.dtype, device: torch.device) -> 
     if (out / "config.json").exists():
         return out
     shape = SHAPES[shape_name]
-    cfg = LlamaConfig(**shape, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2)
-    logger.info("making a random %s Llama (%s) on %s", shape_name, dtype, device)
+    cfg = hf_config(shape, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2)
+    logger.info("making a random %s %s (%s) on %s", shape_name, cfg.model_type, dtype, device)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
@@ -183,6 +228,14 @@ def prepare_model(shape_name: str, dtype: torch.dtype, device: torch.device) -> 
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="t1", eos_token="t2", unk_token="t0").save_pretrained(out)
     del model
     return out
+
+
+def hf_config(shape: dict[str, Any], **extra: Any) -> Any:
+    """transformers' config of a bench shape (Llama unless the shape names a model_type)."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in shape.items() if k != "model_type"}
+    return AutoConfig.for_model(shape.get("model_type", "llama"), **fields, **extra)
 
 
 def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:

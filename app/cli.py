@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="decode speed vs the memory roofline and HF generate",
-        description="Benchmark a random Llama-shaped model (weights made on the device): "
+        description="Benchmark a random Llama- or MoE-shaped model (weights made on the device): "
         "bs=1 decode and N-request throughput, as fractions of the roofline "
         "and against HF transformers' generate in the same run.",
     )
@@ -369,8 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--shape",
         action="append",
-        choices=["tiny", "135m", "1b", "8b"],
-        help="model shape (repeatable; default 1b and 8b on a GPU, 135m on a CPU)",
+        choices=["tiny", "135m", "1b", "8b", "moe", "30b-a3b"],
+        help="model shape (repeatable; default 1b and 8b on a GPU, 135m on a CPU; moe: Qwen3-30B-A3B scaled down)",
     )
     bench.add_argument("--requests", type=int, default=256)
     bench.add_argument("--prompt-len", type=int, default=128)

@@ -3,13 +3,42 @@
 A backend never sees a queue, a request or a tokenizer; it gets a ModelSpec once and a
 ScheduledBatch per step, and returns the sampled tokens. The KV pool's layout is the backend's
 business: the engine only asks how many bytes a block takes and hands out block ids.
+
+What one layer's pool holds per token is a property of the model (KVLayout): a model file's
+CausalLM may declare `kv_layout(cfg) -> KVLayout`; without it, K and V of num_kv_heads x head_dim
+each. DeepSeek's multi-head latent attention declares one "head" of kv_lora_rank + rope dims whose
+first kv_lora_rank columns are also the value (v_is_k_prefix: stored once). The runners size
+`kv_bytes_per_block` and allocate the pools from it; paged attention reads V as K's first v_dim
+columns where the layout says so.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from lantern.app.engine.contract import ModelInfo, ModelSpec, ScheduledBatch, StepOutput
+
+
+class KVLayout(NamedTuple):
+    """Per layer and token: kv_heads heads of a k_dim key and a v_dim value. v_is_k_prefix: the
+    value is the key's first v_dim columns and is not stored separately."""
+
+    kv_heads: int
+    k_dim: int
+    v_dim: int
+    v_is_k_prefix: bool = False
+
+    def elements_per_token(self) -> int:
+        """Stored values per token and layer (K, plus V unless it lies inside K)."""
+        return self.kv_heads * (self.k_dim + (0 if self.v_is_k_prefix else self.v_dim))
+
+
+def kv_layout_of(model: Any, cfg: Any) -> KVLayout:
+    """The layout the model declares (its `kv_layout(cfg)`), else plain K/V of cfg's kv heads."""
+    declared = getattr(model, "kv_layout", None)
+    if declared is not None:
+        return KVLayout(*declared(cfg))
+    return KVLayout(cfg.num_kv_heads, cfg.head_dim, cfg.head_dim)
 
 
 @runtime_checkable

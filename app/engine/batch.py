@@ -2,6 +2,9 @@
 
 Prefill chunks and decode tokens are concatenated; sequence i owns tokens
 ``query_start_loc[i]:query_start_loc[i+1]`` and, after this step, ``seq_lens[i]`` tokens of KV.
+A block table may start with -1 entries: blocks behind every layer's sliding window, released to
+the pool (BlockManager.release_behind_window); backends never read them, and no slot of this step
+lies in one (the tokens computed now are inside their own window).
 """
 
 from __future__ import annotations

@@ -8,6 +8,19 @@ least recently freed first).
 Sharing is only ever of full, computed blocks, and a sequence never writes into a block it did
 not fill itself (a cached prefix stops one token short of the prompt), so blocks need no
 copy-on-write: n > 1 samples are separate sequences that share the prompt through this cache.
+
+Sliding windows (``release_window``, set when every layer of the model slides): a query at position
+p reads keys p - window < j <= p only, so once a sequence has computed n tokens every block wholly
+before n - window + 1 is never read again. It is released (unref'd) and its entry in the block table
+becomes -1; the table keeps its length so block i still covers tokens [i*bs, (i+1)*bs). Prefix
+caching of released blocks: a released block that was published (full and computed) keeps its
+digest and goes to the free list as an evictable cached block, exactly like the blocks of a
+finished sequence, so a later request with the same prefix can revive it. A prefix hit of k blocks
+only needs the blocks the window at its end reads (plus always the last one, so every hit is
+anchored on a verified block): blocks before that are entered as -1 and never revived, and their
+eviction does not shorten the hit (the chained digest of the blocks found still vouches for every
+token before them). Shared blocks are only ever unref'd, so releasing one never takes it from
+another sequence.
 """
 
 from __future__ import annotations
@@ -41,15 +54,22 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         prefer_touched: bool = False,
         cache_budget_blocks: int = 0,
+        release_window: int | None = None,
     ):
         """prefer_touched: the backend's pool is committed lazily (a CPU allocation is backed by
         memory only where written), so blocks used before are handed out before ever-unused
         ones, and cached prefixes are kept in at most `cache_budget_blocks` free blocks (beyond
         that the least recently freed is evicted rather than a new block touched): memory then
         follows the peak load plus that budget, not the pool's size. Off on devices whose pool
-        is committed up front, where every block is kept cached until it is needed."""
+        is committed up front, where every block is kept cached until it is needed.
+
+        release_window: the widest attention window when every layer slides (None: some layer
+        reads the whole context, nothing is released)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
+        if release_window is not None and release_window < 1:
+            raise ValueError("release_window must be >= 1")
+        self.release_window = release_window
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -89,20 +109,35 @@ class BlockManager:
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             seq.block_hashes.append(hash_block(parent, seq.tokens_range(i * bs, (i + 1) * bs), seq.cache_salt))
 
+    def first_needed_block(self, num_computed: int) -> int:
+        """Index of the first block that queries at positions >= num_computed can still read."""
+        if self.release_window is None:
+            return 0
+        return max(0, (num_computed - self.release_window + 1) // self.block_size)
+
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids holding a cached prefix of seq (never all of it: one token must be computed)."""
+        """Block ids holding a cached prefix of seq (never all of it: one token must be computed).
+        With a release window, entries before the window of the first computed token are -1."""
         if not self.enable_prefix_caching:
             return []
         self._update_hashes(seq)
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
-        hits: list[int] = []
+        hits: list[int] = []  # hits[i]: block holding block i of seq, or -1 where none is cached
+        best, run_start = 0, 0  # longest valid hit so far; first block of the current run of hits
         for i, h in enumerate(seq.block_hashes[:max_blocks]):
             block = self.cached.get(h)
             if block is None or self.block_tokens[block] != tuple(seq.tokens_range(i * bs, (i + 1) * bs)):
-                break
+                if self.release_window is None:
+                    break
+                hits.append(-1)
+                run_start = i + 1
+                continue
             hits.append(block)
-        return hits
+            if min(self.first_needed_block((i + 1) * bs), i) >= run_start:
+                best = i + 1  # every block the window at this point reads is cached
+        lo = min(self.first_needed_block(best * bs), max(best - 1, 0))
+        return [-1] * lo + hits[lo:best]
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens
@@ -111,16 +146,20 @@ class BlockManager:
     def blocks_needed(self, seq: Sequence, num_tokens: int, cached: Seq[int] = ()) -> int:
         """Free blocks consumed to give seq room for num_tokens (reviving cached ones counts too)."""
         new = max(self.blocks_for(num_tokens) - len(seq.block_table) - len(cached), 0)
-        return new + sum(1 for b in cached if self.ref_counts[b] == 0)
+        return new + sum(1 for b in cached if b >= 0 and self.ref_counts[b] == 0)
 
     def can_allocate(self, num_blocks: int, reserve: int = 0) -> bool:
         return self.num_free_blocks - num_blocks >= reserve
 
     # ---- mutations -----------------------------------------------------------------------
     def allocate(self, seq: Sequence, num_tokens: int, cached: Seq[int] = ()) -> None:
-        """Extend seq's block table so it covers num_tokens slots, first with cached blocks."""
+        """Extend seq's block table so it covers num_tokens slots, first with cached blocks
+        (-1 entries of `cached` lie before the window and stay unallocated)."""
         for block in cached:
-            self._ref(block)
+            if block < 0:
+                seq.num_released_blocks += 1
+            else:
+                self._ref(block)
             seq.block_table.append(block)
         while len(seq.block_table) * self.block_size < num_tokens:
             seq.block_table.append(self._take_free())
@@ -128,9 +167,25 @@ class BlockManager:
     def free_seq(self, seq: Sequence) -> None:
         # Reverse order: a prefix's tail is evicted before its head, which more requests share.
         for block in reversed(seq.block_table):
-            self._unref(block)
+            if block >= 0:
+                self._unref(block)
         seq.block_table = []
         seq.num_registered_blocks = 0
+        seq.num_released_blocks = 0
+
+    def release_behind_window(self, seq: Sequence) -> int:
+        """Return seq's blocks that no future query reads to the pool (entries become -1);
+        call after register_computed so full blocks keep their digest. Returns how many."""
+        end = min(self.first_needed_block(seq.num_computed_tokens), len(seq.block_table))
+        released = 0
+        for i in range(seq.num_released_blocks, end):
+            block = seq.block_table[i]
+            if block >= 0:
+                seq.block_table[i] = -1
+                self._unref(block)
+                released += 1
+        seq.num_released_blocks = max(seq.num_released_blocks, end)
+        return released
 
     def register_computed(self, seq: Sequence) -> None:
         """Publish the digests of seq's blocks that are now full and computed."""
@@ -143,7 +198,7 @@ class BlockManager:
         self._update_hashes(seq)
         for i in range(seq.num_registered_blocks, n_full):
             block, h = seq.block_table[i], seq.block_hashes[i]
-            if self.block_hash[block] is None and h not in self.cached:
+            if block >= 0 and self.block_hash[block] is None and h not in self.cached:
                 self.cached[h] = block
                 self.block_hash[block] = h
                 self.block_tokens[block] = tuple(seq.tokens_range(i * bs, (i + 1) * bs))

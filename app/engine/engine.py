@@ -71,12 +71,15 @@ class LLMEngine:
         plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
         self.max_model_len = plan.max_model_len
         self.backend.allocate_kv(plan.num_blocks, config.block_size)
+        # When no layer reads past its window, blocks behind it go back to the pool as a sequence grows.
+        release_window = self.model_config.sliding_window if self.model_config.all_layers_slide else None
         self.block_manager = BlockManager(
             plan.num_blocks,
             config.block_size,
             config.enable_prefix_caching,
             prefer_touched=self.backend.kv_memory_is_lazy,
             cache_budget_blocks=plan.cache_budget_blocks,
+            release_window=release_window,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(

@@ -33,7 +33,7 @@ class KVPlan:
 
 def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backend: Any) -> KVPlan:
     max_len = config.max_model_len or model_max
-    check_servable(model_config, max_len)  # past the rope's positions, or a window we do not implement
+    check_servable(model_config, max_len)  # past the rope's positions, or dual chunk attention past a chunk
     bs = config.block_size
     per_block = backend.kv_bytes_per_block(bs)
     blocks_for = lambda tokens: -(-tokens // bs)

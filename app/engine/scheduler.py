@@ -3,7 +3,9 @@
 One token budget per step is shared by decodes (1 token each) and prefill chunks (up to
 ``prefill_chunk_size`` each). Running sequences are served oldest first so none starves; when the
 KV pool runs dry the newest running sequence is preempted (its blocks freed, to be recomputed
-later) and put back at the head of the waiting queue.
+later) and put back at the head of the waiting queue. When every layer of the model slides, the
+blocks a sequence's future queries can no longer see are returned to the pool after each step
+(BlockManager.release_behind_window), so a long generation holds about window / block_size blocks.
 """
 
 from __future__ import annotations
@@ -164,10 +166,12 @@ class Scheduler:
         logger.debug("preempted seq %d (request %s)", seq.seq_id, seq.request_id)
 
     def after_step(self, out: SchedulerOutput) -> None:
-        """Advance progress of the sequences that ran and publish newly full blocks."""
+        """Advance progress of the sequences that ran, publish newly full blocks, then release
+        the blocks now behind every layer's window (published first, so they stay revivable)."""
         for item in out.scheduled:
             seq = item.seq
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             seq.num_computed_tokens += item.num_new_tokens
             self.bm.register_computed(seq)
+            self.bm.release_behind_window(seq)

@@ -50,6 +50,8 @@ class Sequence:
     penalty: Any = None
     num_computed_tokens: int = 0
     num_registered_blocks: int = 0  # leading blocks already published to the prefix cache
+    # Leading block_table entries that are -1: behind every layer's sliding window, back in the pool.
+    num_released_blocks: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     num_preemptions: int = 0
     finish_reason: str | None = None

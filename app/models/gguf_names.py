@@ -34,7 +34,16 @@ _LAYER = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Mixtures of experts: the router, Qwen2-MoE's shared expert and its gate ({n_embd}, 1-D in GGUF)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# llama.cpp stacks each projection's experts in one 3-D tensor (ne2 = experts); the stream yields them
+# one expert at a time under the checkpoints' per-expert names (mlp.experts.<e>.<proj>.weight).
+_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias|scales|biases)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
 
@@ -47,6 +56,8 @@ def hf_name(gguf_name: str) -> str | None:
     m = _LAYER_RE.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
+        if part in _EXPERTS:
+            return f"model.layers.{layer}.mlp.experts.{_EXPERTS[part]}.{kind}"
         mapped = _LAYER.get(part)
         return f"model.layers.{layer}.{mapped}.{kind}" if mapped else None
     m = _GLOBAL_RE.match(gguf_name)
@@ -287,6 +298,10 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
             )
     permuted = indexes[0].architecture in PERMUTED_ARCHITECTURES
     for index, t, name in used:
+        if len(t.shape) == 3 and ".mlp.experts." in name:
+            yield from _split_experts(t, name)
+            index.release(t)
+            continue
         rows, cols = _rows_cols(t)
         w = gguf_to_weight(t.tensor_type.name, t.data, rows, cols)
         which = needs_unpermute(name) if permuted else None
@@ -296,5 +311,47 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
                 w = w.map_rows(lambda a, n=n: unpermute_rows(a, n))
             else:
                 w = unpermute_rows(w, n)
+        if name.endswith("shared_expert_gate.weight") and len(w.shape) == 1:
+            w = w.reshape(1, -1)  # llama.cpp stores the shared expert's gate as a vector
         index.release(t)
         yield name, w
+
+
+def _split_experts(t: GGUFTensor, name: str) -> Iterator[tuple[str, Any]]:
+    """A stacked [E, rows, cols] expert tensor as E per-expert weights, each converted from its own
+    slice of the raw blocks (only one expert's unpacked codes exist at a time)."""
+    from lantern.app.models.quant.gguf_blocks import gguf_to_weight
+
+    cols, rows, experts = t.shape
+    stem, proj, kind = name.rsplit(".", 2)  # "model.layers.N.mlp.experts", "gate_proj", "weight"
+    for e in range(experts):
+        yield f"{stem}.{e}.{proj}.{kind}", gguf_to_weight(t.tensor_type.name, t.data[e], rows, cols)
+
+
+def moe_config_from_gguf(metadata: dict[str, Any]) -> dict[str, Any]:
+    """What transformers' GGUF config reader leaves out of a mixture of experts, from llama.cpp's keys:
+    Mixtral is architecture "llama" with `llama.expert_count` (-> model_type "mixtral"), and the
+    experts' own sizes (`expert_feed_forward_length`, Qwen2-MoE's `expert_shared_feed_forward_length`)
+    are not mapped. Returns the keys to update in the HF config dict (empty for a dense model)."""
+    arch = str(metadata.get("general.architecture", ""))
+
+    def key(name: str) -> Any:
+        return metadata.get(f"{arch}.{name}")
+
+    experts = key("expert_count")
+    if not experts:
+        return {}
+    out: dict[str, Any] = {}
+    if arch == "llama":
+        out.update(model_type="mixtral", num_local_experts=int(experts), sliding_window=None)
+    if key("expert_used_count") is not None:
+        out["num_experts_per_tok"] = int(key("expert_used_count"))
+    if arch in ("qwen2moe", "qwen3moe"):
+        out["num_experts"] = int(experts)
+        if key("expert_feed_forward_length") is not None:
+            out["moe_intermediate_size"] = int(key("expert_feed_forward_length"))
+        if key("expert_shared_feed_forward_length") is not None:
+            out["shared_expert_intermediate_size"] = int(key("expert_shared_feed_forward_length"))
+    if arch == "qwen3moe":
+        out["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalises the top-k weights
+    return out

@@ -14,7 +14,7 @@ from lantern.app.models.spec import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 1  # bump when what gguf_config_and_tokenizer stores changes
+_CACHE_FORMAT = 2  # bump when what gguf_config_and_tokenizer stores changes
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 
@@ -155,6 +155,9 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
 
     logger.info("reading GGUF metadata and tokenizer from %s (converted once, then cached)", path)
     hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    from lantern.app.models.gguf_names import moe_config_from_gguf, read_gguf_index
+
+    hf_cfg.update(moe_config_from_gguf(read_gguf_index(str(path)).metadata))  # experts transformers omits
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return hf_cfg, tokenizer
 

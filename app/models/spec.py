@@ -17,7 +17,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen2": {"attention_bias": True},
     "qwen3": {"qk_norm": True},
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
-    # loading: weight_stream.split_fused); LongRoPE and partial rotary (Phi-4-mini) are refused.
+    # loading: weight_stream.split_fused); partial rotary (Phi-4-mini) works, LongRoPE is refused.
     "phi3": {},
     # Other families: "family" names the model file both backends build (backends/*/models/),
     # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys.
@@ -26,6 +26,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "mixtral": {"configure": "family_moe"},
     "qwen2_moe": {"attention_bias": True, "configure": "family_moe"},
     "qwen3_moe": {"qk_norm": True, "configure": "family_moe"},
+    "deepseek_v2": {"family": "deepseek", "configure": "family_deepseek"},
+    "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
+    "glm4": {"family": "glm4", "configure": "family_glm"},
 }
 
 
@@ -59,16 +62,26 @@ def _refuse(key: str, value: Any, why: str = "") -> UnsupportedModelError:
 
 
 def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dict[str, Any] | None:
-    """The rope scaling both backends implement, normalized; refuses the rest naming the key."""
+    """The rope scaling both backends implement, normalized; refuses the rest naming the key.
+
+    A partial rotary factor (rope on the first int(head_dim * factor) dims of each head) is kept
+    in the result as "partial_rotary_factor", where transformers 5 keeps it too (rope_parameters);
+    only the families whose transformers code and Lantern blocks both rotate part of a head take
+    it: GLM-4 (interleaved pairs) and Phi-3 / Phi-4-mini (rotate_half)."""
     scaling = dict(cfg.get("rope_scaling") or rope)
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
     scaling.pop("rope_theta", None)
     partial = scaling.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor")
-    if partial not in (None, 1, 1.0):
-        raise _refuse("partial_rotary_factor", partial, " (rotary embedding on part of each head)")
+    partial = None if partial in (None, 1, 1.0) else float(partial)
+    if partial is not None:
+        heads = cfg.get("num_attention_heads")
+        head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads if heads else 0)
+        if cfg.get("model_type") not in ("glm4", "phi3") or not 0 < partial < 1 or int(head_dim * partial) % 2:
+            raise _refuse("partial_rotary_factor", partial, " (rotary embedding on part of each head)")
+    plain = None if partial is None else {"rope_type": "default", "partial_rotary_factor": partial}
     if rope_type == "default":
-        return None
+        return plain
     if rope_type not in _ROPE_KEYS:
         raise _refuse("rope_scaling.rope_type", rope_type, f"; supported: default, {', '.join(sorted(_ROPE_KEYS))}")
     if scaling.get("truncate") is True:  # transformers' default, and what mlx_lm does
@@ -79,13 +92,15 @@ def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> di
     if rope_type == "dynamic":
         # Dynamic NTK rescales only once a sequence outgrows max_position_embeddings; below that it
         # is plain rope. max_context stays max_position_embeddings, so plain rope is the exact maths.
-        return None
+        return plain
     if scaling.get("factor") is None:
         raise _refuse("rope_scaling.factor", None, f" (rope_type {rope_type} needs a factor)")
     if rope_type == "yarn" and scaling.get("original_max_position_embeddings") is None:
         # transformers' default; mlx_lm would otherwise assume 4096.
         scaling["original_max_position_embeddings"] = max_pos
     scaling["rope_type"] = rope_type
+    if partial is not None:
+        scaling["partial_rotary_factor"] = partial
     return {k: v for k, v in scaling.items() if v is not None}
 
 
@@ -161,6 +176,7 @@ class ModelConfig:
     embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(hidden_size)
     sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
     moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
+    mla: Any = None  # family_deepseek.MLAConfig: multi-head latent attention (DeepSeek V2/V3)
     # The vision-language model_type whose folder this language model came from (its tensor names
     # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
     multimodal_wrapper: str | None = None

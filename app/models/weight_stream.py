@@ -86,7 +86,8 @@ def release_freed_memory() -> None:
 _TRIM: Any = None
 
 
-FUSED_CHECKPOINTS = {"phi3"}  # q/k/v in one qkv_proj and gate/up in one gate_up_proj
+# q/k/v in one qkv_proj and/or gate/up in one gate_up_proj (GLM-4 fuses only gate/up)
+FUSED_CHECKPOINTS = {"phi3", "glm4"}
 
 
 def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[tuple[str, Any]]:

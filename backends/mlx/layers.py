@@ -16,8 +16,18 @@ from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attent
 ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": nn.gelu_approx}
 
 
+def rotary_dim(cfg: ModelConfig) -> int:
+    """Leading dims of each head the rope rotates: all of them unless the config's rope carries a
+    partial_rotary_factor (GLM-4, Phi-4-mini: int(head_dim * factor), as transformers computes it)."""
+    return int(cfg.head_dim * float((cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)))
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, norm: type[nn.Module] = nn.RMSNorm):
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, norm: type[nn.Module] = nn.RMSNorm, rope_interleaved: bool = False
+    ):
+        """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves. mlx's rope
+        rotates the first rotary_dim(cfg) dims of each head and passes the rest through."""
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -36,7 +46,7 @@ class Attention(nn.Module):
         theta, scaling = cfg.rope_theta, cfg.rope_scaling
         if self.window is not None and cfg.local_rope_theta is not None:
             theta, scaling = cfg.local_rope_theta, None
-        self.rope = initialize_rope(self.head_dim, theta, False, scaling, cfg.max_position_embeddings)
+        self.rope = initialize_rope(rotary_dim(cfg), theta, rope_interleaved, scaling, cfg.max_position_embeddings)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         t = x.shape[0]

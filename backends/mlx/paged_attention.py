@@ -9,6 +9,10 @@ Sliding windows differ per layer, so the gathers and masks they need are built o
 window per step (cached on the metadata), not per layer; a windowed decode gathers only the
 blocks its window reaches. Soft-capping needs the scores themselves, so it takes an explicit
 matmul path; sinks go to fast.scaled_dot_product_attention's `sinks` where the fused path runs.
+
+A pool built with v_is_k_prefix (multi-head latent attention, backends/base.KVLayout) keeps no V
+arrays: V is the first v_dim columns of K (gathered once), and such calls pass v=None. K and V of
+different widths take the explicit matmul path.
 """
 
 from __future__ import annotations
@@ -31,12 +35,25 @@ class PagedKVPool:
     INITIAL_BLOCKS = 64
 
     def __init__(
-        self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: mx.Dtype, block_size: int = 1
+        self,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: mx.Dtype,
+        block_size: int = 1,
+        v_dim: int | None = None,
+        v_is_k_prefix: bool = False,
     ):
+        """head_dim is K's width; v_dim V's (default head_dim). v_is_k_prefix: V is K[..., :v_dim]
+        and self.v stays empty."""
         self.max_slots, self.block_size, self.dtype = num_slots, block_size, dtype
-        shape = (min(num_slots, self.INITIAL_BLOCKS * block_size), kv_heads, head_dim)
-        self.k = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v_dim = head_dim if v_dim is None else v_dim
+        self.v_is_k_prefix = v_is_k_prefix
+        rows = min(num_slots, self.INITIAL_BLOCKS * block_size)
+        self.k = [mx.zeros((rows, kv_heads, head_dim), dtype=dtype) for _ in range(num_layers)]
+        v_layers = 0 if v_is_k_prefix else num_layers
+        self.v = [mx.zeros((rows, kv_heads, self.v_dim), dtype=dtype) for _ in range(v_layers)]
         mx.eval(self.k, self.v)
 
     @property
@@ -49,15 +66,17 @@ class PagedKVPool:
             return
         blocks = -(-max(slots, 2 * self.num_slots) // self.block_size)
         new = min(blocks * self.block_size, self.max_slots)
-        extra = (new - self.num_slots, *self.k[0].shape[1:])
+        old = self.num_slots
         for pools in (self.k, self.v):
             for layer, arr in enumerate(pools):
+                extra = (new - old, *arr.shape[1:])
                 pools[layer] = mx.concatenate([arr, mx.zeros(extra, dtype=self.dtype)])
         mx.eval(self.k, self.v)
 
-    def write(self, layer: int, slots: mx.array, k: mx.array, v: mx.array) -> None:
+    def write(self, layer: int, slots: mx.array, k: mx.array, v: mx.array | None) -> None:
         self.k[layer][slots] = k.astype(self.k[layer].dtype)
-        self.v[layer][slots] = v.astype(self.v[layer].dtype)
+        if not self.v_is_k_prefix:
+            self.v[layer][slots] = v.astype(self.v[layer].dtype)
 
 
 @dataclass
@@ -125,8 +144,8 @@ def _attention_explicit(
     softcap: float | None = None,
     sinks: mx.array | None = None,
 ) -> mx.array:
-    """Grouped-query attention as two batched matmuls: q [B, H, L, D], k/v [B, KVH, S, D], mask
-    broadcastable to [B, L, S] (True = attend) -> [B, H, L, D].
+    """Grouped-query attention as two batched matmuls: q [B, H, L, D], k [B, KVH, S, D], v
+    [B, KVH, S, Dv], mask broadcastable to [B, L, S] (True = attend) -> [B, H, L, Dv].
 
     Used where the scores themselves are needed (soft-capping) and for decode on the CPU, where
     fast.scaled_dot_product_attention has no fused kernel and costs about twice this for
@@ -145,7 +164,7 @@ def _attention_explicit(
         probs = mx.softmax(mx.concatenate([scores, sink], axis=-1), axis=-1, precise=True)[..., :-1]
     else:
         probs = mx.softmax(scores, axis=-1, precise=True)
-    return (probs.astype(v.dtype) @ v[:, :, None]).reshape(b, h, n_q, d)
+    return (probs.astype(v.dtype) @ v[:, :, None]).reshape(b, h, n_q, v.shape[-1])
 
 
 def _attend(
@@ -158,8 +177,9 @@ def _attend(
     sinks: mx.array | None,
     prefer_explicit: bool = False,
 ) -> mx.array:
-    """The fused SDPA where it computes the same thing, the explicit matmuls otherwise."""
-    if softcap is None and not prefer_explicit:
+    """The fused SDPA where it computes the same thing, the explicit matmuls otherwise (also for a
+    V narrower than K: not every fused kernel takes one)."""
+    if softcap is None and not prefer_explicit and k.shape[-1] == v.shape[-1]:
         if sinks is not None:
             sinks = sinks.astype(q.dtype)  # SDPA wants sinks that promote to the output type
         if isinstance(mask, mx.array) and mask.ndim == 2:
@@ -200,7 +220,7 @@ def _prefill_view(g: PrefillGroup, window: int | None) -> tuple[mx.array | None,
 def paged_attention(
     q: mx.array,
     k: mx.array,
-    v: mx.array,
+    v: mx.array | None,
     meta: AttentionMetadata,
     layer: int,
     scale: float,
@@ -210,19 +230,22 @@ def paged_attention(
 ) -> mx.array:
     """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D].
 
+    With a pool whose V lies inside K (v_is_k_prefix), v is None and the output is [T, H, v_dim].
+
     window: a query at position p sees keys p - window < j <= p; softcap: scores (after scale)
     become softcap * tanh(scores / softcap) before masking; sinks [H]: one extra logit per head
     in the softmax's denominator, with no value (gpt-oss)."""
     pool = meta.pool
     pool.write(layer, meta.slot_mapping, k, v)
-    k_pool, v_pool = pool.k[layer], pool.v[layer]
+    v_in_k, v_dim = pool.v_is_k_prefix, pool.v_dim
+    k_pool, v_pool = pool.k[layer], None if v_in_k else pool.v[layer]
     pieces = []
     if meta.decode_token_idx is not None:
         tables, mask = _decode_view(meta, window)
         qd = q[meta.decode_token_idx][:, :, None, :]  # [B, H, 1, D]
         # Gather whole blocks (contiguous runs) rather than single slots: far fewer, larger copies.
         kd = _gather_blocks(k_pool, tables, meta.block_size)  # [B, KVH, L, D]
-        vd = _gather_blocks(v_pool, tables, meta.block_size)
+        vd = kd[..., :v_dim] if v_in_k else _gather_blocks(v_pool, tables, meta.block_size)
         on_cpu = mx.default_device().type != mx.DeviceType.gpu
         od = _attend(qd, kd, vd, scale, mask, softcap, sinks, prefer_explicit=on_cpu)
         pieces.append(od[:, :, 0, :].astype(q.dtype))
@@ -230,9 +253,11 @@ def paged_attention(
         slots, mask = _prefill_view(g, window)
         qp = q[g.q_start : g.q_end].transpose(1, 0, 2)[None]  # [1, H, L, D]
         if slots is None:  # no cached prefix: the chunk (from position 0) is its whole context
-            kp, vp = k[g.q_start : g.q_end], v[g.q_start : g.q_end]
+            kp = k[g.q_start : g.q_end]
+            vp = kp[..., :v_dim] if v_in_k else v[g.q_start : g.q_end]
         else:
-            kp, vp = k_pool[slots], v_pool[slots]
+            kp = k_pool[slots]
+            vp = kp[..., :v_dim] if v_in_k else v_pool[slots]
         kp = kp.astype(q.dtype).transpose(1, 0, 2)[None]
         vp = vp.astype(q.dtype).transpose(1, 0, 2)[None]
         # "causal" aligns the last query with the last key, i.e. the chunk follows its prefix.

@@ -11,6 +11,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from lantern.app.engine.contract import ModelInfo, ModelSpec, ScheduledBatch, StepOutput
+from lantern.backends.base import kv_layout_of
+from lantern.backends.mlx import layers as _layers  # noqa: F401  (mlx_lm's rope: imported with the backend, not mid-load)
 from lantern.backends.mlx.models import build_model
 from lantern.backends.mlx.paged_attention import PagedKVPool, build_metadata
 from lantern.backends.mlx.sampler import sample
@@ -53,6 +55,7 @@ class MLXBackend:
         load_weights(model, spec, self.dtype)
         model.eval()
         self.model = model
+        self.kv_layout = kv_layout_of(model, spec.config)  # what the pool holds per token and layer
         self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         num_params = _count_params(model)
         return ModelInfo(
@@ -63,8 +66,8 @@ class MLXBackend:
         )
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        c = self.cfg
-        return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * self.dtype.size
+        per_token = self.kv_layout.elements_per_token()
+        return self.cfg.num_layers * block_size * per_token * self.dtype.size
 
     def available_memory_bytes(self) -> int:
         if platform.system() == "Darwin" and mx.metal.is_available():
@@ -76,10 +79,17 @@ class MLXBackend:
             return 4 << 30
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        c = self.cfg
+        kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = PagedKVPool(
-            c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim, self.dtype, block_size=block_size
+            self.cfg.num_layers,
+            num_blocks * block_size,
+            kvh,
+            k_dim,
+            self.dtype,
+            block_size=block_size,
+            v_dim=v_dim,
+            v_is_k_prefix=v_in_k,
         )
 
     def compute_logits(self, batch: ScheduledBatch) -> mx.array:

@@ -1,20 +1,26 @@
 """Load any checkpoint the weight stream reads into the MLX model, keeping quantized weights
 quantized (backends/mlx/quant.py): GGUF blocks, MLX-community folders, AWQ, GPTQ, `--isq`.
 FP8 weights are dequantized to the model dtype (MLX has no e4m3 matmul), said once in the log.
+
+Mixture-of-experts checkpoints store each expert's projections separately; they are stacked into
+the [E, out, in] arrays of backends/mlx/moe.py as the last expert of a projection arrives (quantized
+experts as stacked packed codes for gather_qmm).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from lantern.app.engine.contract import ModelSpec
+from lantern.app.models.family_moe import expert_part, is_router, moe_name
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight
 from lantern.app.models.weight_stream import IsqMode, iter_weights
-from lantern.backends.mlx.quant import get_module, quantized_module, set_module
+from lantern.backends.mlx.quant import get_module, quantized_module, set_module, to_mlx_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +33,21 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
     isq = ISQ_MODES[spec.isq] if spec.isq else None
     errors = ErrorLog()
     arrays: list[tuple[str, mx.array]] = []
+    experts = _ExpertStacker(model, cfg.moe.num_experts if cfg.moe else 0, dtype, errors)
     fp8 = 0
     for name, value in iter_weights(spec, "mlx", isq):
         if cfg.tie_word_embeddings and name.startswith("lm_head."):
             continue
+        name = moe_name(name)
         if isinstance(value, Fp8Weight):
             fp8 += 1
             value = value.dequantize()
+        if isinstance(value, AffineWeight) and is_router(name):
+            value = value.dequantize()  # a few KB: routing at activation precision
+        part = expert_part(name)
+        if part is not None:
+            arrays.extend(experts.add(part, value))
+            continue
         if isinstance(value, AffineWeight):
             prefix = name.rsplit(".", 1)[0]
             new, parts = quantized_module(get_module(model, prefix), value, dtype, errors)
@@ -45,8 +59,69 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
         if mx.issubdtype(value.dtype, mx.floating):
             value = value.astype(dtype)
         arrays.append((name, value))
+    experts.finish()
     if fp8:
         logger.info("%d FP8 weight(s) dequantized to %s: MLX has no FP8 matmul", fp8, dtype)
     errors.report("MLX")
     model.load_weights(arrays, strict=True)
     mx.eval(model.parameters())
+
+
+class _ExpertStacker:
+    """Collects one projection's experts (float arrays, or packed quantized arrays) and stacks them
+    once all E are in; the stacked module replaces the float ExpertLinear where they are quantized."""
+
+    def __init__(self, model: nn.Module, num_experts: int, dtype: mx.Dtype, errors: ErrorLog):
+        self.model, self.num_experts, self.dtype, self.errors = model, num_experts, dtype, errors
+        self.pending: dict[str, dict[int, Any]] = {}
+
+    def add(self, part: tuple[str, int, str, str], value: Any) -> list[tuple[str, mx.array]]:
+        path, index, proj, kind = part
+        if kind != "weight":
+            raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
+        if not 0 <= index < self.num_experts:
+            raise ValueError(f"{path}.{index}.{proj}: the config has {self.num_experts} experts")
+        if isinstance(value, AffineWeight):
+            # Packed now: the unpacked codes (one byte per weight) are not kept for the whole layer.
+            packed, scales, biases, bits, group = to_mlx_arrays(value, self.dtype, self.errors)
+            mx.eval(packed, scales, biases)
+            item: Any = ("q", packed, scales, biases, bits, group)
+        else:
+            array = mx.array(value) if isinstance(value, np.ndarray) else value
+            item = array.astype(self.dtype)
+            mx.eval(item)
+        slot = self.pending.setdefault(f"{path}.{proj}", {})
+        slot[index] = item
+        if len(slot) < self.num_experts:
+            return []
+        del self.pending[f"{path}.{proj}"]
+        return self.stack(f"{path}.{proj}", [slot.pop(i) for i in range(self.num_experts)])
+
+    def stack(self, prefix: str, items: list[Any]) -> list[tuple[str, mx.array]]:
+        from lantern.backends.mlx.moe import QuantExpertLinear
+
+        quantized = [isinstance(it, tuple) for it in items]
+        modes = {it[4:] for it in items if isinstance(it, tuple)}
+        if all(quantized) and len(modes) == 1:
+            bits, group = modes.pop()
+            old = get_module(self.model, prefix)
+            e, rows, cols = old.weight.shape
+            set_module(self.model, prefix, QuantExpertLinear(e, cols, rows, bits, group))
+            return [(f"{prefix}.{name}", mx.stack([it[i] for it in items])) for i, name in enumerate(_Q_NAMES, 1)]
+        if any(quantized):  # mixed modes across experts: no single gather_qmm layout
+            self.errors.note(f"{prefix}: experts quantized in different modes (or partly); dequantized to float")
+        floats = [_dequantized(it) if isinstance(it, tuple) else it for it in items]
+        return [(f"{prefix}.weight", mx.stack(floats).astype(self.dtype))]
+
+    def finish(self) -> None:
+        if self.pending:
+            prefix, got = next(iter(self.pending.items()))
+            raise ValueError(f"checkpoint has only experts {sorted(got)} of {prefix} ({self.num_experts} expected)")
+
+
+_Q_NAMES = ("weight", "scales", "biases")
+
+
+def _dequantized(item: tuple) -> mx.array:
+    _, packed, scales, biases, bits, group = item
+    return mx.dequantize(packed, scales, biases, group_size=group, bits=bits)

@@ -4,6 +4,11 @@ Layout matches the MLX backend: per layer one pool [num_blocks * block_size, kv_
 for K and one for V; writes go to `slot_mapping`, reads gather context slots from the shared
 numpy plan (backends/paged_plan.py). Each op is a Triton kernel on CUDA and its plain-torch
 reference elsewhere (kernels/ops.py).
+
+A pool built with v_is_k_prefix (multi-head latent attention, backends/base.KVLayout) stores K
+only: each layer's `v` is a view of K's first v_dim columns, writes pass v=None, and reads of a V
+narrower than K take the plain-torch reference path (also on CUDA: the Triton kernels assume one
+head size for K and V).
 """
 
 from __future__ import annotations
@@ -30,11 +35,25 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 class TorchKVPool:
     def __init__(
-        self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+        self,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        v_dim: int | None = None,
+        v_is_k_prefix: bool = False,
     ):
-        shape = (num_slots, kv_heads, head_dim)
-        self.k = [_zeros(shape, dtype, device) for _ in range(num_layers)]
-        self.v = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        """head_dim is K's width, v_dim V's (default head_dim). v_is_k_prefix: V is K[..., :v_dim]
+        (self.v holds views of self.k, no memory of their own)."""
+        self.v_dim = head_dim if v_dim is None else v_dim
+        self.v_is_k_prefix = v_is_k_prefix
+        self.k = [_zeros((num_slots, kv_heads, head_dim), dtype, device) for _ in range(num_layers)]
+        if v_is_k_prefix:
+            self.v = [k[..., : self.v_dim] for k in self.k]
+        else:
+            self.v = [_zeros((num_slots, kv_heads, self.v_dim), dtype, device) for _ in range(num_layers)]
 
 
 @dataclass
@@ -87,7 +106,7 @@ def build_metadata(
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
-    v: torch.Tensor,
+    v: torch.Tensor | None,
     meta: TorchAttentionMetadata,
     layer: int,
     scale: float,
@@ -100,9 +119,15 @@ def paged_attention(
     window: a query at position p sees keys p - window < j <= p; softcap: scores (after scale)
     become softcap * tanh(scores / softcap) before masking; sinks [H]: one extra logit per head
     in the softmax's denominator, with no value (gpt-oss). Decode queries sit at seq_len - 1, a
-    prefill chunk's first query at ctx_len - chunk length."""
-    k_pool, v_pool = meta.pool.k[layer], meta.pool.v[layer]
-    ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
+    prefill chunk's first query at ctx_len - chunk length.
+
+    With a pool whose V lies inside K (v_is_k_prefix), v is None and the output is [T, H, v_dim]."""
+    pool = meta.pool
+    k_pool, v_pool = pool.k[layer], pool.v[layer]
+    if pool.v_is_k_prefix:
+        ops.write_kv(k_pool, None, k, None, meta.slot_mapping)
+    else:
+        ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
     extras = dict(window=window, softcap=softcap, sinks=sinks)
     pieces = []
     if meta.decode_token_idx is not None:
@@ -125,7 +150,8 @@ def paged_attention(
                 ops.paged_prefill(qp, k_pool, v_pool, g.block_table, g.ctx_len, meta.block_size, scale, **extras)
             )
         else:
-            kp, vp = k[g.q_start : g.q_end], v[g.q_start : g.q_end]
+            kp = k[g.q_start : g.q_end]
+            vp = kp[..., : pool.v_dim] if pool.v_is_k_prefix else v[g.q_start : g.q_end]
             pieces.append(reference.causal_attention(qp, kp, vp, scale, **extras))
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
     if meta.restore_order is not None:

@@ -20,10 +20,16 @@ from lantern.backends.torch.parallel import TPGroup
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
+def rotary_dim(cfg: ModelConfig) -> int:
+    """Leading dims of each head the rope rotates: all of them unless the config's rope carries a
+    partial_rotary_factor (GLM-4, Phi-4-mini: int(head_dim * factor), as transformers computes it)."""
+    return int(cfg.head_dim * float((cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)))
+
+
 def rope_tables(
     cfg: ModelConfig, max_len: int, device: torch.device, theta: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [max_len, head_dim] (HF's rotate_half layout), attention scaling folded in.
+    """cos/sin [max_len, rotary_dim(cfg)] (HF's rotate_half layout), attention scaling folded in.
     theta: a plain rope of this base instead of the config's (Gemma 3's sliding layers)."""
     if theta is not None:
         params = {"rope_theta": theta, "rope_type": "default"}
@@ -31,8 +37,8 @@ def rope_tables(
         params = {"rope_theta": cfg.rope_theta, "rope_type": "default", **(cfg.rope_scaling or {})}
     rope_type = params["rope_type"]
     if rope_type == "default":
-        base = params["rope_theta"]
-        inv_freq = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        base, dim = params["rope_theta"], rotary_dim(cfg)
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
         scaling = 1.0
     else:  # transformers' config import costs ~3 s at start: only scaled ropes need it
         from transformers import LlamaConfig
@@ -43,12 +49,31 @@ def rope_tables(
             num_attention_heads=cfg.num_heads,
             head_dim=cfg.head_dim,
             max_position_embeddings=cfg.max_position_embeddings,
-            rope_parameters=params,
+            rope_parameters=params,  # with its partial_rotary_factor, which the initialisers read
         )
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"))
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq.float())
     emb = torch.cat([freqs, freqs], dim=-1)
     return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """Rope on the first cos.shape[-1] dims of each head of x [T, H, D]; the rest pass through.
+
+    interleaved: rotate consecutive pairs (x0, x1), (x2, x3), ... (GLM-4) instead of the two
+    halves (Llama, Phi-3). The pairs are gathered into halves, rotated by the same rotate_half
+    kernel and scattered back, so one rope kernel and one table layout serve both.
+    """
+    rot = cos.shape[-1]
+    if rot == x.shape[-1] and not interleaved:
+        return ops.rotary(x, cos, sin)
+    part = x[..., :rot]
+    if interleaved:  # (x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...)
+        part = part.unflatten(-1, (rot // 2, 2)).transpose(-1, -2).flatten(-2)
+    part = ops.rotary(part, cos, sin)
+    if interleaved:
+        part = part.unflatten(-1, (2, rot // 2)).transpose(-1, -2).flatten(-2)
+    return part if rot == x.shape[-1] else torch.cat([part, x[..., rot:]], dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -63,9 +88,19 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup, norm: type[nn.Module] = RMSNorm):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        tp: TPGroup,
+        norm: type[nn.Module] = RMSNorm,
+        rope_interleaved: bool = False,
+    ):
+        """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves; the width
+        rotated is the rope table's (rope_tables: rotary_dim(cfg))."""
         super().__init__()
         self.tp = tp
+        self.rope_interleaved = rope_interleaved
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
@@ -92,7 +127,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q)[0], self.k_norm(k)[0]
         cos, sin = rope if rope is not None else (meta.cos, meta.sin)
-        q, k = ops.rotary(q, cos, sin), ops.rotary(k, cos, sin)
+        q = apply_rotary(q, cos, sin, self.rope_interleaved)
+        k = apply_rotary(k, cos, sin, self.rope_interleaved)
         out = paged_attention(q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap)
         return self.tp.all_reduce(self.o_proj(out.reshape(t, -1)))
 

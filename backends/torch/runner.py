@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 
 from lantern.app.engine.contract import BackendOptions, ModelInfo, ModelSpec, ScheduledBatch, StepOutput
 from lantern.app.engine.errors import EngineDeadError
+from lantern.backends.base import kv_layout_of
 from lantern.backends.paged_plan import plan_attention
 from lantern.backends.torch.attention import TorchKVPool, build_metadata
 from lantern.backends.torch.cuda_graphs import DecodeGraphRunner
@@ -106,6 +107,7 @@ class TorchBackend:
         load_weights(model, spec, self.tp, self.device, self.dtype)
         model.eval()
         self.model = model
+        self.kv_layout = kv_layout_of(model, self.local_cfg)  # what the pool holds per token and layer
         self.max_context = spec.config.max_context
         self.cos, self.sin = rope_tables(spec.config, self.max_context, self.device)
         weight_bytes = quantized_bytes(model)  # every parameter and buffer, quantized or not
@@ -159,8 +161,8 @@ class TorchBackend:
                 raise EngineDeadError(f"tensor-parallel worker rank {rank} died (exit code {w.exitcode})")
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        c = self.local_cfg
-        return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+        per_token = self.kv_layout.elements_per_token()
+        return self.local_cfg.num_layers * block_size * per_token * self.dtype.itemsize
 
     def available_memory_bytes(self) -> int:
         if self.device.type == "cuda":
@@ -174,11 +176,21 @@ class TorchBackend:
         self._allocate_local(num_blocks, block_size)
 
     def _allocate_local(self, num_blocks: int, block_size: int) -> None:
-        c = self.local_cfg
+        kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = TorchKVPool(
-            c.num_layers, num_blocks * block_size, c.num_kv_heads, c.head_dim, self.dtype, self.device
+            self.local_cfg.num_layers,
+            num_blocks * block_size,
+            kvh,
+            k_dim,
+            self.dtype,
+            self.device,
+            v_dim=v_dim,
+            v_is_k_prefix=v_in_k,
         )
+        if v_in_k and self.static_decode:  # the reference path MLA takes syncs with the host: no capture
+            logger.info("decode steps run eagerly: this model's KV layout takes the reference attention path")
+            self.static_decode = self.capture_graphs = False
         if self.static_decode:
             max_blocks = min(num_blocks, -(-self.max_context // block_size))
             self.graphs = DecodeGraphRunner(

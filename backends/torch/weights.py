@@ -6,6 +6,11 @@ nn.Embedding with a layer from quant_linear.py. q/k/v and gate/up arrive separat
 stacked into the fused qkv_proj / gate_up_proj once all parts are in (as one quantized matrix when
 the parts share a mode, else as a stack of layers: GGUF Q4_K_M mixes Q4_K and Q6_K). Tensor
 parallelism slices every tensor before it is placed, quantized ones along whole groups.
+
+Mixture-of-experts checkpoints store each expert's projections separately (Mixtral's w1/w3/w2 are
+renamed by family_moe.moe_name): float experts are copied into the stacked [E, out, in] parameters
+of moe.StackedExperts as they arrive (allocated once, at the first expert); quantized ones become one
+quantized layer per expert and projection (moe.QuantExperts), gate and up fused like gate_up_proj.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lantern.app.engine.contract import ModelSpec
+from lantern.app.models.family_moe import expert_part, is_router, moe_name
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, concat_rows
 from lantern.app.models.weight_stream import IsqMode, iter_weights
 from lantern.backends.torch.parallel import COLUMN_PARALLEL, ROW_PARALLEL, TPGroup, vocab_shard
@@ -75,6 +81,8 @@ class _Loader:
         self.parts: dict[tuple[str, str], dict[int, Any]] = {}
         self.quantized: set[str] = set()
         self.fp8 = False
+        self.experts_placed: dict[str, set[tuple[int, str]]] = {}  # stacked float experts filled so far
+        self.expert_shapes: dict[str, tuple[int, int, int]] = {}  # quantized experts: (E, hidden, inner)
 
     # ---- tensor parallel slicing ---------------------------------------------------------
     def shard(self, prefix: str, kind: str, value: Any) -> Any:
@@ -104,10 +112,17 @@ class _Loader:
 
     # ---- placing -------------------------------------------------------------------------
     def add(self, name: str, value: Any) -> None:
+        name = moe_name(name)
+        if isinstance(value, (AffineWeight, Fp8Weight)) and is_router(name):
+            value = value.dequantize()  # a few KB: the experts are chosen at activation precision
+        part = expert_part(name)
+        if part is not None:
+            self.add_expert(*part, value)
+            return
         prefix, kind = name.rsplit(".", 1)
         value = self.shard(prefix, kind, value)
         parent, module = prefix.rsplit(".", 1) if "." in prefix else ("", prefix)
-        if module in _FUSED:
+        if module in _FUSED and hasattr(self.model.get_submodule(parent), _FUSED[module][0]):
             fused, index, count = _FUSED[module]
             slot = self.parts.setdefault((f"{parent}.{fused}", kind), {})
             slot[index] = value
@@ -164,7 +179,79 @@ class _Loader:
                 layers.append(FloatLinear(_as_torch(p).to(self.device, self.dtype)))
         return layers[0] if len(layers) == 1 else stacked_linear(layers)
 
+    # ---- mixture-of-experts ------------------------------------------------------------------
+    def add_expert(self, path: str, index: int, proj: str, kind: str, value: Any) -> None:
+        from lantern.backends.torch.moe import QuantExperts, StackedExperts
+
+        if kind != "weight":
+            raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
+        module = self.model.get_submodule(path)
+        num_experts, _, hidden = module.gate_up_proj.shape if isinstance(module, StackedExperts) else (0, 0, 0)
+        quantized = isinstance(value, (AffineWeight, Fp8Weight))
+        if isinstance(module, StackedExperts) and quantized:
+            if path not in self.experts_placed:  # the layer's first expert: keep them quantized
+                inner = module.down_proj.shape[2]
+                self.expert_shapes[path] = (num_experts, hidden, inner)
+                module = QuantExperts(num_experts)
+                _set_module(self.model, path, module)
+            else:
+                self.errors.note(f"{path}: experts partly quantized, partly float; dequantized to {self.dtype}")
+                value = value.dequantize()
+        if isinstance(module, StackedExperts):
+            self.place_float_expert(path, module, index, proj, value)
+            return
+        num_experts, hidden, inner = self.expert_shapes[path]
+        if not 0 <= index < num_experts:
+            raise ValueError(f"{path}.{index}: the config has {num_experts} experts")
+        expected = (hidden, inner) if proj == "down_proj" else (inner, hidden)
+        if tuple(value.shape) != expected:
+            raise ValueError(f"{path}.{index}.{proj}.weight has shape {tuple(value.shape)}, expected {expected}")
+        if proj == "down_proj":
+            module.down_proj[index] = self.quantized_layer(f"{path}.{index}.down_proj", [value])
+            return
+        slot = self.parts.setdefault((f"{path}.{index}.gate_up_proj", kind), {})
+        slot[0 if proj == "gate_proj" else 1] = value
+        if len(slot) == 2:
+            del self.parts[(f"{path}.{index}.gate_up_proj", kind)]
+            module.gate_up_proj[index] = self.quantized_layer(f"{path}.{index}.gate_up_proj", [slot[0], slot[1]])
+
+    def place_float_expert(self, path: str, module: nn.Module, index: int, proj: str, value: Any) -> None:
+        which = "down_proj" if proj == "down_proj" else "gate_up_proj"
+        param = module._parameters[which]
+        if param.is_meta:  # allocated once, at the first expert: filled in place as the rest arrive
+            param = nn.Parameter(torch.empty(param.shape, device=self.device, dtype=self.dtype), requires_grad=False)
+            module._parameters[which] = param
+        if not 0 <= index < param.shape[0]:
+            raise ValueError(f"{path}.{index}: the config has {param.shape[0]} experts")
+        inner = module.down_proj.shape[2]
+        rows = {"gate_proj": slice(0, inner), "up_proj": slice(inner, 2 * inner), "down_proj": slice(None)}[proj]
+        target = param.data[index, rows]
+        tensor = _as_torch(value)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"{path}.{index}.{proj}.weight has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+        self.experts_placed.setdefault(path, set()).add((index, proj))
+
+    def check_experts(self) -> None:
+        from lantern.backends.torch.moe import QuantExperts, StackedExperts, Unset
+
+        for path, module in self.model.named_modules():
+            if isinstance(module, StackedExperts):
+                placed = self.experts_placed.get(path, set())
+                if len(placed) != 3 * module.gate_up_proj.shape[0]:
+                    raise ValueError(f"checkpoint has {len(placed)} of the {path} expert projections")
+            elif isinstance(module, QuantExperts):
+                missing = [i for i, m in enumerate(module.down_proj) if isinstance(m, Unset)]
+                missing += [i for i, m in enumerate(module.gate_up_proj) if isinstance(m, Unset)]
+                if missing:
+                    raise ValueError(f"checkpoint lacks {path} experts {sorted(set(missing))[:5]}")
+                if self.device.type == "cuda":
+                    module.stack_for_cuda()
+
     def finish(self) -> None:
+        self.check_experts()
         if self.parts:
             (path, kind), got = next(iter(self.parts.items()))
             raise ValueError(f"checkpoint has only part of {path}.{kind} (parts {sorted(got)})")

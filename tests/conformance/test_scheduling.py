@@ -1,4 +1,8 @@
-"""Continuous batching on a real MLX model: batch invariance, preemption, prefix cache, n > 1."""
+"""Continuous batching on real (tiny) models: batch invariance, preemption, prefix cache, n > 1.
+
+Batch invariance, preemption and the prefix cache run over several families: dense Llama, Mistral
+with a sliding window of 8 (shorter than most prompts here, so KV blocks behind it are released
+while sequences run), Gemma 3 (local and global layers) and Qwen3-MoE."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import pytest
 from lantern.app.engine import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+# llama2 runs the full-size cases; the other families run lighter ones (CI has 2 cores).
+FAMILIES = ["llama2", "mistral_swa", "gemma3", "qwen3_moe"]
 
 
 def make_prompts(tokenizer, count, seed=0, min_len=5, max_len=30):
@@ -27,10 +33,9 @@ def all_blocks_free(engine):
     return bm.num_free_blocks == bm.num_blocks and all(r == 0 for r in bm.ref_counts)
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_model_dir, backend):
+def make_llm(path, backend):
     return LLM(
-        tiny_model_dir("llama2"),
+        path,
         backend=backend,
         dtype="float32",
         block_size=4,
@@ -40,9 +45,22 @@ def llm(tiny_model_dir, backend):
     )
 
 
-def test_staggered_batch_gives_same_tokens_as_alone(llm):
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir, backend):
+    return make_llm(tiny_model_dir("llama2"), backend)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_llm(request, tiny_model_dir, backend):
+    return request.param, make_llm(tiny_model_dir(request.param), backend)
+
+
+def test_staggered_batch_gives_same_tokens_as_alone(family_llm):
+    family, llm = family_llm
     engine = llm.engine
-    prompts = make_prompts(llm.tokenizer, 32)
+    count = 32 if family == "llama2" else 12
+    prompts = make_prompts(llm.tokenizer, count)
+    assert max(map(len, prompts)) > 8  # longer than the sliding windows
     alone = run_alone(llm, prompts, GREEDY)
     # Requests arrive two per step while others are prefilling in chunks or decoding.
     results, pending, step = {}, list(enumerate(prompts)), 0
@@ -59,23 +77,31 @@ def test_staggered_batch_gives_same_tokens_as_alone(llm):
         mixed_steps += sched_before > 1
         step += 1
     assert mixed_steps > 10  # batches really held several sequences at once
-    assert [results[i] for i in range(32)] == alone
+    assert [results[i] for i in range(count)] == alone
     assert all_blocks_free(engine)
 
 
-def test_preemption_keeps_results_and_frees_everything(tiny_model_dir, backend):
-    # Each sequence needs ~ (30 + 24) / 4 = 14 blocks; 56 blocks hold about 4 of them.
-    llm = LLM(tiny_model_dir("llama2"), backend=backend, dtype="float32", block_size=4, num_kv_blocks=56)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_preemption_keeps_results_and_frees_everything(tiny_model_dir, backend, family):
+    # Each sequence needs ~ (30 + 24) / 4 = 14 blocks; 56 blocks hold about 4 of them. With a
+    # window of 8 every layer slides and a sequence holds at most 4 blocks, so a smaller pool and
+    # prompts admitted by chunks of 8 (admission checks only the first chunk) make them collide.
+    swa = {"num_kv_blocks": 20, "prefill_chunk_size": 8} if family == "mistral_swa" else {"num_kv_blocks": 56}
+    llm = LLM(tiny_model_dir(family), backend=backend, dtype="float32", block_size=4, **swa)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    prompts = make_prompts(llm.tokenizer, 16, seed=1, min_len=20, max_len=30)
+    count = 16 if family == "llama2" else 8
+    prompts = make_prompts(llm.tokenizer, count, seed=1, min_len=20, max_len=30)
     together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert llm.engine.scheduler.num_preemptions > 0
     assert together == run_alone(llm, prompts, params)
     assert all_blocks_free(llm.engine)
 
 
-def test_prefix_cache_reuses_blocks_and_changes_nothing(tiny_model_dir, backend):
-    path = tiny_model_dir("llama2")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefix_cache_reuses_blocks_and_changes_nothing(tiny_model_dir, backend, family):
+    # With mistral_swa the first request's head blocks are released (behind the window) before the
+    # others arrive: their hits read only the last blocks of the 40-token prefix.
+    path = tiny_model_dir(family)
     tok_prompts = make_prompts(_tok(path), 1, seed=2, min_len=40, max_len=40)
     prefix = tok_prompts[0]
     suffixes = make_prompts(_tok(path), 6, seed=3, min_len=3, max_len=9)

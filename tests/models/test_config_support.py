@@ -156,7 +156,6 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
             "rope_scaling.truncate=false",
         ),
         ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
-        ("phi3", {"partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75"),  # Phi-4-mini
         (
             "phi3",
             {

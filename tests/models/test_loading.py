@@ -87,7 +87,8 @@ def test_unsupported_architecture_lists_supported(tiny_model_dir, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, phi3, qwen2, qwen3"):
+    supported = "deepseek_v2, deepseek_v3, gemma2, gemma3_text, glm4, llama, mistral, mixtral, phi3, qwen2, qwen2_moe"
+    with pytest.raises(UnsupportedModelError, match=f"supported: {supported}, qwen3, qwen3_moe"):
         resolve_model(str(folder))
 
 

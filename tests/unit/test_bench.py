@@ -13,18 +13,56 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lantern.app.bench import SHAPES, Peaks, ShapeCost, run_bench  # noqa: E402
+from lantern.app.bench import SHAPES, Peaks, ShapeCost, hf_config, run_bench  # noqa: E402
 
 
 @pytest.mark.parametrize("shape_name", list(SHAPES))
 def test_cost_model_counts_the_parameters_transformers_builds(shape_name):
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
     shape = SHAPES[shape_name]
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(LlamaConfig(**shape))
+        model = AutoModelForCausalLM.from_config(hf_config(shape))
     expected = sum(p.numel() for p in model.parameters())  # tied weights are counted once
     assert ShapeCost.of(shape, 2).num_params(shape, 2) == expected
+    assert model.config.model_type == shape.get("model_type", "llama")
+
+
+def test_moe_cost_reads_k_experts_at_bs1_and_all_of_them_for_large_batches():
+    """Qwen3-30B-A3B: ~3.3B parameters active per token of ~30.5B (its model card: 3.3B of 30.5B)."""
+    shape = SHAPES["30b-a3b"]
+    cost = ShapeCost.of(shape, 1)
+    active = cost.weight_bytes_per_step + shape["vocab_size"] * shape["hidden_size"] - shape["hidden_size"]
+    assert 3.2e9 < active < 3.5e9  # + the embedding table, less the one row a step reads
+    total = cost.num_params(shape, 1)
+    assert 30.0e9 < total < 31.0e9
+    assert cost.step_weight_bytes(1) == pytest.approx(cost.weight_bytes_per_step)
+    assert cost.step_weight_bytes(1) < cost.step_weight_bytes(8) < cost.step_weight_bytes(64)
+    everything = total - shape["vocab_size"] * shape["hidden_size"] + shape["hidden_size"]
+    assert cost.step_weight_bytes(100000) == pytest.approx(everything)  # every expert touched
+    # 2 tokens: E (1 - (1 - k/E)^2) = 2k - k^2/E distinct experts per layer
+    k, e = shape["num_experts_per_tok"], shape["num_experts"]
+    extra = (2 * k - k * k / e - k) * cost.expert_bytes
+    assert cost.step_weight_bytes(2) == pytest.approx(cost.weight_bytes_per_step + extra)
+
+
+def test_moe_bench_runs_end_to_end_against_transformers(tmp_path, monkeypatch):
+    """`--shape moe` (shrunk further here to keep the test short): Lantern and transformers on the
+    same random Qwen3-MoE weights."""
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    small = {**SHAPES["moe"], "hidden_size": 64, "moe_intermediate_size": 32, "num_experts": 16}
+    small.update(num_hidden_layers=2, num_attention_heads=4, head_dim=16, vocab_size=512)
+    monkeypatch.setitem(SHAPES, "moe", small)
+    args = SimpleNamespace(
+        backend="torch", dtype="float32", shape=["moe"], requests=3, prompt_len=8, out_len=6, no_hf=False,
+        enforce_eager=False, json=None,
+    )  # fmt: skip
+    [row] = run_bench(args)
+    assert row["shape"] == "moe" and row["params"] == ShapeCost.of(small, 4).num_params(small, 4)
+    for side in ("lantern", "hf"):
+        assert row[side]["bs1_tok_s"] > 0 and row[side]["throughput_tok_s"] > 0
+    config = (tmp_path / "cache" / "bench" / "roofline-moe-float32" / "config.json").read_text()
+    assert json.loads(config)["model_type"] == "qwen3_moe"
 
 
 def test_ideal_time_is_memory_bound_at_bs1_and_compute_bound_when_flops_are_scarce():

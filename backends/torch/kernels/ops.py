@@ -18,8 +18,15 @@ def use_triton(t: torch.Tensor) -> bool:
     return _HAS_TRITON and t.is_cuda
 
 
+def _same_width(k_pool, v_pool) -> bool:
+    """False for multi-head latent attention's V (K's first columns): the Triton kernels take one
+    head size for K and V, so such pools take the reference path."""
+    return v_pool is not None and k_pool.shape[-1] == v_pool.shape[-1]
+
+
 def write_kv(k_pool, v_pool, k, v, slots) -> None:
-    if use_triton(k):
+    """v_pool and v None: a pool whose V lies inside K (only K is written)."""
+    if use_triton(k) and v_pool is not None:
         from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.write_kv(k_pool, v_pool, k, v, slots)
@@ -29,7 +36,7 @@ def write_kv(k_pool, v_pool, k, v, slots) -> None:
 def paged_decode(
     q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float, window=None, softcap=None, sinks=None
 ):
-    if use_triton(q):
+    if use_triton(q) and _same_width(k_pool, v_pool):
         from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.paged_decode(
@@ -41,7 +48,7 @@ def paged_decode(
 def paged_prefill(
     q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float, window=None, softcap=None, sinks=None
 ):
-    if use_triton(q):
+    if use_triton(q) and _same_width(k_pool, v_pool):
         from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.paged_prefill(

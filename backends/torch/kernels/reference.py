@@ -5,7 +5,8 @@ Attention takes a sliding `window` (query p sees keys p - window < j <= p), a lo
 and per-head `sinks`, as transformers computes them (Mistral/Gemma 2/gpt-oss eager attention).
 
 Shapes: pools [num_slots, kv_heads, head_dim] (slot = block * block_size + offset);
-block_tables [B, max_blocks] int; lengths [B] int.
+block_tables [B, max_blocks] int; lengths [B] int. V may be narrower than K (multi-head latent
+attention: the V pool is a view of K's first columns); outputs then have V's width.
 """
 
 from __future__ import annotations
@@ -16,12 +17,22 @@ import torch.nn.functional as F
 from lantern.backends.paged_plan import window_blocks
 
 
-def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+def write_kv(
+    k_pool: torch.Tensor, v_pool: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor | None, slots: torch.Tensor
+) -> None:
+    """v_pool and v None: V lies inside K (multi-head latent attention), only K is written."""
     keep = slots >= 0
     if not bool(keep.all()):
-        slots, k, v = slots[keep], k[keep], v[keep]
+        slots, k = slots[keep], k[keep]
+        v = None if v is None else v[keep]
     k_pool.index_copy_(0, slots, k.to(k_pool.dtype))
-    v_pool.index_copy_(0, slots, v.to(v_pool.dtype))
+    if v_pool is not None:
+        v_pool.index_copy_(0, slots, v.to(v_pool.dtype))
+
+
+def _v_inside_k(k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
+    """True when the V pool is a view of K's first columns (multi-head latent attention)."""
+    return v_pool.data_ptr() == k_pool.data_ptr() and v_pool.shape[-1] < k_pool.shape[-1]
 
 
 def context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -43,8 +54,9 @@ def sdpa_grouped(
 
     softcap: scores (after scale) -> softcap * tanh(scores / softcap) before masking (Gemma 2);
     sinks [H]: an extra logit per head in the softmax's denominator only (gpt-oss). Either one
-    needs the scores, so they take explicit matmuls in float32; otherwise torch's SDPA."""
-    if softcap is None and sinks is None:
+    needs the scores, so they take explicit matmuls in float32 (as does a V narrower than K, whose
+    repeat per query head would cost more than the grouped matmuls); otherwise torch's SDPA."""
+    if softcap is None and sinks is None and k.shape[-1] == v.shape[-1]:
         groups = q.shape[1] // k.shape[1]
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
@@ -55,7 +67,7 @@ def sdpa_grouped(
     qg = q.reshape(b, kvh, h // kvh, n_q, d)
     scores = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, KVH, G, L, S]
     probs = _softmax(scores, mask.reshape(-1, 1, 1, n_q, mask.shape[-1]), softcap, sinks)
-    return torch.matmul(probs.to(v.dtype), v[:, :, None]).reshape(b, h, n_q, d)
+    return torch.matmul(probs.to(v.dtype), v[:, :, None]).reshape(b, h, n_q, v.shape[-1])
 
 
 def _softmax(
@@ -108,16 +120,19 @@ def paged_decode(
     With a window only the blocks it reaches are gathered; negative table entries must have been
     mapped to a real block (their positions lie before the window and are masked)."""
     b, h, d = q.shape
-    kvh = k_pool.shape[1]
+    kvh, dv = k_pool.shape[1], v_pool.shape[-1]
     n_blocks = -(-int(seq_lens.max()) // block_size)
     tables, allowed = decode_window_tables(block_tables, seq_lens, n_blocks, block_size, window)
     span = tables.shape[1] * block_size
     k = k_pool.view(-1, block_size, kvh, d)[tables].view(b, span, kvh, d).to(q.dtype)
-    v = v_pool.view(-1, block_size, kvh, d)[tables].view(b, span, kvh, d).to(q.dtype)
+    if _v_inside_k(k_pool, v_pool):  # V is K's first columns: gathered already
+        v = k[..., :dv]
+    else:
+        v = v_pool.view(-1, block_size, kvh, dv)[tables].view(b, span, kvh, dv).to(q.dtype)
     qg = q.view(b, kvh, h // kvh, 1, d)
     scores = torch.matmul(qg, k.permute(0, 2, 3, 1)[:, :, None]).float() * scale  # [B, KVH, G, 1, S]
     probs = _softmax(scores, allowed[:, None, None, None, :], softcap, sinks).to(q.dtype)
-    return torch.matmul(probs, v.transpose(1, 2)[:, :, None]).view(b, h, d)  # [B, KVH, G, 1, D] -> [B, H, D]
+    return torch.matmul(probs, v.transpose(1, 2)[:, :, None]).reshape(b, h, dv)  # [B, KVH, G, 1, Dv] -> [B, H, Dv]
 
 
 def causal_mask(n_q: int, n_k: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -172,7 +187,12 @@ def paged_prefill(
     With a window only the keys from the first query's window on are gathered."""
     first = 0 if window is None else max(0, ctx_len - q.shape[0] - window + 1)
     slots = context_slots(block_table[None], ctx_len, block_size)[0, first:]
-    return causal_attention(q, k_pool[slots], v_pool[slots], scale, window, softcap, sinks)
+    k = k_pool[slots]
+    if _v_inside_k(k_pool, v_pool):
+        v = k[..., : v_pool.shape[-1]]
+    else:
+        v = v_pool[slots]
+    return causal_attention(q, k, v, scale, window, softcap, sinks)
 
 
 def rms_norm(

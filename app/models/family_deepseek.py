@@ -1,0 +1,208 @@
+"""DeepSeek V2 / V3: multi-head latent attention (MLA) and DeepSeek's routed experts.
+
+The maths both backends implement (transformers 5's DeepseekV2* / DeepseekV3* modules):
+
+- Attention: q = q_proj(x) (or q_b_proj(rmsnorm(q_a_proj(x))) with a q LoRA), split per head into
+  q_nope [qk_nope_head_dim] and q_pe [qk_rope_head_dim]; kv_a_proj_with_mqa(x) = [c_kv, k_pe] with
+  c_kv = rmsnorm(.) the compressed latent [kv_lora_rank] and k_pe one rope key shared by all heads.
+  kv_b_proj expands c_kv into each head's k_nope and value. The two LoRA norms use eps 1e-6 (their
+  constructor's default), not rms_norm_eps. Rope rotates pairs (x0, x1), (x2, x3), ... (V2's complex
+  rope, V3's `rope_interleave`) or halves (V3 with rope_interleave false). Softmax scale:
+  (qk_nope + qk_rope) ** -0.5, times mscale(factor, mscale_all_dim) ** 2 for a scaled rope.
+- Lantern's paged pool keeps only [c_kv, rotated k_pe] per token (one KV "head" of kv_lora_rank +
+  qk_rope_head_dim) and attends in the absorbed form: q_nope goes through kv_b_proj's key rows into
+  the latent space, the attention output (a mix of latents: V is K's first kv_lora_rank columns) goes
+  through kv_b_proj's value rows. The model files declare this layout (CausalLM.kv_layout).
+- Experts: router logits in float32. V2: softmax, top-k ("greedy"), or top-k within the topk_group
+  groups of highest max score ("group_limited_greedy"), weights times routed_scaling_factor (V2
+  ignores norm_topk_prob in transformers). V3: sigmoid; the choice adds e_score_correction_bias,
+  groups ranked by the sum of their two best biased scores, top-k in the best topk_group groups;
+  weights are the unbiased scores, renormalised when norm_topk_prob, times routed_scaling_factor.
+  Expert outputs are scaled by the float32 weights; shared experts (one MLP of
+  moe_intermediate_size * n_shared_experts, ungated) are added. Layers below first_k_dense_replace
+  are dense MLPs of intermediate_size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from lantern.app.models.family_moe import MoEConfig
+from lantern.app.models.spec import UnsupportedModelError
+
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+_TOPK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",)}
+_SCORING = {"deepseek_v2": "softmax", "deepseek_v3": "sigmoid"}
+# transformers' defaults for keys a config.json may omit (DeepseekV2Config / DeepseekV3Config).
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "deepseek_v2": dict(
+        kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        first_k_dense_replace=0, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=None,
+        moe_intermediate_size=1407, routed_scaling_factor=1.0, topk_method="greedy", n_group=None,
+        topk_group=None, norm_topk_prob=False,
+    ),
+    "deepseek_v3": dict(
+        kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        first_k_dense_replace=3, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+        moe_intermediate_size=2048, routed_scaling_factor=2.5, topk_method="noaux_tc", n_group=8,
+        topk_group=4, norm_topk_prob=True, rope_interleave=True,
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    kv_lora_rank: int  # the compressed latent c_kv each token keeps in the pool
+    q_lora_rank: int | None  # None: q_proj straight from the hidden state
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int  # one rope key per token, shared by every head
+    v_head_dim: int
+    rope_interleave: bool  # rope rotates adjacent pairs (x0, x1), ... rather than halves
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """Values per token and layer in the KV pool: [c_kv, k_pe]."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class DeepSeekMoEConfig(MoEConfig):
+    """MoEConfig's expert shapes (the loaders stack `mlp.experts.E.*` by them) plus DeepSeek's router."""
+
+    scoring: str = "softmax"  # "softmax" (V2) or "sigmoid" (V3)
+    topk_method: str = "greedy"  # "greedy", "group_limited_greedy" (V2) or "noaux_tc" (V3)
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    first_dense: int = 0  # first_k_dense_replace: layers below it are dense MLPs
+    shared_size: int = 0  # the ungated shared experts' MLP width (0: none)
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        return self.num_experts > 0 and layer_idx >= self.first_dense
+
+
+def _refuse(key: str, value: Any, why: str = "") -> UnsupportedModelError:
+    return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
+
+
+def _key(cfg: dict[str, Any], model_type: str, key: str) -> Any:
+    """The config.json value, or transformers' default when the key is absent (null stays None)."""
+    return cfg.get(key, _DEFAULTS[model_type][key])
+
+
+def _int(cfg: dict[str, Any], model_type: str, key: str) -> int:
+    value = _key(cfg, model_type, key)
+    if value is None:
+        raise UnsupportedModelError(f"{key} is missing from config.json ({model_type} needs it)")
+    return int(value)
+
+
+def softmax_scale(cfg: dict[str, Any], qk_head_dim: int) -> float:
+    """transformers' yarn_apply_mscale: qk_head_dim ** -0.5, times mscale ** 2 for a scaled rope
+    whose parameters name mscale_all_dim."""
+    scale = qk_head_dim**-0.5
+    rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    all_dim = rope.get("mscale_all_dim") or 0
+    factor = float(rope.get("factor") or 1.0)
+    if rope_type != "default" and all_dim and factor > 1:
+        mscale = 0.1 * float(all_dim) * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    return scale
+
+
+def _moe(model_type: str, cfg: dict[str, Any], num_layers: int) -> DeepSeekMoEConfig | None:
+    get = lambda key: _key(cfg, model_type, key)
+    experts = int(get("n_routed_experts") or 0)
+    first_dense = int(get("first_k_dense_replace") or 0)
+    if experts == 0 or first_dense >= num_layers:
+        return None  # every layer a dense MLP
+    freq = cfg.get("moe_layer_freq", 1)
+    if freq not in (None, 1):  # transformers makes every layer from first_k_dense_replace on sparse
+        raise _refuse("moe_layer_freq", freq, " (transformers makes every layer past first_k_dense_replace sparse)")
+    top_k = get("num_experts_per_tok")
+    if top_k is None or not 1 <= int(top_k) <= experts:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
+    scoring = cfg.get("scoring_func") or _SCORING[model_type]
+    if scoring != _SCORING[model_type]:
+        raise _refuse("scoring_func", scoring, f" for {model_type} (its router is a {_SCORING[model_type]})")
+    method = get("topk_method") or _TOPK_METHODS[model_type][0]
+    if method not in _TOPK_METHODS[model_type]:
+        raise _refuse("topk_method", method, f"; {model_type} supports {', '.join(_TOPK_METHODS[model_type])}")
+    n_group, topk_group = 1, 1
+    if method != "greedy":
+        n_group, topk_group = get("n_group"), get("topk_group")
+        if n_group is None or topk_group is None or experts % n_group or not 1 <= topk_group <= n_group:
+            raise _refuse("n_group", n_group, f" with topk_group={topk_group} and {experts} experts")
+    per_group = experts // n_group
+    if model_type == "deepseek_v3" and per_group < 2:  # groups are ranked by their two best scores
+        raise _refuse("n_group", n_group, f" ({experts} experts: V3 needs at least 2 per group)")
+    if int(top_k) > topk_group * per_group:
+        raise _refuse("num_experts_per_tok", top_k, f" (more than the {topk_group * per_group} experts routable)")
+    norm = bool(get("norm_topk_prob"))
+    if model_type == "deepseek_v2" and norm:
+        # transformers' V2 router ignores it, DeepSeek's own code renormalises: ambiguous maths.
+        raise _refuse("norm_topk_prob", True, " for deepseek_v2")
+    inner = _int(cfg, model_type, "moe_intermediate_size")
+    return DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=int(top_k),
+        intermediate_size=inner,
+        norm_topk_prob=norm,
+        router_weights_fp32=True,  # expert outputs are scaled by float32 weights
+        scoring=scoring,
+        topk_method=method,
+        n_group=int(n_group),
+        topk_group=int(topk_group),
+        routed_scaling_factor=float(get("routed_scaling_factor") or 1.0),
+        first_dense=first_dense,
+        shared_size=int(get("n_shared_experts") or 0) * inner,
+    )
+
+
+def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig field overrides for a DeepSeek V2/V3 config.json (`mla`, `moe`, the latent's KV
+    shape, the softmax scale); refuses, in one line naming the key, what Lantern does not compute."""
+    if model_type not in DEEPSEEK_TYPES:
+        raise UnsupportedModelError(f"{model_type!r} is not a DeepSeek family Lantern knows")
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise _refuse("hidden_act", act, "; DeepSeek's MLPs are SiLU-gated here")
+    for key in ("mlp_bias", "attention_bias"):
+        if cfg.get(key):
+            raise _refuse(key, cfg[key], f" for {model_type}")
+    heads = int(cfg["num_attention_heads"])
+    if cfg.get("num_key_value_heads") not in (None, heads):  # transformers' MLA expands to every head
+        raise _refuse("num_key_value_heads", cfg["num_key_value_heads"], f" (MLA needs num_attention_heads={heads})")
+    interleave = True if model_type == "deepseek_v2" else _key(cfg, model_type, "rope_interleave")
+    if interleave not in (True, False):
+        raise _refuse("rope_interleave", interleave)
+    q_lora = _key(cfg, model_type, "q_lora_rank")
+    mla = MLAConfig(
+        kv_lora_rank=_int(cfg, model_type, "kv_lora_rank"),
+        q_lora_rank=None if q_lora is None else int(q_lora),
+        qk_nope_head_dim=_int(cfg, model_type, "qk_nope_head_dim"),
+        qk_rope_head_dim=_int(cfg, model_type, "qk_rope_head_dim"),
+        v_head_dim=_int(cfg, model_type, "v_head_dim"),
+        rope_interleave=bool(interleave),
+    )
+    if mla.qk_rope_head_dim % 2:
+        raise _refuse("qk_rope_head_dim", mla.qk_rope_head_dim, " (rope needs an even size)")
+    num_layers = fields.get("num_layers", cfg.get("num_hidden_layers", 0))
+    return {
+        # The pool's one latent "head"; head_dim is the rope's width (the runners' rope tables).
+        "num_kv_heads": 1,
+        "head_dim": mla.qk_rope_head_dim,
+        "attn_scale": softmax_scale(cfg, mla.qk_head_dim),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mla": mla,
+        "moe": _moe(model_type, cfg, num_layers),
+    }

@@ -1,0 +1,69 @@
+"""GLM-4 (model_type "glm4": GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): what its config.json means,
+as transformers' Glm4Config reads it (defaults included), turned into ModelConfig fields.
+
+The maths (transformers' modeling_glm4): Llama's attention with q/k/v biases, rope on the first
+int(head_dim * partial_rotary_factor) dims of each head (default factor 0.5) rotating
+*consecutive pairs* (x0, x1), (x2, x3), ... rather than the two halves, post-sublayer norms
+(post_self_attn_layernorm, post_mlp_layernorm) before each residual add, and a SiLU-gated MLP
+whose gate and up projections are one gate_up_proj in the checkpoint (gate rows first).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lantern.app.models.spec import UnsupportedModelError, _rope_scaling
+
+# Glm4Config's defaults where config.json leaves a key out (they differ from ModelConfig.from_hf's).
+_DEFAULTS: dict[str, Any] = {
+    "head_dim": 128,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1.5625e-07,
+    "max_position_embeddings": 131072,
+    "attention_bias": True,
+    "partial_rotary_factor": 0.5,  # Glm4Config.__post_init__: "assign default for BC"
+    "eos_token_id": [151329, 151336, 151338],
+}
+_ACTIVATIONS = {"silu", "swish"}  # one function under two names in transformers' ACT2FN
+
+
+def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
+
+
+def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig field overrides for a glm4 config (called by spec.ModelConfig.from_hf, which
+    skips its Llama-family checks for configure families: the keys are checked here)."""
+    if model_type != "glm4":
+        raise UnsupportedModelError(f"family_glm does not configure model_type {model_type!r}")
+    act = cfg.get("hidden_act", "silu")
+    if act not in _ACTIVATIONS:
+        raise _refuse("hidden_act", act, "; GLM-4's MLP is SiLU-gated in Lantern")
+    # Keys Glm4Config does not have are ignored by transformers (mlp_bias, sliding_window, ...):
+    # ignoring them here too is what matches its forward pass.
+    full = {key: cfg[key] if cfg.get(key) is not None else value for key, value in _DEFAULTS.items()}
+    heads = fields["num_heads"]
+    kv_heads, head_dim = int(full["num_key_value_heads"]), int(full["head_dim"])
+    if heads % kv_heads or head_dim % 2:
+        raise UnsupportedModelError(
+            f"num_attention_heads={heads}, num_key_value_heads={kv_heads}, head_dim={head_dim} in config.json "
+            "are not implemented (query heads must be a multiple of KV heads, head_dim even)"
+        )
+    max_pos = int(full["max_position_embeddings"])
+    # The rope with Glm4Config's defaults filled in: partial factor from rope_parameters, else the
+    # top-level key, else 0.5 (transformers' precedence); head_dim for the even-width check.
+    rope_cfg = {**cfg, "head_dim": head_dim, "partial_rotary_factor": full["partial_rotary_factor"]}
+    rope = dict(cfg.get("rope_parameters") or {})
+    eos = full["eos_token_id"]
+    return {
+        "head_dim": head_dim,
+        "num_kv_heads": kv_heads,
+        "rms_norm_eps": float(full["rms_norm_eps"]),
+        "max_position_embeddings": max_pos,
+        "attention_bias": bool(full["attention_bias"]),
+        "rope_scaling": _rope_scaling(rope_cfg, rope, max_pos),
+        "eos_token_ids": [eos] if isinstance(eos, int) else list(eos),
+        "hidden_act": "silu",
+        "qk_norm": False,
+    }

@@ -1,0 +1,205 @@
+"""DeepSeek V2 / V3 decoder for MLX: multi-head latent attention over a latent KV pool, and
+DeepSeek's routed + shared experts (maths in app/models/family_deepseek.py; the torch file has the
+same layout).
+
+The pool keeps [c_kv, rotated k_pe] per token, one KV "head" whose first kv_lora_rank columns are
+also the value (CausalLM.kv_layout). Attention runs in the absorbed form: q_nope goes into the
+latent space through kv_b_proj's key rows, the attention output (a mix of latents) out through its
+value rows. Rope rotates the qk_rope_head_dim part only, adjacent pairs (`traditional`) where
+DeepSeek interleaves. Routed experts are moe.Experts (gather_mm / gather_qmm, stacked by the loader
+from `mlp.experts.E.*`), chosen by DeepSeek's router.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.rope_utils import initialize_rope
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.base import KVLayout
+from lantern.backends.mlx.layers import MLP
+from lantern.backends.mlx.moe import Experts
+from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attention
+
+LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
+
+
+class _Absorbed:
+    """kv_b_proj's matrix [H * (nope + v), kv_lora_rank] when the layer is quantized (read once
+    through the layer itself). A plain holder, so MLX does not take it for a parameter."""
+
+    weight: mx.array | None = None
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        m = cfg.mla
+        self.mla, self.layer_idx, self.n_heads, self.scale = m, layer_idx, cfg.num_heads, cfg.attn_scale
+        d, h = cfg.hidden_size, cfg.num_heads
+        if m.q_lora_rank is None:
+            self.q_proj = nn.Linear(d, h * m.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(d, m.q_lora_rank, bias=False)
+            self.q_a_layernorm = nn.RMSNorm(m.q_lora_rank, eps=LORA_NORM_EPS)
+            self.q_b_proj = nn.Linear(m.q_lora_rank, h * m.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = nn.RMSNorm(m.kv_lora_rank, eps=LORA_NORM_EPS)
+        self.kv_b_proj = nn.Linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(h * m.v_head_dim, d, bias=False)
+        self.rope = initialize_rope(
+            m.qk_rope_head_dim, cfg.rope_theta, m.rope_interleave, cfg.rope_scaling, cfg.max_position_embeddings
+        )
+        self._absorbed = _Absorbed()
+
+    def kv_b_weight(self) -> mx.array:
+        """[H, nope + v, kv_lora_rank]: each head's key rows, then its value rows."""
+        m, layer = self.mla, self.kv_b_proj
+        if isinstance(layer, nn.Linear) and "scales" not in layer:
+            w = layer.weight
+        else:  # a quantized layer: its matrix is what it makes of the identity (computed once)
+            w = self._absorbed.weight
+            if w is None:
+                w = layer(mx.eye(m.kv_lora_rank, dtype=self.kv_a_layernorm.weight.dtype)).T
+                mx.eval(w)
+                self._absorbed.weight = w
+        return w.reshape(self.n_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+
+    def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
+        # Tokens as a batch of length-1 sequences: one rope offset per token.
+        return self.rope(x[:, :, None, :], offset=positions)[:, :, 0, :]
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
+        m, t, h = self.mla, x.shape[0], self.n_heads
+        if m.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.reshape(t, h, m.qk_head_dim)
+        q_nope, q_pe = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
+        kv = self.kv_a_proj_with_mqa(x)
+        latent = self.kv_a_layernorm(kv[:, : m.kv_lora_rank])
+        k_pe = kv[:, None, m.kv_lora_rank :]  # [T, 1, R]
+        q_pe, k_pe = self._rotate(q_pe, meta.positions), self._rotate(k_pe, meta.positions)
+        w = self.kv_b_weight().astype(x.dtype)
+        w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]  # [H, nope, L], [H, v, L]
+        q_latent = (q_nope.transpose(1, 0, 2) @ w_uk).transpose(1, 0, 2)  # [T, H, L]
+        query = mx.concatenate([q_latent, q_pe], axis=-1)
+        key = mx.concatenate([latent, k_pe[:, 0]], axis=-1)[:, None]  # [T, 1, L + R]: what the pool keeps
+        out = paged_attention(query, key, None, meta, self.layer_idx, self.scale)  # [T, H, L]
+        out = (out.transpose(1, 0, 2) @ w_uv.swapaxes(1, 2)).transpose(1, 0, 2)  # [T, H, v]
+        return self.o_proj(out.reshape(t, h * m.v_head_dim))
+
+
+class Router(nn.Module):
+    """DeepSeek's gate: weight [E, hidden]; V3 adds e_score_correction_bias [E] (choice only)."""
+
+    def __init__(self, num_experts: int, hidden: int, bias: bool):
+        super().__init__()
+        self.weight = mx.zeros((num_experts, hidden))
+        if bias:
+            self.e_score_correction_bias = mx.zeros((num_experts,))
+
+
+def _top_k(x: mx.array, k: int) -> mx.array:
+    """Indices of the k largest entries of each row (in no particular order)."""
+    return mx.argpartition(-x, kth=k - 1, axis=-1)[:, :k]
+
+
+class DeepSeekMoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        moe = cfg.moe
+        self.moe = moe
+        self.gate = Router(moe.num_experts, cfg.hidden_size, bias=moe.scoring == "sigmoid")
+        self.experts = Experts(cfg)
+        if moe.shared_size:
+            self.shared_experts = MLP(cfg, moe.shared_size)
+
+    def _group_mask(self, group_scores: mx.array, num_experts: int) -> mx.array:
+        """[T, E] bool: experts in each token's topk_group best groups."""
+        t, g = group_scores.shape
+        best = _top_k(group_scores, self.moe.topk_group)
+        mask = mx.put_along_axis(mx.zeros((t, g), dtype=mx.bool_), best, mx.array(True), axis=-1)
+        return mx.broadcast_to(mask[:, :, None], (t, g, num_experts // g)).reshape(t, num_experts)
+
+    def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """(expert ids [T, k], float32 weights [T, k]) as transformers' DeepSeek routers pick them."""
+        moe = self.moe
+        logits = x.astype(mx.float32) @ self.gate.weight.astype(mx.float32).T
+        t, e, g = logits.shape[0], moe.num_experts, moe.n_group
+        if moe.scoring == "sigmoid":  # V3
+            scores = mx.sigmoid(logits)
+            choice = scores + self.gate.e_score_correction_bias.astype(mx.float32)
+            group_scores = mx.sort(choice.reshape(t, g, e // g), axis=-1)[..., -2:].sum(axis=-1)
+            choice = mx.where(self._group_mask(group_scores, e), choice, -mx.inf)
+            ids = _top_k(choice, moe.top_k)
+            weights = mx.take_along_axis(scores, ids, axis=-1)
+            if moe.norm_topk_prob:
+                weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+        else:  # V2
+            scores = mx.softmax(logits, axis=-1, precise=True)
+            if moe.topk_method == "group_limited_greedy":
+                group_scores = scores.reshape(t, g, e // g).max(axis=-1)
+                scores = mx.where(self._group_mask(group_scores, e), scores, 0.0)
+            ids = _top_k(scores, moe.top_k)
+            weights = mx.take_along_axis(scores, ids, axis=-1)
+        return ids, weights * moe.routed_scaling_factor
+
+    def __call__(self, x: mx.array) -> mx.array:
+        ids, weights = self.route(x)
+        y = self.experts(x, ids)  # [T, k, hidden]
+        out = (y * weights[..., None]).astype(x.dtype).sum(axis=1)  # each expert's share in float32
+        if "shared_experts" in self:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = MLAttention(cfg, layer_idx)
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
+        self.mlp = DeepSeekMoE(cfg) if sparse else MLP(cfg)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = [DecoderLayer(cfg, i) for i in range(cfg.num_layers)]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @staticmethod
+    def kv_layout(cfg: ModelConfig) -> KVLayout:
+        """One latent "head" per token: [c_kv, k_pe]; V is its first kv_lora_rank columns."""
+        m = cfg.mla
+        return KVLayout(1, m.latent_dim, m.kv_lora_rank, v_is_k_prefix=True)
+
+    def __call__(self, input_ids: mx.array, meta: AttentionMetadata, logits_idx: mx.array) -> mx.array:
+        """Hidden states for all tokens; logits only for rows in logits_idx (the sampled ones)."""
+        h = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            h = layer(h, meta)
+        if logits_idx.size == 0:  # a prefill chunk short of the prompt's end (quantized_matmul traps on 0 rows)
+            return mx.zeros((0, self.cfg.vocab_size), dtype=h.dtype)
+        h = self.model.norm(h[logits_idx])
+        if self.cfg.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(h)
+        return self.lm_head(h)

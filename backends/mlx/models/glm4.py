@@ -1,0 +1,62 @@
+"""GLM-4 decoder (GLM-4-9B/32B-0414, GLM-Z1) over a flattened token batch.
+
+What differs from the Llama file: the rope rotates consecutive pairs of the first
+int(head_dim * partial_rotary_factor) dims of each head (layers.Attention with rope_interleaved),
+and each sublayer's output is normed (post_self_attn_layernorm, post_mlp_layernorm) before it
+joins the residual stream. q/k/v biases come from ModelConfig.attention_bias; the checkpoint's
+fused gate_up_proj arrives split into gate_proj / up_proj (weight_stream.split_fused).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.mlx.layers import Attention, feed_forward
+from lantern.backends.mlx.paged_attention import AttentionMetadata
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx, rope_interleaved=True)
+        self.mlp = feed_forward(cfg, layer_idx)
+        d, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = nn.RMSNorm(d, eps=eps)
+        self.post_self_attn_layernorm = nn.RMSNorm(d, eps=eps)
+        self.post_attention_layernorm = nn.RMSNorm(d, eps=eps)  # the MLP's input norm, despite its name
+        self.post_mlp_layernorm = nn.RMSNorm(d, eps=eps)
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
+        h = x + self.post_self_attn_layernorm(self.self_attn(self.input_layernorm(x), meta))
+        return h + self.post_mlp_layernorm(self.mlp(self.post_attention_layernorm(h)))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = [DecoderLayer(cfg, i) for i in range(cfg.num_layers)]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def __call__(self, input_ids: mx.array, meta: AttentionMetadata, logits_idx: mx.array) -> mx.array:
+        """Hidden states for all tokens; logits only for rows in logits_idx (the sampled ones)."""
+        h = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            h = layer(h, meta)
+        if logits_idx.size == 0:  # a prefill chunk short of the prompt's end (quantized_matmul traps on 0 rows)
+            return mx.zeros((0, self.cfg.vocab_size), dtype=h.dtype)
+        h = self.model.norm(h[logits_idx])
+        if self.cfg.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(h)
+        return self.lm_head(h)

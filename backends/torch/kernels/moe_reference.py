@@ -1,0 +1,75 @@
+"""Plain-torch reference of the fused mixture-of-experts kernel (triton_moe.py).
+
+For each token t and each of its k experts e = topk_ids[t, j] with weight w = topk_weights[t, j]:
+
+    h = x[t] @ gate_up[e].T           ([2I]: gate rows first, then up; float32 accumulation, stored in x's dtype)
+    a = act(h[:I]) * h[I:]            (in x's dtype)
+    y[t] += w * (a @ down[e].T)       (float32 product, rounded to x's dtype per pair; the k pairs summed in float32)
+
+Experts are float tensors [E, N, K] or, quantized, a `PackedExperts` in the packed-nibble layout of
+quant_reference.py with one leading expert axis. Written as a loop over experts with masks: slow,
+obviously right, and a different algorithm from the kernel's sorted, block-aligned grouped GEMM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lantern.backends.torch.kernels.quant_reference import dequantize_packed
+
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+@dataclass
+class PackedExperts:
+    """E group-quantized matrices: packed uint8 [E, N, K * bits / 8], scales / biases [E, N, K / group]."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    biases: torch.Tensor
+    bits: int
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        e, n, _ = self.packed.shape
+        return e, n, self.scales.shape[2] * self.group_size
+
+    def dequantize(self, e: int) -> torch.Tensor:
+        """Expert e's weight as float32 [N, K]."""
+        return dequantize_packed(self.packed[e], self.scales[e], self.biases[e], self.bits, self.group_size)
+
+
+Experts = torch.Tensor | PackedExperts
+
+
+def expert_weight(w: Experts, e: int) -> torch.Tensor:
+    return w.dequantize(e) if isinstance(w, PackedExperts) else w[e].float()
+
+
+def fused_moe_reference(
+    x: torch.Tensor,
+    gate_up: Experts,
+    down: Experts,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    act: str = "silu",
+) -> torch.Tensor:
+    """x [T, H], gate_up [E, 2I, H], down [E, H, I], topk_ids / topk_weights [T, k] -> [T, H] in x's dtype."""
+    t, h = x.shape
+    num_experts = gate_up.shape[0]
+    inner = gate_up.shape[1] // 2
+    out = torch.zeros(t, h, dtype=torch.float32, device=x.device)
+    for e in range(num_experts):
+        tokens, slots = torch.nonzero(topk_ids == e, as_tuple=True)
+        if tokens.numel() == 0:
+            continue
+        hidden = (x[tokens].float() @ expert_weight(gate_up, e).T).to(x.dtype)
+        a = ACTIVATIONS[act](hidden[:, :inner]) * hidden[:, inner:]
+        y = a.float() @ expert_weight(down, e).T
+        y = (y * topk_weights[tokens, slots].float()[:, None]).to(x.dtype)
+        out.index_add_(0, tokens, y.float())
+    return out.to(x.dtype)

@@ -1,0 +1,227 @@
+"""DeepSeek V2 / V3 decoder in torch: multi-head latent attention over a latent KV pool, and
+DeepSeek's routed + shared experts (the same layout as the MLX file; maths in
+app/models/family_deepseek.py).
+
+The pool keeps [c_kv, rotated k_pe] per token: one KV "head" of kv_lora_rank + qk_rope_head_dim
+whose first kv_lora_rank columns are also the value (CausalLM.kv_layout). Attention runs in the
+absorbed form for prefill and decode alike: q_nope is mapped into the latent space through
+kv_b_proj's key rows, the attention output (a mix of latents) through its value rows. Scores are
+then q_nope . (W_uk c) + q_pe . k_pe, what transformers computes after expanding K per head.
+
+Rope: the runner's tables have head_dim = qk_rope_head_dim (family_deepseek sets it). DeepSeek's
+interleaved rope rotates pairs (x0, x1), (x2, x3), ...; taking the even then the odd columns turns
+that into the rotate-half layout the tables and ops.rotary use (q and k alike, so scores match).
+
+Routed experts reuse moe.SparseMoE's grouped expert computation (the loaders stack
+`mlp.experts.E.{gate,up,down}_proj` into its StackedExperts); the router is DeepSeek's. Tensor
+parallelism is not implemented for this family (refused at construction).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.base import KVLayout
+from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
+from lantern.backends.torch.kernels import ops
+from lantern.backends.torch.layers import MLP, RMSNorm
+from lantern.backends.torch.moe import SparseMoE
+from lantern.backends.torch.parallel import TPGroup, parallel_embed, parallel_logits
+
+LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
+
+
+def _linear(d_in: int, d_out: int) -> nn.Linear:
+    return nn.Linear(d_in, d_out, bias=False)
+
+
+class _Absorbed:
+    """kv_b_proj's matrix [H * (nope + v), kv_lora_rank] in the model dtype when the layer is
+    quantized (read once through the layer itself). A plain holder: not a parameter or buffer."""
+
+    weight: torch.Tensor | None = None
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        m = cfg.mla
+        self.mla, self.layer_idx, self.n_heads = m, layer_idx, cfg.num_heads
+        self.scale = cfg.attn_scale
+        d, h = cfg.hidden_size, cfg.num_heads
+        if m.q_lora_rank is None:
+            self.q_proj = _linear(d, h * m.qk_head_dim)
+        else:
+            self.q_a_proj = _linear(d, m.q_lora_rank)
+            self.q_a_layernorm = RMSNorm(m.q_lora_rank, LORA_NORM_EPS)
+            self.q_b_proj = _linear(m.q_lora_rank, h * m.qk_head_dim)
+        self.kv_a_proj_with_mqa = _linear(d, m.kv_lora_rank + m.qk_rope_head_dim)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, LORA_NORM_EPS)
+        self.kv_b_proj = _linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim))
+        self.o_proj = _linear(h * m.v_head_dim, d)
+        self._absorbed = _Absorbed()
+
+    def kv_b_weight(self) -> torch.Tensor:
+        """[H, nope + v, kv_lora_rank]: each head's key rows, then its value rows."""
+        m, layer = self.mla, self.kv_b_proj
+        if isinstance(layer, nn.Linear):
+            w = layer.weight
+        else:  # a quantized layer: its matrix is what it makes of the identity (computed once)
+            w = self._absorbed.weight
+            if w is None:
+                ref = self.kv_a_layernorm.weight  # a float parameter: the model's device and dtype
+                w = layer(torch.eye(m.kv_lora_rank, device=ref.device, dtype=ref.dtype)).t().contiguous()
+                self._absorbed.weight = w
+        return w.view(self.n_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+
+    def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
+        m, t, h = self.mla, x.shape[0], self.n_heads
+        if m.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))[0])
+        q_nope, q_pe = q.view(t, h, m.qk_head_dim).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent.contiguous())[0]
+        k_pe = k_pe.reshape(t, 1, m.qk_rope_head_dim)
+        if m.rope_interleave:  # pairs (x0, x1), ... -> halves: evens then odds
+            q_pe = torch.cat([q_pe[..., 0::2], q_pe[..., 1::2]], dim=-1)
+            k_pe = torch.cat([k_pe[..., 0::2], k_pe[..., 1::2]], dim=-1)
+        q_pe = ops.rotary(q_pe.contiguous(), meta.cos, meta.sin)
+        k_pe = ops.rotary(k_pe.contiguous(), meta.cos, meta.sin)
+        w = self.kv_b_weight().to(x.dtype)
+        w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]  # [H, nope, L], [H, v, L]
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, L]
+        query = torch.cat([q_latent, q_pe], dim=-1)
+        key = torch.cat([latent, k_pe[:, 0]], dim=-1)[:, None]  # [T, 1, L + R]: what the pool keeps
+        out = paged_attention(query, key, None, meta, self.layer_idx, self.scale)  # [T, H, L]
+        out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
+        return self.o_proj(out.reshape(t, h * m.v_head_dim))
+
+
+class Router(nn.Module):
+    """DeepSeek's gate: weight [E, hidden]; V3 adds e_score_correction_bias [E] (choice only)."""
+
+    def __init__(self, num_experts: int, hidden: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden), requires_grad=False)
+        if bias:
+            self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts), requires_grad=False)
+
+
+class DeepSeekMoE(SparseMoE):
+    """Routed experts (SparseMoE's StackedExperts and grouped computation) + ungated shared experts."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
+        super().__init__(cfg, tp)
+        moe = cfg.moe
+        self.moe = moe
+        self.gate = Router(moe.num_experts, cfg.hidden_size, bias=moe.scoring == "sigmoid")
+        self.shared_experts = MLP(cfg, tp, moe.shared_size) if moe.shared_size else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(expert ids [T, k], float32 weights [T, k]) as transformers' DeepSeek routers pick them."""
+        moe = self.moe
+        logits = F.linear(x.float(), self.gate.weight.float())
+        t, e, g = logits.shape[0], moe.num_experts, moe.n_group
+        if moe.scoring == "sigmoid":  # V3
+            scores = logits.sigmoid()
+            choice = scores + self.gate.e_score_correction_bias.float()
+            group_scores = choice.view(t, g, e // g).topk(2, dim=-1).values.sum(dim=-1)
+            choice = choice.masked_fill(~self._group_mask(group_scores, e), float("-inf"))
+            ids = choice.topk(moe.top_k, dim=-1).indices
+            weights = scores.gather(1, ids)
+            if moe.norm_topk_prob:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        else:  # V2
+            scores = logits.softmax(dim=-1)
+            if moe.topk_method == "group_limited_greedy":
+                group_scores = scores.view(t, g, e // g).amax(dim=-1)
+                scores = scores.masked_fill(~self._group_mask(group_scores, e), 0.0)
+            weights, ids = scores.topk(moe.top_k, dim=-1)
+        return ids, weights * moe.routed_scaling_factor
+
+    def _group_mask(self, group_scores: torch.Tensor, num_experts: int) -> torch.Tensor:
+        """[T, E] bool: experts in each token's topk_group best groups."""
+        t, g = group_scores.shape
+        best = group_scores.topk(self.moe.topk_group, dim=-1).indices
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        return mask[:, :, None].expand(t, g, num_experts // g).reshape(t, num_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        out = self.routed(x, ids, weights)  # float32 weights: each expert's share in float32
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
+        super().__init__()
+        self.self_attn = MLAttention(cfg, layer_idx)
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
+        self.mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, meta: TorchAttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous sublayer's output, not yet added to the residual stream."""
+        h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, meta), residual)
+        return self.mlp(h), residual
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
+        super().__init__()
+        # An explicit (meta) weight skips the random init, which imports torch._dynamo (~3 s).
+        rows = cfg.vocab_size
+        self.embed_tokens = nn.Embedding(rows, cfg.hidden_size, _weight=torch.empty(rows, cfg.hidden_size))
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
+        super().__init__()
+        if tp.active:
+            raise ValueError(
+                "tensor parallelism is not implemented for multi-head latent attention (DeepSeek); "
+                "serve this model with --tensor-parallel-size 1"
+            )
+        self.cfg, self.tp = cfg, tp
+        self.model = Backbone(cfg, tp)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @staticmethod
+    def kv_layout(cfg: ModelConfig) -> KVLayout:
+        """One latent "head" per token: [c_kv, k_pe]; V is its first kv_lora_rank columns."""
+        m = cfg.mla
+        return KVLayout(1, m.latent_dim, m.kv_lora_rank, v_is_k_prefix=True)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
+        h = parallel_embed(self._embed, input_ids, self.tp, self.cfg.vocab_size)
+        residual = None
+        for layer in self.model.layers:
+            h, residual = layer(h, residual, meta)
+        h = self.model.norm(h[logits_idx], residual[logits_idx])[0]
+        return parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
+
+    # The embedding and the head may be float (nn.Embedding / nn.Linear) or quantized layers.
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        table = self.model.embed_tokens
+        return F.embedding(ids, table.weight) if isinstance(table, nn.Embedding) else table(ids)
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        if not self.cfg.tie_word_embeddings:
+            return self.lm_head(h)
+        table = self.model.embed_tokens
+        return F.linear(h, table.weight) if isinstance(table, nn.Embedding) else table.logits(h)

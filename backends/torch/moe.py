@@ -1,0 +1,166 @@
+"""Sparse mixture-of-experts MLP for torch: Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE.
+
+Routing (app/models/family_moe.py): softmax over all experts in float32, top-k, renormalised when
+the config says so. The experts are one of:
+
+- `StackedExperts` (float): gate_up_proj [E, 2I, H] (gate rows, then up) and down_proj [E, H, I].
+  On CUDA the Triton fused-MoE kernel (kernels/triton_moe.py); elsewhere the (token, expert) pairs
+  are sorted by expert and each projection is one grouped matmul over the experts' row groups
+  (torch._grouped_mm, or a loop over the experts hit where that op is missing), with no per-token
+  Python loop.
+- `QuantExperts` (quantized checkpoints, --isq): one quant_linear layer per expert and projection,
+  the weights staying quantized. On CPU the same sorted grouping with one quantized matmul per
+  expert hit; on CUDA, when every expert shares one 4/8-bit mode, they are also held as stacked
+  packed tensors (`stack_for_cuda`) that the fused kernel dequantizes in registers.
+
+Tensor parallelism is not implemented for MoE layers (refused at construction).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.torch.kernels import ops
+from lantern.backends.torch.layers import ACTIVATIONS, MLP
+from lantern.backends.torch.parallel import TPGroup
+
+logger = logging.getLogger(__name__)
+
+
+class StackedExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden: int, inner: int):
+        super().__init__()
+        # An explicit empty tensor: on the meta device while the model is built, filled by weights.py.
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, hidden), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inner), requires_grad=False)
+
+
+class Unset(nn.Module):
+    """A quantized expert's projection not yet read from the checkpoint (weights.py checks none is left)."""
+
+
+class QuantExperts(nn.Module):
+    def __init__(self, num_experts: int):
+        super().__init__()
+        self.gate_up_proj = nn.ModuleList([Unset() for _ in range(num_experts)])
+        self.down_proj = nn.ModuleList([Unset() for _ in range(num_experts)])
+        self.packed: tuple | None = None  # (gate_up, down) PackedExperts for the CUDA kernel
+
+    def stack_for_cuda(self) -> None:
+        """Also hold the experts as stacked packed tensors for the fused kernel, when they are all
+        Triton layers of one mode (else the per-expert path runs)."""
+        from lantern.backends.torch.kernels.moe_reference import PackedExperts
+        from lantern.backends.torch.quant_linear import TritonLinear
+
+        stacks = []
+        for layers in (self.gate_up_proj, self.down_proj):
+            if not all(isinstance(m, TritonLinear) for m in layers):
+                return
+            if len({(m.bits, m.group_size) for m in layers}) != 1:
+                return
+            stacks.append(
+                PackedExperts(
+                    torch.stack([m.packed for m in layers]),
+                    torch.stack([m.scales for m in layers]),
+                    torch.stack([m.biases for m in layers]),
+                    layers[0].bits,
+                    layers[0].group_size,
+                )
+            )
+        self.packed = (stacks[0], stacks[1])
+        # One copy on the device: each expert's layer now reads views of the stacks.
+        for layers, stack in zip((self.gate_up_proj, self.down_proj), stacks):
+            for e, m in enumerate(layers):
+                m.packed, m.scales, m.biases = stack.packed[e], stack.scales[e], stack.biases[e]
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
+        super().__init__()
+        if tp.active:
+            raise ValueError(
+                "tensor parallelism is not implemented for mixture-of-experts models; "
+                "serve this model with --tensor-parallel-size 1"
+            )
+        moe = cfg.moe
+        self.num_experts, self.top_k = moe.num_experts, moe.top_k
+        self.norm_topk_prob, self.fp32_weights = moe.norm_topk_prob, moe.router_weights_fp32
+        self.act_name = cfg.hidden_act
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)  # the router
+        self.experts: nn.Module = StackedExperts(moe.num_experts, cfg.hidden_size, moe.intermediate_size)
+        self.shared_expert: nn.Module | None = None
+        if moe.shared_expert_size:
+            self.shared_expert = MLP(cfg, tp, moe.shared_expert_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        self._grouped_mm_ok = hasattr(torch, "_grouped_mm")
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(expert ids [T, k], weights [T, k]): float32 for Mixtral, x's dtype for the Qwen routers."""
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids, weights if self.fp32_weights else weights.to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        out = self.routed(x, ids, weights)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def routed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        experts = self.experts
+        if x.shape[0] == 0:
+            return torch.zeros_like(x)
+        if ops.use_triton(x):
+            kernel_weights = None
+            if isinstance(experts, StackedExperts):
+                kernel_weights = (experts.gate_up_proj, experts.down_proj)
+            elif experts.packed is not None:
+                kernel_weights = experts.packed
+            if kernel_weights is not None:
+                from lantern.backends.torch.kernels.triton_moe import fused_moe
+
+                return fused_moe(x, *kernel_weights, ids, weights, self.act_name)
+        k = self.top_k
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # pairs grouped by expert
+        token = order // k
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        y = self._grouped(x[token], counts)
+        y = y * weights.reshape(-1)[order, None]  # float32 weights: the product in float32 (Mixtral)
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+    def _grouped(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows of xs grouped by expert (counts[e] rows each) through their experts' gated MLPs."""
+        experts = self.experts
+        if isinstance(experts, StackedExperts) and self._grouped_mm_ok:
+            offsets = torch.cumsum(counts, 0).to(torch.int32)
+            try:
+                h = torch._grouped_mm(xs, experts.gate_up_proj.transpose(1, 2), offs=offsets)
+                gate, up = h.chunk(2, dim=-1)
+                return torch._grouped_mm(self.act(gate) * up, experts.down_proj.transpose(1, 2), offs=offsets)
+            except (RuntimeError, NotImplementedError) as exc:  # no kernel for this device / dtype
+                logger.info("torch._grouped_mm unavailable (%s); one matmul per expert instead", exc)
+                self._grouped_mm_ok = False
+        outs = []
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            if n == 0:
+                continue
+            rows = xs[start : start + n]
+            start += n
+            if isinstance(experts, StackedExperts):
+                gate, up = F.linear(rows, experts.gate_up_proj[e]).chunk(2, dim=-1)
+                outs.append(F.linear(self.act(gate) * up, experts.down_proj[e]))
+            else:
+                gate, up = experts.gate_up_proj[e](rows).chunk(2, dim=-1)
+                outs.append(experts.down_proj[e](self.act(gate) * up))
+        return torch.cat(outs)

@@ -1,0 +1,155 @@
+"""The fused mixture-of-experts kernel (triton_moe) against its plain-torch reference (moe_reference).
+
+On CPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, see conftest.py) with 16-wide
+blocks so that grids stay tiny; N and K are not multiples of the blocks, so every edge is masked.
+The reference is independently checked against transformers' MoE block in tests/unit/test_moe.py
+through the torch layer's CPU path, which computes the same maths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lantern.backends.torch.kernels import moe_reference as mr
+
+tm = pytest.importorskip("lantern.backends.torch.kernels.triton_moe")
+tq = pytest.importorskip("lantern.backends.torch.kernels.triton_quant")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])  # no bf16 dot on CPU
+TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+SMALL = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+
+
+def routing(tokens: int, experts: int, k: int, seed: int, skew: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(tokens, experts, generator=g)
+    if skew:  # every token picks expert 1 first: one long run, most experts idle
+        scores[:, 1] += 2
+    ids = scores.topk(k, dim=-1).indices
+    weights = torch.rand(tokens, k, generator=g) + 0.1
+    return ids.to(DEVICE), weights.to(DEVICE)
+
+
+def float_experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(e, n, k, generator=g) / k**0.5).to(DEVICE, dtype)
+
+
+def packed_experts(e: int, n: int, k: int, bits: int, group: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2**bits, (e, n, k), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(e, n, k // group, generator=g) + 1) * 3 / (2**bits * k**0.5)  # weights of std ~1/sqrt(k)
+    biases = -scales * 2 ** (bits - 1)
+    packed = torch.stack([tq.pack_codes(c, bits) for c in codes])
+    return mr.PackedExperts(packed.to(DEVICE), scales.to(DEVICE, dtype), biases.to(DEVICE, dtype), bits, group)
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    scale = float(ref.float().abs().max())
+    assert scale > 0.05, "degenerate test data"
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype] * scale, rtol=TOL[dtype])
+
+
+def test_align_groups_pairs_by_expert_in_whole_blocks():
+    ids, _ = routing(7, 5, 3, seed=1)
+    sorted_ids, block_expert = tm.align_by_expert(ids, 5, 4)
+    flat = ids.reshape(-1).cpu()
+    sorted_ids, block_expert = sorted_ids.cpu(), block_expert.cpu()
+    pairs = flat.numel()
+    assert sorted_ids.numel() % 4 == 0 and block_expert.numel() == sorted_ids.numel() // 4
+    real = sorted_ids[sorted_ids < pairs]
+    assert sorted(real.tolist()) == list(range(pairs))  # every pair exactly once
+    for b, e in enumerate(block_expert.tolist()):
+        block = sorted_ids[4 * b : 4 * b + 4]
+        members = block[block < pairs]
+        if e < 0:
+            assert members.numel() == 0
+        else:
+            assert members.numel() > 0 and bool((flat[members] == e).all())
+            assert members.tolist() == sorted(members.tolist())  # stable: token order within an expert
+    assert (block_expert >= 0).sum() == sum(-(-int((flat == e).sum()) // 4) for e in range(5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "experts", "k", "skew"), [(1, 4, 2, False), (9, 6, 2, False), (12, 8, 3, True)])
+def test_fused_moe_matches_reference(tokens, experts, k, skew, dtype):
+    hidden, inner = 40, 24  # gate_up: N = 48, K = 40; down: N = 40, K = 24 (all partly masked)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens)).to(DEVICE, dtype)
+    gate_up = float_experts(experts, 2 * inner, hidden, dtype, seed=1)
+    down = float_experts(experts, hidden, inner, dtype, seed=2)
+    ids, weights = routing(tokens, experts, k, seed=tokens, skew=skew)
+    out = tm.fused_moe(x, gate_up, down, ids, weights, **SMALL)
+    assert_matches(out, mr.fused_moe_reference(x, gate_up, down, ids, weights), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (8, 32), (4, 64)])
+def test_fused_moe_on_quantized_experts_matches_reference(bits, group, dtype):
+    tokens, experts, k, hidden, inner = 6, 4, 2, 128, 64
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(3)).to(DEVICE, dtype)
+    gate_up = packed_experts(experts, 2 * inner, hidden, bits, group, dtype, seed=4)
+    down = packed_experts(experts, hidden, inner, bits, group, dtype, seed=5)
+    ids, weights = routing(tokens, experts, k, seed=6)
+    out = tm.fused_moe(x, gate_up, down, ids, weights, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    assert_matches(out, mr.fused_moe_reference(x, gate_up, down, ids, weights), dtype)
+
+
+def test_reference_is_the_per_token_sum():
+    """The reference itself, on one token: sum over its experts of w * down(act(gate) * up)."""
+    x = torch.randn(1, 8)
+    gate_up, down = torch.randn(3, 10, 8), torch.randn(3, 8, 5)
+    ids, weights = torch.tensor([[2, 0]]), torch.tensor([[0.7, 0.3]])
+    want = torch.zeros(8)
+    for e, w in zip(ids[0].tolist(), weights[0].tolist()):
+        h = gate_up[e] @ x[0]
+        want += w * (down[e] @ (torch.nn.functional.silu(h[:5]) * h[5:]))
+    torch.testing.assert_close(mr.fused_moe_reference(x, gate_up, down, ids, weights)[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_on_a_layers_weights_matches_its_cpu_path():
+    """The torch SparseMoE's stacked experts and routing through the kernel == its grouped CPU path
+    (which tests/unit/test_moe.py checks against transformers' block)."""
+    from tests.unit.test_moe import hf_block, torch_moe
+
+    block, cfg = hf_block("qwen2_moe")
+    moe = torch_moe(block, cfg)
+    x = torch.randn(5, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ids, weights = moe.route(x)
+        want = moe.routed(x, ids, weights)
+        got = tm.fused_moe(x, moe.experts.gate_up_proj, moe.experts.down_proj, ids, weights, **SMALL)
+    assert_matches(got, want, torch.float32)
+
+
+def test_quantized_experts_stack_into_the_kernels_layout():
+    """QuantExperts of Triton layers (the CUDA loading path) stack into PackedExperts; the kernel on
+    them == the reference on the AffineWeights' own dequantized values, and each expert's layer still
+    computes from views of the stacks."""
+    from lantern.app.models.quant.affine import ErrorLog, quantize_affine
+    from lantern.backends.torch.moe import QuantExperts
+    from lantern.backends.torch.quant_linear import quantized_linear
+
+    experts, hidden, inner = 4, 64, 32
+    g = torch.Generator().manual_seed(7)
+    layers = QuantExperts(experts)
+    dense = {"gate_up": [], "down": []}
+    for e in range(experts):
+        for name, shape in (("gate_up", (2 * inner, hidden)), ("down", (hidden, inner))):
+            w = quantize_affine((torch.randn(*shape, generator=g) / shape[1] ** 0.5).numpy(), 4, 32)
+            dense[name].append(torch.from_numpy(w.dequantize()))
+            layer = quantized_linear(w, None, "cpu", torch.float32, ErrorLog(), kernel="triton")
+            getattr(layers, f"{name}_proj")[e] = layer
+    layers.stack_for_cuda()
+    assert layers.packed is not None
+    x = torch.randn(6, hidden, generator=g)
+    ids, weights = routing(6, experts, 2, seed=8)
+    ref = mr.fused_moe_reference(x, torch.stack(dense["gate_up"]), torch.stack(dense["down"]), ids, weights)
+    got = tm.fused_moe(x, *layers.packed, ids, weights, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    assert_matches(got, ref, torch.float32)
+    assert layers.down_proj[2].packed.data_ptr() == layers.packed[1].packed[2].data_ptr()  # one copy
+    torch.testing.assert_close(
+        layers.down_proj[2](x[:, :inner]), x[:, :inner] @ dense["down"][2].T, atol=1e-4, rtol=1e-4
+    )
