@@ -189,7 +189,7 @@ def test_embedding_scale_rounds_like_transformers():
     """sqrt(3072) is 55.5 in bfloat16: transformers multiplies by the rounded value, so do we."""
     from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
 
-    from lantern.backends.torch.models.gemma import _rounded
+    from lantern.backends.torch.models.llama import rounded as _rounded
 
     ref = Gemma3TextScaledWordEmbedding(4, 3072, 0, embed_scale=3072**0.5).to(torch.bfloat16)
     ids = torch.tensor([1, 3])

@@ -13,6 +13,7 @@ import mlx.nn as nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx.layers import Attention, feed_forward
+from lantern.backends.mlx.models import llama
 from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 
@@ -46,35 +47,6 @@ class DecoderLayer(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
-class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = [DecoderLayer(cfg, i) for i in range(cfg.num_layers)]
-        self.norm = GemmaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-
-
-class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.model = Backbone(cfg)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-
-    def __call__(self, input_ids: mx.array, meta: AttentionMetadata, logits_idx: mx.array) -> mx.array:
-        """Hidden states for all tokens; logits only for rows in logits_idx (the sampled ones)."""
-        h = self.model.embed_tokens(input_ids)
-        # sqrt(hidden_size) in the embedding's dtype: bfloat16 rounds sqrt(3072) to 55.5, like transformers.
-        h = h * mx.array(self.cfg.hidden_size**0.5, dtype=h.dtype)
-        for layer in self.model.layers:
-            h = layer(h, meta)
-        if logits_idx.size == 0:  # a prefill chunk short of the prompt's end (quantized_matmul traps on 0 rows)
-            return mx.zeros((0, self.cfg.vocab_size), dtype=h.dtype)
-        h = self.model.norm(h[logits_idx])
-        if self.cfg.tie_word_embeddings:
-            logits = self.model.embed_tokens.as_linear(h)
-        else:
-            logits = self.lm_head(h)
-        cap = self.cfg.final_softcap
-        return logits if cap is None else mx.tanh(logits / cap) * cap
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer
+    final_norm = GemmaRMSNorm

@@ -14,6 +14,7 @@ import mlx.nn as nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx.layers import Attention, feed_forward
+from lantern.backends.mlx.models import llama
 from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 
@@ -33,30 +34,5 @@ class DecoderLayer(nn.Module):
         return h + self.post_mlp_layernorm(self.mlp(self.post_attention_layernorm(h)))
 
 
-class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = [DecoderLayer(cfg, i) for i in range(cfg.num_layers)]
-        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-
-
-class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.model = Backbone(cfg)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-
-    def __call__(self, input_ids: mx.array, meta: AttentionMetadata, logits_idx: mx.array) -> mx.array:
-        """Hidden states for all tokens; logits only for rows in logits_idx (the sampled ones)."""
-        h = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            h = layer(h, meta)
-        if logits_idx.size == 0:  # a prefill chunk short of the prompt's end (quantized_matmul traps on 0 rows)
-            return mx.zeros((0, self.cfg.vocab_size), dtype=h.dtype)
-        h = self.model.norm(h[logits_idx])
-        if self.cfg.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer

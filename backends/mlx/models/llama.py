@@ -29,29 +29,40 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_cls: type[nn.Module] = DecoderLayer, norm_cls: type = nn.RMSNorm):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = [DecoderLayer(cfg, i) for i in range(cfg.num_layers)]
-        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = [layer_cls(cfg, i) for i in range(cfg.num_layers)]
+        self.norm = norm_cls(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
+    """The shell every family shares: other model files subclass it naming their decoder layer
+    and final norm."""
+
+    decoder_layer: type[nn.Module] = DecoderLayer
+    final_norm: type = nn.RMSNorm
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.model = Backbone(cfg)
+        self.model = Backbone(cfg, self.decoder_layer, self.final_norm)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def __call__(self, input_ids: mx.array, meta: AttentionMetadata, logits_idx: mx.array) -> mx.array:
         """Hidden states for all tokens; logits only for rows in logits_idx (the sampled ones)."""
         h = self.model.embed_tokens(input_ids)
+        if self.cfg.embed_scale:  # sqrt(hidden_size) in the embedding's dtype (bf16: 55.5 for 3072), like transformers
+            h = h * mx.array(self.cfg.hidden_size**0.5, dtype=h.dtype)
         for layer in self.model.layers:
             h = layer(h, meta)
         if logits_idx.size == 0:  # a prefill chunk short of the prompt's end (quantized_matmul traps on 0 rows)
             return mx.zeros((0, self.cfg.vocab_size), dtype=h.dtype)
         h = self.model.norm(h[logits_idx])
         if self.cfg.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+            logits = self.model.embed_tokens.as_linear(h)
+        else:
+            logits = self.lm_head(h)
+        cap = self.cfg.final_softcap
+        return logits if cap is None else mx.tanh(logits / cap) * cap

@@ -28,8 +28,9 @@ from lantern.backends.base import KVLayout
 from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.layers import MLP, RMSNorm
+from lantern.backends.torch.models import llama
 from lantern.backends.torch.moe import SparseMoE
-from lantern.backends.torch.parallel import TPGroup, parallel_embed, parallel_logits
+from lantern.backends.torch.parallel import TPGroup
 
 LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
 
@@ -177,51 +178,19 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup):
-        super().__init__()
-        # An explicit (meta) weight skips the random init, which imports torch._dynamo (~3 s).
-        rows = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(rows, cfg.hidden_size, _weight=torch.empty(rows, cfg.hidden_size))
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer
 
-
-class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
-        super().__init__()
         if tp.active:
             raise ValueError(
                 "tensor parallelism is not implemented for multi-head latent attention (DeepSeek); "
                 "serve this model with --tensor-parallel-size 1"
             )
-        self.cfg, self.tp = cfg, tp
-        self.model = Backbone(cfg, tp)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        super().__init__(cfg, tp)
 
     @staticmethod
     def kv_layout(cfg: ModelConfig) -> KVLayout:
         """One latent "head" per token: [c_kv, k_pe]; V is its first kv_lora_rank columns."""
         m = cfg.mla
         return KVLayout(1, m.latent_dim, m.kv_lora_rank, v_is_k_prefix=True)
-
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
-        h = parallel_embed(self._embed, input_ids, self.tp, self.cfg.vocab_size)
-        residual = None
-        for layer in self.model.layers:
-            h, residual = layer(h, residual, meta)
-        h = self.model.norm(h[logits_idx], residual[logits_idx])[0]
-        return parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
-
-    # The embedding and the head may be float (nn.Embedding / nn.Linear) or quantized layers.
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        table = self.model.embed_tokens
-        return F.embedding(ids, table.weight) if isinstance(table, nn.Embedding) else table(ids)
-
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        if not self.cfg.tie_word_embeddings:
-            return self.lm_head(h)
-        table = self.model.embed_tokens
-        return F.linear(h, table.weight) if isinstance(table, nn.Embedding) else table.logits(h)

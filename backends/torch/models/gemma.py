@@ -9,14 +9,14 @@ Tensor parallelism works as for Llama: attention and MLP all-reduce their output
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.attention import TorchAttentionMetadata
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.layers import Attention, feed_forward, rope_tables
-from lantern.backends.torch.parallel import TPGroup, local_config, parallel_embed, parallel_logits, vocab_shard
+from lantern.backends.torch.models import llama
+from lantern.backends.torch.parallel import TPGroup
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 
@@ -64,40 +64,16 @@ class DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(h))[0], residual
 
 
-class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup, vocab_rows: int):
-        super().__init__()
-        # An explicit (meta) weight skips the random init, which imports torch._dynamo (~3 s).
-        self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size, _weight=torch.empty(vocab_rows, cfg.hidden_size))
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers)])
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
-class CausalLM(nn.Module):
-    """With tp.world > 1 this is one rank's shard (see parallel.py); cfg is the full model's."""
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer
+    final_norm = GemmaRMSNorm
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
-        super().__init__()
-        self.cfg = cfg
-        self.tp = tp
-        rows = vocab_shard(cfg.vocab_size, tp)[2] if tp.active else cfg.vocab_size
-        self.model = Backbone(local_config(cfg, tp.world), tp, rows)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
+        super().__init__(cfg, tp)
         self._local_table: Rope | None = None  # built on first use, on the weights' device
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
-        h = parallel_embed(self._embed, input_ids, self.tp, self.cfg.vocab_size)
-        h = h * _rounded(self.cfg.hidden_size**0.5, h.dtype)
-        local = self._local_rope(meta)
-        residual = None
-        for layer in self.model.layers:
-            h, residual = layer(h, residual, meta, local)
-        h = self.model.norm(h[logits_idx], residual[logits_idx])[0]
-        logits = parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
-        cap = self.cfg.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+    def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
+        return (self._local_rope(meta),)
 
     def _local_rope(self, meta: TorchAttentionMetadata) -> Rope | None:
         """(cos, sin) of the sliding layers at each token's position; None when they share the model's."""
@@ -109,20 +85,3 @@ class CausalLM(nn.Module):
             self._local_table = rope_tables(self.cfg, self.cfg.max_context, device, theta=self.cfg.local_rope_theta)
         cos, sin = self._local_table
         return cos[meta.positions], sin[meta.positions]
-
-    # The embedding and the head may be float (nn.Embedding / nn.Linear) or quantized layers
-    # (quant_linear.py: the embedding's logits() reads its table for a tied head).
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        table = self.model.embed_tokens
-        return F.embedding(ids, table.weight) if isinstance(table, nn.Embedding) else table(ids)
-
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        if not self.cfg.tie_word_embeddings:
-            return self.lm_head(h)
-        table = self.model.embed_tokens
-        return F.linear(h, table.weight) if isinstance(table, nn.Embedding) else table.logits(h)
-
-
-def _rounded(value: float, dtype: torch.dtype) -> float:
-    """value as the dtype holds it (transformers multiplies by a tensor of the embedding's dtype)."""
-    return float(torch.tensor(value, dtype=dtype))

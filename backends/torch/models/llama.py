@@ -34,34 +34,56 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup, vocab_rows: int):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp: TPGroup,
+        vocab_rows: int,
+        layer_cls: type[nn.Module] = DecoderLayer,
+        norm_cls: type[nn.Module] = RMSNorm,
+    ):
         super().__init__()
         # An explicit (meta) weight skips the random init, which imports torch._dynamo (~3 s).
         self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size, _weight=torch.empty(vocab_rows, cfg.hidden_size))
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList([layer_cls(cfg, i, tp) for i in range(cfg.num_layers)])
+        self.norm = norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    """With tp.world > 1 this is one rank's shard (see parallel.py); cfg is the full model's."""
+    """With tp.world > 1 this is one rank's shard (see parallel.py); cfg is the full model's.
+
+    The shell every family shares: other model files subclass it naming their decoder layer and
+    final norm (and, for extra per-step layer inputs, layer_extras)."""
+
+    decoder_layer: type[nn.Module] = DecoderLayer
+    final_norm: type[nn.Module] = RMSNorm
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
         rows = vocab_shard(cfg.vocab_size, tp)[2] if tp.active else cfg.vocab_size
-        self.model = Backbone(local_config(cfg, tp.world), tp, rows)
+        self.model = Backbone(local_config(cfg, tp.world), tp, rows, self.decoder_layer, self.final_norm)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
         h = parallel_embed(self._embed, input_ids, self.tp, self.cfg.vocab_size)
+        if self.cfg.embed_scale:  # Gemma: sqrt(hidden_size) as the embedding's dtype holds it, like transformers
+            h = h * rounded(self.cfg.hidden_size**0.5, h.dtype)
+        extras = self.layer_extras(meta)
         residual = None
         for layer in self.model.layers:
-            h, residual = layer(h, residual, meta)
+            h, residual = layer(h, residual, meta, *extras)
         h = self.model.norm(h[logits_idx], residual[logits_idx])[0]
-        return parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
+        logits = parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
+        cap = self.cfg.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
+        """Inputs every decoder layer takes after (x, residual, meta); none for Llama."""
+        return ()
 
     # The embedding and the head may be float (nn.Embedding / nn.Linear) or quantized layers
     # (quant_linear.py: the embedding's logits() reads its table for a tied head).
@@ -74,3 +96,8 @@ class CausalLM(nn.Module):
             return self.lm_head(h)
         table = self.model.embed_tokens
         return F.linear(h, table.weight) if isinstance(table, nn.Embedding) else table.logits(h)
+
+
+def rounded(value: float, dtype: torch.dtype) -> float:
+    """value as the dtype holds it (transformers multiplies by a tensor of the embedding's dtype)."""
+    return float(torch.tensor(value, dtype=dtype))
