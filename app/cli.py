@@ -59,6 +59,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     isq_help = "quantize a float checkpoint to 4 or 8 bits while loading (in-situ quantization)"
     p.add_argument("--isq", default=None, choices=["q4", "q8"], help=isq_help)
+    task_help = (
+        "serve text generation or embeddings (/v1/embeddings); default: embed for sentence-transformers "
+        "folders, *Embedding* architectures and BERT"
+    )
+    p.add_argument("--task", default="auto", choices=["auto", "generate", "embed"], help=task_help)
+    pooling_help = "embeddings' pooling (default: the folder's 1_Pooling, else last token; mean for BERT)"
+    p.add_argument("--pooling", default="auto", choices=["auto", "last", "mean", "cls"], help=pooling_help)
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")
 
 
@@ -112,6 +119,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "enforce_eager": args.enforce_eager,
         "num_threads": args.threads,
         "quantization": args.isq,
+        "task": args.task,
+        "pooling": args.pooling,
     }
 
 
@@ -176,6 +185,15 @@ def server_settings(args: argparse.Namespace) -> Any:
         raise UsageError(f"--max-waiting must be >= 1 (0 would refuse every request), got {args.max_waiting}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    from lantern.app.engine import reasoning
+    from lantern.server import tool_parsers
+
+    tool_parser = getattr(args, "tool_call_parser", None)
+    if tool_parser is not None and tool_parser not in tool_parsers.CHOICES:
+        raise UsageError(f"--tool-call-parser must be one of {', '.join(tool_parsers.CHOICES)}; got {tool_parser!r}")
+    reasoning_parser = getattr(args, "reasoning_parser", None)
+    if reasoning_parser is not None and reasoning_parser not in reasoning.CHOICES:
+        raise UsageError(f"--reasoning-parser must be one of {', '.join(reasoning.CHOICES)}; got {reasoning_parser!r}")
     served = args.served_model_name
     if served is None and not (args.weights or args.model_id or args.gguf):
         served = DEFAULT_SERVED_NAME  # the same name whichever source served the default model
@@ -187,7 +205,27 @@ def server_settings(args: argparse.Namespace) -> Any:
         allowed_origins=allowed_origins(args.allowed_origins),
         max_request_bytes=args.max_request_bytes,
         max_n=args.max_n,
+        tool_call_parser=tool_parser,
+        reasoning_parser=reasoning_parser,
+        mcp_config=mcp_config(args),
+        mcp_max_rounds=args.mcp_max_rounds,
     )
+
+
+def mcp_config(args: argparse.Namespace) -> str | None:
+    """--mcp-config, read once here so a bad file is refused before the model loads."""
+    path = getattr(args, "mcp_config", None)
+    if path is None:
+        return None
+    from lantern.server.mcp_bridge import MCPConfigError, read_mcp_config
+
+    try:
+        read_mcp_config(path)
+    except MCPConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if args.mcp_max_rounds < 1:
+        raise UsageError(f"--mcp-max-rounds must be >= 1; got {args.mcp_max_rounds}")
+    return path
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -326,6 +364,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--chat-template", default=None, metavar="FILE", help="Jinja chat template overriding the model's"
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="tool-call format of the model's output: hermes, llama3_json, mistral, qwen3_coder, pythonic "
+        "or none (default: picked from the chat template)",
+    )
+    serve.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="split <think> reasoning into reasoning_content: think (alias qwen3, deepseek_r1) or none "
+        "(default: on when the chat template has <think>)",
+    )
+    serve.add_argument(
+        "--mcp-config",
+        default=None,
+        metavar="FILE",
+        help='an mcpServers JSON file ({"mcpServers": {"name": {"command": ..., "args": [...]}}}): the stdio '
+        "servers' tools are offered to the model and run by this server until it answers",
+    )
+    serve.add_argument(
+        "--mcp-max-rounds", type=int, default=8, help="tool rounds the server runs for one chat request (MCP)"
     )
     serve.add_argument("--max-waiting", type=int, default=1024, help="queued requests before answering 503")
     serve.add_argument("--ui-server", action="store_true", help="also serve the browser chat at /")

@@ -41,6 +41,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     chat_template: str | None = None  # overrides the model's template
     quantization: str | None = None  # "q4" | "q8": in-situ quantization of float weights (--isq)
+    task: str = "auto"  # "generate" | "embed" | "auto": the model folder's (app/models/pooling.py)
+    pooling: str = "auto"  # embeddings: "last" | "mean" | "cls" | "auto": the folder's, else by architecture
     backend_options: BackendOptions = field(default_factory=BackendOptions)  # passed to the backend as is
 
     @classmethod
@@ -68,5 +70,9 @@ class EngineConfig:
                 raise ValueError(f"{name} has an invalid value: {getattr(self, name)!r}")
         if self.quantization not in (None, "q4", "q8"):
             raise ValueError(f"quantization must be q4 or q8; got {self.quantization!r}")
+        if self.task not in ("auto", "generate", "embed"):
+            raise ValueError(f"task must be auto, generate or embed; got {self.task!r}")
+        if self.pooling not in ("auto", "last", "mean", "cls"):
+            raise ValueError(f"pooling must be auto, last, mean or cls; got {self.pooling!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16; got {self.dtype!r}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from lantern.app.engine.contract import ModelInfo, ModelSpec, ScheduledBatch, StepOutput
+from lantern.app.engine.contract import ModelInfo, ModelSpec, PoolingRow, ScheduledBatch, StepOutput
 
 
 class KVLayout(NamedTuple):
@@ -68,3 +68,16 @@ class Backend(Protocol):
 
     def shutdown(self) -> None:
         """Release worker processes and device memory; the backend is unusable afterwards."""
+
+
+@runtime_checkable
+class EmbeddingBackend(Protocol):
+    """What a backend adds to serve embeddings (`--task embed`); the engine asks for it only then.
+
+    An embedding step is an ordinary ScheduledBatch of prompt chunks (the scheduler runs them like
+    prefills, writing the KV pool as usual) whose sequences are pooled instead of sampled."""
+
+    def embed(self, batch: ScheduledBatch, rows: list[PoolingRow]) -> list[Any]:
+        """The forward pass over the batch; per row a float32 numpy vector [hidden_size] as
+        PoolingRow.mode says (same order as rows). A bidirectional encoder (a model with
+        `is_encoder = True`) gets whole sequences only and attends over each one both ways."""

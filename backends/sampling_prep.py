@@ -1,8 +1,9 @@
 """Backend-neutral preparation of one step's sampling inputs (numpy), shared by every sampler.
 
 A backend turns these arrays into device arrays and applies, in this order (vLLM's): logit_bias,
-repetition penalty, frequency/presence penalties, bans, temperature, top-k, top-p, min-p, then a
-Gumbel-max draw. Raw logprobs are taken before all of it.
+repetition penalty, frequency/presence penalties, bans, the token mask (constrained decoding:
+grammar / allowed_token_ids), temperature, top-k, top-p, min-p, then a Gumbel-max draw (or the
+argmax on greedy rows). Raw logprobs are taken before all of it.
 
 The draw's noise is a pure function of (draw key, column), computed on the device with plain
 integer ops, so a row draws the same token alone or batched, and the same on every backend:
@@ -91,11 +92,16 @@ class SamplingArrays:
     freq_flat: np.ndarray | None = None  # generated ids of rows with frequency/presence penalties
     freq_values: np.ndarray | None = None  # count * frequency_penalty + presence_penalty: subtracted
     banned_flat: np.ndarray | None = None  # tokens a row may not draw now (EOS before min_tokens)
+    # Constrained rows and their packed allowed-token bits [len(mask_rows), words] int32, or None
+    # when no row is constrained. Bit i of word w is token 32w + i; columns past the words: forbidden.
+    mask_rows: list[int] | None = None
+    token_mask: np.ndarray | None = None
     max_logprobs: int | None = None  # None: no row wants logprobs
 
     @property
     def edits_logits(self) -> bool:
-        return any(x is not None for x in (self.bias_flat, self.rep_flat, self.freq_flat, self.banned_flat))
+        fields = (self.bias_flat, self.rep_flat, self.freq_flat, self.banned_flat, self.token_mask)
+        return any(x is not None for x in fields)
 
 
 def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray | None:
@@ -155,9 +161,28 @@ def prepare_sampling(rows: list[SamplingRow], vocab: int) -> SamplingArrays:
     ]
     if banned:
         arrays.banned_flat = np.concatenate(banned)
+    arrays.mask_rows, arrays.token_mask = _token_mask(rows)
     wants = [r.params.logprobs for r in rows if r.params.logprobs is not None]
     arrays.max_logprobs = max(wants) if wants else None
     return arrays
+
+
+def _token_mask(rows: list[SamplingRow]) -> tuple[list[int] | None, np.ndarray | None]:
+    idx = [i for i, r in enumerate(rows) if r.token_bitmask is not None]
+    if not idx:
+        return None, None
+    masks = [np.asarray(rows[i].token_bitmask, dtype=np.int32) for i in idx]
+    out = np.zeros((len(idx), max(m.shape[0] for m in masks)), dtype=np.int32)
+    for j, m in enumerate(masks):
+        out[j, : m.shape[0]] = m  # a shorter mask forbids the columns it does not cover
+    return idx, out
+
+
+def mask_bytes(token_mask: np.ndarray) -> np.ndarray:
+    """Packed int32 masks [R, W] as bytes [R, 4W]: byte k of a row holds tokens 8k..8k+7, bit j
+    token 8k + j (the words' little-endian layout, as llguidance writes them)."""
+    words = np.ascontiguousarray(token_mask, dtype="<i4")  # explicit: the layout on any host
+    return words.view(np.uint8).reshape(words.shape[0], -1)
 
 
 def top_logprobs_lists(

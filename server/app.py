@@ -10,8 +10,11 @@ disconnects from the routes, and they abort requests on disconnect):
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 from fastapi import FastAPI
@@ -20,10 +23,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lantern.app.engine import AsyncEngine
-from lantern.server.errors import error_response, install_error_handlers
+from lantern.server.errors import error_response, error_response_for, install_error_handlers
 from lantern.server.generation import ServerState
 from lantern.server.metrics import ServerMetrics
-from lantern.server.routes import admin, chat, completions, models
+from lantern.server.routes import admin, chat, completions, embeddings, messages, models, responses
 from lantern.server.tenancy import ANONYMOUS, SCOPE_KEY, TenantKeys
 
 OPEN_PATHS = {"/health"}
@@ -42,6 +45,10 @@ class ServerSettings:
     allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: no cross-origin access
     max_request_bytes: int = 4 * 2**20  # larger bodies get 413
     max_n: int = 128  # n x number of prompts in one request
+    tool_call_parser: str | None = None  # None: picked from the chat template (server/tool_parsers)
+    reasoning_parser: str | None = None  # None: <think> blocks split when the template has them
+    mcp_config: str | None = None  # an mcpServers JSON file: its tools are run by the server (mcp_loop.py)
+    mcp_max_rounds: int = 8  # tool rounds the server runs for one chat request before it answers
 
     def __post_init__(self) -> None:
         self.validate()
@@ -59,6 +66,15 @@ class ServerSettings:
             raise ValueError(f"max_request_bytes must be >= 1; got {self.max_request_bytes}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1; got {self.max_n}")
+        if self.mcp_max_rounds < 1:
+            raise ValueError(f"mcp_max_rounds must be >= 1; got {self.mcp_max_rounds}")
+        from lantern.app.engine import reasoning
+        from lantern.server import tool_parsers
+
+        if self.tool_call_parser is not None and self.tool_call_parser not in tool_parsers.CHOICES:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(tool_parsers.CHOICES)}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in reasoning.CHOICES:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(reasoning.CHOICES)}")
 
     def keys(self) -> list[str]:
         """api_key and api_keys merged, without repeats."""
@@ -98,9 +114,14 @@ class APIKeyMiddleware:
             path = scope.get("path", "")
             is_page = self.settings.ui_server and not path.startswith(API_PREFIXES)
             if tenant is None and path not in OPEN_PATHS and not is_page:
-                response = error_response(
-                    401, "missing or invalid API key (send Authorization: Bearer KEY)", code="invalid_api_key"
-                )
+                if path.startswith("/v1/messages"):  # Anthropic clients read their own envelope
+                    from lantern.server.anthropic_protocol import anthropic_error
+
+                    response = anthropic_error(401, "missing or invalid API key (send x-api-key: KEY)")
+                else:
+                    response = error_response(
+                        401, "missing or invalid API key (send Authorization: Bearer KEY)", code="invalid_api_key"
+                    )
                 await response(scope, receive, send)
                 return
         scope.setdefault("state", {})[SCOPE_KEY] = tenant or ANONYMOUS
@@ -165,7 +186,8 @@ class BodyLimitMiddleware:
                     message = await receive()
                     if message["type"] != "http.request" or not message.get("more_body", False):
                         break
-        response = error_response(
+        response = error_response_for(
+            scope.get("path", ""),
             413,
             f"request body is larger than {self.max_bytes} bytes (the server's --max-request-bytes)",
             code="request_too_large",
@@ -186,10 +208,36 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
         return None
 
 
+def _mcp_lifespan(config: str | None) -> Any:
+    """Starts the --mcp-config servers with the app and stops them with it (app.state.mcp)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if config is None:
+            yield
+            return
+        from lantern.server.mcp_bridge import MCPToolset, read_mcp_config
+
+        tools = MCPToolset(read_mcp_config(config))
+        await tools.start()
+        app.state.mcp = tools
+        try:
+            yield
+        finally:
+            await tools.close()
+
+    return lifespan
+
+
 def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     settings.validate()  # again: fields may have changed since construction
-    app = FastAPI(title="Lantern", description="OpenAI-compatible local LLM server", version="0.1.0")
+    app = FastAPI(
+        title="Lantern",
+        description="OpenAI-compatible local LLM server",
+        version="0.1.0",
+        lifespan=_mcp_lifespan(settings.mcp_config),
+    )
     name = settings.served_model_name or engine.model_name
     app.state.lantern = ServerState(
         engine=engine,
@@ -211,12 +259,14 @@ def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> F
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.allowed_origins),
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["*"],
             max_age=600,
         )
-    for module in (chat, completions, models, admin):
+    for module in (chat, completions, embeddings, models, admin):
         app.include_router(module.router)
+    app.include_router(responses.router)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
+    app.include_router(messages.router)  # Anthropic: POST /v1/messages, /v1/messages/count_tokens
     if settings.ui_server:
         # Mounted last: the API routes above take precedence over the static files.
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lantern.app.engine import EngineDeadError, InvalidRequestError, RequestFailedError
+from lantern.server.anthropic_protocol import anthropic_error, is_anthropic_path
 from lantern.server.protocol import INVALID_UNICODE
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,23 @@ class CatchAllMiddleware:
             if started:
                 raise
             err = engine_error(exc)
-            await error_response(err.status, err.message, err.param, err.code)(scope, receive, send)
+            await error_response_for(scope.get("path", ""), err.status, err.message, err.param, err.code)(
+                scope, receive, send
+            )
+
+
+def error_response_for(
+    path: str,
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """The error in the envelope the route's clients read: Anthropic's on /v1/messages*."""
+    if is_anthropic_path(path):
+        return anthropic_error(status, message, param, headers=headers)
+    return error_response(status, message, param, code, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -160,8 +177,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return _validation_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Routing's own errors (405 on GET /v1/messages, 404 under it) in the route's envelope.
+        return error_response_for(
+            request.url.path, exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)
+        )
 
     @app.exception_handler(json.JSONDecodeError)
     async def _json(_: Request, exc: json.JSONDecodeError) -> JSONResponse:

@@ -6,12 +6,14 @@ refused with a 400 naming it: a request must never be silently answered as a dif
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from lantern.app.engine import InvalidRequestError, SamplingParams
+from lantern.server.structured import structured_spec
 
 # Error type of a string holding a lone UTF-16 surrogate; the error handler reports it first.
 INVALID_UNICODE = "invalid_unicode"
@@ -65,9 +67,44 @@ class TextPart(_Lenient):
     text: str
 
 
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str  # JSON text of an object, as OpenAI sends it
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"must be JSON text of an object: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("must be JSON text of an object")
+        return value
+
+
+class ToolCallMessage(_Lenient):
+    """A call an assistant made earlier in the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Lenient):
-    role: Literal["system", "user", "assistant", "developer"]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # assistant
+    tool_call_id: str | None = None  # tool: the call this message answers
+    reasoning_content: str | None = None  # assistant: templates that keep reasoning in history read it
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id (the id of the call it answers)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -76,12 +113,49 @@ class ChatMessage(_Lenient):
             return self.content
         return "".join(p.text for p in self.content)
 
-    def as_template_message(self) -> dict[str, str]:
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+    def as_template_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            # Templates render arguments with `| tojson` or iterate them: they want the object.
+            msg["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            msg["reasoning_content"] = self.reasoning_content
+            msg["thinking"] = self.reasoning_content  # the name gpt-oss's template reads
+        return msg
 
 
 class StreamOptions(_Lenient):
     include_usage: bool = False
+
+
+class FunctionDefinition(_Lenient):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: the function takes no arguments
+    strict: bool | None = None
+
+
+class ToolDefinition(_Lenient):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 def _check_template_kwargs(value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -119,6 +193,16 @@ class _SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Constrained output (server/structured.py maps these to one StructuredSpec; values checked there).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_whitespace_pattern: Any = None
+    guided_decoding_backend: Any = None
+    allowed_token_ids: list[int] | None = None
 
     @property
     def num_choices(self) -> int:
@@ -156,6 +240,8 @@ class _SamplingFields(_Lenient):
                 skip_special_tokens=self.skip_special_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 logit_bias=self.logit_bias,  # type: ignore[arg-type]  # str keys: SamplingParams parses them
+                structured=structured_spec(self),
+                allowed_token_ids=self.allowed_token_ids,
             )
         except InvalidRequestError as exc:
             old = exc.param
@@ -174,21 +260,28 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
-    # Refused unless empty or the plain default: Lantern has no tool calling or constrained output.
-    tools: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # OpenAI's deprecated function-calling fields: refused (tools/tool_choice replace them).
     functions: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    function_call: Any = None
 
     _template_kwargs = field_validator("chat_template_kwargs")(_check_template_kwargs)
 
     def refuse_unsupported(self) -> None:
-        if self.tools or self.functions:
-            raise _refuse("tools" if self.tools else "functions", "are not supported by this server")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise _refuse("tool_choice", "is not supported by this server (there are no tools)")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise _refuse("response_format", 'other than {"type": "text"} is not supported by this server')
+        if self.functions or self.function_call is not None:
+            field = "functions" if self.functions else "function_call"
+            raise _refuse(field, "is deprecated and not supported by this server; use tools and tool_choice")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise _refuse("tools", "must have distinct function names")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            wanted = self.tool_choice.function.name
+            if wanted not in names:
+                raise _refuse("tool_choice", f"names function {wanted!r}, which is not in tools")
+        elif self.tool_choice == "required" and not names:
+            raise _refuse("tool_choice", '"required" needs at least one function in tools')
 
     def sampling_params(self) -> SamplingParams:
         self.refuse_unsupported()
@@ -201,7 +294,7 @@ class ChatCompletionRequest(_SamplingFields):
             max_tokens, renames["max_tokens"] = self.max_completion_tokens, "max_completion_tokens"
         return self._sampling(max_tokens, k, renames)
 
-    def template_messages(self) -> list[dict[str, str]]:
+    def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_message() for m in self.messages]
 
 
@@ -242,3 +335,33 @@ class TokenizeRequest(_Lenient):
 class DetokenizeRequest(_Lenient):
     model: str | None = None
     tokens: list[int]
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
+
+
+class EmbeddingRequest(_Lenient):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None  # checked against the model's size by the route
+    user: str | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """One text or token-id list per vector asked for; empty ones refused naming input."""
+        x = self.input
+        if isinstance(x, str):
+            items: list[str | list[int]] = [x]
+        elif x and all(isinstance(v, int) for v in x):
+            items = [[int(v) for v in x]]  # type: ignore[arg-type]  # all ints, checked above
+        else:
+            items = list(x)  # type: ignore[arg-type]  # strings or id lists (the union allows no mix)
+        if not items:
+            raise InvalidRequestError("input must not be an empty list", param="input")
+        if len(items) > MAX_EMBEDDING_INPUTS:
+            raise InvalidRequestError(f"input holds {len(items)} items; at most {MAX_EMBEDDING_INPUTS}", param="input")
+        empty = next((i for i, item in enumerate(items) if not item), None)
+        if empty is not None:
+            where = "" if isinstance(x, str) else f"[{empty}]"
+            raise InvalidRequestError(f"input{where} must not be empty", param="input")
+        return items

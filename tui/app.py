@@ -21,36 +21,50 @@ _THINK = re.compile(r"^\s*<think>(.*?)(?:</think>|$)(.*)$", re.S)
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:
-    """(<think> content or None, the visible answer)."""
+    """(<think> content or None, the visible answer): for replies saved with their reasoning
+    inline, before reasoning was kept apart."""
     m = _THINK.match(text)
     return (m.group(1).strip(), m.group(2).lstrip()) if m else (None, text)
 
 
+def outgoing(history: list[dict]) -> list[dict]:
+    """The messages sent to the model: role and content only (reasoning is never sent back)."""
+    return [{"role": m["role"], "content": m["content"]} for m in history]
+
+
 class Message(Vertical):
-    """One chat turn; an assistant turn shows its reasoning collapsed above the answer."""
+    """One chat turn. An assistant turn shows its reasoning dim in a "Thinking" block above the
+    answer: open while the model thinks, collapsed once the answer starts."""
 
     def __init__(self, role: str, text: str = ""):
         super().__init__(classes=f"message {role}")
-        self.role, self.text = role, text
+        self.role, self.text, self.reasoning = role, text, ""
+        self.folded = False  # folded once when the answer starts; the user may reopen it
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         if self.role == "assistant":
-            with Collapsible(title="Reasoning", collapsed=True, id="reasoning"):
-                yield Markdown("", id="thoughts")
+            # Plain text, not Markdown: it grows every token and is only a glance at the thinking.
+            with Collapsible(title="Thinking", collapsed=False, id="reasoning"):
+                yield Static("", id="thoughts", markup=False)  # the model's "[b]" is text
         yield Markdown(self.text, id="body")
 
     def on_mount(self) -> None:
         if self.role == "assistant":
             self.query_one("#reasoning").display = False
 
-    async def set_text(self, text: str) -> None:
-        self.text = text
-        thoughts, answer = split_reasoning(text)
-        if thoughts is not None:
-            self.query_one("#reasoning").display = True
-            await self.query_one("#thoughts", Markdown).update(thoughts)
-        await self.query_one("#body", Markdown).update(answer)
+    async def set_text(self, text: str, reasoning: str = "") -> None:
+        if reasoning != self.reasoning:
+            self.reasoning = reasoning
+            box = self.query_one("#reasoning", Collapsible)
+            box.display = bool(reasoning)
+            self.query_one("#thoughts", Static).update(reasoning.strip())
+        if text and self.reasoning and not self.folded:
+            self.folded = True
+            self.query_one("#reasoning", Collapsible).collapsed = True
+        if text != self.text:
+            self.text = text
+            await self.query_one("#body", Markdown).update(text)
 
 
 class StatsPanel(Static):
@@ -175,11 +189,11 @@ class ChatApp(App):
     async def generate(self, asked: Message, reply: Message) -> None:
         # New chat / opening a saved one swaps in a fresh list: a late reply lands in the old one.
         history, chat_id = self.history, self.chat_id
-        messages = list(history)
+        messages = outgoing(history)
         if self.settings.system_prompt:
             messages.insert(0, {"role": "system", "content": self.settings.system_prompt})
         self.generating = True
-        text, pieces, start, first, failed = "", 0, time.monotonic(), None, False
+        text, thoughts, pieces, start, first, failed = "", "", 0, time.monotonic(), None, False
         try:
             stream = self.client.stream_chat(messages, self.settings)
             async with contextlib.aclosing(stream):
@@ -189,14 +203,14 @@ class ChatApp(App):
                         first = now
                         self.stats["ttft"] = now - start
                     pieces += 1
-                    text += delta
+                    text, thoughts = text + delta.content, thoughts + delta.reasoning
                     if now > first:
                         self.stats["tps"] = (pieces - 1) / (now - first)
-                    await reply.set_text(text)
+                    await reply.set_text(text, thoughts)
                     self.log_view.scroll_end(animate=False)
         except ChatError as exc:
             self.show_error(str(exc))
-            if not text:
+            if not text and not thoughts:
                 # Nothing came back (e.g. the prompt is too long): take the turn out of the
                 # conversation and give the prompt back to edit, so roles keep alternating.
                 failed = True
@@ -208,7 +222,9 @@ class ChatApp(App):
             self.generating = False
             self.stats_panel.show(self.stats)
             if not failed:  # a stopped reply is kept as far as it got
-                history.append({"role": "assistant", "content": text})
+                # The reasoning is kept (shown when the chat is reopened), never sent: see outgoing().
+                turn = {"role": "assistant", "content": text}
+                history.append(turn | {"reasoning_content": thoughts} if thoughts else turn)
                 self.save_chat(chat_id, history)
 
     def save_chat(self, chat_id: str, history: list[dict]) -> None:
@@ -246,7 +262,10 @@ class ChatApp(App):
             for m in chat.messages:
                 message = Message(m["role"])
                 await self.log_view.mount(message)
-                await message.set_text(m["content"])
+                thoughts, answer = m.get("reasoning_content"), m["content"]
+                if thoughts is None and m["role"] == "assistant":  # saved with <think> inline
+                    thoughts, answer = split_reasoning(answer)
+                await message.set_text(answer, thoughts or "")
             self.log_view.scroll_end(animate=False)
 
         self.push_screen(HistoryScreen(self.store), open_chat)

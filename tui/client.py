@@ -1,7 +1,7 @@
 """One small client interface for the terminal chat: an in-process engine or a running server.
 
-Both stream reply text for a list of chat messages and report live stats with the same keys
-(tokens are counted by the chat app itself).
+Both stream reply pieces for a list of chat messages, the model's reasoning apart from its answer,
+and report live stats with the same keys (tokens are counted by the chat app itself).
 """
 
 from __future__ import annotations
@@ -11,11 +11,19 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 
-from lantern.app.engine import AsyncEngine, EngineDeadError, InvalidRequestError, RequestFailedError, SamplingParams
+from lantern.app.engine import (
+    AsyncEngine,
+    CompletionOutput,
+    EngineDeadError,
+    InvalidRequestError,
+    RequestFailedError,
+    SamplingParams,
+    reasoning,
+)
 
 
 @dataclass
@@ -26,6 +34,14 @@ class ChatSettings:
     max_tokens: int = 512
 
 
+class ChatDelta(NamedTuple):
+    """One streamed piece of a reply: answer text, and reasoning (`<think>` text / the server's
+    reasoning_content), which is shown apart and never sent back to the model."""
+
+    content: str = ""
+    reasoning: str = ""
+
+
 class ChatError(RuntimeError):
     """A failure to show the user (unreachable server, bad key, context too long...)."""
 
@@ -33,7 +49,7 @@ class ChatError(RuntimeError):
 class ChatClient(Protocol):
     model_name: str
 
-    def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[str]: ...
+    def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[ChatDelta]: ...
 
     async def stats(self) -> dict: ...
 
@@ -47,7 +63,7 @@ class EngineClient:
         self.engine = engine
         self.model_name = model_name or engine.model_name
 
-    async def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[str]:
+    async def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[ChatDelta]:
         request_id = uuid.uuid4().hex
         try:
             # Tokenized once here; the engine validates the ids (length, sampling bounds).
@@ -55,15 +71,45 @@ class EngineClient:
             params = SamplingParams(
                 temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
             )
+            reasoner = self._reasoner(ids, params)
             async for out in self.engine.generate(ids, params, request_id, prompt_token_ids=ids):
-                if out.outputs[0].text_delta:
-                    yield out.outputs[0].text_delta
+                text = self._visible(out.outputs[0], params)
+                thought, content = reasoner.feed(text) if reasoner else ("", text)
+                if thought or content:
+                    yield ChatDelta(content, thought)
+            if reasoner:  # a held-back tail (whitespace, a partial marker) belongs to the reply
+                thought, content = reasoner.finish()
+                if thought or content:
+                    yield ChatDelta(content, thought)
         except InvalidRequestError as exc:  # prompt too long, a bad setting, a template error
             raise ChatError(exc.message) from None
         except RequestFailedError as exc:  # this reply failed inside the engine; the engine lives on
             raise ChatError(f"the reply failed: {exc}") from None
         except EngineDeadError as exc:  # nothing more can run: say so rather than crash the app
             raise ChatError(f"{exc}; restart `lantern chat` to go on") from None
+
+    def _reasoner(self, ids: list[int], params: SamplingParams) -> reasoning.ReasoningParser | None:
+        """A `<think>` splitter when the chat template writes reasoning blocks, started inside one
+        when the rendered prompt opened it (the same rule as the server's chat route)."""
+        if not reasoning.detect(self.engine.chat_template):
+            return None
+        state = reasoning.prompt_state(self.engine.tokenizer, ids)
+        if state == "closed":  # thinking switched off by the template: all answer
+            return None
+        if reasoning.markers_are_special(self.engine.tokenizer):
+            params.skip_special_tokens = False  # else the markers vanish from the decoded text
+        return reasoning.ReasoningParser(in_reasoning=state == "open")
+
+    def _visible(self, out: CompletionOutput, params: SamplingParams) -> str:
+        """The text delta without the end-of-turn token's text, which shows once special tokens
+        are decoded for the markers' sake."""
+        text = out.text_delta
+        if params.skip_special_tokens or not (out.finished and out.finish_reason == "stop" and out.token_ids):
+            return text
+        if isinstance(out.stop_reason, str):
+            return text  # a stop string: the engine already cut it
+        last = self.engine.tokenizer.decode([out.token_ids[-1]], skip_special_tokens=False)
+        return text[: -len(last)] if last and text.endswith(last) else text
 
     async def stats(self) -> dict:
         if self.engine.dead_reason is not None:  # shown in the app even before the next prompt
@@ -93,7 +139,7 @@ class HTTPClient:
             raise ChatError(_error_message(r))
         self.model_name = r.json()["data"][0]["id"]
 
-    async def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[str]:
+    async def stream_chat(self, messages: list[dict], settings: ChatSettings) -> AsyncIterator[ChatDelta]:
         body = {
             "model": self.model_name,
             "messages": messages,
@@ -107,13 +153,21 @@ class HTTPClient:
                 if r.status_code != 200:
                     await r.aread()
                     raise ChatError(_error_message(r))
+                # A server that does not split reasoning out leaves `<think>` in the content:
+                # split it here, the same way, so history never carries it.
+                inline = reasoning.ReasoningParser()
                 async for line in r.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     choices = json.loads(line[6:]).get("choices") or [{}]
-                    delta = choices[0].get("delta", {}).get("content")
-                    if delta:
-                        yield delta
+                    delta: dict[str, Any] = choices[0].get("delta") or {}
+                    thought, content = inline.feed(delta.get("content") or "")
+                    piece = ChatDelta(content, (delta.get("reasoning_content") or "") + thought)
+                    if piece.content or piece.reasoning:
+                        yield piece
+                thought, content = inline.finish()
+                if thought or content:
+                    yield ChatDelta(content, thought)
         except httpx.HTTPError as exc:
             raise ChatError(f"connection to {self.base} failed: {exc}") from None
 

@@ -18,10 +18,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from lantern.app.config import EngineConfig
+from lantern.app.engine.embedding import EmbeddingOutput, require_embedder
 from lantern.app.engine.engine import LLMEngine, Prompt
 from lantern.app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from lantern.app.engine.request import RequestOutput
-from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.engine.sampling_params import SamplingParams, StructuredSpec
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,23 @@ class AsyncEngine:
         return self._engine.tokenizer
 
     @property
+    def chat_template(self) -> str | None:
+        """The template chats are rendered with (--chat-template's, else the model's)."""
+        return self._engine.chat_template
+
+    @property
     def backend_name(self) -> str:
         return self._engine.backend.name
+
+    @property
+    def task(self) -> str:
+        """What this model serves, "generate" or "embed" (the other side's requests get a 400)."""
+        return self._engine.task
+
+    @property
+    def embedding_size(self) -> int:
+        """Length of the vectors embed() returns (the model's hidden size)."""
+        return self._engine.model_config.hidden_size
 
     @property
     def dead_reason(self) -> str | None:
@@ -85,6 +101,14 @@ class AsyncEngine:
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         self._engine.validate(prompt_ids, params)
+
+    def compile_grammar(self, spec: StructuredSpec) -> None:
+        """Compile (and cache) a structured-output spec on the calling thread; thread-safe."""
+        self._engine.compile_grammar(spec)
+
+    def validate_embedding(self, prompt_ids: list[int]) -> None:
+        """InvalidRequestError (param "input", or "model" when the model generates) for an input embed() refuses."""
+        require_embedder(self._engine).validate(prompt_ids)
 
     def stats(self) -> dict:
         return self._engine.stats_snapshot()
@@ -144,6 +168,36 @@ class AsyncEngine:
                 # cannot be reused meanwhile (a new caller would get this request's outputs).
                 self._submit("abort", (request_id, target))
 
+    async def embed(self, prompt_token_ids: list[int], request_id: str | None = None) -> EmbeddingOutput:
+        """The L2-normalized embedding of one input (task embed), validated by validate_embedding.
+        Raises like generate(); a caller cancelled while waiting aborts the input."""
+        if self._dead is not None or self._stop:
+            raise EngineDeadError(f"the engine has stopped: {self._dead or 'the engine was shut down'}")
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._queues:
+            raise InvalidRequestError(f"request_id {request_id!r} is already in use", param="request_id")
+        queue: asyncio.Queue = asyncio.Queue()
+        target = (asyncio.get_running_loop(), queue)
+        self._queues[request_id] = target
+        self._submit("embed", (request_id, list(prompt_token_ids)))
+        finished = False
+        try:
+            if self._dead is not None:
+                raise EngineDeadError(f"the engine has stopped: {self._dead}")
+            item = await queue.get()
+            finished = True
+            if isinstance(item, BaseException):
+                raise item
+            if item.error is not None:
+                raise RequestFailedError(item.error)
+            return item
+        finally:
+            if finished or self._dead is not None:
+                if self._queues.get(request_id) is target:
+                    del self._queues[request_id]
+            else:
+                self._submit("abort", (request_id, target))  # as in generate(): the id stays taken until dropped
+
     def abort(self, request_id: str) -> None:
         """Stop a request; its iterator then yields a final output with finish_reason "abort"."""
         self._submit("abort", (request_id, None))
@@ -193,6 +247,12 @@ class AsyncEngine:
                         request_id, prompt, params, prompt_token_ids=ids, cache_salt=salt, validated=True
                     )
                 except Exception as exc:  # validation raced with config; report to the caller
+                    self._deliver(request_id, exc)
+            elif kind == "embed":
+                request_id, ids = payload
+                try:
+                    require_embedder(self._engine).add(request_id, ids)
+                except Exception as exc:
                     self._deliver(request_id, exc)
             elif kind == "abort":
                 request_id, left = payload

@@ -16,7 +16,7 @@ from lantern.app.engine.penalty_state import PenaltyState
 from lantern.app.engine.sampling_params import SamplingParams
 from lantern.app.models.spec import ModelConfig
 
-__all__ = ["BackendOptions", "ModelInfo", "ModelSpec", "SamplingRow", "ScheduledBatch", "StepOutput"]
+__all__ = ["BackendOptions", "ModelInfo", "ModelSpec", "PoolingRow", "SamplingRow", "ScheduledBatch", "StepOutput"]
 
 
 @dataclass
@@ -51,6 +51,9 @@ class SamplingRow:
     banned_token_ids: list[int] = field(default_factory=list)  # e.g. EOS before min_tokens
     # Incremental penalty inputs (set only when params.uses_penalties): no full histories here.
     penalty: PenaltyState | None = None
+    # Constrained decoding: packed allowed-token bits, [ceil(V / 32)] int32 (bit i of word w =
+    # token 32w + i; ids past the mask are forbidden). None: every token allowed.
+    token_bitmask: np.ndarray | None = None
 
 
 @dataclass
@@ -84,3 +87,15 @@ class StepOutput:
     token_ids: list[int]
     logprobs: list[float] | None = None  # log-probability of each chosen token
     top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class PoolingRow:
+    """One sequence of a batch whose final hidden states (after the model's last norm) an
+    embedding needs from this step (backends/base.EmbeddingBackend.embed):
+    "last": the state of the chunk's last token; "first": of its first token (a [CLS] pooling,
+    asked on the chunk at position 0); "sum": the sum over the chunk's tokens (mean pooling adds
+    the chunks up and divides by the length)."""
+
+    seq_index: int  # index into the batch's sequences (query_start_loc)
+    mode: str  # "last" | "first" | "sum"

@@ -14,14 +14,16 @@ from lantern.app.engine.batch import build_batch
 from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.chat_encoding import encode_chat
 from lantern.app.engine.contract import ScheduledBatch, StepOutput
+from lantern.app.engine.embedding import Embedder, EmbeddingOutput, embed_offline, embedding_task, wrong_task
 from lantern.app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from lantern.app.engine.kv_sizing import plan_kv_cache
 from lantern.app.engine.metrics import EngineStats
 from lantern.app.engine.output_processor import OutputProcessor, RequestState
 from lantern.app.engine.request import RequestOutput
-from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.engine.sampling_params import SamplingParams, StructuredSpec
 from lantern.app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from lantern.app.engine.sequence import Sequence, TokenLogprob
+from lantern.app.engine.structured import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ class LLMEngine:
         t0 = time.monotonic()
         loaded = resolve_model(config.model, dtype)
         loaded.spec.isq = config.quantization
+        # Generation or embeddings (app/engine/embedding.py: an embedding decoder loads no head).
+        self.task, pooling = embedding_task(config, loaded.spec)
         self.model_name = loaded.spec.name
         self.model_config = loaded.spec.config
         self.tokenizer = loaded.tokenizer
@@ -56,6 +60,7 @@ class LLMEngine:
         self.backend = backend or create_backend(backend_name, config.backend_options)
         if not isinstance(self.backend, Backend):
             raise TypeError(f"{type(self.backend).__name__} does not implement backends.base.Backend")
+        loaded.spec.config.serve_context(config.max_model_len)  # rope choices that hang on the context
         info = self.backend.load(loaded.spec)
         logger.info(
             "loaded %s on %s (%s): %.1fM parameters, %.1f MiB of weights in %.1fs",
@@ -90,9 +95,11 @@ class LLMEngine:
             self.block_manager,
         )
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
         self._consecutive_failures = 0
+        self.embedder = Embedder(pooling, self) if pooling is not None else None
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:
@@ -104,11 +111,15 @@ class LLMEngine:
         self, messages: list[dict], add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None
     ) -> list[int]:
         """Messages -> prompt ids through the chat template; markup typed inside a message stays text."""
+        if self.embedder is not None:  # a conversation is for generation: say so before any template runs
+            raise wrong_task("embed", self.model_name)
         return encode_chat(
             self.tokenizer, self.chat_template, messages, add_generation_prompt, **(chat_template_kwargs or {})
         )
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if self.embedder is not None:
+            raise wrong_task("embed", self.model_name)
         if not prompt_ids:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
         vocab = self.vocab_size
@@ -125,6 +136,15 @@ class LLMEngine:
             raise InvalidRequestError(f"stop_token_ids must be ids in [0, {vocab})", param="stop_token_ids")
         if params.logit_bias and any(t >= vocab for t in params.logit_bias):
             raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab})", param="logit_bias")
+        if params.allowed_token_ids and any(t >= vocab for t in params.allowed_token_ids):
+            raise InvalidRequestError(f"allowed_token_ids must be ids in [0, {vocab})", param="allowed_token_ids")
+        if params.structured is not None:
+            self.compile_grammar(params.structured)  # a cache hit when the front end compiled it already
+
+    def compile_grammar(self, spec: StructuredSpec) -> None:
+        """Compile (and cache) a structured-output spec; InvalidRequestError naming its field when
+        it is invalid. Thread-safe: front ends call it off the engine thread, before queueing."""
+        self.grammars.compile(spec)
 
     def add_request(
         self,
@@ -155,7 +175,7 @@ class LLMEngine:
             Sequence(request_id, ids, params, index=i, seed=base_seed + i, cache_salt=salt) for i in range(params.n)
         ]
         for seq in seqs:
-            self.outputs.track(state, seq)
+            self.outputs.track(state, seq, self.grammars.constraint(params))
         if self.config.enable_prefix_caching:
             state.pending_children = seqs[1:]
             seqs = seqs[:1]
@@ -165,6 +185,8 @@ class LLMEngine:
 
     def abort_request(self, request_id: str, reason: str = "abort", error: str | None = None) -> RequestOutput | None:
         """Stop a request wherever it is and free its blocks; returns its final output."""
+        if self.embedder is not None:
+            return self.embedder.abort(request_id, error)  # type: ignore[return-value]  # an EmbeddingOutput
         state = self.requests.pop(request_id, None)
         if state is None:
             return None
@@ -178,7 +200,7 @@ class LLMEngine:
         return final
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or (self.embedder is not None and self.embedder.has_work)
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -239,12 +261,18 @@ class LLMEngine:
 
     def _execute(self, sched: SchedulerOutput) -> tuple[ScheduledBatch, StepOutput]:
         """The part of a step that changes no engine state, so a failure can simply be retried."""
+        if self.embedder is not None:
+            return self.embedder.execute(sched)
         banned = {s.seq.seq_id: self.outputs.banned_tokens(s.seq) for s in sched.scheduled if s.samples}
         batch = build_batch(sched, self.config.block_size, banned)
+        seqs = [sched.scheduled[i].seq for i in batch.sample_seq_indices]
+        self.grammars.attach_masks(batch.sampling, [self.outputs.constraint(self.requests, s) for s in seqs])
         return batch, self.backend.execute(batch)
 
     def _process(self, sched: SchedulerOutput, batch: ScheduledBatch, result: StepOutput) -> list[RequestOutput]:
         """Advance the sequences and hand out the new tokens; a failure here fails only its request."""
+        if self.embedder is not None:
+            return self.embedder.process(sched, batch, result)  # type: ignore[return-value]  # EmbeddingOutputs
         self.scheduler.after_step(sched)
         self.stats.steps += 1
         touched: dict[str, RequestState] = {}
@@ -358,3 +386,8 @@ class LLM:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         ids = [self.engine.encode_chat(c, chat_template_kwargs=chat_template_kwargs) for c in conversations]  # type: ignore[arg-type]
         return self.generate(ids, params)
+
+    def embed(self, inputs: Prompt | Seq[Prompt]) -> list[EmbeddingOutput]:
+        """L2-normalized vectors of the inputs (texts or token ids) from a model served with task="embed"."""
+        one = isinstance(inputs, str) or bool(inputs and isinstance(inputs[0], int))
+        return embed_offline(self.engine, [inputs] if one else list(inputs))  # type: ignore[list-item, arg-type]

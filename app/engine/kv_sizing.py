@@ -37,6 +37,8 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     bs = config.block_size
     per_block = backend.kv_bytes_per_block(bs)
     blocks_for = lambda tokens: -(-tokens // bs)
+    held = seq_block_cap(config, model_config)
+    longest = blocks_for(max_len) if held is None else min(blocks_for(max_len), held)  # one full-length sequence
     if config.num_kv_blocks:
         num, why = config.num_kv_blocks, "num_kv_blocks"
     elif config.kv_cache_memory_mb:
@@ -47,15 +49,21 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
                 f"each for {bs} tokens); give more"
             )
     else:
-        need = blocks_for(max(max_len, config.max_num_seqs * min(max_len, DEFAULT_TOKENS_PER_SEQ)))
+        seq_tokens = min(max_len, DEFAULT_TOKENS_PER_SEQ)
+        if held is None:
+            need = blocks_for(max(max_len, config.max_num_seqs * seq_tokens))
+            room = f"{seq_tokens} tokens"
+        else:
+            need = max(longest, config.max_num_seqs * min(blocks_for(seq_tokens), held))
+            room = f"{min(blocks_for(seq_tokens), held)} blocks"
         cap = int(backend.available_memory_bytes() * config.gpu_memory_fraction) // per_block
         num = max(min(need, cap), 1)
         why = (
-            f"room for {config.max_num_seqs} sequences of {min(max_len, DEFAULT_TOKENS_PER_SEQ)} tokens"
+            f"room for {config.max_num_seqs} sequences of {room}"
             if num == need
             else f"capped at {config.gpu_memory_fraction:.0%} of free memory"
         )
-    if max_len > num * bs:
+    if longest > num:
         if config.max_model_len is not None:
             raise ValueError(
                 f"--max-model-len {max_len} does not fit the KV cache ({num * bs} tokens); "
@@ -78,4 +86,39 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
         else "",
         max_len,
     )
+    if held is not None and held < blocks_for(max_len):
+        logger.info(
+            "every layer slides (window %d tokens): blocks behind it go back to the pool, so a sequence "
+            "holds at most %d blocks (window + the block being written + a %d-token prefill chunk) "
+            "and its context is not limited by the pool's %d blocks",
+            model_config.sliding_window,
+            held,
+            _step_tokens(config),
+            num,
+        )
     return KVPlan(num_blocks=num, max_model_len=max_len, cache_budget_blocks=budget)
+
+
+def _step_tokens(config: EngineConfig) -> int:
+    """Most tokens one sequence computes in a step (scheduler: a prefill chunk within the budget)."""
+    return max(1, min(config.prefill_chunk_size, config.max_num_batched_tokens))
+
+
+def seq_block_cap(config: EngineConfig, model_config: Any) -> int | None:
+    """Most KV blocks one sequence ever holds when every layer slides; None when some layer reads
+    the whole context (or the window is a single token, see below).
+
+    After each step the blocks wholly before the next query's window are released
+    (BlockManager.release_behind_window): with window W, block size bs, n tokens computed and a
+    step computing c more, the sequence holds blocks floor((n - W + 1) / bs) to
+    ceil((n + c) / bs) - 1. Over every n a schedule can reach (a chunk may start at any position:
+    the token budget cuts chunks short; a prefix hit starts at a block boundary and revives only
+    the blocks its window reads) and c up to C = _step_tokens, the most is exactly
+    1 + ceil((W + C - 2) / bs) — reached when n - W + 1 is one short of a block boundary. With W = 1
+    a prefix hit keeps one block more than its window (the block anchoring the hit): no cap.
+    """
+    window = model_config.sliding_window if getattr(model_config, "all_layers_slide", False) else None
+    if window is None or window < 2:
+        return None
+    bs = config.block_size
+    return 1 + -(-(window + _step_tokens(config) - 2) // bs)

@@ -10,6 +10,7 @@ from lantern.app.engine.detokenizer import IncrementalDetokenizer, StopStringMat
 from lantern.app.engine.request import CompletionOutput, RequestOutput
 from lantern.app.engine.sampling_params import SamplingParams
 from lantern.app.engine.sequence import Sequence
+from lantern.app.engine.structured import TokenConstraint
 
 
 @dataclass
@@ -19,6 +20,7 @@ class SeqOutputState:
     visible_len: int = 0  # chars of detok.text safe to show (stop strings held back / cut)
     sent_text: int = 0
     sent_tokens: int = 0
+    constraint: TokenConstraint | None = None  # grammar matcher / allowed ids, advanced per token
 
 
 @dataclass
@@ -47,9 +49,15 @@ class OutputProcessor:
         self.eos = set(eos_token_ids)
         self.max_model_len = max_model_len
 
-    def track(self, state: RequestState, seq: Sequence) -> None:
+    def track(self, state: RequestState, seq: Sequence, constraint: TokenConstraint | None = None) -> None:
         detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, state.params.skip_special_tokens)
-        state.seqs.append(SeqOutputState(seq, detok))
+        state.seqs.append(SeqOutputState(seq, detok, constraint=constraint))
+
+    @staticmethod
+    def constraint(requests: dict[str, RequestState], seq: Sequence) -> TokenConstraint | None:
+        """The grammar / allowed-ids constraint of a live sequence, if it has one."""
+        state = requests.get(seq.request_id)
+        return state.seqs[seq.index].constraint if state is not None else None
 
     def banned_tokens(self, seq: Sequence) -> list[int]:
         """EOS and stop token ids may not be drawn until min_tokens are out."""
@@ -62,6 +70,8 @@ class OutputProcessor:
         """Record a new token; returns a finish reason when the sequence must stop."""
         seq, p = out.seq, state.params
         seq.append_token(token)
+        if out.constraint is not None:
+            out.constraint.accept(token)
         n_out = len(seq.output_token_ids)
         new_text = out.detok.add(token)
         out.visible_len = len(out.detok.text)
@@ -79,6 +89,8 @@ class OutputProcessor:
             reason = "stop"
         elif n_out >= p.min_tokens and token in self.eos and not p.ignore_eos:
             reason = "stop"
+        elif out.constraint is not None and out.constraint.finished:
+            reason = "stop"  # the grammar is complete: nothing but EOS could follow
         elif n_out >= state.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is not None:

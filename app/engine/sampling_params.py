@@ -5,14 +5,17 @@ or 1..2^31-1 (above the vocabulary = off), min_p 0..1, repetition_penalty (0, 10
 frequency/presence penalties -2..2, |seed| < 2^63, max_tokens 1..2^31-1 (then capped by the
 context), min_tokens 0..max_tokens, at most 64 stop strings of at most 1024 characters (4096 in
 all), at most 1024 stop_token_ids, logprobs 0..20, logit_bias at most 1024 entries with values
--100..100.
+-100..100, allowed_token_ids non-empty. `structured` (a StructuredSpec) constrains the output to a
+JSON schema, regex, choice list or grammar.
 Token ids are checked against the model's vocabulary by the engine.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from lantern.app.engine.errors import InvalidRequestError
 
@@ -24,6 +27,76 @@ MAX_STOPS = 64
 MAX_STOP_LEN = 1024
 MAX_STOP_CHARS = 4096  # all stop strings together: each is searched for after every token
 MAX_TOKEN_LIST = 1024  # stop_token_ids, logit_bias entries
+MAX_ALLOWED_TOKENS = 1 << 20  # allowed_token_ids: a whitelist may name most of a big vocabulary
+
+
+STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "choice", "lark", "gbnf")
+
+
+@dataclass(frozen=True)
+class StructuredSpec:
+    """A constraint on the generated text, compiled to a grammar by app/engine/structured.py.
+
+    kind / value:
+      json_schema: the schema (dict, or its JSON text)
+      json_object: any JSON object (value ignored, None)
+      regex:       the regular expression (str), matched against the whole output
+      choice:      a list of strings; the output is exactly one of them
+      lark:        a Lark grammar (llguidance's dialect: `%json{...}`, `%regex{...}` allowed)
+      gbnf:        a llama.cpp GBNF grammar
+    `param` names the request field the constraint came from, so compile errors can name it.
+    `whitespace` (JSON kinds): None = the default (at most one space, or newlines plus an indent of
+    up to 20, per gap: bounded, so a model cannot loop on whitespace forever), "" = none at all
+    (compact JSON), else a regex for each gap between JSON tokens.
+    """
+
+    kind: str
+    value: Any = None
+    param: str | None = None
+    whitespace: str | None = None
+
+    def __post_init__(self) -> None:
+        where = self.param or "structured"
+        if self.kind not in STRUCTURED_KINDS:
+            raise InvalidRequestError(
+                f"unknown structured output kind {self.kind!r}; expected one of {', '.join(STRUCTURED_KINDS)}",
+                param=where,
+            )
+        if self.kind == "json_schema":
+            if isinstance(self.value, str):
+                try:
+                    parsed = json.loads(self.value)
+                except ValueError as e:
+                    raise InvalidRequestError(f"{where}: the JSON schema is not valid JSON: {e}", param=where) from None
+                object.__setattr__(self, "value", parsed)
+            if not isinstance(self.value, (dict, bool)):
+                raise InvalidRequestError(f"{where} must be a JSON schema object", param=where)
+        elif self.kind == "choice":
+            if (
+                not isinstance(self.value, (list, tuple))
+                or not self.value
+                or not all(isinstance(c, str) for c in self.value)
+            ):
+                raise InvalidRequestError(f"{where} must be a non-empty list of strings", param=where)
+            object.__setattr__(self, "value", tuple(self.value))
+        elif self.kind in ("regex", "lark", "gbnf"):
+            if not isinstance(self.value, str) or not self.value.strip():
+                raise InvalidRequestError(f"{where} must be a non-empty string", param=where)
+        if self.whitespace is not None and not isinstance(self.whitespace, str):
+            raise InvalidRequestError(f"{where}: the whitespace pattern must be a string", param=where)
+
+    @property
+    def key(self) -> str:
+        """A text key for the compiled-grammar cache (param excluded: same grammar, same key). Keys
+        keep their order: a schema's property order is the order the output writes them in."""
+        if self.kind == "json_schema":
+            body = json.dumps(self.value, separators=(",", ":"))
+        elif self.kind == "choice":
+            body = json.dumps(list(self.value))
+        else:
+            body = "" if self.value is None else str(self.value)
+        ws = "" if self.whitespace is None else json.dumps(self.whitespace)
+        return f"{self.kind}|{ws}|{body}"
 
 
 def _is_int(v: object) -> bool:
@@ -54,6 +127,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
+    # Constrained decoding: a grammar the output must match, and/or a whitelist of token ids.
+    structured: StructuredSpec | None = None
+    allowed_token_ids: list[int] | None = None
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +144,8 @@ class SamplingParams:
             self.top_k = 0
         if self.logit_bias is not None:
             self.logit_bias = self._parse_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         self._validate()
 
     @staticmethod
@@ -134,6 +212,13 @@ class SamplingParams:
             fail("stop_token_ids", f"may hold at most {MAX_TOKEN_LIST} ids")
         if any(not _is_int(t) or not 0 <= t <= MAX_INT32 for t in stop_ids):
             fail("stop_token_ids", "must be a list of non-negative integers")
+        if self.structured is not None and not isinstance(self.structured, StructuredSpec):
+            fail("structured", "must be a StructuredSpec")
+        allowed = self.allowed_token_ids
+        if allowed is not None and (
+            not allowed or len(allowed) > MAX_ALLOWED_TOKENS or any(not _is_int(t) or t < 0 for t in allowed)
+        ):
+            fail("allowed_token_ids", f"must be a non-empty list of at most {MAX_ALLOWED_TOKENS} token ids >= 0")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
 

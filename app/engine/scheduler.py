@@ -25,6 +25,9 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     prefill_chunk_size: int = 512
+    # A bidirectional encoder (BERT) attends over its whole input at once: each prompt runs in one
+    # piece (admitted only when all of it fits this step's budget; the engine sizes both to fit).
+    whole_prompts: bool = False
 
 
 @dataclass
@@ -120,9 +123,11 @@ class Scheduler:
         # Admit waiting sequences only while nothing had to be preempted this step.
         while not out.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            cached = self.bm.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
+            cached = self.bm.find_cached_prefix(seq) if seq.num_computed_tokens == 0 and seq.cacheable else []
             computed = len(cached) * self.bm.block_size
             n = min(seq.num_tokens - computed, self.config.prefill_chunk_size, budget)
+            if self.config.whole_prompts and n < seq.num_tokens - computed:
+                break
             need = self.bm.blocks_needed(seq, computed + n, cached)
             if not self.bm.can_allocate(need, self.admission_reserve):
                 if not self.running and not out.scheduled:
@@ -132,7 +137,7 @@ class Scheduler:
                 else:
                     break
             self.waiting.popleft()
-            if seq.num_preemptions == 0:
+            if seq.num_preemptions == 0 and seq.cacheable:
                 self.bm.record_lookup(seq.num_prompt_tokens, computed)
                 seq.num_cached_tokens = computed
             self.bm.allocate(seq, computed + n, cached)
@@ -173,5 +178,6 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             seq.num_computed_tokens += item.num_new_tokens
-            self.bm.register_computed(seq)
+            if seq.cacheable:
+                self.bm.register_computed(seq)
             self.bm.release_behind_window(seq)

@@ -46,6 +46,9 @@ class Sequence:
     # Who may share this sequence's cached prefix: the tenant (API key) and the request's
     # cache_salt. Part of every block digest, so different salts never see each other's blocks.
     cache_salt: bytes = b""
+    # False: never looked up in nor published to the prefix cache (embedding inputs: their blocks
+    # are freed at the end, and a mean pooling needs every token's hidden state computed).
+    cacheable: bool = True
     # Penalty inputs kept up to date token by token (set by the batch builder when needed).
     penalty: Any = None
     num_computed_tokens: int = 0

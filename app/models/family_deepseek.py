@@ -8,7 +8,14 @@ The maths both backends implement (transformers 5's DeepseekV2* / DeepseekV3* mo
   kv_b_proj expands c_kv into each head's k_nope and value. The two LoRA norms use eps 1e-6 (their
   constructor's default), not rms_norm_eps. Rope rotates pairs (x0, x1), (x2, x3), ... (V2's complex
   rope, V3's `rope_interleave`) or halves (V3 with rope_interleave false). Softmax scale:
-  (qk_nope + qk_rope) ** -0.5, times mscale(factor, mscale_all_dim) ** 2 for a scaled rope.
+  (qk_nope + qk_rope) ** -0.5, times mscale(factor, mscale_all_dim) ** 2 for a scaled rope. Every
+  released V2/V3 config has YaRN with mscale and mscale_all_dim: besides that softmax correction
+  they set the rope's attention factor, mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+  (1 when equal, as in V2-Lite's 0.707 / 0.707), which scales cos and sin (spec._rope_scaling
+  keeps both keys; the rope builders of both backends apply it).
+- V3 checkpoints carry num_nextn_predict_layers multi-token-prediction layers after the last
+  decoder layer (model.layers.{num_hidden_layers}...); next-token decoding does not use them, so
+  weight_stream skips their tensors unread (MLAConfig.mtp_layers).
 - Lantern's paged pool keeps only [c_kv, rotated k_pe] per token (one KV "head" of kv_lora_rank +
   qk_rope_head_dim) and attends in the absorbed form: q_nope goes through kv_b_proj's key rows into
   the latent space, the attention output (a mix of latents: V is K's first kv_lora_rank columns) goes
@@ -61,6 +68,7 @@ class MLAConfig:
     qk_rope_head_dim: int  # one rope key per token, shared by every head
     v_head_dim: int
     rope_interleave: bool  # rope rotates adjacent pairs (x0, x1), ... rather than halves
+    mtp_layers: int = 0  # multi-token-prediction layers stored after the decoder's (not loaded)
 
     @property
     def qk_head_dim(self) -> int:
@@ -116,6 +124,16 @@ def softmax_scale(cfg: dict[str, Any], qk_head_dim: int) -> float:
         mscale = 0.1 * float(all_dim) * math.log(factor) + 1.0
         scale *= mscale * mscale
     return scale
+
+
+def _mtp_layers(model_type: str, cfg: dict[str, Any]) -> int:
+    """DeepseekV3Config's num_mtp_layers (config.json: num_nextn_predict_layers, default 1); V2 has none."""
+    if model_type != "deepseek_v3":
+        return 0
+    count = cfg.get("num_nextn_predict_layers", cfg.get("num_mtp_layers", 1))
+    if not isinstance(count, int) or count < 0:
+        raise _refuse("num_nextn_predict_layers", count, " (a count of layers)")
+    return count
 
 
 def _moe(model_type: str, cfg: dict[str, Any], num_layers: int) -> DeepSeekMoEConfig | None:
@@ -192,6 +210,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         qk_rope_head_dim=_int(cfg, model_type, "qk_rope_head_dim"),
         v_head_dim=_int(cfg, model_type, "v_head_dim"),
         rope_interleave=bool(interleave),
+        mtp_layers=_mtp_layers(model_type, cfg),
     )
     if mla.qk_rope_head_dim % 2:
         raise _refuse("qk_rope_head_dim", mla.qk_rope_head_dim, " (rope needs an even size)")

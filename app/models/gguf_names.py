@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from lantern.app.models.gguf_arch import ARCH_LAYER, NORM_PLUS_ONE, decoder_layers, join_kv_b, layer_of
+from lantern.app.models.gguf_config import moe_config_from_gguf  # noqa: F401  (re-exported: its old home)
+
 logger = logging.getLogger(__name__)
 
 _GLOBAL = {
@@ -51,15 +56,18 @@ _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
 PERMUTED_ARCHITECTURES = {"llama", "mistral"}
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """HF parameter name for a GGUF tensor name; None for tensors we do not use (rope_freqs...)."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """HF parameter name for a GGUF tensor name of architecture `arch`; None for tensors we do not
+    use (rope_freqs, Phi-3's rope factors: the config reader takes those)."""
     m = _LAYER_RE.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
         if part in _EXPERTS:
             return f"model.layers.{layer}.mlp.experts.{_EXPERTS[part]}.{kind}"
-        mapped = _LAYER.get(part)
-        return f"model.layers.{layer}.{mapped}.{kind}" if mapped else None
+        mapped = ARCH_LAYER.get(arch, {}).get(part) or _LAYER.get(part)
+        if mapped is None:
+            return None
+        return f"model.layers.{layer}.{mapped}.{kind}".replace(".e_score_correction.bias", ".e_score_correction_bias")
     m = _GLOBAL_RE.match(gguf_name)
     if m and m.group(1) in _GLOBAL:
         return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"
@@ -88,6 +96,7 @@ def needs_unpermute(hf: str) -> str | None:
 
 # GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array).
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SMALL_ARRAY = 4096  # metadata arrays longer than this (token types, scores) are not read
 # Plain element types as numpy dtypes, the rest are quantized blocks read as bytes (like GGUFReader).
 _PLAIN = {
     "F32": "float32",
@@ -98,6 +107,9 @@ _PLAIN = {
     "I32": "int32",
     "I64": "int64",
 }
+
+
+_FOLIO_SPAN = 2 << 20  # the largest page-cache folio a fault maps at once (a PMD)
 
 
 @dataclass
@@ -116,7 +128,9 @@ class GGUFTensor:
 @dataclass
 class GGUFIndex:
     architecture: str
-    metadata: dict[str, Any]  # scalar and string keys; arrays (the tokenizer's vocabulary) are skipped
+    # scalar and string keys, numeric arrays of up to _SMALL_ARRAY values as tuples; longer and
+    # string arrays (the tokenizer's vocabulary) are skipped
+    metadata: dict[str, Any]
     tensors: list[GGUFTensor]
     path: str = ""
     buffer: Any = None  # the read-only mmap the tensors' data view
@@ -130,7 +144,10 @@ class GGUFIndex:
         """
         if self.buffer is None or not tensor.n_bytes or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        start = tensor.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        # From the 2 MiB boundary below: kernels with large page-cache folios (ext4 on Linux 6.x)
+        # map a whole folio on a fault, so reading this tensor's first page maps the previous
+        # tensor's tail again after it was released.
+        start = tensor.offset // _FOLIO_SPAN * _FOLIO_SPAN
         end = min(len(self.buffer), tensor.offset + tensor.n_bytes)
         try:
             self.buffer.madvise(mmap.MADV_DONTNEED, start, end - start)
@@ -138,15 +155,20 @@ class GGUFIndex:
             logger.debug("madvise failed for %s: %s", tensor.name, exc)
 
 
+def _decimal(vtype: int, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """float32 values as the shortest decimal that rounds to them (1e-05, not 9.9999997e-06): what
+    the converter wrote from config.json."""
+    return tuple(float(str(np.float32(v))) for v in values) if vtype == 6 else values
+
+
 def read_gguf_index(path: str) -> GGUFIndex:
-    """The tensor directory of a GGUF file, without parsing the metadata arrays.
+    """The tensor directory of a GGUF file, without parsing the long metadata arrays.
 
     gguf.GGUFReader builds a numpy view for every metadata element: SmolLM2's ~100k vocabulary
-    strings take it 3-6 s. Here arrays are stepped over with struct and the tensors are views of
-    one memory map (~50 ms).
+    strings take it 3-6 s. Here long arrays are stepped over with struct (short numeric ones, such
+    as per-layer values, are read) and the tensors are views of one memory map (~50 ms).
     """
     import gguf
-    import numpy as np
 
     with open(path, "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -181,9 +203,13 @@ def read_gguf_index(path: str) -> GGUFIndex:
         if vtype == 8:
             metadata[key], pos = read_str(pos)
         elif vtype in _SCALAR:
-            (metadata[key],) = struct.unpack_from(_SCALAR[vtype], buf, pos)
+            (metadata[key],) = _decimal(vtype, struct.unpack_from(_SCALAR[vtype], buf, pos))
             pos += struct.calcsize(_SCALAR[vtype])
         else:
+            etype, n = struct.unpack_from("<IQ", buf, pos)
+            if etype in _SCALAR and n <= _SMALL_ARRAY:  # per-layer values (head counts, sliding flags)
+                fmt = _SCALAR[etype]
+                metadata[key] = _decimal(etype, struct.unpack_from(f"{fmt[0]}{n}{fmt[1]}", buf, pos + 12))
             pos = skip(vtype, pos)
     infos = []
     for _ in range(n_tensors):
@@ -279,7 +305,9 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     (possibly split) GGUF file.
 
     Block types come as `AffineWeight` (exact, see quant.gguf_blocks), F32/F16/BF16 as numpy arrays
-    (F16 stays float16). q/k projection rows are un-permuted for PERMUTED_ARCHITECTURES. Each
+    (F16 stays float16). What llama.cpp's converter did to a tensor is undone: q/k rows un-permuted
+    for PERMUTED_ARCHITECTURES, Gemma's 1 + w norms back to w, DeepSeek's split attn_k_b/attn_v_b
+    joined into kv_b_proj; multi-token-prediction layers past the decoder stack are skipped. Each
     tensor's file pages are released after conversion, so peak memory stays near what the caller
     keeps. An unsupported block type is refused before anything is converted.
     """
@@ -288,19 +316,28 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     from lantern.app.models.spec import UnsupportedModelError
 
     indexes = _read_split(path)
-    used = [(index, t, hf_name(t.name)) for index in indexes for t in index.tensors]
-    used = [(index, t, name) for index, t, name in used if name is not None]
+    arch = indexes[0].architecture
+    layers = decoder_layers(indexes[0])
+    used = [(index, t, hf_name(t.name, arch)) for index in indexes for t in index.tensors]
+    used = [(index, t, name) for index, t, name in used if name is not None and layer_of(name) < layers]
     for _, t, _ in used:
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise UnsupportedModelError(
                 f"{Path(path).name}: tensor {t.name} is GGUF type {t.tensor_type.name}, which is not supported; "
                 f"supported types: {', '.join(SUPPORTED_TYPES)}"
             )
-    permuted = indexes[0].architecture in PERMUTED_ARCHITECTURES
+    permuted = arch in PERMUTED_ARCHITECTURES
+    halves: dict[str, Any] = {}  # a layer's attn_k_b until its attn_v_b is read
     for index, t, name in used:
         if len(t.shape) == 3 and ".mlp.experts." in name:
             yield from _split_experts(t, name)
             index.release(t)
+            continue
+        if ".self_attn.k_b_proj." in name or ".self_attn.v_b_proj." in name:
+            joined = join_kv_b(halves, name, t)
+            index.release(t)
+            if joined is not None:
+                yield joined
             continue
         rows, cols = _rows_cols(t)
         w = gguf_to_weight(t.tensor_type.name, t.data, rows, cols)
@@ -313,8 +350,12 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
                 w = unpermute_rows(w, n)
         if name.endswith("shared_expert_gate.weight") and len(w.shape) == 1:
             w = w.reshape(1, -1)  # llama.cpp stores the shared expert's gate as a vector
+        if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
+            w = np.asarray(w, dtype=np.float32) - np.float32(1.0)  # Gemma's converter stored 1 + w
         index.release(t)
         yield name, w
+    if halves:
+        raise ValueError(f"{Path(path).name}: {', '.join(sorted(halves))} without its attn_v_b / attn_k_b half")
 
 
 def _split_experts(t: GGUFTensor, name: str) -> Iterator[tuple[str, Any]]:
@@ -326,32 +367,3 @@ def _split_experts(t: GGUFTensor, name: str) -> Iterator[tuple[str, Any]]:
     stem, proj, kind = name.rsplit(".", 2)  # "model.layers.N.mlp.experts", "gate_proj", "weight"
     for e in range(experts):
         yield f"{stem}.{e}.{proj}.{kind}", gguf_to_weight(t.tensor_type.name, t.data[e], rows, cols)
-
-
-def moe_config_from_gguf(metadata: dict[str, Any]) -> dict[str, Any]:
-    """What transformers' GGUF config reader leaves out of a mixture of experts, from llama.cpp's keys:
-    Mixtral is architecture "llama" with `llama.expert_count` (-> model_type "mixtral"), and the
-    experts' own sizes (`expert_feed_forward_length`, Qwen2-MoE's `expert_shared_feed_forward_length`)
-    are not mapped. Returns the keys to update in the HF config dict (empty for a dense model)."""
-    arch = str(metadata.get("general.architecture", ""))
-
-    def key(name: str) -> Any:
-        return metadata.get(f"{arch}.{name}")
-
-    experts = key("expert_count")
-    if not experts:
-        return {}
-    out: dict[str, Any] = {}
-    if arch == "llama":
-        out.update(model_type="mixtral", num_local_experts=int(experts), sliding_window=None)
-    if key("expert_used_count") is not None:
-        out["num_experts_per_tok"] = int(key("expert_used_count"))
-    if arch in ("qwen2moe", "qwen3moe"):
-        out["num_experts"] = int(experts)
-        if key("expert_feed_forward_length") is not None:
-            out["moe_intermediate_size"] = int(key("expert_feed_forward_length"))
-        if key("expert_shared_feed_forward_length") is not None:
-            out["shared_expert_intermediate_size"] = int(key("expert_shared_feed_forward_length"))
-    if arch == "qwen3moe":
-        out["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalises the top-k weights
-    return out

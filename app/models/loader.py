@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from lantern.app.engine.contract import ModelSpec
-from lantern.app.models.spec import ModelConfig
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 2  # bump when what gguf_config_and_tokenizer stores changes
+_CACHE_FORMAT = 3  # bump when what gguf_config_and_tokenizer stores changes
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 
@@ -106,9 +106,10 @@ def _load_gguf(path: Path, dtype: str) -> LoadedModel:
     if len(parts) > 1:
         # transformers decides tying by looking for output.weight in the one file it reads.
         hf_cfg["tie_word_embeddings"] = "output.weight" not in gguf_tensor_names(first)
-    config = ModelConfig.from_hf(hf_cfg)
-    if config.architecture == "phi3":  # llama.cpp's attn_qkv / fused ffn_up are not mapped yet
-        raise ModelNotFoundError(f"{first.name}: Phi-3 GGUF files are not supported yet; use the Hugging Face folder")
+    try:
+        config = ModelConfig.from_hf(hf_cfg)
+    except UnsupportedModelError as exc:  # its keys are the config.json the metadata reads as
+        raise UnsupportedModelError(f"{first.name} (GGUF metadata read as config.json): {exc}") from None
     name = SPLIT_SUFFIX.sub("", first.stem)
     spec = ModelSpec(name=name, config=config, weight_format="gguf", weight_files=parts, dtype=dtype)
     return LoadedModel(spec, tokenizer, _collect_eos(config, tokenizer, {}), tokenizer.chat_template)
@@ -151,13 +152,27 @@ def _load_saved_tokenizer(folder: Path) -> Any:
 
 
 def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
-    from transformers import AutoConfig, AutoTokenizer
+    """Config and tokenizer of a GGUF file (of every part of a split one for the tensor directory).
+
+    The families gguf_config reads itself (gemma2, gemma3, phi3, glm4, deepseek2) get their config
+    from it; the rest from transformers' reader plus the keys it leaves out. The tokenizer comes
+    from the tokenizer.ggml.* keys: AutoTokenizer reads the config first and refuses architectures
+    transformers has no GGUF config for (glm4, deepseek2), so those files build it directly.
+    """
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
+
+    from lantern.app.models.gguf_config import hf_config_from_gguf, missing_config_keys
+    from lantern.app.models.gguf_names import gguf_split_parts, read_gguf_index
 
     logger.info("reading GGUF metadata and tokenizer from %s (converted once, then cached)", path)
+    indexes = [read_gguf_index(str(part)) for part in gguf_split_parts(path)]
+    tensors = {t.name: t for index in indexes for t in index.tensors}
+    hf_cfg = hf_config_from_gguf(indexes[0].metadata, tensors, path.name)
+    if hf_cfg is not None:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+        return hf_cfg, tokenizer
     hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
-    from lantern.app.models.gguf_names import moe_config_from_gguf, read_gguf_index
-
-    hf_cfg.update(moe_config_from_gguf(read_gguf_index(str(path)).metadata))  # experts transformers omits
+    hf_cfg.update(missing_config_keys(indexes[0].metadata))
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return hf_cfg, tokenizer
 

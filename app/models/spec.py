@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lantern.app.models.quant.hf_formats import QuantScheme
+
+logger = logging.getLogger(__name__)
 
 # model_type -> what differs from plain Llama. One table instead of a class per architecture.
 ARCHITECTURES: dict[str, dict[str, Any]] = {
@@ -17,7 +20,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen2": {"attention_bias": True},
     "qwen3": {"qk_norm": True},
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
-    # loading: weight_stream.split_fused); partial rotary (Phi-4-mini) works, LongRoPE is refused.
+    # loading: weight_stream.split_fused); partial rotary (Phi-4-mini) and LongRoPE (the 128k variants).
     "phi3": {},
     # Other families: "family" names the model file both backends build (backends/*/models/),
     # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys.
@@ -29,6 +32,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"family": "deepseek", "configure": "family_deepseek"},
     "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
     "glm4": {"family": "glm4", "configure": "family_glm"},
+    "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
+    "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)
 }
 
 
@@ -47,12 +52,14 @@ MULTIMODAL_WRAPPERS = {"gemma3": _gemma3_text_config}
 
 
 # Keys each rope type may carry; both backends compute exactly these (torch through transformers'
-# initialisers, MLX through mlx_lm's). Anything else changes the maths in a way one of them ignores.
+# initialisers, MLX through backends/mlx/rope.py). Anything else changes the maths in a way one of
+# them ignores. YaRN's mscale / mscale_all_dim set its attention factor (DeepSeek V2/V3).
 _ROPE_KEYS = {
     "linear": {"factor"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
-    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow"},
+    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"},
     "dynamic": {"factor", "original_max_position_embeddings"},
+    "longrope": {"short_factor", "long_factor", "original_max_position_embeddings", "factor", "attention_factor"},
 }
 _ACTIVATIONS = {"silu", "swish"}  # the same function under two names in transformers' ACT2FN
 
@@ -72,12 +79,19 @@ def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> di
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
     scaling.pop("rope_theta", None)
+    model_type = cfg.get("model_type")
+    if model_type == "phi3" and rope_type in ("su", "yarn"):
+        rope_type = "longrope"  # Phi3Config reads its older configs' names so
+    elif rope_type == "longrope" and model_type != "phi3":
+        # Only Phi-3 / Phi-4-mini checkpoints carry it (and only Phi-3's transformers code
+        # recomputes the cache when a sequence switches factors, the rule longrope_factors follows).
+        raise _refuse("rope_scaling.rope_type", rope_type, f" for {model_type or 'this family'} (Phi-3 only)")
     partial = scaling.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor")
     partial = None if partial in (None, 1, 1.0) else float(partial)
     if partial is not None:
         heads = cfg.get("num_attention_heads")
         head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads if heads else 0)
-        if cfg.get("model_type") not in ("glm4", "phi3") or not 0 < partial < 1 or int(head_dim * partial) % 2:
+        if model_type not in ("glm4", "phi3") or not 0 < partial < 1 or int(head_dim * partial) % 2:
             raise _refuse("partial_rotary_factor", partial, " (rotary embedding on part of each head)")
     plain = None if partial is None else {"rope_type": "default", "partial_rotary_factor": partial}
     if rope_type == "default":
@@ -86,9 +100,15 @@ def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> di
         raise _refuse("rope_scaling.rope_type", rope_type, f"; supported: default, {', '.join(sorted(_ROPE_KEYS))}")
     if scaling.get("truncate") is True:  # transformers' default, and what mlx_lm does
         scaling.pop("truncate")
+    # gpt-oss's YaRN leaves the correction range untruncated (kept: torch's transformers tables and rope.py read it).
+    untruncated = rope_type == "yarn" and model_type == "gpt_oss" and scaling.get("truncate") is False
+    if untruncated:
+        scaling.pop("truncate")
     extra = sorted(k for k, v in scaling.items() if k not in _ROPE_KEYS[rope_type] and v is not None)
     if extra:
         raise _refuse(f"rope_scaling.{extra[0]}", scaling[extra[0]], f" for rope_type {rope_type}")
+    if rope_type == "longrope":
+        return _longrope(cfg, scaling, partial)
     if rope_type == "dynamic":
         # Dynamic NTK rescales only once a sequence outgrows max_position_embeddings; below that it
         # is plain rope. max_context stays max_position_embeddings, so plain rope is the exact maths.
@@ -99,9 +119,51 @@ def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> di
         # transformers' default; mlx_lm would otherwise assume 4096.
         scaling["original_max_position_embeddings"] = max_pos
     scaling["rope_type"] = rope_type
+    if untruncated:
+        scaling["truncate"] = False
     if partial is not None:
         scaling["partial_rotary_factor"] = partial
     return {k: v for k, v in scaling.items() if v is not None}
+
+
+def _longrope(cfg: dict[str, Any], scaling: dict[str, Any], partial: float | None) -> dict[str, Any]:
+    """Phi-3's LongRoPE as Phi3Config reads it: one short and one long factor per rotated pair; the
+    top-level original_max_position_embeddings (default 4096) wins over one inside rope_scaling."""
+    heads = cfg["num_attention_heads"]
+    pairs = int((cfg.get("head_dim") or cfg["hidden_size"] // heads) * (partial or 1.0)) // 2
+    out: dict[str, Any] = {"rope_type": "longrope"}
+    for key in ("short_factor", "long_factor"):
+        f = scaling.get(key)
+        if not isinstance(f, list) or len(f) != pairs or not all(isinstance(v, (int, float)) and v > 0 for v in f):
+            shown = f"{len(f)} numbers" if isinstance(f, list) else f
+            raise _refuse(f"rope_scaling.{key}", shown, f" (LongRoPE takes {pairs} positive numbers, one per pair)")
+        out[key] = [float(v) for v in f]
+    for key in ("factor", "attention_factor"):
+        v = scaling.get(key)
+        if v is not None and not (isinstance(v, (int, float)) and v > 0):
+            raise _refuse(f"rope_scaling.{key}", v, " (must be a positive number)")
+        if v is not None:
+            out[key] = float(v)
+    out["original_max_position_embeddings"] = int(cfg.get("original_max_position_embeddings", 4096))
+    if partial is not None:
+        out["partial_rotary_factor"] = partial
+    return out
+
+
+def longrope_factors(scaling: dict[str, Any], max_position_embeddings: int) -> str:
+    """Which LongRoPE factors ("long_factor" or "short_factor") every position of every sequence uses.
+
+    transformers picks them per forward pass: the short ones while a sequence has at most
+    original_max_position_embeddings tokens, the long ones past that (Phi-3's generate() then drops
+    its cache and recomputes the whole sequence with them). A paged cache cannot re-rotate keys it
+    holds (prefix blocks are shared), so Lantern picks once per model, as vLLM does: the long ones
+    when the model's context goes past the original length. Every logit of a sequence longer than
+    that equals transformers' forward over it; so does every logit when the context stays within
+    it. Shorter sequences under a longer context differ (check_servable logs it)."""
+    # "served_context": --max-model-len, when the user caps the context (ModelConfig.serve_context).
+    context = min(max_position_embeddings, scaling.get("served_context") or max_position_embeddings)
+    long = context > scaling["original_max_position_embeddings"]
+    return "long_factor" if long else "short_factor"
 
 
 def _layer_windows(model_type: str, cfg: dict[str, Any], num_layers: int) -> list[int | None] | None:
@@ -177,6 +239,7 @@ class ModelConfig:
     sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
     moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
     mla: Any = None  # family_deepseek.MLAConfig: multi-head latent attention (DeepSeek V2/V3)
+    encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     # The vision-language model_type whose folder this language model came from (its tensor names
     # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
     multimodal_wrapper: str | None = None
@@ -198,10 +261,11 @@ class ModelConfig:
 
         YaRN's max_position_embeddings is the pre-scaling length when original_max_position_embeddings
         is absent or equal to it (Qwen2.5: 32768 x factor 4), so the context is their product;
-        otherwise (llama3, YaRN configs that already state the extended length) it is
-        max_position_embeddings. Linear scaling stays at max_position_embeddings: configs disagree on
-        which length they state, and the shorter is never wrong. Dynamic NTK is plain rope up to
-        max_position_embeddings (see _rope_scaling), so it stops there.
+        otherwise (llama3, YaRN configs that already state the extended length: DeepSeek's 163840
+        from 4096, LongRoPE's 131072) it is max_position_embeddings. Linear scaling stays at
+        max_position_embeddings: configs disagree on which length they state, and the shorter is
+        never wrong. Dynamic NTK is plain rope up to max_position_embeddings (see _rope_scaling), so
+        it stops there.
         """
         s = self.rope_scaling or {}
         if s.get("rope_type") == "yarn" and s.get("original_max_position_embeddings") in (
@@ -210,6 +274,12 @@ class ModelConfig:
         ):
             return int(self.max_position_embeddings * float(s.get("factor") or 1.0))
         return self.max_position_embeddings
+
+    def serve_context(self, max_model_len: int | None) -> None:
+        """Called before the weights load with the user's --max-model-len: LongRoPE models served
+        within their original length then use the short factors, exactly as transformers does."""
+        if max_model_len and self.rope_scaling and self.rope_scaling.get("rope_type") == "longrope":
+            self.rope_scaling = {**self.rope_scaling, "served_context": int(max_model_len)}
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -269,7 +339,8 @@ class ModelConfig:
             qk_norm=traits.get("qk_norm", False),
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
-            quantization=parse_quant_scheme(cfg),
+            # gpt-oss's MXFP4 experts are read by family_gptoss.checkpoint_tensors, not as a QuantScheme.
+            quantization=None if model_type == "gpt_oss" else parse_quant_scheme(cfg),
             layer_windows=_layer_windows(model_type, cfg, cfg["num_hidden_layers"]),
             dual_chunk_size=int(dca["chunk_size"]) if dca.get("chunk_size") else None,
             family=traits.get("family", "llama"),
@@ -298,4 +369,15 @@ def check_servable(config: ModelConfig, max_model_len: int) -> None:
         raise ValueError(
             f"dual_chunk_attention_config.chunk_size={limit} in config.json is not implemented yet; "
             f"serve with --max-model-len {limit} (or less)"
+        )
+    rope = config.rope_scaling or {}
+    longrope = rope.get("rope_type") == "longrope"
+    if longrope and longrope_factors(rope, config.max_position_embeddings) == "long_factor":
+        original = rope["original_max_position_embeddings"]
+        logger.info(
+            "LongRoPE: long factors at every position for this %d-token model (context served: %d); transformers "
+            "takes the short ones while a sequence has at most %d tokens, so those sequences' logits differ",
+            config.max_position_embeddings,
+            max_model_len,
+            original,
         )

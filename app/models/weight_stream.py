@@ -5,7 +5,7 @@ numpy from GGUF), quantized ones as the backend-neutral AffineWeight / Fp8Weight
 (app/models/quant/affine.py), which each backend packs into its kernel layout. Nothing holds the
 whole model in float: peak memory while loading is the backend's quantized copy plus one tensor.
 
-`--isq q4|q8` (in-situ quantization) quantizes float checkpoints on the way through, with progress.
+`--isq q4|q8` (in-situ quantization) quantizes float checkpoints on the way through (isq.py).
 """
 
 from __future__ import annotations
@@ -15,27 +15,16 @@ import logging
 import mmap
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lantern.app.engine.contract import ModelSpec
-from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, quantize_affine
+from lantern.app.models.isq import IsqMode, quantize_stream
+from lantern.app.models.quant.affine import AffineWeight, Fp8Weight
 
 logger = logging.getLogger(__name__)
-
-ISQ_SCHEMES = ("q4", "q8")
-
-
-@dataclass(frozen=True)
-class IsqMode:
-    """How a backend wants `--isq` weights laid out: bits, group size (0 = per row), symmetric."""
-
-    bits: int
-    group_size: int
-    symmetric: bool = False
 
 
 def iter_weights(
@@ -56,8 +45,12 @@ def iter_weights(
         source = _iter_safetensors(spec, framework, _text_name_map(spec))
     if spec.config.architecture in FUSED_CHECKPOINTS:
         source = split_fused(source, spec)
+    if spec.config.architecture == "gpt_oss":  # stacked (and MXFP4) experts in the model files' layout
+        from lantern.app.models.family_gptoss import checkpoint_tensors
+
+        source = checkpoint_tensors(source, framework)
     if isq is not None:
-        source = _quantize_stream(source, isq, spec, progress)
+        source = quantize_stream(source, isq, spec, progress)
     for item in source:
         yield item
         del item
@@ -131,74 +124,61 @@ def _row_slice(value: Any, start: int, end: int) -> Any:
     return value[start:end]
 
 
-def _quantize_stream(
-    source: Iterator[tuple[str, Any]], isq: IsqMode, spec: ModelSpec, progress: bool
-) -> Iterator[tuple[str, Any]]:
-    from tqdm import tqdm
-
-    label = f"{isq.bits}-bit " + (f"g{isq.group_size}" if isq.group_size else "per-channel")
-    cfg = spec.config
-    # Every 2-D weight of these models is a projection or the embedding: 7 per layer, + 1 or 2.
-    expected = 7 * cfg.num_layers + (1 if cfg.tie_word_embeddings else 2)
-    bar = tqdm(total=expected, desc=f"quantizing to {label}", unit="tensor", disable=not progress, leave=False)
-    done = already = 0
-    try:
-        for name, value in source:
-            if cfg.tie_word_embeddings and name == "lm_head.weight":
-                continue  # the embedding serves as the head: quantizing this copy would be wasted
-            if isinstance(value, (AffineWeight, Fp8Weight)):
-                already += 1
-                yield name, value
-                continue
-            if not name.endswith(".weight") or _ndim(value) != 2:
-                yield name, value
-                continue
-            cols = value.shape[1]
-            group = isq.group_size or cols
-            if cols % group:
-                logger.warning("%s: %d columns are not a multiple of %d; kept in float", name, cols, group)
-                yield name, value
-                continue
-            # Converted to float32 a few rows at a time (a 128k-row embedding never is, whole).
-            quantized = quantize_affine(value, isq.bits, group, symmetric=isq.symmetric, source=f"ISQ {label}")
-            del value
-            yield name, quantized
-            done += 1
-            bar.update(1)
-    finally:
-        bar.close()
-    logger.info("in-situ quantization: %d tensors to %s", done, label)
-    if already:
-        logger.info("in-situ quantization left %d tensors as the checkpoint quantized them", already)
-
-
-def _ndim(value: Any) -> int:
-    return len(value.shape)
-
-
 # ---- safetensors folders ---------------------------------------------------------------------------
 def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
-    """For a vision-language folder: its language model's tensor names (None: a vision tensor)."""
+    """For a vision-language folder: its language model's tensor names (None: a vision tensor);
+    for a BERT encoder: the encoder files' names (None: a tensor not loaded); else backbone names
+    with their "model." prefix."""
     if spec.config.multimodal_wrapper == "gemma3":
         from lantern.app.models.family_gemma import text_weight_name
 
         return text_weight_name
-    return None
+    if spec.config.family == "bert":  # HF BERT names -> the encoder files' (pooler and MLM heads skipped)
+        from lantern.app.models.family_bert import bert_weight_name
+
+        return bert_weight_name
+    return _backbone_name
+
+
+def _backbone_name(name: str) -> str:
+    """A base-model checkpoint (saved from XxxModel, as Qwen3-Embedding ships) stores the backbone
+    without the "model." prefix of the *ForCausalLM names the model files use."""
+    return f"model.{name}" if name.startswith(("layers.", "embed_tokens.", "norm.")) else name
 
 
 def _iter_safetensors(
     spec: ModelSpec, framework: str, rename: Callable[[str], str | None] | None = None
 ) -> Iterator[tuple[str, Any]]:
     if rename is None:
-        yield from _read_safetensors(spec, framework, skip=set())
+        yield from _read_safetensors(spec, framework, skip=_mtp_tensors(spec))
         return
-    skip: set[str] = set()  # vision tensors: skipped by name, before they are read
+    skip: set[str] = _mtp_tensors(spec)  # vision tensors too: skipped by name, before they are read
     for path in spec.weight_files:
         raw = RawSafetensors(path)
         skip.update(n for n in raw.names if rename(n) is None)
         raw.close()
     for name, value in _read_safetensors(spec, framework, skip):
         yield rename(name), value  # type: ignore[misc]
+
+
+def _mtp_tensors(spec: ModelSpec) -> set[str]:
+    """DeepSeek V3's multi-token-prediction layers, stored after the decoder's as
+    model.layers.{num_hidden_layers}...: next-token decoding does not use them (a whole MoE layer in
+    V3's checkpoint), so their tensors are skipped before they are read."""
+    mla = spec.config.mla
+    count = getattr(mla, "mtp_layers", 0) if mla is not None else 0
+    if not count:
+        return set()
+    first = spec.config.num_layers
+    prefixes = tuple(f"model.layers.{i}." for i in range(first, first + count))
+    names: set[str] = set()
+    for path in spec.weight_files:
+        raw = RawSafetensors(path)
+        names.update(n for n in raw.names if n.startswith(prefixes))
+        raw.close()
+    if names:
+        logger.info("skipping %d tensors of %d multi-token-prediction layer(s), unused in decoding", len(names), count)
+    return names
 
 
 def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterator[tuple[str, Any]]:

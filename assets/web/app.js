@@ -39,12 +39,21 @@ async function explain(response) {
 }
 
 // ---- rendering ------------------------------------------------------------------------
-function renderReply(text) {
-  // Reasoning models wrap their thoughts in <think>…</think>: show them collapsed.
-  const m = text.match(/^\s*<think>([\s\S]*?)(<\/think>|$)([\s\S]*)$/);
-  if (!m) return Markdown.render(text);
-  const thoughts = `<details class="think"><summary>Reasoning</summary>${Markdown.render(m[1])}</details>`;
-  return thoughts + Markdown.render(m[3] || "");
+// A reply's reasoning arrives apart (delta.reasoning_content) and is kept in msg.reasoning.
+// Replies saved before that, or from a server that does not split it, carry it inline.
+const THINK = /^\s*<think>([\s\S]*?)(<\/think>|$)([\s\S]*)$/;
+
+function splitReply(msg) {
+  if (msg.reasoning) return { reasoning: msg.reasoning, answer: msg.content };
+  const m = msg.content.match(THINK);
+  return m ? { reasoning: m[1], answer: m[3] || "" } : { reasoning: "", answer: msg.content };
+}
+
+// What is sent back to the model: the answer only, never the reasoning.
+function historyEntry({ role, content }) {
+  if (role !== "assistant") return { role, content };
+  const { reasoning, answer } = splitReply({ content });
+  return { role, content: reasoning ? answer.trimStart() : content };
 }
 
 // Clipboard API where the page is a secure context (localhost is); a hidden textarea otherwise
@@ -73,9 +82,31 @@ function copyButton(label, getText) {
   return button;
 }
 
+// The "Thinking" block stays open while the model thinks and folds once when the answer starts
+// (updated in place, so a block the user reopened stays open); the answer is rendered below it.
 function fillReply(el, msg) {
-  el.innerHTML = renderReply(msg.content);
-  for (const pre of el.querySelectorAll("pre")) pre.prepend(copyButton("Copy code", () => pre.querySelector("code").textContent));
+  const { reasoning, answer } = splitReply(msg);
+  let think = el.querySelector(":scope > details.think");
+  if (reasoning && !think) {
+    think = document.createElement("details");
+    think.className = "think";
+    think.innerHTML = '<summary>Thinking</summary><div class="think-body"></div>';
+    think.open = !answer;
+    if (answer) think.dataset.folded = "1";
+    el.prepend(think);
+  }
+  if (think) {
+    think.querySelector(".think-body").textContent = reasoning.trim();
+    if (answer && !think.dataset.folded) { think.open = false; think.dataset.folded = "1"; }
+  }
+  let body = el.querySelector(":scope > .answer");
+  if (!body) {
+    body = document.createElement("div");
+    body.className = "answer";
+    el.appendChild(body);
+  }
+  body.innerHTML = Markdown.render(answer);
+  for (const pre of body.querySelectorAll("pre")) pre.prepend(copyButton("Copy code", () => pre.querySelector("code").textContent));
 }
 
 function messageElement(msg) {
@@ -90,7 +121,7 @@ function messageElement(msg) {
 function replyActions(msg) {
   const row = document.createElement("div");
   row.className = "msg-actions";
-  row.appendChild(copyButton("Copy", () => msg.content));
+  row.appendChild(copyButton("Copy", () => splitReply(msg).answer));
   return row;
 }
 
@@ -99,7 +130,7 @@ function renderMessages() {
   box.innerHTML = "";
   for (const msg of state.current ? state.current.messages : []) {
     box.appendChild(messageElement(msg));
-    if (msg.role === "assistant" && msg.content) box.appendChild(replyActions(msg));
+    if (msg.role === "assistant" && splitReply(msg).answer) box.appendChild(replyActions(msg));
   }
   box.scrollTop = box.scrollHeight;
 }
@@ -161,11 +192,11 @@ async function send(text) {
   const conv = state.current;
   conv.messages.push({ role: "user", content: text });
   if (!conv.title) conv.title = text.slice(0, 40);
-  const reply = { role: "assistant", content: "" };
+  const reply = { role: "assistant", content: "", reasoning: "" };
   conv.messages.push(reply);
   save(); renderConversations(); renderMessages();
   const bubble = $("messages").lastElementChild;
-  const history = conv.messages.slice(0, -1).map(({ role, content }) => ({ role, content }));
+  const history = conv.messages.slice(0, -1).map(historyEntry);
   if (state.settings.system) history.unshift({ role: "system", content: state.settings.system });
   const body = {
     model: $("model").value, messages: history, stream: true,
@@ -199,11 +230,12 @@ async function send(text) {
         const event = buffer.slice(0, cut);
         buffer = buffer.slice(cut + 2);
         if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
-        const delta = JSON.parse(event.slice(6)).choices?.[0]?.delta?.content;
-        if (!delta) continue;
+        const delta = JSON.parse(event.slice(6)).choices?.[0]?.delta || {};
+        if (!delta.content && !delta.reasoning_content) continue;
         if (first === null) { first = performance.now(); $("stat-ttft").textContent = `${((first - started) / 1000).toFixed(2)} s`; }
         tokens += 1;
-        reply.content += delta;
+        reply.reasoning += delta.reasoning_content || "";
+        reply.content += delta.content || "";
         fillReply(bubble, reply);
         $("messages").scrollTop = $("messages").scrollHeight;
         const secs = (performance.now() - first) / 1000;
@@ -215,7 +247,7 @@ async function send(text) {
   } finally {
     state.controller = null;
     setBusy(false);
-    if (reply.content && bubble.isConnected) bubble.after(replyActions(reply));
+    if (splitReply(reply).answer && bubble.isConnected) bubble.after(replyActions(reply));
     save();
   }
 }

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.rope_utils import initialize_rope
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attention
+from lantern.backends.mlx.rope import build_rope
 
 ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": nn.gelu_approx}
 
@@ -24,10 +24,17 @@ def rotary_dim(cfg: ModelConfig) -> int:
 
 class Attention(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_idx: int, norm: type[nn.Module] = nn.RMSNorm, rope_interleaved: bool = False
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        norm: type[nn.Module] = nn.RMSNorm,
+        rope_interleaved: bool = False,
+        o_bias: bool = False,
+        sinks: bool = False,
     ):
         """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves. mlx's rope
-        rotates the first rotary_dim(cfg) dims of each head and passes the rest through."""
+        rotates the first rotary_dim(cfg) dims of each head and passes the rest through.
+        o_bias: o_proj has a bias too; sinks: one learned sink logit per head (gpt-oss)."""
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -39,14 +46,16 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
+        if sinks:
+            self.sinks = mx.zeros((self.n_heads,))
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
         theta, scaling = cfg.rope_theta, cfg.rope_scaling
         if self.window is not None and cfg.local_rope_theta is not None:
             theta, scaling = cfg.local_rope_theta, None
-        self.rope = initialize_rope(rotary_dim(cfg), theta, rope_interleaved, scaling, cfg.max_position_embeddings)
+        self.rope = build_rope(rotary_dim(cfg), theta, rope_interleaved, scaling, cfg.max_position_embeddings)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         t = x.shape[0]
@@ -59,7 +68,10 @@ class Attention(nn.Module):
         # rope takes one offset per token.
         q = self.rope(q[:, :, None, :], offset=meta.positions)[:, :, 0, :]
         k = self.rope(k[:, :, None, :], offset=meta.positions)[:, :, 0, :]
-        out = paged_attention(q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap)
+        sinks = self.get("sinks")
+        out = paged_attention(
+            q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap, sinks=sinks
+        )
         return self.o_proj(out.reshape(t, -1))
 
 

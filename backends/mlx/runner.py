@@ -109,6 +109,12 @@ class MLXBackend:
         mx.eval(self.pool.k, self.pool.v)
         return out
 
+    def embed(self, batch: ScheduledBatch, rows: list) -> list:
+        """Pooled final hidden states instead of samples (backends/base.EmbeddingBackend)."""
+        from lantern.backends.mlx.embed import embed_step  # only embedding servers pay its import
+
+        return embed_step(self, batch, rows)
+
     def shutdown(self) -> None:
         """Drop the weights and the pools (nothing else to release: MLX runs in this process)."""
         self.model = None

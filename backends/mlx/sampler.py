@@ -17,6 +17,7 @@ from lantern.backends.sampling_prep import (
     MIX_C1,
     MIX_C2,
     SamplingArrays,
+    mask_bytes,
     prepare_sampling,
     top_logprobs_lists,
 )
@@ -79,7 +80,32 @@ def _edit_logits(logits: mx.array, a: SamplingArrays) -> mx.array:
         flat = flat.at[mx.array(a.freq_flat)].subtract(mx.array(a.freq_values))
     if a.banned_flat is not None:
         flat[mx.array(a.banned_flat)] = _MASK
-    return flat.reshape(b, vocab)
+    logits = flat.reshape(b, vocab)
+    if a.mask_rows is not None and a.token_mask is not None:
+        # x + 0 = x exactly and x + -inf = -inf: one add applies the mask.
+        add = token_mask_addend(mx.array(mask_bytes(a.token_mask)), vocab)
+        if len(a.mask_rows) == b:
+            logits = logits + add
+        else:
+            rows = mx.array(a.mask_rows)
+            logits[rows] = logits[rows] + add
+    return logits
+
+
+@lru_cache(maxsize=1)
+def _byte_table() -> mx.array:
+    """[256, 8] float32: 0 where bit j of byte b is set, else -inf."""
+    bits = (np.arange(256)[:, None] >> np.arange(8)) & 1
+    return mx.array(np.where(bits == 1, 0.0, _MASK).astype(np.float32))
+
+
+def token_mask_addend(mask_u8: mx.array, vocab: int) -> mx.array:
+    """Packed mask bytes [R, 4W] (mask_bytes) -> float32 [R, vocab]: 0 on allowed tokens, -inf on the
+    rest, and on columns past the mask."""
+    add = _byte_table()[mask_u8].reshape(mask_u8.shape[0], -1)
+    if add.shape[1] < vocab:
+        add = mx.pad(add, [(0, 0), (0, vocab - add.shape[1])], constant_values=_MASK)
+    return add[:, :vocab]
 
 
 def _sample_random(sub: mx.array, a: SamplingArrays) -> mx.array:

@@ -106,7 +106,8 @@ class _ExpertStacker:
             bits, group = modes.pop()
             old = get_module(self.model, prefix)
             e, rows, cols = old.weight.shape
-            set_module(self.model, prefix, QuantExpertLinear(e, cols, rows, bits, group))
+            # gpt-oss's experts keep their per-expert bias (filled from its stacked `..._bias` tensors).
+            set_module(self.model, prefix, QuantExpertLinear(e, cols, rows, bits, group, bias="bias" in old))
             return [(f"{prefix}.{name}", mx.stack([it[i] for it in items])) for i, name in enumerate(_Q_NAMES, 1)]
         if any(quantized):  # mixed modes across experts: no single gather_qmm layout
             self.errors.note(f"{prefix}: experts quantized in different modes (or partly); dequantized to float")

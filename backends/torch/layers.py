@@ -1,8 +1,8 @@
 """Building blocks the torch model files share: rope tables, RMSNorm, attention over the paged
 pool, the gated MLP (same layout as the MLX blocks).
 
-Rotary frequencies (default, llama3, YaRN) come from transformers' own rope initialisers, so the
-scaling maths is the reference's, not a copy of it. q/k/v and gate/up are single stacked
+Rotary frequencies (default, linear, llama3, YaRN, LongRoPE) come from transformers' own rope
+initialisers, so the scaling maths is the reference's, not a copy of it. q/k/v and gate/up are single stacked
 projections (weights.py stacks them while loading).
 """
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lantern.app.models.spec import ModelConfig
+from lantern.app.models.spec import ModelConfig, longrope_factors
 from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.parallel import TPGroup
@@ -34,7 +34,8 @@ def rope_tables(
     if theta is not None:
         params = {"rope_theta": theta, "rope_type": "default"}
     else:
-        params = {"rope_theta": cfg.rope_theta, "rope_type": "default", **(cfg.rope_scaling or {})}
+        scaled = {k: v for k, v in (cfg.rope_scaling or {}).items() if k != "served_context"}  # ours, not HF's
+        params = {"rope_theta": cfg.rope_theta, "rope_type": "default", **scaled}
     rope_type = params["rope_type"]
     if rope_type == "default":
         base, dim = params["rope_theta"], rotary_dim(cfg)
@@ -51,7 +52,10 @@ def rope_tables(
             max_position_embeddings=cfg.max_position_embeddings,
             rope_parameters=params,  # with its partial_rotary_factor, which the initialisers read
         )
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"))
+        seq_len = None  # LongRoPE: the initialiser takes the long factors for a sequence past the original length
+        if rope_type == "longrope" and longrope_factors(cfg.rope_scaling, cfg.max_position_embeddings) == "long_factor":
+            seq_len = params["original_max_position_embeddings"] + 1
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_cfg, torch.device("cpu"), seq_len=seq_len)
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq.float())
     emb = torch.cat([freqs, freqs], dim=-1)
     return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
@@ -95,9 +99,12 @@ class Attention(nn.Module):
         tp: TPGroup,
         norm: type[nn.Module] = RMSNorm,
         rope_interleaved: bool = False,
+        o_bias: bool = False,
+        sinks: bool = False,
     ):
         """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves; the width
-        rotated is the rope table's (rope_tables: rotary_dim(cfg))."""
+        rotated is the rope table's (rope_tables: rotary_dim(cfg)). o_bias: o_proj has a bias too;
+        sinks: one learned sink logit per head (gpt-oss)."""
         super().__init__()
         self.tp = tp
         self.rope_interleaved = rope_interleaved
@@ -109,7 +116,8 @@ class Attention(nn.Module):
         d, bias = cfg.hidden_size, cfg.attention_bias
         self.splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
         self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
+        self.sinks = nn.Parameter(torch.empty(self.n_heads), requires_grad=False) if sinks else None
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, cfg.rms_norm_eps)
@@ -129,7 +137,9 @@ class Attention(nn.Module):
         cos, sin = rope if rope is not None else (meta.cos, meta.sin)
         q = apply_rotary(q, cos, sin, self.rope_interleaved)
         k = apply_rotary(k, cos, sin, self.rope_interleaved)
-        out = paged_attention(q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap)
+        out = paged_attention(
+            q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap, sinks=self.sinks
+        )
         return self.tp.all_reduce(self.o_proj(out.reshape(t, -1)))
 
 

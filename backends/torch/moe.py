@@ -1,4 +1,6 @@
-"""Sparse mixture-of-experts MLP for torch: Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE.
+"""Sparse mixture-of-experts MLP for torch: Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE, and
+gpt-oss through SparseMoE's options (router and expert biases, softmax over the top-k logits,
+clamped SwiGLU: `BiasedExperts`, computed by the grouped path, never the fused CUDA kernel).
 
 Routing (app/models/family_moe.py): softmax over all experts in float32, top-k, renormalised when
 the config says so. The experts are one of:
@@ -11,7 +13,9 @@ the config says so. The experts are one of:
 - `QuantExperts` (quantized checkpoints, --isq): one quant_linear layer per expert and projection,
   the weights staying quantized. On CPU the same sorted grouping with one quantized matmul per
   expert hit; on CUDA, when every expert shares one 4/8-bit mode, they are also held as stacked
-  packed tensors (`stack_for_cuda`) that the fused kernel dequantizes in registers.
+  packed tensors (`stack_for_cuda`) that the fused kernel dequantizes in registers. gpt-oss's
+  quantized experts (MXFP4 repacked at load by family_gptoss, --isq) are QuantExperts too, holding
+  BiasedExperts' stacked biases (`QuantExperts.replacing`); they always take the per-expert path.
 
 Tensor parallelism is not implemented for MoE layers (refused at construction).
 """
@@ -19,6 +23,7 @@ Tensor parallelism is not implemented for MoE layers (refused at construction).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +45,31 @@ class StackedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inner), requires_grad=False)
 
 
+class BiasedExperts(nn.Module):
+    """StackedExperts' two projections plus a bias per expert and output row (gpt-oss). A class of
+    its own: its checkpoints store the four tensors stacked, so the loader fills them by name
+    rather than expert by expert."""
+
+    def __init__(self, num_experts: int, hidden: int, inner: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, hidden), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inner), requires_grad=False)
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inner), requires_grad=False)
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden), requires_grad=False)
+
+
+def clamped_swiglu(alpha: float, limit: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """gpt-oss's expert activation: gate clamped above at limit, up to [-limit, limit], then
+    (up + 1) * gate * sigmoid(alpha * gate)."""
+
+    def glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+    return glu
+
+
 class Unset(nn.Module):
     """A quantized expert's projection not yet read from the checkpoint (weights.py checks none is left)."""
 
@@ -50,6 +80,18 @@ class QuantExperts(nn.Module):
         self.gate_up_proj = nn.ModuleList([Unset() for _ in range(num_experts)])
         self.down_proj = nn.ModuleList([Unset() for _ in range(num_experts)])
         self.packed: tuple | None = None  # (gate_up, down) PackedExperts for the CUDA kernel
+        self.gate_up_proj_bias: nn.Parameter | None = None  # [E, 2I] and [E, H]: gpt-oss only
+        self.down_proj_bias: nn.Parameter | None = None
+
+    @classmethod
+    def replacing(cls, module: nn.Module) -> QuantExperts:
+        """Quantized experts taking the place of float ones (StackedExperts / BiasedExperts) when
+        the checkpoint's first expert arrives quantized; BiasedExperts' stacked biases (float, filled
+        by name before or after the swap) move over as they are."""
+        new = cls(module.gate_up_proj.shape[0])
+        if isinstance(module, BiasedExperts):
+            new.gate_up_proj_bias, new.down_proj_bias = module.gate_up_proj_bias, module.down_proj_bias
+        return new
 
     def stack_for_cuda(self) -> None:
         """Also hold the experts as stacked packed tensors for the fused kernel, when they are all
@@ -80,7 +122,18 @@ class QuantExperts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp: TPGroup = TPGroup(),
+        router_bias: bool = False,
+        expert_bias: bool = False,
+        glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        softmax_after_topk: bool = False,
+    ):
+        """Options (gpt-oss; the defaults are the Mixtral / Qwen routers): router_bias: the router
+        has a bias; expert_bias: BiasedExperts; glu: how gate and up combine (default
+        act(gate) * up); softmax_after_topk: weights are a softmax over the k chosen logits."""
         super().__init__()
         if tp.active:
             raise ValueError(
@@ -92,8 +145,14 @@ class SparseMoE(nn.Module):
         self.norm_topk_prob, self.fp32_weights = moe.norm_topk_prob, moe.router_weights_fp32
         self.act_name = cfg.hidden_act
         self.act = ACTIVATIONS[cfg.hidden_act]
-        self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)  # the router
-        self.experts: nn.Module = StackedExperts(moe.num_experts, cfg.hidden_size, moe.intermediate_size)
+        act = self.act
+        self.glu = glu or (lambda gate, up: act(gate) * up)
+        self.softmax_after_topk = softmax_after_topk
+        # The fused CUDA kernel computes act(gate) * up without biases: other experts take the grouped path.
+        self.fused_kernel_ok = glu is None and not expert_bias
+        self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=router_bias)  # the router
+        experts_cls = BiasedExperts if expert_bias else StackedExperts
+        self.experts: nn.Module = experts_cls(moe.num_experts, cfg.hidden_size, moe.intermediate_size)
         self.shared_expert: nn.Module | None = None
         if moe.shared_expert_size:
             self.shared_expert = MLP(cfg, tp, moe.shared_expert_size)
@@ -101,7 +160,11 @@ class SparseMoE(nn.Module):
         self._grouped_mm_ok = hasattr(torch, "_grouped_mm")
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(expert ids [T, k], weights [T, k]): float32 for Mixtral, x's dtype for the Qwen routers."""
+        """(expert ids [T, k], weights [T, k]): float32 for Mixtral, x's dtype for the Qwen routers;
+        gpt-oss: top-k of the logits, then their softmax in x's dtype."""
+        if self.softmax_after_topk:
+            values, ids = torch.topk(self.gate(x), self.top_k, dim=-1)
+            return ids, torch.softmax(values, dim=-1, dtype=values.dtype)
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
@@ -119,7 +182,7 @@ class SparseMoE(nn.Module):
         experts = self.experts
         if x.shape[0] == 0:
             return torch.zeros_like(x)
-        if ops.use_triton(x):
+        if ops.use_triton(x) and self.fused_kernel_ok:
             kernel_weights = None
             if isinstance(experts, StackedExperts):
                 kernel_weights = (experts.gate_up_proj, experts.down_proj)
@@ -133,20 +196,30 @@ class SparseMoE(nn.Module):
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert
         token = order // k
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        y = self._grouped(x[token], counts)
+        # A fixed-size count (bincount's size depends on the ids: a host sync, which CUDA graph capture
+        # refuses on the grouped path gpt-oss takes there).
+        counts = torch.zeros(self.num_experts, dtype=torch.long, device=flat.device).index_add_(
+            0, flat, torch.ones_like(flat)
+        )
+        y = self._grouped(x[token], counts, flat[order])
         y = y * weights.reshape(-1)[order, None]  # float32 weights: the product in float32 (Mixtral)
         return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
 
-    def _grouped(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Rows of xs grouped by expert (counts[e] rows each) through their experts' gated MLPs."""
+    def _grouped(self, xs: torch.Tensor, counts: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """Rows of xs grouped by expert (counts[e] rows each; expert_ids: each row's) through their
+        experts' gated MLPs."""
         experts = self.experts
-        if isinstance(experts, StackedExperts) and self._grouped_mm_ok:
+        stacked = isinstance(experts, (StackedExperts, BiasedExperts))
+        biased = isinstance(experts, BiasedExperts)
+        if stacked and self._grouped_mm_ok:
             offsets = torch.cumsum(counts, 0).to(torch.int32)
             try:
                 h = torch._grouped_mm(xs, experts.gate_up_proj.transpose(1, 2), offs=offsets)
+                if biased:
+                    h = h + experts.gate_up_proj_bias[expert_ids]
                 gate, up = h.chunk(2, dim=-1)
-                return torch._grouped_mm(self.act(gate) * up, experts.down_proj.transpose(1, 2), offs=offsets)
+                y = torch._grouped_mm(self.glu(gate, up), experts.down_proj.transpose(1, 2), offs=offsets)
+                return y + experts.down_proj_bias[expert_ids] if biased else y
             except (RuntimeError, NotImplementedError) as exc:  # no kernel for this device / dtype
                 logger.info("torch._grouped_mm unavailable (%s); one matmul per expert instead", exc)
                 self._grouped_mm_ok = False
@@ -157,10 +230,15 @@ class SparseMoE(nn.Module):
                 continue
             rows = xs[start : start + n]
             start += n
-            if isinstance(experts, StackedExperts):
-                gate, up = F.linear(rows, experts.gate_up_proj[e]).chunk(2, dim=-1)
-                outs.append(F.linear(self.act(gate) * up, experts.down_proj[e]))
-            else:
-                gate, up = experts.gate_up_proj[e](rows).chunk(2, dim=-1)
-                outs.append(experts.down_proj[e](self.act(gate) * up))
+            if stacked:
+                gate_up_bias = experts.gate_up_proj_bias[e] if biased else None
+                gate, up = F.linear(rows, experts.gate_up_proj[e], gate_up_bias).chunk(2, dim=-1)
+                down_bias = experts.down_proj_bias[e] if biased else None
+                outs.append(F.linear(self.glu(gate, up), experts.down_proj[e], down_bias))
+            else:  # QuantExperts: one quantized matmul per expert hit, its stacked biases added (gpt-oss)
+                h = experts.gate_up_proj[e](rows)
+                if experts.gate_up_proj_bias is not None:
+                    h = h + experts.gate_up_proj_bias[e]
+                y = experts.down_proj[e](self.glu(*h.chunk(2, dim=-1)))
+                outs.append(y if experts.down_proj_bias is None else y + experts.down_proj_bias[e])
         return torch.cat(outs)

@@ -25,6 +25,9 @@ ROW_PARALLEL = ("o_proj", "down_proj")
 class TPGroup:
     rank: int = 0
     world: int = 1
+    # The process group of the forward collectives, with the short timeout (runner._tp_timeout);
+    # None: the default group.
+    group: Any = dataclasses.field(default=None, compare=False)
 
     @property
     def active(self) -> bool:
@@ -32,21 +35,34 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.active:
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return x
         parts = [torch.empty_like(x) for _ in range(self.world)]
-        dist.all_gather(parts, x.contiguous())
+        dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
 
 def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
-    """The per-rank shapes: heads, kv heads and FFN width divided by the world size."""
+    """The per-rank shapes: heads, kv heads and FFN width divided by the world size.
+
+    The runner calls this before it starts any worker, so a model tensor parallelism cannot
+    split is refused here, in one line, rather than by a model file on every rank."""
     if world == 1:
         return cfg
+    # Only heads and the dense MLP's rows are sharded: experts would need expert or row sharding
+    # of the stacked [E, out, in] tensors, and the latent of multi-head latent attention is shared
+    # by every head (one KV "head" that cannot be divided).
+    parts = (("multi-head latent attention", cfg.mla), ("mixture-of-experts", cfg.moe))
+    unsplit = [what for what, present in parts if present is not None]
+    if unsplit:
+        raise ValueError(
+            f"tensor parallelism is not implemented for {' and '.join(unsplit)} models ({cfg.architecture}); "
+            "serve this model with --tensor-parallel-size 1"
+        )
     for name, value in (
         ("num_attention_heads", cfg.num_heads),
         ("num_key_value_heads", cfg.num_kv_heads),

@@ -39,6 +39,11 @@ from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, r
 logger = logging.getLogger(__name__)
 
 INT4PACK_GROUPS = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts, largest first
+# _weight_int8pack_mm's AVX-512 loop reads 16 input columns at a time with aligned loads and no
+# tail (AVX2 and NEON: 8): any other width, or activations not 32-byte aligned, are read out of
+# bounds (wrong sums, or a segfault). aten/src/ATen/native/cpu/int8mm_kernel.cpp.
+INT8PACK_COLS = 16
+_INT8PACK_ALIGN = 32
 TRITON_GROUPS = (128, 64, 32)
 _BLOCK_N = 64  # the int4pack layout's row block
 _ERROR_SAMPLE = 1 << 18  # weights sampled to measure a conversion (a few MB of float32 at most)
@@ -53,7 +58,7 @@ def select_kernel(w: AffineWeight | Fp8Weight, device: torch.device | str) -> st
     if device.type == "cuda":
         return "triton" if w.shape[1] % TRITON_GROUPS[-1] == 0 else "dense"
     if w.bits > 4:
-        return "int8pack"
+        return "int8pack" if w.shape[1] % INT8PACK_COLS == 0 else "dense"
     return "int4pack" if w.shape[1] % INT4PACK_GROUPS[-1] == 0 else "dense"  # (K % 32: never in a real model)
 
 
@@ -207,7 +212,10 @@ class Int8PackLinear(QuantLayer):
         _record(errors, w, self, "int8 per-channel (requantized)", not exact)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.ones)
+        xb = x.to(torch.bfloat16)
+        if not xb.is_contiguous() or xb.data_ptr() % _INT8PACK_ALIGN:  # a view of bf16 activations
+            xb = xb.clone(memory_format=torch.contiguous_format)
+        y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, self.ones)
         return y.mul_(self.scale) if x.dtype == torch.bfloat16 else y.to(x.dtype).mul_(self.scale)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

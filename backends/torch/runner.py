@@ -44,6 +44,9 @@ def _tp_timeout() -> datetime.timedelta:
 
 
 IDLE_TIMEOUT = datetime.timedelta(days=365)
+# Start-up: spawned ranks import torch and load their shard before they join; on a busy machine
+# that outlasts a short collective timeout.
+START_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 def _rank_device(rank: int) -> torch.device:
@@ -132,9 +135,10 @@ class TorchBackend:
             w.start()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world, timeout=_tp_timeout()
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world, timeout=START_TIMEOUT
         )
         self.commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        self.tp = dataclasses.replace(self.tp, group=dist.new_group(backend=backend, timeout=_tp_timeout()))
         logger.info("tensor parallel: %d ranks over %s", self.world, backend)
 
     def shutdown(self) -> None:
@@ -237,6 +241,12 @@ class TorchBackend:
             return StepOutput(token_ids=[])
         return sample(logits, batch.sampling)
 
+    def embed(self, batch: ScheduledBatch, rows: list) -> list:
+        """Pooled final hidden states instead of samples (backends/base.EmbeddingBackend)."""
+        from lantern.backends.torch.embed import embed_step  # only embedding servers pay its import
+
+        return embed_step(self, batch, rows)
+
 
 def _worker_main(rank: int, world: int, port: int, spec: ModelSpec, options: BackendOptions) -> None:
     """Ranks 1..N-1: hold a shard, mirror rank 0's forward pass step by step."""
@@ -245,11 +255,12 @@ def _worker_main(rank: int, world: int, port: int, spec: ModelSpec, options: Bac
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL: each rank talks from its own GPU
     dist.init_process_group(
-        backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=_tp_timeout()
+        backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=START_TIMEOUT
     )
     commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    forward = dist.new_group(backend=backend_name, timeout=_tp_timeout())  # same order as rank 0
     backend = TorchBackend(device=str(device), options=options)
-    backend.tp = TPGroup(rank, world)
+    backend.tp = TPGroup(rank, world, forward)
     backend._load_local(spec)
     with torch.inference_mode():
         while True:

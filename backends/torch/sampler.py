@@ -16,6 +16,7 @@ from lantern.backends.sampling_prep import (
     MIX_C1,
     MIX_C2,
     SamplingArrays,
+    mask_bytes,
     prepare_sampling,
     top_logprobs_lists,
 )
@@ -96,7 +97,30 @@ def _edit_logits(logits: torch.Tensor, a: SamplingArrays) -> torch.Tensor:
         flat.index_add_(0, t(a.freq_flat), -t(a.freq_values))
     if a.banned_flat is not None:
         flat[t(a.banned_flat)] = _MASK
+    if a.mask_rows is not None and a.token_mask is not None:
+        # x + 0 = x exactly and x + -inf = -inf: one add applies the mask.
+        add = token_mask_addend(t(mask_bytes(a.token_mask)), logits.shape[1])
+        if len(a.mask_rows) == logits.shape[0]:
+            logits.add_(add)
+        else:
+            logits.index_add_(0, torch.tensor(a.mask_rows, device=dev), add)
     return logits
+
+
+@lru_cache(maxsize=8)
+def _byte_table(device: torch.device) -> torch.Tensor:
+    """[256, 8] float32: 0 where bit j of byte b is set, else -inf."""
+    bits = (torch.arange(256, device=device)[:, None] >> torch.arange(8, device=device)) & 1
+    return torch.zeros(256, 8, device=device).masked_fill_(bits == 0, _MASK)
+
+
+def token_mask_addend(mask_u8: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Packed mask bytes [R, 4W] (mask_bytes) -> float32 [R, vocab]: 0 on allowed tokens, -inf on the
+    rest, and on columns past the mask."""
+    add = _byte_table(mask_u8.device)[mask_u8.long()].view(mask_u8.shape[0], -1)
+    if add.shape[1] < vocab:
+        add = torch.nn.functional.pad(add, (0, vocab - add.shape[1]), value=_MASK)
+    return add[:, :vocab]
 
 
 def _sample_random(sub: torch.Tensor, a: SamplingArrays) -> torch.Tensor:

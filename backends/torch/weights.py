@@ -29,6 +29,7 @@ from lantern.app.models.family_moe import expert_part, is_router, moe_name
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, concat_rows
 from lantern.app.models.weight_stream import IsqMode, iter_weights
 from lantern.backends.torch.parallel import COLUMN_PARALLEL, ROW_PARALLEL, TPGroup, vocab_shard
+from lantern.backends.torch.quant_linear import INT8PACK_COLS
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +44,12 @@ _FUSED = {
 
 def isq_mode(scheme: str | None, device: torch.device) -> IsqMode | None:
     """--isq layouts the kernels take exactly: on CPU int4 g32 (aten int4pack) and per-channel
-    symmetric int8 (aten int8pack); on CUDA the Triton kernels' 4- and 8-bit g64."""
+    symmetric int8 (aten int8pack, whose input width must be a multiple of 16: narrower or ragged
+    matrices stay in float); on CUDA the Triton kernels' 4- and 8-bit g64."""
     if scheme is None:
         return None
     if device.type == "cpu":
-        return IsqMode(4, 32) if scheme == "q4" else IsqMode(8, 0, symmetric=True)
+        return IsqMode(4, 32) if scheme == "q4" else IsqMode(8, 0, symmetric=True, col_multiple=INT8PACK_COLS)
     return IsqMode(4 if scheme == "q4" else 8, 64)
 
 
@@ -181,23 +183,25 @@ class _Loader:
 
     # ---- mixture-of-experts ------------------------------------------------------------------
     def add_expert(self, path: str, index: int, proj: str, kind: str, value: Any) -> None:
-        from lantern.backends.torch.moe import QuantExperts, StackedExperts
+        from lantern.backends.torch.moe import BiasedExperts, QuantExperts, StackedExperts
 
         if kind != "weight":
             raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
         module = self.model.get_submodule(path)
-        num_experts, _, hidden = module.gate_up_proj.shape if isinstance(module, StackedExperts) else (0, 0, 0)
+        # gpt-oss (BiasedExperts): quantized experts arrive one by one (MXFP4 repacked, --isq), biases stacked.
+        stacked = isinstance(module, (StackedExperts, BiasedExperts))
+        num_experts, _, hidden = module.gate_up_proj.shape if stacked else (0, 0, 0)
         quantized = isinstance(value, (AffineWeight, Fp8Weight))
-        if isinstance(module, StackedExperts) and quantized:
+        if stacked and quantized:
             if path not in self.experts_placed:  # the layer's first expert: keep them quantized
                 inner = module.down_proj.shape[2]
                 self.expert_shapes[path] = (num_experts, hidden, inner)
-                module = QuantExperts(num_experts)
+                module = QuantExperts.replacing(module)
                 _set_module(self.model, path, module)
             else:
                 self.errors.note(f"{path}: experts partly quantized, partly float; dequantized to {self.dtype}")
                 value = value.dequantize()
-        if isinstance(module, StackedExperts):
+        if stacked and not isinstance(module, QuantExperts):
             self.place_float_expert(path, module, index, proj, value)
             return
         num_experts, hidden, inner = self.expert_shapes[path]
@@ -272,7 +276,11 @@ def load_weights(model: nn.Module, spec: ModelSpec, tp: TPGroup, device: torch.d
         for name, value in iter_weights(spec, "pt", isq_mode(spec.isq, device)):
             if tied and name.startswith("lm_head."):
                 continue
-            loader.add(name, value)
+            try:
+                loader.add(name, value)
+            except AttributeError as exc:  # get_submodule: the model has no module of that name
+                arch = spec.config.architecture
+                raise ValueError(f"unexpected weight {name} for this {arch} model ({exc})") from None
             del value  # not alive while the next tensor converts
     loader.finish()
 

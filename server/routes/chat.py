@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions."""
+"""POST /v1/chat/completions: tools rendered through the model's template, tool calls and
+reasoning parsed out of the output (server/tool_parsers), streamed as OpenAI deltas."""
 
 from __future__ import annotations
 
@@ -25,9 +26,26 @@ from lantern.server.generation import (
     validated,
 )
 from lantern.server.protocol import ChatCompletionRequest, ChatMessage
+from lantern.server.structured import compile_structured
+from lantern.server.tool_parsers.request import ChatFormats, ChatSetup, chat_setup
 
 router = APIRouter()
 logger = logging.getLogger(__name__)
+
+
+def chat_formats(request: Request) -> ChatFormats:
+    """The served model's tool-call and reasoning formats, resolved on first use."""
+    app_state = request.app.state
+    formats = getattr(app_state, "chat_formats", None)
+    if formats is None:
+        settings = app_state.settings
+        formats = ChatFormats.resolve(
+            app_state.lantern.engine,
+            getattr(settings, "tool_call_parser", None),
+            getattr(settings, "reasoning_parser", None),
+        )
+        app_state.chat_formats = formats
+    return formats
 
 
 def encode_messages(
@@ -51,34 +69,56 @@ def encode_messages(
         raise APIError(400, f"the chat template failed on these messages: {exc}", param="messages") from None
 
 
+async def prepare_chat(
+    state: ServerState, request: Request, body: ChatCompletionRequest
+) -> tuple[list[int], Any, ChatSetup]:
+    """Prompt ids, sampling parameters (grammars compiled) and the tool/reasoning setup of a
+    chat request, every field checked: what every chat-shaped route runs before generating."""
+    params = body.sampling_params()
+    state.check_choices(params.n)
+    setup = chat_setup(chat_formats(request), body)
+    kwargs = setup.template_kwargs(body.chat_template_kwargs)
+    ids = encode_messages(state, body.messages, body.add_generation_prompt, kwargs)
+    setup.after_encode(state.engine.tokenizer, ids, params)  # the forced-call grammar, if any
+    await compile_structured(state.engine, params)  # response_format etc.: compiled off the event loop
+    validated(state, ids, params, prompt_param="messages")
+    state.check_capacity()
+    return ids, params, setup
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.lantern
     state.check_model(body.model)
-    params = body.sampling_params()
-    state.check_choices(params.n)
-    ids = encode_messages(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
-    validated(state, ids, params, prompt_param="messages")
-    state.check_capacity()
+    mcp = getattr(request.app.state, "mcp", None)
+    if mcp is not None and mcp.tools and body.tool_choice != "none":
+        from lantern.server.mcp_loop import chat_with_mcp_tools
+
+        return await chat_with_mcp_tools(state, request, body, mcp)
+    ids, params, setup = await prepare_chat(state, request, body)
     rid = new_id("chatcmpl")
     created = int(time.time())
     stream = generate(state, ids, params, rid, request, body.cache_salt)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _stream(state, stream, rid, created, len(ids), params.n, bool(body.logprobs), include_usage)
+        events = _stream(state, stream, rid, created, len(ids), params.n, bool(body.logprobs), include_usage, setup)
         return StreamingResponse(guarded(events, rid), media_type="text/event-stream")
     final = (await collect(merge([stream]), request))[0]
     tokenizer = state.engine.tokenizer
-    choices = [
-        {
-            "index": o.index,
-            "message": {"role": "assistant", "content": o.text},
-            "logprobs": chat_logprobs(tokenizer, o.logprobs or []) if body.logprobs else None,
-            "finish_reason": o.finish_reason,
-            "stop_reason": o.stop_reason,
-        }
-        for o in final.outputs
-    ]
+    choices = []
+    for o in final.outputs:
+        parsed = setup.new_choice()
+        parsed.feed(parsed.visible(o.text, o, tokenizer))
+        parsed.finish()
+        choices.append(
+            {
+                "index": o.index,
+                "message": parsed.message(),
+                "logprobs": chat_logprobs(tokenizer, o.logprobs or []) if body.logprobs else None,
+                "finish_reason": parsed.finish_reason(o.finish_reason),
+                "stop_reason": o.stop_reason,
+            }
+        )
     return {
         "id": rid,
         "object": "chat.completion",
@@ -90,7 +130,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
 
 async def _stream(
-    state: ServerState, stream, rid: str, created: int, prompt_len: int, n: int, logprobs: bool, include_usage: bool
+    state: ServerState,
+    stream,
+    rid: str,
+    created: int,
+    prompt_len: int,
+    n: int,
+    logprobs: bool,
+    include_usage: bool,
+    setup: ChatSetup,
 ) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
@@ -103,17 +151,23 @@ async def _stream(
         yield chunk(i, {"role": "assistant", "content": ""})
     final = None
     done: set[int] = set()  # outputs repeat finished choices; each finishes exactly once
+    parsers = [setup.new_choice() for _ in range(n)]
     async for out in stream:
         final = out
         for o in out.outputs:
             if o.index in done:
                 continue
+            parsed = parsers[o.index]
             lps = chat_logprobs(tokenizer, o.logprobs_delta) if logprobs and o.logprobs_delta else None
-            if o.text_delta or lps:
-                yield chunk(o.index, {"content": o.text_delta}, lps=lps)
+            pieces = parsed.feed(parsed.visible(o.text_delta, o, tokenizer))
+            if o.finished:  # what the parsers held back (a partial marker, layout) goes out now
+                pieces = pieces.then(parsed.finish())
+            delta = pieces.as_delta()
+            if delta or lps:
+                yield chunk(o.index, delta or {"content": ""}, lps=lps)
             if o.finished:
                 done.add(o.index)
-                yield chunk(o.index, {}, finish=o.finish_reason)
+                yield chunk(o.index, {}, finish=parsed.finish_reason(o.finish_reason))
     if final is not None and include_usage:
         yield sse({**base, "choices": [], "usage": usage([prompt_len], [final], final.num_cached_tokens)})
     yield sse("[DONE]")

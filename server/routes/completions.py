@@ -22,6 +22,7 @@ from lantern.server.generation import (
     validated,
 )
 from lantern.server.protocol import CompletionRequest
+from lantern.server.structured import compile_structured
 
 router = APIRouter()
 
@@ -33,6 +34,7 @@ async def completions(body: CompletionRequest, request: Request):
     params = body.sampling_params()
     prompts = body.prompts()
     state.check_choices(params.n, len(prompts))  # before tokenizing: a huge prompt list costs nothing
+    await compile_structured(state.engine, params)  # off the event loop; an invalid grammar is a 400
     prompt_ids = [validated(state, state.engine.encode(p) if isinstance(p, str) else list(p), params) for p in prompts]
     state.check_capacity()
     rid = new_id("cmpl")

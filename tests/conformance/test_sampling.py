@@ -233,11 +233,13 @@ def test_sampling_params_reject_bad_values():
 
 
 def test_async_engine_streams_and_abort_on_disconnect(llm):
-    engine = AsyncEngine(llm.engine)
     prompt = make_prompts(llm.tokenizer, 1, seed=17)[0]
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     expected = llm.generate([prompt], params)[0].outputs[0]
     llm.engine.block_manager.reset_prefix_cache()
+    # Only now: the AsyncEngine's thread steps the engine whenever it holds requests, so an
+    # llm.generate() running beside it would race it for the outputs.
+    engine = AsyncEngine(llm.engine)
 
     async def stream():
         deltas, last = [], None

@@ -69,3 +69,41 @@ def test_ranks_outlive_an_idle_spell_longer_than_the_collective_timeout(tiny_mod
         assert all(w.is_alive() for w in tp.engine.backend.workers)
     finally:
         tp.engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("variant", "what"),
+    [
+        ("mixtral", "mixture-of-experts"),
+        ("qwen2_moe", "mixture-of-experts"),
+        ("qwen3_moe", "mixture-of-experts"),
+        ("deepseek_v2", "multi-head latent attention and mixture-of-experts"),
+        ("deepseek_v3", "multi-head latent attention and mixture-of-experts"),
+        ("gpt_oss", "mixture-of-experts"),
+    ],
+)
+def test_moe_and_mla_models_are_refused_before_any_rank_starts(tiny_model_dir, monkeypatch, variant, what):
+    """Only heads and dense MLP rows are sharded: the refusal names what cannot be split and the
+    flag, and comes from local_config before a worker process is spawned."""
+    from lantern.backends.torch.runner import TorchBackend
+
+    spawned: list = []
+    monkeypatch.setattr(TorchBackend, "_start_workers", lambda self, spec: spawned.append(spec))
+    message = f"tensor parallelism is not implemented for {what} models .* --tensor-parallel-size 1$"
+    with pytest.raises(ValueError, match=message):
+        LLM(tiny_model_dir(variant), backend="torch", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8)
+    assert spawned == []
+
+
+def test_the_cli_refuses_tensor_parallel_moe_in_one_line(tiny_model_dir, caplog, capsys):
+    import logging
+
+    from lantern.app.cli import main
+
+    argv = ["generate", "hi", "--w", tiny_model_dir("qwen3_moe"), "--backend", "torch", "--tensor-parallel-size", "2"]
+    with caplog.at_level(logging.ERROR, logger="lantern"):
+        assert main(argv) == 1
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "\n" not in errors[0].getMessage()
+    assert errors[0].getMessage().startswith("tensor parallelism is not implemented for mixture-of-experts models")
+    assert capsys.readouterr().out == ""

@@ -53,7 +53,7 @@ def test_prompt_streams_reply_and_stats_update(engine, backend):
         async for d in client.stream_chat(
             [{"role": "user", "content": "Hello there"}], ChatSettings(temperature=0, max_tokens=12)
         ):
-            out += d
+            out += d.content
         return out
 
     assert reply == asyncio.run(direct())  # what the app shows is the engine's own reply

@@ -104,7 +104,7 @@ def test_a_request_failing_in_the_engine_is_shown_and_the_chat_goes_on(tiny_mode
 
 
 async def _reply(client: EngineClient, messages: list[dict]) -> str:
-    return "".join([d async for d in client.stream_chat(messages, SETTINGS)])
+    return "".join([d.content async for d in client.stream_chat(messages, SETTINGS)])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -140,6 +140,7 @@ class RaisingEngine:
 
     model_name = "stub"
     dead_reason = None
+    chat_template = None  # no <think> blocks: every piece is answer text
 
     def __init__(self, error: Exception, after_deltas: list[str]):
         self.error, self.after_deltas = error, after_deltas
@@ -177,7 +178,7 @@ def test_engine_errors_become_chat_errors(error, shown, after_deltas):
         got = []
         with pytest.raises(ChatError) as info:
             async for delta in client.stream_chat([{"role": "user", "content": "x"}], SETTINGS):
-                got.append(delta)
+                got.append(delta.content)
         assert str(info.value).startswith(shown)
         return got
 

@@ -33,6 +33,7 @@ PUBLIC_ENGINE_API = frozenset(
         "max_model_len",
         "vocab_size",
         "tokenizer",
+        "chat_template",
         "encode",
         "encode_chat",
         "validate",

@@ -156,13 +156,13 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
             "rope_scaling.truncate=false",
         ),
         ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
-        (
+        (  # Phi-3's LongRoPE is implemented (tests/models/test_rope_variants.py), one factor per pair
             "phi3",
             {
-                "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+                "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 8},
                 "original_max_position_embeddings": 64,
             },
-            'rope_scaling.rope_type="longrope"',
+            'rope_scaling.short_factor="4 numbers"',
         ),
         ("mistral", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
         ("qwen2", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),

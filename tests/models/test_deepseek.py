@@ -1,10 +1,12 @@
 """DeepSeek V2 / V3: config.json read as transformers reads it (its config classes, defaults
 included), refusals in one line naming the key, the routers against transformers' own router
 modules (with a non-zero e_score_correction_bias, which the tiny test models leave at zero), the
-latent KV pool's size, and a V3 variant the conformance variants do not cover (halves rope, YaRN,
-dense layers only) through the paged cache on both backends.
+latent KV pool's size, and a V3 variant the conformance variants do not cover (halves rope, YaRN
+with unequal mscale / mscale_all_dim, dense layers only) through the paged cache on both backends.
 
-Logits and greedy tokens of the variants deepseek_v2 / deepseek_v3 run in tests/conformance."""
+Logits and greedy tokens of the variants deepseek_v2 / deepseek_v3 (and their *_yarn variants with
+mscale) run in tests/conformance; configs shaped like the released V2-Lite / V3 ones, with V3's
+multi-token-prediction layer in the checkpoint, in tests/models/test_rope_variants.py."""
 
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ def test_config_matches_transformers(model_type, extra):
         ref.v_head_dim,
     )
     assert m.rope_interleave == (model_type == "deepseek_v2" or ref.rope_interleave)
+    assert m.mtp_layers == (ref.num_mtp_layers if model_type == "deepseek_v3" else 0)  # skipped while loading
     assert cfg.head_dim == ref.head_dim == ref.qk_rope_head_dim  # the rope tables' width
     assert cfg.attn_scale == pytest.approx(ref.qk_head_dim**-0.5)
     moe = cfg.moe
@@ -248,6 +251,7 @@ def v3_halves_yarn(tmp_path_factory):
     from tests.fixtures.tiny_models import build_model
 
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+    rope.update(mscale=1.0, mscale_all_dim=0.707)  # the rope's attention factor 1.04, the softmax's 1.21
     out = tmp_path_factory.mktemp("deepseek_v3_halves")
     return str(build_model("deepseek_v3", out, rope_interleave=False, rope_parameters=rope, first_k_dense_replace=2))
 

@@ -1,17 +1,22 @@
 """--isq q4|q8 (in-situ quantization): a float checkpoint quantized while loading, on both backends.
 
-The reference is transformers on the same float folder with every 2-D weight replaced by its
-round-to-nearest quantized-then-dequantized value in the backend's layout — so a mismatch means
-Lantern computes something other than the quantized weights it claims to hold.
+The reference is transformers on the same float folder with every 2-D weight (but the MoE routers
+and matrices too narrow for the layout, which --isq keeps in float) replaced by its round-to-nearest
+quantized-then-dequantized value in the backend's layout — so a mismatch means Lantern computes
+something other than the quantized weights it claims to hold.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 
-from lantern.app.models.quant.affine import quantize_affine
+from lantern.app.models.family_moe import is_router, moe_name
+from lantern.app.models.isq import IsqMode
+from lantern.app.models.quant.affine import AffineWeight, quantize_affine
+from tests.fixtures.tiny_models import ARCH_VARIANTS
 from tests.models.quant_logits import logits_error, reference_folder, tolerance
 
 # (bits, group, symmetric) each backend quantizes to: torch/CPU's aten int4pack and int8pack
@@ -22,6 +27,8 @@ MODES = {
     ("mlx", "q4"): (4, 32, False),
     ("mlx", "q8"): (8, 32, False),
 }
+# The input width each layout needs a multiple of (torch's int8pack reads 16 columns at a time).
+COLUMN_UNIT = {("torch", "q8"): 16}
 
 
 @pytest.mark.parametrize("scheme", ["q4", "q8"])
@@ -91,3 +98,100 @@ def test_isq_weights_shard_over_two_ranks(tiny_model_dir, tmp_path, variant, sch
     ref = reference_folder(src, tmp_path / "ref", quantized)
     err = logits_error(str(src), str(ref), "torch", quantization=scheme, tensor_parallel_size=2)
     assert err <= tolerance("torch", str(ref))
+
+
+def isq_reference(backend: str, scheme: str):
+    """What --isq holds, in float: every 2-D weight quantized then dequantized, except the MoE
+    routers and the matrices too narrow for the backend's layout, which stay exact."""
+    bits, group, symmetric = MODES[(backend, scheme)]
+    unit = COLUMN_UNIT.get((backend, scheme), 1)
+
+    def transform(name, w):
+        if w.ndim != 2 or is_router(moe_name(name)) or w.shape[1] % math.lcm(group or 1, unit):
+            return w
+        return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
+
+    return transform
+
+
+@pytest.mark.parametrize("scheme", ["q4", "q8"])
+@pytest.mark.parametrize("variant", ["mixtral", "deepseek_v3"])  # more MoE: tests/unit/test_moe_loading.py
+def test_isq_of_experts_and_latent_attention_matches_the_dequantized_reference(
+    tiny_model_dir, tmp_path, backend, variant, scheme
+):
+    """Experts quantized one by one with the routers exact; DeepSeek V3's latent attention too,
+    its 24-column q_b_proj kept in float (torch q8: int8pack segfaulted on it; q4 and MLX: not a
+    multiple of the group of 32, nor is kv_b_proj's 16)."""
+    from pathlib import Path
+
+    src = Path(tiny_model_dir(variant))
+    ref = reference_folder(src, tmp_path / "ref", isq_reference(backend, scheme))
+    err = logits_error(str(src), str(ref), backend, quantization=scheme)
+    assert err <= tolerance(backend, str(ref)), f"{backend} {scheme}: logits differ by {err:.4f} of their spread"
+    assert logits_error(str(src), str(ref), backend) > err  # the quantization is real
+
+
+class _Bar:
+    """Stands in for tqdm: records the total and how far the bar got."""
+
+    made: list = []
+
+    def __init__(self, total=None, disable=False, **_):
+        self.total, self.n = total, 0
+        _Bar.made.append(self)
+
+    def update(self, n=1):
+        self.n += n
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("variant", list(ARCH_VARIANTS))
+def test_isq_progress_counts_every_matrix_and_keeps_routers_in_float(tiny_model_dir, monkeypatch, variant):
+    """The bar's total is exact (experts counted one by one, routers and a tied head not at all),
+    and every matrix is either quantized or kept in float for a reason the stream states."""
+    import tqdm
+
+    from lantern.app.models.loader import resolve_model
+    from lantern.app.models.weight_stream import iter_weights
+
+    monkeypatch.setattr(tqdm, "tqdm", _Bar)
+    _Bar.made = []
+    spec = resolve_model(tiny_model_dir(variant)).spec
+    mode = IsqMode(8, 0, symmetric=True, col_multiple=16)  # torch/CPU q8
+    quantized = kept = routers = 0
+    for name, value in iter_weights(spec, "pt", mode, progress=True):
+        if is_router(moe_name(name)):
+            assert not isinstance(value, AffineWeight), name
+            routers += 1
+        elif isinstance(value, AffineWeight):
+            quantized += 1
+        elif name.endswith(".weight") and value.ndim == 2:
+            assert value.shape[1] % 16, f"{name} {tuple(value.shape)} could have been quantized"
+            kept += 1
+    (bar,) = _Bar.made
+    assert bar.total == bar.n == quantized + kept, (bar.total, bar.n, quantized, kept)
+    assert (routers > 0) == (spec.config.moe is not None)
+
+
+def test_int8pack_takes_only_widths_it_can_read_and_aligned_activations():
+    """aten's int8pack kernel reads 16 columns at a time with aligned loads: a 24-column matrix
+    goes to the dense kernel, and a bf16 activation view at an odd offset is copied first."""
+    import numpy as np
+    import torch
+
+    from lantern.app.models.quant.affine import ErrorLog
+    from lantern.backends.torch.quant_linear import quantized_linear, select_kernel
+
+    rng = np.random.default_rng(0)
+    narrow = quantize_affine(rng.standard_normal((48, 24)).astype(np.float32), 8, 24, symmetric=True)
+    assert select_kernel(narrow, "cpu") == "dense"
+    w = quantize_affine(rng.standard_normal((48, 64)).astype(np.float32), 8, 64, symmetric=True)
+    assert select_kernel(w, "cpu") == "int8pack"
+    layer = quantized_linear(w, None, "cpu", torch.bfloat16, ErrorLog())
+    flat = torch.randn(5 * 64 + 3).to(torch.bfloat16)
+    view = flat[3:].view(5, 64)  # contiguous, 6 bytes past an aligned address
+    expected = torch.from_numpy(w.dequantize()) @ view.float().T
+    got = layer(view).float().T
+    assert torch.allclose(got, expected, rtol=2e-2, atol=2e-2 * float(expected.abs().max()))

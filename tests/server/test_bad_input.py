@@ -75,7 +75,7 @@ MALFORMED = [
         "messages.0.content.0.type",
     ),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
-    (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    (CHAT, chat(response_format={"type": "xml"}), 400, "response_format"),
     (CHAT, chat(chat_template_kwargs={"tokenize": True}), 400, "chat_template_kwargs"),
     (COMP, comp(prompt=[[1, 2], []]), 400, "prompt"),
     (COMP, comp(prompt=[1, -5]), 400, "prompt"),

@@ -30,12 +30,31 @@ def api_schema(server):
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
+ANTHROPIC_ERROR_TYPES = {
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "request_too_large",
+    "rate_limit_error",
+    "api_error",
+    "overloaded_error",
+}
 
 
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_server_errors(case):
     response = case.call(timeout=120)
-    assert response.status_code < 500, f"{case.method} {case.path} -> {response.status_code}: {response.text[:300]}"
+    assert response.status_code < 500, (
+        f"{case.method} {case.path} {case.body!r:.600} -> {response.status_code}: {response.text[:300]}"
+    )
     if response.status_code >= 400:
-        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        body = response.json()
+        if case.path.startswith("/v1/messages"):
+            # Anthropic's routes answer in Anthropic's envelope (what its SDK parses); the field
+            # that is wrong leads the message, since that envelope has no param slot.
+            assert body.get("type") == "error" and set(body.get("error", {})) == {"type", "message"}, body
+            assert body["error"]["type"] in ANTHROPIC_ERROR_TYPES, body
+        else:
+            assert set(body["error"]) == {"message", "type", "param", "code"}, body

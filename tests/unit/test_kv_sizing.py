@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from lantern.app.config import EngineConfig
-from lantern.app.engine.kv_sizing import DEFAULT_TOKENS_PER_SEQ, PREFIX_CACHE_BUDGET_BYTES, plan_kv_cache
+from lantern.app.engine.kv_sizing import (
+    DEFAULT_TOKENS_PER_SEQ,
+    PREFIX_CACHE_BUDGET_BYTES,
+    plan_kv_cache,
+    seq_block_cap,
+)
 
 
 class FakeBackend:
@@ -27,6 +32,8 @@ class Cfg:
     sliding_window = None
     dual_chunk_size = None
     max_context = 8192
+    max_position_embeddings = 8192
+    rope_scaling = None
 
 
 def plan(free: int, **options):
@@ -109,3 +116,151 @@ def test_mlx_pool_grows_with_the_blocks_written_and_keeps_its_contents():
     assert float(pool.k[0][4999].sum()) == 0.0
     pool.reserve(10**9)
     assert pool.num_slots == 100_000 * 16  # capped at the planned size
+
+
+# ---- every layer slides: a sequence's blocks are capped -----------------------------------------
+class SlidingCfg(Cfg):
+    def __init__(self, window: int, all_slide: bool = True):
+        self.sliding_window, self.all_layers_slide = window, all_slide
+
+
+def test_all_sliding_layers_cap_the_blocks_a_sequence_holds(caplog):
+    import logging
+
+    cfg = SlidingCfg(256)  # window 256, block 16, chunk 512: 1 + ceil((256 + 512 - 2) / 16) = 49 blocks
+    assert seq_block_cap(EngineConfig(model="unused"), cfg) == 49
+    assert seq_block_cap(EngineConfig(model="unused", prefill_chunk_size=1), cfg) == 1 + 16
+    assert seq_block_cap(EngineConfig(model="unused", max_num_batched_tokens=64), cfg) == 1 + 20
+    assert seq_block_cap(EngineConfig(model="unused"), SlidingCfg(256, all_slide=False)) is None
+    assert seq_block_cap(EngineConfig(model="unused"), SlidingCfg(1)) is None  # see its docstring
+    with caplog.at_level(logging.INFO, logger="lantern.app.engine.kv_sizing"):
+        p = plan_kv_cache(EngineConfig(model="unused", max_num_seqs=8), cfg, 8192, FakeBackend(10**12))
+    assert p.num_blocks == 8 * 49 and p.max_model_len == 8192  # not 8 x 2048 tokens, context not capped
+    assert "a sequence holds at most 49 blocks" in caplog.text
+    # A pool of one sequence's cap serves the whole context, even asked for explicitly ...
+    one = plan_kv_cache(EngineConfig(model="unused", num_kv_blocks=49, max_model_len=8192), cfg, 8192, FakeBackend(0))
+    assert one.max_model_len == 8192
+    # ... one block less does not.
+    with pytest.raises(ValueError, match="does not fit the KV cache"):
+        plan_kv_cache(EngineConfig(model="unused", num_kv_blocks=48, max_model_len=8192), cfg, 8192, FakeBackend(0))
+    # Some layer reading the whole context: the pool limits the context as before.
+    full = plan_kv_cache(EngineConfig(model="unused", num_kv_blocks=49), SlidingCfg(256, False), 8192, FakeBackend(0))
+    assert full.max_model_len == 49 * 16
+
+
+def _run(sched, seqs, steps, on_step):
+    from lantern.app.engine.sequence import SequenceStatus
+
+    for s in seqs:
+        sched.add(s)
+    for _ in range(steps):
+        out = sched.schedule()
+        on_step()
+        sched.after_step(out)
+        for item in out.scheduled:
+            s = item.seq
+            if s.status is SequenceStatus.RUNNING and s.num_computed_tokens == s.num_tokens:
+                s.append_token(5 + s.num_tokens % 7)
+                if s.num_tokens - s.num_prompt_tokens >= s.params.max_tokens:
+                    sched.finish(s, "length")
+        if not sched.has_work:
+            break
+
+
+def _live(seq) -> int:
+    return sum(1 for b in seq.block_table if b >= 0)
+
+
+def _peak(window: int, bs: int, chunk: int, budget: int, prompts: list[int]) -> tuple[int, int]:
+    """(cap, most blocks any sequence held) for prompts run together on a pool of their caps."""
+    from lantern.app.engine.block_manager import BlockManager
+    from lantern.app.engine.sampling_params import SamplingParams
+    from lantern.app.engine.scheduler import Scheduler, SchedulerConfig
+    from lantern.app.engine.sequence import Sequence
+
+    config = EngineConfig(model="unused", block_size=bs, prefill_chunk_size=chunk, max_num_batched_tokens=budget)
+    cap = seq_block_cap(config, SlidingCfg(window))
+    bm = BlockManager(len(prompts) * cap, bs, release_window=window)
+    sched = Scheduler(SchedulerConfig(len(prompts), budget, chunk), bm)
+    params = SamplingParams(temperature=0, max_tokens=60)
+    seqs = [Sequence(str(i), [i + 1] * n, params) for i, n in enumerate(prompts)]
+    peak = [0]
+    _run(sched, seqs, 2000, lambda: peak.__setitem__(0, max([peak[0]] + [_live(s) for s in seqs])))
+    assert sched.num_preemptions == 0 and not sched.has_work
+    return cap, peak[0]
+
+
+@pytest.mark.parametrize(("window", "bs", "chunk"), [(8, 4, 6), (8, 4, 1), (16, 16, 17), (5, 2, 3)])
+def test_the_cap_is_reached_by_one_sequence(window, bs, chunk):
+    """Tight: a lone sequence's prefill chunks (or decode steps, chunk 1) reach the cap when one
+    starts with n - W + 1 one short of a block boundary, so it is not an over-estimate."""
+    cap, peak = _peak(window, bs, chunk, 2048, [window + (bs + 2) * chunk])
+    assert peak == cap
+
+
+def test_the_cap_is_reached_when_the_budget_cuts_chunks():
+    """Chunks of a multiple of the block size never reach it alone (16 tokens of window, blocks of
+    16, chunks of 64: 4 + 1 blocks at most), but a budget shared by two sequences starts chunks at
+    other positions, which do: 1 + ceil((16 + 64 - 2) / 16) = 6."""
+    assert _peak(16, 16, 64, 2048, [400]) == (6, 5)
+    assert max(_peak(16, 16, 64, budget, [400, 400])[1] for budget in range(65, 100)) == 6
+
+
+def test_a_pool_of_max_num_seqs_caps_never_preempts():
+    """Sufficient: however the token budget cuts chunks (any phase), prefix hits included, no
+    sequence holds more than the cap, so max_num_seqs x cap blocks never preempt anyone."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from lantern.app.engine.block_manager import BlockManager
+    from lantern.app.engine.sampling_params import SamplingParams
+    from lantern.app.engine.scheduler import Scheduler, SchedulerConfig
+    from lantern.app.engine.sequence import Sequence
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        window=st.integers(2, 40),
+        bs=st.integers(1, 12),
+        chunk=st.integers(1, 40),
+        budget=st.integers(1, 64),
+        prompts=st.lists(st.integers(1, 90), min_size=1, max_size=4),
+        shared=st.booleans(),
+    )
+    def check(window, bs, chunk, budget, prompts, shared):
+        config = EngineConfig(model="unused", block_size=bs, prefill_chunk_size=chunk, max_num_batched_tokens=budget)
+        cap = seq_block_cap(config, SlidingCfg(window))
+        bm = BlockManager(len(prompts) * cap, bs, release_window=window)
+        sched = Scheduler(SchedulerConfig(len(prompts), budget, chunk), bm)
+        params = SamplingParams(temperature=0, max_tokens=40)
+        # shared: the prompts share a prefix, so later ones start from prefix-cache hits
+        seqs = [Sequence(str(i), [1 + (0 if shared else i)] * n + [i], params) for i, n in enumerate(prompts)]
+
+        def on_step():
+            assert all(_live(s) <= cap for s in seqs), [(_live(s), cap) for s in seqs]
+
+        _run(sched, seqs, 2000, on_step)
+        assert sched.num_preemptions == 0
+        assert not sched.has_work
+
+    check()
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_a_pool_of_one_cap_serves_the_whole_context_on_a_real_model(tiny_model_dir, backend):
+    """mistral_swa slides on every layer (window 8): with blocks of 4 and chunks of 8 a sequence
+    holds at most 5 blocks, so a 5-block pool (20 tokens) generates 120-token answers with the same
+    greedy tokens as a pool with room for every token (256 blocks)."""
+    pytest.importorskip(backend if backend == "torch" else "mlx.core")
+    from lantern.app.engine import LLM, SamplingParams
+
+    opts = dict(backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, max_num_seqs=2)
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    prompts = ["Paged attention keeps the cache in blocks of tokens", "def add(a, b):"]
+    small = LLM(tiny_model_dir("mistral_swa"), num_kv_blocks=10, **opts)  # 2 sequences x 5 blocks
+    assert seq_block_cap(small.engine.config, small.engine.model_config) == 5
+    assert small.engine.max_model_len == 256  # not capped at the pool's 40 tokens
+    got = [o.outputs[0].token_ids for o in small.generate(prompts, params)]
+    assert small.engine.scheduler.num_preemptions == 0
+    big = LLM(tiny_model_dir("mistral_swa"), num_kv_blocks=256, **opts)
+    assert got == [o.outputs[0].token_ids for o in big.generate(prompts, params)]
+    assert all(len(t) == 120 for t in got)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.rope_utils import initialize_rope
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.base import KVLayout
@@ -22,6 +21,7 @@ from lantern.backends.mlx.layers import MLP
 from lantern.backends.mlx.models import llama
 from lantern.backends.mlx.moe import Experts
 from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attention
+from lantern.backends.mlx.rope import build_rope
 
 LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
 
@@ -49,7 +49,7 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = nn.RMSNorm(m.kv_lora_rank, eps=LORA_NORM_EPS)
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * m.v_head_dim, d, bias=False)
-        self.rope = initialize_rope(
+        self.rope = build_rope(
             m.qk_rope_head_dim, cfg.rope_theta, m.rope_interleave, cfg.rope_scaling, cfg.max_position_embeddings
         )
         self._absorbed = _Absorbed()

@@ -50,16 +50,23 @@ class CausalLM(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def __call__(self, input_ids: mx.array, meta: AttentionMetadata, logits_idx: mx.array) -> mx.array:
-        """Hidden states for all tokens; logits only for rows in logits_idx (the sampled ones)."""
+    def hidden_states(self, input_ids: mx.array, meta: AttentionMetadata, rows: mx.array) -> mx.array:
+        """Every token through the layers; the final norm's output at the flattened batch's `rows`:
+        what the head reads, and what an embedding pools (backends/mlx/embed.py)."""
         h = self.model.embed_tokens(input_ids)
         if self.cfg.embed_scale:  # sqrt(hidden_size) in the embedding's dtype (bf16: 55.5 for 3072), like transformers
             h = h * mx.array(self.cfg.hidden_size**0.5, dtype=h.dtype)
         for layer in self.model.layers:
             h = layer(h, meta)
+        if rows.size == 0:
+            return mx.zeros((0, self.cfg.hidden_size), dtype=h.dtype)
+        return self.model.norm(h[rows])
+
+    def __call__(self, input_ids: mx.array, meta: AttentionMetadata, logits_idx: mx.array) -> mx.array:
+        """Hidden states for all tokens; logits only for rows in logits_idx (the sampled ones)."""
+        h = self.hidden_states(input_ids, meta, logits_idx)
         if logits_idx.size == 0:  # a prefill chunk short of the prompt's end (quantized_matmul traps on 0 rows)
             return mx.zeros((0, self.cfg.vocab_size), dtype=h.dtype)
-        h = self.model.norm(h[logits_idx])
         if self.cfg.tie_word_embeddings:
             logits = self.model.embed_tokens.as_linear(h)
         else:

@@ -69,6 +69,14 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
+        h = self.hidden_states(input_ids, meta, logits_idx)
+        logits = parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
+        cap = self.cfg.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def hidden_states(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
+        """The final norm's output at the flattened batch's `rows`: what the head reads, and what
+        an embedding pools (backends/torch/embed.py)."""
         h = parallel_embed(self._embed, input_ids, self.tp, self.cfg.vocab_size)
         if self.cfg.embed_scale:  # Gemma: sqrt(hidden_size) as the embedding's dtype holds it, like transformers
             h = h * rounded(self.cfg.hidden_size**0.5, h.dtype)
@@ -76,10 +84,7 @@ class CausalLM(nn.Module):
         residual = None
         for layer in self.model.layers:
             h, residual = layer(h, residual, meta, *extras)
-        h = self.model.norm(h[logits_idx], residual[logits_idx])[0]
-        logits = parallel_logits(h, self._head, self.tp, self.cfg.vocab_size)
-        cap = self.cfg.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return self.model.norm(h[rows], residual[rows])[0]
 
     def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
         """Inputs every decoder layer takes after (x, residual, meta); none for Llama."""

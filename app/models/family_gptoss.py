@@ -1,0 +1,319 @@
+"""gpt-oss (model_type "gpt_oss": openai/gpt-oss-20b, -120b): what its config.json means, as
+transformers' GptOssConfig reads it (defaults included), and how its checkpoint's tensors reach the
+model files of both backends.
+
+The maths (transformers' modeling_gpt_oss):
+
+- Attention: q/k/v/o projections with biases, query scale head_dim ** -0.5, one learned sink logit
+  per head in the softmax's denominator (no value behind it), layers alternating sliding window
+  (layer_types; by default even layers slide) and full attention. Rope: YaRN on the two halves of
+  each head, *untruncated* correction range (rope_parameters truncate=false; both backends compute
+  it exactly: spec._rope_scaling keeps the key for this family).
+- Experts: the router is a linear layer with a bias; top-k of its logits, then a softmax over those
+  k (not over all experts). Each expert: gate_up = x @ W + b with gate and up *interleaved* in the
+  output columns, gate clamped above at swiglu_limit, up to [-limit, limit], then
+  (up + 1) * gate * sigmoid(swiglu_alpha * gate), then down_proj with its bias.
+- RMSNorm as Llama's; pre-norm residual blocks; untied head.
+
+The checkpoint stores experts stacked per layer, transposed ([E, in, out]) with gate/up columns
+interleaved, and in the OpenAI release MXFP4-quantized (`*_blocks` uint8 [E, out, in / 32, 16]: two
+e2m1 codes per byte, low nibble first; `*_scales` uint8 [E, out, in / 32]: e8m0 exponents, bias 127).
+checkpoint_tensors() turns them into the model files' layout: [E, out, in], gate rows then up rows,
+the router named `mlp.gate` like the other mixtures. MXFP4 experts stay MXFP4 on MLX (packed codes
+as uint32 + scales, for gather_qmm's mxfp4 mode). torch has no fp4 kernel: they are repacked, expert
+by expert, as 4-bit g32 affine weights (`mxfp4_to_affine`), which its int4pack (CPU) and Triton
+(CUDA) kernels compute on still quantized (~1.2x the MXFP4 bytes with bf16 scales and zeros). Not
+exact: e2m1's levels (0, .5, 1, 1.5, 2, 3, 4, 6) are not uniform, so each group gets the 16-level
+grid of least squared error among three (step 0.5 from the group's minimum, step 0.5 ending at its
+maximum: both exact for groups spanning <= 7.5; min-max over 15 steps); on Gaussian-like weights
+~6% relative error against the MXFP4 values (MXFP4 itself is ~11% from the float weights it rounded).
+The error is measured and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from lantern.app.models.family_moe import MoEConfig
+from lantern.app.models.quant.affine import AffineWeight
+from lantern.app.models.spec import UnsupportedModelError, _rope_scaling
+
+logger = logging.getLogger(__name__)
+
+# GptOssConfig's defaults where config.json leaves a key out (several differ from from_hf's).
+_DEFAULTS: dict[str, Any] = {
+    "head_dim": 64,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "sliding_window": 128,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "swiglu_alpha": 1.702,
+    "swiglu_limit": 7.0,
+    "attention_bias": True,
+}
+_DEFAULT_THETA = 150000.0  # GptOssConfig.default_theta
+# GptOssConfig.__post_init__'s rope when config.json has none.
+_DEFAULT_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+@dataclass(frozen=True)
+class GptOssMoEConfig(MoEConfig):
+    """MoEConfig's expert shapes plus gpt-oss's clamped SwiGLU (every layer is sparse)."""
+
+    swiglu_alpha: float = 1.702  # sigmoid gain of the gate
+    swiglu_limit: float = 7.0  # gate clamped above, up clamped to [-limit, limit]
+
+
+def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
+
+
+def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig field overrides for a gpt_oss config.json (spec.ModelConfig.from_hf)."""
+    if model_type != "gpt_oss":
+        raise UnsupportedModelError(f"family_gptoss does not configure model_type {model_type!r}")
+    full = {key: cfg[key] if cfg.get(key) is not None else value for key, value in _DEFAULTS.items()}
+    _check_quantization(cfg)
+    num_layers = fields["num_layers"]
+    # GptOssConfig aliases num_experts to num_local_experts (either may be saved).
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or full["num_local_experts"])
+    top_k = int(full["num_experts_per_tok"])
+    if not 1 <= top_k <= experts:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
+    moe = GptOssMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=int(fields["intermediate_size"]),
+        norm_topk_prob=True,  # a softmax over the k chosen logits: the weights sum to 1
+        swiglu_alpha=float(full["swiglu_alpha"]),
+        swiglu_limit=float(full["swiglu_limit"]),
+    )
+    head_dim = int(full["head_dim"])
+    max_pos = int(full["max_position_embeddings"])
+    return {
+        "head_dim": head_dim,
+        "rms_norm_eps": float(full["rms_norm_eps"]),
+        "max_position_embeddings": max_pos,
+        "attention_bias": bool(full["attention_bias"]),
+        # An explicit null is not the default: transformers raises on sliding layers without a window.
+        "layer_windows": _windows(cfg, num_layers, cfg.get("sliding_window", _DEFAULTS["sliding_window"])),
+        "moe": moe,
+        "quantization": None,  # MXFP4 experts: read by checkpoint_tensors, not as a QuantScheme
+        **_rope(cfg, head_dim, max_pos),
+    }
+
+
+def _check_quantization(cfg: dict[str, Any]) -> None:
+    """Float checkpoints and OpenAI's MXFP4 experts are read; other quantizations are refused."""
+    if cfg.get("quantization"):
+        raise _refuse("quantization", cfg["quantization"], " for gpt_oss (float or MXFP4 experts only)")
+    q = cfg.get("quantization_config")
+    if not q:
+        return
+    method = q.get("quant_method") if isinstance(q, dict) else q
+    if method != "mxfp4":
+        raise _refuse("quantization_config.quant_method", method, " for gpt_oss (float or MXFP4 experts only)")
+
+
+def _windows(cfg: dict[str, Any], num_layers: int, window: Any) -> list[int | None] | None:
+    """Per layer window from layer_types (GptOssConfig's default: even layers slide)."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        layer_types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    bad = [t for t in layer_types if t not in _LAYER_TYPES]
+    if bad or len(layer_types) != num_layers:
+        raise _refuse("layer_types", bad[0] if bad else layer_types, f" (expected {num_layers} of {_LAYER_TYPES})")
+    if "sliding_attention" not in layer_types:
+        return None
+    if not window:
+        raise _refuse("sliding_window", cfg.get("sliding_window"), " with sliding_attention layers")
+    return [int(window) if t == "sliding_attention" else None for t in layer_types]
+
+
+def _rope(cfg: dict[str, Any], head_dim: int, max_pos: int) -> dict[str, Any]:
+    """rope_theta and rope_scaling with GptOssConfig's defaults: transformers 5's rope_parameters or
+    the older rope_scaling + rope_theta (what the released config.json has); neither: YaRN x32."""
+    params = dict(cfg.get("rope_parameters") or {})
+    params.update(cfg.get("rope_scaling") or {})
+    theta = cfg.get("rope_theta") or params.pop("rope_theta", None) or _DEFAULT_THETA
+    params.pop("rope_theta", None)
+    if not params:
+        params = dict(_DEFAULT_ROPE)
+    rope_cfg = {"model_type": "gpt_oss", "head_dim": head_dim}
+    return {"rope_theta": float(theta), "rope_scaling": _rope_scaling(rope_cfg, params, max_pos)}
+
+
+# ---- checkpoint tensors ------------------------------------------------------------------------------
+_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def checkpoint_tensors(source: Iterator[tuple[str, Any]], framework: str) -> Iterator[tuple[str, Any]]:
+    """A gpt-oss checkpoint's tensors in the model files' terms (module docstring). Float experts
+    come out as `<layer>.mlp.experts.{gate_up_proj,down_proj}` [E, out, in] (gate rows first) with
+    `..._bias` [E, out]; MXFP4 ones on MLX ("mlx") as the same names holding packed uint32 codes
+    [E, out, in / 8] plus `..._scales` uint8 [E, out, in / 32], on torch ("pt") as one 4-bit g32
+    AffineWeight per expert and projection (`<layer>.mlp.experts.<e>.<gate|up|down>_proj.weight`,
+    the names of per-expert checkpoints), the biases still stacked."""
+    halves: dict[str, dict[str, Any]] = {}  # MXFP4 blocks waiting for their scales, or the reverse
+    repacked, worst = 0, 0.0
+    for name, value in source:
+        if ".mlp.router." in name:
+            yield name.replace(".mlp.router.", ".mlp.gate."), value
+            continue
+        m = _EXPERTS.match(name)
+        if m is None:
+            yield name, value
+            continue
+        path, proj, suffix = m.group(1), m.group(2), m.group(3) or ""
+        gate_up = proj == "gate_up_proj"
+        if suffix == "":  # float [E, in, out]
+            value = _transposed(value)
+            yield f"{path}.{proj}", _gate_rows_first(value) if gate_up else value
+        elif suffix == "_bias":
+            yield f"{path}.{proj}_bias", _gate_rows_first(value) if gate_up else value
+        else:
+            pair = halves.setdefault(f"{path}.{proj}", {})
+            pair[suffix] = value
+            if len(pair) < 2:
+                continue
+            del halves[f"{path}.{proj}"]
+            blocks, scales = pair["_blocks"], pair["_scales"]
+            if tuple(blocks.shape)[:-1] != tuple(scales.shape) or blocks.shape[-1] != 16:
+                raise ValueError(
+                    f"{path}.{proj}: MXFP4 blocks {tuple(blocks.shape)} do not match scales {scales.shape}"
+                )
+            if gate_up:
+                blocks, scales = _gate_rows_first(blocks), _gate_rows_first(scales)
+            if framework == "mlx":
+                import mlx.core as mx
+
+                e, rows, groups, _ = blocks.shape  # 32 codes = 16 bytes = 4 uint32 per group, little-endian
+                yield f"{path}.{proj}", blocks.reshape(e, rows, groups * 16).view(mx.uint32)
+                yield f"{path}.{proj}_scales", scales
+            else:
+                diff2 = norm2 = 0.0
+                for e in range(blocks.shape[0]):  # one expert's unpacked codes at a time
+                    weight, d2, n2 = mxfp4_to_affine(blocks[e], scales[e])
+                    diff2, norm2 = diff2 + d2, norm2 + n2
+                    if gate_up:
+                        inner = weight.shape[0] // 2
+                        yield f"{path}.{e}.gate_proj.weight", weight.rows(0, inner)
+                        yield f"{path}.{e}.up_proj.weight", weight.rows(inner, 2 * inner)
+                    else:
+                        yield f"{path}.{e}.down_proj.weight", weight
+                repacked += 1
+                worst = max(worst, (diff2 / norm2) ** 0.5 if norm2 else 0.0)
+    if halves:
+        prefix, got = next(iter(halves.items()))
+        raise ValueError(f"checkpoint has {prefix}{next(iter(got))} without its MXFP4 partner")
+    if repacked:
+        logger.info(
+            "%d MXFP4 expert tensors repacked to 4-bit g32 affine for torch (no fp4 kernel; e2m1's levels are "
+            "not uniform, so not exact): relative error up to %.2e against the MXFP4 values",
+            repacked,
+            worst,
+        )
+
+
+def _transposed(value: Any) -> Any:
+    """[E, in, out] -> [E, out, in], laid out anew (torch views would stay strided)."""
+    out = value.swapaxes(1, 2)
+    return out.contiguous() if hasattr(out, "contiguous") else out
+
+
+def _gate_rows_first(value: Any) -> Any:
+    """Axis 1 (the projection's outputs) reordered from gate/up interleaved (g0, u0, g1, u1, ...)
+    to all gate rows, then all up rows: what `.chunk(2)` and the split gate/up layers take."""
+    xp = _namespace(value)
+    return xp.concatenate([value[:, 0::2], value[:, 1::2]], axis=1)
+
+
+def _namespace(value: Any) -> Any:
+    """The array library of value: numpy, torch or mlx.core (all have concatenate(axis=))."""
+    module = type(value).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return torch
+    if module == "mlx":
+        import mlx.core as mx
+
+        return mx
+    import numpy as np
+
+    return np
+
+
+def dequantize_mxfp4(blocks: Any, scales: Any) -> Any:
+    """torch uint8 blocks [..., G, 16] and scales [..., G] -> bfloat16 [..., G * 32], exactly:
+    each code is an e2m1 value (FP4_VALUES), low nibble first, times 2 ** (scale - 127); every
+    such product fits bfloat16's 8-bit mantissa and exponent. One expert at a time, so the
+    temporaries stay small (a 20B layer's gate_up is 32 experts x 5760 x 2880 values)."""
+    import torch
+
+    lut = torch.tensor(FP4_VALUES, dtype=torch.bfloat16)
+    blocks, scales = torch.as_tensor(blocks), torch.as_tensor(scales)
+    *lead, groups, width = blocks.shape
+    out = torch.empty(*lead, groups, 2 * width, dtype=torch.bfloat16)
+    for i in range(blocks.shape[0]):
+        codes = blocks[i].to(torch.int64)
+        values = torch.stack([lut[codes & 0x0F], lut[codes >> 4]], dim=-1).flatten(-2)
+        power = torch.exp2(scales[i].to(torch.float32) - 127.0).to(torch.bfloat16)
+        out[i] = values * power[..., None]
+    return out.reshape(*lead, groups * 2 * width)
+
+
+def mxfp4_to_affine(blocks: Any, scales: Any) -> tuple[AffineWeight, float, float]:
+    """One expert's MXFP4 matrix (blocks uint8 [rows, G, 16], scales uint8 [rows, G]) as a 4-bit
+    g32 AffineWeight (module docstring: per group the least-squares grid of three), with the sums
+    of squared error and of squared MXFP4 values (float64) for the caller's relative error."""
+    import torch
+
+    blocks, scales = torch.as_tensor(blocks), torch.as_tensor(scales)
+    rows, groups, _ = blocks.shape
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    codes = blocks.to(torch.int32)
+    v = torch.stack([lut[codes & 0x0F], lut[codes >> 4]], dim=-1).reshape(rows, groups, 32)
+    del codes
+    lo, hi = v.amin(dim=-1), v.amax(dim=-1)
+    best_q = best_start = best_step = best_err = None
+    half = torch.full_like(lo, 0.5)
+    # In units of the group's power of two: step 0.5 from the minimum / up to the maximum, min-max.
+    for start, step in ((lo, half), (hi - 7.5, half), (lo, (hi - lo) / 15)):
+        step = torch.where(step > 0, step, torch.ones_like(step))  # a constant group: any step
+        q = ((v - start[..., None]) / step[..., None]).round_().clamp_(0, 15)
+        err = (q * step[..., None] + start[..., None] - v).square_().sum(dim=-1)
+        if best_err is None:
+            best_q, best_start, best_step, best_err = q, start, step, err
+            continue
+        better = err < best_err
+        best_q = torch.where(better[..., None], q, best_q)
+        best_start, best_step = torch.where(better, start, best_start), torch.where(better, step, best_step)
+        best_err = torch.minimum(err, best_err)
+    power = torch.exp2(scales.to(torch.float64) - 127.0)  # e8m0: 2 ** (s - 127), exact in float64
+    diff2 = float((best_err.to(torch.float64) * power.square()).sum())
+    norm2 = float((v.square().sum(dim=-1).to(torch.float64) * power.square()).sum())
+    weight = AffineWeight(
+        best_q.to(torch.uint8).reshape(rows, groups * 32).numpy(),
+        (best_step.to(torch.float64) * power).to(torch.float32).numpy(),
+        (best_start.to(torch.float64) * power).to(torch.float32).numpy(),
+        4,
+        32,
+        "MXFP4",
+    )
+    return weight, diff2, norm2

@@ -1,0 +1,312 @@
+"""A GGUF file's hyper-parameters as the Hugging Face config.json its model was converted from.
+
+GGUF carries no config.json: llama.cpp's converter (convert_hf_to_gguf.py) writes the keys its own
+runtime reads, under `{arch}.<key>` names. transformers rebuilds a config from those for some
+architectures only, and leaves out keys that change the maths (Gemma's soft-caps and sliding
+layers, Phi-3's partial rotary and LongRoPE factors, Qwen3's head_dim). For the families below the
+config is built here from the metadata alone, with llama.cpp's runtime defaults where the
+converter writes nothing (Gemma's query scale and sliding pattern), so a file means what it means
+to llama.cpp. `hf_config_from_gguf` returns None for the rest; `missing_config_keys` then adds
+what transformers' reader omits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from lantern.app.models.spec import UnsupportedModelError
+
+_MISSING = object()
+
+
+class _Meta:
+    """The metadata of one file, keyed by llama.cpp's names without the `{arch}.` prefix."""
+
+    def __init__(self, metadata: dict[str, Any], name: str) -> None:
+        self.md, self.name = metadata, name
+        self.arch = str(metadata.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.md.get(f"{self.arch}.{key}", default)
+
+    def need(self, key: str) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise UnsupportedModelError(f"{self.name}: GGUF metadata key {self.arch}.{key} is missing")
+        return value
+
+    def scalar(self, key: str, default: Any = _MISSING) -> Any:
+        """A per-model value; llama.cpp allows some (head counts) per layer, which Lantern does not."""
+        value = self.need(key) if default is _MISSING else self.get(key, default)
+        if isinstance(value, (list, tuple)):
+            if len(set(value)) != 1:
+                raise UnsupportedModelError(f"{self.name}: {self.arch}.{key} differs per layer ({list(value)})")
+            value = value[0]
+        return value
+
+
+def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name: str = "") -> dict[str, Any] | None:
+    """The config.json dict of a gemma2 / gemma3 / phi3 / glm4 / deepseek2 GGUF; None for other
+    architectures (transformers' reader serves them). `tensors`: GGUF name -> GGUFTensor of every
+    part (which tensors exist says what keys cannot: tying, biases, q LoRA; Phi-3's LongRoPE
+    factors are tensors)."""
+    meta = _Meta(metadata, name)
+    builder = _BUILDERS.get(meta.arch)
+    if builder is None:
+        return None
+    cfg = _common(meta, tensors)
+    cfg.update(builder(meta, tensors, cfg))
+    return cfg
+
+
+def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
+    md = meta.md
+    heads = int(meta.scalar("attention.head_count"))
+    eos = [md.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    layers = int(meta.need("block_count")) - int(meta.get("nextn_predict_layers") or 0)
+    embd = tensors.get("token_embd.weight")
+    return {
+        # The embedding's rows, not the token list: llama.cpp trims Gemma 3's unused rows.
+        "vocab_size": int(embd.shape[1]) if embd is not None else int(meta.need("vocab_size")),
+        "hidden_size": int(meta.need("embedding_length")),
+        "intermediate_size": int(meta.scalar("feed_forward_length", 0) or 0),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta.scalar("attention.head_count_kv", heads)),
+        "max_position_embeddings": int(meta.need("context_length")),
+        "rms_norm_eps": float(meta.need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(meta.get("rope.freq_base", 10000.0)),
+        # llama.cpp writes the output projection only when it is not the embedding.
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
+        # Every end-of-generation token llama.cpp stops at (its EOG set): eos, end of turn, end of message.
+        "eos_token_id": list(dict.fromkeys(int(t) for t in eos if t is not None)) or None,
+        "pad_token_id": md.get("tokenizer.ggml.padding_token_id"),
+    }
+
+
+def _head_dim(meta: _Meta, cfg: dict[str, Any]) -> int:
+    return int(meta.get("attention.key_length") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def _rotary_fraction(meta: _Meta, head_dim: int) -> float:
+    dims = meta.get("rope.dimension_count")
+    return 1.0 if dims in (None, head_dim) else int(dims) / head_dim
+
+
+def _gemma(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2 / 3. llama.cpp's runtime: query scale 1/sqrt(head_dim), except the 27B models
+    (46 / 62 layers) whose query_pre_attn_scalar is hidden_size / heads; Gemma 2 alternates
+    sliding/full layers, Gemma 3 has five sliding layers per full one and a 10000 rope base on them."""
+    gemma2 = meta.arch == "gemma2"
+    head_dim = _head_dim(meta, cfg)
+    big = cfg["num_hidden_layers"] == (46 if gemma2 else 62)
+    out: dict[str, Any] = {
+        "model_type": "gemma2" if gemma2 else "gemma3_text",
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": cfg["hidden_size"] // cfg["num_attention_heads"] if big else head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+    window = meta.get("attention.sliding_window", 4096 if gemma2 else None)
+    out["sliding_window"] = int(window) if window else None
+    out["layer_types"] = _layer_types(meta, cfg["num_hidden_layers"], 2 if gemma2 else 6, bool(window))
+    rope = _rope_scaling(meta)
+    if gemma2:
+        # llama_hparams' defaults when the converter wrote none (Gemma2Config's too)
+        out["attn_logit_softcapping"] = float(meta.get("attn_logit_softcapping", 50.0))
+        out["final_logit_softcapping"] = float(meta.get("final_logit_softcapping", 30.0))
+        if rope:
+            out["rope_scaling"] = rope
+        return out
+    final = meta.get("final_logit_softcapping")
+    out["final_logit_softcapping"] = float(final) if final else None
+    out["rope_parameters"] = {
+        "full_attention": {**(rope or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
+        "sliding_attention": {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base_swa", 10000.0))},
+    }
+    return out
+
+
+def _layer_types(meta: _Meta, layers: int, period: int, slides: bool) -> list[str]:
+    """Per layer attention type from `attention.sliding_window_pattern` (a period, or one flag per
+    layer) or the architecture's period (llama.cpp's set_swa_pattern: the last of each period is full)."""
+    if not slides:
+        return ["full_attention"] * layers
+    pattern = meta.get("attention.sliding_window_pattern", period)
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != layers:
+            raise UnsupportedModelError(
+                f"{meta.name}: {meta.arch}.attention.sliding_window_pattern has {len(pattern)} flags "
+                f"for {layers} layers"
+            )
+        flags = [bool(p) for p in pattern]
+    else:
+        flags = [(i + 1) % int(pattern) != 0 for i in range(layers)] if int(pattern) else [True] * layers
+    return ["sliding_attention" if f else "full_attention" for f in flags]
+
+
+def _rope_scaling(meta: _Meta) -> dict[str, Any] | None:
+    """rope.scaling.* as config.json's rope_scaling (linear and YaRN; other types are passed on for
+    ModelConfig to accept or refuse)."""
+    kind = meta.get("rope.scaling.type")
+    factor = meta.get("rope.scaling.factor")
+    if kind in (None, "none") or (kind == "linear" and factor in (None, 1.0)):
+        return None
+    out: dict[str, Any] = {"rope_type": str(kind), "factor": float(factor) if factor is not None else None}
+    if meta.get("rope.scaling.original_context_length") is not None:
+        out["original_max_position_embeddings"] = int(meta.get("rope.scaling.original_context_length"))
+    for key, hf in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if meta.get(f"rope.scaling.{key}") is not None:
+            out[hf] = float(meta.get(f"rope.scaling.{key}"))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _phi3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3 / 3.5 / 4: partial rotary from rope.dimension_count, sliding_window 0 meaning none
+    (Phi-4), and LongRoPE as two factor tensors (rope_factors_long/short) plus an attention factor."""
+    head_dim = _head_dim(meta, cfg)
+    window = meta.get("attention.sliding_window")
+    out: dict[str, Any] = {
+        "model_type": "phi3",
+        "head_dim": head_dim,
+        "sliding_window": int(window) if window else None,
+    }
+    fraction = _rotary_fraction(meta, head_dim)
+    if fraction != 1.0:
+        out["partial_rotary_factor"] = fraction
+    original = meta.get("rope.scaling.original_context_length")
+    if original is not None:
+        out["original_max_position_embeddings"] = int(original)
+    long, short = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+    if long is None:
+        return out
+    if short is None or original is None:
+        raise UnsupportedModelError(
+            f"{meta.name}: LongRoPE needs rope_factors_short and {meta.arch}.rope.scaling.original_context_length"
+        )
+    scaling: dict[str, Any] = {
+        "type": "longrope",
+        "long_factor": [float(x) for x in np.asarray(long.data, dtype=np.float32)],
+        "short_factor": [float(x) for x in np.asarray(short.data, dtype=np.float32)],
+    }
+    # The converter stores transformers' default attention factor; keep it only where it differs.
+    scale = cfg["max_position_embeddings"] / int(original)
+    default = math.sqrt(1 + math.log(scale) / math.log(int(original))) if scale > 1 else 1.0
+    stored = meta.get("rope.scaling.attn_factor")
+    if stored is not None and abs(float(stored) - default) > 1e-5:
+        scaling["attention_factor"] = float(stored)
+    out["rope_scaling"] = scaling
+    return out
+
+
+def _glm4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """GLM-4-0414: partial rotary (rope.dimension_count of head_dim), q/k/v biases where the file has them."""
+    if meta.get("rope.dimension_sections") is not None:
+        # GLM-4V: M-RoPE, and the converter permuted q/k rows to NeoX order for it
+        raise UnsupportedModelError(
+            f"{meta.name}: GLM-4V ({meta.arch}.rope.dimension_sections, M-RoPE) is not implemented"
+        )
+    head_dim = _head_dim(meta, cfg)
+    return {
+        "model_type": "glm4",
+        "head_dim": head_dim,
+        "partial_rotary_factor": _rotary_fraction(meta, head_dim),
+        "attention_bias": "blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
+        "hidden_act": "silu",
+    }
+
+
+def _deepseek2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek V2 / V3 (and the models converted as them). llama.cpp's MLA files state the latent
+    as one KV head of kv_lora_rank + rope dims (key_length_mla / value_length_mla hold the per-head
+    sizes); older files state the per-head sizes in key_length / value_length. A sigmoid router is
+    V3's (grouped top-k on bias-corrected scores), a softmax one (or none stated) V2's."""
+    heads, rope_dims = cfg["num_attention_heads"], int(meta.need("rope.dimension_count"))
+    qk_head = meta.get("attention.key_length_mla") or meta.need("attention.key_length")
+    v_head = meta.get("attention.value_length_mla") or meta.need("attention.value_length")
+    sigmoid = int(meta.get("expert_gating_func") or 1) == 2
+    groups, used_groups = int(meta.get("expert_group_count") or 1), int(meta.get("expert_group_used_count") or 1)
+    q_lora = meta.get("attention.q_lora_rank")
+    out: dict[str, Any] = {
+        "model_type": "deepseek_v3" if sigmoid else "deepseek_v2",
+        "num_key_value_heads": heads,  # MLA: every query head reads the one latent
+        "kv_lora_rank": int(meta.need("attention.kv_lora_rank")),
+        "q_lora_rank": int(q_lora) if q_lora else None,
+        "qk_rope_head_dim": rope_dims,
+        "qk_nope_head_dim": int(qk_head) - rope_dims,
+        "v_head_dim": int(v_head),
+        "first_k_dense_replace": int(meta.get("leading_dense_block_count") or 0),
+        "n_routed_experts": int(meta.get("expert_count") or 0),
+        "n_shared_experts": int(meta.get("expert_shared_count") or 0),
+        "num_experts_per_tok": meta.get("expert_used_count"),
+        "moe_intermediate_size": int(meta.get("expert_feed_forward_length") or 0),
+        "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+        "scoring_func": "sigmoid" if sigmoid else "softmax",
+        "n_group": groups,
+        "topk_group": used_groups,
+        "topk_method": "noaux_tc" if sigmoid else ("group_limited_greedy" if groups > 1 else "greedy"),
+        "rope_interleave": True,  # llama.cpp rotates adjacent pairs for deepseek2 and permutes nothing
+        "hidden_act": "silu",
+    }
+    if not cfg["intermediate_size"]:  # every layer a mixture: the dense width is never used
+        out["intermediate_size"] = out["moe_intermediate_size"]
+    rope = _rope_scaling(meta)
+    log_mul = meta.get("rope.scaling.yarn_log_multiplier")
+    if rope and rope.get("rope_type") == "yarn" and log_mul:
+        # The converter writes 0.1 * mscale_all_dim; llama.cpp's graph takes mscale == mscale_all_dim,
+        # as every DeepSeek config.json states them.
+        mscale = round(float(log_mul) / 0.1, 6)
+        rope.update(mscale=mscale, mscale_all_dim=mscale)
+    if rope:
+        rope["type"] = rope.pop("rope_type")
+        out["rope_scaling"] = rope
+    return out
+
+
+_BUILDERS = {"gemma2": _gemma, "gemma3": _gemma, "phi3": _phi3, "glm4": _glm4, "deepseek2": _deepseek2}
+
+
+def missing_config_keys(metadata: dict[str, Any]) -> dict[str, Any]:
+    """What transformers' GGUF config reader leaves out, for the architectures it reads: head_dim
+    (Qwen3's differs from hidden_size / heads; transformers maps key_length for few architectures),
+    the mixture-of-experts keys (moe_config_from_gguf), and rms_norm_eps as the decimal config.json
+    stated (transformers keeps the float32 9.9999997e-06 for 1e-05)."""
+    meta = _Meta(metadata, "")
+    out: dict[str, Any] = {}
+    if meta.get("attention.layer_norm_rms_epsilon") is not None:
+        out["rms_norm_eps"] = float(meta.get("attention.layer_norm_rms_epsilon"))
+    if meta.get("attention.key_length") is not None:
+        out["head_dim"] = int(meta.get("attention.key_length"))
+    out.update(moe_config_from_gguf(metadata))
+    if out.get("moe_intermediate_size") and not meta.get("feed_forward_length"):
+        out["intermediate_size"] = out["moe_intermediate_size"]  # all-expert files omit the dense width
+    return out
+
+
+def moe_config_from_gguf(metadata: dict[str, Any]) -> dict[str, Any]:
+    """What transformers' GGUF config reader leaves out of a mixture of experts, from llama.cpp's keys:
+    Mixtral is architecture "llama" with `llama.expert_count` (-> model_type "mixtral"), and the
+    experts' own sizes (`expert_feed_forward_length`, Qwen2-MoE's `expert_shared_feed_forward_length`)
+    are not mapped. Returns the keys to update in the HF config dict (empty for a dense model)."""
+    meta = _Meta(metadata, "")
+    experts = meta.get("expert_count")
+    if not experts:
+        return {}
+    out: dict[str, Any] = {}
+    if meta.arch == "llama":
+        out.update(model_type="mixtral", num_local_experts=int(experts), sliding_window=None)
+    if meta.get("expert_used_count") is not None:
+        out["num_experts_per_tok"] = int(meta.get("expert_used_count"))
+    if meta.arch in ("qwen2moe", "qwen3moe"):
+        out["num_experts"] = int(experts)
+        if meta.get("expert_feed_forward_length") is not None:
+            out["moe_intermediate_size"] = int(meta.get("expert_feed_forward_length"))
+        if meta.get("expert_shared_feed_forward_length") is not None:
+            out["shared_expert_intermediate_size"] = int(meta.get("expert_shared_feed_forward_length"))
+    if meta.arch == "qwen3moe":
+        out["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalises the top-k weights
+    return out

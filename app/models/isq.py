@@ -1,0 +1,190 @@
+"""`--isq q4|q8` (in-situ quantization): a float checkpoint's matrices quantized on their way from
+the weight stream to the backend, with a progress bar whose total is exact for every family.
+
+What stays in float, and why:
+- the MoE routers (and Qwen2-MoE's shared-expert gate): a few KB per layer that decide which
+  experts run; quantizing them changes the choice of experts, not just the numbers;
+- matrices whose input width the backend's kernels cannot take (IsqMode.col_multiple and the
+  group size): torch's CPU int8 kernel reads 16 columns at a time with no tail, so a narrower or
+  ragged width would be read past its end (a 24-column DeepSeek q_b_proj segfaulted);
+- 1-D tensors (norms, biases), and a tied lm_head (the embedding serves as the head).
+
+Experts stacked per layer ([E, out, in]: gpt-oss) are split into one quantized matrix per expert
+under per-expert names, so the loaders keep them quantized as they keep per-expert checkpoints';
+the progress bar counts them one by one. Matrices a checkpoint already quantized (MXFP4 experts,
+GGUF blocks) pass through and leave the bar's total.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from lantern.app.engine.contract import ModelSpec
+from lantern.app.models.family_moe import is_router, moe_name
+from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, quantize_affine
+
+logger = logging.getLogger(__name__)
+
+ISQ_SCHEMES = ("q4", "q8")
+
+
+@dataclass(frozen=True)
+class IsqMode:
+    """How a backend wants `--isq` weights laid out: bits, group size (0 = per row), symmetric,
+    and the multiple of input columns its kernel needs (1: any width the group divides)."""
+
+    bits: int
+    group_size: int
+    symmetric: bool = False
+    col_multiple: int = 1
+
+    def fits(self, cols: int) -> bool:
+        """True when a matrix with `cols` input columns can be quantized in this layout."""
+        return cols % math.lcm(self.group_size or 1, self.col_multiple) == 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.bits}-bit " + (f"g{self.group_size}" if self.group_size else "per-channel")
+
+
+def isq_candidates(cfg: Any) -> int:
+    """How many matrices of a model the stream considers for quantization: every 2-D weight but
+    the routers and a tied head, experts one by one (the progress bar's total)."""
+    if getattr(cfg, "encoder", None) is not None:  # BERT: 3 embeddings; q, k, v, o and 2 MLP linears
+        return 3 + 6 * cfg.num_layers
+    total = 1 if cfg.tie_word_embeddings else 2  # embedding (+ lm_head)
+    mla = cfg.mla
+    # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj; else q, k, v, o.
+    attention = (3 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
+    for layer in range(cfg.num_layers):
+        total += attention
+        moe = cfg.moe
+        if moe is None or not moe.is_sparse(layer):
+            total += 3  # gate, up, down
+        else:  # stacked experts (gpt-oss) count one by one too: quantize_stream splits them
+            shared = moe.shared_expert_size or getattr(moe, "shared_size", 0)  # Qwen2-MoE / DeepSeek
+            total += 3 * moe.num_experts + (3 if shared else 0)
+    return total
+
+
+def quantize_stream(
+    source: Iterator[tuple[str, Any]], isq: IsqMode, spec: ModelSpec, progress: bool = True
+) -> Iterator[tuple[str, Any]]:
+    """The weight stream with its float matrices quantized to `isq` (see the module docstring)."""
+    from tqdm import tqdm
+
+    cfg = spec.config
+    total = isq_candidates(cfg)
+    bar = tqdm(total=total, desc=f"quantizing to {isq.label}", unit="tensor", disable=not progress, leave=False)
+    done = seen = already = routers = 0
+    narrow: list[tuple[str, int]] = []
+    try:
+        for name, value in source:
+            if cfg.tie_word_embeddings and name == "lm_head.weight":
+                continue  # the embedding serves as the head: quantizing this copy would be wasted
+            if isinstance(value, (AffineWeight, Fp8Weight)):
+                already += 1
+                if not is_router(moe_name(name)):  # a checkpoint-quantized matrix: not ours to count
+                    bar.total -= 1
+                yield name, value
+                continue
+            stacked = _STACKED.match(name) if len(value.shape) == 3 else None
+            if stacked is not None:
+                matrices = _stacked_matrices(stacked.group(2), value.shape[0])
+                if not _is_float(value):  # MXFP4 codes kept packed for MLX: not ours to count
+                    already += matrices
+                    bar.total -= matrices
+                    yield name, value
+                    continue
+                seen += matrices
+                moe = cfg.moe
+                if not (isq.fits(cfg.hidden_size) and isq.fits(moe.intermediate_size)):
+                    # Both projections or neither: the loaders hold one layer's experts one way.
+                    narrow.append((name, value.shape[2]))
+                    bar.update(matrices)
+                    yield name, value
+                    continue
+                yield from _split_stacked(stacked.group(1), stacked.group(2), value, isq)
+                del value
+                done += matrices
+                bar.update(matrices)
+                continue
+            if not name.endswith(".weight") or len(value.shape) != 2:
+                yield name, value
+                continue
+            if is_router(moe_name(name)):
+                routers += 1
+                yield name, value
+                continue
+            seen += 1
+            cols = value.shape[1]
+            if not isq.fits(cols):
+                narrow.append((name, cols))
+                bar.update(1)
+                yield name, value
+                continue
+            # Converted to float32 a few rows at a time (a 128k-row embedding never is, whole).
+            group = isq.group_size or cols
+            quantized = quantize_affine(value, isq.bits, group, symmetric=isq.symmetric, source=f"ISQ {isq.label}")
+            del value
+            yield name, quantized
+            done += 1
+            bar.update(1)
+    finally:
+        bar.close()
+    _report(isq, done, routers, narrow, already)
+    if seen != total:  # a family whose matrices isq_candidates does not know: only the bar is off
+        logger.debug("in-situ quantization saw %d matrices; %d were expected", seen, total)
+
+
+# Experts stacked per layer, [E, out, in] (gpt-oss after family_gptoss.checkpoint_tensors; gate rows first).
+_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def _stacked_matrices(proj: str, num_experts: int) -> int:
+    """The per-expert matrices a stacked tensor holds (gate_up: a gate and an up per expert)."""
+    return num_experts * (2 if proj == "gate_up_proj" else 1)
+
+
+def _is_float(value: Any) -> bool:
+    dtype = str(value.dtype)
+    return "float" in dtype  # torch.float32 / bfloat16, mlx.core.float16, numpy float32
+
+
+def _split_stacked(path: str, proj: str, value: Any, isq: IsqMode) -> Iterator[tuple[str, Any]]:
+    """A stacked [E, out, in] float tensor as one quantized matrix per expert, under the names of
+    per-expert checkpoints (`<path>.<e>.<gate|up|down>_proj.weight`), which both backends' loaders
+    keep quantized (torch: moe.QuantExperts; MLX: stacked again for gather_qmm)."""
+    group = isq.group_size or value.shape[2]
+    for e in range(value.shape[0]):
+        w = quantize_affine(value[e], isq.bits, group, symmetric=isq.symmetric, source=f"ISQ {isq.label}")
+        if proj == "down_proj":
+            yield f"{path}.{e}.down_proj.weight", w
+        else:
+            inner = w.shape[0] // 2
+            yield f"{path}.{e}.gate_proj.weight", w.rows(0, inner)
+            yield f"{path}.{e}.up_proj.weight", w.rows(inner, 2 * inner)
+
+
+def _report(isq: IsqMode, done: int, routers: int, narrow: list[tuple[str, int]], already: int) -> None:
+    kept = f"; {routers} MoE router matrices kept in float" if routers else ""
+    logger.info("in-situ quantization: %d tensors to %s%s", done, isq.label, kept)
+    if narrow:
+        unit = math.lcm(isq.group_size or 1, isq.col_multiple)
+        name, cols = narrow[0]
+        logger.warning(
+            "in-situ quantization kept %d matrices in float: their input width is not a multiple of %d "
+            "(the %s kernel's unit), e.g. %s with %d columns",
+            len(narrow),
+            unit,
+            isq.label,
+            name,
+            cols,
+        )
+    if already:
+        logger.info("in-situ quantization left %d tensors as the checkpoint quantized them", already)

@@ -1,0 +1,108 @@
+"""Which task a model serves (text generation or embeddings) and how its embeddings are pooled.
+
+Defaults come from the model folder: a sentence-transformers folder (modules.json), an
+architecture named *Embedding* or a BERT encoder serves embeddings; everything else generates.
+The pooling is the folder's sentence-transformers Pooling module (1_Pooling/config.json) when it
+has one, else last-token for a decoder (Qwen3-Embedding, e5-mistral) and mean for an encoder.
+Modules that would change the vectors in ways Lantern does not compute (a Dense projection, max
+pooling, instructions excluded from the mean) are refused naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from lantern.app.engine.contract import ModelSpec
+from lantern.app.models.spec import UnsupportedModelError
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("auto", "generate", "embed")
+POOLINGS = ("auto", "last", "mean", "cls")
+# sentence-transformers' Pooling config keys -> Lantern's pooling; the other modes are refused.
+_ST_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
+_ST_REFUSED = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
+# Modules whose effect Lantern reproduces: the transformer itself, the pooling, and the L2
+# normalization every vector gets anyway.
+_ST_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def _folder(spec: ModelSpec) -> Path | None:
+    return spec.weight_files[0].parent if spec.weight_format == "safetensors" and spec.weight_files else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UnsupportedModelError(f"{path}: unreadable ({exc})") from None
+
+
+def sentence_transformers_pooling(folder: Path) -> str | None:
+    """The pooling a sentence-transformers folder declares (None: not such a folder, or no
+    Pooling module); refuses modules and modes Lantern does not compute, naming them."""
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        return None
+    pooling: str | None = None
+    for module in _read_json(modules_file):
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in _ST_MODULES:
+            raise UnsupportedModelError(
+                f"modules.json: module {module.get('type')!r} ({module.get('path')}) is not implemented; "
+                f"Lantern computes {', '.join(_ST_MODULES)}"
+            )
+        if kind != "Pooling":
+            continue
+        where = folder / str(module.get("path", "")) / "config.json"
+        cfg = _read_json(where) if where.is_file() else {}
+        on = [key for key, value in cfg.items() if key.startswith("pooling_mode_") and value is True]
+        refused = [key for key in on if key in _ST_REFUSED or key not in _ST_MODES]
+        if refused:
+            raise UnsupportedModelError(f"{refused[0]}=true in {where} is not implemented")
+        if len(on) > 1:
+            raise UnsupportedModelError(f"{where}: {' and '.join(on)} (concatenated poolings) are not implemented")
+        if cfg.get("include_prompt", True) is not True:
+            raise UnsupportedModelError(f"include_prompt=false in {where} is not implemented")
+        pooling = _ST_MODES[on[0]] if on else "mean"  # sentence-transformers' default mode
+    return pooling
+
+
+def _architectures(folder: Path | None) -> list[str]:
+    cfg_file = folder / "config.json" if folder else None
+    return list(_read_json(cfg_file).get("architectures") or []) if cfg_file and cfg_file.is_file() else []
+
+
+def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | None]:
+    """(task, pooling) for the model: "generate" with pooling None, or "embed" with one of
+    last / mean / cls. task and pooling may be "auto" (the folder's defaults)."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}; got {task!r}")
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}")
+    folder = _folder(spec)
+    encoder = spec.config.encoder is not None
+    if task == "auto":
+        st_folder = folder is not None and (folder / "modules.json").is_file()
+        named = any("Embedding" in a for a in _architectures(folder))
+        task = "embed" if encoder or st_folder or named else "generate"
+    if task == "generate":
+        if encoder:
+            raise ValueError(
+                f"{spec.name} is a {spec.config.architecture} encoder: it serves embeddings only (--task embed)"
+            )
+        if pooling != "auto":
+            raise ValueError("--pooling applies to embeddings (--task embed) only")
+        return "generate", None
+    declared = sentence_transformers_pooling(folder) if folder else None
+    if pooling == "auto":
+        pooling = declared or ("mean" if encoder else "last")
+    logger.info(
+        "task: embeddings, %s pooling%s, L2-normalized",
+        pooling,
+        " (the folder's sentence-transformers Pooling module)" if declared == pooling else "",
+    )
+    return "embed", pooling

@@ -1,0 +1,60 @@
+"""Tool-call parsers, one module per output format, and the registry that picks one for a model
+from its chat template (`--tool-call-parser NAME` overrides)."""
+
+from __future__ import annotations
+
+from lantern.server.tool_parsers import harmony
+from lantern.server.tool_parsers.base import CallDelta, ParsedDelta, ToolCall, ToolParser, assemble
+from lantern.server.tool_parsers.harmony import HarmonyParser
+from lantern.server.tool_parsers.hermes import HermesParser
+from lantern.server.tool_parsers.llama3_json import Llama3JsonParser
+from lantern.server.tool_parsers.mistral import MistralParser
+from lantern.server.tool_parsers.pythonic import PythonicParser
+from lantern.server.tool_parsers.qwen3_coder import Qwen3CoderParser
+
+PARSERS: dict[str, type[ToolParser]] = {
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, Qwen3CoderParser, PythonicParser, HarmonyParser)
+}
+# Other names people use for the same formats (vLLM's among them).
+ALIASES = {"qwen": "hermes", "qwen2_5": "hermes", "qwen3": "hermes", "llama3": "llama3_json", "llama": "llama3_json"}
+ALIASES |= {"qwen3_xml": "qwen3_coder", "llama4_pythonic": "pythonic", "openai": "harmony", "gpt_oss": "harmony"}
+CHOICES = sorted([*PARSERS, *ALIASES, "none"])
+
+
+def parser_named(name: str) -> type[ToolParser] | None:
+    """The parser for a --tool-call-parser value; None for "none". KeyError if unknown."""
+    if name == "none":
+        return None
+    return PARSERS[ALIASES.get(name, name)]
+
+
+def detect(template: str | None) -> type[ToolParser] | None:
+    """The format a chat template teaches its model, from the markup it renders tool calls with."""
+    t = template or ""
+    if harmony.detect(t):
+        return HarmonyParser  # gpt-oss: the whole reply is harmony messages, calls included
+    if "<function=" in t and "<parameter=" in t:
+        return Qwen3CoderParser  # its template also has <tool_call>: check it first
+    if "<tool_call>" in t:
+        return HermesParser
+    if "[TOOL_CALLS]" in t:
+        return MistralParser
+    if "<|python_start|>" in t:
+        return PythonicParser
+    if "<|python_tag|>" in t or '"parameters": dictionary of argument name' in t:
+        return Llama3JsonParser
+    return None
+
+
+__all__ = [
+    "ALIASES",
+    "CHOICES",
+    "PARSERS",
+    "CallDelta",
+    "ParsedDelta",
+    "ToolCall",
+    "ToolParser",
+    "assemble",
+    "detect",
+    "parser_named",
+]

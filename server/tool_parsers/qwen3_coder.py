@@ -1,0 +1,171 @@
+"""Qwen3-Coder XML calls:
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    </function>
+    </tool_call>
+
+Parameter values are raw text (one newline on each side is layout); they are typed by the
+tool's schema: strings stay text, anything else is read as JSON (else Python literal, else
+kept as text). The arguments stream one parameter at a time."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, held_prefix, split_at
+from lantern.server.tool_parsers.grammar import json_value, lazy_until, marked_calls, params_schema
+
+FUNC, PARAM, END_PARAM, END_FUNC = "<function=", "<parameter=", "</parameter>", "</function>"
+_NAME = re.compile(r"[^\s<>=]{1,128}")
+
+
+def _typed(value: str, schema: dict[str, Any] | None) -> Any:
+    kind = (schema or {}).get("type")
+    if kind == "string" or (isinstance(kind, list) and "string" in kind) or schema is None:
+        return value
+    for read in (json.loads, ast.literal_eval):
+        try:
+            return read(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    return value
+
+
+class Qwen3CoderParser(MarkedParser):
+    name = "qwen3_coder"
+    open_marker = "<tool_call>"
+    close_marker = "</tool_call>"
+    markers = (open_marker, close_marker)
+
+    fn = ""
+    param = ""
+    first = True
+
+    def _open(self, out: ParsedDelta, final: bool) -> bool:
+        body = self.buf.lstrip()
+        if len(body) < len(FUNC) and FUNC.startswith(body):
+            return self._malformed(out) if final else False
+        if not body.startswith(FUNC):
+            return self._malformed(out)
+        head, after, _ = split_at(body[len(FUNC) :], ">")
+        name = head.strip()
+        if after is None:
+            if final or (name and not _NAME.fullmatch(name)):
+                return self._malformed(out)
+            return False
+        if not _NAME.fullmatch(name):
+            return self._malformed(out)
+        out.calls.append(CallDelta(self.num_calls, self.new_id(), name))
+        self.pending, self.fn, self.first = "", name, True
+        self.buf, self.state = after, "body"
+        return True
+
+    def _emit(self, out: ParsedDelta, text: str) -> None:
+        out.calls.append(CallDelta(self.num_calls, arguments=text))
+
+    def _body(self, out: ParsedDelta, final: bool) -> bool:
+        """Inside <function=...>: parameters until </function> (or a missing one's </tool_call>)."""
+        body = self.buf.lstrip()
+        for marker, then in ((PARAM, "pname"), (END_FUNC, "close"), (self.close_marker, "text")):
+            if body.startswith(marker):
+                self.buf = body[len(marker) :]
+                if then != "pname":
+                    self._end_call(out, closed=then == "text")
+                self.state = then
+                return True
+        if final:
+            self._end_call(out, closed=True)
+            self.buf, self.state = "", "text"
+            return False
+        if any(m.startswith(body) for m in (PARAM, END_FUNC, self.close_marker)):
+            return False  # a marker still arriving
+        cut = body.find("<", 1)  # stray text between parameters is layout
+        self.buf = body[cut:] if cut > 0 else ""
+        return bool(self.buf)
+
+    def _pname(self, out: ParsedDelta, final: bool) -> bool:
+        head, after, _ = split_at(self.buf, ">")
+        if after is None:
+            if final:
+                self._end_call(out, closed=True)
+                self.buf, self.state = "", "text"
+            return False
+        self.param, self.buf, self.state = head.strip(), after, "value"
+        return True
+
+    def _value(self, out: ParsedDelta, final: bool) -> bool:
+        value, after, _ = split_at(self.buf, END_PARAM)
+        if after is None:
+            # A model that forgets </parameter> still ends the value at the next tag.
+            for stop in (PARAM, END_FUNC, self.close_marker):
+                i = self.buf.find("\n" + stop)
+                if i >= 0:
+                    value, after = self.buf[:i], self.buf[i + 1 :]
+                    break
+        if after is None and not final:
+            return False
+        value = value.removeprefix("\n").removesuffix("\n")
+        schema = (params_schema(self.tools.get(self.fn, {})).get("properties") or {}).get(self.param)
+        pair = json.dumps(self.param, ensure_ascii=False) + ": "
+        pair += json.dumps(_typed(value, schema), ensure_ascii=False)
+        self._emit(out, ("{" if self.first else ", ") + pair)
+        self.first = False
+        self.buf, self.state = after or "", "body"
+        if after is None:  # final, value cut short
+            self._end_call(out, closed=True)
+            self.state = "text"
+        return after is not None
+
+    def _end_call(self, out: ParsedDelta, closed: bool) -> None:
+        self._emit(out, "{}" if self.first else "}")
+        self.num_calls += 1
+        self.after_call = closed
+
+    def _close(self, out: ParsedDelta, final: bool) -> bool:
+        before, after, held = split_at(self.buf, self.close_marker)
+        held = max(held, held_prefix(self.buf, self.open_marker))
+        nxt = self.buf.find(self.open_marker)
+        if nxt >= 0 and (after is None or nxt < len(before)):
+            self.buf, self.state, self.after_call = self.buf[nxt:], "text", True
+            return True
+        if after is None:
+            self.buf = "" if final else self.buf[len(self.buf) - held :]
+            return False
+        self.buf, self.state, self.after_call = after, "text", True
+        return True
+
+    @classmethod
+    def grammar(cls, tools: list[dict[str, Any]], parallel: bool, lit: Callable[[str], str], template: str = "") -> str:
+        rules = []
+        for i, t in enumerate(tools):
+            schema = params_schema(t)
+            props = schema.get("properties") or {}
+            required = set(schema.get("required") or [])
+            parts = []
+            for j, (pname, pschema) in enumerate(props.items()):
+                head = json.dumps(f"<parameter={pname}>\n", ensure_ascii=False)
+                tail = json.dumps(f"\n{END_PARAM}\n")
+                opt = "" if pname in required else "?"
+                choices = pschema.get("enum", [pschema["const"]] if "const" in pschema else None)
+                if pschema.get("type") == "string" and choices and all(isinstance(c, str) for c in choices):
+                    # The template writes strings raw: an enum is one of its raw texts.
+                    raw = " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+                    parts.append(f"({head} ({raw}) {tail}){opt}")
+                elif pschema.get("type") == "string":
+                    value = f"v{i}_{j}"
+                    rules.append(f"{value}[lazy]: {lazy_until(chr(10) + END_PARAM + chr(10), lit)}")
+                    parts.append(f"({head} {value}){opt}")
+                else:
+                    parts.append(f"({head} {json_value(pschema)} {tail}){opt}")
+            head = json.dumps(f"{FUNC}{t['name']}>\n", ensure_ascii=False)
+            rules.append(f"call_{i}: {head} {' '.join(parts)} {json.dumps(END_FUNC + chr(10))}")
+        tail = '"\\n" (' + " | ".join(f"call_{i}" for i in range(len(tools))) + f") {lit(cls.close_marker)}"
+        return marked_calls(lit(cls.open_marker), tail, ' "\\n" ', parallel) + "\n".join(rules) + "\n"
