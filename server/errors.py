@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -157,6 +157,11 @@ def error_response_for(
     return error_response(status, message, param, code, headers=headers)
 
 
+class ClientDisconnected(Exception):
+    """A non-streamed request whose client went away (generation.collect): its requests were
+    aborted and nobody reads a reply, so it is answered 499 and logged at INFO, not as an error."""
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -182,6 +187,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response_for(
             request.url.path, exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)
         )
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(request: Request, _: ClientDisconnected) -> Response:
+        logger.info("%s %s: the client left before the reply was complete", request.method, request.url.path)
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(json.JSONDecodeError)
     async def _json(_: Request, exc: json.JSONDecodeError) -> JSONResponse:

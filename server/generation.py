@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -21,7 +22,7 @@ from lantern.app.engine import (
     TokenLogprob,
 )
 from lantern.server import tenancy
-from lantern.server.errors import APIError, engine_error, error_body
+from lantern.server.errors import APIError, ClientDisconnected, engine_error, error_body
 from lantern.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -155,12 +156,18 @@ async def collect(
             finals[i] = out
 
     task = asyncio.create_task(consume())
+    left = False
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=poll_s)
             if not task.done() and await request.is_disconnected():
                 task.cancel()  # closing the streams aborts their requests in the engine
+                left = True
                 break
+        if left:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientDisconnected("the client left before the reply was complete")
         await task
     finally:
         if not task.done():

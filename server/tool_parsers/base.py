@@ -238,6 +238,7 @@ class ToolParser:
     markers: ClassVar[tuple[str, ...]] = ()  # texts that may be special tokens (then decoded with them)
     anchor: ClassVar[str] = ""  # formats whose calls can only start the reply: the character they start with
     new_id: Callable[[], str] = staticmethod(openai_call_id)
+    reader: JsonCallReader | None = None  # the call being read, for the JSON-object formats
 
     def __init__(self, tools: list[dict[str, Any]] | None = None, template: str | None = None) -> None:
         self.tools = {t["name"]: t for t in tools or []}
@@ -276,6 +277,19 @@ class ToolParser:
         """Not a call after all: the markup read so far is content."""
         out.content += self.pending
         self.pending, self.state = "", then
+        return True
+
+    def _begin_json_call(self, out: ParsedDelta, final: bool, bad: str = "text") -> bool:
+        """Where a JSON call object must start (after optional whitespace): on to state "call"
+        with a fresh reader; anything but `{` is no call (`bad`: the state for what follows)."""
+        body = self.buf.lstrip()
+        if not body:
+            return self._malformed(out, bad) if final else False
+        if body[0] != "{":
+            return self._malformed(out, bad)
+        self.pending += self.buf[: len(self.buf) - len(body)]
+        self.buf, self.state = body, "call"
+        self.reader = JsonCallReader(self.num_calls, self.new_id)
         return True
 
     def _read_call(self, out: ParsedDelta, final: bool, reader: JsonCallReader, then: str, bad: str) -> bool:

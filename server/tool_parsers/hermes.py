@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import JsonCallReader, MarkedParser, ParsedDelta, held_prefix, split_at
+from lantern.server.tool_parsers.base import MarkedParser, ParsedDelta, held_prefix, split_at
 from lantern.server.tool_parsers.grammar import json_rule, marked_calls
 
 
@@ -16,18 +16,8 @@ class HermesParser(MarkedParser):
     close_marker = "</tool_call>"
     markers = (open_marker, close_marker)
 
-    reader: JsonCallReader | None = None
-
     def _open(self, out: ParsedDelta, final: bool) -> bool:
-        body = self.buf.lstrip()
-        if not body:
-            return self._malformed(out) if final else False
-        if body[0] != "{":
-            return self._malformed(out)
-        self.pending += self.buf[: len(self.buf) - len(body)]
-        self.buf, self.state = body, "call"
-        self.reader = JsonCallReader(self.num_calls, self.new_id)
-        return True
+        return self._begin_json_call(out, final)
 
     def _call(self, out: ParsedDelta, final: bool) -> bool:
         assert self.reader is not None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import JsonCallReader, ParsedDelta, ToolParser
+from lantern.server.tool_parsers.base import ParsedDelta, ToolParser
 from lantern.server.tool_parsers.grammar import json_rule
 
 PYTHON_TAG = "<|python_tag|>"
@@ -17,8 +17,6 @@ class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     markers = (PYTHON_TAG,)
     anchor = "{"
-
-    reader: JsonCallReader | None = None
 
     def _start(self, out: ParsedDelta, final: bool) -> bool:
         body = self.buf.lstrip()
@@ -36,15 +34,7 @@ class Llama3JsonParser(ToolParser):
 
     def _open(self, out: ParsedDelta, final: bool) -> bool:
         """Where a call object must start: after the tag, a `;`, or at the very beginning."""
-        body = self.buf.lstrip()
-        if not body:
-            return self._malformed(out, "plain") if final else False
-        if body[0] != "{":
-            return self._malformed(out, "plain")
-        self.pending += self.buf[: len(self.buf) - len(body)]
-        self.buf, self.state = body, "call"
-        self.reader = JsonCallReader(self.num_calls, self.new_id)
-        return True
+        return self._begin_json_call(out, final, bad="plain")
 
     def _call(self, out: ParsedDelta, final: bool) -> bool:
         assert self.reader is not None

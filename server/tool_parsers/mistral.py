@@ -29,8 +29,6 @@ class MistralParser(MarkedParser):
     markers = (TOOL_CALLS, ARGS, CALL_ID)
     new_id = staticmethod(mistral_call_id)
 
-    reader: JsonCallReader | None = None
-
     def _open(self, out: ParsedDelta, final: bool) -> bool:
         body = self.buf.lstrip()
         if not body:
@@ -45,15 +43,7 @@ class MistralParser(MarkedParser):
 
     # -- v3: a JSON list of call objects ---------------------------------------------------------
     def _item(self, out: ParsedDelta, final: bool) -> bool:
-        body = self.buf.lstrip()
-        if not body:
-            return self._malformed(out) if final else False
-        if body[0] != "{":
-            return self._malformed(out)
-        self.pending += self.buf[: len(self.buf) - len(body)]
-        self.buf, self.state = body, "call"
-        self.reader = JsonCallReader(self.num_calls, self.new_id)
-        return True
+        return self._begin_json_call(out, final)
 
     def _call(self, out: ParsedDelta, final: bool) -> bool:
         assert self.reader is not None
