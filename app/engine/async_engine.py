@@ -154,7 +154,7 @@ class AsyncEngine:
                     raise item
                 if item.error is not None:
                     finished = True
-                    raise RequestFailedError(item.error)
+                    item.raise_error()
                 yield item
                 if item.finished:
                     finished = True

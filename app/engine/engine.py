@@ -15,7 +15,7 @@ from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.chat_encoding import encode_chat
 from lantern.app.engine.contract import ScheduledBatch, StepOutput
 from lantern.app.engine.embedding import Embedder, EmbeddingOutput, embed_offline, embedding_task, wrong_task
-from lantern.app.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from lantern.app.engine.errors import EngineDeadError, InvalidRequestError
 from lantern.app.engine.kv_sizing import plan_kv_cache
 from lantern.app.engine.metrics import EngineStats
 from lantern.app.engine.output_processor import OutputProcessor, RequestState
@@ -183,7 +183,9 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def abort_request(self, request_id: str, reason: str = "abort", error: str | None = None) -> RequestOutput | None:
+    def abort_request(
+        self, request_id: str, reason: str = "abort", error: str | None = None, error_param: str | None = None
+    ) -> RequestOutput | None:
         """Stop a request wherever it is and free its blocks; returns its final output."""
         if self.embedder is not None:
             return self.embedder.abort(request_id, error)  # type: ignore[return-value]  # an EmbeddingOutput
@@ -196,7 +198,7 @@ class LLMEngine:
         if error is not None:
             self.stats.requests_failed += 1
         final = self.outputs.make_output(state)
-        final.error = error
+        final.error, final.error_param = error, error_param if error is not None else None
         return final
 
     def has_unfinished_requests(self) -> bool:
@@ -253,6 +255,11 @@ class LLMEngine:
         return outputs
 
     def _fail(self, request_id: str, exc: Exception) -> RequestOutput:
+        if isinstance(exc, InvalidRequestError) and exc.param:  # the request's own fault: a 400
+            logger.info("request %s stopped: %s", request_id, exc.message)
+            out = self.abort_request(request_id, "error", error=exc.message, error_param=exc.param)
+            assert out is not None
+            return out
         logger.error("request %s failed in the engine: %s", request_id, exc, exc_info=exc)
         message = f"the engine failed while running this request ({type(exc).__name__}: {exc})"
         out = self.abort_request(request_id, "error", error=message)
@@ -372,9 +379,8 @@ class LLM:
             for rid in ids:
                 if rid not in final:
                     self.engine.abort_request(rid)
-        errors = [final[rid].error for rid in ids if final[rid].error]
-        if errors:
-            raise RequestFailedError(errors[0])
+        for rid in ids:
+            final[rid].raise_error()
         return [final[rid] for rid in ids]
 
     def chat(

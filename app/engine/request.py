@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lantern.app.engine.errors import InvalidRequestError, RequestFailedError
 from lantern.app.engine.sequence import TokenLogprob
 
 
@@ -34,6 +35,16 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     error: str | None = None  # set (with finished=True) when the engine failed this request
+    # Set with `error` when the request itself is at fault (InvalidRequestError's param): a 400.
+    error_param: str | None = None
+
+    def raise_error(self) -> None:
+        """The exception a caller gets for a failed request (no-op when it did not fail)."""
+        if self.error is None:
+            return
+        if self.error_param is not None:
+            raise InvalidRequestError(self.error, param=self.error_param)
+        raise RequestFailedError(self.error)
 
     @property
     def num_generated_tokens(self) -> int:

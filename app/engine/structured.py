@@ -70,8 +70,16 @@ class TokenConstraint:
         if self.matcher is None:
             return
         if not self.matcher.consume_token(token):
+            # The mask allowed it, yet the matcher refuses it: llguidance maps constrained text that
+            # spells a special token ("<|channel|>") to that token. The request's constraint cannot
+            # be followed with this tokenizer: its own fault (a 400 naming it), not the engine's.
             why = self.matcher.get_error() or "the token is not allowed here"
-            raise RuntimeError(f"the grammar of {self.param or 'structured'} rejected token {token}: {why[:300]}")
+            raise InvalidRequestError(
+                f"{self.param or 'the structured output constraint'}: cannot be followed with this model's tokens "
+                f"(token {token} was offered, then refused: {why[:200]}); text that spells a special token "
+                "cannot be constrained",
+                param=self.param or "response_format",
+            )
 
 
 class GrammarCompiler:
@@ -151,7 +159,13 @@ class GrammarCompiler:
         live = [(row, c) for row, c in zip(rows, constraints, strict=True) if c is not None]
         if live:
             masks = self.fill_masks([c for _, c in live])
-            for (row, _), mask in zip(live, masks):
+            for (row, c), mask in zip(live, masks):
+                if not mask.any():  # a dead end: sampling would take a token the grammar refuses
+                    raise InvalidRequestError(
+                        f"{c.param or 'the structured output constraint'}: no token of this model can continue the "
+                        "constrained text here (it needs a special token, or bytes the vocabulary cannot spell)",
+                        param=c.param or "response_format",
+                    )
                 row.token_bitmask = mask
 
     def fill_masks(self, constraints: list[TokenConstraint]) -> np.ndarray:
