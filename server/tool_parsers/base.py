@@ -322,10 +322,26 @@ class MarkedParser(ToolParser):
     markup follows, and skipped after a call (unless the markup proves malformed)."""
 
     open_marker: ClassVar[str] = ""
+    close_marker: ClassVar[str] = ""  # formats whose calls end with one (`</tool_call>`): state "close"
 
     def __init__(self, tools: list[dict[str, Any]] | None = None, template: str | None = None) -> None:
         super().__init__(tools, template)
         self.state = "text"
+
+    def _close(self, out: ParsedDelta, final: bool) -> bool:
+        """After a call, up to `close_marker`: what sits before it is markup; a missing closer
+        followed by the next `open_marker` still starts the next call."""
+        before, after, held = split_at(self.buf, self.close_marker)
+        held = max(held, held_prefix(self.buf, self.open_marker))
+        nxt = self.buf.find(self.open_marker)
+        if nxt >= 0 and (after is None or nxt < len(before)):
+            self.buf, self.state, self.after_call = self.buf[nxt:], "text", True
+            return True
+        if after is None:
+            self.buf = "" if final else self.buf[len(self.buf) - held :]
+            return False
+        self.buf, self.state, self.after_call = after, "text", True
+        return True
 
     def _text(self, out: ParsedDelta, final: bool) -> bool:
         buf = self.buf

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import MarkedParser, ParsedDelta, held_prefix, split_at
+from lantern.server.tool_parsers.base import MarkedParser, ParsedDelta
 from lantern.server.tool_parsers.grammar import json_rule, marked_calls
 
 
@@ -22,21 +22,6 @@ class HermesParser(MarkedParser):
     def _call(self, out: ParsedDelta, final: bool) -> bool:
         assert self.reader is not None
         return self._read_call(out, final, self.reader, then="close", bad="text")
-
-    def _close(self, out: ParsedDelta, final: bool) -> bool:
-        # Whatever sits between the arguments and `</tool_call>` is markup; a missing closer
-        # followed by the next `<tool_call>` still starts the next call.
-        before, after, held = split_at(self.buf, self.close_marker)
-        held = max(held, held_prefix(self.buf, self.open_marker))
-        nxt = self.buf.find(self.open_marker)
-        if nxt >= 0 and (after is None or nxt < len(before)):
-            self.buf, self.state, self.after_call = self.buf[nxt:], "text", True
-            return True
-        if after is None:
-            self.buf = "" if final else self.buf[len(self.buf) - held :]
-            return False
-        self.buf, self.state, self.after_call = after, "text", True
-        return True
 
     @classmethod
     def grammar(cls, tools: list[dict[str, Any]], parallel: bool, lit: Callable[[str], str], template: str = "") -> str:

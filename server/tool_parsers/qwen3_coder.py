@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, held_prefix, split_at
+from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at
 from lantern.server.tool_parsers.grammar import json_value, lazy_until, marked_calls, params_schema
 
 FUNC, PARAM, END_PARAM, END_FUNC = "<function=", "<parameter=", "</parameter>", "</function>"
@@ -128,19 +128,6 @@ class Qwen3CoderParser(MarkedParser):
         self._emit(out, "{}" if self.first else "}")
         self.num_calls += 1
         self.after_call = closed
-
-    def _close(self, out: ParsedDelta, final: bool) -> bool:
-        before, after, held = split_at(self.buf, self.close_marker)
-        held = max(held, held_prefix(self.buf, self.open_marker))
-        nxt = self.buf.find(self.open_marker)
-        if nxt >= 0 and (after is None or nxt < len(before)):
-            self.buf, self.state, self.after_call = self.buf[nxt:], "text", True
-            return True
-        if after is None:
-            self.buf = "" if final else self.buf[len(self.buf) - held :]
-            return False
-        self.buf, self.state, self.after_call = after, "text", True
-        return True
 
     @classmethod
     def grammar(cls, tools: list[dict[str, Any]], parallel: bool, lit: Callable[[str], str], template: str = "") -> str:

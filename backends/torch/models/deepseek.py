@@ -160,22 +160,16 @@ class DeepSeekMoE(SparseMoE):
         return out
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(llama.DecoderLayer):
+    """Llama's forward over this family's own sublayers."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
-        super().__init__()
+        nn.Module.__init__(self)  # not llama's: it would build the llama sublayers first
         self.self_attn = MLAttention(cfg, layer_idx)
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
         self.mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, meta: TorchAttentionMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: the previous sublayer's output, not yet added to the residual stream."""
-        h, residual = self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, meta), residual)
-        return self.mlp(h), residual
 
 
 class CausalLM(llama.CausalLM):

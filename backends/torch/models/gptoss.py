@@ -11,34 +11,26 @@ for every mixture of experts.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from lantern.app.models.spec import ModelConfig
-from lantern.backends.torch.attention import TorchAttentionMetadata
 from lantern.backends.torch.layers import Attention, RMSNorm
 from lantern.backends.torch.models import llama
 from lantern.backends.torch.moe import SparseMoE, clamped_swiglu
 from lantern.backends.torch.parallel import TPGroup
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(llama.DecoderLayer):
+    """Llama's forward over this family's own sublayers."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
-        super().__init__()
+        nn.Module.__init__(self)  # not llama's: it would build the llama sublayers first
         self.self_attn = Attention(cfg, layer_idx, tp, o_bias=cfg.attention_bias, sinks=True)
         moe = cfg.moe
         glu = clamped_swiglu(moe.swiglu_alpha, moe.swiglu_limit)
         self.mlp = SparseMoE(cfg, tp, router_bias=True, expert_bias=True, glu=glu, softmax_after_topk=True)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, meta: TorchAttentionMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: the previous sublayer's output, not yet added to the residual stream."""
-        h, residual = self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, meta), residual)
-        return self.mlp(h), residual
 
 
 class CausalLM(llama.CausalLM):
