@@ -53,11 +53,20 @@ MULTIMODAL_WRAPPERS = {"gemma3": _gemma3_text_config}
 
 # Keys each rope type may carry; both backends compute exactly these (torch through transformers'
 # initialisers, MLX through backends/mlx/rope.py). Anything else changes the maths in a way one of
-# them ignores. YaRN's mscale / mscale_all_dim set its attention factor (DeepSeek V2/V3).
+# them ignores. YaRN's attention factor is the config's explicit attention_factor, else derived from
+# mscale / mscale_all_dim (DeepSeek V2/V3), else from factor (transformers' _compute_yarn_parameters).
 _ROPE_KEYS = {
     "linear": {"factor"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
-    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
+    },
     "dynamic": {"factor", "original_max_position_embeddings"},
     "longrope": {"short_factor", "long_factor", "original_max_position_embeddings", "factor", "attention_factor"},
 }
@@ -118,6 +127,12 @@ def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> di
     if rope_type == "yarn" and scaling.get("original_max_position_embeddings") is None:
         # transformers' default; mlx_lm would otherwise assume 4096.
         scaling["original_max_position_embeddings"] = max_pos
+    attention = scaling.get("attention_factor")
+    if attention is not None:
+        # transformers only warns and multiplies cos/sin by it: 0 or less would zero or flip the rope.
+        if isinstance(attention, bool) or not isinstance(attention, (int, float)) or attention <= 0:
+            raise _refuse("rope_scaling.attention_factor", attention, " (must be a positive number)")
+        scaling["attention_factor"] = float(attention)
     scaling["rope_type"] = rope_type
     if untruncated:
         scaling["truncate"] = False

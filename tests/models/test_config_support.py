@@ -147,8 +147,8 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
         ),
         (
             "llama",
-            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.5}},
-            "rope_scaling.attention_factor=0.5",
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": -0.5}},
+            "rope_scaling.attention_factor=-0.5",
         ),
         (
             "llama",

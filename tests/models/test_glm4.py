@@ -92,8 +92,8 @@ def test_phi3_partial_rotary_is_read_and_plain_phi3_unchanged():
         ("glm4", {"head_dim": 16, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "rope_scaling.rope_type"),
         (
             "glm4",
-            {"head_dim": 16, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.5}},
-            "rope_scaling.attention_factor=0.5",
+            {"head_dim": 16, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": -0.5}},
+            "rope_scaling.attention_factor=-0.5",
         ),
         ("glm4", {"num_key_value_heads": 3}, "num_key_value_heads=3"),
         # The other families' attention rotates the whole head in transformers: still refused.
