@@ -27,7 +27,9 @@ exact: e2m1's levels (0, .5, 1, 1.5, 2, 3, 4, 6) are not uniform, so each group 
 grid of least squared error among three (step 0.5 from the group's minimum, step 0.5 ending at its
 maximum: both exact for groups spanning <= 7.5; min-max over 15 steps); on Gaussian-like weights
 ~6% relative error against the MXFP4 values (MXFP4 itself is ~11% from the float weights it rounded).
-The error is measured and logged.
+The error is measured and logged. A GGUF file's experts (llama.cpp's "gpt-oss": ggml MXFP4 blocks,
+gate and up stored apart) reach checkpoint_tensors as the same blocks and scales, gate rows first
+(gguf_arch.gptoss_experts; interleaved=False).
 """
 
 from __future__ import annotations
@@ -162,13 +164,16 @@ _EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_blo
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
-def checkpoint_tensors(source: Iterator[tuple[str, Any]], framework: str) -> Iterator[tuple[str, Any]]:
+def checkpoint_tensors(
+    source: Iterator[tuple[str, Any]], framework: str, interleaved: bool = True
+) -> Iterator[tuple[str, Any]]:
     """A gpt-oss checkpoint's tensors in the model files' terms (module docstring). Float experts
     come out as `<layer>.mlp.experts.{gate_up_proj,down_proj}` [E, out, in] (gate rows first) with
     `..._bias` [E, out]; MXFP4 ones on MLX ("mlx") as the same names holding packed uint32 codes
     [E, out, in / 8] plus `..._scales` uint8 [E, out, in / 32], on torch ("pt") as one 4-bit g32
     AffineWeight per expert and projection (`<layer>.mlp.experts.<e>.<gate|up|down>_proj.weight`,
-    the names of per-expert checkpoints), the biases still stacked."""
+    the names of per-expert checkpoints), the biases still stacked. interleaved=False: gate_up's
+    rows are already gate rows first (a GGUF file's, joined by gguf_arch.gptoss_experts)."""
     halves: dict[str, dict[str, Any]] = {}  # MXFP4 blocks waiting for their scales, or the reverse
     repacked, worst = 0, 0.0
     for name, value in source:
@@ -185,7 +190,7 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]], framework: str) -> Ite
             value = _transposed(value)
             yield f"{path}.{proj}", _gate_rows_first(value) if gate_up else value
         elif suffix == "_bias":
-            yield f"{path}.{proj}_bias", _gate_rows_first(value) if gate_up else value
+            yield f"{path}.{proj}_bias", _gate_rows_first(value) if gate_up and interleaved else value
         else:
             pair = halves.setdefault(f"{path}.{proj}", {})
             pair[suffix] = value
@@ -197,11 +202,12 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]], framework: str) -> Ite
                 raise ValueError(
                     f"{path}.{proj}: MXFP4 blocks {tuple(blocks.shape)} do not match scales {scales.shape}"
                 )
-            if gate_up:
+            if gate_up and interleaved:
                 blocks, scales = _gate_rows_first(blocks), _gate_rows_first(scales)
             if framework == "mlx":
                 import mlx.core as mx
 
+                blocks = blocks if isinstance(blocks, mx.array) else mx.array(blocks)  # GGUF's are numpy
                 e, rows, groups, _ = blocks.shape  # 32 codes = 16 bytes = 4 uint32 per group, little-endian
                 yield f"{path}.{proj}", blocks.reshape(e, rows, groups * 16).view(mx.uint32)
                 yield f"{path}.{proj}_scales", scales

@@ -1,6 +1,7 @@
 """What llama.cpp's converter does per architecture, for the GGUF weight stream to undo: names
 that differ from Llama's, Gemma's norms stored as 1 + w, DeepSeek's kv_b_proj split per head into
-attn_k_b / attn_v_b, and multi-token-prediction layers appended after the decoder stack.
+attn_k_b / attn_v_b, multi-token-prediction layers appended after the decoder stack, and gpt-oss's
+experts (gate and up split apart, MXFP4 blocks in ggml's nibble order).
 
 Facts from llama.cpp's convert_hf_to_gguf.py and the `gguf` package's tensor name map.
 """
@@ -43,9 +44,64 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
         "exp_probs_b": "mlp.gate.e_score_correction",  # .bias -> e_score_correction_bias
         **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
     },
+    # the pre-MLP norm; the sinks are a bare parameter in HF (gguf_names.hf_name drops ".weight")
+    "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
 }
 # Architectures whose converter stored every RMSNorm weight w as 1 + w (Gemma's norms scale by 1 + w).
 NORM_PLUS_ONE = {"gemma2", "gemma3"}
+
+
+# ---- gpt-oss: experts in ggml's MXFP4, gate and up apart ----------------------------------------------
+def gptoss_expert_tensor(arch: str, name: str, t: GGUFTensor) -> bool:
+    """Whether `name` is a gpt-oss expert tensor gptoss_experts converts: an MXFP4 projection or an
+    expert bias (float and block-quantized projections take the per-expert path of every mixture)."""
+    return arch == "gpt-oss" and ".mlp.experts." in name and (name.endswith(".bias") or t.tensor_type.name == "MXFP4")
+
+
+def gptoss_experts(pending: dict[str, Any], name: str, t: GGUFTensor) -> list[tuple[str, Any]]:
+    """One of llama.cpp's gpt-oss expert tensors in the OpenAI checkpoint's terms, which
+    family_gptoss.checkpoint_tensors reads (given interleaved=False): MXFP4 projections as
+    `<layer>.mlp.experts.{gate_up,down}_proj_{blocks,scales}`, biases as `..._bias` [E, out].
+    llama.cpp's GptOssModel split HF's interleaved gate_up rows into ffn_gate_exps / ffn_up_exps;
+    they are joined back gate rows first, so the first half waits in `pending` ([] until its pair)."""
+    stem, proj, kind = name.rsplit(".", 2)  # "model.layers.N.mlp.experts", "gate_proj", "weight" | "bias"
+    if kind == "bias":
+        from lantern.app.models.quant.gguf_blocks import gguf_to_weight
+
+        experts, width = t.shape[1], t.shape[0]
+        parts = {"_bias": np.asarray(gguf_to_weight(t.tensor_type.name, t.data, experts, width), dtype=np.float32)}
+    else:
+        blocks, scales = mxfp4_to_openai(t.data)
+        parts = {"_blocks": blocks, "_scales": scales}
+    if proj == "down_proj":
+        return [(f"{stem}.down_proj{suffix}", value) for suffix, value in parts.items()]
+    key = f"{stem}.gate_up_proj.{kind}"
+    other = pending.pop(key, None)
+    if other is None:
+        pending[key] = (proj, parts)
+        return []
+    if other[0] == proj:
+        raise ValueError(f"{name}: two {proj} tensors and no {'up' if proj == 'gate_proj' else 'gate'} half")
+    gate, up = (other[1], parts) if other[0] == "gate_proj" else (parts, other[1])
+    return [(f"{stem}.gate_up_proj{s}", np.concatenate([gate[s], up[s]], axis=1)) for s in parts]
+
+
+def mxfp4_to_openai(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml MXFP4 blocks (uint8 [..., G * 17]: per 32 values an e8m0 exponent byte, then 16 bytes
+    holding value j in the low nibble of byte j and value j + 16 in its high nibble) in the OpenAI
+    checkpoint's layout: blocks uint8 [..., G, 16] with values 2k and 2k + 1 in the low and high
+    nibble of byte k (MLX's mxfp4 order too), scales uint8 [..., G]. Both mean e2m1 code times
+    2 ** (exponent - 127) (ggml halves the exponent and doubles its code table), so the codes and
+    exponents only move: exact. One expert at a time keeps the unpacked codes small."""
+    *lead, width = data.shape
+    raw = data.reshape(-1, *lead[1:], width // 17, 17)
+    blocks = np.empty((*raw.shape[:-1], 16), dtype=np.uint8)
+    for e in range(raw.shape[0]):
+        qs = raw[e, ..., 1:]
+        codes = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=-1)  # values 0..31 in order
+        blocks[e] = codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))
+    scales = np.ascontiguousarray(raw[..., 0])
+    return blocks.reshape(*lead, width // 17, 16), scales.reshape(*lead, width // 17)
 
 
 def layer_of(hf: str) -> int:
@@ -67,7 +123,12 @@ def join_kv_b(halves: dict[str, Any], name: str, t: GGUFTensor) -> tuple[str, An
     """DeepSeek's kv_b_proj [H * (nope + v), kv_lora_rank] from llama.cpp's split halves:
     attn_k_b [H, kv_lora_rank, nope] (each head's key rows transposed, for MLA's absorbed form) and
     attn_v_b [H, v, kv_lora_rank]. The transposed half cannot stay in blocks, so the joined matrix is
-    float32 (exactly the file's values)."""
+    dense: exactly the file's values, held in the model dtype like any float weight.
+
+    Requantizing it would cost memory, not save it: both backends' MLA attention runs in the
+    absorbed form on kv_b_proj's dense matrix, and from a quantized layer they compute that matrix
+    once and keep it (MLAttention.kv_b_weight), so a quantized kv_b_proj is held twice (measured:
+    an Int8PackLinear / QuantizedLinear plus a dense _absorbed copy in the model dtype)."""
     from lantern.app.models.quant.affine import AffineWeight
     from lantern.app.models.quant.gguf_blocks import gguf_to_weight
 
@@ -86,5 +147,5 @@ def join_kv_b(halves: dict[str, Any], name: str, t: GGUFTensor) -> tuple[str, An
         raise ValueError(f"{key}: attn_k_b {first.shape} and attn_v_b {second.shape} do not fit together")
     joined = np.concatenate([first, second], axis=1)
     if layer_of(key) == 0:
-        logger.info("GGUF attn_k_b / attn_v_b joined into kv_b_proj per layer (float32: the key half is transposed)")
+        logger.info("GGUF attn_k_b / attn_v_b joined into kv_b_proj per layer, dense (the key half is transposed)")
     return key, np.ascontiguousarray(joined.reshape(-1, joined.shape[2]))

@@ -49,7 +49,7 @@ class _Meta:
 
 
 def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name: str = "") -> dict[str, Any] | None:
-    """The config.json dict of a gemma2 / gemma3 / phi3 / glm4 / deepseek2 GGUF; None for other
+    """The config.json dict of a gemma2 / gemma3 / phi3 / glm4 / deepseek2 / gpt-oss GGUF; None for other
     architectures (transformers' reader serves them). `tensors`: GGUF name -> GGUFTensor of every
     part (which tensors exist says what keys cannot: tying, biases, q LoRA; Phi-3's LongRoPE
     factors are tensors)."""
@@ -267,7 +267,38 @@ def _deepseek2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
     return out
 
 
-_BUILDERS = {"gemma2": _gemma, "gemma3": _gemma, "phi3": _phi3, "glm4": _glm4, "deepseek2": _deepseek2}
+def _gptoss(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss (llama.cpp's GptOssModel): llama.cpp slides every even layer (its swa pattern 2, as
+    GptOssConfig's default layer_types) and fixes the SwiGLU's alpha 1.702 and limit 7.0 in its graph
+    (GptOssConfig's defaults; no key states them). YaRN keeps OpenAI's untruncated correction range
+    (truncate false, as every gpt-oss config.json states and transformers computes): ggml rounds the
+    range's ends to whole dimensions for every model, which the converter cannot tell it not to do."""
+    window = meta.get("attention.sliding_window")
+    rope = _rope_scaling(meta)
+    if rope and rope.get("rope_type") == "yarn":
+        rope["truncate"] = False
+    return {
+        "model_type": "gpt_oss",
+        "head_dim": _head_dim(meta, cfg),
+        "num_local_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "intermediate_size": int(meta.get("expert_feed_forward_length") or cfg["intermediate_size"]),
+        "sliding_window": int(window) if window else None,
+        "layer_types": _layer_types(meta, cfg["num_hidden_layers"], 2, bool(window)),
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        # explicit: an absent rope means none to llama.cpp, not GptOssConfig's default YaRN x32
+        "rope_scaling": rope or {"rope_type": "default"},
+    }
+
+
+_BUILDERS = {
+    "gemma2": _gemma,
+    "gemma3": _gemma,
+    "phi3": _phi3,
+    "glm4": _glm4,
+    "deepseek2": _deepseek2,
+    "gpt-oss": _gptoss,
+}
 
 
 def missing_config_keys(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from lantern.app.models.gguf_arch import ARCH_LAYER, NORM_PLUS_ONE, decoder_layers, join_kv_b, layer_of
+from lantern.app.models.gguf_arch import (
+    ARCH_LAYER,
+    NORM_PLUS_ONE,
+    decoder_layers,
+    gptoss_expert_tensor,
+    gptoss_experts,
+    join_kv_b,
+    layer_of,
+)
 from lantern.app.models.gguf_config import moe_config_from_gguf  # noqa: F401  (re-exported: its old home)
 
 logger = logging.getLogger(__name__)
@@ -67,7 +75,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         mapped = ARCH_LAYER.get(arch, {}).get(part) or _LAYER.get(part)
         if mapped is None:
             return None
-        return f"model.layers.{layer}.{mapped}.{kind}".replace(".e_score_correction.bias", ".e_score_correction_bias")
+        hf = f"model.layers.{layer}.{mapped}.{kind}"
+        return hf.replace(".e_score_correction.bias", ".e_score_correction_bias").replace(".sinks.weight", ".sinks")
     m = _GLOBAL_RE.match(gguf_name)
     if m and m.group(1) in _GLOBAL:
         return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"
@@ -307,7 +316,8 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     Block types come as `AffineWeight` (exact, see quant.gguf_blocks), F32/F16/BF16 as numpy arrays
     (F16 stays float16). What llama.cpp's converter did to a tensor is undone: q/k rows un-permuted
     for PERMUTED_ARCHITECTURES, Gemma's 1 + w norms back to w, DeepSeek's split attn_k_b/attn_v_b
-    joined into kv_b_proj; multi-token-prediction layers past the decoder stack are skipped. Each
+    joined into kv_b_proj, gpt-oss's MXFP4 experts as the OpenAI checkpoint's blocks / scales
+    (gguf_arch.gptoss_experts); multi-token-prediction layers past the decoder stack are skipped. Each
     tensor's file pages are released after conversion, so peak memory stays near what the caller
     keeps. An unsupported block type is refused before anything is converted.
     """
@@ -320,15 +330,19 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     layers = decoder_layers(indexes[0])
     used = [(index, t, hf_name(t.name, arch)) for index in indexes for t in index.tensors]
     used = [(index, t, name) for index, t, name in used if name is not None and layer_of(name) < layers]
-    for _, t, _ in used:
-        if t.tensor_type.name not in SUPPORTED_TYPES:
+    for _, t, name in used:
+        if t.tensor_type.name not in SUPPORTED_TYPES and not gptoss_expert_tensor(arch, name, t):
             raise UnsupportedModelError(
                 f"{Path(path).name}: tensor {t.name} is GGUF type {t.tensor_type.name}, which is not supported; "
-                f"supported types: {', '.join(SUPPORTED_TYPES)}"
+                f"supported types: {', '.join(SUPPORTED_TYPES)} (and MXFP4 for gpt-oss experts)"
             )
     permuted = arch in PERMUTED_ARCHITECTURES
-    halves: dict[str, Any] = {}  # a layer's attn_k_b until its attn_v_b is read
+    halves: dict[str, Any] = {}  # a layer's attn_k_b until its attn_v_b is read (gpt-oss: gate until up)
     for index, t, name in used:
+        if gptoss_expert_tensor(arch, name, t):  # MXFP4 projections and biases, gate and up joined
+            yield from gptoss_experts(halves, name, t)
+            index.release(t)
+            continue
         if len(t.shape) == 3 and ".mlp.experts." in name:
             yield from _split_experts(t, name)
             index.release(t)
@@ -355,7 +369,7 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
         index.release(t)
         yield name, w
     if halves:
-        raise ValueError(f"{Path(path).name}: {', '.join(sorted(halves))} without its attn_v_b / attn_k_b half")
+        raise ValueError(f"{Path(path).name}: {', '.join(sorted(halves))} without its other half (k_b/v_b, gate/up)")
 
 
 def _split_experts(t: GGUFTensor, name: str) -> Iterator[tuple[str, Any]]:

@@ -14,7 +14,7 @@ from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 3  # bump when what gguf_config_and_tokenizer stores changes
+_CACHE_FORMAT = 4  # bump when what gguf_config_and_tokenizer stores changes (4: gpt-oss's own config)
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 
@@ -154,7 +154,7 @@ def _load_saved_tokenizer(folder: Path) -> Any:
 def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
     """Config and tokenizer of a GGUF file (of every part of a split one for the tensor directory).
 
-    The families gguf_config reads itself (gemma2, gemma3, phi3, glm4, deepseek2) get their config
+    The families gguf_config reads itself (gemma2, gemma3, phi3, glm4, deepseek2, gpt-oss) get their config
     from it; the rest from transformers' reader plus the keys it leaves out. The tokenizer comes
     from the tokenizer.ggml.* keys: AutoTokenizer reads the config first and refuses architectures
     transformers has no GGUF config for (glm4, deepseek2), so those files build it directly.

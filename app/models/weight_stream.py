@@ -48,7 +48,8 @@ def iter_weights(
     if spec.config.architecture == "gpt_oss":  # stacked (and MXFP4) experts in the model files' layout
         from lantern.app.models.family_gptoss import checkpoint_tensors
 
-        source = checkpoint_tensors(source, framework)
+        # GGUF joined gate and up gate rows first; OpenAI's checkpoints interleave their rows
+        source = checkpoint_tensors(source, framework, interleaved=spec.weight_format != "gguf")
     if isq is not None:
         source = quantize_stream(source, isq, spec, progress)
     for item in source:
