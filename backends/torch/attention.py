@@ -78,6 +78,11 @@ class TorchAttentionMetadata:
     prefills: list[PrefillGroup] = field(default_factory=list)
     restore_order: torch.Tensor | None = None
     positions: torch.Tensor | None = None  # [T] int64: models with their own rope tables index them
+    decode_only: bool = False  # every token is a decode row, in order (q needs no reordering)
+    may_skip_slots: bool = True  # False: no slot in slot_mapping is negative (padding)
+    # Values derived from this step's inputs that every layer would otherwise recompute (the
+    # decode gather per window, rope views): the first layer that needs one stores it.
+    step_cache: dict = field(default_factory=dict)
 
 
 def build_metadata(
@@ -90,10 +95,12 @@ def build_metadata(
         pool, batch.block_size, as_t(batch.slot_mapping), cos_table[positions], sin_table[positions]
     )
     meta.positions = positions
+    meta.may_skip_slots = bool((batch.slot_mapping < 0).any())
     if plan.decode_token_idx is not None:
         meta.decode_token_idx = as_t(plan.decode_token_idx)
         meta.decode_block_tables = as_t(plan.decode_block_tables, torch.int32)
         meta.decode_seq_lens = as_t(plan.decode_seq_lens, torch.int32)
+        meta.decode_only = len(plan.decode_token_idx) == len(batch.positions) and plan.restore_order is None
     for g in plan.prefills:
         meta.prefills.append(
             PrefillGroup(g.q_start, g.q_end, as_t(g.block_table, torch.int32), g.ctx_len, g.context_slots is not None)
@@ -125,15 +132,15 @@ def paged_attention(
     pool = meta.pool
     k_pool, v_pool = pool.k[layer], pool.v[layer]
     if pool.v_is_k_prefix:
-        ops.write_kv(k_pool, None, k, None, meta.slot_mapping)
+        ops.write_kv(k_pool, None, k, None, meta.slot_mapping, meta.may_skip_slots)
     else:
-        ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
+        ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping, meta.may_skip_slots)
     extras = dict(window=window, softcap=softcap, sinks=sinks)
     pieces = []
     if meta.decode_token_idx is not None:
         pieces.append(
             ops.paged_decode(
-                q[meta.decode_token_idx],
+                q if meta.decode_only else q[meta.decode_token_idx],
                 k_pool,
                 v_pool,
                 meta.decode_block_tables,
@@ -141,6 +148,7 @@ def paged_attention(
                 meta.block_size,
                 scale,
                 **extras,
+                ctx_cache=meta.step_cache,
             )
         )
     for g in meta.prefills:

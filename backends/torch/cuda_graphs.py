@@ -124,6 +124,7 @@ class DecodeGraphRunner:
             decode_block_tables=self.tables[:size],
             decode_seq_lens=self.lens[:size],
             positions=pos,
+            decode_only=True,
         )
         return self.model(self.ids[:size], meta, rows).float()
 

@@ -61,7 +61,9 @@ def rope_tables(
     return (emb.cos() * scaling).to(device), (emb.sin() * scaling).to(device)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False, step_cache: dict | None = None
+) -> torch.Tensor:
     """Rope on the first cos.shape[-1] dims of each head of x [T, H, D]; the rest pass through.
 
     interleaved: rotate consecutive pairs (x0, x1), (x2, x3), ... (GLM-4) instead of the two
@@ -70,11 +72,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     """
     rot = cos.shape[-1]
     if rot == x.shape[-1] and not interleaved:
-        return ops.rotary(x, cos, sin)
+        return ops.rotary(x, cos, sin, step_cache)
     part = x[..., :rot]
     if interleaved:  # (x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...)
         part = part.unflatten(-1, (rot // 2, 2)).transpose(-1, -2).flatten(-2)
-    part = ops.rotary(part, cos, sin)
+    part = ops.rotary(part, cos, sin, step_cache)
     if interleaved:
         part = part.unflatten(-1, (2, rot // 2)).transpose(-1, -2).flatten(-2)
     return part if rot == x.shape[-1] else torch.cat([part, x[..., rot:]], dim=-1)
@@ -128,15 +130,19 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """rope: this layer's (cos, sin) at each token's position; None: the model's (meta.cos/sin)."""
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
-        q = q.view(t, self.n_heads, self.head_dim)
-        k = k.view(t, self.n_kv, self.head_dim)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split(self.splits, dim=-1)
         v = v.view(t, self.n_kv, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
         cos, sin = rope if rope is not None else (meta.cos, meta.sin)
-        q = apply_rotary(q, cos, sin, self.rope_interleaved)
-        k = apply_rotary(k, cos, sin, self.rope_interleaved)
+        if self.qk_norm:
+            q = self.q_norm(q.view(t, self.n_heads, self.head_dim))[0]
+            k = self.k_norm(k.view(t, self.n_kv, self.head_dim))[0]
+            q = apply_rotary(q, cos, sin, self.rope_interleaved, meta.step_cache)
+            k = apply_rotary(k, cos, sin, self.rope_interleaved, meta.step_cache)
+        else:  # q and k side by side in qkv: one rope call for both heads' sets
+            qk = qkv[:, : self.splits[0] + self.splits[1]].view(t, self.n_heads + self.n_kv, self.head_dim)
+            qk = apply_rotary(qk, cos, sin, self.rope_interleaved, meta.step_cache)
+            q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         out = paged_attention(
             q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap, sinks=self.sinks
         )

@@ -299,3 +299,31 @@ def test_triton_path_bf16_scales_are_logged(triton_device: str) -> None:
     y = layer(x)
     assert y.dtype == torch.float32
     assert rel(y.cpu(), reference(x.cpu(), w.dequantize())) < BF16
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_prefill_rows_take_the_dense_path_with_the_stored_weight(bits: int, monkeypatch) -> None:
+    """At _DENSE_ROWS rows and more the packed CPU layers decode their weight (in chunks of rows:
+    a small _DENSE_CHUNK forces several, the last one partly padding) and run one float GEMM. The
+    result is the stored weight's exact product in float32, and agrees with the packed kernel."""
+    n, k = 200, K  # 200 rows: int4pack's last 64-row block is partly padding
+    src = affine(n, k, bits, 32 if bits == 4 else k, seed=21)
+    if bits == 8:  # per-channel symmetric: what Int8PackLinear holds exactly
+        src = quantize_affine(src.dequantize(), 8, k, symmetric=True, source="sym 8")
+    layer = ql.quantized_linear(src, None, "cpu", torch.float32, ErrorLog())
+    assert isinstance(layer, ql.Int4PackLinear if bits == 4 else ql.Int8PackLinear)
+    held = layer.rows(torch.arange(n)).double()  # what the layer stores, decoded row by row
+    monkeypatch.setattr(ql, "_DENSE_CHUNK", 64 * k)  # 64 rows per chunk: 4 chunks
+    x = inputs(ql._DENSE_ROWS + 3, k, torch.float32)
+    calls = []
+    dense = ql._dense_matmul
+    monkeypatch.setattr(ql, "_dense_matmul", lambda x, *a: calls.append(x.shape[0]) or dense(x, *a))
+    y = layer(x)
+    assert y.shape == (x.shape[0], n) and y.dtype == torch.float32
+    assert rel(y, x.double() @ held.T) < F32  # float32 GEMM on the exact stored values
+    small = layer(x[:5])  # below the threshold: the packed kernel (x rounded to bf16)
+    assert rel(small, x[:5].double() @ held.T) < BF16
+    assert rel(y[:5], small.double()) < BF16
+    assert calls == [x.shape[0]]  # the 5-row call stayed on the packed kernel
+    bf = layer(x.bfloat16())
+    assert bf.dtype == torch.bfloat16 and rel(bf, x.bfloat16().double() @ held.T) < BF16

@@ -24,25 +24,45 @@ def _same_width(k_pool, v_pool) -> bool:
     return v_pool is not None and k_pool.shape[-1] == v_pool.shape[-1]
 
 
-def write_kv(k_pool, v_pool, k, v, slots) -> None:
-    """v_pool and v None: a pool whose V lies inside K (only K is written)."""
+def write_kv(k_pool, v_pool, k, v, slots, may_skip: bool = True) -> None:
+    """v_pool and v None: a pool whose V lies inside K (only K is written). may_skip=False: no
+    slot is negative (the reference path then needs no check)."""
     if use_triton(k) and v_pool is not None:
         from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.write_kv(k_pool, v_pool, k, v, slots)
-    return reference.write_kv(k_pool, v_pool, k, v, slots)
+    return reference.write_kv(k_pool, v_pool, k, v, slots, may_skip)
 
 
 def paged_decode(
-    q, k_pool, v_pool, block_tables, seq_lens, block_size: int, scale: float, window=None, softcap=None, sinks=None
+    q,
+    k_pool,
+    v_pool,
+    block_tables,
+    seq_lens,
+    block_size: int,
+    scale: float,
+    window=None,
+    softcap=None,
+    sinks=None,
+    ctx_cache: dict | None = None,
 ):
+    """ctx_cache: a dict living for one step, where the reference path keeps each window's
+    gather (reference.decode_context) for the next layers."""
     if use_triton(q) and _same_width(k_pool, v_pool):
         from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.paged_decode(
             q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window=window, softcap=softcap, sinks=sinks
         )
-    return reference.paged_decode(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window, softcap, sinks)
+    ctx = None if ctx_cache is None else ctx_cache.get(("decode", window))
+    if ctx is None:
+        ctx = reference.decode_context(block_tables, seq_lens, block_size, window)
+        if ctx_cache is not None:
+            ctx_cache[("decode", window)] = ctx
+    return reference.paged_decode(
+        q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window, softcap, sinks, ctx=ctx
+    )
 
 
 def paged_prefill(
@@ -65,9 +85,17 @@ def rms_norm(x, weight, eps: float, residual=None):
     return reference.rms_norm(x, weight, eps, residual)
 
 
-def rotary(x, cos, sin):
+def rotary(x, cos, sin, step_cache: dict | None = None):
+    """step_cache: a dict living for one step, where the CPU path keeps the signed tables it
+    derives from (cos, sin) for the next layers."""
     if use_triton(x):
         from lantern.backends.torch.kernels import triton_fused
 
         return triton_fused.rotary(x, cos, sin)
-    return reference.rotary(x, cos, sin)
+    if step_cache is None:
+        return reference.rotary(x, cos, sin)
+    key = ("rope", id(cos), id(sin))  # the tables stay alive for the step, so ids are unique
+    tables = step_cache.get(key)
+    if tables is None:
+        tables = step_cache[key] = reference.signed_rope(cos, sin)
+    return reference.rotary_signed(x, *tables)
