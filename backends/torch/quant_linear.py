@@ -339,14 +339,30 @@ def _dense_matmul(x: torch.Tensor, n: int, k: int, align: int, decoded_rows) -> 
     """x [M, K] @ W.T with W decoded (decoded_rows(start, stop) -> float32 rows) a chunk of rows at a
     time: the prefill path of the packed CPU layers (_DENSE_ROWS). Exact float32 weights, so this is
     no less accurate than the packed kernels (which round x to bfloat16)."""
+    xc = x if _gemm_dtype(x) == x.dtype else x.float()
     step = max(align, _DENSE_CHUNK // max(k, 1) // align * align)
     if step >= n:
-        return F.linear(x, decoded_rows(0, n).to(x.dtype))
+        return F.linear(xc, decoded_rows(0, n).to(xc.dtype)).to(x.dtype)
     y = x.new_empty((x.shape[0], n))
     for start in range(0, n, step):
         stop = min(n, start + step)
-        y[:, start:stop] = F.linear(x, decoded_rows(start, stop).to(x.dtype))
+        y[:, start:stop] = F.linear(xc, decoded_rows(start, stop).to(xc.dtype))
     return y
+
+
+def _gemm_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the dense prefill GEMM runs in: float32 for half-precision activations on a CPU
+    without native bfloat16 (its bf16 GEMM is ~5x slower than float32 there)."""
+    if x.dtype == torch.float32 or x.device.type != "cpu" or _cpu_bf16():
+        return x.dtype
+    return torch.float32
+
+
+@functools.cache
+def _cpu_bf16() -> bool:
+    from lantern.backends import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
 
 
 def _minus(codes: np.ndarray, offset: np.ndarray) -> np.ndarray:

@@ -13,9 +13,8 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def use_triton(t: torch.Tensor) -> bool:
-    if os.environ.get("LANTERN_DISABLE_TRITON") == "1":
-        return False
-    return _HAS_TRITON and t.is_cuda
+    # Asked several times per layer: the CPU answer must cost nothing.
+    return t.is_cuda and _HAS_TRITON and os.environ.get("LANTERN_DISABLE_TRITON") != "1"
 
 
 def _same_width(k_pool, v_pool) -> bool:
