@@ -26,6 +26,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="context length cap (>= 2)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--prefill-chunk-size", type=int, default=512, help="longest prefill piece per step")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="tokens per step, decodes and prefill chunks together (smaller: shorter stalls of running streams)",
+    )
     p.add_argument("--no-prefix-cache", action="store_true", help="turn automatic prefix caching off")
     p.add_argument(
         "--tensor-parallel-size",

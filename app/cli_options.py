@@ -23,6 +23,7 @@ def check_engine_args(args: argparse.Namespace) -> None:
         "--max-num-seqs": args.max_num_seqs,
         "--block-size": args.block_size,
         "--prefill-chunk-size": args.prefill_chunk_size,
+        "--max-num-batched-tokens": args.max_num_batched_tokens,
         "--tensor-parallel-size": args.tensor_parallel_size,
     }
     for flag, value in positive.items():
@@ -56,6 +57,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": args.max_model_len,
         "block_size": args.block_size,
         "prefill_chunk_size": args.prefill_chunk_size,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
         "enable_prefix_caching": not args.no_prefix_cache,
         "enforce_eager": args.enforce_eager,
         "num_threads": args.threads,

@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="write a random ~1B GGUF here (unless it exists), then bench it",
     )
     p.add_argument("--make-1b-type", default="Q4_1", choices=["Q4_0", "Q4_1"])
+    p.add_argument(
+        "--lantern-args", default="", help="extra `lantern serve` flags, e.g. '--max-num-batched-tokens 512'"
+    )
     p.add_argument("--lantern-worker", default=None, help=argparse.SUPPRESS)  # internal: the API worker
     args = p.parse_args(argv)
     if args.threads < 1 or args.rounds < 1 or args.requests < 1 or args.prompt_len < 1 or args.out_len < 2:
@@ -106,7 +109,11 @@ def llama_bench_cmd(binary: Path, gguf: Path, threads: int, n_gen: int) -> list[
     return [str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(n_gen), "-r", "3", "-o", "json"]
 
 
-def lantern_serve_cmd(gguf: Path, backend: str, threads: int, port: int, seqs: int) -> list[str]:
+def lantern_serve_cmd(gguf: Path, backend: str, threads: int, port: int, seqs: int, extra: str = "") -> list[str]:
+    return [*_lantern_serve_base(gguf, backend, threads, port, seqs), *shlex.split(extra)]
+
+
+def _lantern_serve_base(gguf: Path, backend: str, threads: int, port: int, seqs: int) -> list[str]:
     return [sys.executable, "-c", "from lantern.app.cli import main; main()", "serve", "--f", str(gguf),
             "--backend", backend, "--threads", str(threads), "--p", str(port), "--max-num-seqs", str(seqs),
             "--mem", "1024", "--no-prefix-cache", "--served-model-name", "bench", "--log", "warning"]  # fmt: skip
@@ -412,7 +419,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     logs = Path(tempfile.mkdtemp(prefix="bench_vs_llamacpp-"))
     lport, cport, n, ctx = free_port(), free_port(), args.requests, args.prompt_len + args.out_len
     cmds = {
-        "lantern serve": lantern_serve_cmd(args.gguf, args.backend, args.threads, lport, n),
+        "lantern serve": lantern_serve_cmd(args.gguf, args.backend, args.threads, lport, n, args.lantern_args),
         "llama-server": llama_server_cmd(bins["llama-server"], args.gguf, args.threads, cport, n, ctx),
         "llama-bench": llama_bench_cmd(bins["llama-bench"], args.gguf, args.threads, args.out_len),
     }
