@@ -26,7 +26,6 @@ Every conversion that is not exact adds its measured relative error to the calle
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import numpy as np
@@ -35,6 +34,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, relative_error, requantize
+from lantern.backends.torch.packed_decode import (
+    BLOCK_N,
+    DENSE_ROWS,
+    check_int4pack_layout,
+    dense_matmul,
+    int4pack_block_rows,
+    int4pack_rows,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +52,7 @@ INT4PACK_GROUPS = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts
 INT8PACK_COLS = 16
 _INT8PACK_ALIGN = 32
 TRITON_GROUPS = (128, 64, 32)
-_BLOCK_N = 64  # the int4pack layout's row block
 _ERROR_SAMPLE = 1 << 18  # weights sampled to measure a conversion (a few MB of float32 at most)
-# From this many rows on (prefill), decoding the weight to the activations' dtype and one dense
-# GEMM beats aten's packed kernels on a CPU: they compute at ~130 GFLOPS, MKL's float32 GEMM at
-# ~300 (2 Xeon cores: 2.1-2.5x faster at 2048 rows, even at ~256). Decode steps stay packed.
-_DENSE_ROWS = 256
-_DENSE_CHUNK = 1 << 22  # weight elements decoded at once: bounds the transient float copy (16 MB f32)
 _FP8_MAX = 448.0  # largest finite e4m3fn value
 
 
@@ -158,12 +159,12 @@ class Int4PackLinear(QuantLayer):
     def __init__(self, w: AffineWeight, device: torch.device, errors: ErrorLog):
         n, k = w.shape
         super().__init__(n, k)
-        _check_int4pack_layout()
+        check_int4pack_layout()
         src = w
         exact = regroup(w, INT4PACK_GROUPS) if w.bits <= 4 else None
         w = exact if exact is not None else requantize(w, 4, 32)[0]
         self.group_size = w.group_size
-        n_pad = -(-n // _BLOCK_N) * _BLOCK_N
+        n_pad = -(-n // BLOCK_N) * BLOCK_N
         # Narrower codes move to the middle of the 4-bit range (2-bit c -> c + 6), so that zero = b + 2s
         # stays small: near the ends, (q - 8) * s and zero would cancel and their bf16 rounding would not.
         shift = 8 - (1 << (w.bits - 1))
@@ -171,7 +172,7 @@ class Int4PackLinear(QuantLayer):
         zeros = F.pad(torch.from_numpy(w.biases + (8 - shift) * w.scales), (0, 0, 0, n_pad - n))
         # In blocks of 64 rows (the layout's unit), ~4 MiB of int32 codes at a time, shifted and
         # padded per block: loading never holds more than that beyond the codes themselves.
-        rows = max(_BLOCK_N, (1 << 20) // max(k, 1) // _BLOCK_N * _BLOCK_N)
+        rows = max(BLOCK_N, (1 << 20) // max(k, 1) // BLOCK_N * BLOCK_N)
         packed = torch.empty(n_pad, k // 2, dtype=torch.uint8)
         for i in range(0, n_pad, rows):
             chunk = torch.from_numpy(np.ascontiguousarray(w.codes[i : i + rows])).to(torch.int32)
@@ -188,8 +189,8 @@ class Int4PackLinear(QuantLayer):
         _record(errors, src, self, target, exact is None)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= _DENSE_ROWS:
-            return _dense_matmul(x, self.out_features, self.in_features, _BLOCK_N, self._decoded_rows)
+        if x.shape[0] >= DENSE_ROWS:
+            return dense_matmul(x, self.out_features, self.in_features, BLOCK_N, self._decoded_rows)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros
         )
@@ -198,17 +199,10 @@ class Int4PackLinear(QuantLayer):
         return y.to(x.dtype) if y.dtype != x.dtype else y.contiguous()
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return _int4pack_rows(self.packed, self.scales_and_zeros, ids, self.in_features, self.group_size)
+        return int4pack_rows(self.packed, self.scales_and_zeros, ids, self.in_features, self.group_size)
 
     def _decoded_rows(self, start: int, stop: int) -> torch.Tensor:
-        """float32 rows start..stop of the weight (start a multiple of 64), block by block."""
-        k, g = self.in_features, self.group_size
-        blocks = self.packed.view(-1, k, 32)[start // _BLOCK_N : -(-stop // _BLOCK_N)]  # byte j: rows j, j + 32
-        codes = torch.stack((blocks & 15, blocks >> 4), dim=1).permute(0, 1, 3, 2).reshape(-1, k // g, g)
-        codes = codes[: stop - start]
-        scale = self.scales_and_zeros[:, start:stop, 0].t().float()[:, :, None]
-        zero = self.scales_and_zeros[:, start:stop, 1].t().float()[:, :, None]
-        return codes.float().sub_(8).mul_(scale).add_(zero).view(stop - start, k)
+        return int4pack_block_rows(self.packed, self.scales_and_zeros, start, stop, self.in_features, self.group_size)
 
 
 class Int8PackLinear(QuantLayer):
@@ -229,8 +223,8 @@ class Int8PackLinear(QuantLayer):
         _record(errors, w, self, "int8 per-channel (requantized)", not exact)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= _DENSE_ROWS:
-            return _dense_matmul(x, self.out_features, self.in_features, 1, self._decoded_rows)
+        if x.shape[0] >= DENSE_ROWS:
+            return dense_matmul(x, self.out_features, self.in_features, 1, self._decoded_rows)
         xb = x.to(torch.bfloat16)
         if not xb.is_contiguous() or xb.data_ptr() % _INT8PACK_ALIGN:  # a view of bf16 activations
             xb = xb.clone(memory_format=torch.contiguous_format)
@@ -335,36 +329,6 @@ class StackedLinear(nn.Module):
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
-def _dense_matmul(x: torch.Tensor, n: int, k: int, align: int, decoded_rows) -> torch.Tensor:
-    """x [M, K] @ W.T with W decoded (decoded_rows(start, stop) -> float32 rows) a chunk of rows at a
-    time: the prefill path of the packed CPU layers (_DENSE_ROWS). Exact float32 weights, so this is
-    no less accurate than the packed kernels (which round x to bfloat16)."""
-    xc = x if _gemm_dtype(x) == x.dtype else x.float()
-    step = max(align, _DENSE_CHUNK // max(k, 1) // align * align)
-    if step >= n:
-        return F.linear(xc, decoded_rows(0, n).to(xc.dtype)).to(x.dtype)
-    y = x.new_empty((x.shape[0], n))
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        y[:, start:stop] = F.linear(xc, decoded_rows(start, stop).to(xc.dtype))
-    return y
-
-
-def _gemm_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the dense prefill GEMM runs in: float32 for half-precision activations on a CPU
-    without native bfloat16 (its bf16 GEMM is ~5x slower than float32 there)."""
-    if x.dtype == torch.float32 or x.device.type != "cpu" or _cpu_bf16():
-        return x.dtype
-    return torch.float32
-
-
-@functools.cache
-def _cpu_bf16() -> bool:
-    from lantern.backends import cpu_has_native_bf16
-
-    return cpu_has_native_bf16()
-
-
 def _minus(codes: np.ndarray, offset: np.ndarray) -> np.ndarray:
     """int8 codes - offset per row, without an int16 copy of the whole table (embeddings are large)."""
     if np.all(offset == 128):  # c - 128 as int8 is c with its top bit flipped
@@ -390,28 +354,6 @@ def _per_channel_int8(w: AffineWeight) -> tuple[np.ndarray, np.ndarray]:
     if w.codes.size and (np.any(w.codes.min(axis=1) - offset < -128) or np.any(w.codes.max(axis=1) - offset > 127)):
         return none
     return offset.astype(np.int16), scale.astype(np.float32)
-
-
-def _int4pack_rows(packed: torch.Tensor, sz: torch.Tensor, ids: torch.Tensor, k: int, g: int) -> torch.Tensor:
-    """float32 rows `ids` of an int4pack weight, decoded from its [N/64][K][32] bytes and bf16 scales."""
-    blocks = packed.view(-1, k, 32)
-    b = ids % _BLOCK_N
-    byte = blocks[ids // _BLOCK_N, :, b % 32]  # [T, K]
-    codes = (byte >> ((b >= 32).to(torch.uint8) * 4)[:, None]) & 15
-    scale = sz[:, ids, 0].t().float()[:, :, None]  # [T, K/g, 1]
-    zero = sz[:, ids, 1].t().float()[:, :, None]
-    return ((codes.view(ids.shape[0], -1, g).float() - 8) * scale + zero).view(ids.shape[0], k)
-
-
-@functools.cache
-def _check_int4pack_layout() -> None:
-    """The row decoder assumes aten's int4pack byte layout; check it once on this torch build."""
-    codes = torch.randint(0, 16, (_BLOCK_N, 32), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
-    sz = torch.stack((torch.ones(1, _BLOCK_N), torch.full((1, _BLOCK_N), 8.0)), dim=-1).to(torch.bfloat16)
-    got = _int4pack_rows(packed, sz, torch.arange(_BLOCK_N), 32, 32)
-    if not torch.equal(got, codes.float()):
-        raise RuntimeError(f"torch {torch.__version__}: the int4pack CPU layout is not the one quant_linear decodes")
 
 
 def _record(errors: ErrorLog, src: AffineWeight, layer: QuantLayer, target: str, requantized: bool) -> None:

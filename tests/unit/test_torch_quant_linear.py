@@ -27,6 +27,7 @@ import pytest
 import torch.nn.functional as F
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, quantize_affine, requantize
+from lantern.backends.torch import packed_decode
 from lantern.backends.torch import quant_linear as ql
 
 BF16 = 2.0**-6
@@ -303,8 +304,8 @@ def test_triton_path_bf16_scales_are_logged(triton_device: str) -> None:
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_prefill_rows_take_the_dense_path_with_the_stored_weight(bits: int, monkeypatch) -> None:
-    """At _DENSE_ROWS rows and more the packed CPU layers decode their weight (in chunks of rows:
-    a small _DENSE_CHUNK forces several, the last one partly padding) and run one float GEMM. The
+    """At DENSE_ROWS rows and more the packed CPU layers decode their weight (in chunks of rows:
+    a small DENSE_CHUNK forces several, the last one partly padding) and run one float GEMM. The
     result is the stored weight's exact product in float32, and agrees with the packed kernel."""
     n, k = 200, K  # 200 rows: int4pack's last 64-row block is partly padding
     src = affine(n, k, bits, 32 if bits == 4 else k, seed=21)
@@ -313,11 +314,11 @@ def test_prefill_rows_take_the_dense_path_with_the_stored_weight(bits: int, monk
     layer = ql.quantized_linear(src, None, "cpu", torch.float32, ErrorLog())
     assert isinstance(layer, ql.Int4PackLinear if bits == 4 else ql.Int8PackLinear)
     held = layer.rows(torch.arange(n)).double()  # what the layer stores, decoded row by row
-    monkeypatch.setattr(ql, "_DENSE_CHUNK", 64 * k)  # 64 rows per chunk: 4 chunks
-    x = inputs(ql._DENSE_ROWS + 3, k, torch.float32)
+    monkeypatch.setattr(packed_decode, "DENSE_CHUNK", 64 * k)  # 64 rows per chunk: 4 chunks
+    x = inputs(packed_decode.DENSE_ROWS + 3, k, torch.float32)
     calls = []
-    dense = ql._dense_matmul
-    monkeypatch.setattr(ql, "_dense_matmul", lambda x, *a: calls.append(x.shape[0]) or dense(x, *a))
+    dense = ql.dense_matmul
+    monkeypatch.setattr(ql, "dense_matmul", lambda x, *a: calls.append(x.shape[0]) or dense(x, *a))
     y = layer(x)
     assert y.shape == (x.shape[0], n) and y.dtype == torch.float32
     assert rel(y, x.double() @ held.T) < F32  # float32 GEMM on the exact stored values

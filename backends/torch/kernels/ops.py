@@ -34,18 +34,18 @@ def write_kv(k_pool, v_pool, k, v, slots, may_skip: bool = True) -> None:
 
 
 def paged_decode(
-    q,
-    k_pool,
-    v_pool,
-    block_tables,
-    seq_lens,
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
     block_size: int,
     scale: float,
-    window=None,
-    softcap=None,
-    sinks=None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     ctx_cache: dict | None = None,
-):
+) -> torch.Tensor:
     """ctx_cache: a dict living for one step, where the reference path keeps each window's
     gather (reference.decode_context) for the next layers."""
     if use_triton(q) and _same_width(k_pool, v_pool):
@@ -84,7 +84,7 @@ def rms_norm(x, weight, eps: float, residual=None):
     return reference.rms_norm(x, weight, eps, residual)
 
 
-def rotary(x, cos, sin, step_cache: dict | None = None):
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step_cache: dict | None = None) -> torch.Tensor:
     """step_cache: a dict living for one step, where the CPU path keeps the signed tables it
     derives from (cos, sin) for the next layers."""
     if use_triton(x):
@@ -93,8 +93,8 @@ def rotary(x, cos, sin, step_cache: dict | None = None):
         return triton_fused.rotary(x, cos, sin)
     if step_cache is None:
         return reference.rotary(x, cos, sin)
-    key = ("rope", id(cos), id(sin))  # the tables stay alive for the step, so ids are unique
-    tables = step_cache.get(key)
-    if tables is None:
-        tables = step_cache[key] = reference.signed_rope(cos, sin)
-    return reference.rotary_signed(x, *tables)
+    key = ("rope", id(cos), id(sin))
+    hit = step_cache.get(key)
+    if hit is None or hit[0] is not cos or hit[1] is not sin:  # the entry holds its tables: ids stay theirs
+        hit = step_cache[key] = (cos, sin, *reference.signed_rope(cos, sin))
+    return reference.rotary_signed(x, hit[2], hit[3])

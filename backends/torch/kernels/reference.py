@@ -188,7 +188,7 @@ def paged_decode(
             attn_mask=ctx.bias(q.dtype),
             scale=scale,
         )
-        return out.view(b, h, d)
+        return out.reshape(b, h, d)
     qg = q.view(b, kvh, h // kvh, 1, d)
     scores = torch.matmul(qg, k.permute(0, 2, 3, 1)[:, :, None]).float() * scale  # [B, KVH, G, 1, S]
     probs = _softmax(scores, ctx.allowed[:, None, None, None, :], softcap, sinks).to(q.dtype)

@@ -1,0 +1,126 @@
+"""The CPU decode attention (reference.paged_decode with a step's DecodeContext) and the signed rope
+tables, against plain per-sequence attention / reference.rotary written out here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lantern.backends.torch.kernels import ops, reference
+
+BS = 4  # block size
+
+
+def _pools(blocks: int, kvh: int, d: int, dtype: torch.dtype, seed: int, dv: int | None = None):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(blocks * BS, kvh, d, generator=g).to(dtype)
+    if dv == "mla":
+        return k, k[..., : d // 2]  # V is K's first columns (multi-head latent attention)
+    return k, torch.randn(blocks * BS, kvh, dv or d, generator=g).to(dtype)
+
+
+def _naive(q, k_pool, v_pool, tables, lens, scale, window=None, softcap=None, sinks=None):
+    """Row by row, position by position: the keys p - window < j <= p of each sequence."""
+    b, h, _ = q.shape
+    kvh = k_pool.shape[1]
+    out = torch.empty(b, h, v_pool.shape[-1], dtype=torch.float64)
+    for r in range(b):
+        n = int(lens[r])
+        lo = 0 if window is None else max(0, n - window)
+        slots = torch.tensor([int(tables[r, j // BS]) * BS + j % BS for j in range(lo, n)])
+        k, v = k_pool[slots].double(), v_pool[slots].double()
+        for head in range(h):
+            s = k[:, head // (h // kvh)] @ q[r, head].double() * scale
+            if softcap is not None:
+                s = torch.tanh(s / softcap) * softcap
+            if sinks is not None:
+                s = torch.cat([s, sinks[head : head + 1].double()])
+            p = torch.softmax(s, 0)[: n - lo]
+            out[r, head] = p @ v[:, head // (h // kvh)]
+    return out
+
+
+CASES = [  # window, softcap, sinks, v
+    (None, None, False, None),
+    (5, None, False, None),
+    (None, 2.0, False, None),
+    (6, None, True, None),
+    (None, None, False, "mla"),
+    (7, None, False, "mla"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window,softcap,sinks,dv", CASES)
+def test_paged_decode_matches_plain_attention(dtype, window, softcap, sinks, dv) -> None:
+    kvh, g, d = 2, 3, 16
+    k_pool, v_pool = _pools(12, kvh, d, dtype, seed=1, dv=dv)
+    lens = torch.tensor([1, 9, 13, 4], dtype=torch.int32)  # rows of 1, 3, 4, 1 blocks
+    tables = torch.tensor([[5, 0, 0, 0], [2, 7, 1, 0], [3, 8, 9, 11], [10, 0, 0, 0]], dtype=torch.int32)
+    q = torch.randn(4, kvh * g, d, generator=torch.Generator().manual_seed(2)).to(dtype)
+    sink = torch.randn(kvh * g) if sinks else None
+    kw = dict(window=window, softcap=softcap, sinks=sink)
+    got = reference.paged_decode(q, k_pool, v_pool, tables, lens, BS, 0.3, **kw)
+    want = _naive(q, k_pool, v_pool, tables, lens, 0.3, **kw)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert got.dtype == dtype and got.shape == want.shape
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dv", [None, "mla"])
+def test_a_shared_context_serves_every_layer_and_outputs_survive_the_next_gather(dv) -> None:
+    """The step's gather buffers are reused layer after layer: an earlier layer's output must not
+    view them (it would change under the next layer's gather)."""
+    kvh, d = 2, 8
+    lens = torch.tensor([6, 3, 11], dtype=torch.int32)
+    tables = torch.tensor([[1, 4, 0], [2, 0, 0], [5, 3, 6]], dtype=torch.int32)
+    cache: dict = {}
+    outs, wants = [], []
+    for layer in range(3):
+        k_pool, v_pool = _pools(8, kvh, d, torch.float32, seed=10 + layer, dv=dv)
+        # q as layers.Attention hands it over in a decode-only step: a strided view of fused q, k
+        qk = torch.randn(3, 3 * kvh, d, generator=torch.Generator().manual_seed(layer))
+        q = qk[:, : 2 * kvh]
+        for window in (None, 4):
+            outs.append(ops.paged_decode(q, k_pool, v_pool, tables, lens, BS, 0.5, window=window, ctx_cache=cache))
+            wants.append(_naive(q, k_pool, v_pool, tables, lens, 0.5, window=window))
+    assert set(cache) == {("decode", None), ("decode", 4)}  # one gather plan per window
+    for got, want in zip(outs, wants, strict=True):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_static_decode_padding_rows_read_block_zero_and_stay_finite() -> None:
+    """The graph runner pads with length 1 over block 0 and slot -1: written nowhere, read finite."""
+    k_pool, v_pool = _pools(4, 1, 8, torch.float32, seed=3)
+    before = k_pool.clone()
+    k = torch.randn(3, 1, 8)
+    slots = torch.tensor([9, -1, -1])
+    reference.write_kv(k_pool, v_pool, k, k, slots)  # may_skip: the default
+    assert torch.equal(k_pool[9], k[0]) and torch.equal(k_pool[:9], before[:9])
+    lens = torch.tensor([10, 1, 1], dtype=torch.int32)
+    tables = torch.tensor([[0, 2, 1], [0, 0, 0], [0, 0, 0]], dtype=torch.int32)
+    out = reference.paged_decode(torch.randn(3, 2, 8), k_pool, v_pool, tables, lens, BS, 0.3, window=3)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_signed_rope_tables_rotate_q_and_k_in_one_call(dtype) -> None:
+    """rotary_signed on a view of q and k side by side in a fused qkv row (as layers.Attention
+    passes them) equals reference.rotary on q and on k alone; the step cache keys by table."""
+    t, h, kvh, d = 5, 4, 2, 8
+    qkv = torch.randn(t, (h + 2 * kvh) * d).to(dtype)
+    qk = qkv[:, : (h + kvh) * d].view(t, h + kvh, d)  # rows strided by the whole qkv width
+    ang = torch.randn(t, d // 2).repeat(1, 2)
+    cos, sin = ang.cos(), ang.sin()
+    cache: dict = {}
+    both = ops.rotary(qk, cos, sin, cache)
+    q, k = qk[:, :h].contiguous(), qk[:, h:].contiguous()
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else dict(atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(both[:, :h], reference.rotary(q, cos, sin), **tol)
+    torch.testing.assert_close(both[:, h:], reference.rotary(k, cos, sin), **tol)
+    cos2, sin2 = (2 * ang).cos(), (2 * ang).sin()  # a second table in the same step (Gemma 3's local rope)
+    torch.testing.assert_close(ops.rotary(q, cos2, sin2, cache), reference.rotary(q, cos2, sin2), **tol)
+    assert len(cache) == 2
+    assert math.isclose(float(both.float().norm()), float(qk.float().norm()), rel_tol=1e-2)  # a rotation
