@@ -52,6 +52,7 @@ INT4PACK_GROUPS = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts
 INT8PACK_COLS = 16
 _INT8PACK_ALIGN = 32
 TRITON_GROUPS = (128, 64, 32)
+_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu  # looked up once: ops.aten.<name> costs a dict walk per call
 _ERROR_SAMPLE = 1 << 18  # weights sampled to measure a conversion (a few MB of float32 at most)
 _FP8_MAX = 448.0  # largest finite e4m3fn value
 
@@ -188,12 +189,17 @@ class Int4PackLinear(QuantLayer):
         target = f"int4 g{w.group_size} ({'requantized, ' if exact is None else ''}bf16 scales)"
         _record(errors, src, self, target, exact is None)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A decode step's [rows, K] input without bias takes the kernel directly: this layer runs
+        # ~4 times per decoder layer, and at one row the generic path's Python costs ~1/4 of it.
+        if x.dim() == 2 and 0 < x.shape[0] < DENSE_ROWS and self.bias is None:
+            return self.matmul(x)
+        return super().forward(x)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:
             return dense_matmul(x, self.out_features, self.in_features, BLOCK_N, self._decoded_rows)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros
-        )
+        y = _INT4_MM(x.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_and_zeros)
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
         return y.to(x.dtype) if y.dtype != x.dtype else y.contiguous()
