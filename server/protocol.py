@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from lantern.app.engine import InvalidRequestError, SamplingParams
+from lantern.server.request_fields import ReasoningEffort, refuse_unhonoured
 from lantern.server.structured import structured_spec
 
 # Error type of a string holding a lone UTF-16 surrogate; the error handler reports it first.
@@ -266,6 +267,21 @@ class ChatCompletionRequest(_SamplingFields):
     # OpenAI's deprecated function-calling fields: refused (tools/tool_choice replace them).
     functions: list[Any] | None = None
     function_call: Any = None
+    # OpenAI's other documented fields: honoured, harmless or refused (server/request_fields.py).
+    reasoning_effort: ReasoningEffort | None = None  # reaches the chat template (routes/chat.py)
+    modalities: list[str] | None = None
+    audio: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+    moderation: Any = None
+    prediction: Any = None
+    service_tier: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: dict[str, Any] | None = None
 
     _template_kwargs = field_validator("chat_template_kwargs")(_check_template_kwargs)
 
@@ -273,6 +289,7 @@ class ChatCompletionRequest(_SamplingFields):
         if self.functions or self.function_call is not None:
             field = "functions" if self.functions else "function_call"
             raise _refuse(field, "is deprecated and not supported by this server; use tools and tool_choice")
+        refuse_unhonoured(self)
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) != len(names):
             raise _refuse("tools", "must have distinct function names")

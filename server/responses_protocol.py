@@ -5,8 +5,9 @@ tools, tool_choice, structured output, reasoning and the prefix cache behave exa
 Honoured: input (a string or items: messages with input_text / output_text parts, function_call,
 function_call_output, reasoning), instructions, tools (flattened function tools), tool_choice,
 parallel_tool_calls, max_tool_calls, max_output_tokens, temperature, top_p, text.format
-(text / json_object / json_schema), reasoning.effort ("none" / "minimal" switch the chat template's
-thinking off, any other effort switches it on: the budget itself cannot be set), store,
+(text / json_object / json_schema), reasoning.effort (as chat's reasoning_effort: the template's
+`reasoning_effort`, else its thinking switched off by "none" / "minimal" and on by any other
+effort; refused for a template that reads neither), store,
 previous_response_id, metadata (stored and echoed), user / safety_identifier / prompt_cache_key
 (identifiers and a cache hint: the prefix cache needs no hint), service_tier auto/default,
 truncation "disabled", stream_options.include_obfuscation; vLLM's extras seed, top_k, cache_salt,
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 
 from lantern.app.engine import InvalidRequestError
 from lantern.server.protocol import ChatCompletionRequest, ChatMessage, _Lenient
+from lantern.server.request_fields import EFFORTS
 
 # Where a field of the chat request came from in this one: error params are renamed back.
 _RENAMES = {
@@ -31,10 +33,10 @@ _RENAMES = {
     "max_completion_tokens": "max_output_tokens",
     "max_tokens": "max_output_tokens",
     "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
 }
 _TEXT_PARTS = {"input_text", "output_text", "text"}
-_THINKING_OFF = {"none", "minimal"}
-_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
+_EFFORTS = set(EFFORTS)
 
 
 def _refuse(param: str, why: str) -> InvalidRequestError:
@@ -177,10 +179,8 @@ class ResponsesRequest(_Lenient):
                     f"reasoning.{key}", "summaries are not produced; reasoning comes back whole as reasoning items"
                 )
         effort = r.get("effort")
-        if effort is not None:
-            if effort not in _EFFORTS:
-                raise _refuse("reasoning.effort", f"must be one of {sorted(_EFFORTS)}")
-            kwargs["enable_thinking"] = effort not in _THINKING_OFF
+        if effort is not None and effort not in _EFFORTS:
+            raise _refuse("reasoning.effort", f"must be one of {list(EFFORTS)}")
         return kwargs or None
 
     def input_messages(self) -> list[ChatMessage]:
@@ -213,6 +213,8 @@ class ResponsesRequest(_Lenient):
             "parallel_tool_calls": self.parallel_tool_calls,
             "response_format": self.response_format(),
             "chat_template_kwargs": self.template_kwargs(),
+            # Reaches the template as chat's reasoning_effort does (server/request_fields.py).
+            "reasoning_effort": (self.reasoning or {}).get("effort"),
         }
         try:
             return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})

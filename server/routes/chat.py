@@ -26,6 +26,7 @@ from lantern.server.generation import (
     validated,
 )
 from lantern.server.protocol import ChatCompletionRequest, ChatMessage
+from lantern.server.request_fields import effort_template_kwargs
 from lantern.server.structured import compile_structured
 from lantern.server.tool_parsers.request import ChatFormats, ChatSetup, chat_setup
 
@@ -77,7 +78,8 @@ async def prepare_chat(
     params = body.sampling_params()
     state.check_choices(params.n)
     setup = chat_setup(chat_formats(request), body)
-    kwargs = setup.template_kwargs(body.chat_template_kwargs)
+    user_kwargs = effort_template_kwargs(state.engine.chat_template, body.reasoning_effort, body.chat_template_kwargs)
+    kwargs = setup.template_kwargs(user_kwargs)
     ids = encode_messages(state, body.messages, body.add_generation_prompt, kwargs)
     setup.after_encode(state.engine.tokenizer, ids, params)  # the forced-call grammar, if any
     await compile_structured(state.engine, params)  # response_format etc.: compiled off the event loop
