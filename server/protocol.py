@@ -136,6 +136,9 @@ class ChatMessage(_Lenient):
 
 class StreamOptions(_Lenient):
     include_usage: bool = False
+    # Random padding on each chunk against a size side channel on OpenAI's network path: no effect
+    # on the answer, and chunks from a local server carry none (accepted, checked for type).
+    include_obfuscation: bool | None = None
 
 
 class FunctionDefinition(_Lenient):

@@ -66,6 +66,16 @@ def test_every_sdk_chat_field_is_a_known_field():
     assert not unknown, f"fields the SDK sends that the server would silently ignore: {sorted(unknown)}"
 
 
+def test_every_sdk_stream_option_is_a_known_field():
+    from openai.types.chat.chat_completion_stream_options_param import ChatCompletionStreamOptionsParam
+
+    from lantern.server.protocol import StreamOptions
+
+    assert set(ChatCompletionStreamOptionsParam.__annotations__) <= set(StreamOptions.model_fields)
+    with pytest.raises(ValidationError):
+        StreamOptions(include_obfuscation="sometimes")
+
+
 def test_every_sdk_completions_field_is_a_known_field():
     unknown = set(completion_params.CompletionCreateParamsBase.__annotations__) - set(CompletionRequest.model_fields)
     assert not unknown, f"fields the SDK sends that the server would silently ignore: {sorted(unknown)}"
