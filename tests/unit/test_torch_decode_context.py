@@ -124,3 +124,57 @@ def test_signed_rope_tables_rotate_q_and_k_in_one_call(dtype) -> None:
     torch.testing.assert_close(ops.rotary(q, cos2, sin2, cache), reference.rotary(q, cos2, sin2), **tol)
     assert len(cache) == 2
     assert math.isclose(float(both.float().norm()), float(qk.float().norm()), rel_tol=1e-2)  # a rotation
+
+
+# -- the step flags build_metadata sets (decode_only, may_skip_slots) ------------------------------------
+
+
+def _batch(q_lens: list[int], ctx_lens: list[int], slots: list[int]):
+    import numpy as np
+
+    from lantern.app.engine.contract import ScheduledBatch
+
+    starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    positions = np.concatenate([np.arange(c - q, c) for q, c in zip(q_lens, ctx_lens)]).astype(np.int32)
+    tables = [list(range(i * 4, i * 4 + math.ceil(c / BS))) for i, c in enumerate(ctx_lens)]
+    return ScheduledBatch(
+        input_ids=np.arange(len(positions), dtype=np.int32),
+        positions=positions,
+        query_start_loc=starts,
+        seq_lens=np.array(ctx_lens, np.int32),
+        block_tables=tables,
+        slot_mapping=np.array(slots, np.int32),
+        block_size=BS,
+        sample_seq_indices=list(range(len(q_lens))),
+        sampling=[],
+    )
+
+
+def _meta(batch):
+    from lantern.backends.paged_plan import plan_attention
+    from lantern.backends.torch.attention import TorchKVPool, build_metadata
+
+    pool = TorchKVPool(1, 64 * BS, 1, 8, torch.float32, torch.device("cpu"))
+    cos, sin = torch.ones(64, 8), torch.zeros(64, 8)
+    return build_metadata(pool, batch, plan_attention(batch), cos, sin)
+
+
+def test_decode_only_and_slot_flags():
+    decode = _meta(_batch([1, 1], [5, 3], [4, 18]))
+    assert decode.decode_only and not decode.may_skip_slots
+    mixed = _meta(_batch([3, 1], [3, 6], [0, 1, 2, 21]))  # a prefill chunk first, then a decode row
+    assert not mixed.decode_only and mixed.decode_token_idx.tolist() == [3]
+    padded = _meta(_batch([1, 1], [5, 3], [4, -1]))
+    assert padded.may_skip_slots
+
+
+def test_a_negative_slot_writes_nothing_and_others_land():
+    from lantern.backends.torch.attention import paged_attention
+
+    meta = _meta(_batch([1, 1], [5, 3], [4, -1]))
+    pool = meta.pool
+    before = pool.k[0].clone()
+    k = torch.full((2, 1, 8), 7.0)
+    paged_attention(torch.ones(2, 1, 8), k, k.clone(), meta, 0, 1.0)
+    changed = (pool.k[0] != before).any(dim=(1, 2)).nonzero().flatten().tolist()
+    assert changed == [4]  # only the real row's slot; -1 did not wrap to the pool's last slot
