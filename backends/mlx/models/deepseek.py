@@ -157,18 +157,13 @@ class DeepSeekMoE(nn.Module):
         return out
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.self_attn = MLAttention(cfg, layer_idx)
-        sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
-        self.mlp = DeepSeekMoE(cfg) if sparse else MLP(cfg)
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+class DecoderLayer(llama.DecoderLayer):
+    """Llama's layer over multi-head latent attention and DeepSeek's mixture."""
 
-    def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
+        mlp = DeepSeekMoE(cfg) if sparse else MLP(cfg)
+        super().__init__(cfg, layer_idx, attn=MLAttention(cfg, layer_idx), mlp=mlp)
 
 
 class CausalLM(llama.CausalLM):

@@ -24,26 +24,24 @@ from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx.layers import Attention
 from lantern.backends.mlx.models import llama
 from lantern.backends.mlx.moe import QuantExpertLinear, SparseMoE, clamped_swiglu
-from lantern.backends.mlx.paged_attention import AttentionMetadata
 from lantern.backends.mlx.quant import get_module, set_module
 
 _STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_scales)?$")
 _KIND = {"": "weight", "_bias": "bias", "_scales": "scales"}
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(llama.DecoderLayer):
+    """Llama's layer over gpt-oss's attention (sinks, o bias) and mixture."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, o_bias=cfg.attention_bias, sinks=True)
         moe = cfg.moe
         glu = clamped_swiglu(moe.swiglu_alpha, moe.swiglu_limit)
-        self.mlp = SparseMoE(cfg, router_bias=True, expert_bias=True, glu=glu, softmax_after_topk=True)
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-
-    def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        super().__init__(
+            cfg,
+            layer_idx,
+            attn=Attention(cfg, layer_idx, o_bias=cfg.attention_bias, sinks=True),
+            mlp=SparseMoE(cfg, router_bias=True, expert_bias=True, glu=glu, softmax_after_topk=True),
+        )
 
 
 class CausalLM(llama.CausalLM):

@@ -16,10 +16,11 @@ from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attn: nn.Module | None = None, mlp: nn.Module | None = None):
+        """attn / mlp: a family's own sublayers (gpt-oss, DeepSeek) under Llama's norms and forward."""
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx)
-        self.mlp = feed_forward(cfg, layer_idx)
+        self.self_attn = attn if attn is not None else Attention(cfg, layer_idx)
+        self.mlp = mlp if mlp is not None else feed_forward(cfg, layer_idx)
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 

@@ -161,15 +161,12 @@ class DeepSeekMoE(SparseMoE):
 
 
 class DecoderLayer(llama.DecoderLayer):
-    """Llama's forward over this family's own sublayers."""
+    """Llama's layer over multi-head latent attention and DeepSeek's mixture."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
-        nn.Module.__init__(self)  # not llama's: it would build the llama sublayers first
-        self.self_attn = MLAttention(cfg, layer_idx)
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
-        self.mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
+        super().__init__(cfg, layer_idx, tp, attn=MLAttention(cfg, layer_idx), mlp=mlp)
 
 
 class CausalLM(llama.CausalLM):

@@ -11,26 +11,26 @@ for every mixture of experts.
 
 from __future__ import annotations
 
-from torch import nn
-
 from lantern.app.models.spec import ModelConfig
-from lantern.backends.torch.layers import Attention, RMSNorm
+from lantern.backends.torch.layers import Attention
 from lantern.backends.torch.models import llama
 from lantern.backends.torch.moe import SparseMoE, clamped_swiglu
 from lantern.backends.torch.parallel import TPGroup
 
 
 class DecoderLayer(llama.DecoderLayer):
-    """Llama's forward over this family's own sublayers."""
+    """Llama's layer over gpt-oss's attention (sinks, o bias) and mixture."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
-        nn.Module.__init__(self)  # not llama's: it would build the llama sublayers first
-        self.self_attn = Attention(cfg, layer_idx, tp, o_bias=cfg.attention_bias, sinks=True)
         moe = cfg.moe
         glu = clamped_swiglu(moe.swiglu_alpha, moe.swiglu_limit)
-        self.mlp = SparseMoE(cfg, tp, router_bias=True, expert_bias=True, glu=glu, softmax_after_topk=True)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        super().__init__(
+            cfg,
+            layer_idx,
+            tp,
+            attn=Attention(cfg, layer_idx, tp, o_bias=cfg.attention_bias, sinks=True),
+            mlp=SparseMoE(cfg, tp, router_bias=True, expert_bias=True, glu=glu, softmax_after_topk=True),
+        )
 
 
 class CausalLM(llama.CausalLM):

@@ -16,10 +16,18 @@ from lantern.backends.torch.parallel import TPGroup, local_config, parallel_embe
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        tp: TPGroup,
+        attn: nn.Module | None = None,
+        mlp: nn.Module | None = None,
+    ):
+        """attn / mlp: a family's own sublayers (gpt-oss, DeepSeek) under Llama's norms and forward."""
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, tp)
-        self.mlp = feed_forward(cfg, layer_idx, tp)
+        self.self_attn = attn if attn is not None else Attention(cfg, layer_idx, tp)
+        self.mlp = mlp if mlp is not None else feed_forward(cfg, layer_idx, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
