@@ -125,10 +125,9 @@ def join_kv_b(halves: dict[str, Any], name: str, t: GGUFTensor) -> tuple[str, An
     attn_v_b [H, v, kv_lora_rank]. The transposed half cannot stay in blocks, so the joined matrix is
     dense: exactly the file's values, held in the model dtype like any float weight.
 
-    Requantizing it would cost memory, not save it: both backends' MLA attention runs in the
-    absorbed form on kv_b_proj's dense matrix, and from a quantized layer they compute that matrix
-    once and keep it (MLAttention.kv_b_weight), so a quantized kv_b_proj is held twice (measured:
-    an Int8PackLinear / QuantizedLinear plus a dense _absorbed copy in the model dtype)."""
+    Requantizing it would save nothing: both backends' MLA attention runs in the absorbed form on
+    kv_b_proj's dense matrix, so a quantized kv_b_proj is made dense after loading anyway
+    (CausalLM.finish_load in the model files)."""
     from lantern.app.models.quant.affine import AffineWeight
     from lantern.app.models.quant.gguf_blocks import gguf_to_weight
 

@@ -65,6 +65,9 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
     errors.report("MLX")
     model.load_weights(arrays, strict=True)
     mx.eval(model.parameters())
+    finish_load = getattr(model, "finish_load", None)
+    if finish_load is not None:  # the model's own last step (DeepSeek: a quantized kv_b_proj made dense)
+        finish_load(dtype)
 
 
 class _ExpertStacker:

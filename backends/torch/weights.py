@@ -283,6 +283,9 @@ def load_weights(model: nn.Module, spec: ModelSpec, tp: TPGroup, device: torch.d
                 raise ValueError(f"unexpected weight {name} for this {arch} model ({exc})") from None
             del value  # not alive while the next tensor converts
     loader.finish()
+    finish_load = getattr(model, "finish_load", None)
+    if finish_load is not None:  # the model's own last step (DeepSeek: a quantized kv_b_proj made dense)
+        finish_load(dtype)
 
 
 def _as_torch(value: Any) -> torch.Tensor:

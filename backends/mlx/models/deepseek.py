@@ -5,7 +5,8 @@ same layout).
 The pool keeps [c_kv, rotated k_pe] per token, one KV "head" whose first kv_lora_rank columns are
 also the value (CausalLM.kv_layout). Attention runs in the absorbed form: q_nope goes into the
 latent space through kv_b_proj's key rows, the attention output (a mix of latents) out through its
-value rows. Rope rotates the qk_rope_head_dim part only, adjacent pairs (`traditional`) where
+value rows (its matrix, never the layer: a quantized kv_b_proj is made dense once after loading,
+CausalLM.finish_load). Rope rotates the qk_rope_head_dim part only, adjacent pairs (`traditional`) where
 DeepSeek interleaves. Routed experts are moe.Experts (gather_mm / gather_qmm, stacked by the loader
 from `mlp.experts.E.*`), chosen by DeepSeek's router.
 """
@@ -24,13 +25,6 @@ from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attent
 from lantern.backends.mlx.rope import build_rope
 
 LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
-
-
-class _Absorbed:
-    """kv_b_proj's matrix [H * (nope + v), kv_lora_rank] when the layer is quantized (read once
-    through the layer itself). A plain holder, so MLX does not take it for a parameter."""
-
-    weight: mx.array | None = None
 
 
 class MLAttention(nn.Module):
@@ -52,20 +46,42 @@ class MLAttention(nn.Module):
         self.rope = build_rope(
             m.qk_rope_head_dim, cfg.rope_theta, m.rope_interleave, cfg.rope_scaling, cfg.max_position_embeddings
         )
-        self._absorbed = _Absorbed()
+
+    def dense_kv_b(self, dtype: mx.Dtype) -> None:
+        """Replace a quantized kv_b_proj by an nn.Linear holding its dequantized matrix in `dtype`
+        (the model dtype), and drop the quantized layer.
+
+        The absorbed attention multiplies by the matrix itself (per head, key and value rows
+        apart), never by x through the layer, so the quantized form would only be a second copy.
+        Done once after loading: the bytes counted then (which size the KV cache) are what the
+        forward uses. The values are the quantized arrays' own (mx.dequantize in float32) rounded
+        once to the model dtype, as every float weight of the model is."""
+        layer = self.kv_b_proj
+        if not isinstance(layer, nn.QuantizedLinear):  # float checkpoint, or a joined attn_k_b / attn_v_b
+            return
+        if getattr(layer, "mode", "affine") != "affine":  # the loaders make affine layers only
+            raise ValueError(f"layer {self.layer_idx}: kv_b_proj quantized as {layer.mode}, not affine")
+        # In float32 (scales and biases widened exactly first): mx.dequantize computes in the
+        # scales' dtype, and Q8_0's float16 scales would round code * scale.
+        biases = layer.get("biases")
+        weight = mx.dequantize(
+            layer.weight,
+            layer.scales.astype(mx.float32),
+            None if biases is None else biases.astype(mx.float32),
+            group_size=layer.group_size,
+            bits=layer.bits,
+        ).astype(dtype)
+        mx.eval(weight)
+        dense = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        dense.weight = weight
+        self.kv_b_proj = dense
 
     def kv_b_weight(self) -> mx.array:
         """[H, nope + v, kv_lora_rank]: each head's key rows, then its value rows."""
         m, layer = self.mla, self.kv_b_proj
-        if isinstance(layer, nn.Linear) and "scales" not in layer:
-            w = layer.weight
-        else:  # a quantized layer: its matrix is what it makes of the identity (computed once)
-            w = self._absorbed.weight
-            if w is None:
-                w = layer(mx.eye(m.kv_lora_rank, dtype=self.kv_a_layernorm.weight.dtype)).T
-                mx.eval(w)
-                self._absorbed.weight = w
-        return w.reshape(self.n_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+        if "scales" in layer:  # a quantized layer's packed codes would be read as the matrix
+            raise RuntimeError("kv_b_proj is still quantized: the loader calls CausalLM.finish_load")
+        return layer.weight.reshape(self.n_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
 
     def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
         # Tokens as a batch of length-1 sequences: one rope offset per token.
@@ -168,6 +184,12 @@ class DecoderLayer(llama.DecoderLayer):
 
 class CausalLM(llama.CausalLM):
     decoder_layer = DecoderLayer
+
+    def finish_load(self, dtype: mx.Dtype) -> None:
+        """After the weights are in (backends/mlx/weights.py): each quantized kv_b_proj made
+        dense once in `dtype` (MLAttention.dense_kv_b)."""
+        for layer in self.model.layers:
+            layer.self_attn.dense_kv_b(dtype)
 
     @staticmethod
     def kv_layout(cfg: ModelConfig) -> KVLayout:

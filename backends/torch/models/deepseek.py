@@ -7,6 +7,8 @@ whose first kv_lora_rank columns are also the value (CausalLM.kv_layout). Attent
 absorbed form for prefill and decode alike: q_nope is mapped into the latent space through
 kv_b_proj's key rows, the attention output (a mix of latents) through its value rows. Scores are
 then q_nope . (W_uk c) + q_pe . k_pe, what transformers computes after expanding K per head.
+That form reads kv_b_proj's matrix, never the layer: a quantized kv_b_proj (--isq, an old
+whole attn_kv_b GGUF) is made dense once after loading (CausalLM.finish_load).
 
 Rope: the runner's tables have head_dim = qk_rope_head_dim (family_deepseek sets it). DeepSeek's
 interleaved rope rotates pairs (x0, x1), (x2, x3), ...; taking the even then the odd columns turns
@@ -39,13 +41,6 @@ def _linear(d_in: int, d_out: int) -> nn.Linear:
     return nn.Linear(d_in, d_out, bias=False)
 
 
-class _Absorbed:
-    """kv_b_proj's matrix [H * (nope + v), kv_lora_rank] in the model dtype when the layer is
-    quantized (read once through the layer itself). A plain holder: not a parameter or buffer."""
-
-    weight: torch.Tensor | None = None
-
-
 class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -63,20 +58,34 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, LORA_NORM_EPS)
         self.kv_b_proj = _linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim))
         self.o_proj = _linear(h * m.v_head_dim, d)
-        self._absorbed = _Absorbed()
+
+    def dense_kv_b(self, dtype: torch.dtype) -> None:
+        """Replace a quantized kv_b_proj by an nn.Linear holding its dequantized matrix in `dtype`
+        (the model dtype), and drop the quantized layer.
+
+        The absorbed attention multiplies by the matrix itself (per head, key and value rows
+        apart), never by x through the layer, so the quantized form would only be a second copy.
+        Done once after loading: the bytes counted then (which size the KV cache) are what the
+        forward uses. The values are the quantized weight's own (QuantLayer.rows, decoded in
+        float32) rounded once to the model dtype, as every float weight of the model is."""
+        layer = self.kv_b_proj
+        if isinstance(layer, nn.Linear):  # float checkpoint, or a joined attn_k_b / attn_v_b: as loaded
+            return
+        rows = getattr(layer, "rows", None)
+        if rows is None:
+            raise ValueError(f"layer {self.layer_idx}: kv_b_proj is a {type(layer).__name__}, not a quantized linear")
+        device = next(layer.buffers()).device
+        weight = rows(torch.arange(layer.out_features, device=device)).to(dtype)
+        dense = nn.Linear(layer.in_features, layer.out_features, bias=False, device="meta")
+        dense.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+        self.kv_b_proj = dense
 
     def kv_b_weight(self) -> torch.Tensor:
         """[H, nope + v, kv_lora_rank]: each head's key rows, then its value rows."""
         m, layer = self.mla, self.kv_b_proj
-        if isinstance(layer, nn.Linear):
-            w = layer.weight
-        else:  # a quantized layer: its matrix is what it makes of the identity (computed once)
-            w = self._absorbed.weight
-            if w is None:
-                ref = self.kv_a_layernorm.weight  # a float parameter: the model's device and dtype
-                w = layer(torch.eye(m.kv_lora_rank, device=ref.device, dtype=ref.dtype)).t().contiguous()
-                self._absorbed.weight = w
-        return w.view(self.n_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+        if not isinstance(layer, nn.Linear):  # a quantized layer's codes would be read as the matrix
+            raise RuntimeError("kv_b_proj is still quantized: the loader calls CausalLM.finish_load")
+        return layer.weight.view(self.n_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
 
     def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
         m, t, h = self.mla, x.shape[0], self.n_heads
@@ -179,6 +188,12 @@ class CausalLM(llama.CausalLM):
                 "serve this model with --tensor-parallel-size 1"
             )
         super().__init__(cfg, tp)
+
+    def finish_load(self, dtype: torch.dtype) -> None:
+        """After the weights are in (backends/torch/weights.py): each quantized kv_b_proj made
+        dense once in `dtype` (MLAttention.dense_kv_b)."""
+        for layer in self.model.layers:
+            layer.self_attn.dense_kv_b(dtype)
 
     @staticmethod
     def kv_layout(cfg: ModelConfig) -> KVLayout:
