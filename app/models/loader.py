@@ -14,7 +14,7 @@ from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 4  # bump when what gguf_config_and_tokenizer stores changes (4: gpt-oss's own config)
+_CACHE_FORMAT = 5  # bump when what gguf_config_and_tokenizer stores changes (5: rope scaling of every family)
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 

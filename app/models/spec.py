@@ -107,11 +107,13 @@ def _rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> di
         return plain
     if rope_type not in _ROPE_KEYS:
         raise _refuse("rope_scaling.rope_type", rope_type, f"; supported: default, {', '.join(sorted(_ROPE_KEYS))}")
-    if scaling.get("truncate") is True:  # transformers' default, and what mlx_lm does
-        scaling.pop("truncate")
-    # gpt-oss's YaRN leaves the correction range untruncated (kept: torch's transformers tables and rope.py read it).
-    untruncated = rope_type == "yarn" and model_type == "gpt_oss" and scaling.get("truncate") is False
-    if untruncated:
+    # truncate true: transformers' default (and mlx_lm's). False, an untruncated YaRN range (gpt-oss; any
+    # family): both backends compute it (transformers' initialiser, rope.py). Gemma 3 alone comes here
+    # without a model_type, and its transformers code never reads the key there.
+    untruncated = rope_type == "yarn" and scaling.get("truncate") is False
+    if untruncated and not model_type:
+        raise _refuse("rope_parameters.full_attention.truncate", False, " for Gemma 3 (transformers ignores it)")
+    if untruncated or scaling.get("truncate") is True:
         scaling.pop("truncate")
     extra = sorted(k for k, v in scaling.items() if k not in _ROPE_KEYS[rope_type] and v is not None)
     if extra:

@@ -150,11 +150,6 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
             {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": -0.5}},
             "rope_scaling.attention_factor=-0.5",
         ),
-        (
-            "llama",
-            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}},
-            "rope_scaling.truncate=false",
-        ),
         ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
         (  # Phi-3's LongRoPE is implemented (tests/models/test_rope_variants.py), one factor per pair
             "phi3",

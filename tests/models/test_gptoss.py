@@ -145,14 +145,6 @@ def test_refused_in_one_line_naming_the_key(extra, key):
     assert "\n" not in msg and msg.startswith(f"{key}=")
 
 
-def test_untruncated_yarn_is_only_gpt_oss():
-    """Other families' truncate=false is still refused (their model files do not read the key)."""
-    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "truncate": False}
-    cfg = {k: v for k, v in BASE.items() if k != "model_type"}
-    with pytest.raises(UnsupportedModelError, match=r"^rope_scaling\.truncate=false"):
-        ModelConfig.from_hf({**cfg, "model_type": "llama", "rope_scaling": rope})
-
-
 # ---- MXFP4 ----------------------------------------------------------------------------------------
 def mxfp4_pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[..., cols] float -> (blocks uint8 [..., cols / 32, 16], scales uint8 [..., cols / 32]) in the
