@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
 _MISSING = object()
@@ -62,6 +63,7 @@ def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name:
     builder = _BUILDERS.get(meta.arch)
     if builder is None:
         return None
+    rope_freqs_scaling(meta, tensors, None)  # refuses a rope_freqs tensor: no family here has one to map
     cfg = _common(meta, tensors)
     cfg.update(builder(meta, tensors, cfg))
     return cfg
@@ -118,7 +120,7 @@ def _gemma(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     window = meta.get("attention.sliding_window", 4096 if gemma2 else None)
     out["sliding_window"] = int(window) if window else None
     out["layer_types"] = _layer_types(meta, cfg["num_hidden_layers"], 2 if gemma2 else 6, bool(window))
-    rope = _rope_scaling(meta)
+    rope = stated_rope_scaling(meta)
     if gemma2:
         # llama_hparams' defaults when the converter wrote none (Gemma2Config's too)
         out["attn_logit_softcapping"] = float(meta.get("attn_logit_softcapping", 50.0))
@@ -151,75 +153,6 @@ def _layer_types(meta: _Meta, layers: int, period: int, slides: bool) -> list[st
     else:
         flags = [(i + 1) % int(pattern) != 0 for i in range(layers)] if int(pattern) else [True] * layers
     return ["sliding_attention" if f else "full_attention" for f in flags]
-
-
-# rope.scaling.* -> rope_scaling's key, for what the converter copies from config.json as stated.
-_YARN_KEYS = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow", "yarn_attn_factor": "attention_factor"}
-
-
-def _rope_scaling(meta: _Meta) -> dict[str, Any] | None:
-    """rope.scaling.* as config.json's rope_scaling (linear, YaRN; other types are passed on for
-    ModelConfig to accept or refuse; Phi-3 reads its own). llama.cpp's converter copies config.json's
-    beta_fast / _slow, attention_factor and extrapolation_factor as stated (TextModel.set_gguf_parameters;
-    its runtime reads them for few architectures, transformers and Lantern compute the checkpoint
-    with them); an extrapolation factor other than 1 is refused (transformers has none).
-    yarn_log_multiplier is DeepSeek's 0.1 * mscale_all_dim, elsewhere llama.cpp's mscale_all_dim
-    against an mscale of 1 (transformers' ratio of the two). attn_factor: see _attn_factor."""
-    kind, factor = meta.get("rope.scaling.type"), meta.get("rope.scaling.factor")
-    plain = kind in (None, "none") or (kind == "linear" and factor in (None, 1.0))
-    out: dict[str, Any] = {"rope_type": str(kind), "factor": float(factor) if factor is not None else None}
-    if kind != "yarn":
-        _attn_factor(meta, None)
-        return None if plain else {k: v for k, v in out.items() if v is not None}
-    original = meta.get("rope.scaling.original_context_length")
-    out["original_max_position_embeddings"] = int(original) if original is not None else None
-    stated = {hf: meta.get(f"rope.scaling.{key}") for key, hf in _YARN_KEYS.items()}
-    out.update({hf: float(v) for hf, v in stated.items() if v is not None})
-    ext = meta.get("rope.scaling.yarn_ext_factor")
-    if ext is not None and float(ext) != 1.0:
-        raise UnsupportedModelError(
-            f"{meta.label}{meta.arch}.rope.scaling.yarn_ext_factor={float(ext)} is not implemented "
-            "(YaRN's extrapolation mix is 1, as in transformers)"
-        )
-    log_mul = meta.get("rope.scaling.yarn_log_multiplier")
-    if log_mul and meta.arch == "deepseek2":
-        # 0.1 * mscale_all_dim; llama.cpp takes mscale == mscale_all_dim, as DeepSeek configs state them
-        mscale = round(float(log_mul) / 0.1, 6)
-        out.update(mscale=mscale, mscale_all_dim=mscale)
-    elif log_mul:
-        out.update(mscale=1.0, mscale_all_dim=float(log_mul))
-    rope = {k: v for k, v in out.items() if v is not None}
-    _attn_factor(meta, rope)
-    return rope
-
-
-def _attn_factor(meta: _Meta, yarn: dict[str, Any] | None) -> None:
-    """Fold llama.cpp's rope.scaling.attn_factor (its runtime multiplies the rope's own scale by it)
-    into YaRN's attention_factor, or refuse it: without YaRN (HF scales no other rope), beside a
-    yarn_attn_factor (which llama.cpp does not read: the two disagree), for DeepSeek (llama.cpp
-    scales its softmax by it too)."""
-    value = meta.get("rope.scaling.attn_factor")
-    if value is None or float(value) == 1.0:
-        return
-    why = "without YaRN (transformers scales no other rope)" if yarn is None else ""
-    if yarn and "attention_factor" in yarn:
-        why = f"beside {meta.arch}.rope.scaling.yarn_attn_factor (llama.cpp and transformers disagree)"
-    elif yarn and meta.arch == "deepseek2":
-        why = "for DeepSeek (llama.cpp scales the attention softmax by it too)"
-    if why:
-        key = f"{meta.arch}.rope.scaling.attn_factor={float(value)}"
-        raise UnsupportedModelError(f"{meta.label}{key} is not implemented {why}")
-    yarn["attention_factor"] = _yarn_scale(yarn) * float(value)
-
-
-def _yarn_scale(yarn: dict[str, Any]) -> float:
-    """YaRN's cos / sin scale without a stated attention_factor (transformers' and llama.cpp's)."""
-    factor, m, m_all = float(yarn.get("factor") or 1.0), yarn.get("mscale"), yarn.get("mscale_all_dim")
-
-    def get_mscale(x: float) -> float:
-        return 0.1 * x * math.log(factor) + 1.0 if factor > 1 else 1.0
-
-    return get_mscale(m) / get_mscale(m_all) if m and m_all else get_mscale(1.0)
 
 
 def _phi3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
@@ -312,7 +245,7 @@ def _deepseek2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
     }
     if not cfg["intermediate_size"]:  # every layer a mixture: the dense width is never used
         out["intermediate_size"] = out["moe_intermediate_size"]
-    rope = _rope_scaling(meta)
+    rope = stated_rope_scaling(meta)
     if rope:
         rope["type"] = rope.pop("rope_type")
         out["rope_scaling"] = rope
@@ -326,7 +259,7 @@ def _gptoss(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     (truncate false, as every gpt-oss config.json states and transformers computes): ggml rounds the
     range's ends to whole dimensions for every model, which the converter cannot tell it not to do."""
     window = meta.get("attention.sliding_window")
-    rope = _rope_scaling(meta)
+    rope = stated_rope_scaling(meta)
     if rope and rope.get("rope_type") == "yarn":
         rope["truncate"] = False
     return {
@@ -353,15 +286,18 @@ _BUILDERS = {
 }
 
 
-def missing_config_keys(metadata: dict[str, Any], name: str = "") -> dict[str, Any]:
+def missing_config_keys(
+    metadata: dict[str, Any], name: str = "", tensors: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What transformers' GGUF config reader leaves out, for the architectures it reads: head_dim
     (Qwen3's differs from hidden_size / heads; transformers maps key_length for few architectures),
     the mixture-of-experts keys (moe_config_from_gguf), rms_norm_eps as the decimal config.json
     stated (transformers keeps the float32 9.9999997e-06 for 1e-05), and the rope scaling (it reads
-    rope.scaling.* for gpt-oss only: a YaRN Qwen2.5 or a linear-scaled Llama would lose it)."""
+    rope.scaling.* for gpt-oss only: a YaRN Qwen2.5 or a linear-scaled Llama would lose it; it drops
+    the rope_freqs tensor of Llama 3.1 / 3.2, which `tensors` (GGUF name -> GGUFTensor) carries)."""
     meta = _Meta(metadata, name)
     out: dict[str, Any] = {}
-    rope = _rope_scaling(meta)
+    rope = rope_freqs_scaling(meta, tensors or {}, stated_rope_scaling(meta))
     if rope:
         out["rope_scaling"] = rope
     if meta.get("attention.layer_norm_rms_epsilon") is not None:

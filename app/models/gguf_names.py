@@ -66,7 +66,7 @@ PERMUTED_ARCHITECTURES = {"llama", "mistral"}
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """HF parameter name for a GGUF tensor name of architecture `arch`; None for tensors we do not
-    use (rope_freqs, Phi-3's rope factors: the config reader takes those)."""
+    use (rope_freqs, Phi-3's rope factors: the config readers gguf_rope / gguf_config take those)."""
     m = _LAYER_RE.match(gguf_name)
     if m:
         layer, part, kind = m.groups()

@@ -14,7 +14,7 @@ from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 5  # bump when what gguf_config_and_tokenizer stores changes (5: rope scaling of every family)
+_CACHE_FORMAT = 6  # bump when what gguf_config_and_tokenizer stores changes (6: llama3 rope from rope_freqs)
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 
@@ -172,7 +172,7 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
         return hf_cfg, tokenizer
     hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
-    hf_cfg.update(missing_config_keys(indexes[0].metadata))
+    hf_cfg.update(missing_config_keys(indexes[0].metadata, tensors=tensors))
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return hf_cfg, tokenizer
 
