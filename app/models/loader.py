@@ -172,7 +172,7 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
         return hf_cfg, tokenizer
     hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
-    hf_cfg.update(missing_config_keys(indexes[0].metadata, tensors=tensors))
+    hf_cfg.update(missing_config_keys(indexes[0].metadata, path.name, tensors=tensors))
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return hf_cfg, tokenizer
 
