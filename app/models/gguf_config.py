@@ -55,7 +55,7 @@ class _Meta:
 
 
 def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name: str = "") -> dict[str, Any] | None:
-    """The config.json dict of a gemma2 / gemma3 / phi3 / glm4 / deepseek2 / gpt-oss GGUF; None for other
+    """The config.json dict of a gemma2 / gemma3 / phi3 / glm4 / deepseek2 / gpt-oss / mistral3 GGUF; None for other
     architectures (transformers' reader serves them). `tensors`: GGUF name -> GGUFTensor of every
     part (which tensors exist says what keys cannot: tying, biases, q LoRA; Phi-3's LongRoPE
     factors are tensors)."""
@@ -64,6 +64,8 @@ def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name:
     if builder is None:
         return None
     rope_freqs_scaling(meta, tensors, None)  # refuses a rope_freqs tensor: no family here has one to map
+    if meta.arch != "mistral3":
+        _temperature(meta, refuse=True)
     cfg = _common(meta, tensors)
     cfg.update(builder(meta, tensors, cfg))
     return cfg
@@ -252,6 +254,40 @@ def _deepseek2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
     return out
 
 
+def _mistral3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Ministral 3 (llama.cpp's Ministral3Model, and Mistral's own format through MistralModel):
+    Llama's tensors with q/k permuted as Llama's, YaRN (yarn_log_multiplier: mscale_all_dim against
+    an mscale of 1, read by stated_rope_scaling) and Llama 4's query temperature (_temperature).
+    transformers has no GGUF reader for it, so the config is built here; no window (llama.cpp's
+    mistral3 graph has none)."""
+    rope = stated_rope_scaling(meta) or {"rope_type": "default"}
+    return {
+        "model_type": "ministral3",
+        "head_dim": _head_dim(meta, cfg),
+        "sliding_window": None,
+        "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},
+        **_temperature(meta),
+    }
+
+
+def _temperature(meta: _Meta, refuse: bool = False) -> dict[str, Any]:
+    """attention.temperature_scale (Llama 4's query temperature beta) as family_ministral reads it:
+    llama_4_scaling {beta, original_max_position_embeddings}, the length llama.cpp's mistral3 graph
+    steps at (n_ctx_orig_yarn: rope.scaling.original_context_length, else context_length). beta is
+    float32 in the file: its shortest decimal is the config's (0.1, not 0.10000000149). refuse: the
+    caller's architecture has no such temperature in Lantern (deepseek2: Mistral Large 3)."""
+    beta = meta.get("attention.temperature_scale")
+    if not beta:
+        return {}
+    if refuse:
+        raise UnsupportedModelError(
+            f"{meta.label}{meta.arch}.attention.temperature_scale={float(beta):g} is not implemented for "
+            f"architecture {meta.arch} (Llama 4's query temperature: dense llama and mistral3 only)"
+        )
+    length = meta.get("rope.scaling.original_context_length") or meta.need("context_length")
+    return {"llama_4_scaling": {"beta": float(str(np.float32(beta))), "original_max_position_embeddings": int(length)}}
+
+
 def _gptoss(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """gpt-oss (llama.cpp's GptOssModel): llama.cpp slides every even layer (its swa pattern 2, as
     GptOssConfig's default layer_types) and fixes the SwiGLU's alpha 1.702 and limit 7.0 in its graph
@@ -283,12 +319,11 @@ _BUILDERS = {
     "glm4": _glm4,
     "deepseek2": _deepseek2,
     "gpt-oss": _gptoss,
+    "mistral3": _mistral3,
 }
 
 
-def missing_config_keys(
-    metadata: dict[str, Any], name: str = "", tensors: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def missing_config_keys(metadata: dict[str, Any], name: str, tensors: dict[str, Any]) -> dict[str, Any]:
     """What transformers' GGUF config reader leaves out, for the architectures it reads: head_dim
     (Qwen3's differs from hidden_size / heads; transformers maps key_length for few architectures),
     the mixture-of-experts keys (moe_config_from_gguf), rms_norm_eps as the decimal config.json
@@ -307,6 +342,14 @@ def missing_config_keys(
     out.update(moe_config_from_gguf(metadata))
     if out.get("moe_intermediate_size") and not meta.get("feed_forward_length"):
         out["intermediate_size"] = out["moe_intermediate_size"]  # all-expert files omit the dense width
+    # Mistral's llama-arch conversions may state Llama 4's query temperature (llama.cpp's llama graph
+    # never reads it; the checkpoint computes it): Ministral 3's maths, so its config. Mixtral: refused.
+    temperature = _temperature(meta, refuse=meta.arch != "llama" or "model_type" in out)
+    if temperature:
+        theta = float(meta.get("rope.freq_base", 10000.0))
+        embd, heads = int(meta.need("embedding_length")), int(meta.scalar("attention.head_count"))
+        out.update(model_type="ministral3", head_dim=out.get("head_dim") or embd // heads, **temperature)
+        out["rope_parameters"] = {**(rope or {"rope_type": "default"}), "rope_theta": theta}
     return out
 
 

@@ -123,9 +123,9 @@ def rope_freqs_scaling(meta: _Meta, tensors: dict[str, Any], stated: dict[str, A
             f"{where} beside {meta.arch}.rope.scaling.type={stated['rope_type']} is not implemented "
             "(llama.cpp applies both)"
         )
-    if getattr(t.tensor_type, "name", "") not in ("F32", "F16"):
+    if getattr(t.tensor_type, "name", "") != "F32":  # what the converter writes; F16 could not meet _REL
         raise UnsupportedModelError(
-            f"{where} of type {getattr(t.tensor_type, 'name', t.tensor_type)} is not implemented"
+            f"{where} of type {getattr(t.tensor_type, 'name', t.tensor_type)} is not implemented (F32 only)"
         )
     divisors = np.asarray(t.data, dtype=np.float32).reshape(-1).astype(np.float64)
     heads = int(meta.scalar("attention.head_count"))

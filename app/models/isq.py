@@ -7,7 +7,10 @@ What stays in float, and why:
 - matrices whose input width the backend's kernels cannot take (IsqMode.col_multiple and the
   group size): torch's CPU int8 kernel reads 16 columns at a time with no tail, so a narrower or
   ragged width would be read past its end (a 24-column DeepSeek q_b_proj segfaulted);
-- 1-D tensors (norms, biases), and a tied lm_head (the embedding serves as the head).
+- 1-D tensors (norms, biases), and a tied lm_head (the embedding serves as the head);
+- latent attention's kv_b_proj (DeepSeek): the absorbed attention reads its matrix, never the layer,
+  so a quantized one is made dense after loading anyway (models' finish_load): quantizing it would
+  keep the same bytes and add only its error.
 
 Experts stacked per layer ([E, out, in]: gpt-oss) are split into one quantized matrix per expert
 under per-expert names, so the loaders keep them quantized as they keep per-expert checkpoints';
@@ -29,6 +32,7 @@ from lantern.app.models.family_moe import is_router, moe_name
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, quantize_affine
 
 logger = logging.getLogger(__name__)
+MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whole (module docstring)
 
 ISQ_SCHEMES = ("q4", "q8")
 
@@ -59,8 +63,8 @@ def isq_candidates(cfg: Any) -> int:
         return 3 + 6 * cfg.num_layers
     total = 1 if cfg.tie_word_embeddings else 2  # embedding (+ lm_head)
     mla = cfg.mla
-    # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj; else q, k, v, o.
-    attention = (3 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
+    # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
+    attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
     for layer in range(cfg.num_layers):
         total += attention
         moe = cfg.moe
@@ -81,7 +85,7 @@ def quantize_stream(
     cfg = spec.config
     total = isq_candidates(cfg)
     bar = tqdm(total=total, desc=f"quantizing to {isq.label}", unit="tensor", disable=not progress, leave=False)
-    done = seen = already = routers = 0
+    done = seen = already = routers = latent = 0
     narrow: list[tuple[str, int]] = []
     try:
         for name, value in source:
@@ -121,6 +125,10 @@ def quantize_stream(
                 routers += 1
                 yield name, value
                 continue
+            if cfg.mla is not None and name.endswith(MLA_FLOAT):
+                latent += 1
+                yield name, value
+                continue
             seen += 1
             cols = value.shape[1]
             if not isq.fits(cols):
@@ -137,7 +145,7 @@ def quantize_stream(
             bar.update(1)
     finally:
         bar.close()
-    _report(isq, done, routers, narrow, already)
+    _report(isq, done, routers + latent, narrow, already)
     if seen != total:  # a family whose matrices isq_candidates does not know: only the bar is off
         logger.debug("in-situ quantization saw %d matrices; %d were expected", seen, total)
 
@@ -172,7 +180,7 @@ def _split_stacked(path: str, proj: str, value: Any, isq: IsqMode) -> Iterator[t
 
 
 def _report(isq: IsqMode, done: int, routers: int, narrow: list[tuple[str, int]], already: int) -> None:
-    kept = f"; {routers} MoE router matrices kept in float" if routers else ""
+    kept = f"; {routers} router / latent kv_b_proj matrices kept in float" if routers else ""
     logger.info("in-situ quantization: %d tensors to %s%s", done, isq.label, kept)
     if narrow:
         unit = math.lcm(isq.group_size or 1, isq.col_multiple)

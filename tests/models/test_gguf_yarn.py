@@ -128,7 +128,7 @@ def test_yarn_file_logits_and_greedy_match_transformers(yarn_gguf, backend, tmp_
 def _rope(arch: str, **keys) -> dict | None:
     """rope_scaling read from `{arch}.rope.scaling.<key>` metadata."""
     md = {"general.architecture": arch, **{f"{arch}.rope.scaling.{k}": v for k, v in keys.items()}}
-    return missing_config_keys(md, "x.gguf").get("rope_scaling")
+    return missing_config_keys(md, "x.gguf", {}).get("rope_scaling")
 
 
 def _llama_cpp_scale(factor: float, attn_factor: float = 1.0, log_mul: float = 0.0) -> float:

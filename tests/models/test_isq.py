@@ -14,7 +14,7 @@ import math
 import pytest
 
 from lantern.app.models.family_moe import is_router, moe_name
-from lantern.app.models.isq import IsqMode
+from lantern.app.models.isq import MLA_FLOAT, IsqMode
 from lantern.app.models.quant.affine import AffineWeight, quantize_affine
 from tests.fixtures.tiny_models import ARCH_VARIANTS
 from tests.models.quant_logits import logits_error, reference_folder, tolerance
@@ -102,12 +102,15 @@ def test_isq_weights_shard_over_two_ranks(tiny_model_dir, tmp_path, variant, sch
 
 def isq_reference(backend: str, scheme: str):
     """What --isq holds, in float: every 2-D weight quantized then dequantized, except the MoE
-    routers and the matrices too narrow for the backend's layout, which stay exact."""
+    routers, latent attention's kv_b_proj and the matrices too narrow for the backend's layout,
+    which stay exact."""
     bits, group, symmetric = MODES[(backend, scheme)]
     unit = COLUMN_UNIT.get((backend, scheme), 1)
 
     def transform(name, w):
-        if w.ndim != 2 or is_router(moe_name(name)) or w.shape[1] % math.lcm(group or 1, unit):
+        if w.ndim != 2 or is_router(moe_name(name)) or name.endswith(MLA_FLOAT):
+            return w
+        if w.shape[1] % math.lcm(group or 1, unit):
             return w
         return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
 
@@ -149,8 +152,9 @@ class _Bar:
 
 @pytest.mark.parametrize("variant", list(ARCH_VARIANTS))
 def test_isq_progress_counts_every_matrix_and_keeps_routers_in_float(tiny_model_dir, monkeypatch, variant):
-    """The bar's total is exact (experts counted one by one, routers and a tied head not at all),
-    and every matrix is either quantized or kept in float for a reason the stream states."""
+    """The bar's total is exact (experts counted one by one, routers, latent attention's kv_b_proj
+    and a tied head not at all), and every matrix is either quantized or kept in float for a reason
+    the stream states."""
     import tqdm
 
     from lantern.app.models.loader import resolve_model
@@ -162,7 +166,7 @@ def test_isq_progress_counts_every_matrix_and_keeps_routers_in_float(tiny_model_
     mode = IsqMode(8, 0, symmetric=True, col_multiple=16)  # torch/CPU q8
     quantized = kept = routers = 0
     for name, value in iter_weights(spec, "pt", mode, progress=True):
-        if is_router(moe_name(name)):
+        if is_router(moe_name(name)) or name.endswith(MLA_FLOAT):
             assert not isinstance(value, AffineWeight), name
             routers += 1
         elif isinstance(value, AffineWeight):

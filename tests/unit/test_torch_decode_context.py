@@ -178,3 +178,16 @@ def test_a_negative_slot_writes_nothing_and_others_land():
     paged_attention(torch.ones(2, 1, 8), k, k.clone(), meta, 0, 1.0)
     changed = (pool.k[0] != before).any(dim=(1, 2)).nonzero().flatten().tolist()
     assert changed == [4]  # only the real row's slot; -1 did not wrap to the pool's last slot
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (3, 4, 64), (300, 2048)])
+def test_float32_rms_norm_is_hf_llamas_formula_bit_for_bit(shape):
+    """reference.rms_norm's float32 path calls torch's rms_norm for speed; it must round exactly as
+    HF Llama's weight * (h * rsqrt(mean(h^2) + eps)) does on a CPU, residual sum included."""
+    g = torch.Generator().manual_seed(shape[-1])
+    x, residual = torch.randn(*shape, generator=g) * 3, torch.randn(*shape, generator=g)
+    weight = torch.randn(shape[-1], generator=g)
+    normed, summed = reference.rms_norm(x, weight, 1e-6, residual)
+    h = x + residual
+    assert torch.equal(summed, h)
+    assert torch.equal(normed, weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)))
