@@ -61,7 +61,7 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias|scales|biases)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
 
 # Architectures whose llama.cpp converter permuted q/k rows for its interleaved rotary layout.
-PERMUTED_ARCHITECTURES = {"llama", "mistral"}
+PERMUTED_ARCHITECTURES = {"llama", "mistral", "mistral3"}  # mistral3: Ministral3Model is a LlamaModel
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:

@@ -14,7 +14,7 @@ from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 6  # bump when what gguf_config_and_tokenizer stores changes (6: llama3 rope from rope_freqs)
+_CACHE_FORMAT = 7  # bump when what gguf_config_and_tokenizer stores changes (7: llama-arch query temperature)
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 

@@ -32,6 +32,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"family": "deepseek", "configure": "family_deepseek"},
     "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
     "glm4": {"family": "glm4", "configure": "family_glm"},
+    "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)
 }
@@ -41,14 +42,12 @@ class UnsupportedModelError(ValueError):
     pass
 
 
-def _gemma3_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    from lantern.app.models.family_gemma import text_config_of
-
-    return text_config_of(cfg)
+def _text_config(module: str) -> Any:
+    return lambda cfg: importlib.import_module(f"lantern.app.models.{module}").text_config_of(cfg)
 
 
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.
-MULTIMODAL_WRAPPERS = {"gemma3": _gemma3_text_config}
+MULTIMODAL_WRAPPERS = {"gemma3": _text_config("family_gemma"), "mistral3": _text_config("family_ministral")}
 
 
 # Keys each rope type may carry; both backends compute exactly these (torch through transformers'
@@ -256,6 +255,7 @@ class ModelConfig:
     sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
     moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
     mla: Any = None  # family_deepseek.MLAConfig: multi-head latent attention (DeepSeek V2/V3)
+    attn_temperature: Any = None  # family_ministral.AttnTemperature: per-position query scale (Ministral 3)
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     # The vision-language model_type whose folder this language model came from (its tensor names
     # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
@@ -349,7 +349,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
-            rope_scaling=_rope_scaling(cfg, rope, max_pos),
+            rope_scaling=None if traits.get("own_rope") else _rope_scaling(cfg, rope, max_pos),  # else configure's
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bias,

@@ -130,7 +130,7 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     """For a vision-language folder: its language model's tensor names (None: a vision tensor);
     for a BERT encoder: the encoder files' names (None: a tensor not loaded); else backbone names
     with their "model." prefix."""
-    if spec.config.multimodal_wrapper == "gemma3":
+    if spec.config.multimodal_wrapper in ("gemma3", "mistral3"):  # the same language_model prefixes
         from lantern.app.models.family_gemma import text_weight_name
 
         return text_weight_name

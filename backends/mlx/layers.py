@@ -6,6 +6,8 @@ q/k norms, activation), so a family's model file only says how the blocks are wi
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -56,6 +58,7 @@ class Attention(nn.Module):
         if self.window is not None and cfg.local_rope_theta is not None:
             theta, scaling = cfg.local_rope_theta, None
         self.rope = build_rope(rotary_dim(cfg), theta, rope_interleaved, scaling, cfg.max_position_embeddings)
+        self.temperature = cfg.attn_temperature  # Ministral 3: queries scaled per position
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         t = x.shape[0]
@@ -68,11 +71,22 @@ class Attention(nn.Module):
         # rope takes one offset per token.
         q = self.rope(q[:, :, None, :], offset=meta.positions)[:, :, 0, :]
         k = self.rope(k[:, :, None, :], offset=meta.positions)[:, :, 0, :]
+        if self.temperature is not None:
+            q = q * query_temperature(self.temperature, meta.positions, q.dtype)
         sinks = self.get("sinks")
         out = paged_attention(
             q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap, sinks=sinks
         )
         return self.o_proj(out.reshape(t, -1))
+
+
+def query_temperature(temp: Any, positions: mx.array, dtype: mx.Dtype) -> mx.array:
+    """Llama 4's query scale at each token's position, [T, 1, 1] in the queries' dtype: float32
+    1 + beta * log(1 + floor(position / length)) as transformers computes it, then cast (temp:
+    family_ministral.AttnTemperature). A few lazy ops on [T] per layer: MLX's metadata has no
+    per-step cache to share them through."""
+    steps = mx.floor(positions.astype(mx.float32) / temp.length)
+    return (1 + temp.beta * mx.log(1 + steps)).astype(dtype)[:, None, None]
 
 
 class MLP(nn.Module):

@@ -8,6 +8,8 @@ projections (weights.py stacks them while loading).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -124,6 +126,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, cfg.rms_norm_eps)
+        self.temperature = cfg.attn_temperature  # Ministral 3: queries scaled per position
 
     def forward(
         self, x: torch.Tensor, meta: TorchAttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -143,10 +146,24 @@ class Attention(nn.Module):
             qk = qkv[:, : self.splits[0] + self.splits[1]].view(t, self.n_heads + self.n_kv, self.head_dim)
             qk = apply_rotary(qk, cos, sin, self.rope_interleaved, meta.step_cache)
             q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
+        if self.temperature is not None:
+            q = q * query_temperature(self.temperature, meta, q.dtype)
         out = paged_attention(
             q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap, sinks=self.sinks
         )
         return self.tp.all_reduce(self.o_proj(out.reshape(t, -1)))
+
+
+def query_temperature(temp: Any, meta: TorchAttentionMetadata, dtype: torch.dtype) -> torch.Tensor:
+    """Llama 4's query scale at each token's position, [T, 1, 1] in the queries' dtype: computed in
+    float32 as transformers does (1 + beta * log(1 + floor(position / length))), then cast; made
+    once per step and shared by every layer (temp: family_ministral.AttnTemperature)."""
+    key = ("attn_temperature", dtype)
+    scale = meta.step_cache.get(key)
+    if scale is None:
+        steps = torch.floor(meta.positions / temp.length)
+        scale = meta.step_cache[key] = (1 + temp.beta * torch.log(1 + steps)).to(dtype)[:, None, None]
+    return scale
 
 
 class MLP(nn.Module):
