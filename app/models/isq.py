@@ -145,7 +145,7 @@ def quantize_stream(
             bar.update(1)
     finally:
         bar.close()
-    _report(isq, done, routers + latent, narrow, already)
+    _report(isq, done, routers, narrow, already, latent)
     if seen != total:  # a family whose matrices isq_candidates does not know: only the bar is off
         logger.debug("in-situ quantization saw %d matrices; %d were expected", seen, total)
 
@@ -179,8 +179,9 @@ def _split_stacked(path: str, proj: str, value: Any, isq: IsqMode) -> Iterator[t
             yield f"{path}.{e}.up_proj.weight", w.rows(inner, 2 * inner)
 
 
-def _report(isq: IsqMode, done: int, routers: int, narrow: list[tuple[str, int]], already: int) -> None:
-    kept = f"; {routers} router / latent kv_b_proj matrices kept in float" if routers else ""
+def _report(isq: IsqMode, done: int, routers: int, narrow: list[tuple[str, int]], already: int, latent: int) -> None:
+    kept = f"; {routers} MoE router matrices kept in float" if routers else ""
+    kept += f"; {latent} latent attention kv_b_proj matrices kept in float" if latent else ""
     logger.info("in-situ quantization: %d tensors to %s%s", done, isq.label, kept)
     if narrow:
         unit = math.lcm(isq.group_size or 1, isq.col_multiple)

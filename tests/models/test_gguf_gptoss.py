@@ -57,8 +57,7 @@ def convert_gptoss(src: Path, out: Path, experts: str) -> tuple[Path, Path]:
     import gguf
     from safetensors.numpy import load_file, save_file
 
-    from tests.fixtures.gguf_writer import _tokenizer_metadata
-    from tests.fixtures.tiny_models import CHATML
+    from tests.fixtures.gguf_writer import write_tokenizer
 
     cfg = json.loads((src / "config.json").read_text())
     rope, layers = cfg["rope_parameters"], cfg["num_hidden_layers"]
@@ -79,16 +78,7 @@ def convert_gptoss(src: Path, out: Path, experts: str) -> tuple[Path, Path]:
     ):  # fmt: skip
         add(value)
     fast = AutoTokenizer.from_pretrained(str(src))
-    tokens, types, merges = _tokenizer_metadata(fast)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(fast.bos_token_id)
-    w.add_eos_token_id(fast.eos_token_id)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    write_tokenizer(w, fast)
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, layers)
     matrix = "F32" if experts == "F32" else "F16"

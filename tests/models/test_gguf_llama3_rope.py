@@ -30,9 +30,9 @@ from lantern.app.models.gguf_rope import _divisors, _numpy_divisors
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
-from tests.fixtures.gguf_writer import _tokenizer_metadata
+from tests.fixtures.gguf_writer import write_llama_tensors, write_tokenizer
 from tests.fixtures.teacher_forcing import teacher_forced_logits
-from tests.fixtures.tiny_models import CHATML, build_model
+from tests.fixtures.tiny_models import build_model
 
 LLAMA31 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 LLAMA32 = {**LLAMA31, "factor": 32.0}
@@ -175,15 +175,9 @@ def test_rope_freqs_on_a_family_gguf_config_builds_is_refused(tmp_path):
 
 
 # ---- a tiny Llama 3.x written as the converter writes it, on both backends ------------------------
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """LlamaModel.permute: llama.cpp's rotary layout of q/k rows."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def convert_llama(src: Path, path: Path, rope_freqs: bool = True) -> Path:
     """`src` (a float32 HF llama folder) as an F32 GGUF, as convert_hf_to_gguf.py writes it."""
     import gguf
-    from safetensors.numpy import load_file
     from transformers import AutoTokenizer
 
     cfg = json.loads((src / "config.json").read_text())
@@ -201,29 +195,10 @@ def convert_llama(src: Path, path: Path, rope_freqs: bool = True) -> Path:
     w.add_vocab_size(cfg["vocab_size"])
     w.add_rope_dimension_count(hidden // heads)
     fast = AutoTokenizer.from_pretrained(str(src))
-    tokens, types, merges = _tokenizer_metadata(fast)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(fast.bos_token_id)
-    w.add_eos_token_id(fast.eos_token_id)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    write_tokenizer(w, fast)
     if rope_freqs:
         w.add_tensor("rope_freqs.weight", converter_divisors(hidden // heads, rope["rope_theta"], rope))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
-    for name, value in load_file(str(src / "model.safetensors")).items():
-        if name.endswith("q_proj.weight"):
-            value = _permute(value, heads)
-        elif name.endswith("k_proj.weight"):
-            value = _permute(value, kv)
-        w.add_tensor(names.get_name(name, try_suffixes=(".weight",)), np.ascontiguousarray(value, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_llama_tensors(w, src, gguf.MODEL_ARCH.LLAMA, heads, kv)
     return path
 
 

@@ -28,9 +28,9 @@ from lantern.app.models.gguf_config import hf_config_from_gguf, missing_config_k
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.conformance.test_parity import hf_greedy
-from tests.fixtures.gguf_writer import _tokenizer_metadata
+from tests.fixtures.gguf_writer import write_llama_tensors, write_tokenizer
 from tests.fixtures.teacher_forcing import teacher_forced_logits
-from tests.fixtures.tiny_models import CHATML, build_tokenizer
+from tests.fixtures.tiny_models import build_tokenizer
 
 BETA = 0.1  # Ministral 3's llama_4_scaling_beta
 ROPE = {
@@ -96,16 +96,10 @@ def folders(tmp_path_factory):
     return root / "text", root / "wrapper"
 
 
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """LlamaModel.permute: llama.cpp's rotary layout of q/k rows."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def convert(src: Path, path: Path, arch: str = "mistral3") -> Path:
     """`src` (a float32 HF ministral3 folder) as an F32 GGUF, as convert_hf_to_gguf.py writes it:
     TextModel's and LlamaModel's keys, then Ministral3Model's yarn_log_multiplier and temperature."""
     import gguf
-    from safetensors.numpy import load_file
     from transformers import AutoTokenizer
 
     cfg = json.loads((src / "config.json").read_text())
@@ -131,27 +125,8 @@ def convert(src: Path, path: Path, arch: str = "mistral3") -> Path:
     w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
     w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
     fast = AutoTokenizer.from_pretrained(str(src))
-    tokens, types, merges = _tokenizer_metadata(fast)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(fast.bos_token_id)
-    w.add_eos_token_id(fast.eos_token_id)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MISTRAL3, cfg["num_hidden_layers"])
-    for name, value in load_file(str(src / "model.safetensors")).items():
-        if name.endswith("q_proj.weight"):
-            value = _permute(value, heads)
-        elif name.endswith("k_proj.weight"):
-            value = _permute(value, kv)
-        w.add_tensor(names.get_name(name, try_suffixes=(".weight",)), np.ascontiguousarray(value, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_tokenizer(w, fast)
+    write_llama_tensors(w, src, gguf.MODEL_ARCH.MISTRAL3, heads, kv)
     return path
 
 

@@ -23,11 +23,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lantern.app.engine import LLM, SamplingParams
+from lantern.app.engine import LLM
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError, check_servable
-from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
+from tests.conformance.test_parity import PROMPT, hf_model
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 from tests.fixtures.tiny_models import build_model
+from tests.models.test_rope_yarn import matches_transformers
 
 # Every 6th of Phi-3.5-mini-instruct's 48 factors: 8 for a 16-dim head.
 LONG = [1.08, 1.62, 7.7, 30.42, 50.34, 62.61, 63.93, 64.12]
@@ -327,20 +328,7 @@ def test_longrope_logits_across_the_original_length(phi35, backend, tmp_path):
 def _assert_matches_transformers(path: str, backend: str) -> None:
     """64 greedy tokens from the parity prompt (36 tokens: past a LongRoPE original length of 32,
     so transformers' generate() uses the long factors from the start), and every row's logits."""
-    llm = LLM(path, backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    prompt = llm.tokenizer.encode(PROMPT)
-    hf = hf_model(path)
-    ref_tokens = hf_greedy(hf, prompt, 64)
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
-    assert out[0].outputs[0].token_ids == ref_tokens
-    assert len(set(ref_tokens)) > 8, "degenerate reference: the tiny model should produce varied tokens"
-    with torch.no_grad():
-        ref = hf(torch.tensor([prompt + ref_tokens])).logits[0].numpy()
-    rows = 0
-    for pos, got in teacher_forced_logits(llm.engine, prompt, ref_tokens[:24]):
-        np.testing.assert_allclose(got, ref[pos], atol=1e-4, rtol=0)
-        rows += 1
-    assert rows == 24
+    matches_transformers(path, backend)
 
 
 def test_phi4_mini_shaped_model(tmp_path_factory, backend):

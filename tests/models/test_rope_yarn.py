@@ -123,7 +123,7 @@ def untruncated_model(request, tmp_path_factory) -> str:
     return _write(f"untruncated_{request.param}", *UNTRUNCATED[request.param], tmp_path_factory)
 
 
-def _matches_transformers(model: str, backend: str) -> tuple[list[int], np.ndarray]:
+def matches_transformers(model: str, backend: str) -> tuple[list[int], np.ndarray]:
     """Lantern's 64 greedy tokens and 24 teacher-forced logits rows equal transformers'; returns
     (the prompt and those tokens, transformers' logits over them)."""
     llm = LLM(model, backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
@@ -158,19 +158,19 @@ def _logits_with(model: str, tmp_path, ids: list[int], **rope_change) -> np.ndar
         return hf_model(str(other))(torch.tensor([ids])).logits[0].numpy()
 
 
-def test_yarn_attention_factor_model_matches_transformers(yarn_model, backend, tmp_path):
+def test_yarn_attention_factor_modelmatches_transformers(yarn_model, backend, tmp_path):
     cfg = ModelConfig.from_hf(json.loads(Path(yarn_model, "config.json").read_text()))
     assert cfg.rope_scaling["attention_factor"] == ATTENTION
     assert hf_model(yarn_model).config.rope_parameters["attention_factor"] == ATTENTION  # the reference reads it
-    ids, ref = _matches_transformers(yarn_model, backend)
+    ids, ref = matches_transformers(yarn_model, backend)
     # Not vacuous: without the stated factor transformers' logits move well past the tolerance.
     assert np.abs(_logits_with(yarn_model, tmp_path, ids, attention_factor=None) - ref).max() > 1e-2
 
 
-def test_untruncated_yarn_model_matches_transformers(untruncated_model, backend, tmp_path):
+def test_untruncated_yarn_modelmatches_transformers(untruncated_model, backend, tmp_path):
     cfg = ModelConfig.from_hf(json.loads(Path(untruncated_model, "config.json").read_text()))
     assert cfg.rope_scaling["truncate"] is False
-    ids, ref = _matches_transformers(untruncated_model, backend)
+    ids, ref = matches_transformers(untruncated_model, backend)
     # Not vacuous: the rounded range (transformers' default) moves the logits well past the tolerance.
     assert np.abs(_logits_with(untruncated_model, tmp_path, ids, truncate=None) - ref).max() > 1e-2
 
