@@ -30,7 +30,7 @@ from lantern.app.models.gguf_rope import _divisors, _numpy_divisors
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
-from tests.fixtures.gguf_writer import write_llama_tensors, write_tokenizer
+from tests.fixtures.gguf_writer import write_llama_hparams, write_llama_tensors, write_tokenizer
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 from tests.fixtures.tiny_models import build_model
 
@@ -184,14 +184,7 @@ def convert_llama(src: Path, path: Path, rope_freqs: bool = True) -> Path:
     heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
     rope = cfg["rope_parameters"]
     w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_rope_freq_base(rope["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    write_llama_hparams(w, cfg, rope["rope_theta"])
     w.add_vocab_size(cfg["vocab_size"])
     w.add_rope_dimension_count(hidden // heads)
     fast = AutoTokenizer.from_pretrained(str(src))

@@ -28,7 +28,7 @@ from lantern.app.models.gguf_config import hf_config_from_gguf, missing_config_k
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.conformance.test_parity import hf_greedy
-from tests.fixtures.gguf_writer import write_llama_tensors, write_tokenizer
+from tests.fixtures.gguf_writer import write_llama_hparams, write_llama_tensors, write_tokenizer
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 from tests.fixtures.tiny_models import build_tokenizer
 
@@ -105,14 +105,7 @@ def convert(src: Path, path: Path, arch: str = "mistral3") -> Path:
     cfg = json.loads((src / "config.json").read_text())
     heads, kv, rope = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rope_parameters"]
     w = gguf.GGUFWriter(path, arch)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_rope_freq_base(rope["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    write_llama_hparams(w, cfg, rope["rope_theta"])
     w.add_key_length(cfg["head_dim"])
     w.add_value_length(cfg["head_dim"])
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
