@@ -22,6 +22,7 @@ from lantern.app.engine.errors import EngineDeadError
 from lantern.backends.base import kv_layout_of
 from lantern.backends.paged_plan import plan_attention
 from lantern.backends.torch.attention import TorchKVPool, build_metadata
+from lantern.backends.torch.cpu_malloc import keep_freed_memory
 from lantern.backends.torch.cuda_graphs import DecodeGraphRunner
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.layers import rope_tables
@@ -192,6 +193,8 @@ class TorchBackend:
             v_dim=v_dim,
             v_is_k_prefix=v_in_k,
         )
+        if self.device.type == "cpu":
+            keep_freed_memory()  # now, after the weights and the KV pool (cpu_malloc says why)
         if v_in_k and self.static_decode:  # the reference path MLA takes syncs with the host: no capture
             logger.info("decode steps run eagerly: this model's KV layout takes the reference attention path")
             self.static_decode = self.capture_graphs = False
