@@ -142,6 +142,10 @@ class _Loader:
         if path.endswith("embed_tokens") and isinstance(parts[0], Fp8Weight):
             self.fp8 = True  # no FP8 gather: the table is float (an FP8 embedding is rare)
             parts = [_as_torch(parts[0].dequantize())]
+        if kind == "weight" and path.endswith(".kv_b_proj") and _densified(self.model, path):
+            # Latent attention reads this matrix densely (models/deepseek.MLAttention.dense_kv_b): take
+            # the file's values exactly, not a requantized int8 layout decoded back.
+            parts = [_as_torch(p.dequantize()) if isinstance(p, (AffineWeight, Fp8Weight)) else p for p in parts]
         if any(isinstance(p, (AffineWeight, Fp8Weight)) for p in parts):
             if kind != "weight":
                 raise ValueError(f"{path}.{kind}: only weights can be quantized")
@@ -323,6 +327,11 @@ def _pad_rows(value: Any, rows: int) -> Any:
     shard = torch.zeros(rows, value.shape[1], dtype=value.dtype)
     shard[:have] = value
     return shard
+
+
+def _densified(model: nn.Module, path: str) -> bool:
+    """True when the module owning `path` makes it a dense matrix after loading (dense_kv_b)."""
+    return hasattr(model.get_submodule(path.rsplit(".", 1)[0]), "dense_kv_b")
 
 
 def _set_module(root: nn.Module, path: str, new: nn.Module) -> None:

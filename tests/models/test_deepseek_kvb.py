@@ -40,10 +40,12 @@ def wide_kv_b(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def legacy_q8(wide_kv_b, tmp_path_factory) -> tuple[Path, Path]:
+def legacy_q8(tmp_path_factory) -> tuple[Path, Path]:
     """(the Q8_0 file with attn_kv_b whole, as converters before the k_b / v_b split wrote it;
-    the HF folder of the values it holds)."""
-    path, ref = convert_to_gguf(wide_kv_b, tmp_path_factory.mktemp("deepseek-kvb-q8"), "q8_0", legacy_mla=True)
+    the HF folder of the values it holds). kv_lora_rank 64: each kv_b_proj row is two Q8_0 blocks
+    with their own scales, which one int8 scale per row (torch's int8 layout) cannot hold exactly."""
+    hf = build_model("deepseek_v3", tmp_path_factory.mktemp("deepseek-kvb64") / "hf", **{**WIDE, "kv_lora_rank": 64})
+    path, ref = convert_to_gguf(hf, tmp_path_factory.mktemp("deepseek-kvb-q8"), "q8_0", legacy_mla=True)
     types = json.loads((ref / "gguf_types.json").read_text())
     assert types[KV_B.format(1)] == "Q8_0"  # stored in blocks: the path under test
     return path, ref
@@ -127,15 +129,19 @@ def test_isq_keeps_kv_b_float_counted_and_matches(wide_kv_b, tmp_path, backend, 
 
 def test_legacy_q8_0_attn_kv_b_is_dense_counted_and_matches(legacy_q8, tmp_path, backend):
     """MLX holds Q8_0 exactly; torch requantizes it to int8 per channel (as in
-    test_gguf_families' Q8_0 test), kv_b_proj included, so its reference holds that."""
+    test_gguf_families' Q8_0 test), so its reference holds that, except for kv_b_proj, which both
+    backends take exactly (it is made dense)."""
     path, ref = legacy_q8
     types = json.loads((ref / "gguf_types.json").read_text())
 
     def held(name: str, w: np.ndarray) -> np.ndarray:
-        if backend == "mlx" or types.get(name) != "Q8_0":
+        if backend == "mlx" or types.get(name) != "Q8_0" or name.endswith("kv_b_proj.weight"):
             return w
         return quantize_affine(w.astype(np.float32), 8, w.shape[1], symmetric=True).dequantize()
 
+    kv_b = load_file(str(ref / "model.safetensors"))[KV_B.format(1)]
+    per_row = quantize_affine(kv_b.astype(np.float32), 8, kv_b.shape[1], symmetric=True).dequantize()
+    assert np.abs(per_row - kv_b).max() > 1e-4  # an int8 layout would not hold the file's values
     reference = reference_folder(ref, tmp_path / "held", held)
     _check_held_once(str(path), backend, reference)
     err = logits_error(str(path), str(reference), backend)
