@@ -3,7 +3,9 @@
 torch's CPU allocator is plain malloc. With glibc's defaults every tensor above its dynamic mmap
 threshold (at most 32 MiB) is a fresh mmap, and freed memory at the heap's top is handed back to
 the kernel, so each step maps, faults in and zeroes its activations again: a 4,096-token prefill
-of SmolLM2-135M took ~436,000 minor page faults (~1.7 GB of pages), ~250 with the settings below.
+of SmolLM2-135M took ~436,000 minor page faults (~1.7 GB of pages), ~25 with the settings below,
+with the engine on the main thread (the Python API, `lantern bench`). The server's engine thread
+allocates from a glibc thread arena, which kept its memory anyway (~1,000 faults either way).
 jemalloc and tcmalloc (which vLLM's CPU backend asks users to preload) avoid it the same way: memory
 freed by one step serves the next.
 
