@@ -22,61 +22,150 @@ from lantern.backends.sampling_prep import (
 )
 
 _MASK = -float("inf")
-# Noise elements made at once: bounds the int64 scratch (2 x 8 bytes each) at any batch size. On a
-# CPU a chunk that stays in cache is ~2x faster than one pass over [32, 128k]; a GPU wants few launches.
-_NOISE_ELEMS = {"cpu": 1 << 19}
+# Noise elements made at once: bounds the scratch (two int32 buffers) at any batch size. On a 2-core
+# Xeon (1.25 MB L2 per core) 2^18 measured best (~15-20% ahead of 2^16, 2^17 and 2^19): smaller
+# chunks pay ~20 ops' dispatch each (and below 2^16 stop splitting over the threads), larger ones
+# leave L2. A GPU wants few launches.
+_NOISE_ELEMS = {"cpu": 1 << 18}
 _NOISE_ELEMS_DEFAULT = 1 << 23
+# Block widths of the two-level argmax (row_argmax): torch.argmax's CPU kernel is ~5x slower than a
+# vectorized amax over blocks followed by an argmax over the block maxima and one block.
+_ARGMAX_BLOCKS = (256, 128, 64)
 
 
-def _mix32_(x: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
-    """lowbias32 in place on int64 values in [0, 2^32): exact, as both constants are < 2^31."""
+@lru_cache(maxsize=8)
+def _consts(device: torch.device) -> dict[str, torch.Tensor]:
+    """0-dim operands made once: a Python-int scalar costs ~5-12 us of conversion per op, which at
+    ~10 ops per chunk is as much as the arithmetic itself on a 2^17-element chunk.
+
+    The hash runs in int32: products wrap mod 2^32 (two's complement), the same bits as uint32, and
+    a logical right shift by s is an arithmetic one masked to the low 32 - s bits. Both multipliers
+    are below 2^31, so they are valid int32 values as they are."""
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=device)
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=device)
+    return {
+        "c1": i32(MIX_C1),
+        "c2": i32(MIX_C2),
+        "s9": i32(9),
+        "s15": i32(15),
+        "lo17": i32((1 << 17) - 1),
+        "lo23": i32((1 << 23) - 1),
+        "half_ulp": f32(2.0**-24),
+    }
+
+
+def _xorshift16_int32(x: torch.Tensor) -> torch.Tensor:
+    """int64 values (taken mod 2^32) -> int32 bits of w ^ (w >>> 16), lowbias32's first step. That
+    step is linear over xor, so for mix32(c) ^ key it is applied to both halves ahead of time."""
+    w = x.bitwise_and(M32)
+    w = w.bitwise_xor_(w >> 16)
+    return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
+
+
+@lru_cache(maxsize=8)
+def column_hashes(vocab: int, device: torch.device) -> torch.Tensor:
+    """int32 [vocab]: the key-independent half of the hash, made once: xorshift16(mix32(column))."""
+    x = torch.arange(vocab, dtype=torch.int64, device=device)
+    tmp = torch.empty_like(x)
     torch.bitwise_right_shift(x, 16, out=tmp)
     x.bitwise_xor_(tmp).mul_(MIX_C1).bitwise_and_(M32)
     torch.bitwise_right_shift(x, 15, out=tmp)
     x.bitwise_xor_(tmp).mul_(MIX_C2).bitwise_and_(M32)
     torch.bitwise_right_shift(x, 15, out=tmp)
-    return x.bitwise_xor_(tmp)
+    return _xorshift16_int32(x.bitwise_xor_(tmp))
 
 
-@lru_cache(maxsize=8)
-def column_hashes(vocab: int, device: torch.device) -> torch.Tensor:
-    """mix32(column) for every column: the key-independent half of the hash, made once."""
-    x = torch.arange(vocab, dtype=torch.int64, device=device)
-    return _mix32_(x, torch.empty_like(x))
+def _mix_core_(a: torch.Tensor, b: torch.Tensor, keys16: torch.Tensor, col_hashes: torch.Tensor) -> torch.Tensor:
+    """a <- y, int32 [R, C], where mix32(mix32(column) ^ key) = y ^ (y >>> 15); b is scratch."""
+    k = _consts(a.device)
+    torch.bitwise_xor(col_hashes, keys16, out=a)
+    a.mul_(k["c1"])
+    torch.bitwise_right_shift(a, k["s15"], out=b)
+    a.bitwise_xor_(b.bitwise_and_(k["lo17"]))
+    return a.mul_(k["c2"])
 
 
 def noise_bits(keys: torch.Tensor, col_hashes: torch.Tensor) -> torch.Tensor:
-    """keys [R, 1] int64 (32-bit), col_hashes [R, C] or [C] = mix32(columns) -> int64 [R, C] in [0, 2^32)."""
-    x = torch.bitwise_xor(col_hashes, keys)
-    return _mix32_(x, torch.empty_like(x))
+    """keys [R, 1] int64 (32-bit), col_hashes [R, C] or [C] (column_hashes) -> int64 [R, C] in [0, 2^32)."""
+    a, b = _scratch(torch.broadcast_shapes(keys.shape, col_hashes.shape), keys.device)
+    _mix_core_(a, b, _xorshift16_int32(keys), col_hashes)
+    torch.bitwise_right_shift(a, 15, out=b)
+    a.bitwise_xor_(b.bitwise_and_((1 << 17) - 1))
+    return a.to(torch.int64).bitwise_and_(M32)
 
 
-def _neg_gumbel(keys: torch.Tensor, col_hashes: torch.Tensor) -> torch.Tensor:
-    """log(-log(u)) = -gumbel, with u = ((bits >> 9) + 0.5) / 2^23 (exact in float32, never 0 or 1)."""
-    x = noise_bits(keys, col_hashes)
-    x.bitwise_right_shift_(9)
-    return x.to(torch.float32).add_(0.5).mul_(2.0**-23).log_().neg_().log_()
+def _neg_gumbel_(a: torch.Tensor, b: torch.Tensor, keys16: torch.Tensor, col_hashes: torch.Tensor) -> torch.Tensor:
+    """log(-log(u)) = -gumbel, float32 in a's memory, with u = ((bits >> 9) + 0.5) / 2^23 (exact in
+    float32, never 0 or 1). Only bits >>> 9 is needed: with y from _mix_core_ and t = y >>> 9 it is
+    t ^ (t >> 15), a shift that needs no mask as t >= 0."""
+    k = _consts(a.device)
+    _mix_core_(a, b, keys16, col_hashes)
+    torch.bitwise_right_shift(a, k["s9"], out=b)
+    b.bitwise_and_(k["lo23"])
+    torch.bitwise_right_shift(b, k["s15"], out=a)
+    b.bitwise_xor_(a)
+    u = a.view(torch.float32)  # a is free again: the float passes reuse it
+    u.copy_(b)
+    # (t + 0.5) * 2^-23 as 2^-24 + t * 2^-23 in one pass: every term and sum is exact in float32.
+    torch.add(k["half_ulp"], u, alpha=2.0**-23, out=u)
+    return u.log_().neg_().log_()
+
+
+def _scratch(shape: torch.Size, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    a = torch.empty(shape, dtype=torch.int32, device=device)
+    return a, torch.empty_like(a)
 
 
 def gumbel_noise(keys: torch.Tensor, col_hashes: torch.Tensor) -> torch.Tensor:
     """Gumbel(0, 1) noise, float32 [R, C], a pure function of (key, column)."""
-    return _neg_gumbel(keys, col_hashes).neg_()
+    a, b = _scratch(torch.broadcast_shapes(keys.shape, col_hashes.shape), keys.device)
+    return _neg_gumbel_(a, b, _xorshift16_int32(keys), col_hashes).neg_()
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, -1) of a contiguous [R, C] float tensor (first index of the maximum, NaN
+    counting as the maximum), via the first block holding the row's maximum: the block maxima are
+    exact, so the first such block holds the first maximal column."""
+    rows, cols = x.shape
+    width = next((w for w in _ARGMAX_BLOCKS if cols % w == 0), _ARGMAX_BLOCKS[-1])
+    nb = cols // width
+    if x.device.type != "cpu" or nb < 4 or not x.is_contiguous():
+        return torch.argmax(x, dim=-1)
+    head = nb * width
+    blocks = x[:, :head].unflatten(-1, (nb, width))
+    block_max = torch.amax(blocks, dim=-1)
+    blk = torch.argmax(block_max, dim=-1, keepdim=True)
+    first = torch.gather(blocks, 1, blk[:, :, None].expand(rows, 1, width))[:, 0]
+    idx = torch.argmax(first, dim=-1).add_(blk[:, 0], alpha=width)
+    if head == cols:
+        return idx
+    # Columns past the last whole block win only if strictly greater (or the first NaN).
+    tail = x[:, head:]
+    t_idx = torch.argmax(tail, dim=-1, keepdim=True)
+    head_v, tail_v = block_max.gather(1, blk)[:, 0], tail.gather(1, t_idx)[:, 0]
+    take = (tail_v > head_v) | (tail_v.isnan() & ~head_v.isnan())
+    return torch.where(take, t_idx[:, 0] + head, idx)
 
 
 def _argmax_with_noise(
     scores: torch.Tensor, keys: torch.Tensor, col_hashes: torch.Tensor, temperature: torch.Tensor | None = None
 ) -> torch.Tensor:
     """argmax(scores + temperature * gumbel) per row (= argmax(scores / T + gumbel), without a
-    division pass over the logits), in row chunks so the scratch stays small."""
+    division pass over the logits), in row chunks so the scratch stays small and is reused."""
+    rows, cols = scores.shape
     limit = _NOISE_ELEMS.get(scores.device.type, _NOISE_ELEMS_DEFAULT)
-    step = max(1, limit // max(1, scores.shape[1]))
+    step = min(rows, max(1, limit // max(1, cols)))
+    keys16 = _xorshift16_int32(keys)
+    buf_a, buf_b = _scratch(torch.Size([step * cols]), scores.device)
     out = []
-    for s in range(0, scores.shape[0], step):
-        hashes = col_hashes if col_hashes.dim() == 1 else col_hashes[s : s + step]
-        ng = _neg_gumbel(keys[s : s + step], hashes)
+    for s in range(0, rows, step):
+        e = min(rows, s + step)
+        a, b = buf_a[: (e - s) * cols].view(e - s, cols), buf_b[: (e - s) * cols].view(e - s, cols)
+        hashes = col_hashes if col_hashes.dim() == 1 else col_hashes[s:e]
+        ng = _neg_gumbel_(a, b, keys16[s:e], hashes)
         if temperature is not None:  # two rounded ops, as on MLX (no FMA): the same token on both
-            ng.mul_(temperature[s : s + step])
-        out.append(torch.argmax(torch.sub(scores[s : s + step], ng), dim=-1))
+            ng.mul_(temperature[s:e])
+        out.append(row_argmax(torch.sub(scores[s:e], ng, out=ng)))
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
