@@ -15,8 +15,9 @@ integer ops, so a row draws the same token alone or batched, and the same on eve
 
 mix32 is the "lowbias32" integer hash found by Chris Wellons' hash-prospector (constants
 0x21f0aaad, 0x735a2d97), a bijection of 32-bit words with near-ideal avalanche. Both multipliers
-are below 2^31, so a backend without uint32 (torch) computes it exactly in int64: a 32-bit value
-times a 31-bit constant stays below 2^63, then masks to 32 bits. `gumbel_noise` below is the numpy
+are below 2^31, so a backend without uint32 arithmetic (torch) computes the same bits in int32:
+products wrap mod 2^32 and a logical right shift is an arithmetic one masked to its low bits
+(backends/torch/sampler.py). `gumbel_noise` below is the numpy
 reference that the backends are tested against.
 """
 
