@@ -70,6 +70,26 @@ def test_paged_decode_matches_plain_attention(dtype, window, softcap, sinks, dv)
 
 
 @pytest.mark.parametrize("dv", [None, "mla"])
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("table,in_place", [([3, 4, 5, 6], True), ([4, 3, 5, 6], False), ([9, 0, 0, 0], True)])
+def test_a_lone_row_on_consecutive_blocks_reads_the_pool_in_place(table, in_place, window, dv) -> None:
+    """One decode row whose blocks follow each other: the keys are a view of the pool (no copy per
+    layer), with the same result as the gather; blocks out of order take the gather."""
+    kvh, d = 2, 16
+    k_pool, v_pool = _pools(12, kvh, d, torch.float32, seed=3, dv=dv)
+    n = 13 if table[1] else 3
+    lens, tables = torch.tensor([n], dtype=torch.int32), torch.tensor([table], dtype=torch.int32)
+    q = torch.randn(1, 3 * kvh, d, generator=torch.Generator().manual_seed(4))
+    ctx = reference.decode_context(tables, lens, BS, window)
+    assert (ctx.first_slot is not None) == in_place
+    if in_place:
+        assert ctx.gather(k_pool, "k").data_ptr() == k_pool[ctx.first_slot :].data_ptr()  # a view
+    got = reference.paged_decode(q, k_pool, v_pool, tables, lens, BS, 0.3, window=window, ctx=ctx)
+    want = _naive(q, k_pool, v_pool, tables, lens, 0.3, window=window)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dv", [None, "mla"])
 def test_a_shared_context_serves_every_layer_and_outputs_survive_the_next_gather(dv) -> None:
     """The step's gather buffers are reused layer after layer: an earlier layer's output must not
     view them (it would change under the next layer's gather)."""

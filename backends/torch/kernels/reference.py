@@ -115,10 +115,15 @@ class DecodeContext:
     biases: dict = field(default_factory=dict)  # dtype -> [B, 1, 1, span] 0 / -inf, SDPA's additive mask
 
     buffers: dict = field(default_factory=dict)  # gather outputs, reused by every layer of the step
+    # One row whose blocks are consecutive in the pool (a lone sequence usually is): its keys are
+    # the slots first_slot .. first_slot + span - 1, read in place instead of copied per layer.
+    first_slot: int | None = None
 
     def gather(self, pool: torch.Tensor, which: str) -> torch.Tensor:
         """pool[slots] into a buffer the next layer reuses (a fresh multi-MB tensor per layer costs
-        page faults: ~25% of the gather at 32 sequences)."""
+        page faults: ~25% of the gather at 32 sequences), or a view of the pool (first_slot)."""
+        if self.first_slot is not None:
+            return pool.narrow(0, self.first_slot, self.span)
         key = (which, pool.dtype, tuple(pool.shape[1:]))
         buf = self.buffers.get(key)
         if buf is None:
@@ -156,7 +161,10 @@ def decode_context(
         allowed = (key_pos >= lo[:, None]) & (key_pos < lens[:, None])
         cols = block_tables.long().gather(1, first[:, None] + torch.arange(n, device=dev)[None, :])
     slots = (cols[:, :, None] * block_size + torch.arange(block_size, device=dev)).reshape(-1)
-    return DecodeContext(slots, allowed, span)
+    ctx = DecodeContext(slots, allowed, span)
+    if cols.shape[0] == 1 and (n == 1 or bool((cols[0, 1:] - cols[0, :-1] == 1).all())):
+        ctx.first_slot = int(slots[0])  # (one host read per step, shared by every layer)
+    return ctx
 
 
 def paged_decode(
