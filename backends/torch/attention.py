@@ -14,9 +14,9 @@ head size for K and V).
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from lantern.app.engine.contract import ScheduledBatch
@@ -25,12 +25,17 @@ from lantern.backends.torch.kernels import ops, reference
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros; on a CPU from calloc'd numpy memory, which the OS backs with pages only where
-    written (torch.zeros writes every byte), so an unused KV pool costs no resident memory."""
+    """Zeros; on a CPU in an anonymous mapping of its own, which the OS backs with pages only where
+    written (torch.zeros writes every byte), so an unused KV pool costs no resident memory. Not
+    through malloc: once cpu_malloc has raised the mmap threshold, calloc would serve a pool below
+    it from the heap and zero every byte."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # The tensor keeps the mapping alive (frombuffer holds a reference to it).
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
 
 
 class TorchKVPool:
