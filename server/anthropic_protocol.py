@@ -11,7 +11,12 @@ How each field is honoured (every other known field is refused with a 400 naming
 - thinking {type: enabled | adaptive} -> chat_template_kwargs enable_thinking=true and thinking
   blocks in the reply (display "omitted": none shown); absent or disabled -> enable_thinking=false
   (Anthropic's default is no thinking). budget_tokens is checked as Anthropic does (>= 1024, below
-  max_tokens) but not enforced on its own: max_tokens bounds reasoning and answer together.
+  max_tokens) and enforced as chat's thinking_token_budget (type "enabled" carries it; a budget sent
+  with another type is enforced too rather than dropped): after that many reasoning tokens the
+  engine forces `</think>` and the model goes on to its answer (app/engine/reasoning_budget.py).
+  A model that writes no `<think>` block never reasons, so the budget holds trivially there and
+  the request is accepted (clients send thinking by default); harmony-format models (gpt-oss)
+  reason in a channel the budget does not reach: there only max_tokens bounds the reasoning.
 - a last assistant message is a prefill: the reply continues it (server/routes/messages.py).
 - output_config.format {type: json_schema} -> response_format json_schema (grammar-constrained).
 - tool_choice auto/any/tool/none -> auto/required/named/none; disable_parallel_tool_use ->
@@ -42,7 +47,11 @@ _ERROR_TYPES = {
     503: "overloaded_error",
 }
 # OpenAI-side names of fields this API spells differently (errors from the shared chat path).
-PARAM_NAMES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
+PARAM_NAMES = {
+    "stop": "stop_sequences",
+    "max_completion_tokens": "max_tokens",
+    "thinking_token_budget": "thinking.budget_tokens",
+}
 
 
 def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
@@ -289,6 +298,7 @@ class MessagesRequest(CountTokensRequest):
         return self.chat_request(
             model=self.model,
             max_tokens=self.max_tokens,
+            thinking_token_budget=budget,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,

@@ -207,6 +207,8 @@ class _SamplingFields(_Lenient):
     guided_whitespace_pattern: Any = None
     guided_decoding_backend: Any = None
     allowed_token_ids: list[int] | None = None
+    # vLLM's name: tokens of reasoning before </think> is forced (app/engine/reasoning_budget.py).
+    thinking_token_budget: int | None = None
 
     @property
     def num_choices(self) -> int:
@@ -246,6 +248,7 @@ class _SamplingFields(_Lenient):
                 logit_bias=self.logit_bias,  # type: ignore[arg-type]  # str keys: SamplingParams parses them
                 structured=structured_spec(self),
                 allowed_token_ids=self.allowed_token_ids,
+                thinking_token_budget=self.thinking_token_budget,
             )
         except InvalidRequestError as exc:
             old = exc.param

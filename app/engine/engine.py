@@ -19,6 +19,7 @@ from lantern.app.engine.errors import EngineDeadError, InvalidRequestError
 from lantern.app.engine.kv_sizing import plan_kv_cache
 from lantern.app.engine.metrics import EngineStats
 from lantern.app.engine.output_processor import OutputProcessor, RequestState
+from lantern.app.engine.reasoning_budget import ThinkingBudgets
 from lantern.app.engine.request import RequestOutput
 from lantern.app.engine.sampling_params import SamplingParams, StructuredSpec
 from lantern.app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -96,6 +97,7 @@ class LLMEngine:
         )
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.budgets = ThinkingBudgets(self.tokenizer, self.grammars.vocab)  # thinking_token_budget
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
         self._consecutive_failures = 0
@@ -176,6 +178,7 @@ class LLMEngine:
         ]
         for seq in seqs:
             self.outputs.track(state, seq, self.grammars.constraint(params))
+        self.budgets.track(seqs)
         if self.config.enable_prefix_caching:
             state.pending_children = seqs[1:]
             seqs = seqs[:1]
@@ -274,6 +277,7 @@ class LLMEngine:
         batch = build_batch(sched, self.config.block_size, banned)
         seqs = [sched.scheduled[i].seq for i in batch.sample_seq_indices]
         self.grammars.attach_masks(batch.sampling, [self.outputs.constraint(self.requests, s) for s in seqs])
+        self.budgets.force(batch.sampling, seqs)  # after the grammar masks: it narrows them
         return batch, self.backend.execute(batch)
 
     def _process(self, sched: SchedulerOutput, batch: ScheduledBatch, result: StepOutput) -> list[RequestOutput]:

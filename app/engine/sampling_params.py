@@ -5,8 +5,9 @@ or 1..2^31-1 (above the vocabulary = off), min_p 0..1, repetition_penalty (0, 10
 frequency/presence penalties -2..2, |seed| < 2^63, max_tokens 1..2^31-1 (then capped by the
 context), min_tokens 0..max_tokens, at most 64 stop strings of at most 1024 characters (4096 in
 all), at most 1024 stop_token_ids, logprobs 0..20, logit_bias at most 1024 entries with values
--100..100, allowed_token_ids non-empty. `structured` (a StructuredSpec) constrains the output to a
-JSON schema, regex, choice list or grammar.
+-100..100, allowed_token_ids non-empty, thinking_token_budget 0..2^31-1 (reasoning tokens before
+`</think>` is forced: app/engine/reasoning_budget.py). `structured` (a StructuredSpec) constrains
+the output to a JSON schema, regex, choice list or grammar.
 Token ids are checked against the model's vocabulary by the engine.
 """
 
@@ -130,6 +131,8 @@ class SamplingParams:
     # Constrained decoding: a grammar the output must match, and/or a whitelist of token ids.
     structured: StructuredSpec | None = None
     allowed_token_ids: list[int] | None = None
+    # Tokens the model may write inside its <think> block before </think> is forced (None: no limit).
+    thinking_token_budget: int | None = None
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -219,6 +222,9 @@ class SamplingParams:
             not allowed or len(allowed) > MAX_ALLOWED_TOKENS or any(not _is_int(t) or t < 0 for t in allowed)
         ):
             fail("allowed_token_ids", f"must be a non-empty list of at most {MAX_ALLOWED_TOKENS} token ids >= 0")
+        budget = self.thinking_token_budget
+        if budget is not None and (not _is_int(budget) or not 0 <= budget <= MAX_INT32):
+            fail("thinking_token_budget", f"must be an integer in [0, {MAX_INT32}], got {budget!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
 

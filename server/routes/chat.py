@@ -78,6 +78,12 @@ async def prepare_chat(
     params = body.sampling_params()
     state.check_choices(params.n)
     setup = chat_setup(chat_formats(request), body)
+    if params.thinking_token_budget is not None and setup.formats.channels is not None:
+        raise InvalidRequestError(  # the engine budgets <think> blocks; harmony reasons in a channel
+            "thinking_token_budget cannot be enforced on this model: it reasons in harmony's analysis channel, "
+            "not in a <think> block",
+            param="thinking_token_budget",
+        )
     user_kwargs = effort_template_kwargs(state.engine.chat_template, body.reasoning_effort, body.chat_template_kwargs)
     kwargs = setup.template_kwargs(user_kwargs)
     ids = encode_messages(state, body.messages, body.add_generation_prompt, kwargs)
