@@ -251,6 +251,7 @@ def bench_lantern(
     out_len: int,
     enforce_eager: bool,
     quantization: str | None = None,
+    compile_decode: bool = False,
 ) -> dict[str, float]:
     from lantern.app.engine import LLM, SamplingParams
 
@@ -263,6 +264,7 @@ def bench_lantern(
         enforce_eager=enforce_eager,
         enable_prefix_caching=False,
         quantization=quantization,
+        compile_decode=compile_decode,
     )
 
     def timed(batch: list[list[int]], n: int, temperature: float) -> float:
@@ -335,7 +337,8 @@ def run_bench(args: Any) -> list[dict[str, Any]]:
         path = prepare_model(shape_name, dtype, device)
         prompts = _prompts(args.requests, args.prompt_len, shape["vocab_size"])
         isq = getattr(args, "isq", None)
-        ours = bench_lantern(path, backend, dtype_name, prompts, args.out_len, args.enforce_eager, isq)
+        compile_decode = getattr(args, "compile_decode", False)
+        ours = bench_lantern(path, backend, dtype_name, prompts, args.out_len, args.enforce_eager, isq, compile_decode)
         cost = ShapeCost.of(shape, ours.pop("bytes_per_weight") if isq else dtype.itemsize)
         gc.collect()
         if device.type == "cuda":
@@ -347,7 +350,7 @@ def run_bench(args: Any) -> list[dict[str, Any]]:
         )
         row = {
             "shape": shape_name,
-            "dtype": dtype_name + (f" --isq {isq}" if isq else ""),
+            "dtype": dtype_name + (f" --isq {isq}" if isq else "") + (" --compile" if compile_decode else ""),
             "device": str(device),
             "backend": backend,
             "params": ShapeCost.of(shape, 1).num_params(shape, 1),

@@ -54,6 +54,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="run decode steps eagerly instead of as CUDA graphs (torch backend on CUDA)",
     )
     p.add_argument(
+        "--compile",
+        dest="compile_decode",
+        action="store_true",
+        help="compile decode steps with torch.compile (torch backend on a CPU; ~20 s at start-up, cached on disk)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -210,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out-len", type=int, default=128)
     bench.add_argument("--no-hf", action="store_true", help="skip the HF transformers comparison")
     bench.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    compile_help = "decode steps via torch.compile (CPU)"
+    bench.add_argument("--compile", dest="compile_decode", action="store_true", help=compile_help)
     bench.add_argument("--isq", default=None, choices=["q4", "q8"], help="quantize the model while loading")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     bench.add_argument("--log", default="warning", choices=["debug", "info", "warning", "error"], help="log level")

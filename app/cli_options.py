@@ -61,6 +61,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "enable_prefix_caching": not args.no_prefix_cache,
         "enforce_eager": args.enforce_eager,
         "num_threads": args.threads,
+        "compile_decode": args.compile_decode,
         "quantization": args.isq,
         "task": args.task,
         "pooling": args.pooling,

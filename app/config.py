@@ -14,6 +14,7 @@ class BackendOptions:
     tensor_parallel_size: int = 1  # ranks (one process each) sharing the model; torch backend
     enforce_eager: bool = False  # no CUDA graphs for decode steps (torch backend on CUDA)
     num_threads: int | None = None  # CPU threads for tensor work (CPU backends); None: the library's default
+    compile_decode: bool = False  # decode steps through torch.compile (torch backend on a CPU; --compile)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

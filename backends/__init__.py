@@ -84,6 +84,8 @@ def create_backend(name: str = "auto", options: BackendOptions | None = None) ->
             raise ValueError("tensor parallelism is implemented by the torch backend only")
         if options.num_threads is not None:
             raise ValueError("--threads applies to the torch backend; MLX sets its own CPU threads")
+        if options.compile_decode:
+            raise ValueError("--compile applies to the torch backend on a CPU; MLX runs its own kernels")
         from lantern.backends.mlx.runner import MLXBackend
 
         return MLXBackend()

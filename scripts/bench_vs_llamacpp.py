@@ -275,8 +275,8 @@ def server(cmd: list[str], port: int, log: Path, env: dict[str, str], timeout: f
 class LanternWorker:
     """Lantern's offline LLM API in a child process that keeps the model loaded between rounds."""
 
-    def __init__(self, gguf: Path, backend: str, threads: int, log: Path, env: dict[str, str]):
-        cfg = json.dumps({"gguf": str(gguf), "backend": backend, "threads": threads})
+    def __init__(self, gguf: Path, backend: str, threads: int, log: Path, env: dict[str, str], compile_: bool):
+        cfg = json.dumps({"gguf": str(gguf), "backend": backend, "threads": threads, "compile": compile_})
         self.cmd = [sys.executable, __file__, "--lantern-worker", cfg]
         self._log = open(log, "w")
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
@@ -306,7 +306,7 @@ def worker_main(cfg: dict[str, Any]) -> None:
     from lantern.app.engine import LLM, SamplingParams
 
     llm = LLM(cfg["gguf"], backend=cfg["backend"], num_threads=cfg["threads"], max_num_seqs=1,
-              enable_prefix_caching=False, kv_cache_memory_mb=256)  # fmt: skip
+              enable_prefix_caching=False, kv_cache_memory_mb=256, compile_decode=cfg["compile"])  # fmt: skip
 
     def timed(prompt: list[int], n: int, temperature: float) -> float:
         params = SamplingParams(temperature=temperature, seed=0, max_tokens=n, ignore_eos=True, **SAMPLING_OFF)
@@ -433,7 +433,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:  # every process is stopped on the way out, errors included
         worker = None
         if not args.skip_engine_bs1:
-            worker = LanternWorker(args.gguf, args.backend, args.threads, logs / "lantern-worker.log", env)
+            compile_ = "--compile" in args.lantern_args.split()  # the API worker runs as `serve` does
+            worker = LanternWorker(args.gguf, args.backend, args.threads, logs / "lantern-worker.log", env, compile_)
             stack.callback(worker.close)
             cmds["lantern API"] = worker.cmd
             worker.call({}, args.timeout)  # its "ready" line

@@ -88,6 +88,15 @@ class TorchAttentionMetadata:
     # Values derived from this step's inputs that every layer would otherwise recompute (the
     # decode gather per window, rope views): the first layer that needs one stores it.
     step_cache: dict = field(default_factory=dict)
+    # Inside a compiled decode layer (compiled_decode.py): this layer's (K, V) pool tensors, so that
+    # the graph does not index the pool by layer number (every number would be a graph of its own).
+    layer_kv: tuple | None = None
+
+    @property
+    def rope_cache(self) -> dict | None:
+        """Where rope keeps its per-step tables: none inside a compiled layer, whose graph fuses
+        rope's ops anyway (and would be traced again for each step's new table ids)."""
+        return None if self.layer_kv is not None else self.step_cache
 
 
 def build_metadata(
@@ -135,7 +144,7 @@ def paged_attention(
 
     With a pool whose V lies inside K (v_is_k_prefix), v is None and the output is [T, H, v_dim]."""
     pool = meta.pool
-    k_pool, v_pool = pool.k[layer], pool.v[layer]
+    k_pool, v_pool = meta.layer_kv if meta.layer_kv is not None else (pool.k[layer], pool.v[layer])
     if pool.v_is_k_prefix:
         ops.write_kv(k_pool, None, k, None, meta.slot_mapping, meta.may_skip_slots)
     else:

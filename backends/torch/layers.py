@@ -140,11 +140,11 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q.view(t, self.n_heads, self.head_dim))[0]
             k = self.k_norm(k.view(t, self.n_kv, self.head_dim))[0]
-            q = apply_rotary(q, cos, sin, self.rope_interleaved, meta.step_cache)
-            k = apply_rotary(k, cos, sin, self.rope_interleaved, meta.step_cache)
+            q = apply_rotary(q, cos, sin, self.rope_interleaved, meta.rope_cache)
+            k = apply_rotary(k, cos, sin, self.rope_interleaved, meta.rope_cache)
         else:  # q and k side by side in qkv: one rope call for both heads' sets
             qk = qkv[:, : self.splits[0] + self.splits[1]].view(t, self.n_heads + self.n_kv, self.head_dim)
-            qk = apply_rotary(qk, cos, sin, self.rope_interleaved, meta.step_cache)
+            qk = apply_rotary(qk, cos, sin, self.rope_interleaved, meta.rope_cache)
             q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         if self.temperature is not None:
             q = q * query_temperature(self.temperature, meta, q.dtype)

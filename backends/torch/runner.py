@@ -86,6 +86,10 @@ class TorchBackend:
             self.device.type == "cuda" and self.world == 1 and ops.use_triton(torch.empty(0, device=self.device))
         )
         self.capture_graphs = can_capture and not options.enforce_eager
+        if options.compile_decode and (self.device.type != "cpu" or self.world > 1):
+            raise ValueError(
+                "--compile applies to the torch backend on a CPU, one rank (on CUDA, decode steps run as CUDA graphs)"
+            )
         self.static_decode = self.capture_graphs if static_decode is None else static_decode
         self.graphs: DecodeGraphRunner | None = None
 
@@ -195,6 +199,8 @@ class TorchBackend:
         )
         if self.device.type == "cpu":
             keep_freed_memory()  # now, after the weights and the KV pool (cpu_malloc says why)
+        if self.options.compile_decode:
+            self._compile_decode(block_size)
         if v_in_k and self.static_decode:  # the reference path MLA takes syncs with the host: no capture
             logger.info("decode steps run eagerly: this model's KV layout takes the reference attention path")
             self.static_decode = self.capture_graphs = False
@@ -208,6 +214,19 @@ class TorchBackend:
                 "as CUDA graphs" if self.capture_graphs else "through static buffers",
                 self.graphs.buckets[-1],
             )
+
+    def _compile_decode(self, block_size: int) -> None:
+        from lantern.backends.torch import compiled_decode
+        from lantern.backends.torch.models.llama import CausalLM
+
+        model = self.model
+        shared = isinstance(model, CausalLM) and type(model).hidden_states is CausalLM.hidden_states
+        windows = compiled_decode.layer_windows(model.model.layers) if shared else None
+        if windows is None or self.kv_layout[3]:
+            logger.warning("--compile: not for this architecture (%s); decode steps run eagerly", type(model).__name__)
+            return
+        model.compiled_decode = compiled_decode.CompiledDecode(model.model.layers, windows)
+        compiled_decode.warm_up(model, self.pool, self.cos, self.sin, block_size, self.dtype)
 
     # ---- steps ---------------------------------------------------------------------------
     @torch.inference_mode()

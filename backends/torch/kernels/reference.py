@@ -46,7 +46,8 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _v_inside_k(k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
     """True when the V pool is a view of K's first columns (multi-head latent attention)."""
-    return v_pool.data_ptr() == k_pool.data_ptr() and v_pool.shape[-1] < k_pool.shape[-1]
+    return v_pool.shape[-1] < k_pool.shape[-1] and v_pool.data_ptr() == k_pool.data_ptr()  # widths first: no
+    # pointer read for the usual pools (a compiled graph cannot compare pointers)
 
 
 def context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -114,7 +115,9 @@ class DecodeContext:
     span: int
     biases: dict = field(default_factory=dict)  # dtype -> [B, 1, 1, span] 0 / -inf, SDPA's additive mask
 
-    buffers: dict = field(default_factory=dict)  # gather outputs, reused by every layer of the step
+    # Gather outputs, reused by every layer of the step; None: a fresh tensor per gather (a compiled
+    # graph manages its own memory).
+    buffers: dict | None = field(default_factory=dict)
     # One row whose blocks are consecutive in the pool (a lone sequence usually is): its keys are
     # the slots first_slot .. first_slot + span - 1, read in place instead of copied per layer.
     first_slot: int | None = None
@@ -124,6 +127,8 @@ class DecodeContext:
         page faults: ~25% of the gather at 32 sequences), or a view of the pool (first_slot)."""
         if self.first_slot is not None:
             return pool.narrow(0, self.first_slot, self.span)
+        if self.buffers is None:
+            return pool.index_select(0, self.slots)
         key = (which, pool.dtype, tuple(pool.shape[1:]))
         buf = self.buffers.get(key)
         if buf is None:

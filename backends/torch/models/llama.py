@@ -5,6 +5,8 @@ the MLX model file.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,6 +67,7 @@ class CausalLM(nn.Module):
 
     decoder_layer: type[nn.Module] = DecoderLayer
     final_norm: type[nn.Module] = RMSNorm
+    compiled_decode: Any = None  # compiled_decode.CompiledDecode when the runner turned it on
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
         super().__init__()
@@ -89,9 +92,14 @@ class CausalLM(nn.Module):
         if self.cfg.embed_scale:  # Gemma: sqrt(hidden_size) as the embedding's dtype holds it, like transformers
             h = h * rounded(self.cfg.hidden_size**0.5, h.dtype)
         extras = self.layer_extras(meta)
-        residual = None
-        for layer in self.model.layers:
-            h, residual = layer(h, residual, meta, *extras)
+        compiled = self.compiled_decode
+        done = compiled.run(h, meta, extras) if compiled is not None and compiled.applies(meta) else None
+        if done is not None:
+            h, residual = done
+        else:
+            residual = None
+            for layer in self.model.layers:
+                h, residual = layer(h, residual, meta, *extras)
         return self.model.norm(h[rows], residual[rows])[0]
 
     def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:

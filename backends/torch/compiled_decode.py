@@ -1,0 +1,147 @@
+"""Decode steps through torch.compile on a CPU (opt-in: `--compile`, `LLM(..., compile_decode=True)`).
+
+A decode step of a small model on a CPU is bound by the number of ops, not by their work: SmolLM2
+makes ~1,300 aten calls per token, each paying Python and dispatcher time, against ~10 ms of
+kernels. Here every decoder layer of a decode-only step runs as one graph compiled by inductor:
+the norms, rope, residual adds and activations fuse into a few C++ loops around the extern kernels
+(the int4/int8 matmuls, SDPA, the KV writes and gathers).
+
+One code object serves every layer, not one graph per layer: the layer's module is an input of the
+compiled function (its parameters are lifted as graph inputs), and so are the layer's KV pool
+tensors, rather than an index the graph would specialise on. The step's metadata is rebuilt inside
+the graph from plain tensors: dynamo checks guards on every call, and on the metadata object they
+cost ~0.1 ms per layer. dynamic=True keeps the batch size and the context span symbolic, so a
+session compiles three graphs (one row in consecutive blocks, one row in scattered blocks, two rows
+or more), ~20-30 s on 2 cores the first time; inductor's on-disk cache makes later starts ~5 s.
+The runner compiles them at start-up (warm_up), so no request waits for them.
+
+Measured on SmolLM2-135M Q4_1, 2 threads (in-process, alternating eager and compiled steps): one row
+~37.5 -> ~31.7 ms per step, 32 rows ~224 -> ~210 ms (this VM swings ±20% between runs). What is
+left is mostly the int4 kernels and SDPA (inductor calls them as extern kernels) and dynamo's checks
+on each layer's call; a whole-model graph was ~1.7x at one row in a prototype but takes
+minutes to compile per shape.
+
+What the graph cannot take is done before the layers, once per step: the context each row reads
+(reference.decode_context needs host reads) and SDPA's additive mask. Prefill and mixed steps stay
+eager: their shapes change every step. A model whose layer does not compile (a data-dependent op,
+e.g. a mixture of experts' routing) is said so once in the log and decodes eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from lantern.backends.torch.attention import TorchAttentionMetadata
+from lantern.backends.torch.kernels import reference
+
+logger = logging.getLogger(__name__)
+
+
+class CompiledDecode:
+    """The decoder layers of decode-only steps as one compiled graph (see the module docstring)."""
+
+    def __init__(self, layers: nn.ModuleList, windows: list[int | None]) -> None:
+        import torch._dynamo
+
+        # One code object serves every layer and its three graphs; a model with per-layer variants
+        # (sliding and global layers) needs a few more than the default limit of 8. Graphs of an
+        # earlier engine in this process (a model reloaded, tests) would count against the limit
+        # and cost guard checks on every call: they are dropped (disk-cached code stays).
+        torch._dynamo.reset()
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
+        self.layers = layers
+        self.windows = tuple(sorted(set(windows), key=lambda w: -1 if w is None else w))
+        self.fn = torch.compile(self._layer, dynamic=True, fullgraph=True)
+        self.failed: str | None = None
+        self.steps = 0  # decode steps run through the graph (the log and tests read it)
+
+    def applies(self, meta: TorchAttentionMetadata) -> bool:
+        return self.failed is None and meta.decode_only and not meta.may_skip_slots
+
+    def run(
+        self, h: torch.Tensor, meta: TorchAttentionMetadata, extras: tuple
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(h, residual) after every layer, or None when the graph failed to compile (then the
+        caller runs the layers eagerly; nothing was written: tracing fails before running)."""
+        # The graph's inputs are tensors (and a few ints), not the step's metadata object: dynamo
+        # checks its guards on every call, and on the metadata they cost ~0.1 ms per layer.
+        contexts = tuple(self._context(meta, w, h.dtype) for w in self.windows)
+        step = (meta.pool, meta.block_size, meta.slot_mapping, meta.cos, meta.sin, meta.positions)
+        step = (*step, meta.decode_token_idx, contexts)
+        pool = meta.pool
+        residual = torch.zeros_like(h)  # x + 0 is exact: the first layer takes the same graph
+        for i, layer in enumerate(self.layers):
+            try:
+                h, residual = self.fn(layer, h, residual, pool.k[i], pool.v[i], step, *extras)
+            except Exception as exc:  # dynamo/inductor refuse this model: eager from here on
+                if i != 0:
+                    raise  # a failure after the first layer ran is not a compile refusal
+                self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                logger.warning("compiled decode is off for this model (%s); decode steps run eagerly", self.failed)
+                return None
+        self.steps += 1
+        return h, residual
+
+    def _layer(self, layer: nn.Module, h, residual, k_pool, v_pool, step: tuple, *extras):
+        pool, block_size, slots, cos, sin, positions, rows, contexts = step
+        # No block tables: the contexts below are what the attention reads (they came from them).
+        meta = TorchAttentionMetadata(pool, block_size, slots, cos, sin, rows, positions=positions)
+        meta.decode_only, meta.may_skip_slots, meta.layer_kv = True, False, (k_pool, v_pool)
+        for window, (ctx_slots, allowed, bias, first_slot) in zip(self.windows, contexts):
+            ctx = reference.DecodeContext(ctx_slots, allowed, allowed.shape[-1], {bias.dtype: bias}, None, first_slot)
+            meta.step_cache[("decode", window)] = ctx
+        return layer(h, residual, meta, *extras)
+
+    @staticmethod
+    def _context(meta: TorchAttentionMetadata, window: int | None, dtype: torch.dtype) -> tuple:
+        """What a row reads for `window` (host reads: reference.decode_context), as graph inputs."""
+        ctx = reference.decode_context(meta.decode_block_tables, meta.decode_seq_lens, meta.block_size, window)
+        return ctx.slots, ctx.allowed, ctx.bias(dtype), ctx.first_slot
+
+
+def layer_windows(layers: nn.ModuleList) -> list[int | None] | None:
+    """Each layer's attention window, or None when a layer is not made of the shared attention
+    and dense MLP (layers.py): only those are known to compile. A mixture of experts routes
+    tokens with data-dependent shapes, which a graph cannot hold."""
+    from lantern.backends.torch.layers import MLP, Attention
+
+    out = []
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if type(attn) is not Attention or type(mlp) is not MLP:
+            return None
+        out.append(attn.window)
+    return out
+
+
+def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_size: int, dtype: torch.dtype) -> None:
+    """Compile the graphs now, with a log line: a request must not wait for them. The rows write
+    K/V into blocks 0 and 1, which no sequence holds yet (this runs before the engine serves)."""
+    compiled: CompiledDecode = model.compiled_decode
+    t0 = time.perf_counter()
+    logger.info("compiling the decode step (torch.compile, three graphs; ~30 s the first time on 2 cores) ...")
+    dev = cos.device
+    # One row in consecutive blocks (read in place), one row in scattered blocks, and two rows; each
+    # reads two blocks (a size of 1 would be a graph of its own).
+    n = block_size + 1
+    if pool.k[0].shape[0] < 2 * block_size:
+        return  # a pool of one block (tests): the graphs compile at the first steps instead
+    for tables, lens in (([[0, 1]], [n]), ([[1, 0]], [n]), ([[0, 1], [0, 1]], [n, min(n + 1, 2 * block_size)])):
+        rows = len(lens)
+        with torch.inference_mode():  # as in a real step: the graphs' guards see inference tensors
+            pos = torch.tensor(lens, device=dev) - 1
+            slots = torch.tensor([t[-1] * block_size + (n - 1) % block_size for t, n in zip(tables, lens)], device=dev)
+            meta = TorchAttentionMetadata(pool, block_size, slots, cos[pos], sin[pos])
+            meta.positions, meta.decode_token_idx = pos, torch.arange(rows, device=dev)
+            meta.decode_block_tables = torch.tensor(tables, dtype=torch.int32, device=dev)
+            meta.decode_seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+            meta.decode_only, meta.may_skip_slots = True, False
+            model(torch.zeros(rows, dtype=torch.long, device=dev), meta, meta.decode_token_idx)
+        if compiled.failed:
+            return
+    logger.info("decode step compiled in %.1f s", time.perf_counter() - t0)

@@ -1,0 +1,153 @@
+"""Decode steps through torch.compile (`--compile`, backends/torch/compiled_decode.py) on a CPU.
+
+The compiled layers are checked against transformers' forward pass (the logits, teacher-forced,
+through the paged cache), against the eager path (greedy tokens of a batch of rows of different
+lengths, and int4 weights), and through the real server with the official openai SDK. Models the
+graph cannot hold (a mixture of experts) and backends it does not apply to are said so.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from lantern.app.cli import main
+from lantern.app.engine import LLM, SamplingParams
+from tests.conformance.test_parity import PROMPT, hf_model
+from tests.fixtures.teacher_forcing import teacher_forced_logits
+from tests.server.conftest import start_server
+
+SMALL = dict(backend="torch", dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+
+
+def _compiled_steps(llm: LLM) -> int:
+    compiled = llm.engine.backend.model.compiled_decode
+    assert compiled is not None and compiled.failed is None
+    return compiled.steps
+
+
+@pytest.mark.parametrize("variant", ["llama3", "qwen3", "gemma2"])  # GQA + llama3 rope; q/k norms; softcap + windows
+def test_logits_match_transformers(tiny_model_dir, variant):
+    path = tiny_model_dir(variant)
+    llm = LLM(path, compile_decode=True, **SMALL)
+    try:
+        ids = llm.tokenizer.encode(PROMPT)
+        hf = hf_model(path)
+        hf.generation_config.eos_token_id = None
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+            forced = out[0, len(ids) :].tolist()
+            ref = hf(torch.tensor([ids + forced])).logits[0].numpy()
+        before = _compiled_steps(llm)
+        rows = list(teacher_forced_logits(llm.engine, ids, forced))
+        assert len(rows) == 6
+        worst = max(float(np.abs(ours - ref[pos]).max() / ref[pos].std()) for pos, ours in rows)
+        assert worst < 1e-4, worst
+        assert _compiled_steps(llm) - before == 5  # every decode step ran through the graph
+    finally:
+        llm.engine.shutdown()
+
+
+def _greedy(llm: LLM, prompts: list[list[int]], n: int) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def test_batches_of_rows_decode_as_eager(tiny_model_dir):
+    """Rows of different lengths together, then one row alone: the same greedy tokens."""
+    path = tiny_model_dir("llama3")
+    prompts = [list(range(5, 5 + n)) for n in (3, 11, 26)]
+    eager = LLM(path, **SMALL)
+    want_batch, want_one = _greedy(eager, prompts, 16), _greedy(eager, prompts[1:2], 24)
+    eager.engine.shutdown()
+    llm = LLM(path, compile_decode=True, **SMALL)
+    try:
+        before = _compiled_steps(llm)
+        assert _greedy(llm, prompts, 16) == want_batch
+        assert _greedy(llm, prompts[1:2], 24) == want_one
+        assert _compiled_steps(llm) - before >= 15 + 23
+    finally:
+        llm.engine.shutdown()
+
+
+def test_int4_weights_decode_as_eager(tiny_model_dir):
+    """--isq q4: the int4 matmuls inside the graph (inductor calls its own int4 op) give the eager
+    logits, up to the bf16 rounding of their inputs that both paths share."""
+    path = tiny_model_dir("llama3")
+    ids = list(range(7, 40))
+    forced = [11, 12, 13, 14, 15, 16]
+    rows = {}
+    for compiled in (False, True):
+        llm = LLM(path, quantization="q4", compile_decode=compiled, **SMALL)
+        try:
+            rows[compiled] = dict(teacher_forced_logits(llm.engine, ids, forced))
+            if compiled:
+                assert _compiled_steps(llm) >= 5
+        finally:
+            llm.engine.shutdown()
+    for pos, eager in rows[False].items():
+        assert np.abs(rows[True][pos] - eager).max() / eager.std() < 2e-2, pos
+
+
+def test_mixture_of_experts_decodes_eagerly_and_says_so(tiny_model_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="lantern.backends.torch.runner"):
+        llm = LLM(tiny_model_dir("mixtral"), compile_decode=True, **SMALL)
+    try:
+        assert llm.engine.backend.model.compiled_decode is None
+        assert any("--compile: not for this architecture" in r.getMessage() for r in caplog.records)
+        assert len(_greedy(llm, [list(range(5, 15))], 4)[0]) == 4
+    finally:
+        llm.engine.shutdown()
+
+
+def test_mlx_refuses_compile(tiny_model_dir):
+    with pytest.raises(ValueError, match="--compile applies to the torch backend"):
+        LLM(tiny_model_dir("llama2"), backend="mlx", compile_decode=True)
+
+
+def test_cli_refuses_compile_on_mlx_in_one_line(tiny_model_dir, caplog):
+    assert main(["serve", "--w", tiny_model_dir("llama2"), "--backend", "mlx", "--compile"]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "--compile" in errors[0], errors
+
+
+def test_server_streams_the_eager_answers(tiny_model_dir):
+    """`lantern serve --compile` on torch: three concurrent streamed chats (the engine thread runs
+    the graph for one and for several rows) give the eager server's greedy answers."""
+    from openai import OpenAI
+
+    path = tiny_model_dir("llama2")
+    questions = ["Name a colour.", "Count to five, please.", "What does a paged KV cache store?"]
+
+    def answers(**opts) -> list[str]:
+        srv = start_server(path, backend="torch", **opts)
+        compiled = srv.engine._engine.backend.model.compiled_decode
+        before = compiled.steps if compiled is not None else None
+        try:
+            client = OpenAI(base_url=srv.base_url + "/v1", api_key="x")
+
+            def ask(q: str) -> str:
+                stream = client.chat.completions.create(
+                    model="tiny",
+                    messages=[{"role": "user", "content": q}],
+                    max_tokens=12,
+                    temperature=0,
+                    stream=True,
+                )
+                return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+            with ThreadPoolExecutor(3) as pool:
+                got = list(pool.map(ask, questions))
+            if compiled is not None:
+                assert compiled.steps - before >= 11  # the decode steps ran through the graph
+            return got
+        finally:
+            srv.stop()
+
+    want = answers()
+    assert all(want)
+    assert answers(compile_decode=True) == want
