@@ -66,8 +66,8 @@ class CompiledDecode:
     def run(
         self, h: torch.Tensor, meta: TorchAttentionMetadata, extras: tuple
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(h, residual) after every layer, or None when the graph failed to compile (then the
-        caller runs the layers eagerly; nothing was written: tracing fails before running)."""
+        """(h, residual) after every layer, or None when a graph failed to compile (then the
+        caller runs the layers eagerly)."""
         # The graph's inputs are tensors (and a few ints), not the step's metadata object: dynamo
         # checks its guards on every call, and on the metadata they cost ~0.1 ms per layer.
         contexts = tuple(self._context(meta, w, h.dtype) for w in self.windows)
@@ -78,9 +78,9 @@ class CompiledDecode:
         for i, layer in enumerate(self.layers):
             try:
                 h, residual = self.fn(layer, h, residual, pool.k[i], pool.v[i], step, *extras)
-            except Exception as exc:  # dynamo/inductor refuse this model: eager from here on
-                if i != 0:
-                    raise  # a failure after the first layer ran is not a compile refusal
+            except Exception as exc:  # dynamo/inductor refuse this layer: eager from here on
+                # The eager pass that follows recomputes the whole step from the embeddings and
+                # writes every layer's K/V for this step again, so the layers run here leave nothing.
                 self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 logger.warning("compiled decode is off for this model (%s); decode steps run eagerly", self.failed)
                 return None

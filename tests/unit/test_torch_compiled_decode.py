@@ -93,6 +93,34 @@ def test_int4_weights_decode_as_eager(tiny_model_dir):
         assert np.abs(rows[True][pos] - eager).max() / eager.std() < 2e-2, pos
 
 
+def test_a_graph_that_fails_to_compile_falls_back_to_eager(tiny_model_dir, caplog):
+    """A compile failure on any layer (here a test double in place of the compiled function, failing
+    at the second layer) turns the path off with a warning; the step reruns eagerly, the same tokens."""
+    path = tiny_model_dir("llama3")
+    prompt = [list(range(5, 18))]
+    eager = LLM(path, **SMALL)
+    want = _greedy(eager, prompt, 10)
+    eager.engine.shutdown()
+    llm = LLM(path, compile_decode=True, **SMALL)
+    try:
+        compiled = llm.engine.backend.model.compiled_decode
+        real, calls = compiled.fn, []
+
+        def second_layer_fails(layer, *args):
+            calls.append(layer)
+            if len(calls) == 2:
+                raise RuntimeError("inductor could not lower this")
+            return real(layer, *args)
+
+        compiled.fn = second_layer_fails
+        with caplog.at_level(logging.WARNING, logger="lantern.backends.torch.compiled_decode"):
+            assert _greedy(llm, prompt, 10) == want
+        assert compiled.failed == "RuntimeError: inductor could not lower this" and len(calls) == 2
+        assert any("compiled decode is off" in r.getMessage() for r in caplog.records)
+    finally:
+        llm.engine.shutdown()
+
+
 def test_mixture_of_experts_decodes_eagerly_and_says_so(tiny_model_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="lantern.backends.torch.runner"):
         llm = LLM(tiny_model_dir("mixtral"), compile_decode=True, **SMALL)
