@@ -11,7 +11,7 @@ The maths both backends implement (transformers 5's DeepseekV2* / DeepseekV3* mo
   (qk_nope + qk_rope) ** -0.5, times mscale(factor, mscale_all_dim) ** 2 for a scaled rope. Every
   released V2/V3 config has YaRN with mscale and mscale_all_dim: besides that softmax correction
   they set the rope's attention factor, mscale(factor, mscale) / mscale(factor, mscale_all_dim)
-  (1 when equal, as in V2-Lite's 0.707 / 0.707), which scales cos and sin (spec._rope_scaling
+  (1 when equal, as in V2-Lite's 0.707 / 0.707), which scales cos and sin (rope_config.rope_scaling
   keeps both keys; the rope builders of both backends apply it).
 - V3 checkpoints carry num_nextn_predict_layers multi-token-prediction layers after the last
   decoder layer (model.layers.{num_hidden_layers}...); next-token decoding does not use them, so

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lantern.app.models.spec import UnsupportedModelError, _rope_scaling
+from lantern.app.models.rope_config import rope_scaling
+from lantern.app.models.spec import UnsupportedModelError
 
 # transformers' defaults where config.json leaves a key out (Gemma2Config / Gemma3TextConfig).
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -117,7 +118,7 @@ def _gemma3_rope(cfg: dict[str, Any], max_pos: int) -> dict[str, Any]:
         raise _refuse("rope_parameters.sliding_attention.rope_type", local_type, " (the sliding layers' rope is plain)")
     return {
         "rope_theta": float(full["rope_theta"]),
-        "rope_scaling": _rope_scaling({}, full, max_pos),
+        "rope_scaling": rope_scaling({}, full, max_pos),
         "local_rope_theta": float(local["rope_theta"]),
     }
 

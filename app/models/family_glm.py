@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lantern.app.models.spec import UnsupportedModelError, _rope_scaling
+from lantern.app.models.rope_config import rope_scaling
+from lantern.app.models.spec import UnsupportedModelError
 
 # Glm4Config's defaults where config.json leaves a key out (they differ from ModelConfig.from_hf's).
 _DEFAULTS: dict[str, Any] = {
@@ -62,7 +63,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "rms_norm_eps": float(full["rms_norm_eps"]),
         "max_position_embeddings": max_pos,
         "attention_bias": bool(full["attention_bias"]),
-        "rope_scaling": _rope_scaling(rope_cfg, rope, max_pos),
+        "rope_scaling": rope_scaling(rope_cfg, rope, max_pos),
         "eos_token_ids": [eos] if isinstance(eos, int) else list(eos),
         "hidden_act": "silu",
         "qk_norm": False,

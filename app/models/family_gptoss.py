@@ -8,7 +8,7 @@ The maths (transformers' modeling_gpt_oss):
   per head in the softmax's denominator (no value behind it), layers alternating sliding window
   (layer_types; by default even layers slide) and full attention. Rope: YaRN on the two halves of
   each head, *untruncated* correction range (rope_parameters truncate=false; both backends compute
-  it exactly: spec._rope_scaling keeps the key for this family).
+  it exactly: rope_config.rope_scaling keeps the key for this family).
 - Experts: the router is a linear layer with a bias; top-k of its logits, then a softmax over those
   k (not over all experts). Each expert: gate_up = x @ W + b with gate and up *interleaved* in the
   output columns, gate clamped above at swiglu_limit, up to [-limit, limit], then
@@ -43,7 +43,8 @@ from typing import Any
 
 from lantern.app.models.family_moe import MoEConfig
 from lantern.app.models.quant.affine import AffineWeight
-from lantern.app.models.spec import UnsupportedModelError, _rope_scaling
+from lantern.app.models.rope_config import rope_scaling
+from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def _rope(cfg: dict[str, Any], head_dim: int, max_pos: int) -> dict[str, Any]:
     if not params:
         params = dict(_DEFAULT_ROPE)
     rope_cfg = {"model_type": "gpt_oss", "head_dim": head_dim}
-    return {"rope_theta": float(theta), "rope_scaling": _rope_scaling(rope_cfg, params, max_pos)}
+    return {"rope_theta": float(theta), "rope_scaling": rope_scaling(rope_cfg, params, max_pos)}
 
 
 # ---- checkpoint tensors ------------------------------------------------------------------------------

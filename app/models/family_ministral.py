@@ -21,7 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from lantern.app.models.spec import UnsupportedModelError, _rope_scaling
+from lantern.app.models.rope_config import rope_scaling
+from lantern.app.models.spec import UnsupportedModelError
 
 # Ministral3Config's defaults where config.json leaves a key out (several differ from from_hf's).
 _DEFAULTS: dict[str, Any] = {
@@ -98,7 +99,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "rms_norm_eps": float(full["rms_norm_eps"]),
         "max_position_embeddings": max_pos,
         "rope_theta": theta,
-        "rope_scaling": _rope_scaling({"model_type": model_type, "rope_scaling": rope}, {}, max_pos),
+        "rope_scaling": rope_scaling({"model_type": model_type, "rope_scaling": rope}, {}, max_pos),
         "attention_bias": False,  # Mistral's projections have no biases, whatever the config says
         "qk_norm": False,
         "hidden_act": "silu",

@@ -19,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.rope_utils import initialize_rope
 
-from lantern.app.models.spec import longrope_factors
+from lantern.app.models.rope_config import longrope_factors
 
 
 def _mscale(scale: float, mscale: float = 1.0) -> float:
@@ -64,7 +64,7 @@ def yarn_inv_freq(dims: int, base: float, scaling: dict[str, Any], max_pos: int)
 
 def longrope_inv_freq(dims: int, base: float, scaling: dict[str, Any], max_pos: int) -> tuple[np.ndarray, float]:
     """(inverse frequencies [dims / 2], attention factor): transformers' _compute_longrope_parameters
-    with the factors spec.longrope_factors picks for this model."""
+    with the factors rope_config.longrope_factors picks for this model."""
     original = scaling["original_max_position_embeddings"]
     factor = scaling.get("factor") or max_pos / original
     attention = scaling.get("attention_factor")

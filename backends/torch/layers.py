@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lantern.app.models.spec import ModelConfig, longrope_factors
+from lantern.app.models.rope_config import longrope_factors
+from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.parallel import TPGroup
