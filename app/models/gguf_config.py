@@ -41,7 +41,7 @@ class _Meta:
     def need(self, key: str) -> Any:
         value = self.get(key, _MISSING)
         if value is _MISSING:
-            raise UnsupportedModelError(f"{self.name}: GGUF metadata key {self.arch}.{key} is missing")
+            raise UnsupportedModelError(f"{self.label}GGUF metadata key {self.arch}.{key} is missing")
         return value
 
     def scalar(self, key: str, default: Any = _MISSING) -> Any:
@@ -49,7 +49,7 @@ class _Meta:
         value = self.need(key) if default is _MISSING else self.get(key, default)
         if isinstance(value, (list, tuple)):
             if len(set(value)) != 1:
-                raise UnsupportedModelError(f"{self.name}: {self.arch}.{key} differs per layer ({list(value)})")
+                raise UnsupportedModelError(f"{self.label}{self.arch}.{key} differs per layer ({list(value)})")
             value = value[0]
         return value
 
@@ -148,8 +148,7 @@ def _layer_types(meta: _Meta, layers: int, period: int, slides: bool) -> list[st
     if isinstance(pattern, (list, tuple)):
         if len(pattern) != layers:
             raise UnsupportedModelError(
-                f"{meta.name}: {meta.arch}.attention.sliding_window_pattern has {len(pattern)} flags "
-                f"for {layers} layers"
+                f"{meta.label}{meta.arch}.attention.sliding_window_pattern has {len(pattern)} flags for {layers} layers"
             )
         flags = [bool(p) for p in pattern]
     else:
@@ -178,7 +177,7 @@ def _phi3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
         return out
     if short is None or original is None:
         raise UnsupportedModelError(
-            f"{meta.name}: LongRoPE needs rope_factors_short and {meta.arch}.rope.scaling.original_context_length"
+            f"{meta.label}LongRoPE needs rope_factors_short and {meta.arch}.rope.scaling.original_context_length"
         )
     scaling: dict[str, Any] = {
         "type": "longrope",
@@ -200,7 +199,7 @@ def _glm4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     if meta.get("rope.dimension_sections") is not None:
         # GLM-4V: M-RoPE, and the converter permuted q/k rows to NeoX order for it
         raise UnsupportedModelError(
-            f"{meta.name}: GLM-4V ({meta.arch}.rope.dimension_sections, M-RoPE) is not implemented"
+            f"{meta.label}GLM-4V ({meta.arch}.rope.dimension_sections, M-RoPE) is not implemented"
         )
     head_dim = _head_dim(meta, cfg)
     return {

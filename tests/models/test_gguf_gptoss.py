@@ -30,7 +30,7 @@ from lantern.app.models.loader import resolve_model
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.teacher_forcing import teacher_forced_logits
-from tests.models.test_gptoss import FP4_VALUES, repacked_reference
+from tests.models.test_gptoss_mxfp4 import FP4_VALUES, repacked_reference
 
 LLM_OPTIONS = dict(dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
 
