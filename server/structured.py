@@ -12,14 +12,25 @@ allowed_token_ids is a separate whitelist (it combines with a grammar) and passe
 SamplingParams. Schemas, regexes and grammars are compiled in a worker thread before the request
 is queued (`compile_structured`): an invalid one is a 400 naming the field, and the event loop
 never waits on a compile.
+
+On a model that reasons in `<think>` blocks, the chat routes apply the constraint only after the
+reasoning, as vLLM does (`after_reasoning`, called from ChatSetup.after_encode): the spec becomes a
+Lark grammar whose start is the reasoning block (optional, or already open when the prompt opened
+it) followed by the constraint, so the reasoning lands in reasoning_content and the constrained
+answer in content. A prompt that closed the block (thinking off) is constrained from its first token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from typing import Any
 
 from lantern.app.engine import InvalidRequestError, SamplingParams, StructuredSpec
+from lantern.app.engine.reasoning import THINK_END, THINK_START
+from lantern.app.engine.structured import DEFAULT_JSON_WHITESPACE
+from lantern.server.tool_parsers.grammar import reasoning_then
 
 _STRUCTURED_OUTPUTS_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 # vLLM options of structured_outputs that Lantern honours (disable_fallback: there is no fallback).
@@ -140,8 +151,57 @@ def structured_spec(body: Any) -> StructuredSpec | None:
     return specs[0] if specs else None
 
 
-async def compile_structured(engine: Any, params: SamplingParams) -> None:
+def _answer_rule(spec: StructuredSpec) -> str:
+    """The `answer` rule: `spec`'s constraint as one Lark (llguidance) rule, with the same
+    semantics as the engine's own compile of it (app/engine/structured.py _grammar_text)."""
+    where = spec.param or "structured"
+    if spec.kind in ("json_schema", "json_object"):
+        schema: Any = spec.value if spec.kind == "json_schema" else {"type": "object"}
+        if isinstance(schema, bool):  # true: anything; false: nothing (x-guidance needs an object)
+            schema = {} if schema else {"not": {}}
+        ws = DEFAULT_JSON_WHITESPACE if spec.whitespace is None else spec.whitespace
+        options = {"whitespace_flexible": False} if ws == "" else {"whitespace_pattern": ws}
+        # the engine's order: its defaults < the schema's own "x-guidance"
+        schema = {**schema, "x-guidance": {**options, **(schema.get("x-guidance") or {})}}
+        return "answer: %json " + json.dumps(schema, ensure_ascii=False)
+    if spec.kind == "regex":
+        from llguidance import regex_to_lark
+
+        return f"answer: /{regex_to_lark(spec.value, '')}/"  # "": Rust regex semantics, as grammar_from_regex
+    if spec.kind == "choice":
+        return "answer: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.value)
+    text = spec.value
+    if spec.kind == "gbnf":
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            text = any_to_lark(text)
+        except Exception as exc:  # the converter raises assorted errors on bad input
+            raise InvalidRequestError(f"{where} is not a valid GBNF grammar: {exc}", param=where) from None
+    return "answer: %lark {\n" + text + "\n}"  # a nested grammar: its rule names stay its own
+
+
+def after_reasoning(spec: StructuredSpec, lit: Callable[[str], str], in_think: bool) -> StructuredSpec:
+    """`spec` applied after the model's `<think>` block (`lit`: the tokenizer's marker literals,
+    server/tool_parsers/grammar.py literal_maker; `in_think`: the prompt opened the block). The
+    block's end is allowed anywhere in it, so a thinking_token_budget can always close it. A choice
+    list whose every option writes the block itself already shapes the reasoning: it applies as given."""
+    if spec.kind == "choice" and all(c.lstrip().startswith(THINK_START) for c in spec.value):
+        return spec
+    rules = ["%llguidance {}", *reasoning_then("answer", lit, (THINK_START, THINK_END), in_think), _answer_rule(spec)]
+    return StructuredSpec("lark", "\n".join(rules) + "\n", param=spec.param)
+
+
+async def compile_structured(engine: Any, params: SamplingParams, answer: StructuredSpec | None = None) -> None:
     """Compile the request's grammar in a worker thread (cached by the engine), so the event loop
-    and the engine thread never wait on it; raises InvalidRequestError (a 400) when it is invalid."""
-    if params.structured is not None:
+    and the engine thread never wait on it; raises InvalidRequestError (a 400) when it is invalid.
+    `answer`: the request's own constraint when after_reasoning wrapped it; when the wrapped
+    grammar fails, the constraint's own compile says why in its terms (a regex error, not Lark's)."""
+    if params.structured is None:
+        return
+    try:
         await asyncio.to_thread(engine.compile_grammar, params.structured)
+    except InvalidRequestError:
+        if answer is not None:
+            await asyncio.to_thread(engine.compile_grammar, answer)
+        raise

@@ -15,9 +15,11 @@ special token and one spelt in several tokens are both seen. The forced marker i
 own encoding of `</think>`: a one-token allow-list per step in SamplingRow.token_bitmask, the mask
 structured output already sends to both backends' samplers, ANDed with the row's grammar /
 allowed_token_ids mask. Tool-call grammars leave room for the block and its end (the marker is
-allowed there); a constraint that forbids the marker where the budget runs out (response_format on
-a prompt that opened the block) cannot be followed together with the budget: the request fails
-with an error naming thinking_token_budget, as a grammar dead end fails naming its field.
+allowed there), and so do the chat routes' structured outputs on a reasoning model (the constraint
+starts after the block: server/structured.after_reasoning). A constraint that still forbids the
+marker where the budget runs out (a completions prompt that ends inside `<think>`) cannot be
+followed together with the budget: the request fails with an error naming thinking_token_budget,
+as a grammar dead end fails naming its field.
 
 Cost: only sequences with a budget are tracked; for the others a step costs one empty-dict check.
 A state catches up on its sequence's new tokens before each of its sampling steps rather than

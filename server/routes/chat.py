@@ -88,7 +88,7 @@ async def prepare_chat(
     kwargs = setup.template_kwargs(user_kwargs)
     ids = encode_messages(state, body.messages, body.add_generation_prompt, kwargs)
     setup.after_encode(state.engine.tokenizer, ids, params)  # the forced-call grammar, if any
-    await compile_structured(state.engine, params)  # response_format etc.: compiled off the event loop
+    await compile_structured(state.engine, params, setup.answer_spec)  # response_format etc.: off the event loop
     validated(state, ids, params, prompt_param="messages")
     state.check_capacity()
     return ids, params, setup

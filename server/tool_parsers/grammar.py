@@ -174,6 +174,25 @@ def text_or_calls(lit: Callable[[str], str], open_marker: str = "", anchor: str 
     )
 
 
+def reasoning_then(
+    body: str, lit: Callable[[str], str], think: tuple[str, str] | None, in_think: bool = False
+) -> list[str]:
+    """The `start` rule: `body` (a rule), after the model's reasoning block when it has one
+    (`think` = its start and end markers; `in_think`: the prompt already opened it). Shared by
+    the forced-call grammars and structured output (server/structured.py after_reasoning)."""
+    if think is None:
+        return [f"start: {body}"]
+    start, end = think
+    lazy = lazy_until(end, lit)
+    rest = f"think_rest[lazy]: {lazy}" if not lazy.startswith("/(.|\\n)*/ <[") else f"think_rest: {lazy}"
+    return [
+        f"start: think_rest LAYOUT {body}" if in_think else f"start: ({lit(start)} think_rest LAYOUT)? {body}",
+        rest,
+        # Bounded, as JSON whitespace is (app/engine/structured.py): a weak model pads forever otherwise.
+        "LAYOUT: /[ \\t\\r\\n]{0,8}/",
+    ]
+
+
 def tool_grammar(
     calls_rules: str,
     lit: Callable[[str], str],
@@ -182,21 +201,8 @@ def tool_grammar(
     reply: str = "",
 ) -> str:
     """The whole grammar: `start` is the calls (or `reply` rules from text_or_calls), after the
-    model's reasoning block when it has one (`think` = its start and end markers; `in_think`:
-    the prompt already opened it)."""
-    lines = ["%llguidance {}"]
-    body = "reply" if reply else "calls"
-    if think is None:
-        lines.append(f"start: {body}")
-    else:
-        start, end = think
-        lazy = lazy_until(end, lit)
-        rest = f"think_rest[lazy]: {lazy}" if not lazy.startswith("/(.|\\n)*/ <[") else f"think_rest: {lazy}"
-        lines += [
-            f"start: think_rest LAYOUT {body}" if in_think else f"start: ({lit(start)} think_rest LAYOUT)? {body}",
-            rest,
-            "LAYOUT: /[ \\t\\r\\n]*/",
-        ]
+    model's reasoning block when it has one (see reasoning_then)."""
+    lines = ["%llguidance {}", *reasoning_then("reply" if reply else "calls", lit, think, in_think)]
     return "\n".join(lines) + "\n" + calls_rules + reply
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from lantern.app.engine import InvalidRequestError, SamplingParams, StructuredSpec, reasoning
 from lantern.app.engine.reasoning import THINK_END, THINK_START, ReasoningParser
+from lantern.server.structured import after_reasoning
 from lantern.server.tool_parsers import detect, parser_named
 from lantern.server.tool_parsers.base import CallDelta, ToolParser, assemble
 from lantern.server.tool_parsers.grammar import check_grammar, literal_maker, text_or_calls, tool_grammar
@@ -63,6 +64,7 @@ class ChatSetup:
     parallel: bool = True
     in_reasoning: bool = False
     strip_special_stop: bool = False  # we turned special tokens on; the stop token's text goes
+    answer_spec: StructuredSpec | None = None  # the request's constraint, when wrapped after the reasoning
 
     def template_kwargs(self, user: dict[str, Any] | None) -> dict[str, Any] | None:
         if not self.parser:
@@ -81,6 +83,10 @@ class ChatSetup:
             params.skip_special_tokens = False
             self.strip_special_stop = True
         if self.parser is None or (self.forced is None and not self.strict):
+            if params.structured is not None and f.reasoning and f.channels is None and state != "closed":
+                # response_format etc. shape the answer, not the reasoning: the block comes first
+                self.answer_spec = params.structured
+                params.structured = after_reasoning(params.structured, f.lit, self.in_reasoning)
             return
         if params.structured is not None:
             why = "tool_choice forces a tool call" if self.forced is not None else "strict functions shape the reply"
