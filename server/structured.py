@@ -185,8 +185,9 @@ def after_reasoning(spec: StructuredSpec, lit: Callable[[str], str], in_think: b
     """`spec` applied after the model's `<think>` block (`lit`: the tokenizer's marker literals,
     server/tool_parsers/grammar.py literal_maker; `in_think`: the prompt opened the block). The
     block's end is allowed anywhere in it, so a thinking_token_budget can always close it. A choice
-    list whose every option writes the block itself already shapes the reasoning: it applies as given."""
-    if spec.kind == "choice" and all(c.lstrip().startswith(THINK_START) for c in spec.value):
+    list whose every option writes a reasoning marker (opens the block, or closes the one the prompt
+    opened) scripts the reasoning itself: it applies as given, from the first token."""
+    if spec.kind == "choice" and all(THINK_START in c or THINK_END in c for c in spec.value):
         return spec
     rules = ["%llguidance {}", *reasoning_then("answer", lit, (THINK_START, THINK_END), in_think), _answer_rule(spec)]
     return StructuredSpec("lark", "\n".join(rules) + "\n", param=spec.param)
