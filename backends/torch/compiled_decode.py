@@ -119,7 +119,7 @@ def layer_windows(layers: nn.ModuleList) -> list[int | None] | None:
     return out
 
 
-def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_size: int, dtype: torch.dtype) -> None:
+def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_size: int) -> None:
     """Compile the graphs now, with a log line: a request must not wait for them. The rows write
     K/V into blocks 0 and 1, which no sequence holds yet (this runs before the engine serves)."""
     compiled: CompiledDecode = model.compiled_decode

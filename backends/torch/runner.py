@@ -226,7 +226,7 @@ class TorchBackend:
             logger.warning("--compile: not for this architecture (%s); decode steps run eagerly", type(model).__name__)
             return
         model.compiled_decode = compiled_decode.CompiledDecode(model.model.layers, windows)
-        compiled_decode.warm_up(model, self.pool, self.cos, self.sin, block_size, self.dtype)
+        compiled_decode.warm_up(model, self.pool, self.cos, self.sin, block_size)
 
     # ---- steps ---------------------------------------------------------------------------
     @torch.inference_mode()

@@ -45,9 +45,9 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _v_inside_k(k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
-    """True when the V pool is a view of K's first columns (multi-head latent attention)."""
-    return v_pool.shape[-1] < k_pool.shape[-1] and v_pool.data_ptr() == k_pool.data_ptr()  # widths first: no
-    # pointer read for the usual pools (a compiled graph cannot compare pointers)
+    """True when the V pool is a view of K's first columns (multi-head latent attention). Widths are
+    compared first: the usual pools need no pointer read, which a compiled graph cannot do."""
+    return v_pool.shape[-1] < k_pool.shape[-1] and v_pool.data_ptr() == k_pool.data_ptr()
 
 
 def context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
