@@ -2,24 +2,28 @@
 
 A decode step of a small model on a CPU is bound by the number of ops, not by their work: SmolLM2
 makes ~1,300 aten calls per token, each paying Python and dispatcher time, against ~10 ms of
-kernels. Here every decoder layer of a decode-only step runs as one graph compiled by inductor:
+kernels. Here the decoder layers of a decode-only step run as a few graphs compiled by inductor:
 the norms, rope, residual adds and activations fuse into a few C++ loops around the extern kernels
 (the int4/int8 matmuls, SDPA, the KV writes and gathers).
 
-One code object serves every layer, not one graph per layer: the layer's module is an input of the
-compiled function (its parameters are lifted as graph inputs), and so are the layer's KV pool
-tensors, rather than an index the graph would specialise on. The step's metadata is rebuilt inside
-the graph from plain tensors: dynamo checks guards on every call, and on the metadata object they
-cost ~0.1 ms per layer. dynamic=True keeps the batch size and the context span symbolic, so a
-session compiles three graphs (one row in consecutive blocks, one row in scattered blocks, two rows
-or more), ~20-30 s on 2 cores the first time; inductor's on-disk cache makes later starts ~5 s.
-The runner compiles them at start-up (warm_up), so no request waits for them.
+The layers run in groups of a few (group_size: ~6), one compiled call per group. Each call pays
+dynamo's guards and the wrappers around the generated code, and wakes the OpenMP workers at its
+first kernel; a call per layer left ~15% of a one-row SmolLM2 step there. One graph for the whole
+stack would pay that once but compiles for minutes. Measured on SmolLM2-135M Q4_1 (30 layers),
+2 threads, one row, in-process against eager steps of the same engine (ms per step; compile time
+of the three graphs, cold):
 
-Measured on SmolLM2-135M Q4_1, 2 threads (in-process, alternating eager and compiled steps): one row
-~37.5 -> ~31.7 ms per step, 32 rows ~224 -> ~210 ms (this VM swings ±20% between runs). What is
-left is mostly the int4 kernels and SDPA (inductor calls them as extern kernels) and dynamo's checks
-on each layer's call; a whole-model graph was ~1.7x at one row in a prototype but takes
-minutes to compile per shape.
+    layers per call   1: ~18-20 ms, 16 s    6: ~13-15 ms, 38 s (15 s from the disk cache)
+                     15: ~14 ms, 72 s      30: ~13.7 ms, 149 s         eager: ~20-23 ms
+
+One code object serves every group, not one graph per group: the group's modules are inputs of
+the compiled function (their parameters are lifted as graph inputs), and so are their KV pool
+tensors, rather than layer indices the graph would specialise on. The step's metadata is rebuilt
+inside the graph from plain tensors: dynamo checks guards on every call, and on the metadata object
+they cost ~0.1 ms per call. dynamic=True keeps the batch size and the context span symbolic, so a
+session compiles three graphs per group shape (one row in consecutive blocks, one row in scattered
+blocks, two rows or more). The runner compiles them at start-up (warm_up), so no request waits for
+them; inductor's on-disk cache makes later starts faster.
 
 What the graph cannot take is done before the layers, once per step: the context each row reads
 (reference.decode_context needs host reads) and SDPA's additive mask. Prefill and mixed steps stay
@@ -43,9 +47,9 @@ logger = logging.getLogger(__name__)
 
 
 class CompiledDecode:
-    """The decoder layers of decode-only steps as one compiled graph (see the module docstring)."""
+    """The decoder layers of decode-only steps as a few compiled calls (see the module docstring)."""
 
-    def __init__(self, layers: nn.ModuleList, windows: list[int | None]) -> None:
+    def __init__(self, layers: nn.ModuleList, windows: list[int | None], group: int | None = None) -> None:
         import torch._dynamo
 
         # One code object serves every layer and its three graphs; a model with per-layer variants
@@ -56,7 +60,9 @@ class CompiledDecode:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
         self.layers = layers
         self.windows = tuple(sorted(set(windows), key=lambda w: -1 if w is None else w))
-        self.fn = torch.compile(self._layer, dynamic=True, fullgraph=True)
+        size = group or group_size(len(layers))
+        self.groups = [range(i, min(i + size, len(layers))) for i in range(0, len(layers), size)]
+        self.fn = torch.compile(self._group, dynamic=True, fullgraph=True)
         self.failed: str | None = None
         self.steps = 0  # decode steps run through the graph (the log and tests read it)
 
@@ -74,17 +80,24 @@ class CompiledDecode:
         step = (meta.pool, meta.block_size, meta.slot_mapping, meta.cos, meta.sin, meta.positions)
         step = (*step, meta.decode_token_idx, contexts)
         pool = meta.pool
-        residual = torch.zeros_like(h)  # x + 0 is exact: the first layer takes the same graph
-        for i, layer in enumerate(self.layers):
+        residual = torch.zeros_like(h)  # x + 0 is exact: the first group takes the same graph
+        for group in self.groups:
+            layers = tuple(self.layers[i] for i in group)
+            kv = tuple((pool.k[i], pool.v[i]) for i in group)
             try:
-                h, residual = self.fn(layer, h, residual, pool.k[i], pool.v[i], step, *extras)
-            except Exception as exc:  # dynamo/inductor refuse this layer: eager from here on
+                h, residual = self.fn(layers, h, residual, kv, step, *extras)
+            except Exception as exc:  # dynamo/inductor refuse these layers: eager from here on
                 # The eager pass that follows recomputes the whole step from the embeddings and
                 # writes every layer's K/V for this step again, so the layers run here leave nothing.
                 self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 logger.warning("compiled decode is off for this model (%s); decode steps run eagerly", self.failed)
                 return None
         self.steps += 1
+        return h, residual
+
+    def _group(self, layers: tuple, h, residual, kv: tuple, step: tuple, *extras):
+        for layer, (k_pool, v_pool) in zip(layers, kv):
+            h, residual = self._layer(layer, h, residual, k_pool, v_pool, step, *extras)
         return h, residual
 
     def _layer(self, layer: nn.Module, h, residual, k_pool, v_pool, step: tuple, *extras):
@@ -102,6 +115,15 @@ class CompiledDecode:
         """What a row reads for `window` (host reads: reference.decode_context), as graph inputs."""
         ctx = reference.decode_context(meta.decode_block_tables, meta.decode_seq_lens, meta.block_size, window)
         return ctx.slots, ctx.allowed, ctx.bias(dtype), ctx.first_slot
+
+
+def group_size(num_layers: int) -> int:
+    """Layers per compiled call: ~6 (see the module docstring), a divisor of the depth where one is
+    near, so that every group has one shape (a shorter last group is a graph set of its own)."""
+    for size in (6, 5, 7, 4, 8):
+        if num_layers % size == 0:
+            return size
+    return 6
 
 
 def layer_windows(layers: nn.ModuleList) -> list[int | None] | None:
@@ -124,7 +146,10 @@ def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_s
     K/V into blocks 0 and 1, which no sequence holds yet (this runs before the engine serves)."""
     compiled: CompiledDecode = model.compiled_decode
     t0 = time.perf_counter()
-    logger.info("compiling the decode step (torch.compile, three graphs; ~30 s the first time on 2 cores) ...")
+    logger.info(
+        "compiling the decode step (torch.compile, %d layers per call; ~40 s the first time on 2 cores) ...",
+        len(compiled.groups[0]),
+    )
     dev = cos.device
     # One row in consecutive blocks (read in place), one row in scattered blocks, and two rows; each
     # reads two blocks (a size of 1 would be a graph of its own).

@@ -17,8 +17,10 @@ import torch
 
 from lantern.app.cli import main
 from lantern.app.engine import LLM, SamplingParams
+from lantern.backends.torch.compiled_decode import CompiledDecode, group_size
 from tests.conformance.test_parity import PROMPT, hf_model
 from tests.fixtures.teacher_forcing import teacher_forced_logits
+from tests.fixtures.tiny_models import build_model
 from tests.server.conftest import start_server
 
 SMALL = dict(backend="torch", dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
@@ -50,6 +52,33 @@ def test_logits_match_transformers(tiny_model_dir, variant):
         assert _compiled_steps(llm) - before == 5  # every decode step ran through the graph
     finally:
         llm.engine.shutdown()
+
+
+def test_layers_in_groups_match_transformers(tmp_path):
+    """Five layers in compiled calls of two (the last group a shorter graph of its own): each
+    layer reads its own weights and KV, in order; the logits are transformers'."""
+    path = str(build_model("llama3", tmp_path / "five", num_hidden_layers=5))
+    llm = LLM(path, **SMALL)
+    try:
+        model = llm.engine.backend.model
+        model.compiled_decode = CompiledDecode(model.model.layers, [None] * 5, group=2)
+        assert [list(g) for g in model.compiled_decode.groups] == [[0, 1], [2, 3], [4]]
+        ids = llm.tokenizer.encode(PROMPT)
+        hf = hf_model(path)
+        with torch.no_grad():
+            forced = [7, 3, 11, 5, 2]
+            ref = hf(torch.tensor([ids + forced])).logits[0].numpy()
+        rows = list(teacher_forced_logits(llm.engine, ids, forced))
+        worst = max(float(np.abs(ours - ref[pos]).max() / ref[pos].std()) for pos, ours in rows)
+        assert worst < 1e-4, worst
+        assert model.compiled_decode.steps == 4 and model.compiled_decode.failed is None
+    finally:
+        llm.engine.shutdown()
+
+
+def test_group_size_divides_the_depth_where_it_can():
+    assert [group_size(n) for n in (30, 24, 16, 28, 40, 32, 2)] == [6, 6, 4, 7, 5, 4, 6]
+    assert group_size(23) == 6  # no divisor near 6: a shorter last group
 
 
 def _greedy(llm: LLM, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -103,14 +132,15 @@ def test_a_graph_that_fails_to_compile_falls_back_to_eager(tiny_model_dir, caplo
     eager.engine.shutdown()
     llm = LLM(path, compile_decode=True, **SMALL)
     try:
-        compiled = llm.engine.backend.model.compiled_decode
+        model = llm.engine.backend.model
+        compiled = model.compiled_decode = CompiledDecode(model.model.layers, [None, None], group=1)
         real, calls = compiled.fn, []
 
-        def second_layer_fails(layer, *args):
-            calls.append(layer)
+        def second_layer_fails(layers, *args):
+            calls.append(layers)
             if len(calls) == 2:
                 raise RuntimeError("inductor could not lower this")
-            return real(layer, *args)
+            return real(layers, *args)
 
         compiled.fn = second_layer_fails
         with caplog.at_level(logging.WARNING, logger="lantern.backends.torch.compiled_decode"):
