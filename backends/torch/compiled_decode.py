@@ -52,7 +52,7 @@ class CompiledDecode:
     def __init__(self, layers: nn.ModuleList, windows: list[int | None], group: int | None = None) -> None:
         import torch._dynamo
 
-        # One code object serves every layer and its three graphs; a model with per-layer variants
+        # One code object serves every group and its three graphs; a model with per-layer variants
         # (sliding and global layers) needs a few more than the default limit of 8. Graphs of an
         # earlier engine in this process (a model reloaded, tests) would count against the limit
         # and cost guard checks on every call: they are dropped (disk-cached code stays).
