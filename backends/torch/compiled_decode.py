@@ -58,10 +58,10 @@ class CompiledDecode:
         # and cost guard checks on every call: they are dropped (disk-cached code stays).
         torch._dynamo.reset()
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
-        self.layers = layers
         self.windows = tuple(sorted(set(windows), key=lambda w: -1 if w is None else w))
         size = group or group_size(len(layers))
         self.groups = [range(i, min(i + size, len(layers))) for i in range(0, len(layers), size)]
+        self._group_layers = [tuple(layers[i] for i in group) for group in self.groups]  # the graphs' inputs
         self.fn = torch.compile(self._group, dynamic=True, fullgraph=True)
         self.failed: str | None = None
         self.steps = 0  # decode steps run through the graph (the log and tests read it)
@@ -81,8 +81,7 @@ class CompiledDecode:
         step = (*step, meta.decode_token_idx, contexts)
         pool = meta.pool
         residual = torch.zeros_like(h)  # x + 0 is exact: the first group takes the same graph
-        for group in self.groups:
-            layers = tuple(self.layers[i] for i in group)
+        for group, layers in zip(self.groups, self._group_layers):
             kv = tuple((pool.k[i], pool.v[i]) for i in group)
             try:
                 h, residual = self.fn(layers, h, residual, kv, step, *extras)
