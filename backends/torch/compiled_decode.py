@@ -25,6 +25,13 @@ session compiles three graphs per group shape (one row in consecutive blocks, on
 blocks, two rows or more). The runner compiles them at start-up (warm_up), so no request waits for
 them; inductor's on-disk cache makes later starts faster.
 
+Dynamo checks ~1,800 guards per call on the group's modules and inputs (~0.3 ms; ~10% of a one-row
+SmolLM2 step over its 5 calls). A step whose input signature (rows, each context's span and whether
+it is read in place) already ran once with every guard checked, in this cache generation, runs with
+dynamo's skip_guard_eval_unsafe: only the guards that tell the cached graphs apart (their tensor
+checks) are evaluated. An exact repeat of a signature that passed the full guards picks the same
+graph; anything new (a longer context, a new batch size) goes through the full guards first.
+
 What the graph cannot take is done before the layers, once per step: the context each row reads
 (reference.decode_context needs host reads) and SDPA's additive mask. Prefill and mixed steps stay
 eager: their shapes change every step. A model whose layer does not compile (a data-dependent op,
@@ -33,6 +40,7 @@ e.g. a mixture of experts' routing) is said so once in the log and decodes eager
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -49,6 +57,8 @@ logger = logging.getLogger(__name__)
 class CompiledDecode:
     """The decoder layers of decode-only steps as a few compiled calls (see the module docstring)."""
 
+    _generation = 0  # dynamo cache resets (one per instance): graphs of an earlier instance are gone
+
     def __init__(self, layers: nn.ModuleList, windows: list[int | None], group: int | None = None) -> None:
         import torch._dynamo
 
@@ -57,6 +67,10 @@ class CompiledDecode:
         # earlier engine in this process (a model reloaded, tests) would count against the limit
         # and cost guard checks on every call: they are dropped (disk-cached code stays).
         torch._dynamo.reset()
+        CompiledDecode._generation += 1
+        self._generation = CompiledDecode._generation
+        self._trusted: set[tuple] = set()  # step signatures that passed the full guards
+        self._entries = 0  # cache entries of the group code when a signature was last trusted
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
         self.windows = tuple(sorted(set(windows), key=lambda w: -1 if w is None else w))
         size = group or group_size(len(layers))
@@ -65,6 +79,7 @@ class CompiledDecode:
         self.fn = torch.compile(self._group, dynamic=True, fullgraph=True)
         self.failed: str | None = None
         self.steps = 0  # decode steps run through the graph (the log and tests read it)
+        self.guard_free_steps = 0  # of which with only the differentiating guards (tests read it)
 
     def applies(self, meta: TorchAttentionMetadata) -> bool:
         return self.failed is None and meta.decode_only and not meta.may_skip_slots
@@ -81,18 +96,47 @@ class CompiledDecode:
         step = (*step, meta.decode_token_idx, contexts)
         pool = meta.pool
         residual = torch.zeros_like(h)  # x + 0 is exact: the first group takes the same graph
-        for group, layers in zip(self.groups, self._group_layers):
-            kv = tuple((pool.k[i], pool.v[i]) for i in group)
-            try:
-                h, residual = self.fn(layers, h, residual, kv, step, *extras)
-            except Exception as exc:  # dynamo/inductor refuse these layers: eager from here on
-                # The eager pass that follows recomputes the whole step from the embeddings and
-                # writes every layer's K/V for this step again, so the layers run here leave nothing.
-                self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                logger.warning("compiled decode is off for this model (%s); decode steps run eagerly", self.failed)
-                return None
+        signature = (
+            h.shape[0],
+            tuple((c[1].shape[-1], c[3] is None, c[3] in (0, 1)) for c in contexts),
+            tuple(e is None for e in extras),
+        )
+        trusted = self._is_trusted(signature)
+        stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if trusted else contextlib.nullcontext()
+        with stance:
+            for group, layers in zip(self.groups, self._group_layers):
+                kv = tuple((pool.k[i], pool.v[i]) for i in group)
+                try:
+                    h, residual = self.fn(layers, h, residual, kv, step, *extras)
+                except Exception as exc:  # dynamo/inductor refuse these layers: eager from here on
+                    # The eager pass that follows recomputes the whole step from the embeddings and
+                    # writes every layer's K/V for this step again, so the layers run here leave nothing.
+                    self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    logger.warning("compiled decode is off for this model (%s); decode steps run eagerly", self.failed)
+                    return None
+        if not trusted:
+            self._trust(signature)
         self.steps += 1
+        self.guard_free_steps += trusted
         return h, residual
+
+    def _is_trusted(self, signature: tuple) -> bool:
+        """Whether this step may skip the guards: its signature passed them in this cache generation.
+        A reset of dynamo's cache (another instance, or anyone's torch._dynamo.reset()) forgets them."""
+        if self._generation != CompiledDecode._generation or signature not in self._trusted:
+            return False
+        if _cache_entries() < self._entries:  # the graphs they selected are gone
+            self._trusted.clear()
+            return False
+        return True
+
+    def _trust(self, signature: tuple) -> None:
+        entries = _cache_entries()
+        if entries < self._entries:
+            self._trusted.clear()
+        self._entries = entries
+        if entries > 0 and self._generation == CompiledDecode._generation:
+            self._trusted.add(signature)
 
     def _group(self, layers: tuple, h, residual, kv: tuple, step: tuple, *extras):
         for layer, (k_pool, v_pool) in zip(layers, kv):
@@ -114,6 +158,16 @@ class CompiledDecode:
         """What a row reads for `window` (host reads: reference.decode_context), as graph inputs."""
         ctx = reference.decode_context(meta.decode_block_tables, meta.decode_seq_lens, meta.block_size, window)
         return ctx.slots, ctx.allowed, ctx.bias(dtype), ctx.first_slot
+
+
+def _cache_entries() -> int:
+    """Dynamo's cache entries (graphs) for the group code; 0 where this torch cannot say."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return len(_debug_get_cache_entry_list(CompiledDecode._group.__code__))
+    except Exception:  # a private helper: without it, every step checks every guard
+        return 0
 
 
 def group_size(num_layers: int) -> int:

@@ -99,8 +99,38 @@ def test_batches_of_rows_decode_as_eager(tiny_model_dir):
         assert _greedy(llm, prompts, 16) == want_batch
         assert _greedy(llm, prompts[1:2], 24) == want_one
         assert _compiled_steps(llm) - before >= 15 + 23
+        # Most of these steps repeat a signature (rows, spans) that passed the full guards before:
+        # they ran with only the differentiating ones, and the tokens above are still eager's.
+        assert llm.engine.backend.model.compiled_decode.guard_free_steps >= 20
     finally:
         llm.engine.shutdown()
+
+
+def test_guard_free_steps_need_a_signature_that_passed_the_guards(tiny_model_dir):
+    """A new span or batch size checks every guard first; a second compiled engine resets dynamo's
+    cache (the first one's graphs are gone), so the first one stops skipping guards, still right."""
+    path = tiny_model_dir("llama3")
+    prompt = [list(range(5, 18))]
+    eager = LLM(path, **SMALL)
+    want = _greedy(eager, prompt, 12)
+    eager.engine.shutdown()
+    first = LLM(path, compile_decode=True, **SMALL)
+    try:
+        compiled = first.engine.backend.model.compiled_decode
+        assert _greedy(first, prompt, 12) == want
+        # 11 decode steps over contexts of 14..24 tokens: spans of 4, 5 and 6 blocks (block size 4),
+        # each first seen with every guard checked.
+        assert compiled.guard_free_steps == 11 - 3, compiled.guard_free_steps
+        assert _greedy(first, prompt, 12) == want
+        # Mostly known signatures now (the blocks may lie elsewhere in the pool: a new one is checked)
+        assert compiled.guard_free_steps >= 8 + 8, compiled.guard_free_steps
+        done = compiled.guard_free_steps
+        second = LLM(path, compile_decode=True, **SMALL)
+        second.engine.shutdown()
+        assert _greedy(first, prompt, 12) == want
+        assert compiled.guard_free_steps == done
+    finally:
+        first.engine.shutdown()
 
 
 def test_int4_weights_decode_as_eager(tiny_model_dir):
