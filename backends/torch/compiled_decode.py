@@ -25,12 +25,14 @@ session compiles three graphs per group shape (one row in consecutive blocks, on
 blocks, two rows or more). The runner compiles them at start-up (warm_up), so no request waits for
 them; inductor's on-disk cache makes later starts faster.
 
-Dynamo checks ~1,800 guards per call on the group's modules and inputs (~0.3 ms; ~10% of a one-row
+Dynamo checks ~1,800 guards per call on the group's modules and inputs (~0.25 ms; ~8% of a one-row
 SmolLM2 step over its 5 calls). A step whose input signature (rows, each context's span and whether
 it is read in place) already ran once with every guard checked, in this cache generation, runs with
 dynamo's skip_guard_eval_unsafe: only the guards that tell the cached graphs apart (their tensor
 checks) are evaluated. An exact repeat of a signature that passed the full guards picks the same
 graph; anything new (a longer context, a new batch size) goes through the full guards first.
+The stance is process-wide while such a step runs: compiled code another thread ran at that moment
+would skip its guards too (Lantern runs a model's steps on one thread; its other code compiles nothing).
 
 What the graph cannot take is done before the layers, once per step: the context each row reads
 (reference.decode_context needs host reads) and SDPA's additive mask. Prefill and mixed steps stay
