@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# ../shared/GPU-CHECKLIST.md on the GPU device, in as few runs as its 10-minute limit allows.
+#
+# Here, once: bash scripts/gpu_wheels.sh   (the Python 3.12 wheels the device lacks, into .whl/)
+# Device runs (the tool's `run`, carry [".whl"]), e.g.
+#   bash scripts/gpu_check.sh env tests      # nvidia-smi + versions, then every `gpu` test (~7 min)
+#   bash scripts/gpu_check.sh bench-q4       # 8B shape, int4 (--isq q4): bs=1 vs the HBM roofline
+#   bash scripts/gpu_check.sh bench          # 1B and 8B shapes in bf16, against HF generate
+# Each step writes $OUT/<step>.txt (the tool brings back at most 8 files) and the benches a JSON.
+# A step that fails does not stop the next one; the exit status line closes each log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/lantern-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(env tests)
+
+site=/tmp/lantern-site
+pip_in() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$@"; }
+if [ -d .whl ]; then pip_in .whl/*.whl || exit 1; fi
+# Lantern itself, not editable: its folders install as the lantern.* namespace (pyproject's package-dir).
+pip_in --no-build-isolation . || exit 1
+export PYTHONPATH=$site
+
+run() { # step seconds command...
+    local name=$1 secs=$2
+    shift 2
+    echo "== $name: $*" | tee -a "$OUT/$name.txt"
+    timeout "$secs" "$@" >>"$OUT/$name.txt" 2>&1
+    echo "== $name: exit $?" | tee -a "$OUT/$name.txt"
+    tail -n 5 "$OUT/$name.txt"
+}
+
+for step in "${steps[@]}"; do
+    case $step in
+    env) run env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, lantern.backends.torch as t; \
+print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), t.__file__)"' ;;
+    tests) run tests 450 python3 -m pytest -m gpu tests/kernels tests/conformance -q -rfE -p no:cacheprovider ;;
+    bench) run bench 540 python3 -m lantern bench --backend torch --shape 1b --shape 8b --json "$OUT/bench.json" ;;
+    bench-q4) run bench-q4 540 python3 -m lantern bench --backend torch --shape 8b --isq q4 --no-hf \
+        --json "$OUT/bench-q4.json" ;;
+    *) echo "unknown step $step (env, tests, bench, bench-q4)" && exit 2 ;;
+    esac
+done
