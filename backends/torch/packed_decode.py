@@ -45,7 +45,7 @@ def int4pack_block_rows(packed: torch.Tensor, sz: torch.Tensor, start: int, stop
     blocks = packed.view(-1, k, 32)[first:last].permute(1, 0, 2).reshape(groups, g, nb, 32)  # a view
     s = sz[:, first * BLOCK_N : last * BLOCK_N, 0].float().view(groups, 1, nb, 2, 32)
     z = sz[:, first * BLOCK_N : last * BLOCK_N, 1].float().view(groups, 1, nb, 2, 32)
-    out = torch.empty((groups, g, nb, 2, 32), device=packed.device)
+    out = torch.empty((groups, g, nb, 2, 32), dtype=torch.float32, device=packed.device)
     # (q - 8) in int8, then zero + (q - 8) * scale in float32 (the product is exact), one pass per nibble
     torch.addcmul(z[..., 0, :], (blocks & 15).view(torch.int8).sub_(8), s[..., 0, :], out=out[..., 0, :])
     torch.addcmul(z[..., 1, :], (blocks >> 4).view(torch.int8).sub_(8), s[..., 1, :], out=out[..., 1, :])
