@@ -22,15 +22,19 @@ tensors, rather than layer indices the graph would specialise on. The step's met
 inside the graph from plain tensors: dynamo checks guards on every call, and on the metadata object
 they cost ~0.1 ms per call. dynamic=True keeps the batch size and the context span symbolic, so a
 session compiles three graphs per group shape (one row in consecutive blocks, one row in scattered
-blocks, two rows or more). The runner compiles them at start-up (warm_up), so no request waits for
-them; inductor's on-disk cache makes later starts faster.
+blocks, two rows or more: the last in a compiled function of its own, see below). The runner
+compiles them at start-up (warm_up), so no request waits for them; inductor's on-disk cache makes
+later starts faster.
 
 Dynamo checks ~1,800 guards per call on the group's modules and inputs (~0.25 ms; ~8% of a one-row
-SmolLM2 step over its 5 calls). A step whose input signature (rows, each context's span and whether
-it is read in place) already ran once with every guard checked, in this cache generation, runs with
-dynamo's skip_guard_eval_unsafe: only the guards that tell the cached graphs apart (their tensor
-checks) are evaluated. An exact repeat of a signature that passed the full guards picks the same
-graph; anything new (a longer context, a new batch size) goes through the full guards first.
+SmolLM2 step over its 5 calls). A one-row step whose signature (each context's span, whether it is
+read in place) already ran once with every guard checked, in this cache generation, runs with
+dynamo's skip_guard_eval_unsafe: only the guards that tell the cached graphs apart are evaluated
+(tensor checks, and the checks that failed when a graph was added: in place or not, the group's
+length). An exact repeat of a signature that passed the full guards picks the same graph; anything
+new goes through the full guards first. One-row and batched steps are two compiled functions, so
+their graphs never share a cache: batched graphs differ from each other only in symbolic shape
+guards, which that mode would not check, and guards are ~1% of a batched step anyway.
 The stance is process-wide while such a step runs: compiled code another thread ran at that moment
 would skip its guards too (Lantern runs a model's steps on one thread; its other code compiles nothing).
 
@@ -64,10 +68,10 @@ class CompiledDecode:
     def __init__(self, layers: nn.ModuleList, windows: list[int | None], group: int | None = None) -> None:
         import torch._dynamo
 
-        # One code object serves every group and its three graphs; a model with per-layer variants
-        # (sliding and global layers) needs a few more than the default limit of 8. Graphs of an
-        # earlier engine in this process (a model reloaded, tests) would count against the limit
-        # and cost guard checks on every call: they are dropped (disk-cached code stays).
+        # One code object serves every group (one-row graphs; batched ones have a second); a model
+        # with per-layer variants (sliding and global layers) needs a few more than the default 8.
+        # Graphs of an earlier engine in this process (a model reloaded, tests) would count against
+        # the limit and cost guard checks on every call: they are dropped (disk-cached code stays).
         torch._dynamo.reset()
         CompiledDecode._generation += 1
         self._generation = CompiledDecode._generation
@@ -78,10 +82,11 @@ class CompiledDecode:
         size = group or group_size(len(layers))
         self.groups = [range(i, min(i + size, len(layers))) for i in range(0, len(layers), size)]
         self._group_layers = [tuple(layers[i] for i in group) for group in self.groups]  # the graphs' inputs
-        self.fn = torch.compile(self._group, dynamic=True, fullgraph=True)
+        self.fn = torch.compile(self._group, dynamic=True, fullgraph=True)  # one row
+        self.fn_rows = torch.compile(self._group_rows, dynamic=True, fullgraph=True)  # two rows or more
         self.failed: str | None = None
         self.steps = 0  # decode steps run through the graph (the log and tests read it)
-        self.guard_free_steps = 0  # of which with only the differentiating guards (tests read it)
+        self.guard_free_steps = 0  # one-row steps with only the differentiating guards (tests read it)
 
     def applies(self, meta: TorchAttentionMetadata) -> bool:
         return self.failed is None and meta.decode_only and not meta.may_skip_slots
@@ -98,25 +103,26 @@ class CompiledDecode:
         step = (*step, meta.decode_token_idx, contexts)
         pool = meta.pool
         residual = torch.zeros_like(h)  # x + 0 is exact: the first group takes the same graph
+        one_row = h.shape[0] == 1
         signature = (
-            h.shape[0],
             tuple((c[1].shape[-1], c[3] is None, c[3] in (0, 1)) for c in contexts),
             tuple(e is None for e in extras),
         )
-        trusted = self._is_trusted(signature)
+        trusted = one_row and self._is_trusted(signature)
         stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if trusted else contextlib.nullcontext()
+        fn = self.fn if one_row else self.fn_rows
         with stance:
             for group, layers in zip(self.groups, self._group_layers):
                 kv = tuple((pool.k[i], pool.v[i]) for i in group)
                 try:
-                    h, residual = self.fn(layers, h, residual, kv, step, *extras)
+                    h, residual = fn(layers, h, residual, kv, step, *extras)
                 except Exception as exc:  # dynamo/inductor refuse these layers: eager from here on
                     # The eager pass that follows recomputes the whole step from the embeddings and
                     # writes every layer's K/V for this step again, so the layers run here leave nothing.
                     self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                     logger.warning("compiled decode is off for this model (%s); decode steps run eagerly", self.failed)
                     return None
-        if not trusted:
+        if one_row and not trusted:
             self._trust(signature)
         self.steps += 1
         self.guard_free_steps += trusted
@@ -145,6 +151,10 @@ class CompiledDecode:
             h, residual = self._layer(layer, h, residual, k_pool, v_pool, step, *extras)
         return h, residual
 
+    def _group_rows(self, layers: tuple, h, residual, kv: tuple, step: tuple, *extras):
+        """_group for two rows or more: a code object of its own, hence a cache of its own."""
+        return self._group(layers, h, residual, kv, step, *extras)
+
     def _layer(self, layer: nn.Module, h, residual, k_pool, v_pool, step: tuple, *extras):
         pool, block_size, slots, cos, sin, positions, rows, contexts = step
         # No block tables: the contexts below are what the attention reads (they came from them).
@@ -163,7 +173,7 @@ class CompiledDecode:
 
 
 def _cache_entries() -> int:
-    """Dynamo's cache entries (graphs) for the group code; 0 where this torch cannot say."""
+    """Dynamo's cache entries (graphs) for the one-row group code; 0 where this torch cannot say."""
     try:
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
