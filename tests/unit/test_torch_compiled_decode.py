@@ -86,6 +86,14 @@ def _greedy(llm: LLM, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
+def _eager_greedy(path: str, prompts: list[list[int]], n: int) -> list[list[int]]:
+    eager = LLM(path, **SMALL)
+    try:
+        return _greedy(eager, prompts, n)
+    finally:
+        eager.engine.shutdown()
+
+
 def test_batches_of_rows_decode_as_eager(tiny_model_dir):
     """Rows of different lengths together, then one row alone: the same greedy tokens."""
     path = tiny_model_dir("llama3")
@@ -112,9 +120,7 @@ def test_guard_free_steps_need_a_signature_that_passed_the_guards(tiny_model_dir
     cache (the first one's graphs are gone), so the first one stops skipping guards, still right."""
     path = tiny_model_dir("llama3")
     prompt = [list(range(5, 18))]
-    eager = LLM(path, **SMALL)
-    want = _greedy(eager, prompt, 12)
-    eager.engine.shutdown()
+    want = _eager_greedy(path, prompt, 12)
     first = LLM(path, compile_decode=True, **SMALL)
     try:
         compiled = first.engine.backend.model.compiled_decode
@@ -158,9 +164,7 @@ def test_a_graph_that_fails_to_compile_falls_back_to_eager(tiny_model_dir, caplo
     at the second layer) turns the path off with a warning; the step reruns eagerly, the same tokens."""
     path = tiny_model_dir("llama3")
     prompt = [list(range(5, 18))]
-    eager = LLM(path, **SMALL)
-    want = _greedy(eager, prompt, 10)
-    eager.engine.shutdown()
+    want = _eager_greedy(path, prompt, 10)
     llm = LLM(path, compile_decode=True, **SMALL)
     try:
         model = llm.engine.backend.model
