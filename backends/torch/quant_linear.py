@@ -9,7 +9,9 @@ An `AffineWeight` (or `Fp8Weight`) becomes one of these kernels (`select_kernel`
   path needs bf16 activations: x is cast to bf16 inside), and that rounding is measured and logged.
   Group-16 modes (GGUF Q2_K/Q3_K) are requantized to 4-bit g32. The packed layout is [N/64][K][32 bytes]:
   byte b of column k in block j holds rows 64j+b (low nibble) and 64j+32+b (high nibble), so N is padded
-  to a multiple of 64 and the embedding decodes rows from the same bytes.
+  to a multiple of 64 and the embedding decodes rows from the same bytes. Batched decode steps (12 to
+  255 float32 rows) read the same bytes with cpu_gemm's native kernel where it builds (x86 AVX-512):
+  ~1.7x faster there at 32 rows, the same results bit for bit.
 - "int8pack" (CPU, bits 5..8): `_weight_int8pack_mm`, per-channel symmetric int8; exact when the source
   already is (a per-row scale and an integer zero point), else requantized. bf16 activations (measured
   4-40x faster than f32 for this op here). The op gets unit scales and the f32 per-row scale is applied
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, relative_error, requantize
+from lantern.backends.torch import cpu_gemm
 from lantern.backends.torch.packed_decode import (
     BLOCK_N,
     DENSE_ROWS,
@@ -186,6 +189,8 @@ class Int4PackLinear(QuantLayer):
         # [K/g, N, 2] (scale, zero) in bf16, the op's layout
         sz = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
         self.register_buffer("scales_and_zeros", sz.to(device))
+        # Decided here, not per call: a compiled graph cannot trace the build-and-load behind it.
+        self.native_batched = torch.device(device).type == "cpu" and cpu_gemm.available()
         target = f"int4 g{w.group_size} ({'requantized, ' if exact is None else ''}bf16 scales)"
         _record(errors, src, self, target, exact is None)
 
@@ -199,6 +204,10 @@ class Int4PackLinear(QuantLayer):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:
             return dense_matmul(x, self.out_features, self.in_features, BLOCK_N, self._decoded_rows)
+        if x.shape[0] > 1 and x.dtype == torch.float32 and self.native_batched:
+            # batched decode: cpu_gemm's kernel (from its MIN_ROWS; the op picks, so graphs need no guard)
+            sz, n = self.scales_and_zeros, self.out_features
+            return torch.ops.lantern.int4pack_mm_f32(x, self.packed, sz, self.group_size, n)
         y = _INT4_MM(x.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_and_zeros)
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]

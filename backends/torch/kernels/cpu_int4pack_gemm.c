@@ -1,0 +1,131 @@
+// y[M, N] = x[M, K] @ W^T for an int4pack weight (aten's _convert_weight_to_int4pack_for_cpu
+// layout, [N/64][K][32] bytes: byte j of a 64-row block holds row j in its low nibble and row j + 32
+// in its high one; W = (q - 8) * scale + zero with bf16 [K/g][N_pad][2] (scale, zero)), float32 x
+// and y, x86 AVX-512. Built and loaded by backends/torch/cpu_gemm.py.
+//
+// aten's kernel re-decodes the weights for every few rows of x; here each 64-row block is decoded
+// once into two float32 panels [K][32] that stay in cache, and every 12 rows of x run a 12 x 32
+// register-blocked multiply-add over a panel (24 accumulators, x broadcast from memory).
+// Numerics follow aten's kernel, so that a row's result does not depend on how many rows share its
+// step (which picks the kernel): x rounded to bf16, each weight (q - 8) * scale + zero in one
+// rounding, float32 sums, the output rounded to bf16. Only the order of the sums differs.
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NR 32
+#define MR 12
+
+// Round to the nearest bf16, ties to even (finite values), kept in float32.
+static inline __m512 round_bf16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+#define DEF_KERNEL(R)                                                                                 \
+    static void kernel_##R(const float *x, long ldx, const float *panel, long K, float *y, long ldy) { \
+        __m512 a0[R], a1[R];                                                                          \
+        for (int i = 0; i < R; i++) a0[i] = a1[i] = _mm512_setzero_ps();                              \
+        for (long k = 0; k < K; k++) {                                                                \
+            __m512 w0 = _mm512_load_ps(panel + k * NR), w1 = _mm512_load_ps(panel + k * NR + 16);     \
+            _Pragma("GCC unroll 16") for (int i = 0; i < R; i++) {                                    \
+                __m512 xb = _mm512_set1_ps(x[i * ldx + k]);                                           \
+                a0[i] = _mm512_fmadd_ps(xb, w0, a0[i]);                                               \
+                a1[i] = _mm512_fmadd_ps(xb, w1, a1[i]);                                               \
+            }                                                                                         \
+        }                                                                                             \
+        for (int i = 0; i < R; i++) {                                                                 \
+            _mm512_storeu_ps(y + i * ldy, round_bf16(a0[i]));                                         \
+            _mm512_storeu_ps(y + i * ldy + 16, round_bf16(a1[i]));                                    \
+        }                                                                                             \
+    }
+DEF_KERNEL(1) DEF_KERNEL(2) DEF_KERNEL(3) DEF_KERNEL(4) DEF_KERNEL(5) DEF_KERNEL(6)
+DEF_KERNEL(7) DEF_KERNEL(8) DEF_KERNEL(9) DEF_KERNEL(10) DEF_KERNEL(11) DEF_KERNEL(12)
+
+typedef void (*kernel_t)(const float *, long, const float *, long, float *, long);
+static const kernel_t KERNELS[MR + 1] = {0, kernel_1, kernel_2, kernel_3, kernel_4, kernel_5, kernel_6,
+                                         kernel_7, kernel_8, kernel_9, kernel_10, kernel_11, kernel_12};
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// Block t's 64 rows as two panels [K][32] (rows 0-31 from the low nibbles, 32-63 from the high ones).
+static void decode_block(const uint8_t *block, const uint16_t *sz, long n_pad, long n0, long K, long g,
+                         float *scale, float *zero, float *lo_panel, float *hi_panel) {
+    for (long gi = 0; gi < K / g; gi++)
+        for (int j = 0; j < 64; j++) {
+            const uint16_t *p = sz + (gi * n_pad + n0 + j) * 2;
+            scale[gi * 64 + j] = bf16_to_float(p[0]);
+            zero[gi * 64 + j] = bf16_to_float(p[1]);
+        }
+    const __m512i mask = _mm512_set1_epi32(0xF), eight = _mm512_set1_epi32(8);
+    for (long k = 0; k < K; k++) {
+        const float *s = scale + (k / g) * 64, *z = zero + (k / g) * 64;
+        for (int h = 0; h < 2; h++) {
+            __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + k * 32 + h * 16)));
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, mask), eight));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight));
+            _mm512_store_ps(lo_panel + k * NR + h * 16,
+                            _mm512_fmadd_ps(lo, _mm512_loadu_ps(s + h * 16), _mm512_loadu_ps(z + h * 16)));
+            _mm512_store_ps(hi_panel + k * NR + h * 16,
+                            _mm512_fmadd_ps(hi, _mm512_loadu_ps(s + 32 + h * 16), _mm512_loadu_ps(z + 32 + h * 16)));
+        }
+    }
+}
+
+// Columns n0 .. n0 + 31 (fewer at the matrix's edge) of y from one panel.
+static void panel_product(const float *x, long M, long K, const float *panel, float *y, long N, long n0, float *tmp) {
+    long cols = N - n0 < NR ? N - n0 : NR;
+    if (cols <= 0) return;
+    for (long m = 0; m < M; m += MR) {
+        long rows = M - m < MR ? M - m : MR;
+        if (cols == NR) {
+            KERNELS[rows](x + m * K, K, panel, K, y + m * N + n0, N);
+            continue;
+        }
+        KERNELS[rows](x + m * K, K, panel, K, tmp, NR);
+        for (long i = 0; i < rows; i++) memcpy(y + (m + i) * N + n0, tmp + i * NR, cols * sizeof(float));
+    }
+}
+
+// Returns 0, or -1 when a buffer could not be allocated (y is then incomplete).
+int lantern_int4pack_mm(const float *x, long M, long K, const uint8_t *packed, const uint16_t *sz, long g, long n_pad,
+                        float *y, long N, int threads) {
+    long blocks = (N + 63) / 64;
+    int failed = 0;
+    float *xr = aligned_alloc(64, ((M * K * sizeof(float)) + 63) / 64 * 64);
+    if (!xr) return -1;
+    for (long i = 0; i < M * K; i += 16) {
+        __mmask16 m = M * K - i >= 16 ? 0xFFFF : (__mmask16)((1u << (M * K - i)) - 1);
+        _mm512_mask_storeu_ps(xr + i, m, round_bf16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+    x = xr;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        size_t panel_bytes = (size_t)K * NR * sizeof(float);
+        float *lo = aligned_alloc(64, panel_bytes), *hi = aligned_alloc(64, panel_bytes);
+        float *sc = malloc((K / g) * 64 * 2 * sizeof(float)), *tmp = malloc(MR * NR * sizeof(float));
+        int ok = lo && hi && sc && tmp;
+        // Every thread takes part in the loop (a worksharing construct); one without buffers skips its blocks.
+#pragma omp for schedule(static)
+        for (long t = 0; t < blocks; t++) {
+            if (!ok) {
+                failed = 1;
+                continue;
+            }
+            decode_block(packed + t * K * 32, sz, n_pad, t * 64, K, g, sc, sc + (K / g) * 64, lo, hi);
+            panel_product(x, M, K, lo, y, N, t * 64, tmp);
+            panel_product(x, M, K, hi, y, N, t * 64 + 32, tmp);
+        }
+        free(lo), free(hi), free(sc), free(tmp);
+    }
+    free(xr);
+    return failed ? -1 : 0;
+}
