@@ -1,12 +1,12 @@
-"""cpu_gemm.py: the native int4 GEMM against aten's kernel and the decode-then-matmul reference, the
-layer's use of it, its place in a compiled graph, and the fallback when it is switched off.
+"""cpu_gemm.py: the native int4 and int8 GEMMs against aten's kernels and the decode-then-matmul
+reference, the layers' use of them, their place in a compiled graph, and the fallback when switched off.
 
-Two references nobody here wrote: aten's `_weight_int4pack_mm_for_cpu` on the same bytes, which the
-kernel must match bit for bit (it rounds x and its output to bf16 as aten does, so a row's result cannot
-depend on how many rows share its step), and the weight rebuilt in float64 from the random codes and the
-bf16 scales/zeros as `(q - 8) * scale + zero` (aten's documented layout): within BF16 = 2**-6 normwise,
-the bound test_torch_quant_linear.py derives for the bf16 CPU kernels; a wrong nibble, row, group or
-tail column costs >= 10%.
+Two references nobody here wrote: aten's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` on the
+same bytes, which the kernels must match bit for bit (they round x and the output to bf16 as aten does,
+so a row's result cannot depend on how many rows share its step), and the weight rebuilt in float64
+from the random codes (and for int4 the bf16 scales/zeros as `(q - 8) * scale + zero`, aten's
+documented layout): within BF16 = 2**-6 normwise, the bound test_torch_quant_linear.py derives for
+the bf16 CPU kernels; a wrong nibble, row, group or tail column costs >= 10%.
 """
 
 import os
@@ -87,6 +87,47 @@ def test_the_op_picks_its_kernel_by_rows_inside():
 
 
 @needs_kernel
+@pytest.mark.parametrize("n, k", [(576, 576), (49152, 64), (101, 208), (3, 2048)])
+def test_native_int8_kernel_is_atens_kernel_bit_for_bit(n, k):
+    """Row counts around its 6-row blocks; N not a multiple of its 4-row blocks (101, 3), K a multiple
+    of 16 only (208); the reference: the int8 weight in float64."""
+    gen = torch.Generator().manual_seed(n)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    ones = torch.ones(n, dtype=torch.bfloat16)
+    for m in (1, 2, 5, 6, 7, 32, 100):
+        x = torch.randn(m, k, generator=gen)
+        y = torch.ops.lantern.int8pack_mm_f32(x, w)
+        assert y.shape == (m, n) and y.dtype == torch.float32
+        assert torch.equal(y, torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), w, ones).float()), (m, n, k)
+        assert rel_err(y, x.double() @ w.double().t()) < BF16, (m, n, k)
+
+
+@needs_kernel
+def test_the_int8_layer_uses_the_kernel_for_batched_float32_rows():
+    """Int8PackLinear (per-channel int8, scaled after the product): 33 rows through the native kernel
+    give what each row alone gives (aten's kernel), and the reference within BF16."""
+    rng = np.random.default_rng(3)
+    n, k = 200, 96
+    codes = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.01, (n, 1)).astype(np.float32)
+    layer = ql.Int8PackLinear(AffineWeight(codes, scales, -128 * scales, 8, k, "test"), torch.device("cpu"), ErrorLog())
+    assert layer.native_batched
+    x = torch.randn(33, k, generator=torch.Generator().manual_seed(4))
+    calls = []
+    lib = cpu_gemm._library()
+    real = lib.lantern_int8pack_mm
+    try:
+        lib.lantern_int8pack_mm = lambda *a: calls.append(a[1]) or real(*a)
+        y = layer(x)
+    finally:
+        lib.lantern_int8pack_mm = real
+    assert calls == [33]
+    assert torch.equal(y, torch.cat([layer(x[i : i + 1]) for i in range(33)]))
+    w = layer.rows(torch.arange(n)).double()
+    assert rel_err(y, x.double() @ w.t()) < BF16
+
+
+@needs_kernel
 def test_a_compiled_graph_calls_the_op_over_a_symbolic_row_count():
     """The op has a fake implementation, so inductor traces it; one graph serves row counts on both
     sides of MIN_ROWS (no guard on it) and gives the eager op's values."""
@@ -140,9 +181,10 @@ rng = np.random.default_rng(0)
 codes = rng.integers(0, 16, (64, 128), dtype=np.uint8)
 scales = rng.uniform(0.005, 0.02, (64, 4)).astype(np.float32)
 layer = ql.Int4PackLinear(AffineWeight(codes, scales, -8 * scales, 4, 32, "t"), torch.device("cpu"), ErrorLog())
+head = ql.Int8PackLinear(AffineWeight(codes, scales, -8 * scales, 4, 32, "t"), torch.device("cpu"), ErrorLog())
 x = torch.randn(40, 128)
-same = torch.equal(layer(x), torch.cat([layer(x[i : i + 1]) for i in range(40)]))
-print(cpu_gemm.available(), layer.native_batched, same)
+same = all(torch.equal(m(x), torch.cat([m(x[i : i + 1]) for i in range(40)])) for m in (layer, head))
+print(cpu_gemm.available(), layer.native_batched or head.native_batched, same)
 """
     env = dict(os.environ, LANTERN_CPU_KERNELS="0", XDG_CACHE_HOME=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -1,14 +1,16 @@
-// y[M, N] = x[M, K] @ W^T for an int4pack weight (aten's _convert_weight_to_int4pack_for_cpu
+// Weight-only quantized GEMMs for batched decode rows on x86 AVX-512, float32 x and y.
+//
+// ---- int4: y[M, N] = x[M, K] @ W^T for an int4pack weight (aten's _convert_weight_to_int4pack_for_cpu
 // layout, [N/64][K][32] bytes: byte j of a 64-row block holds row j in its low nibble and row j + 32
 // in its high one; W = (q - 8) * scale + zero with bf16 [K/g][N_pad][2] (scale, zero)), float32 x
-// and y, x86 AVX-512. Built and loaded by backends/torch/cpu_gemm.py.
+// and y. Built and loaded by backends/torch/cpu_gemm.py.
 //
 // aten's kernel re-decodes the weights for every few rows of x; here each 64-row block is decoded
 // once into two float32 panels [K][32] that stay in cache, and every 12 rows of x run a 12 x 32
 // register-blocked multiply-add over a panel (24 accumulators, x broadcast from memory).
 // Numerics follow aten's kernel, so that a row's result does not depend on how many rows share its
 // step (which picks the kernel): x rounded to bf16, each weight (q - 8) * scale + zero in one
-// rounding, float32 sums, the output rounded to bf16. Only the order of the sums differs.
+// rounding, float32 sums in K order, the output rounded to bf16 (tests check it bit for bit).
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -56,6 +58,16 @@ static inline float bf16_to_float(uint16_t h) {
     return f;
 }
 
+static float *rounded_copy(const float *x, long count) {
+    float *xr = aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64);
+    if (!xr) return 0;
+    for (long i = 0; i < count; i += 16) {
+        __mmask16 m = count - i >= 16 ? 0xFFFF : (__mmask16)((1u << (count - i)) - 1);
+        _mm512_mask_storeu_ps(xr + i, m, round_bf16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+    return xr;
+}
+
 // Block t's 64 rows as two panels [K][32] (rows 0-31 from the low nibbles, 32-63 from the high ones).
 static void decode_block(const uint8_t *block, const uint16_t *sz, long n_pad, long n0, long K, long g,
                          float *scale, float *zero, float *lo_panel, float *hi_panel) {
@@ -100,12 +112,8 @@ int lantern_int4pack_mm(const float *x, long M, long K, const uint8_t *packed, c
                         float *y, long N, int threads) {
     long blocks = (N + 63) / 64;
     int failed = 0;
-    float *xr = aligned_alloc(64, ((M * K * sizeof(float)) + 63) / 64 * 64);
+    float *xr = rounded_copy(x, M * K);
     if (!xr) return -1;
-    for (long i = 0; i < M * K; i += 16) {
-        __mmask16 m = M * K - i >= 16 ? 0xFFFF : (__mmask16)((1u << (M * K - i)) - 1);
-        _mm512_mask_storeu_ps(xr + i, m, round_bf16(_mm512_maskz_loadu_ps(m, x + i)));
-    }
     x = xr;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
@@ -128,4 +136,58 @@ int lantern_int4pack_mm(const float *x, long M, long K, const uint8_t *packed, c
     }
     free(xr);
     return failed ? -1 : 0;
+}
+
+// ---- int8: y[M, N] = x[M, K] @ W^T for a row-major int8 weight [N][K] (the layout aten's
+// _weight_int8pack_mm reads), K a multiple of 16, unit scales (the caller scales the output).
+// Numerics follow aten's AVX-512 kernel bit for bit: x rounded to bf16, one 16-lane float32
+// accumulator per output fed by fused multiply-adds in K order, reduced by _mm512_reduce_add_ps,
+// rounded to bf16. aten blocks 4 x 4 outputs and converts each weight again for every 4 rows of x;
+// here 6 rows of x share each converted weight vector (4 x 6 accumulators).
+#define DEF_DOT(R, C)                                                                                \
+    static void dot_##R##x##C(const float *x, long K, const int8_t *w, float *y, long ldy) {        \
+        __m512 acc[R][C];                                                                            \
+        for (int i = 0; i < R; i++)                                                                  \
+            for (int j = 0; j < C; j++) acc[i][j] = _mm512_setzero_ps();                             \
+        for (long k = 0; k < K; k += 16) {                                                           \
+            __m512 wv[C];                                                                            \
+            for (int j = 0; j < C; j++)                                                              \
+                wv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + j * K + k)))); \
+            _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                    \
+                __m512 xv = _mm512_loadu_ps(x + i * K + k);                                          \
+                for (int j = 0; j < C; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);       \
+            }                                                                                        \
+        }                                                                                            \
+        for (int i = 0; i < R; i++)                                                                  \
+            for (int j = 0; j < C; j++) {                                                            \
+                __m512 s = _mm512_set1_ps(_mm512_reduce_add_ps(acc[i][j]));                          \
+                y[i * ldy + j] = _mm512_cvtss_f32(round_bf16(s));                                    \
+            }                                                                                        \
+    }
+#define DEF_DOT_ROWS(C) DEF_DOT(1, C) DEF_DOT(2, C) DEF_DOT(3, C) DEF_DOT(4, C) DEF_DOT(5, C) DEF_DOT(6, C)
+DEF_DOT_ROWS(1) DEF_DOT_ROWS(4)
+
+typedef void (*dot_t)(const float *, long, const int8_t *, float *, long);
+static const dot_t DOT4[7] = {0, dot_1x4, dot_2x4, dot_3x4, dot_4x4, dot_5x4, dot_6x4};
+static const dot_t DOT1[7] = {0, dot_1x1, dot_2x1, dot_3x1, dot_4x1, dot_5x1, dot_6x1};
+
+// Returns 0, or -1 when x's bf16 copy could not be allocated.
+int lantern_int8pack_mm(const float *x, long M, long K, const int8_t *w, float *y, long N, int threads) {
+    float *xr = rounded_copy(x, M * K);
+    if (!xr) return -1;
+    long tiles = (N + 63) / 64;  // 64 weight rows per task: 4 at a time stay in L1 across x's rows
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long t = 0; t < tiles; t++) {
+        long n_end = (t + 1) * 64 < N ? (t + 1) * 64 : N;
+        for (long n = t * 64; n < n_end;) {
+            int cols = n_end - n >= 4 ? 4 : 1;
+            for (long m = 0; m < M; m += 6) {
+                int rows = M - m < 6 ? M - m : 6;
+                (cols == 4 ? DOT4 : DOT1)[rows](xr + m * K, K, w + n * K, y + m * N + n, N);
+            }
+            n += cols;
+        }
+    }
+    free(xr);
+    return 0;
 }
