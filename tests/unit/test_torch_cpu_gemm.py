@@ -200,3 +200,29 @@ def test_a_bad_shape_is_refused_not_read_out_of_bounds():
         torch.ops.lantern.int4pack_mm_f32(torch.randn(16, 256), packed, sz, 32, 64)
     with pytest.raises(ValueError, match="does not fit"):
         torch.ops.lantern.int4pack_mm_f32(torch.randn(16, 128), packed, sz, 32, 65)
+
+
+@needs_kernel
+def test_a_fresh_cache_builds_the_library_once(tmp_path):
+    """With an empty kernel cache (a fresh machine) the first use compiles the C source into it, and
+    a second process loads that file instead of compiling again."""
+    code = """
+import torch
+from lantern.backends.torch import cpu_gemm
+w = torch.randint(-128, 128, (40, 64), dtype=torch.int8)
+x = torch.randn(5, 64)
+ok = torch.equal(torch.ops.lantern.int8pack_mm_f32(x, w), torch.ops.aten._weight_int8pack_mm(
+    x.to(torch.bfloat16), w, torch.ones(40, dtype=torch.bfloat16)).float())
+print(cpu_gemm.available(), ok)
+"""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    env.pop("LANTERN_CPU_KERNELS", None)
+    stamps = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["True", "True"]
+        built = list((tmp_path / "lantern" / "cpu_kernels").glob("cpu_quant_gemm-*.so"))
+        assert len(built) == 1
+        stamps.append(built[0].stat().st_mtime_ns)
+    assert stamps[0] == stamps[1]
