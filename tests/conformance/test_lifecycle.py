@@ -264,6 +264,10 @@ def test_a_backend_failing_every_request_is_reported_dead(tiny_model_dir, backen
     engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
 
     def broken(batch):
+        # Slow enough that the requests sent together queue behind a failing step and meet in the
+        # next one: only steps of several requests count towards a dead backend, and without the
+        # pause a loaded machine could step each request alone (seen once in CI).
+        time.sleep(0.05)
         raise RuntimeError("device lost")
 
     engine._engine.backend.execute = broken
@@ -275,7 +279,7 @@ def test_a_backend_failing_every_request_is_reported_dead(tiny_model_dir, backen
                 *[_collect(engine, [1, 2, 3 + i], params) for i in range(4)], return_exceptions=True
             )
             assert all(isinstance(r, RequestFailedError | EngineDeadError) for r in results)
-            for _ in range(3):  # steps of several requests, each failing alone
+            for _ in range(6):  # steps of several requests, each failing alone
                 await asyncio.gather(*[_collect(engine, [4, 5, i], params) for i in range(3)], return_exceptions=True)
                 if engine.dead_reason:
                     break
