@@ -3,7 +3,8 @@
 Layout matches the MLX backend: per layer one pool [num_blocks * block_size, kv_heads, head_dim]
 for K and one for V; writes go to `slot_mapping`, reads gather context slots from the shared
 numpy plan (backends/paged_plan.py). Each op is a Triton kernel on CUDA and its plain-torch
-reference elsewhere (kernels/ops.py).
+reference elsewhere (kernels/ops.py); on a CPU with the native kernels, decode rows over a float32
+pool read it in place (cpu_attention.py) instead of gathering it.
 
 A pool built with v_is_k_prefix (multi-head latent attention, backends/base.KVLayout) stores K
 only: each layer's `v` is a view of K's first v_dim columns, writes pass v=None, and reads of a V
@@ -21,6 +22,7 @@ import torch
 
 from lantern.app.engine.contract import ScheduledBatch
 from lantern.backends.paged_plan import AttentionPlan
+from lantern.backends.torch import cpu_attention
 from lantern.backends.torch.kernels import ops, reference
 
 
@@ -85,6 +87,7 @@ class TorchAttentionMetadata:
     positions: torch.Tensor | None = None  # [T] int64: models with their own rope tables index them
     decode_only: bool = False  # every token is a decode row, in order (q needs no reordering)
     may_skip_slots: bool = True  # False: no slot in slot_mapping is negative (padding)
+    native_decode: bool = False  # decode rows read the pool in place (cpu_attention's kernel)
     # Values derived from this step's inputs that every layer would otherwise recompute (the
     # decode gather per window, rope views): the first layer that needs one stores it.
     step_cache: dict = field(default_factory=dict)
@@ -110,6 +113,7 @@ def build_metadata(
     )
     meta.positions = positions
     meta.may_skip_slots = bool((batch.slot_mapping < 0).any())
+    meta.native_decode = cpu_attention.serves(pool.k[0].dtype, dev) if pool.k else False
     if plan.decode_token_idx is not None:
         meta.decode_token_idx = as_t(plan.decode_token_idx)
         meta.decode_block_tables = as_t(plan.decode_block_tables, torch.int32)
@@ -163,6 +167,7 @@ def paged_attention(
                 scale,
                 **extras,
                 ctx_cache=meta.step_cache,
+                native=meta.native_decode,
             )
         )
     for g in meta.prefills:

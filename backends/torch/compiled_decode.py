@@ -39,7 +39,10 @@ The stance is process-wide while such a step runs: compiled code another thread 
 would skip its guards too (Lantern runs a model's steps on one thread; its other code compiles nothing).
 
 What the graph cannot take is done before the layers, once per step: the context each row reads
-(reference.decode_context needs host reads) and SDPA's additive mask. Prefill and mixed steps stay
+(reference.decode_context needs host reads) and SDPA's additive mask. With the native attention
+(cpu_attention.py) the graph takes the block tables and lengths instead, the tables' width marked
+dynamic (duck sizing would tie it to any other size of the same value), so one graph serves every
+context of two blocks or more. Prefill and mixed steps stay
 eager: their shapes change every step. A model whose layer does not compile (a data-dependent op,
 e.g. a mixture of experts' routing) is said so once in the log and decodes eagerly.
 """
@@ -54,6 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lantern.backends.torch import cpu_attention
 from lantern.backends.torch.attention import TorchAttentionMetadata
 from lantern.backends.torch.kernels import reference
 
@@ -98,15 +102,24 @@ class CompiledDecode:
         caller runs the layers eagerly)."""
         # The graph's inputs are tensors (and a few ints), not the step's metadata object: dynamo
         # checks its guards on every call, and on the metadata they cost ~0.1 ms per layer.
-        contexts = tuple(self._context(meta, w, h.dtype) for w in self.windows)
+        # The native attention reads the block tables itself; the reference path reads contexts.
+        native = meta.native_decode
+        contexts = () if native else tuple(self._context(meta, w, h.dtype) for w in self.windows)
+        tables = (meta.decode_block_tables, meta.decode_seq_lens) if native else (None, None)
+        if native and tables[0].shape[1] > 1:
+            # A symbol of its own for the table's width: duck sizing would give it the symbol of any
+            # other size with the same value (2 KV heads and 2 blocks), and a guard on that size
+            # would then pin the width too.
+            torch._dynamo.maybe_mark_dynamic(tables[0], 1)
         step = (meta.pool, meta.block_size, meta.slot_mapping, meta.cos, meta.sin, meta.positions)
-        step = (*step, meta.decode_token_idx, contexts)
+        step = (*step, meta.decode_token_idx, contexts, native, *tables)
         pool = meta.pool
         residual = torch.zeros_like(h)  # x + 0 is exact: the first group takes the same graph
         one_row = h.shape[0] == 1
         signature = (
             tuple((c[1].shape[-1], c[3] is None, c[3] in (0, 1)) for c in contexts),
             tuple(e is None for e in extras),
+            native and meta.decode_block_tables.shape[1] == 1,  # a size-1 dimension is a graph of its own
         )
         trusted = one_row and self._is_trusted(signature)
         stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if trusted else contextlib.nullcontext()
@@ -156,10 +169,12 @@ class CompiledDecode:
         return self._group(layers, h, residual, kv, step, *extras)
 
     def _layer(self, layer: nn.Module, h, residual, k_pool, v_pool, step: tuple, *extras):
-        pool, block_size, slots, cos, sin, positions, rows, contexts = step
-        # No block tables: the contexts below are what the attention reads (they came from them).
+        pool, block_size, slots, cos, sin, positions, rows, contexts, native, tables, lens = step
+        # Block tables for the native attention only: the reference path reads the contexts below
+        # (they came from them).
         meta = TorchAttentionMetadata(pool, block_size, slots, cos, sin, rows, positions=positions)
         meta.decode_only, meta.may_skip_slots, meta.layer_kv = True, False, (k_pool, v_pool)
+        meta.native_decode, meta.decode_block_tables, meta.decode_seq_lens = native, tables, lens
         for window, (ctx_slots, allowed, bias, first_slot) in zip(self.windows, contexts):
             ctx = reference.DecodeContext(ctx_slots, allowed, allowed.shape[-1], {bias.dtype: bias}, None, first_slot)
             meta.step_cache[("decode", window)] = ctx
@@ -231,6 +246,7 @@ def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_s
             meta.decode_block_tables = torch.tensor(tables, dtype=torch.int32, device=dev)
             meta.decode_seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
             meta.decode_only, meta.may_skip_slots = True, False
+            meta.native_decode = cpu_attention.serves(pool.k[0].dtype, dev)  # as build_metadata decides
             model(torch.zeros(rows, dtype=torch.long, device=dev), meta, meta.decode_token_idx)
         if compiled.failed:
             return

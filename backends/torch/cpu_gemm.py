@@ -11,90 +11,31 @@ depend on how many rows share its step. They serve rows MIN_ROWS (int4) / MIN_RO
 DENSE_ROWS - 1: fewer rows stay on aten's kernels (one row is bound by memory, and aten's int4
 kernel reads it faster), prefill on the dense path.
 
-Built with the system C compiler (`$CC`, else `cc`) for x86-64 CPUs with AVX-512, into
-`$XDG_CACHE_HOME/lantern/cpu_kernels` under a hash of the source and flags, so a change rebuilds
-it; elsewhere, without a compiler, or with LANTERN_CPU_KERNELS=0, the layers keep aten's kernel
-(said once in the log). It is a torch custom op, so compiled decode graphs call it like any
-extern kernel. OpenMP comes from the libgomp torch has loaded (same soname): one thread pool.
+Built on first use by native_build (x86-64 with AVX-512; elsewhere, without a compiler, or with
+LANTERN_CPU_KERNELS=0 the layers keep aten's kernels). It is a torch custom op, so compiled decode
+graphs call it like any extern kernel.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
+
+from lantern.backends.torch import native_build
 
 logger = logging.getLogger(__name__)
 
 MIN_ROWS = 12  # below, aten's kernel is as fast or faster (at 8 rows: 0.9-1.4x the native one's time)
 MIN_ROWS_INT8 = 2  # the int8 kernel is as fast as aten's from 2 rows on (a 49152 x 576 head: 0.8x its time)
-_SOURCE = Path(__file__).parent / "kernels" / "cpu_quant_gemm.c"
-_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp", "-shared", "-fPIC"]
-
-
-def _cpu_has_avx512() -> bool:
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512f" in flags and " avx512bw" in flags
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lantern" / "cpu_kernels"
-
-
-def _build(source: Path) -> Path:
-    """The shared library for `source`, compiled once per source and flags (atomic rename, so
-    processes building it at once each get a whole file)."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise RuntimeError("no C compiler (set CC or install gcc)")
-    text = source.read_bytes()
-    key = hashlib.sha256(text + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"{source.stem}-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        proc = subprocess.run([compiler, *_FLAGS, str(source), "-o", tmp], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {proc.stderr.strip()[-500:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    logger.info("built the native quantized CPU GEMMs: %s", out)
-    return out
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get("LANTERN_CPU_KERNELS", "1") == "0":
-        logger.info("LANTERN_CPU_KERNELS=0: batched int4/int8 decode uses aten's kernels")
-        return None
-    if not _cpu_has_avx512():
-        logger.info("no AVX-512 on this CPU: batched int4/int8 decode uses aten's kernels")
-        return None
-    torch.ones(2).add_(1)  # torch's OpenMP runtime is loaded before ours resolves against it
-    try:
-        lib = ctypes.CDLL(str(_build(_SOURCE)))
-    except (RuntimeError, OSError) as e:
-        logger.warning("native CPU GEMMs unavailable (%s): batched int4/int8 decode uses aten's kernels", e)
+    lib = native_build.load("cpu_quant_gemm.c", "batched int4/int8 decode uses aten's kernels")
+    if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_long
     lib.lantern_int4pack_mm.argtypes = [p, i64, i64, p, p, i64, i64, p, i64, ctypes.c_int]

@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog
-from lantern.backends.torch import cpu_gemm
+from lantern.backends.torch import cpu_gemm, native_build
 from lantern.backends.torch import quant_linear as ql
 
 BF16 = 2.0**-6
 
 needs_kernel = pytest.mark.skipif(
-    not cpu_gemm._cpu_has_avx512(), reason="the native kernel is built for x86-64 CPUs with AVX-512 only"
+    not native_build.cpu_has_avx512(), reason="the native kernel is built for x86-64 CPUs with AVX-512 only"
 )
 
 
@@ -208,7 +208,7 @@ def test_a_fresh_cache_builds_the_library_once(tmp_path):
     a second process loads that file instead of compiling again."""
     code = """
 import torch
-from lantern.backends.torch import cpu_gemm
+from lantern.backends.torch import cpu_gemm, native_build
 w = torch.randint(-128, 128, (40, 64), dtype=torch.int8)
 x = torch.randn(5, 64)
 ok = torch.equal(torch.ops.lantern.int8pack_mm_f32(x, w), torch.ops.aten._weight_int8pack_mm(

@@ -1,0 +1,121 @@
+"""Native paged decode attention for CPU steps: kernels/cpu_paged_attention.c, built on first use.
+
+The plain-torch decode path (reference.paged_decode) gathers each row's keys and values out of the
+pool and then runs SDPA over the copies: per layer the context is read, written and read again,
+~1.4 ms of a 32-row SmolLM2 step at 256 tokens of context (~40 ms over 30 layers). The kernel reads
+each key and value once, in place through the block table, with an online softmax over fixed
+position ranges, so a row's output does not depend on the other rows of its step (seeded sampling
+stays reproducible under load). It covers what the reference covers: grouped-query heads, sliding
+windows, soft-capped scores, attention sinks, and a V narrower than K (a view into it). float32
+pools only; bf16 pools, and CPUs or settings without the native kernels (native_build), keep the
+reference path. It is a torch op with a fake implementation, so compiled decode graphs call it as
+an extern kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from lantern.backends.torch import native_build
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = native_build.load("cpu_paged_attention.c", "decode attention gathers the context and runs SDPA")
+    if lib is None:
+        return None
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+    lib.lantern_paged_decode.argtypes = [
+        p, i64, i64, i64, p, i64, i64, p, i64, i64, i64, i64, p, i64, p, i64, i64, f32, i64, f32, p, p, ctypes.c_int
+    ]  # fmt: skip
+    lib.lantern_paged_decode.restype = ctypes.c_int
+    return lib
+
+
+def serves(pool_dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether decode steps over a pool of this dtype on this device take the native kernel."""
+    return torch.device(device).type == "cpu" and pool_dtype == torch.float32 and _library() is not None
+
+
+def paged_decode_f32(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """q [B, H, D] -> [B, H, Dv]: reference.paged_decode's result (window 0 and softcap 0: none)
+    for float32 q and pools [slots, KVH, D] / [slots, KVH, Dv] (V may be a view into K).
+    torch.ops.lantern.paged_decode_f32 is this op; requires serves()."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the native paged decode attention is not available")
+    b, h, d = q.shape
+    slots, kvh, dk = k_pool.shape
+    dv = v_pool.shape[-1]
+    if (
+        q.dtype != torch.float32
+        or k_pool.dtype != torch.float32
+        or v_pool.dtype != torch.float32
+        or dk != d
+        or v_pool.shape[:2] != (slots, kvh)
+        or h % kvh
+        or k_pool.stride(-1) != 1
+        or v_pool.stride(-1) != 1
+        or block_tables.dim() != 2
+        or block_tables.shape[0] != b
+        or seq_lens.shape != (b,)
+        or slots % block_size
+    ):
+        raise ValueError(
+            f"paged_decode_f32: q {tuple(q.shape)} {q.dtype}, pools {tuple(k_pool.shape)} / {tuple(v_pool.shape)} "
+            f"{k_pool.dtype}, tables {tuple(block_tables.shape)}, lens {tuple(seq_lens.shape)} do not fit"
+        )
+    q = q.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    if b and int(lens.max()) > tables.shape[1] * block_size:
+        raise ValueError(f"paged_decode_f32: a length of {int(lens.max())} needs more blocks than the table's {tables.shape[1]}")
+    sink = None if sinks is None else sinks.detach().to(torch.float32).contiguous()
+    out = torch.empty((b, h, dv), dtype=torch.float32)
+    status = lib.lantern_paged_decode(
+        q.data_ptr(), b, h, d,
+        k_pool.data_ptr(), k_pool.stride(0), k_pool.stride(1),
+        v_pool.data_ptr(), v_pool.stride(0), v_pool.stride(1), dv, kvh,
+        tables.data_ptr(), tables.stride(0), lens.data_ptr(), block_size, slots // block_size,
+        scale, window, softcap, None if sink is None else sink.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if status == -1:
+        raise ValueError("paged_decode_f32: a block table entry lies outside the KV pool")
+    if status != 0:
+        raise MemoryError("paged_decode_f32: the kernel could not allocate its scratch memory")
+    return out
+
+
+def _fake(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window, softcap, sinks):
+    return q.new_empty((q.shape[0], q.shape[1], v_pool.shape[-1]), dtype=torch.float32)
+
+
+def _register_op() -> None:
+    """torch.ops.lantern.paged_decode_f32, once per process (see cpu_gemm._register_ops)."""
+    if hasattr(torch.ops.lantern, "paged_decode_f32"):
+        return
+    lib = torch.library.Library("lantern", "FRAGMENT")
+    lib.define(
+        "paged_decode_f32(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor seq_lens, "
+        "int block_size, float scale, int window, float softcap, Tensor? sinks) -> Tensor"
+    )
+    lib.impl("paged_decode_f32", paged_decode_f32, "CPU")
+    torch.library.register_fake("lantern::paged_decode_f32", _fake, lib=lib)
+    torch.library._lantern_cpu_attention_ops = lib  # type: ignore[attr-defined]
+
+
+_register_op()

@@ -1,0 +1,240 @@
+// Paged decode attention on x86 AVX-512, float32: one query token per sequence against the keys and
+// values it holds in the paged KV pool, read in place through its block table. Built and loaded by
+// backends/torch/cpu_attention.py.
+//
+// The plain-torch path gathers every row's K and V into new tensors and then runs SDPA over them:
+// three passes over the context per layer (read, write, read). Here each key and value is read once.
+// A row's keys are cut at fixed absolute positions (parts of PART, chunks of CHUNK): each part keeps
+// an online softmax (running max, sum and weighted values), the parts are then merged in order. The
+// cuts depend on the positions only, so a row's output does not depend on the other rows of its step.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define PART 128
+#define CHUNK 32
+
+static inline __mmask16 tail_mask(long left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1); }
+
+// e^x for x <= 0 (a score less the running max): x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor
+// polynomial to r^6 (relative error ~1e-7), times 2^n. Below -87 the result underflows to ~0.
+static inline __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// Lane i of the result: the sum of v[i]'s 16 lanes (sixteen dot products finished at once).
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)  // per 128-bit lane L, element e: lane L's sum of v[4i + e]
+        b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 2; i++)  // then the four 128-bit lanes of each b summed into one
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// y[:n] *= a
+static inline void scale_row(float *y, float a, long n) {
+    __m512 va = _mm512_set1_ps(a);
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), va));
+    }
+}
+
+// y[:n] += x * b
+static inline void axpy(float *y, const float *x, float b, long n) {
+    __m512 vb = _mm512_set1_ps(b);
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vb, _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+// s[0..cnt) = q . rows[j] for up to 16 rows of length D.
+static inline __m512 dots16(const float *q, const float *const *rows, long off, long cnt, long D) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (long d = 0; d < D; d += 16) {
+        __mmask16 m = tail_mask(D - d);
+        __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+        for (long i = 0; i < cnt; i++) acc[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, rows[i] + off + d), acc[i]);
+    }
+    return hsum16(acc);
+}
+
+// acc[:Dv] += sum_j p[j] * rows[j][:Dv], 64 columns at a time in registers, even and odd rows in
+// separate accumulators (independent chains of multiply-adds).
+static inline void weighted_rows(float *acc, const float *p, const float *const *rows, long off, long n, long Dv) {
+    for (long c = off; c < off + Dv; c += 64) {
+        __mmask16 mk[4];
+        __m512 e[4], o[4];
+        for (int u = 0; u < 4; u++) {
+            long left = off + Dv - c - 16 * u;
+            mk[u] = left <= 0 ? 0 : tail_mask(left);
+            e[u] = _mm512_maskz_loadu_ps(mk[u], acc + c - off + 16 * u), o[u] = _mm512_setzero_ps();
+        }
+        long j = 0;
+        for (; j + 1 < n; j += 2) {
+            __m512 pe = _mm512_set1_ps(p[j]), po = _mm512_set1_ps(p[j + 1]);
+            for (int u = 0; u < 4; u++) {
+                e[u] = _mm512_fmadd_ps(pe, _mm512_maskz_loadu_ps(mk[u], rows[j] + c + 16 * u), e[u]);
+                o[u] = _mm512_fmadd_ps(po, _mm512_maskz_loadu_ps(mk[u], rows[j + 1] + c + 16 * u), o[u]);
+            }
+        }
+        if (j < n) {
+            __m512 pe = _mm512_set1_ps(p[j]);
+            for (int u = 0; u < 4; u++) e[u] = _mm512_fmadd_ps(pe, _mm512_maskz_loadu_ps(mk[u], rows[j] + c + 16 * u), e[u]);
+        }
+        for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(acc + c - off + 16 * u, mk[u], _mm512_add_ps(e[u], o[u]));
+    }
+}
+
+typedef struct {
+    const float *k, *v;  // the pool's first slot
+    long ks, khs, vs, vhs;  // floats from one slot / KV head to the next
+    long D, Dv, H, KVH;
+    const int32_t *table;  // this row's
+    long block_size, num_blocks;
+    float scale, softcap;
+} row_view;
+
+// Online softmax over positions [p0, p1) for the row's H query heads q [H][D] (each KV head's
+// G = H / KVH heads in turn, so that a chunk's keys and values are read from memory once and then
+// from cache): m [H] running max, l [H] sum of e^(s - m), acc [H][Dv] sum of e^(s - m) v.
+// sc: H * CHUNK floats of scratch. Returns -1 when a block table entry lies outside the pool.
+static int attend_part(const row_view *h, const float *q, long p0, long p1, float *m, float *l, float *acc, float *sc) {
+    long H = h->H, G = H / h->KVH;
+    for (long i = 0; i < H; i++) {
+        m[i] = -INFINITY, l[i] = 0.0f;
+        for (long d = 0; d < h->Dv; d++) acc[i * h->Dv + d] = 0.0f;
+    }
+    const float *krow[CHUNK], *vrow[CHUNK];
+    long block_i = p0 / h->block_size, offset = p0 % h->block_size;
+    for (long c0 = p0; c0 < p1;) {
+        long c1 = (c0 / CHUNK + 1) * CHUNK < p1 ? (c0 / CHUNK + 1) * CHUNK : p1, n = c1 - c0;
+        for (long j = 0; j < n; j++) {
+            long block = h->table[block_i];
+            if (block < 0 || block >= h->num_blocks) return -1;
+            long slot = block * h->block_size + offset;
+            krow[j] = h->k + slot * h->ks, vrow[j] = h->v + slot * h->vs;
+            if (++offset == h->block_size) offset = 0, block_i++;
+        }
+        for (long head = 0; head < H; head++) {
+            long kv_off = (head / G) * h->khs;
+            for (long j = 0; j < n; j += 16) {
+                long cnt = n - j < 16 ? n - j : 16;
+                __m512 s = _mm512_mul_ps(dots16(q + head * h->D, krow + j, kv_off, cnt, h->D), _mm512_set1_ps(h->scale));
+                _mm512_mask_storeu_ps(sc + head * CHUNK + j, tail_mask(cnt), s);
+            }
+        }
+        if (h->softcap > 0.0f)
+            for (long i = 0; i < H * CHUNK; i++) sc[i] = h->softcap * tanhf(sc[i] / h->softcap);
+        for (long head = 0; head < H; head++) {
+            float *s = sc + head * CHUNK, cmax = s[0];
+            for (long j = 1; j < n; j++) cmax = s[j] > cmax ? s[j] : cmax;
+            if (cmax > m[head]) {
+                if (m[head] != -INFINITY) {  // rescale what the earlier chunks summed to the new max
+                    float corr = expf(m[head] - cmax);
+                    l[head] *= corr;
+                    scale_row(acc + head * h->Dv, corr, h->Dv);
+                }
+                m[head] = cmax;
+            }
+            __m512 sum = _mm512_setzero_ps(), vm = _mm512_set1_ps(m[head]);
+            for (long j = 0; j < n; j += 16) {
+                __mmask16 mk = tail_mask(n - j);
+                __m512 e = _mm512_maskz_mov_ps(mk, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vm)));
+                _mm512_mask_storeu_ps(s + j, mk, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            l[head] += _mm512_reduce_add_ps(sum);
+            weighted_rows(acc + head * h->Dv, s, vrow, (head / G) * h->vhs, n, h->Dv);
+        }
+        c0 = c1;
+    }
+    return 0;
+}
+
+// out [B][H][Dv] = softmax(q k^T * scale) v for each row's keys at positions
+// [max(0, len - window), len) (window 0: all), GQA with H / KVH query heads per KV head.
+// k/v: element (slot, head, d) at slot * ks + head * khs + d. softcap 0: none. sinks: NULL or [H],
+// one extra logit per head in the denominator. Returns 0; -1 when a block table entry lies outside
+// the pool; -2 when scratch memory could not be allocated (out is then incomplete).
+int lantern_paged_decode(const float *q, long B, long H, long D, const float *k, long ks, long khs, const float *v,
+                         long vs, long vhs, long Dv, long KVH, const int32_t *tables, long table_stride,
+                         const int32_t *lens, long block_size, long num_blocks, float scale, long window, float softcap,
+                         const float *sinks, float *out, int threads) {
+    long *first_part = malloc((B + 1) * sizeof(long)), *lo = malloc(B * sizeof(long)), *row_of = 0;
+    if (!first_part || !lo) return free(first_part), free(lo), -2;
+    first_part[0] = 0;
+    for (long b = 0; b < B; b++) {
+        long len = lens[b] > 0 ? lens[b] : 0;
+        lo[b] = window > 0 && len > window ? len - window : 0;
+        first_part[b + 1] = first_part[b] + (len > lo[b] ? (len - 1) / PART - lo[b] / PART + 1 : 0);
+    }
+    long parts = first_part[B], per_part = H * (Dv + 2);
+    float *partial = malloc((size_t)(parts * per_part + 1) * sizeof(float));
+    row_of = malloc((parts + 1) * sizeof(long));
+    if (!partial || !row_of) return free(partial), free(row_of), free(first_part), free(lo), -2;
+    for (long b = 0; b < B; b++)
+        for (long t = first_part[b]; t < first_part[b + 1]; t++) row_of[t] = b;
+    int status = 0;
+#pragma omp parallel num_threads(threads) reduction(min : status)
+    {
+        float *sc = malloc(H * CHUNK * sizeof(float));
+        if (!sc) status = -2;
+#pragma omp for schedule(dynamic, 1)
+        for (long t = 0; t < parts; t++) {
+            long b = row_of[t];
+            if (!sc) continue;
+            long p0 = (lo[b] / PART + t - first_part[b]) * PART, p1 = p0 + PART;
+            p0 = p0 > lo[b] ? p0 : lo[b], p1 = p1 < lens[b] ? p1 : lens[b];
+            row_view h = {k, v, ks, khs, vs, vhs, D, Dv, H, KVH, tables + b * table_stride,
+                          block_size, num_blocks, scale, softcap};
+            float *m = partial + t * per_part, *l = m + H, *acc = l + H;
+            if (attend_part(&h, q + b * H * D, p0, p1, m, l, acc, sc) != 0) status = -1;
+        }
+        free(sc);
+    }
+    if (status == 0) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (long r = 0; r < B * H; r++) {
+            long b = r / H, head = r % H, n = first_part[b + 1] - first_part[b];
+            float *o = out + r * Dv, mx = -INFINITY, den = 0.0f;
+            for (long i = 0; i < n; i++) {
+                float mi = partial[(first_part[b] + i) * per_part + head];
+                mx = mi > mx ? mi : mx;
+            }
+            if (sinks) mx = sinks[head] > mx ? sinks[head] : mx;
+            for (long d = 0; d < Dv; d++) o[d] = 0.0f;
+            for (long i = 0; i < n; i++) {
+                const float *m = partial + (first_part[b] + i) * per_part;
+                float w = expf(m[head] - mx);
+                den += m[H + head] * w;
+                axpy(o, m + 2 * H + head * Dv, w, Dv);
+            }
+            if (sinks) den += expf(sinks[head] - mx);
+            scale_row(o, den > 0.0f ? 1.0f / den : 0.0f, Dv);
+        }
+    }
+    free(partial), free(row_of), free(first_part), free(lo);
+    return status;
+}
