@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define PART 128
+#define PART 64
 #define CHUNK 32
 
 static inline __mmask16 tail_mask(long left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1); }
