@@ -82,8 +82,9 @@ def paged_decode_f32(
     q = q.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
-    if b and int(lens.max()) > tables.shape[1] * block_size:
-        raise ValueError(f"paged_decode_f32: a length of {int(lens.max())} needs more blocks than the table's {tables.shape[1]}")
+    longest = int(lens.max()) if b else 0
+    if longest > tables.shape[1] * block_size:
+        raise ValueError(f"paged_decode_f32: a length of {longest} needs more than {tables.shape[1]} blocks")
     sink = None if sinks is None else sinks.detach().to(torch.float32).contiguous()
     out = torch.empty((b, h, dv), dtype=torch.float32)
     status = lib.lantern_paged_decode(

@@ -36,7 +36,8 @@ def paged_case(b, kvh, g, d, dv, block_size, max_len, seed=0, v_in_k=False, min_
 
 def native(q, k, v, tables, lens, block_size, window=None, softcap=None, sinks=None):
     scale = q.shape[-1] ** -0.5
-    return torch.ops.lantern.paged_decode_f32(q, k, v, tables, lens, block_size, scale, window or 0, softcap or 0.0, sinks)
+    op = torch.ops.lantern.paged_decode_f32
+    return op(q, k, v, tables, lens, block_size, scale, window or 0, softcap or 0.0, sinks)
 
 
 CASES = {
@@ -87,7 +88,7 @@ def test_bad_inputs_are_refused_before_the_pool_is_read():
     bad[0, 0] = k.shape[0] // 16 + 5  # a block the pool does not have
     with pytest.raises(ValueError, match="outside the KV pool"):
         native(q, k, v, bad, torch.full((2,), 40, dtype=torch.int32), 16)
-    with pytest.raises(ValueError, match="needs more blocks"):
+    with pytest.raises(ValueError, match="needs more than"):
         native(q, k, v, tables[:, :1], torch.full((2,), 40, dtype=torch.int32), 16)
     with pytest.raises(ValueError, match="do not fit"):
         native(q[..., :32], k, v, tables, lens, 16)
@@ -144,7 +145,10 @@ def test_the_engine_decodes_through_it(tiny_model_dir, monkeypatch):
 def test_switched_off_nothing_serves(tmp_path):
     """LANTERN_CPU_KERNELS=0 (a fresh process: decided once): no pool is served natively and
     nothing is built."""
-    code = "import torch; from lantern.backends.torch import cpu_attention; print(cpu_attention.serves(torch.float32, 'cpu'))"
+    code = (
+        "import torch; from lantern.backends.torch import cpu_attention; "
+        "print(cpu_attention.serves(torch.float32, 'cpu'))"
+    )
     env = dict(os.environ, LANTERN_CPU_KERNELS="0", XDG_CACHE_HOME=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
