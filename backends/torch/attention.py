@@ -55,6 +55,8 @@ class TorchKVPool:
         """head_dim is K's width, v_dim V's (default head_dim). v_is_k_prefix: V is K[..., :v_dim]
         (self.v holds views of self.k, no memory of their own)."""
         self.v_dim = head_dim if v_dim is None else v_dim
+        # Decode rows read this pool in place (cpu_attention's kernel) rather than gathering it.
+        self.native_decode = cpu_attention.serves(dtype, device)
         self.v_is_k_prefix = v_is_k_prefix
         self.k = [_zeros((num_slots, kv_heads, head_dim), dtype, device) for _ in range(num_layers)]
         if v_is_k_prefix:
@@ -87,7 +89,7 @@ class TorchAttentionMetadata:
     positions: torch.Tensor | None = None  # [T] int64: models with their own rope tables index them
     decode_only: bool = False  # every token is a decode row, in order (q needs no reordering)
     may_skip_slots: bool = True  # False: no slot in slot_mapping is negative (padding)
-    native_decode: bool = False  # decode rows read the pool in place (cpu_attention's kernel)
+    native_decode: bool = False  # the pool's native_decode (compiled layers pass it as a graph input)
     # Values derived from this step's inputs that every layer would otherwise recompute (the
     # decode gather per window, rope views): the first layer that needs one stores it.
     step_cache: dict = field(default_factory=dict)
@@ -113,7 +115,7 @@ def build_metadata(
     )
     meta.positions = positions
     meta.may_skip_slots = bool((batch.slot_mapping < 0).any())
-    meta.native_decode = cpu_attention.serves(pool.k[0].dtype, dev) if pool.k else False
+    meta.native_decode = pool.native_decode
     if plan.decode_token_idx is not None:
         meta.decode_token_idx = as_t(plan.decode_token_idx)
         meta.decode_block_tables = as_t(plan.decode_block_tables, torch.int32)

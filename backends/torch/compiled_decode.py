@@ -57,7 +57,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from lantern.backends.torch import cpu_attention
 from lantern.backends.torch.attention import TorchAttentionMetadata
 from lantern.backends.torch.kernels import reference
 
@@ -246,7 +245,7 @@ def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_s
             meta.decode_block_tables = torch.tensor(tables, dtype=torch.int32, device=dev)
             meta.decode_seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
             meta.decode_only, meta.may_skip_slots = True, False
-            meta.native_decode = cpu_attention.serves(pool.k[0].dtype, dev)  # as build_metadata decides
+            meta.native_decode = pool.native_decode
             model(torch.zeros(rows, dtype=torch.long, device=dev), meta, meta.decode_token_idx)
         if compiled.failed:
             return

@@ -29,7 +29,10 @@ def _library() -> ctypes.CDLL | None:
         return None
     p, i64, f32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
     lib.lantern_paged_decode.argtypes = [
-        p, i64, i64, i64, p, i64, i64, p, i64, i64, i64, i64, p, i64, p, i64, i64, f32, i64, f32, p, p, ctypes.c_int
+        p, i64, i64, i64,  # q, B, H, D
+        p, i64, i64, p, i64, i64, i64, i64,  # k and its strides, v and its strides, Dv, KVH
+        p, i64, i64, p, i64, i64,  # block tables (stride, width), lengths, block size, blocks
+        f32, i64, f32, p, p, ctypes.c_int,  # scale, window, softcap, sinks, out, threads
     ]  # fmt: skip
     lib.lantern_paged_decode.restype = ctypes.c_int
     return lib
@@ -82,20 +85,19 @@ def paged_decode_f32(
     q = q.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
-    longest = int(lens.max()) if b else 0
-    if longest > tables.shape[1] * block_size:
-        raise ValueError(f"paged_decode_f32: a length of {longest} needs more than {tables.shape[1]} blocks")
     sink = None if sinks is None else sinks.detach().to(torch.float32).contiguous()
     out = torch.empty((b, h, dv), dtype=torch.float32)
     status = lib.lantern_paged_decode(
         q.data_ptr(), b, h, d,
         k_pool.data_ptr(), k_pool.stride(0), k_pool.stride(1),
         v_pool.data_ptr(), v_pool.stride(0), v_pool.stride(1), dv, kvh,
-        tables.data_ptr(), tables.stride(0), lens.data_ptr(), block_size, slots // block_size,
+        tables.data_ptr(), tables.stride(0), tables.shape[1], lens.data_ptr(), block_size, slots // block_size,
         scale, window, softcap, None if sink is None else sink.data_ptr(), out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if status == -1:
         raise ValueError("paged_decode_f32: a block table entry lies outside the KV pool")
+    if status == -3:
+        raise ValueError(f"paged_decode_f32: a length needs more than the table's {tables.shape[1]} blocks")
     if status != 0:
         raise MemoryError("paged_decode_f32: the kernel could not allocate its scratch memory")
     return out

@@ -111,7 +111,8 @@ typedef struct {
     const float *k, *v;  // the pool's first slot
     long ks, khs, vs, vhs;  // floats from one slot / KV head to the next
     long D, Dv, H, KVH;
-    const int32_t *table;  // this row's
+    const int32_t *table;  // this row's, table_width entries
+    long table_width;
     long block_size, num_blocks;
     float scale, softcap;
 } row_view;
@@ -119,7 +120,8 @@ typedef struct {
 // Online softmax over positions [p0, p1) for the row's H query heads q [H][D] (each KV head's
 // G = H / KVH heads in turn, so that a chunk's keys and values are read from memory once and then
 // from cache): m [H] running max, l [H] sum of e^(s - m), acc [H][Dv] sum of e^(s - m) v.
-// sc: H * CHUNK floats of scratch. Returns -1 when a block table entry lies outside the pool.
+// sc: H * CHUNK floats of scratch. Returns -1 when a block table entry lies outside the pool, -3
+// when the row's length needs more blocks than its table has.
 static int attend_part(const row_view *h, const float *q, long p0, long p1, float *m, float *l, float *acc, float *sc) {
     long H = h->H, G = H / h->KVH;
     for (long i = 0; i < H; i++) {
@@ -131,6 +133,7 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
     for (long c0 = p0; c0 < p1;) {
         long c1 = (c0 / CHUNK + 1) * CHUNK < p1 ? (c0 / CHUNK + 1) * CHUNK : p1, n = c1 - c0;
         for (long j = 0; j < n; j++) {
+            if (block_i >= h->table_width) return -3;
             long block = h->table[block_i];
             if (block < 0 || block >= h->num_blocks) return -1;
             long slot = block * h->block_size + offset;
@@ -146,7 +149,8 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
             }
         }
         if (h->softcap > 0.0f)
-            for (long i = 0; i < H * CHUNK; i++) sc[i] = h->softcap * tanhf(sc[i] / h->softcap);
+            for (long head = 0; head < H; head++)
+                for (long j = 0; j < n; j++) sc[head * CHUNK + j] = h->softcap * tanhf(sc[head * CHUNK + j] / h->softcap);
         for (long head = 0; head < H; head++) {
             float *s = sc + head * CHUNK, cmax = s[0];
             for (long j = 1; j < n; j++) cmax = s[j] > cmax ? s[j] : cmax;
@@ -177,9 +181,10 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
 // [max(0, len - window), len) (window 0: all), GQA with H / KVH query heads per KV head.
 // k/v: element (slot, head, d) at slot * ks + head * khs + d. softcap 0: none. sinks: NULL or [H],
 // one extra logit per head in the denominator. Returns 0; -1 when a block table entry lies outside
-// the pool; -2 when scratch memory could not be allocated (out is then incomplete).
+// the pool; -2 when scratch memory could not be allocated; -3 when a length needs more blocks than
+// the table's width (out is then incomplete).
 int lantern_paged_decode(const float *q, long B, long H, long D, const float *k, long ks, long khs, const float *v,
-                         long vs, long vhs, long Dv, long KVH, const int32_t *tables, long table_stride,
+                         long vs, long vhs, long Dv, long KVH, const int32_t *tables, long table_stride, long table_width,
                          const int32_t *lens, long block_size, long num_blocks, float scale, long window, float softcap,
                          const float *sinks, float *out, int threads) {
     long *first_part = malloc((B + 1) * sizeof(long)), *lo = malloc(B * sizeof(long)), *row_of = 0;
@@ -207,10 +212,11 @@ int lantern_paged_decode(const float *q, long B, long H, long D, const float *k,
             if (!sc) continue;
             long p0 = (lo[b] / PART + t - first_part[b]) * PART, p1 = p0 + PART;
             p0 = p0 > lo[b] ? p0 : lo[b], p1 = p1 < lens[b] ? p1 : lens[b];
-            row_view h = {k, v, ks, khs, vs, vhs, D, Dv, H, KVH, tables + b * table_stride,
+            row_view h = {k, v, ks, khs, vs, vhs, D, Dv, H, KVH, tables + b * table_stride, table_width,
                           block_size, num_blocks, scale, softcap};
             float *m = partial + t * per_part, *l = m + H, *acc = l + H;
-            if (attend_part(&h, q + b * H * D, p0, p1, m, l, acc, sc) != 0) status = -1;
+            int rc = attend_part(&h, q + b * H * D, p0, p1, m, l, acc, sc);
+            if (rc != 0) status = rc;
         }
         free(sc);
     }
