@@ -4,7 +4,7 @@ Layout matches the MLX backend: per layer one pool [num_blocks * block_size, kv_
 for K and one for V; writes go to `slot_mapping`, reads gather context slots from the shared
 numpy plan (backends/paged_plan.py). Each op is a Triton kernel on CUDA and its plain-torch
 reference elsewhere (kernels/ops.py); on a CPU with the native kernels, decode rows over a float32
-pool read it in place (cpu_attention.py) instead of gathering it.
+or bfloat16 pool read it in place (cpu_attention.py) instead of gathering it.
 
 A pool built with v_is_k_prefix (multi-head latent attention, backends/base.KVLayout) stores K
 only: each layer's `v` is a view of K's first v_dim columns, writes pass v=None, and reads of a V

@@ -7,9 +7,10 @@ each key and value once, in place through the block table, with an online softma
 position ranges, so a row's output does not depend on the other rows of its step (seeded sampling
 stays reproducible under load). It covers what the reference covers: grouped-query heads, sliding
 windows, soft-capped scores, attention sinks, and a V narrower than K (a view into it). float32
-pools only; bf16 pools, and CPUs or settings without the native kernels (native_build), keep the
-reference path. It is a torch op with a fake implementation, so compiled decode graphs call it as
-an extern kernel.
+and bfloat16 pools (the default dtype on CPUs with native bf16): bf16 keys and values are widened
+on load and all arithmetic is float32, the output rounded to bf16 once. Other dtypes, and CPUs or
+settings without the native kernels (native_build), keep the reference path. It is a torch op with
+a fake implementation, so compiled decode graphs call it as an extern kernel.
 """
 
 from __future__ import annotations
@@ -32,18 +33,21 @@ def _library() -> ctypes.CDLL | None:
         p, i64, i64, i64,  # q, B, H, D
         p, i64, i64, p, i64, i64, i64, i64,  # k and its strides, v and its strides, Dv, KVH
         p, i64, i64, p, i64, i64,  # block tables (stride, width), lengths, block size, blocks
-        f32, i64, f32, p, p, ctypes.c_int,  # scale, window, softcap, sinks, out, threads
+        f32, i64, f32, p, ctypes.c_int, p, ctypes.c_int,  # scale, window, softcap, sinks, bf16, out, threads
     ]  # fmt: skip
     lib.lantern_paged_decode.restype = ctypes.c_int
     return lib
 
 
+DTYPES = (torch.float32, torch.bfloat16)
+
+
 def serves(pool_dtype: torch.dtype, device: torch.device) -> bool:
     """Whether decode steps over a pool of this dtype on this device take the native kernel."""
-    return torch.device(device).type == "cpu" and pool_dtype == torch.float32 and _library() is not None
+    return torch.device(device).type == "cpu" and pool_dtype in DTYPES and _library() is not None
 
 
-def paged_decode_f32(
+def paged_decode(
     q: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
@@ -56,8 +60,9 @@ def paged_decode_f32(
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """q [B, H, D] -> [B, H, Dv]: reference.paged_decode's result (window 0 and softcap 0: none)
-    for float32 q and pools [slots, KVH, D] / [slots, KVH, Dv] (V may be a view into K).
-    torch.ops.lantern.paged_decode_f32 is this op; requires serves()."""
+    for pools [slots, KVH, D] / [slots, KVH, Dv] (V may be a view into K), q, pools and the output
+    all float32 or all bfloat16 (computed in float32 either way). torch.ops.lantern.paged_decode is
+    this op; requires serves()."""
     lib = _library()
     if lib is None:
         raise RuntimeError("the native paged decode attention is not available")
@@ -65,9 +70,9 @@ def paged_decode_f32(
     slots, kvh, dk = k_pool.shape
     dv = v_pool.shape[-1]
     if (
-        q.dtype != torch.float32
-        or k_pool.dtype != torch.float32
-        or v_pool.dtype != torch.float32
+        q.dtype not in DTYPES
+        or k_pool.dtype != q.dtype
+        or v_pool.dtype != q.dtype
         or dk != d
         or v_pool.shape[:2] != (slots, kvh)
         or h % kvh
@@ -79,45 +84,47 @@ def paged_decode_f32(
         or slots % block_size
     ):
         raise ValueError(
-            f"paged_decode_f32: q {tuple(q.shape)} {q.dtype}, pools {tuple(k_pool.shape)} / {tuple(v_pool.shape)} "
-            f"{k_pool.dtype}, tables {tuple(block_tables.shape)}, lens {tuple(seq_lens.shape)} do not fit"
+            f"paged_decode: q {tuple(q.shape)} {q.dtype}, pools {tuple(k_pool.shape)} {k_pool.dtype} / "
+            f"{tuple(v_pool.shape)} {v_pool.dtype}, tables {tuple(block_tables.shape)}, "
+            f"lens {tuple(seq_lens.shape)} do not fit"
         )
     q = q.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
     sink = None if sinks is None else sinks.detach().to(torch.float32).contiguous()
-    out = torch.empty((b, h, dv), dtype=torch.float32)
+    out = torch.empty((b, h, dv), dtype=q.dtype)
     status = lib.lantern_paged_decode(
         q.data_ptr(), b, h, d,
         k_pool.data_ptr(), k_pool.stride(0), k_pool.stride(1),
         v_pool.data_ptr(), v_pool.stride(0), v_pool.stride(1), dv, kvh,
         tables.data_ptr(), tables.stride(0), tables.shape[1], lens.data_ptr(), block_size, slots // block_size,
-        scale, window, softcap, None if sink is None else sink.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+        scale, window, softcap, None if sink is None else sink.data_ptr(), int(q.dtype == torch.bfloat16),
+        out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if status == -1:
-        raise ValueError("paged_decode_f32: a block table entry lies outside the KV pool")
+        raise ValueError("paged_decode: a block table entry lies outside the KV pool")
     if status == -3:
-        raise ValueError(f"paged_decode_f32: a length needs more than the table's {tables.shape[1]} blocks")
+        raise ValueError(f"paged_decode: a length needs more than the table's {tables.shape[1]} blocks")
     if status != 0:
-        raise MemoryError("paged_decode_f32: the kernel could not allocate its scratch memory")
+        raise MemoryError("paged_decode: the kernel could not allocate its scratch memory")
     return out
 
 
 def _fake(q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window, softcap, sinks):
-    return q.new_empty((q.shape[0], q.shape[1], v_pool.shape[-1]), dtype=torch.float32)
+    return q.new_empty((q.shape[0], q.shape[1], v_pool.shape[-1]))
 
 
 def _register_op() -> None:
-    """torch.ops.lantern.paged_decode_f32, once per process (see cpu_gemm._register_ops)."""
-    if hasattr(torch.ops.lantern, "paged_decode_f32"):
+    """torch.ops.lantern.paged_decode, once per process (see cpu_gemm._register_ops)."""
+    if hasattr(torch.ops.lantern, "paged_decode"):
         return
     lib = torch.library.Library("lantern", "FRAGMENT")
     lib.define(
-        "paged_decode_f32(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor seq_lens, "
+        "paged_decode(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor seq_lens, "
         "int block_size, float scale, int window, float softcap, Tensor? sinks) -> Tensor"
     )
-    lib.impl("paged_decode_f32", paged_decode_f32, "CPU")
-    torch.library.register_fake("lantern::paged_decode_f32", _fake, lib=lib)
+    lib.impl("paged_decode", paged_decode, "CPU")
+    torch.library.register_fake("lantern::paged_decode", _fake, lib=lib)
     torch.library._lantern_cpu_attention_ops = lib  # type: ignore[attr-defined]
 
 

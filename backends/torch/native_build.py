@@ -24,7 +24,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).parent / "kernels"
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]
 
 
@@ -35,7 +35,7 @@ def cpu_has_avx512() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return " avx512f" in flags and " avx512bw" in flags
+    return " avx512f" in flags and " avx512bw" in flags and " avx512vl" in flags
 
 
 def cache_dir() -> Path:

@@ -205,10 +205,10 @@ class Int4PackLinear(QuantLayer):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:
             return dense_matmul(x, self.out_features, self.in_features, BLOCK_N, self._decoded_rows)
-        if x.shape[0] > 1 and x.dtype == torch.float32 and self.native_batched:
+        if x.shape[0] > 1 and x.dtype in cpu_gemm.IO_DTYPES and self.native_batched:
             # batched decode: cpu_gemm's kernel (from its MIN_ROWS; the op picks, so graphs need no guard)
             sz, n = self.scales_and_zeros, self.out_features
-            return torch.ops.lantern.int4pack_mm_f32(x, self.packed, sz, self.group_size, n)
+            return torch.ops.lantern.int4pack_mm(x, self.packed, sz, self.group_size, n)
         y = _INT4_MM(x.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_and_zeros)
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
@@ -242,8 +242,8 @@ class Int8PackLinear(QuantLayer):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:
             return dense_matmul(x, self.out_features, self.in_features, 1, self._decoded_rows)
-        if x.shape[0] > 1 and x.dtype == torch.float32 and self.native_batched:
-            return torch.ops.lantern.int8pack_mm_f32(x, self.weight).mul_(self.scale)  # aten's values, faster
+        if x.shape[0] > 1 and x.dtype in cpu_gemm.IO_DTYPES and self.native_batched:
+            return torch.ops.lantern.int8pack_mm(x, self.weight).mul_(self.scale)  # aten's values, faster
         xb = x.to(torch.bfloat16)
         if not xb.is_contiguous() or xb.data_ptr() % _INT8PACK_ALIGN:  # a view of bf16 activations
             xb = xb.clone(memory_format=torch.contiguous_format)

@@ -151,6 +151,40 @@ def test_guard_free_steps_need_a_signature_that_passed_the_guards(tiny_model_dir
         first.engine.shutdown()
 
 
+def test_a_bf16_pool_decodes_through_the_native_attention(tiny_model_dir, monkeypatch):
+    """bf16, the default dtype on CPUs with native bf16: the graph calls the native attention on the
+    bf16 pool for every decode step, one signature serves the growing context (guard-free after its
+    first step), and the logits are eager's up to bf16 rounding. Not eager's greedy tokens: inductor
+    computes the fused ops around the kernels in float32 where eager rounds after each, and this
+    random tiny model has near-ties (two logits one bf16 value apart) that such roundings decide."""
+    if not cpu_attention.serves(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("the native attention is built for x86-64 CPUs with AVX-512 only")
+    path = tiny_model_dir("llama3")
+    bf16 = dict(SMALL, dtype="bfloat16")
+    prompt, forced = list(range(5, 18)), [136, 396, 87, 212, 354, 246, 130, 214]
+    eager = LLM(path, **bf16)
+    try:
+        want = dict(teacher_forced_logits(eager.engine, prompt, forced))
+    finally:
+        eager.engine.shutdown()
+    llm = LLM(path, compile_decode=True, **bf16)
+    lib, calls = cpu_attention._library(), []
+    real = lib.lantern_paged_decode
+    monkeypatch.setattr(lib, "lantern_paged_decode", lambda *a: calls.append(a[22]) or real(*a))
+    try:
+        assert llm.engine.backend.pool.native_decode
+        compiled = llm.engine.backend.model.compiled_decode
+        before, free = _compiled_steps(llm), compiled.guard_free_steps
+        got = dict(teacher_forced_logits(llm.engine, prompt, forced))
+        steps = len(forced) - 1
+        assert _compiled_steps(llm) - before == steps and compiled.guard_free_steps - free >= steps - 1
+        assert len(calls) == steps * len(llm.engine.backend.model.model.layers) and set(calls) == {1}
+    finally:
+        llm.engine.shutdown()
+    worst = max(float(np.abs(got[p] - want[p]).max() / want[p].std()) for p in want)
+    assert worst < 0.12, worst  # ~0.065 measured; a wrong attention output is ~1
+
+
 def test_int4_weights_decode_as_eager(tiny_model_dir):
     """--isq q4: the int4 matmuls inside the graph (inductor calls its own int4 op) give the eager
     logits, up to the bf16 rounding of their inputs that both paths share."""

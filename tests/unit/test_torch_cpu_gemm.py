@@ -48,20 +48,22 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "n, k, g",
     [(576, 576, 32), (100, 64, 32), (192, 1536, 128), (130, 256, 64), (64, 512, 256), (33, 128, 32)],
 )
-def test_native_kernel_is_atens_kernel_bit_for_bit(n, k, g):
+def test_native_kernel_is_atens_kernel_bit_for_bit(n, k, g, dtype):
     """Row counts around the kernel's 12-row blocks and its MIN_ROWS switch; N not a multiple of 64
-    (the last block's tail columns) or of 32 (a half-block); groups 32..256."""
+    (the last block's tail columns) or of 32 (a half-block); groups 32..256; float32 and bfloat16
+    models (bf16 x in, bf16 y out: aten's own bf16 result)."""
     assert cpu_gemm.available()
     packed, sz, w = packed_weight(n, k, g)
     for m in (cpu_gemm.MIN_ROWS, 13, 24, 31, 32, 100, 255):
-        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-        y = torch.ops.lantern.int4pack_mm_f32(x, packed, sz, g, n)
-        assert y.shape == (m, n) and y.dtype == torch.float32
-        aten = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, g, sz)[:, :n].float()
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+        y = torch.ops.lantern.int4pack_mm(x, packed, sz, g, n)
+        assert y.shape == (m, n) and y.dtype == dtype
+        aten = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, g, sz)[:, :n].to(dtype)
         assert torch.equal(y, aten), (m, n, k, g)
         assert rel_err(y, x.double() @ w.t()) < BF16, (m, n, k, g)
 
@@ -73,46 +75,50 @@ def test_the_op_picks_its_kernel_by_rows_inside():
     packed, sz, w = packed_weight(100, 256, 32)
     for m in (1, cpu_gemm.MIN_ROWS - 1, cpu_gemm.MIN_ROWS, 2 * cpu_gemm.MIN_ROWS):
         x = torch.randn(m, 256, generator=torch.Generator().manual_seed(1))
-        assert rel_err(torch.ops.lantern.int4pack_mm_f32(x, packed, sz, 32, 100), x.double() @ w.t()) < BF16
+        assert rel_err(torch.ops.lantern.int4pack_mm(x, packed, sz, 32, 100), x.double() @ w.t()) < BF16
     calls = []
     lib = cpu_gemm._library()
     real = lib.lantern_int4pack_mm
     try:
         lib.lantern_int4pack_mm = lambda *a: calls.append(a[1]) or real(*a)
         for m in (cpu_gemm.MIN_ROWS - 1, cpu_gemm.MIN_ROWS, 40):
-            torch.ops.lantern.int4pack_mm_f32(torch.randn(m, 256), packed, sz, 32, 100)
+            torch.ops.lantern.int4pack_mm(torch.randn(m, 256), packed, sz, 32, 100)
     finally:
         lib.lantern_int4pack_mm = real
     assert calls == [cpu_gemm.MIN_ROWS, 40]
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, k", [(576, 576), (49152, 64), (101, 208), (3, 2048)])
-def test_native_int8_kernel_is_atens_kernel_bit_for_bit(n, k):
+def test_native_int8_kernel_is_atens_kernel_bit_for_bit(n, k, dtype):
     """Row counts around its 6-row blocks; N not a multiple of its 4-row blocks (101, 3), K a multiple
-    of 16 only (208); the reference: the int8 weight in float64."""
+    of 16 only (208); float32 and bfloat16 x; the reference: the int8 weight in float64."""
     gen = torch.Generator().manual_seed(n)
     w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
     ones = torch.ones(n, dtype=torch.bfloat16)
     for m in (1, 2, 5, 6, 7, 32, 100):
-        x = torch.randn(m, k, generator=gen)
-        y = torch.ops.lantern.int8pack_mm_f32(x, w)
-        assert y.shape == (m, n) and y.dtype == torch.float32
-        assert torch.equal(y, torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), w, ones).float()), (m, n, k)
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        y = torch.ops.lantern.int8pack_mm(x, w)
+        assert y.shape == (m, n) and y.dtype == dtype
+        aten = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), w, ones).to(dtype)
+        assert torch.equal(y, aten), (m, n, k)
         assert rel_err(y, x.double() @ w.double().t()) < BF16, (m, n, k)
 
 
 @needs_kernel
-def test_the_int8_layer_uses_the_kernel_for_batched_float32_rows():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_int8_layer_uses_the_kernel_for_batched_rows(dtype):
     """Int8PackLinear (per-channel int8, scaled after the product): 33 rows through the native kernel
-    give what each row alone gives (aten's kernel), and the reference within BF16."""
+    give what each row alone gives (aten's kernel), and the reference within BF16, in a float32 and
+    a bfloat16 model."""
     rng = np.random.default_rng(3)
     n, k = 200, 96
     codes = rng.integers(0, 256, (n, k), dtype=np.uint8)
     scales = rng.uniform(0.001, 0.01, (n, 1)).astype(np.float32)
     layer = ql.Int8PackLinear(AffineWeight(codes, scales, -128 * scales, 8, k, "test"), torch.device("cpu"), ErrorLog())
     assert layer.native_batched
-    x = torch.randn(33, k, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(33, k, generator=torch.Generator().manual_seed(4)).to(dtype)
     calls = []
     lib = cpu_gemm._library()
     real = lib.lantern_int8pack_mm
@@ -121,7 +127,7 @@ def test_the_int8_layer_uses_the_kernel_for_batched_float32_rows():
         y = layer(x)
     finally:
         lib.lantern_int8pack_mm = real
-    assert calls == [33]
+    assert calls == [33] and y.dtype == dtype
     assert torch.equal(y, torch.cat([layer(x[i : i + 1]) for i in range(33)]))
     w = layer.rows(torch.arange(n)).double()
     assert rel_err(y, x.double() @ w.t()) < BF16
@@ -135,7 +141,7 @@ def test_a_compiled_graph_calls_the_op_over_a_symbolic_row_count():
 
     packed, sz, _ = packed_weight(72, 128, 32)
     counter = CompileCounterWithBackend("inductor")
-    fn = lambda x: torch.ops.lantern.int4pack_mm_f32(x, packed, sz, 32, 72).relu()
+    fn = lambda x: torch.ops.lantern.int4pack_mm(x, packed, sz, 32, 72).relu()
     compiled = torch.compile(fn, backend=counter, dynamic=True)
     for m in (3, 20, 40):
         x = torch.randn(m, 128, generator=torch.Generator().manual_seed(m))
@@ -144,9 +150,10 @@ def test_a_compiled_graph_calls_the_op_over_a_symbolic_row_count():
 
 
 @needs_kernel
-def test_the_int4_layer_uses_the_kernel_for_batched_float32_rows():
-    """Int4PackLinear: 40 float32 rows go through the native kernel, and each row's output is what
-    that row alone (aten's kernel) gives, bit for bit."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_int4_layer_uses_the_kernel_for_batched_rows(dtype):
+    """Int4PackLinear: 40 rows of a float32 or bfloat16 model go through the native kernel, and each
+    row's output is what that row alone (aten's kernel) gives, bit for bit."""
     rng = np.random.default_rng(0)
     n, k, g = 72, 256, 32
     codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
@@ -155,7 +162,7 @@ def test_the_int4_layer_uses_the_kernel_for_batched_float32_rows():
     layer = ql.Int4PackLinear(AffineWeight(codes, scales, biases, 4, g, "test"), torch.device("cpu"), ErrorLog())
     assert layer.native_batched
     w = layer.rows(torch.arange(n)).double()  # the layer's weight, decoded from its own bytes
-    x = torch.randn(40, k, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(2)).to(dtype)
     calls = []
     lib = cpu_gemm._library()
     real = lib.lantern_int4pack_mm
@@ -164,7 +171,7 @@ def test_the_int4_layer_uses_the_kernel_for_batched_float32_rows():
         y = layer(x)
     finally:
         lib.lantern_int4pack_mm = real
-    assert calls == [40]
+    assert calls == [40] and y.dtype == dtype
     assert torch.equal(y, torch.cat([layer(x[i : i + 1]) for i in range(40)]))
     assert rel_err(y, x.double() @ w.t()) < BF16
 
@@ -194,12 +201,16 @@ print(cpu_gemm.available(), layer.native_batched or head.native_batched, same)
 
 
 @needs_kernel
-def test_a_bad_shape_is_refused_not_read_out_of_bounds():
+def test_a_bad_shape_or_dtype_is_refused_not_read_out_of_bounds():
     packed, sz, _ = packed_weight(64, 128, 32)
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        torch.ops.lantern.int4pack_mm(torch.randn(16, 128).half(), packed, sz, 32, 64)
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        torch.ops.lantern.int8pack_mm(torch.randn(16, 128).double(), torch.zeros(8, 128, dtype=torch.int8))
     with pytest.raises(ValueError, match="does not fit"):
-        torch.ops.lantern.int4pack_mm_f32(torch.randn(16, 256), packed, sz, 32, 64)
+        torch.ops.lantern.int4pack_mm(torch.randn(16, 256), packed, sz, 32, 64)
     with pytest.raises(ValueError, match="does not fit"):
-        torch.ops.lantern.int4pack_mm_f32(torch.randn(16, 128), packed, sz, 32, 65)
+        torch.ops.lantern.int4pack_mm(torch.randn(16, 128), packed, sz, 32, 65)
 
 
 @needs_kernel
@@ -211,7 +222,7 @@ import torch
 from lantern.backends.torch import cpu_gemm, native_build
 w = torch.randint(-128, 128, (40, 64), dtype=torch.int8)
 x = torch.randn(5, 64)
-ok = torch.equal(torch.ops.lantern.int8pack_mm_f32(x, w), torch.ops.aten._weight_int8pack_mm(
+ok = torch.equal(torch.ops.lantern.int8pack_mm(x, w), torch.ops.aten._weight_int8pack_mm(
     x.to(torch.bfloat16), w, torch.ones(40, dtype=torch.bfloat16)).float())
 print(cpu_gemm.available(), ok)
 """

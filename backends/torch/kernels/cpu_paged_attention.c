@@ -1,6 +1,8 @@
-// Paged decode attention on x86 AVX-512, float32: one query token per sequence against the keys and
-// values it holds in the paged KV pool, read in place through its block table. Built and loaded by
-// backends/torch/cpu_attention.py.
+// Paged decode attention on x86 AVX-512: one query token per sequence against the keys and values it
+// holds in the paged KV pool, read in place through its block table. Built and loaded by
+// backends/torch/cpu_attention.py. q, K, V and the output are all float32 or all bfloat16; bf16 is
+// widened to float32 on load (exact) and every sum, score and softmax term is float32 either way,
+// the output rounded to bf16 once at the end.
 //
 // The plain-torch path gathers every row's K and V into new tensors and then runs SDPA over them:
 // three passes over the context per layer (read, write, read). Here each key and value is read once.
@@ -68,48 +70,84 @@ static inline void axpy(float *y, const float *x, float b, long n) {
     }
 }
 
-// s[0..cnt) = q . rows[j] for up to 16 rows of length D.
-static inline __m512 dots16(const float *q, const float *const *rows, long off, long cnt, long D) {
-    __m512 acc[16];
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    for (long d = 0; d < D; d += 16) {
-        __mmask16 m = tail_mask(D - d);
-        __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-        for (long i = 0; i < cnt; i++) acc[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, rows[i] + off + d), acc[i]);
+// Loads of 16 elements (masked) widened to float32: a bf16 value is a float32's upper half.
+#define LOAD_F32(m, p) _mm512_maskz_loadu_ps(m, p)
+#define LOAD_BF16(m, p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16))
+
+// The helpers that read K and V, once per element type (SUFFIX, T, LOAD), so that the inner loops
+// never branch on it. rows: pointers to each row's slot (T elements), off: the head's offset in it.
+//   dots16: s[0..cnt) = q . rows[j][off:off + D] for up to 16 rows.
+//   weighted_rows: acc[:Dv] += sum_j p[j] * rows[j][off:off + Dv], 64 columns at a time in
+//   registers, even and odd rows in separate accumulators (independent chains of multiply-adds).
+#define KV_READERS(SUFFIX, T, LOAD)                                                                                   \
+    static inline __m512 dots16_##SUFFIX(const float *q, const void *const *rows, long off, long cnt, long D) {     \
+        __m512 acc[16];                                                                                             \
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                                                  \
+        for (long d = 0; d < D; d += 16) {                                                                          \
+            __mmask16 m = tail_mask(D - d);                                                                         \
+            __m512 qv = _mm512_maskz_loadu_ps(m, q + d);                                                            \
+            for (long i = 0; i < cnt; i++)                                                                          \
+                acc[i] = _mm512_fmadd_ps(qv, LOAD(m, (const T *)rows[i] + off + d), acc[i]);                        \
+        }                                                                                                           \
+        return hsum16(acc);                                                                                         \
+    }                                                                                                               \
+    static inline void weighted_rows_##SUFFIX(float *acc, const float *p, const void *const *rows, long off, long n, \
+                                              long Dv) {                                                            \
+        for (long c = off; c < off + Dv; c += 64) {                                                                 \
+            __mmask16 mk[4];                                                                                        \
+            __m512 e[4], o[4];                                                                                      \
+            for (int u = 0; u < 4; u++) {                                                                           \
+                long left = off + Dv - c - 16 * u;                                                                  \
+                mk[u] = left <= 0 ? 0 : tail_mask(left);                                                            \
+                e[u] = _mm512_maskz_loadu_ps(mk[u], acc + c - off + 16 * u), o[u] = _mm512_setzero_ps();            \
+            }                                                                                                       \
+            long j = 0;                                                                                             \
+            for (; j + 1 < n; j += 2) {                                                                             \
+                __m512 pe = _mm512_set1_ps(p[j]), po = _mm512_set1_ps(p[j + 1]);                                    \
+                for (int u = 0; u < 4; u++) {                                                                       \
+                    e[u] = _mm512_fmadd_ps(pe, LOAD(mk[u], (const T *)rows[j] + c + 16 * u), e[u]);                 \
+                    o[u] = _mm512_fmadd_ps(po, LOAD(mk[u], (const T *)rows[j + 1] + c + 16 * u), o[u]);             \
+                }                                                                                                   \
+            }                                                                                                       \
+            if (j < n) {                                                                                            \
+                __m512 pe = _mm512_set1_ps(p[j]);                                                                   \
+                for (int u = 0; u < 4; u++)                                                                         \
+                    e[u] = _mm512_fmadd_ps(pe, LOAD(mk[u], (const T *)rows[j] + c + 16 * u), e[u]);                 \
+            }                                                                                                       \
+            for (int u = 0; u < 4; u++)                                                                             \
+                _mm512_mask_storeu_ps(acc + c - off + 16 * u, mk[u], _mm512_add_ps(e[u], o[u]));                    \
+        }                                                                                                           \
     }
-    return hsum16(acc);
+
+KV_READERS(f32, float, LOAD_F32)
+KV_READERS(bf16, uint16_t, LOAD_BF16)
+
+// dst[:n] = src[:n] widened to float32 (bf16 q).
+static void widen_bf16(float *dst, const uint16_t *src, long n) {
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, LOAD_BF16(m, src + i));
+    }
 }
 
-// acc[:Dv] += sum_j p[j] * rows[j][:Dv], 64 columns at a time in registers, even and odd rows in
-// separate accumulators (independent chains of multiply-adds).
-static inline void weighted_rows(float *acc, const float *p, const float *const *rows, long off, long n, long Dv) {
-    for (long c = off; c < off + Dv; c += 64) {
-        __mmask16 mk[4];
-        __m512 e[4], o[4];
-        for (int u = 0; u < 4; u++) {
-            long left = off + Dv - c - 16 * u;
-            mk[u] = left <= 0 ? 0 : tail_mask(left);
-            e[u] = _mm512_maskz_loadu_ps(mk[u], acc + c - off + 16 * u), o[u] = _mm512_setzero_ps();
-        }
-        long j = 0;
-        for (; j + 1 < n; j += 2) {
-            __m512 pe = _mm512_set1_ps(p[j]), po = _mm512_set1_ps(p[j + 1]);
-            for (int u = 0; u < 4; u++) {
-                e[u] = _mm512_fmadd_ps(pe, _mm512_maskz_loadu_ps(mk[u], rows[j] + c + 16 * u), e[u]);
-                o[u] = _mm512_fmadd_ps(po, _mm512_maskz_loadu_ps(mk[u], rows[j + 1] + c + 16 * u), o[u]);
-            }
-        }
-        if (j < n) {
-            __m512 pe = _mm512_set1_ps(p[j]);
-            for (int u = 0; u < 4; u++) e[u] = _mm512_fmadd_ps(pe, _mm512_maskz_loadu_ps(mk[u], rows[j] + c + 16 * u), e[u]);
-        }
-        for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(acc + c - off + 16 * u, mk[u], _mm512_add_ps(e[u], o[u]));
+// dst[:n] = src[:n] rounded to bf16, to nearest even as torch rounds (NaN: a quiet NaN).
+static void round_bf16(uint16_t *dst, const float *src, long n) {
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+        __m512i u = _mm512_castps_si512(x);
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
     }
 }
 
 typedef struct {
-    const float *k, *v;  // the pool's first slot
-    long ks, khs, vs, vhs;  // floats from one slot / KV head to the next
+    const char *k, *v;  // the pool's first slot
+    long ks, khs, vs, vhs;  // elements from one slot / KV head to the next
+    int bf16;  // K and V hold bf16 (2 bytes an element), else float32 (4)
     long D, Dv, H, KVH;
     const int32_t *table;  // this row's, table_width entries
     long table_width;
@@ -128,8 +166,8 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
         m[i] = -INFINITY, l[i] = 0.0f;
         for (long d = 0; d < h->Dv; d++) acc[i * h->Dv + d] = 0.0f;
     }
-    const float *krow[CHUNK], *vrow[CHUNK];
-    long block_i = p0 / h->block_size, offset = p0 % h->block_size;
+    const void *krow[CHUNK], *vrow[CHUNK];
+    long esize = h->bf16 ? 2 : 4, block_i = p0 / h->block_size, offset = p0 % h->block_size;
     for (long c0 = p0; c0 < p1;) {
         long c1 = (c0 / CHUNK + 1) * CHUNK < p1 ? (c0 / CHUNK + 1) * CHUNK : p1, n = c1 - c0;
         for (long j = 0; j < n; j++) {
@@ -137,14 +175,17 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
             long block = h->table[block_i];
             if (block < 0 || block >= h->num_blocks) return -1;
             long slot = block * h->block_size + offset;
-            krow[j] = h->k + slot * h->ks, vrow[j] = h->v + slot * h->vs;
+            krow[j] = h->k + slot * h->ks * esize, vrow[j] = h->v + slot * h->vs * esize;
             if (++offset == h->block_size) offset = 0, block_i++;
         }
         for (long head = 0; head < H; head++) {
             long kv_off = (head / G) * h->khs;
             for (long j = 0; j < n; j += 16) {
                 long cnt = n - j < 16 ? n - j : 16;
-                __m512 s = _mm512_mul_ps(dots16(q + head * h->D, krow + j, kv_off, cnt, h->D), _mm512_set1_ps(h->scale));
+                const float *qh = q + head * h->D;  // the element type is picked per 16 keys, not per element
+                __m512 s = h->bf16 ? dots16_bf16(qh, krow + j, kv_off, cnt, h->D)
+                                   : dots16_f32(qh, krow + j, kv_off, cnt, h->D);
+                s = _mm512_mul_ps(s, _mm512_set1_ps(h->scale));
                 _mm512_mask_storeu_ps(sc + head * CHUNK + j, tail_mask(cnt), s);
             }
         }
@@ -170,7 +211,10 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
                 sum = _mm512_add_ps(sum, e);
             }
             l[head] += _mm512_reduce_add_ps(sum);
-            weighted_rows(acc + head * h->Dv, s, vrow, (head / G) * h->vhs, n, h->Dv);
+            if (h->bf16)
+                weighted_rows_bf16(acc + head * h->Dv, s, vrow, (head / G) * h->vhs, n, h->Dv);
+            else
+                weighted_rows_f32(acc + head * h->Dv, s, vrow, (head / G) * h->vhs, n, h->Dv);
         }
         c0 = c1;
     }
@@ -179,16 +223,27 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
 
 // out [B][H][Dv] = softmax(q k^T * scale) v for each row's keys at positions
 // [max(0, len - window), len) (window 0: all), GQA with H / KVH query heads per KV head.
-// k/v: element (slot, head, d) at slot * ks + head * khs + d. softcap 0: none. sinks: NULL or [H],
-// one extra logit per head in the denominator. Returns 0; -1 when a block table entry lies outside
-// the pool; -2 when scratch memory could not be allocated; -3 when a length needs more blocks than
-// the table's width (out is then incomplete).
-int lantern_paged_decode(const float *q, long B, long H, long D, const float *k, long ks, long khs, const float *v,
+// bf16: q, k, v and out hold bf16 (uint16), else float32. k/v: element (slot, head, d) at
+// slot * ks + head * khs + d (strides in elements). softcap 0: none. sinks: NULL or [H] float32, one
+// extra logit per head in the denominator. Returns 0; -1 when a block table entry lies outside the
+// pool; -2 when scratch memory could not be allocated; -3 when a length needs more blocks than the
+// table's width (out is then incomplete).
+int lantern_paged_decode(const void *q, long B, long H, long D, const void *k, long ks, long khs, const void *v,
                          long vs, long vhs, long Dv, long KVH, const int32_t *tables, long table_stride, long table_width,
                          const int32_t *lens, long block_size, long num_blocks, float scale, long window, float softcap,
-                         const float *sinks, float *out, int threads) {
+                         const float *sinks, int bf16, void *out, int threads) {
+    // bf16: q widened once up front, and the output kept in float32 until each row is done (here,
+    // not in the caller: two torch conversions per layer cost ~3 us, ~15% of a one-row call).
+    const float *qf = q;
+    float *of = out, *wide = 0;
+    if (bf16) {
+        wide = malloc((size_t)(B * H * (D + Dv) + 1) * sizeof(float));
+        if (!wide) return -2;
+        widen_bf16(wide, q, B * H * D);
+        qf = wide, of = wide + B * H * D;
+    }
     long *first_part = malloc((B + 1) * sizeof(long)), *lo = malloc(B * sizeof(long)), *row_of = 0;
-    if (!first_part || !lo) return free(first_part), free(lo), -2;
+    if (!first_part || !lo) return free(first_part), free(lo), free(wide), -2;
     first_part[0] = 0;
     for (long b = 0; b < B; b++) {
         long len = lens[b] > 0 ? lens[b] : 0;
@@ -198,7 +253,7 @@ int lantern_paged_decode(const float *q, long B, long H, long D, const float *k,
     long parts = first_part[B], per_part = H * (Dv + 2);
     float *partial = malloc((size_t)(parts * per_part + 1) * sizeof(float));
     row_of = malloc((parts + 1) * sizeof(long));
-    if (!partial || !row_of) return free(partial), free(row_of), free(first_part), free(lo), -2;
+    if (!partial || !row_of) return free(partial), free(row_of), free(first_part), free(lo), free(wide), -2;
     for (long b = 0; b < B; b++)
         for (long t = first_part[b]; t < first_part[b + 1]; t++) row_of[t] = b;
     int status = 0;
@@ -212,10 +267,10 @@ int lantern_paged_decode(const float *q, long B, long H, long D, const float *k,
             if (!sc) continue;
             long p0 = (lo[b] / PART + t - first_part[b]) * PART, p1 = p0 + PART;
             p0 = p0 > lo[b] ? p0 : lo[b], p1 = p1 < lens[b] ? p1 : lens[b];
-            row_view h = {k, v, ks, khs, vs, vhs, D, Dv, H, KVH, tables + b * table_stride, table_width,
+            row_view h = {k, v, ks, khs, vs, vhs, bf16, D, Dv, H, KVH, tables + b * table_stride, table_width,
                           block_size, num_blocks, scale, softcap};
             float *m = partial + t * per_part, *l = m + H, *acc = l + H;
-            int rc = attend_part(&h, q + b * H * D, p0, p1, m, l, acc, sc);
+            int rc = attend_part(&h, qf + b * H * D, p0, p1, m, l, acc, sc);
             if (rc != 0) status = rc;
         }
         free(sc);
@@ -224,7 +279,7 @@ int lantern_paged_decode(const float *q, long B, long H, long D, const float *k,
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (long r = 0; r < B * H; r++) {
             long b = r / H, head = r % H, n = first_part[b + 1] - first_part[b];
-            float *o = out + r * Dv, mx = -INFINITY, den = 0.0f;
+            float *o = of + r * Dv, mx = -INFINITY, den = 0.0f;
             for (long i = 0; i < n; i++) {
                 float mi = partial[(first_part[b] + i) * per_part + head];
                 mx = mi > mx ? mi : mx;
@@ -239,8 +294,9 @@ int lantern_paged_decode(const float *q, long B, long H, long D, const float *k,
             }
             if (sinks) den += expf(sinks[head] - mx);
             scale_row(o, den > 0.0f ? 1.0f / den : 0.0f, Dv);
+            if (bf16) round_bf16((uint16_t *)out + r * Dv, o, Dv);
         }
     }
-    free(partial), free(row_of), free(first_part), free(lo);
+    free(partial), free(row_of), free(first_part), free(lo), free(wide);
     return status;
 }

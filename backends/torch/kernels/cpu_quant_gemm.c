@@ -1,16 +1,18 @@
-// Weight-only quantized GEMMs for batched decode rows on x86 AVX-512, float32 x and y.
+// Weight-only quantized GEMMs for batched decode rows on x86 AVX-512; x and y float32 or bf16 (io_bf16).
 //
 // ---- int4: y[M, N] = x[M, K] @ W^T for an int4pack weight (aten's _convert_weight_to_int4pack_for_cpu
 // layout, [N/64][K][32] bytes: byte j of a 64-row block holds row j in its low nibble and row j + 32
-// in its high one; W = (q - 8) * scale + zero with bf16 [K/g][N_pad][2] (scale, zero)), float32 x
-// and y. Built and loaded by backends/torch/cpu_gemm.py.
+// in its high one; W = (q - 8) * scale + zero with bf16 [K/g][N_pad][2] (scale, zero)). Built and
+// loaded by backends/torch/cpu_gemm.py.
 //
 // aten's kernel re-decodes the weights for every few rows of x; here each 64-row block is decoded
 // once into two float32 panels [K][32] that stay in cache, and every 12 rows of x run a 12 x 32
 // register-blocked multiply-add over a panel (24 accumulators, x broadcast from memory).
 // Numerics follow aten's kernel, so that a row's result does not depend on how many rows share its
 // step (which picks the kernel): x rounded to bf16, each weight (q - 8) * scale + zero in one
-// rounding, float32 sums in K order, the output rounded to bf16 (tests check it bit for bit).
+// rounding, float32 sums in K order, the output rounded to bf16 (tests check it bit for bit). With
+// bf16 x and y (a bfloat16 model) the values are the same: x is already bf16, and y is stored as
+// the bf16 it was rounded to.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -58,14 +60,29 @@ static inline float bf16_to_float(uint16_t h) {
     return f;
 }
 
-static float *rounded_copy(const float *x, long count) {
+// x as float32 rounded to bf16: rounded if float32, widened (exactly) if already bf16.
+static float *rounded_copy(const void *x, long count, int x_bf16) {
     float *xr = aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64);
     if (!xr) return 0;
     for (long i = 0; i < count; i += 16) {
         __mmask16 m = count - i >= 16 ? 0xFFFF : (__mmask16)((1u << (count - i)) - 1);
-        _mm512_mask_storeu_ps(xr + i, m, round_bf16(_mm512_maskz_loadu_ps(m, x + i)));
+        __m512 v = x_bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)x + i)), 16))
+                          : round_bf16(_mm512_maskz_loadu_ps(m, (const float *)x + i));
+        _mm512_mask_storeu_ps(xr + i, m, v);
     }
     return xr;
+}
+
+// Columns n0 .. n1 of a float32 [M][N] result whose values are bf16 already, stored as bf16 (the
+// top half of each float: exact).
+static void store_bf16_cols(const float *yf, long M, long N, long n0, long n1, uint16_t *y) {
+    for (long i = 0; i < M; i++)
+        for (long n = n0; n < n1; n += 16) {
+            __mmask16 m = n1 - n >= 16 ? 0xFFFF : (__mmask16)((1u << (n1 - n)) - 1);
+            __m512i u = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, yf + i * N + n)), 16);
+            _mm256_mask_storeu_epi16(y + i * N + n, m, _mm512_cvtepi32_epi16(u));
+        }
 }
 
 // Block t's 64 rows as two panels [K][32] (rows 0-31 from the low nibbles, 32-63 from the high ones).
@@ -108,13 +125,18 @@ static void panel_product(const float *x, long M, long K, const float *panel, fl
 }
 
 // Returns 0, or -1 when a buffer could not be allocated (y is then incomplete).
-int lantern_int4pack_mm(const float *x, long M, long K, const uint8_t *packed, const uint16_t *sz, long g, long n_pad,
-                        float *y, long N, int threads) {
+int lantern_int4pack_mm(const void *x, long M, long K, const uint8_t *packed, const uint16_t *sz, long g, long n_pad,
+                        void *y, long N, int io_bf16, int threads) {
     long blocks = (N + 63) / 64;
     int failed = 0;
-    float *xr = rounded_copy(x, M * K);
-    if (!xr) return -1;
-    x = xr;
+    float *xr = rounded_copy(x, M * K, io_bf16);
+    // bf16 output: the kernels write float32 here, each block's columns are then stored as bf16
+    float *yf = io_bf16 ? aligned_alloc(64, ((size_t)M * N * sizeof(float) + 63) / 64 * 64) : y;
+    if (!xr || !yf) {
+        free(xr);
+        if (io_bf16) free(yf);
+        return -1;
+    }
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         size_t panel_bytes = (size_t)K * NR * sizeof(float);
@@ -129,12 +151,14 @@ int lantern_int4pack_mm(const float *x, long M, long K, const uint8_t *packed, c
                 continue;
             }
             decode_block(packed + t * K * 32, sz, n_pad, t * 64, K, g, sc, sc + (K / g) * 64, lo, hi);
-            panel_product(x, M, K, lo, y, N, t * 64, tmp);
-            panel_product(x, M, K, hi, y, N, t * 64 + 32, tmp);
+            panel_product(xr, M, K, lo, yf, N, t * 64, tmp);
+            panel_product(xr, M, K, hi, yf, N, t * 64 + 32, tmp);
+            if (io_bf16) store_bf16_cols(yf, M, N, t * 64, (t + 1) * 64 < N ? (t + 1) * 64 : N, y);
         }
         free(lo), free(hi), free(sc), free(tmp);
     }
     free(xr);
+    if (io_bf16) free(yf);
     return failed ? -1 : 0;
 }
 
@@ -171,10 +195,15 @@ typedef void (*dot_t)(const float *, long, const int8_t *, float *, long);
 static const dot_t DOT4[7] = {0, dot_1x4, dot_2x4, dot_3x4, dot_4x4, dot_5x4, dot_6x4};
 static const dot_t DOT1[7] = {0, dot_1x1, dot_2x1, dot_3x1, dot_4x1, dot_5x1, dot_6x1};
 
-// Returns 0, or -1 when x's bf16 copy could not be allocated.
-int lantern_int8pack_mm(const float *x, long M, long K, const int8_t *w, float *y, long N, int threads) {
-    float *xr = rounded_copy(x, M * K);
-    if (!xr) return -1;
+// Returns 0, or -1 when a buffer could not be allocated.
+int lantern_int8pack_mm(const void *x, long M, long K, const int8_t *w, void *y, long N, int io_bf16, int threads) {
+    float *xr = rounded_copy(x, M * K, io_bf16);
+    float *yf = io_bf16 ? aligned_alloc(64, ((size_t)M * N * sizeof(float) + 63) / 64 * 64) : y;
+    if (!xr || !yf) {
+        free(xr);
+        if (io_bf16) free(yf);
+        return -1;
+    }
     long tiles = (N + 63) / 64;  // 64 weight rows per task: 4 at a time stay in L1 across x's rows
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long t = 0; t < tiles; t++) {
@@ -183,11 +212,13 @@ int lantern_int8pack_mm(const float *x, long M, long K, const int8_t *w, float *
             int cols = n_end - n >= 4 ? 4 : 1;
             for (long m = 0; m < M; m += 6) {
                 int rows = M - m < 6 ? M - m : 6;
-                (cols == 4 ? DOT4 : DOT1)[rows](xr + m * K, K, w + n * K, y + m * N + n, N);
+                (cols == 4 ? DOT4 : DOT1)[rows](xr + m * K, K, w + n * K, yf + m * N + n, N);
             }
             n += cols;
         }
+        if (io_bf16) store_bf16_cols(yf, M, N, t * 64, n_end, y);
     }
     free(xr);
+    if (io_bf16) free(yf);
     return 0;
 }

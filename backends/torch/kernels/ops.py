@@ -49,9 +49,9 @@ def paged_decode(
 ) -> torch.Tensor:
     """ctx_cache: a dict living for one step, where the reference path keeps each window's
     gather (reference.decode_context) for the next layers. native: the pool is one that
-    cpu_attention serves (float32 on a CPU with the native kernels), which reads it in place."""
+    cpu_attention serves (float32 or bfloat16 on a CPU with the native kernels), which reads it in place."""
     if native:
-        return torch.ops.lantern.paged_decode_f32(
+        return torch.ops.lantern.paged_decode(
             q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window or 0, softcap or 0.0, sinks
         )
     if use_triton(q) and _same_width(k_pool, v_pool):
