@@ -155,6 +155,30 @@ typedef struct {
     float scale, softcap;
 } row_view;
 
+// The K and V rows of positions [c0, c0 + n): pointers to each position's slot, the table walked
+// from (*block_i, *offset). Returns 0, -1 when an entry lies outside the pool, -3 when the table
+// runs out.
+static int chunk_rows(const row_view *h, long n, long *block_i, long *offset, const void **krow, const void **vrow) {
+    long esize = h->bf16 ? 2 : 4;
+    for (long j = 0; j < n; j++) {
+        if (*block_i >= h->table_width) return -3;
+        long block = h->table[*block_i];
+        if (block < 0 || block >= h->num_blocks) return -1;
+        long slot = block * h->block_size + *offset;
+        krow[j] = h->k + slot * h->ks * esize, vrow[j] = h->v + slot * h->vs * esize;
+        if (++*offset == h->block_size) *offset = 0, ++*block_i;
+    }
+    return 0;
+}
+
+// Asks for n rows of `bytes` each to be brought into cache. The blocks a row's positions live in
+// are scattered over the pool, so the hardware prefetchers see a new stream every block_size
+// positions; without this a 32-row step waited on memory for most of its time.
+static inline void prefetch_rows(const void *const *rows, long n, long bytes) {
+    for (long j = 0; j < n; j++)
+        for (long b = 0; b < bytes; b += 64) _mm_prefetch((const char *)rows[j] + b, _MM_HINT_T0);
+}
+
 // Online softmax over positions [p0, p1) for the row's H query heads q [H][D] (each KV head's
 // G = H / KVH heads in turn, so that a chunk's keys and values are read from memory once and then
 // from cache): m [H] running max, l [H] sum of e^(s - m), acc [H][Dv] sum of e^(s - m) v.
@@ -166,17 +190,25 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
         m[i] = -INFINITY, l[i] = 0.0f;
         for (long d = 0; d < h->Dv; d++) acc[i * h->Dv + d] = 0.0f;
     }
-    const void *krow[CHUNK], *vrow[CHUNK];
+    // Row pointers for this chunk and the next (double-buffered): the next chunk's rows are
+    // requested while this one computes. kbytes / vbytes: a position's span over the KV heads.
+    const void *rows[2][2][CHUNK];
     long esize = h->bf16 ? 2 : 4, block_i = p0 / h->block_size, offset = p0 % h->block_size;
-    for (long c0 = p0; c0 < p1;) {
-        long c1 = (c0 / CHUNK + 1) * CHUNK < p1 ? (c0 / CHUNK + 1) * CHUNK : p1, n = c1 - c0;
-        for (long j = 0; j < n; j++) {
-            if (block_i >= h->table_width) return -3;
-            long block = h->table[block_i];
-            if (block < 0 || block >= h->num_blocks) return -1;
-            long slot = block * h->block_size + offset;
-            krow[j] = h->k + slot * h->ks * esize, vrow[j] = h->v + slot * h->vs * esize;
-            if (++offset == h->block_size) offset = 0, block_i++;
+    long kbytes = ((h->KVH - 1) * h->khs + h->D) * esize, vbytes = ((h->KVH - 1) * h->vhs + h->Dv) * esize;
+    long c1 = (p0 / CHUNK + 1) * CHUNK < p1 ? (p0 / CHUNK + 1) * CHUNK : p1;
+    int rc = chunk_rows(h, c1 - p0, &block_i, &offset, rows[0][0], rows[0][1]), cur = 0;
+    if (rc != 0) return rc;
+    prefetch_rows(rows[0][0], c1 - p0, kbytes);
+    prefetch_rows(rows[0][1], c1 - p0, vbytes);
+    for (long c0 = p0; c0 < p1; cur ^= 1) {
+        c1 = (c0 / CHUNK + 1) * CHUNK < p1 ? (c0 / CHUNK + 1) * CHUNK : p1;
+        long n = c1 - c0, c2 = c1 + CHUNK < p1 ? c1 + CHUNK : p1;
+        const void **krow = rows[cur][0], **vrow = rows[cur][1];
+        if (c2 > c1) {
+            rc = chunk_rows(h, c2 - c1, &block_i, &offset, rows[cur ^ 1][0], rows[cur ^ 1][1]);
+            if (rc != 0) return rc;
+            prefetch_rows(rows[cur ^ 1][0], c2 - c1, kbytes);
+            prefetch_rows(rows[cur ^ 1][1], c2 - c1, vbytes);
         }
         for (long head = 0; head < H; head++) {
             long kv_off = (head / G) * h->khs;
