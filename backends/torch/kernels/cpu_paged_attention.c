@@ -225,8 +225,11 @@ static int attend_part(const row_view *h, const float *q, long p0, long p1, floa
             for (long head = 0; head < H; head++)
                 for (long j = 0; j < n; j++) sc[head * CHUNK + j] = h->softcap * tanhf(sc[head * CHUNK + j] / h->softcap);
         for (long head = 0; head < H; head++) {
-            float *s = sc + head * CHUNK, cmax = s[0];
-            for (long j = 1; j < n; j++) cmax = s[j] > cmax ? s[j] : cmax;
+            float *s = sc + head * CHUNK;
+            __m512 vmax = _mm512_set1_ps(-INFINITY);  // (a scalar loop here was a chain of n dependent compares)
+            for (long j = 0; j < n; j += 16)
+                vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask(n - j), s + j));
+            float cmax = _mm512_reduce_max_ps(vmax);
             if (cmax > m[head]) {
                 if (m[head] != -INFINITY) {  // rescale what the earlier chunks summed to the new max
                     float corr = expf(m[head] - cmax);
@@ -289,6 +292,8 @@ int lantern_paged_decode(const void *q, long B, long H, long D, const void *k, l
     for (long b = 0; b < B; b++)
         for (long t = first_part[b]; t < first_part[b + 1]; t++) row_of[t] = b;
     int status = 0;
+    const row_view base = {k, v, ks, khs, vs, vhs, bf16, D, Dv, H, KVH, tables, table_width,
+                           block_size, num_blocks, scale, softcap};
 #pragma omp parallel num_threads(threads) reduction(min : status)
     {
         float *sc = malloc(H * CHUNK * sizeof(float));
@@ -299,8 +304,8 @@ int lantern_paged_decode(const void *q, long B, long H, long D, const void *k, l
             if (!sc) continue;
             long p0 = (lo[b] / PART + t - first_part[b]) * PART, p1 = p0 + PART;
             p0 = p0 > lo[b] ? p0 : lo[b], p1 = p1 < lens[b] ? p1 : lens[b];
-            row_view h = {k, v, ks, khs, vs, vhs, bf16, D, Dv, H, KVH, tables + b * table_stride, table_width,
-                          block_size, num_blocks, scale, softcap};
+            row_view h = base;
+            h.table = tables + b * table_stride;
             float *m = partial + t * per_part, *l = m + H, *acc = l + H;
             int rc = attend_part(&h, qf + b * H * D, p0, p1, m, l, acc, sc);
             if (rc != 0) status = rc;
