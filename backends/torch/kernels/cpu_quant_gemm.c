@@ -85,6 +85,17 @@ static void store_bf16_cols(const float *yf, long M, long N, long n0, long n1, u
         }
 }
 
+// x's rounded float32 copy, and where the kernels write y: y itself, or (bf16 output) a float32
+// buffer whose columns are then stored as bf16. Returns 0, or -1 (nothing allocated) when out of memory.
+static int io_buffers(const void *x, long M, long K, void *y, long N, int io_bf16, float **xr, float **yf) {
+    *xr = rounded_copy(x, M * K, io_bf16);
+    *yf = io_bf16 ? aligned_alloc(64, ((size_t)M * N * sizeof(float) + 63) / 64 * 64) : y;
+    if (*xr && *yf) return 0;
+    free(*xr);
+    if (io_bf16) free(*yf);
+    return -1;
+}
+
 // Block t's 64 rows as two panels [K][32] (rows 0-31 from the low nibbles, 32-63 from the high ones).
 static void decode_block(const uint8_t *block, const uint16_t *sz, long n_pad, long n0, long K, long g,
                          float *scale, float *zero, float *lo_panel, float *hi_panel) {
@@ -129,14 +140,8 @@ int lantern_int4pack_mm(const void *x, long M, long K, const uint8_t *packed, co
                         void *y, long N, int io_bf16, int threads) {
     long blocks = (N + 63) / 64;
     int failed = 0;
-    float *xr = rounded_copy(x, M * K, io_bf16);
-    // bf16 output: the kernels write float32 here, each block's columns are then stored as bf16
-    float *yf = io_bf16 ? aligned_alloc(64, ((size_t)M * N * sizeof(float) + 63) / 64 * 64) : y;
-    if (!xr || !yf) {
-        free(xr);
-        if (io_bf16) free(yf);
-        return -1;
-    }
+    float *xr, *yf;
+    if (io_buffers(x, M, K, y, N, io_bf16, &xr, &yf) != 0) return -1;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         size_t panel_bytes = (size_t)K * NR * sizeof(float);
@@ -197,13 +202,8 @@ static const dot_t DOT1[7] = {0, dot_1x1, dot_2x1, dot_3x1, dot_4x1, dot_5x1, do
 
 // Returns 0, or -1 when a buffer could not be allocated.
 int lantern_int8pack_mm(const void *x, long M, long K, const int8_t *w, void *y, long N, int io_bf16, int threads) {
-    float *xr = rounded_copy(x, M * K, io_bf16);
-    float *yf = io_bf16 ? aligned_alloc(64, ((size_t)M * N * sizeof(float) + 63) / 64 * 64) : y;
-    if (!xr || !yf) {
-        free(xr);
-        if (io_bf16) free(yf);
-        return -1;
-    }
+    float *xr, *yf;
+    if (io_buffers(x, M, K, y, N, io_bf16, &xr, &yf) != 0) return -1;
     long tiles = (N + 63) / 64;  // 64 weight rows per task: 4 at a time stay in L1 across x's rows
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long t = 0; t < tiles; t++) {
