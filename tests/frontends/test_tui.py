@@ -4,12 +4,15 @@ on each backend (torch: the Linux default; MLX)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
 import pytest
 
 pytest.importorskip("textual")
+
+from safetensors.torch import load_file, save_file
 
 from lantern.app.engine import AsyncEngine
 from lantern.tui.app import ChatApp, Message, split_reasoning
@@ -61,8 +64,15 @@ def test_prompt_streams_reply_and_stats_update(engine, backend):
 
 @pytest.fixture(scope="module")
 def long_engine(tmp_path_factory, backend):
-    # A 4k context so a reply takes long enough to be stopped by a key press.
+    # A reply long enough to be stopped by a key press: a 4k context, and an end token greedy never
+    # picks (its output row zeroed: a logit of exactly 0, below the largest of ~1k random logits), so
+    # a reply runs to max_tokens. With the model's own end token, the reply (~680 tokens) ended
+    # within a second, sometimes before the UI's first poll saw it.
     path = build_model("llama2", tmp_path_factory.mktemp("long"), max_position_embeddings=4096)
+    eos = json.loads((path / "config.json").read_text())["eos_token_id"]
+    weights = load_file(path / "model.safetensors")
+    weights["lm_head.weight"][eos] = 0.0
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
     eng = AsyncEngine(model=str(path), backend=backend, dtype="float32", block_size=16, num_kv_blocks=300)
     yield eng
     eng.shutdown()
