@@ -7,9 +7,10 @@ few rows of x, so their cost grows with the rows: at 32 decode rows they compute
 (~1.8x, the head of a 49k-token vocabulary: 23 -> 13 ms). Both read aten's layouts in place (no
 second copy of the weights) and give aten's results bit for bit (x and the output rounded to bf16 as
 aten rounds them, the same weights and order of sums; the tests check it), so a row's logits do not
-depend on how many rows share its step. They serve rows MIN_ROWS (int4) / MIN_ROWS_INT8 (int8) ..
-DENSE_ROWS - 1: fewer rows stay on aten's kernels (one row is bound by memory, and aten's int4
-kernel reads it faster), prefill on the dense path.
+depend on how many rows share its step. x and y are float32, or bfloat16 in a bfloat16 model (the
+same values: x is already bf16, and y is stored as the bf16 it was rounded to). They serve rows
+MIN_ROWS (int4) / MIN_ROWS_INT8 (int8) .. DENSE_ROWS - 1: fewer rows stay on aten's kernels (one
+row is bound by memory, and aten's int4 kernel reads it faster), prefill on the dense path.
 
 Built on first use by native_build (x86-64 with AVX-512; elsewhere, without a compiler, or with
 LANTERN_CPU_KERNELS=0 the layers keep aten's kernels). It is a torch custom op, so compiled decode
