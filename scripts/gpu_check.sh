@@ -6,6 +6,7 @@
 #   bash scripts/gpu_check.sh env tests      # nvidia-smi + versions, then every `gpu` test (~7 min)
 #   bash scripts/gpu_check.sh bench-q4       # 8B shape, int4 (--isq q4): bs=1 vs the HBM roofline
 #   bash scripts/gpu_check.sh bench          # 1B and 8B shapes in bf16, against HF generate
+#   bash scripts/gpu_check.sh http           # 256 streaming HTTP clients vs the Python API (1B shape)
 # Each step writes $OUT/<step>.txt (the tool brings back at most 8 files) and the benches a JSON.
 # A step that fails does not stop the next one; the exit status line closes each log.
 set -uo pipefail
@@ -22,6 +23,10 @@ if [ -d .whl ]; then pip_in .whl/*.whl || exit 1; fi
 # Lantern itself, not editable: its folders install as the lantern.* namespace (pyproject's package-dir).
 pip_in --no-build-isolation . || exit 1
 export PYTHONPATH=$site
+# Run from a copy of the tests: in the checkout's root, its folder lantern/ (only the package's top) would
+# shadow the installed lantern.* namespace for `python -m` and for pytest's rootdir on sys.path.
+work=/tmp/lantern-run
+rm -rf "$work" && mkdir -p "$work" && cp -r tests scripts pyproject.toml "$work"/ && cd "$work" || exit 1
 
 run() { # step seconds command...
     local name=$1 secs=$2
@@ -40,6 +45,8 @@ print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), t.__f
     bench) run bench 540 python3 -m lantern bench --backend torch --shape 1b --shape 8b --json "$OUT/bench.json" ;;
     bench-q4) run bench-q4 540 python3 -m lantern bench --backend torch --shape 8b --isq q4 --no-hf \
         --json "$OUT/bench-q4.json" ;;
-    *) echo "unknown step $step (env, tests, bench, bench-q4)" && exit 2 ;;
+    http) run http 400 bash -c 'python3 -m lantern bench --backend torch --shape 1b --no-hf >/dev/null && \
+python3 scripts/bench_http.py --backend torch --model ~/.cache/lantern/bench/roofline-1b-bfloat16 --requests 256 --rounds 1' ;;
+    *) echo "unknown step $step (env, tests, bench, bench-q4, http)" && exit 2 ;;
     esac
 done

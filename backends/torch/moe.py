@@ -192,6 +192,8 @@ class SparseMoE(nn.Module):
                 from lantern.backends.torch.kernels.triton_moe import fused_moe
 
                 return fused_moe(x, *kernel_weights, ids, weights, self.act_name)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing() and not self._capturable_grouped_mm(x):
+            return self._dense(x, ids, weights)  # the per-expert loop reads counts on the host
         k = self.top_k
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert
@@ -205,13 +207,21 @@ class SparseMoE(nn.Module):
         y = y * weights.reshape(-1)[order, None]  # float32 weights: the product in float32 (Mixtral)
         return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
 
+    def _grouped_mm_usable(self) -> bool:
+        """False once torch._grouped_mm failed here (settled by the eager warm-up before a capture)."""
+        return isinstance(self.experts, (StackedExperts, BiasedExperts)) and self._grouped_mm_ok
+
+    def _capturable_grouped_mm(self, x: torch.Tensor) -> bool:
+        """torch._grouped_mm has a device kernel for bfloat16 only: other dtypes take a fallback that
+        reads the offsets on the host (seen on an H200 with float32), which a CUDA graph refuses."""
+        return x.dtype == torch.bfloat16 and self._grouped_mm_usable()
+
     def _grouped(self, xs: torch.Tensor, counts: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         """Rows of xs grouped by expert (counts[e] rows each; expert_ids: each row's) through their
         experts' gated MLPs."""
         experts = self.experts
-        stacked = isinstance(experts, (StackedExperts, BiasedExperts))
         biased = isinstance(experts, BiasedExperts)
-        if stacked and self._grouped_mm_ok:
+        if self._grouped_mm_usable():
             offsets = torch.cumsum(counts, 0).to(torch.int32)
             try:
                 h = torch._grouped_mm(xs, experts.gate_up_proj.transpose(1, 2), offs=offsets)
@@ -228,17 +238,34 @@ class SparseMoE(nn.Module):
         for e, n in enumerate(counts.tolist()):
             if n == 0:
                 continue
-            rows = xs[start : start + n]
+            outs.append(self._expert(e, xs[start : start + n]))
             start += n
-            if stacked:
-                gate_up_bias = experts.gate_up_proj_bias[e] if biased else None
-                gate, up = F.linear(rows, experts.gate_up_proj[e], gate_up_bias).chunk(2, dim=-1)
-                down_bias = experts.down_proj_bias[e] if biased else None
-                outs.append(F.linear(self.glu(gate, up), experts.down_proj[e], down_bias))
-            else:  # QuantExperts: one quantized matmul per expert hit, its stacked biases added (gpt-oss)
-                h = experts.gate_up_proj[e](rows)
-                if experts.gate_up_proj_bias is not None:
-                    h = h + experts.gate_up_proj_bias[e]
-                y = experts.down_proj[e](self.glu(*h.chunk(2, dim=-1)))
-                outs.append(y if experts.down_proj_bias is None else y + experts.down_proj_bias[e])
         return torch.cat(outs)
+
+    def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        """Expert e's gated MLP over rows."""
+        experts = self.experts
+        if isinstance(experts, (StackedExperts, BiasedExperts)):
+            biased = isinstance(experts, BiasedExperts)
+            gate_up_bias = experts.gate_up_proj_bias[e] if biased else None
+            gate, up = F.linear(rows, experts.gate_up_proj[e], gate_up_bias).chunk(2, dim=-1)
+            down_bias = experts.down_proj_bias[e] if biased else None
+            return F.linear(self.glu(gate, up), experts.down_proj[e], down_bias)
+        # QuantExperts: one quantized matmul per expert, its stacked biases added (gpt-oss)
+        h = experts.gate_up_proj[e](rows)
+        if experts.gate_up_proj_bias is not None:
+            h = h + experts.gate_up_proj_bias[e]
+        y = experts.down_proj[e](self.glu(*h.chunk(2, dim=-1)))
+        return y if experts.down_proj_bias is None else y + experts.down_proj_bias[e]
+
+    def _dense(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Every expert over every token, weighted by its routing weight (0 where not chosen). No
+        host sync, so CUDA graph capture takes it where the grouped matmul is unavailable (float32,
+        quantized experts): decode batches are small, and at a few tokens per expert the step reads
+        every expert's weights anyway."""
+        combine = torch.zeros(x.shape[0], self.num_experts, dtype=weights.dtype, device=x.device)
+        combine.scatter_(1, ids, weights)
+        out = torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
+        for e in range(self.num_experts):
+            out += self._expert(e, x) * combine[:, e : e + 1]
+        return out.to(x.dtype)

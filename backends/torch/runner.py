@@ -70,6 +70,8 @@ class TorchBackend:
         self.options = options
         self.world = options.tensor_parallel_size
         self.device = torch.device(device) if device else _rank_device(0)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda": the current GPU, named
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # every rank its own GPU, also for NCCL
         if options.num_threads is not None:

@@ -128,7 +128,34 @@ def test_torch_moe_matches_transformers_block(name, tokens):
         np.testing.assert_allclose(moe(x).numpy(), ref, atol=1e-5, rtol=1e-5)
         moe._grouped_mm_ok = False  # the fallback: one matmul per expert hit
         np.testing.assert_allclose(moe(x).numpy(), ref, atol=1e-5, rtol=1e-5)
+        # The path CUDA graph capture takes without grouped matmuls: every expert over every token.
+        ids, weights = moe.route(x)
+        shared = moe(x).numpy() - moe.routed(x, ids, weights).numpy()
+        np.testing.assert_allclose(moe._dense(x, ids, weights).numpy() + shared, ref, atol=1e-5, rtol=1e-5)
     assert np.abs(ref).max() > 0.1  # the block computes something
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_biased_experts_dense_path_matches_grouped(tokens):
+    """gpt-oss's experts (biases, clamped SwiGLU, softmax after top-k) through the capture-safe dense
+    path and through the grouped one."""
+    from lantern.backends.torch.moe import SparseMoE, clamped_swiglu
+
+    cfg = ModelConfig.from_hf(
+        hf_config("gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=8, swiglu_limit=2.0).to_dict()
+    )
+    moe = SparseMoE(
+        cfg, router_bias=True, expert_bias=True, glu=clamped_swiglu(1.702, 2.0), softmax_after_topk=True
+    ).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, 0.5)
+        x = torch.randn(tokens, cfg.hidden_size)
+        ids, weights = moe.route(x)
+        grouped = moe.routed(x, ids, weights).numpy()
+        np.testing.assert_allclose(moe._dense(x, ids, weights).numpy(), grouped, atol=1e-5, rtol=1e-5)
+    assert np.abs(grouped).max() > 0.1
 
 
 @pytest.mark.parametrize("tokens", [3, 48])
