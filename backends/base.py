@@ -57,8 +57,10 @@ class Backend(Protocol):
     def available_memory_bytes(self) -> int:
         """Memory the KV cache may still take on this device (after weights)."""
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        """Create the paged pools for num_blocks blocks of block_size tokens."""
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
+        """Create the paged pools for num_blocks blocks of block_size tokens. max_num_seqs: the most
+        sequences one step holds; a backend may prepare its decode step for them here, before the
+        first request (the torch backend captures its CUDA graphs)."""
 
     def compute_logits(self, batch: ScheduledBatch) -> Any:
         """The forward pass alone: float32 logits [sampled sequences, vocab] (tests read them)."""

@@ -76,7 +76,7 @@ class LLMEngine:
         self.num_params, self.weight_bytes = info.num_params, info.weight_bytes
         plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
         self.max_model_len = plan.max_model_len
-        self.backend.allocate_kv(plan.num_blocks, config.block_size)
+        self.backend.allocate_kv(plan.num_blocks, config.block_size, config.max_num_seqs)
         # When no layer reads past its window, blocks behind it go back to the pool as a sequence grows.
         release_window = self.model_config.sliding_window if self.model_config.all_layers_slide else None
         self.block_manager = BlockManager(

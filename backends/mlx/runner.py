@@ -78,7 +78,8 @@ class MLXBackend:
         except (ValueError, OSError):
             return 4 << 30
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
+        del max_num_seqs  # MLX builds its step per batch: nothing to prepare per batch size
         kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = PagedKVPool(

@@ -1,4 +1,4 @@
-"""Decode steps as CUDA graphs: one graph per batch-size bucket, captured on first use, replayed.
+"""Decode steps as CUDA graphs: one graph per batch-size bucket, captured at start-up, replayed.
 
 A decode-only step of n sequences runs the graph of the smallest bucket >= n. Its inputs are
 copied into static buffers; rows n.. are padding (slot -1 writes nothing, a length of 1 over
@@ -128,6 +128,27 @@ class DecodeGraphRunner:
         )
         return self.model(self.ids[:size], meta, rows).float()
 
+    def capture_all(self) -> bool:
+        """Capture every bucket now, before the engine serves: a first request of each batch size
+        must not wait for its capture (nor a benchmark count it). The buffers hold padding rows
+        only (slot -1: nothing written). False, with a warning, if a capture fails: the caller then
+        runs decode steps eagerly."""
+        t0 = time.perf_counter()
+        try:
+            for size in self.buckets:
+                self._capture(size)
+        except RuntimeError as exc:
+            logger.warning("decode CUDA graphs could not be captured (%s); decode steps run eagerly", exc)
+            self.graphs.clear()
+            return False
+        logger.info(
+            "captured %d decode CUDA graphs (batch 1..%d) in %.1f s",
+            len(self.buckets),
+            self.buckets[-1],
+            time.perf_counter() - t0,
+        )
+        return True
+
     def _capture(self, size: int) -> None:
         t0 = time.perf_counter()
         # Warm-up off the default stream compiles the Triton kernels and settles the allocator.
@@ -143,6 +164,6 @@ class DecodeGraphRunner:
             out = self._forward(size)
         self.mempool = graph.pool()  # all buckets share one memory pool
         self.graphs[size] = (graph, out)
-        logger.info(
+        logger.debug(
             "captured the decode CUDA graph for batch size %d in %.0f ms", size, (time.perf_counter() - t0) * 1e3
         )

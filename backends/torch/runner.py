@@ -23,7 +23,7 @@ from lantern.backends.base import kv_layout_of
 from lantern.backends.paged_plan import plan_attention
 from lantern.backends.torch.attention import TorchKVPool, build_metadata
 from lantern.backends.torch.cpu_malloc import keep_freed_memory
-from lantern.backends.torch.cuda_graphs import DecodeGraphRunner
+from lantern.backends.torch.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphRunner
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.layers import rope_tables
 from lantern.backends.torch.models import build_model
@@ -181,12 +181,12 @@ class TorchBackend:
             return int(free)
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // self.world
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
         if self.workers:
-            broadcast_command(self.tp, ("allocate", (num_blocks, block_size)), self.commands)
-        self._allocate_local(num_blocks, block_size)
+            broadcast_command(self.tp, ("allocate", (num_blocks, block_size, max_num_seqs)), self.commands)
+        self._allocate_local(num_blocks, block_size, max_num_seqs)
 
-    def _allocate_local(self, num_blocks: int, block_size: int) -> None:
+    def _allocate_local(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
         kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = TorchKVPool(
@@ -209,13 +209,22 @@ class TorchBackend:
         if self.static_decode:
             max_blocks = min(num_blocks, -(-self.max_context // block_size))
             self.graphs = DecodeGraphRunner(
-                self.model, self.pool, self.cos, self.sin, block_size, max_blocks, capture=self.capture_graphs
+                self.model,
+                self.pool,
+                self.cos,
+                self.sin,
+                block_size,
+                max_blocks,
+                max_batch=min(max_num_seqs, MAX_CAPTURE_SIZE),
+                capture=self.capture_graphs,
             )
             logger.info(
                 "decode steps %s (batch buckets up to %d)",
                 "as CUDA graphs" if self.capture_graphs else "through static buffers",
                 self.graphs.buckets[-1],
             )
+            if self.capture_graphs and not self.graphs.capture_all():
+                self.graphs, self.static_decode, self.capture_graphs = None, False, False
 
     def _compile_decode(self, block_size: int) -> None:
         from lantern.backends.torch import compiled_decode
