@@ -17,6 +17,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -28,14 +29,22 @@ FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp", "-
 LIBS = ["-lm"]
 
 
-def cpu_has_avx512() -> bool:
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo), empty elsewhere or off x86-64."""
     if platform.machine() not in ("x86_64", "AMD64"):
-        return False
+        return frozenset()
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return False
-    return " avx512f" in flags and " avx512bw" in flags and " avx512vl" in flags
+        pass
+    return frozenset()
+
+
+def cpu_has_avx512() -> bool:
+    return {"avx512f", "avx512bw", "avx512vl"} <= cpu_flags()
 
 
 def cache_dir() -> Path:
@@ -43,13 +52,14 @@ def cache_dir() -> Path:
     return Path(base) / "lantern" / "cpu_kernels"
 
 
-def build(source: Path) -> Path:
+def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """The shared library for `source`, compiled once per source and flags."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise RuntimeError("no C compiler (set CC or install gcc)")
     text = source.read_bytes()
-    key = hashlib.sha256(text + " ".join([compiler, *FLAGS, *LIBS]).encode()).hexdigest()[:16]
+    flags = [*FLAGS, *extra_flags]
+    key = hashlib.sha256(text + " ".join([compiler, *flags, *LIBS]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{source.stem}-{key}.so"
     if out.exists():
         return out
@@ -57,7 +67,7 @@ def build(source: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([compiler, *FLAGS, str(source), "-o", tmp, *LIBS], capture_output=True, text=True)
+        proc = subprocess.run([compiler, *flags, str(source), "-o", tmp, *LIBS], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {proc.stderr.strip()[-500:]}")
         os.replace(tmp, out)
@@ -68,17 +78,72 @@ def build(source: Path) -> Path:
     return out
 
 
-def load(source_name: str, fallback: str) -> ctypes.CDLL | None:
-    """kernels/<source_name> loaded, or None with one log line saying that `fallback` serves instead."""
+def load(
+    source_name: str, fallback: str, *, extra_flags: tuple[str, ...] = (), needs: tuple[str, ...] = ()
+) -> ctypes.CDLL | None:
+    """kernels/<source_name> loaded, or None with one log line saying that `fallback` serves instead.
+    `extra_flags` go to the compiler, `needs` names CPU flags (/proc/cpuinfo) the code requires
+    beyond AVX-512 F/BW/VL."""
     if os.environ.get("LANTERN_CPU_KERNELS", "1") == "0":
         logger.info("LANTERN_CPU_KERNELS=0: %s", fallback)
         return None
     if not cpu_has_avx512():
         logger.info("no AVX-512 on this CPU: %s", fallback)
         return None
+    missing = sorted(set(needs) - cpu_flags())
+    if missing:
+        logger.info("this CPU lacks %s: %s", ", ".join(missing), fallback)
+        return None
     torch.ones(2).add_(1)  # torch's OpenMP runtime is loaded before ours resolves against it
     try:
-        return ctypes.CDLL(str(build(KERNELS / source_name)))
+        return ctypes.CDLL(str(build(KERNELS / source_name, extra_flags)))
     except (RuntimeError, OSError) as e:
         logger.warning("native CPU kernels %s unavailable (%s): %s", source_name, e, fallback)
         return None
+
+
+def load_ops(
+    source_name: str, fallback: str, *, extra_flags: tuple[str, ...] = (), needs: tuple[str, ...] = ()
+) -> bool:
+    """kernels/<source_name>, a C++ file registering torch ops (TORCH_LIBRARY), built with torch's
+    cpp_extension and loaded into the process: True, or False with one log line saying that
+    `fallback` serves instead (the same conditions as `load`). The build is cached under cache_dir()
+    by a hash of the source, the kernel files it includes, the flags and torch's version."""
+    if os.environ.get("LANTERN_CPU_KERNELS", "1") == "0":
+        logger.info("LANTERN_CPU_KERNELS=0: %s", fallback)
+        return False
+    if not cpu_has_avx512():
+        logger.info("no AVX-512 on this CPU: %s", fallback)
+        return False
+    missing = sorted(set(needs) - cpu_flags())
+    if missing:
+        logger.info("this CPU lacks %s: %s", ", ".join(missing), fallback)
+        return False
+    source = KERNELS / source_name
+    cflags = [f for f in FLAGS if f not in ("-shared", "-fPIC")] + list(extra_flags)
+    digest = hashlib.sha256(source.read_bytes())
+    for c in sorted(KERNELS.glob("*.c")):  # what the C++ file may include
+        digest.update(c.read_bytes())
+    digest.update(" ".join([*cflags, torch.__version__]).encode())
+    name = f"lantern_{source.stem}_{digest.hexdigest()[:16]}"
+    build_dir = cache_dir() / name
+    try:
+        from torch.utils import cpp_extension
+
+        build_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        cpp_extension.load(
+            name=name,
+            sources=[str(source)],
+            extra_cflags=cflags,
+            extra_ldflags=["-fopenmp"],
+            extra_include_paths=[str(KERNELS)],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+        logger.debug("native CPU ops %s ready in %.1f s", source.name, time.monotonic() - started)
+        return True
+    except Exception as e:  # a compiler error, no ninja, no torch headers: the torch path serves
+        logger.warning("native CPU ops %s unavailable (%s): %s", source_name, str(e).strip()[-500:], fallback)
+        return False

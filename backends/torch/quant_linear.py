@@ -2,6 +2,9 @@
 
 An `AffineWeight` (or `Fp8Weight`) becomes one of these kernels (`select_kernel`):
 
+- "vnni" (CPU with AVX512-VNNI, bits <= 8, input width a multiple of 32): vnni_linear.VnniLinear,
+  int8 dot products of the 4- or 8-bit codes with x quantized per 32 columns; one kernel for every
+  decode row count. The kernels below serve CPUs without VNNI (or LANTERN_CPU_KERNELS=0).
 - "int4pack" (CPU, bits <= 4): aten's `_weight_int4pack_mm_for_cpu`, called directly (tensor-subclass
   wrappers eat the gain). It computes w = (q - 8) * scale + zero per group of 32/64/128/256 columns, so an
   affine code c with scale s and bias b maps exactly as q = c, zero = b + 8 * s (2- and 3-bit codes are
@@ -37,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, relative_error, requantize
-from lantern.backends.torch import cpu_gemm
+from lantern.backends.torch import cpu_gemm, cpu_vnni_gemm, vnni_linear
 from lantern.backends.torch.packed_decode import (
     BLOCK_N,
     DENSE_ROWS,
@@ -46,6 +49,7 @@ from lantern.backends.torch.packed_decode import (
     int4pack_block_rows,
     int4pack_rows,
 )
+from lantern.backends.torch.quant_layer import QuantLayer
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +66,14 @@ _FP8_MAX = 448.0  # largest finite e4m3fn value
 
 
 def select_kernel(w: AffineWeight | Fp8Weight, device: torch.device | str) -> str:
-    """The kernel a weight gets on `device`: "int4pack", "int8pack", "triton", "fp8" or "dense"."""
+    """The kernel a weight gets on `device`: "vnni", "int4pack", "int8pack", "triton", "fp8" or "dense"."""
     device = torch.device(device)
     if isinstance(w, Fp8Weight):
         return "fp8" if device.type == "cuda" and _fp8_native(w, device) else "dense"
     if device.type == "cuda":
         return "triton" if w.shape[1] % TRITON_GROUPS[-1] == 0 else "dense"
+    if vnni_linear.fits(w) and cpu_vnni_gemm.available():
+        return "vnni"
     if w.bits > 4:
         return "int8pack" if w.shape[1] % INT8PACK_COLS == 0 else "dense"
     return "int4pack" if w.shape[1] % INT4PACK_GROUPS[-1] == 0 else "dense"  # (K % 32: never in a real model)
@@ -88,6 +94,9 @@ def quantized_linear(
     kernel = kernel or select_kernel(w, device)
     if isinstance(w, Fp8Weight):
         layer: QuantLayer = Fp8Linear(w, device) if kernel == "fp8" else _dense_fp8(w, device, dtype, errors)
+    elif kernel == "vnni":
+        layer = vnni_linear.VnniLinear(w, device)
+        _record(errors, w, layer, layer.target, layer.requantized)
     elif kernel == "int4pack":
         layer = Int4PackLinear(w, device, errors)
     elif kernel == "int8pack":
@@ -130,36 +139,6 @@ def quantized_bytes(module: nn.Module) -> int:
 
 
 # ---- the layers ---------------------------------------------------------------------------------------------
-class QuantLayer(nn.Module):
-    """Common part: out_features / in_features, the optional bias, and the embedding row decoder."""
-
-    bias: torch.Tensor | None
-
-    def __init__(self, n: int, k: int):
-        super().__init__()
-        self.out_features, self.in_features = n, k
-        self.register_buffer("bias", None)
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] contiguous -> [M, N] in x's dtype
-        raise NotImplementedError
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:  # the weight's rows `ids` as float32 [T, K]
-        raise NotImplementedError
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] == 0:
-            y = x2.new_empty((0, self.out_features))
-        else:
-            y = self.matmul(x2.contiguous())
-        if self.bias is not None:
-            y += self.bias
-        return y.view(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
 class Int4PackLinear(QuantLayer):
     def __init__(self, w: AffineWeight, device: torch.device, errors: ErrorLog):
         n, k = w.shape

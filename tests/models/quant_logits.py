@@ -56,6 +56,15 @@ def logits_error(model: str, reference: str, backend: str, steps: int = 6, dtype
     return worst
 
 
+def torch_cpu_vnni() -> bool:
+    """Whether the torch backend's CPU layers are the VNNI ones here (AVX512-VNNI: 4-bit codes of
+    up to 4 bits, 8-bit of 5..8, any group that is a multiple of 32 held exactly), rather than aten's
+    int4pack / per-channel int8pack (which requantize 5..8-bit groups to int8 per channel)."""
+    from lantern.backends.torch import cpu_vnni_gemm
+
+    return cpu_vnni_gemm.available()
+
+
 _BF16_BASELINE: dict[str, float] = {}
 
 

@@ -29,7 +29,7 @@ from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.gguf_families import convert_to_gguf
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 from tests.fixtures.tiny_models import CHATML, build_model
-from tests.models.quant_logits import logits_error, reference_folder, tolerance
+from tests.models.quant_logits import logits_error, reference_folder, tolerance, torch_cpu_vnni
 
 # kind -> (tiny variant, config overrides, --outtype, converter options)
 FILES = {
@@ -111,8 +111,8 @@ def test_logits_and_greedy_match_transformers(gguf_file, kind, backend):
 def test_q8_0_deepseek_matches_what_the_backend_holds(tmp_path_factory, backend, caplog, tmp_path):
     """A Q8_0 DeepSeek V3 file (ranks of 32 so attn_k_b / attn_v_b are whole blocks too): the split
     kv_b_proj halves come back as the float32 join of their blocks; the other Q8_0 tensors stay
-    quantized. MLX holds Q8_0 exactly; torch requantizes it to int8 per channel (logged), so its
-    reference holds that (as in test_quantized_gguf)."""
+    quantized. MLX and torch's VNNI layers hold Q8_0 exactly; aten's int8pack (torch without VNNI)
+    requantizes it to int8 per channel (logged), so its reference holds that (as in test_quantized_gguf)."""
     root = tmp_path_factory.mktemp("deepseek-q8")
     src = build_model("deepseek_v3", root / "hf", kv_lora_rank=32, qk_nope_head_dim=32, q_lora_rank=32)
     path, ref = convert_to_gguf(src, root, "q8_0")
@@ -120,8 +120,10 @@ def test_q8_0_deepseek_matches_what_the_backend_holds(tmp_path_factory, backend,
     assert types["model.layers.1.self_attn.kv_b_proj.weight"] == "Q8_0"
     assert types["model.layers.1.mlp.experts.3.down_proj.weight"] == "Q8_0"
 
+    exact_q8 = backend == "torch" and torch_cpu_vnni()
+
     def held(name: str, w: np.ndarray) -> np.ndarray:
-        if backend == "mlx" or types.get(name) != "Q8_0" or ".kv_b_proj." in name:
+        if backend == "mlx" or exact_q8 or types.get(name) != "Q8_0" or ".kv_b_proj." in name:
             return w
         return quantize_affine(w.astype(np.float32), 8, w.shape[1], symmetric=True).dequantize()
 

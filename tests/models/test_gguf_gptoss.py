@@ -331,9 +331,10 @@ def test_mxfp4_experts_match_transformers(gptoss_gguf, backend, tmp_path, caplog
         else:
             from lantern.backends.torch.moe import QuantExperts
             from lantern.backends.torch.quant_linear import Int4PackLinear
+            from lantern.backends.torch.vnni_linear import VnniLinear
 
             assert isinstance(experts, QuantExperts) and len(repacked) == 1
-            assert all(isinstance(m, Int4PackLinear) for m in [*experts.gate_up_proj, *experts.down_proj])
+            assert all(isinstance(m, (Int4PackLinear, VnniLinear)) for m in [*experts.gate_up_proj, *experts.down_proj])
         prompt_ids = llm.tokenizer.encode(PROMPT)
         model = hf_model(str(ref))
         greedy = hf_greedy(model, prompt_ids, 32)

@@ -74,7 +74,11 @@ def mxfp4_folder(tiny_model_dir, tmp_path_factory):
 def repacked_reference(model, folder):
     """transformers' model with its experts set to what torch computes from the MXFP4 folder: each
     expert's 4-bit g32 repacking (family_gptoss.mxfp4_to_affine) with int4pack's bf16 scales and
-    zeros, back in transformers' [E, in, out] interleaved layout."""
+    zeros (the VNNI layers' float16 ones hold MXFP4's power-of-two scales exactly), back in
+    transformers' [E, in, out] interleaved layout."""
+    from tests.models.quant_logits import torch_cpu_vnni
+
+    vnni = torch_cpu_vnni()
     from safetensors.torch import load_file
 
     from lantern.app.models.family_gptoss import mxfp4_to_affine
@@ -86,10 +90,14 @@ def repacked_reference(model, folder):
         blocks, scales = tensors[f"{name}_blocks"], tensors[f"{name}_scales"]
         for e in range(blocks.shape[0]):
             w = mxfp4_to_affine(blocks[e], scales[e])[0]
-            stored_scales = torch.from_numpy(w.scales).bfloat16().float()
-            zeros = torch.from_numpy(w.biases + 8 * w.scales).bfloat16().float()  # int4pack: (q - 8) * s + zero
             codes = torch.from_numpy(w.codes.astype(np.float32)).view(w.shape[0], -1, 32)
-            values = ((codes - 8) * stored_scales[..., None] + zeros[..., None]).view(w.shape)
+            if vnni:  # s * q + b
+                s, b = torch.from_numpy(w.scales), torch.from_numpy(w.biases)
+                values = (codes * s[..., None] + b[..., None]).view(w.shape)
+            else:
+                stored_scales = torch.from_numpy(w.scales).bfloat16().float()
+                zeros = torch.from_numpy(w.biases + 8 * w.scales).bfloat16().float()  # int4pack: (q - 8) * s + zero
+                values = ((codes - 8) * stored_scales[..., None] + zeros[..., None]).view(w.shape)
             with torch.no_grad():
                 param[e] = values.T  # rows are in the checkpoint's (interleaved) order: mxfp4_to_affine keeps it
     return model
@@ -127,13 +135,14 @@ def test_mxfp4_folder_matches_transformers(tiny_model_dir, mxfp4_folder, backend
     else:
         from lantern.backends.torch.moe import QuantExperts
         from lantern.backends.torch.quant_linear import Int4PackLinear
+        from lantern.backends.torch.vnni_linear import VnniLinear
 
         assert len(repacked) == 1  # said once, in one line, with the measured error
         weight_error = float(repacked[0].rsplit("up to ", 1)[1].split()[0])
         assert 0 < weight_error < 0.1
         layer = llm.engine.backend.model.model.layers[1].mlp.experts
         assert isinstance(layer, QuantExperts)
-        assert all(isinstance(m, Int4PackLinear) for m in [*layer.gate_up_proj, *layer.down_proj])
+        assert all(isinstance(m, (Int4PackLinear, VnniLinear)) for m in [*layer.gate_up_proj, *layer.down_proj])
     prompt_ids = llm.tokenizer.encode(PROMPT)
     forced = hf_greedy(hf_model(tiny_model_dir("gpt_oss")), prompt_ids, 16)  # varied tokens to force
     with torch.no_grad():

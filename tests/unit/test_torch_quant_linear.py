@@ -60,6 +60,14 @@ def affine(rows: int, cols: int, bits: int, group: int, seed: int = 0, source: s
     return AffineWeight(codes, scales, biases, bits, group, source or f"test {bits}-bit g{group}")
 
 
+@pytest.fixture(autouse=True)
+def aten_kernels(monkeypatch):
+    """These tests hold the aten-kernel layers (int4pack, int8pack), which serve CPUs without
+    AVX512-VNNI: the VNNI kernel is switched off here as on such a CPU (test_torch_vnni_gemm.py
+    covers it)."""
+    monkeypatch.setattr(ql.cpu_vnni_gemm, "available", lambda: False)
+
+
 def reference(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
     y = F.linear(x.double(), torch.from_numpy(w).double())
     return y + bias.double() if bias is not None else y

@@ -1,0 +1,37 @@
+"""The base of the torch backend's quantized layers (quant_linear.py, vnni_linear.py): out/in features,
+the optional bias, the generic forward over any batch shape, and the embedding row decoder."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class QuantLayer(nn.Module):
+    """Common part: out_features / in_features, the optional bias, and the embedding row decoder."""
+
+    bias: torch.Tensor | None
+
+    def __init__(self, n: int, k: int):
+        super().__init__()
+        self.out_features, self.in_features = n, k
+        self.register_buffer("bias", None)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [M, K] contiguous -> [M, N] in x's dtype
+        raise NotImplementedError
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:  # the weight's rows `ids` as float32 [T, K]
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] == 0:
+            y = x2.new_empty((0, self.out_features))
+        else:
+            y = self.matmul(x2.contiguous())
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -1,0 +1,72 @@
+"""The CPU quantized layer on int8 dot products (cpu_vnni_gemm): 4-bit codes for weights of up to
+4 bits, 8-bit codes for 5 to 8, each group's scale and bias in float16.
+
+Every affine format whose group is a multiple of 32 maps exactly (GGUF Q4_0/Q4_1/Q4_K/Q5_*/Q8_0,
+MLX 4/8-bit, AWQ/GPTQ, --isq): narrower codes are valid wider ones as they are (w = s * q + b needs
+no shift), and only float16's rounding of the scales and biases can differ from the source (GGUF's
+own scales are float16: exact). Group-16 formats (Q2_K, Q3_K, Q6_K) are requantized to group 32 at
+their container's width, the measured error logged. Decode steps (1 to DENSE_ROWS - 1 rows) take the
+kernel; prefill decodes the weight a chunk at a time into one float GEMM (packed_decode.dense_matmul).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lantern.app.models.quant.affine import AffineWeight, requantize
+from lantern.backends.torch import cpu_vnni_gemm as vnni
+from lantern.backends.torch.packed_decode import DENSE_ROWS, dense_matmul
+from lantern.backends.torch.quant_layer import QuantLayer
+
+_VNNI_MM = None  # torch.ops.lantern.vnni_mm once built (looked up once: an attribute walk per call otherwise)
+
+
+def fits(w: AffineWeight) -> bool:
+    """Whether the kernel takes this weight: bits <= 8, input width a multiple of 32."""
+    return w.bits <= 8 and w.shape[1] % vnni.XG == 0
+
+
+class VnniLinear(QuantLayer):
+    """`target` says what the weight became, `requantized` whether that lost more than rounding."""
+
+    def __init__(self, w: AffineWeight, device: torch.device):
+        global _VNNI_MM
+        if not vnni.available():
+            raise RuntimeError("the VNNI CPU kernels are not available on this machine")
+        _VNNI_MM = torch.ops.lantern.vnni_mm
+        n, k = w.shape
+        super().__init__(n, k)
+        self.bits = 4 if w.bits <= 4 else 8
+        self.requantized = w.group_size % vnni.XG != 0
+        if self.requantized:
+            w = requantize(w, self.bits, vnni.XG)[0]
+        self.group_size = w.group_size
+        self.register_buffer("codes", vnni.pack_codes(w.codes, self.bits).to(device))
+        scales, out_scale = vnni.pack_scales(np.asarray(w.scales), np.asarray(w.biases))
+        self.register_buffer("scales", scales.to(device))
+        self.register_buffer("out_scale", out_scale.to(device))
+        g = "per-channel" if w.group_size == k else f"g{w.group_size}"
+        self.target = f"{self.bits}-bit {g} ({'requantized, ' if self.requantized else ''}f16 scales, int8 x)"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A decode step's [rows, K] input without bias takes the kernel directly: this layer runs
+        # ~4 times per decoder layer, and at one row the generic path's Python is a real share.
+        if x.dim() == 2 and 0 < x.shape[0] < DENSE_ROWS and self.bias is None:
+            return self.matmul(x)
+        return super().forward(x)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= DENSE_ROWS:
+            return dense_matmul(x, self.out_features, self.in_features, vnni.BLOCK, self._decoded_rows)
+        xin = x if x.dtype in vnni.IO_DTYPES else x.float()
+        y = _VNNI_MM(xin, self.codes, self.scales, self.out_scale, self.group_size, self.out_features, self.bits)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        k, g = self.in_features, self.group_size
+        return vnni.decode_rows(self.codes, self.scales, self.out_scale, ids, k, g, self.bits)
+
+    def _decoded_rows(self, start: int, stop: int) -> torch.Tensor:
+        k, g = self.in_features, self.group_size
+        return vnni.decode_block_rows(self.codes, self.scales, self.out_scale, start, stop, k, g, self.bits)
