@@ -78,21 +78,28 @@ def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     return out
 
 
+def _switched_off(fallback: str, needs: tuple[str, ...]) -> bool:
+    """True (said in one log line) when LANTERN_CPU_KERNELS=0 or the CPU lacks what the code needs."""
+    if os.environ.get("LANTERN_CPU_KERNELS", "1") == "0":
+        logger.info("LANTERN_CPU_KERNELS=0: %s", fallback)
+        return True
+    if not cpu_has_avx512():
+        logger.info("no AVX-512 on this CPU: %s", fallback)
+        return True
+    missing = sorted(set(needs) - cpu_flags())
+    if missing:
+        logger.info("this CPU lacks %s: %s", ", ".join(missing), fallback)
+        return True
+    return False
+
+
 def load(
     source_name: str, fallback: str, *, extra_flags: tuple[str, ...] = (), needs: tuple[str, ...] = ()
 ) -> ctypes.CDLL | None:
     """kernels/<source_name> loaded, or None with one log line saying that `fallback` serves instead.
     `extra_flags` go to the compiler, `needs` names CPU flags (/proc/cpuinfo) the code requires
     beyond AVX-512 F/BW/VL."""
-    if os.environ.get("LANTERN_CPU_KERNELS", "1") == "0":
-        logger.info("LANTERN_CPU_KERNELS=0: %s", fallback)
-        return None
-    if not cpu_has_avx512():
-        logger.info("no AVX-512 on this CPU: %s", fallback)
-        return None
-    missing = sorted(set(needs) - cpu_flags())
-    if missing:
-        logger.info("this CPU lacks %s: %s", ", ".join(missing), fallback)
+    if _switched_off(fallback, needs):
         return None
     torch.ones(2).add_(1)  # torch's OpenMP runtime is loaded before ours resolves against it
     try:
@@ -109,15 +116,7 @@ def load_ops(
     cpp_extension and loaded into the process: True, or False with one log line saying that
     `fallback` serves instead (the same conditions as `load`). The build is cached under cache_dir()
     by a hash of the source, the kernel files it includes, the flags and torch's version."""
-    if os.environ.get("LANTERN_CPU_KERNELS", "1") == "0":
-        logger.info("LANTERN_CPU_KERNELS=0: %s", fallback)
-        return False
-    if not cpu_has_avx512():
-        logger.info("no AVX-512 on this CPU: %s", fallback)
-        return False
-    missing = sorted(set(needs) - cpu_flags())
-    if missing:
-        logger.info("this CPU lacks %s: %s", ", ".join(missing), fallback)
+    if _switched_off(fallback, needs):
         return False
     source = KERNELS / source_name
     cflags = [f for f in FLAGS if f not in ("-shared", "-fPIC")] + list(extra_flags)

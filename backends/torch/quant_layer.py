@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lantern.backends.torch.packed_decode import DENSE_ROWS
+
 
 class QuantLayer(nn.Module):
     """Common part: out_features / in_features, the optional bias, and the embedding row decoder."""
@@ -35,3 +37,14 @@ class QuantLayer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class PackedCpuLayer(QuantLayer):
+    """A CPU layer whose matmul takes a decode step's [rows, K] input as it is (int4pack, VNNI)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # This layer runs ~4 times per decoder layer, and at one row the generic path's Python
+        # (reshape, contiguous, view) is a real share of it.
+        if x.dim() == 2 and 0 < x.shape[0] < DENSE_ROWS and self.bias is None:
+            return self.matmul(x)
+        return super().forward(x)

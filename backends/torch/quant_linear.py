@@ -49,7 +49,7 @@ from lantern.backends.torch.packed_decode import (
     int4pack_block_rows,
     int4pack_rows,
 )
-from lantern.backends.torch.quant_layer import QuantLayer
+from lantern.backends.torch.quant_layer import PackedCpuLayer, QuantLayer
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def quantized_bytes(module: nn.Module) -> int:
 
 
 # ---- the layers ---------------------------------------------------------------------------------------------
-class Int4PackLinear(QuantLayer):
+class Int4PackLinear(PackedCpuLayer):
     def __init__(self, w: AffineWeight, device: torch.device, errors: ErrorLog):
         n, k = w.shape
         super().__init__(n, k)
@@ -173,13 +173,6 @@ class Int4PackLinear(QuantLayer):
         self.native_batched = torch.device(device).type == "cpu" and cpu_gemm.available()
         target = f"int4 g{w.group_size} ({'requantized, ' if exact is None else ''}bf16 scales)"
         _record(errors, src, self, target, exact is None)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # A decode step's [rows, K] input without bias takes the kernel directly: this layer runs
-        # ~4 times per decoder layer, and at one row the generic path's Python costs ~1/4 of it.
-        if x.dim() == 2 and 0 < x.shape[0] < DENSE_ROWS and self.bias is None:
-            return self.matmul(x)
-        return super().forward(x)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:

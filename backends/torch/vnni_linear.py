@@ -17,7 +17,7 @@ import torch
 from lantern.app.models.quant.affine import AffineWeight, requantize
 from lantern.backends.torch import cpu_vnni_gemm as vnni
 from lantern.backends.torch.packed_decode import DENSE_ROWS, dense_matmul
-from lantern.backends.torch.quant_layer import QuantLayer
+from lantern.backends.torch.quant_layer import PackedCpuLayer
 
 _VNNI_MM = None  # torch.ops.lantern.vnni_mm once built (looked up once: an attribute walk per call otherwise)
 
@@ -27,7 +27,7 @@ def fits(w: AffineWeight) -> bool:
     return w.bits <= 8 and w.shape[1] % vnni.XG == 0
 
 
-class VnniLinear(QuantLayer):
+class VnniLinear(PackedCpuLayer):
     """`target` says what the weight became, `requantized` whether that lost more than rounding."""
 
     def __init__(self, w: AffineWeight, device: torch.device):
@@ -47,14 +47,8 @@ class VnniLinear(QuantLayer):
         self.register_buffer("scales", scales.to(device))
         self.register_buffer("out_scale", out_scale.to(device))
         g = "per-channel" if w.group_size == k else f"g{w.group_size}"
-        self.target = f"{self.bits}-bit {g} ({'requantized, ' if self.requantized else ''}f16 scales, int8 x)"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # A decode step's [rows, K] input without bias takes the kernel directly: this layer runs
-        # ~4 times per decoder layer, and at one row the generic path's Python is a real share.
-        if x.dim() == 2 and 0 < x.shape[0] < DENSE_ROWS and self.bias is None:
-            return self.matmul(x)
-        return super().forward(x)
+        how = "requantized, " if self.requantized else ""
+        self.target = f"{self.bits}-bit {g} ({how}f16 scales, x in two int8 levels)"
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:
