@@ -13,6 +13,9 @@ class QuantLayer(nn.Module):
     """Common part: out_features / in_features, the optional bias, and the embedding row decoder."""
 
     bias: torch.Tensor | None
+    # True where a float32 x costs what the model's dtype does and gives float32 out (a head then
+    # returns float32 logits: bfloat16's steps of 1/128 of a value tie close candidates).
+    float_x_is_free: bool = False
 
     def __init__(self, n: int, k: int):
         super().__init__()

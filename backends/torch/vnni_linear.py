@@ -30,6 +30,8 @@ def fits(w: AffineWeight) -> bool:
 class VnniLinear(PackedCpuLayer):
     """`target` says what the weight became, `requantized` whether that lost more than rounding."""
 
+    float_x_is_free = True  # the kernel quantizes x itself, from float32 or bfloat16 alike
+
     def __init__(self, w: AffineWeight, device: torch.device):
         global _VNNI_MM
         if not vnni.available():

@@ -116,3 +116,21 @@ def test_split_gguf_serves_like_the_whole_file(gguf_files, backend, tmp_path):
     first, _ = gguf_files("q4_k_m", split=3)
     held = held_reference("q4_k_m", backend, Path(ref), tmp_path / "held")
     assert logits_error(str(first), str(held), backend) <= tolerance(backend, str(held))
+
+
+@pytest.mark.parametrize("kind", ["q4_k_m", "q5_k"])  # a tied head (the Q8_0 embedding), an untied Q8_0 output
+def test_a_bfloat16_model_gets_float32_logits_from_the_vnni_head(gguf_files, kind):
+    """bfloat16 logits step by 1/128 of their value and tie close candidates (the default model's
+    first answer token was such a tie): the VNNI head makes float32 logits at no cost."""
+    if not torch_cpu_vnni():
+        pytest.skip("the VNNI CPU kernels are not available on this machine")
+    import torch
+
+    from lantern.app.engine import LLM
+    from tests.fixtures.teacher_forcing import teacher_forced_logits
+
+    path, _ = gguf_files(kind)
+    llm = LLM(str(path), backend="torch", dtype="bfloat16", block_size=8, num_kv_blocks=16)
+    _, row = next(iter(teacher_forced_logits(llm.engine, [5, 6, 7, 8], [9])))
+    logits = torch.from_numpy(row)
+    assert (logits.bfloat16().float() != logits).sum() > len(logits) // 2

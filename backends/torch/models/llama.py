@@ -113,10 +113,14 @@ class CausalLM(nn.Module):
         return F.embedding(ids, table.weight) if isinstance(table, nn.Embedding) else table(ids)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
-        if not self.cfg.tie_word_embeddings:
-            return self.lm_head(h)
-        table = self.model.embed_tokens
-        return F.linear(h, table.weight) if isinstance(table, nn.Embedding) else table.logits(h)
+        tied = self.cfg.tie_word_embeddings
+        head = self.model.embed_tokens if tied else self.lm_head
+        if isinstance(head, nn.Embedding):
+            return F.linear(h, head.weight)
+        # float32 logits where the quantized layer makes them at no cost (float_x_is_free)
+        if getattr(getattr(head, "table", head), "float_x_is_free", False):
+            h = h.float()
+        return head.logits(h) if tied else head(h)
 
 
 def rounded(value: float, dtype: torch.dtype) -> float:
