@@ -28,7 +28,13 @@ pytestmark = pytest.mark.skipif(
     not shutil.which(CHROMIUM), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
 )
 
-THOUGHT = "The user adds 2 and 2.\nThat makes <b>4</b>."  # tags: shown as text, not HTML
+# tags: shown as text, not HTML. Long enough (~100 tokens) that the page renders reasoning before the
+# answer arrives even on a loaded machine: a page that gets the whole reply in one read never opens
+# the block (correctly), and then the open-while-thinking state cannot be observed.
+THOUGHT = (
+    "The user adds 2 and 2. Two is a small whole number, and adding it to itself doubles it.\n"
+    "Counting on from two by two more steps gives three, then four.\nThat makes <b>4</b>."
+)
 ANSWER = "It is **4**."
 FORCED = f"{THOUGHT}\n</think>\n\n{ANSWER}"  # the prompt already opened the block
 
@@ -99,7 +105,7 @@ def test_reasoning_folds_above_the_answer_and_is_not_sent_back(reasoning_server,
         route.continue_(post_data=json.dumps({**body, "structured_outputs": {"choice": [FORCED]}}))
 
     page.route("**/v1/chat/completions", force)
-    open_chat(page, reasoning_server, max_tokens=200)
+    open_chat(page, reasoning_server, max_tokens=400)
     page.evaluate(WATCH)
     send(page, "What is 2+2?")
     reply = page.locator(".msg.assistant").last
