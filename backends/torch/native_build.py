@@ -119,6 +119,9 @@ def load_ops(
     if _switched_off(fallback, needs):
         return False
     source = KERNELS / source_name
+    if not source.is_file():  # an install without the kernel sources
+        logger.warning("native CPU ops %s unavailable (no such file): %s", source_name, fallback)
+        return False
     cflags = [f for f in FLAGS if f not in ("-shared", "-fPIC")] + list(extra_flags)
     digest = hashlib.sha256(source.read_bytes())
     for c in sorted(KERNELS.glob("*.c")):  # what the C++ file may include

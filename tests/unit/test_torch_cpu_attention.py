@@ -45,6 +45,12 @@ def widened(q, k, v):
     return q.float(), kf, vf
 
 
+@pytest.fixture(autouse=True)
+def _op_defined():
+    """torch.ops.lantern.paged_decode is defined the first time a pool asks whether it is served."""
+    assert cpu_attention.serves(torch.float32, torch.device("cpu"))
+
+
 def native(q, k, v, tables, lens, block_size, window=None, softcap=None, sinks=None):
     scale = q.shape[-1] ** -0.5
     op = torch.ops.lantern.paged_decode
@@ -144,14 +150,16 @@ def test_a_compiled_graph_calls_the_op_over_symbolic_widths(dtype):
 
 @contextlib.contextmanager
 def spying(calls: list):
-    """Records (rows, bf16 flag) of each call into the kernel while inside."""
-    lib = cpu_attention._library()
-    real = lib.lantern_paged_decode
-    lib.lantern_paged_decode = lambda *a: calls.append((a[1], a[22])) or real(*a)
+    """Records (rows, bf16 flag) of each call of the op while inside (the engine's eager steps look
+    it up on torch.ops.lantern at each call)."""
+    real = torch.ops.lantern.paged_decode
+    torch.ops.lantern.paged_decode = lambda q, *a: (
+        calls.append((q.shape[0], int(q.dtype == torch.bfloat16))) or real(q, *a)
+    )
     try:
         yield
     finally:
-        lib.lantern_paged_decode = real
+        torch.ops.lantern.paged_decode = real
 
 
 def test_the_engine_decodes_through_it(tiny_model_dir, monkeypatch):

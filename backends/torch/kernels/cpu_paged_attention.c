@@ -269,15 +269,15 @@ int lantern_paged_decode(const void *q, long B, long H, long D, const void *k, l
                          const float *sinks, int bf16, void *out, int threads) {
     // bf16: q widened once up front, and the output kept in float32 until each row is done (here,
     // not in the caller: two torch conversions per layer cost ~3 us, ~15% of a one-row call).
-    const float *qf = q;
-    float *of = out, *wide = 0;
+    const float *qf = (const float *)q;
+    float *of = (float *)out, *wide = 0;
     if (bf16) {
-        wide = malloc((size_t)(B * H * (D + Dv) + 1) * sizeof(float));
+        wide = (float *)malloc((size_t)(B * H * (D + Dv) + 1) * sizeof(float));
         if (!wide) return -2;
-        widen_bf16(wide, q, B * H * D);
+        widen_bf16(wide, (const uint16_t *)q, B * H * D);
         qf = wide, of = wide + B * H * D;
     }
-    long *first_part = malloc((B + 1) * sizeof(long)), *lo = malloc(B * sizeof(long)), *row_of = 0;
+    long *first_part = (long *)malloc((B + 1) * sizeof(long)), *lo = (long *)malloc(B * sizeof(long)), *row_of = 0;
     if (!first_part || !lo) return free(first_part), free(lo), free(wide), -2;
     first_part[0] = 0;
     for (long b = 0; b < B; b++) {
@@ -286,17 +286,17 @@ int lantern_paged_decode(const void *q, long B, long H, long D, const void *k, l
         first_part[b + 1] = first_part[b] + (len > lo[b] ? (len - 1) / PART - lo[b] / PART + 1 : 0);
     }
     long parts = first_part[B], per_part = H * (Dv + 2);
-    float *partial = malloc((size_t)(parts * per_part + 1) * sizeof(float));
-    row_of = malloc((parts + 1) * sizeof(long));
+    float *partial = (float *)malloc((size_t)(parts * per_part + 1) * sizeof(float));
+    row_of = (long *)malloc((parts + 1) * sizeof(long));
     if (!partial || !row_of) return free(partial), free(row_of), free(first_part), free(lo), free(wide), -2;
     for (long b = 0; b < B; b++)
         for (long t = first_part[b]; t < first_part[b + 1]; t++) row_of[t] = b;
     int status = 0;
-    const row_view base = {k, v, ks, khs, vs, vhs, bf16, D, Dv, H, KVH, tables, table_width,
+    const row_view base = {(const char *)k, (const char *)v, ks, khs, vs, vhs, bf16, D, Dv, H, KVH, tables, table_width,
                            block_size, num_blocks, scale, softcap};
 #pragma omp parallel num_threads(threads) reduction(min : status)
     {
-        float *sc = malloc(H * CHUNK * sizeof(float));
+        float *sc = (float *)malloc(H * CHUNK * sizeof(float));
         if (!sc) status = -2;
 #pragma omp for schedule(dynamic, 1)
         for (long t = 0; t < parts; t++) {
