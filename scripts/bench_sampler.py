@@ -102,8 +102,8 @@ def main() -> None:
                 "top_k": args.top_k,
                 "repetition_penalty": args.repetition_penalty,
                 "frequency_penalty": args.frequency_penalty,
-                "ms_per_step_median": round(statistics.median(times), 1),
-                "ms_per_step_min": round(min(times), 1),
+                "ms_per_step_median": round(statistics.median(times), 3),
+                "ms_per_step_min": round(min(times), 3),
             }
         )
     )

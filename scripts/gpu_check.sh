@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh bench-q4       # 8B shape, int4 (--isq q4): bs=1 vs the HBM roofline
 #   bash scripts/gpu_check.sh bench          # 1B and 8B shapes in bf16, against HF generate
 #   bash scripts/gpu_check.sh http           # 256 streaming HTTP clients vs the Python API (1B shape)
+#   bash scripts/gpu_check.sh sampler        # one sampling step at 1, 32, 256 rows, greedy and T=1.0
 # Each step writes $OUT/<step>.txt (the tool brings back at most 8 files) and the benches a JSON.
 # A step that fails does not stop the next one; the exit status line closes each log.
 set -uo pipefail
@@ -47,6 +48,8 @@ print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), t.__f
         --json "$OUT/bench-q4.json" ;;
     http) run http 400 bash -c 'python3 -m lantern bench --backend torch --shape 1b --no-hf >/dev/null && \
 python3 scripts/bench_http.py --backend torch --model ~/.cache/lantern/bench/roofline-1b-bfloat16 --requests 256 --rounds 1' ;;
-    *) echo "unknown step $step (env, tests, bench, bench-q4, http)" && exit 2 ;;
+    sampler) run sampler 300 bash -c 'for r in 1 32 256; do for t in 0 1; do
+python3 scripts/bench_sampler.py --rows $r --temperature $t --steps 50; done; done' ;;
+    *) echo "unknown step $step (env, tests, bench, bench-q4, http, sampler)" && exit 2 ;;
     esac
 done
