@@ -93,7 +93,7 @@ def main() -> None:
     p.add_argument(
         "--clients-in-server-process",
         action="store_true",
-        help="run the HTTP clients on a thread of the server's process (before: a process of their own)",
+        help="run the HTTP clients in the server's process (default: a process of their own)",
     )
     args = p.parse_args()
     if args.openblas and os.environ.get("LD_PRELOAD") != args.openblas:

@@ -46,8 +46,9 @@ print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), t.__f
     bench) run bench 540 python3 -m lantern bench --backend torch --shape 1b --shape 8b --json "$OUT/bench.json" ;;
     bench-q4) run bench-q4 540 python3 -m lantern bench --backend torch --shape 8b --isq q4 --no-hf \
         --json "$OUT/bench-q4.json" ;;
-    http) run http 400 bash -c 'python3 -m lantern bench --backend torch --shape 1b --no-hf >/dev/null && \
-python3 scripts/bench_http.py --backend torch --model ~/.cache/lantern/bench/roofline-1b-bfloat16 --requests 256 --rounds 1' ;;
+    http) run http 400 bash -c 'm=$(python3 -c "import torch; from lantern.app.bench import prepare_model; \
+print(prepare_model(\"1b\", torch.bfloat16, torch.device(\"cuda\")))" | tail -n 1) && \
+python3 scripts/bench_http.py --backend torch --model "$m" --requests 256 --rounds 1' ;;
     sampler) run sampler 300 bash -c 'for r in 1 32 256; do for t in 0 1; do
 python3 scripts/bench_sampler.py --rows $r --temperature $t --steps 50; done; done' ;;
     *) echo "unknown step $step (env, tests, bench, bench-q4, http, sampler)" && exit 2 ;;

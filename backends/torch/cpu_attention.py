@@ -46,9 +46,8 @@ DTYPES = (torch.float32, torch.bfloat16)
 @functools.cache
 def _op_ready() -> bool:
     """torch.ops.lantern.paged_decode defined, once per process: the C++ op (kernels/
-    cpu_attention_ops.cpp, ~7 us a one-row call) where it builds, else this module's ctypes op (~19 us)."""
-    if hasattr(torch.ops.lantern, "paged_decode"):
-        return True
+    cpu_attention_ops.cpp: ~10 us a one-row SmolLM2 call, kernel included) where it builds, else
+    this module's ctypes op (~18 us)."""
     if native_build.load_ops("cpu_attention_ops.cpp", "decode attention calls its kernel through ctypes"):
         torch.library.register_fake("lantern::paged_decode", _fake)
         return True

@@ -44,10 +44,8 @@ def available() -> bool:
         extra_flags=("-mavx512vnni", "-mf16c"),
         needs=("avx512_vnni", "f16c"),
     )
-    if ok and not hasattr(torch.library, "_lantern_vnni_fake"):
-        # The fake implementation (shapes only) lets compiled graphs trace the op; once per process.
+    if ok:  # the fake implementation (shapes only) lets compiled graphs trace the op
         torch.library.register_fake("lantern::vnni_mm", _fake)
-        torch.library._lantern_vnni_fake = True  # type: ignore[attr-defined]
     return ok
 
 

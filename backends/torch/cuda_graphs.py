@@ -83,9 +83,7 @@ class DecodeGraphRunner:
         self._fill(batch, n, size)
         if not self.capture:
             return self._forward(size)[:n]
-        if size not in self.graphs:
-            self._capture(size)
-        graph, out = self.graphs[size]
+        graph, out = self.graphs[size]  # every bucket was captured at start-up (capture_all)
         graph.replay()
         return out[:n]
 
