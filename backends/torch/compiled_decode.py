@@ -37,6 +37,14 @@ their graphs never share a cache: batched graphs differ from each other only in 
 guards, which that mode would not check, and guards are ~1% of a batched step anyway.
 The stance is process-wide while such a step runs: compiled code another thread ran at that moment
 would skip its guards too (Lantern runs a model's steps on one thread; its other code compiles nothing).
+Even those few guards, over the ~100 tensors a group takes, and dynamo's cache lookup left ~9% of a
+one-row SmolLM2 step in dynamo. So each one-row signature the warm-up runs gets a copy of the group's
+code compiled with no guards at all (torch.compile's guard_filter_fn; a code object of its own, hence
+a cache of its own with one graph), which its later steps call directly: the signature picks the
+graph, as the guards would have. A signature first seen while serving keeps the path above (a copy
+would compile for seconds inside a request). Floats (the norms' eps) are traced as constants
+(specialize_float), not as tensors made on every call. Measured in one process, alternating, SmolLM2
+Q4_1, one row, 2 threads: ~7.3 -> ~6.4 ms per step (medians of 16 runs of 128 tokens).
 
 What the graph cannot take is done before the layers, once per step: the context each row reads
 (reference.decode_context needs host reads) and SDPA's additive mask. With the native attention
@@ -52,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import types
 from typing import Any
 
 import torch
@@ -88,8 +97,12 @@ class CompiledDecode:
         self.fn = torch.compile(self._group, dynamic=True, fullgraph=True)  # one row
         self.fn_rows = torch.compile(self._group_rows, dynamic=True, fullgraph=True)  # two rows or more
         self.failed: str | None = None
+        self.warming = False  # warm_up runs: a signature trusted now gets a graph without guards
+        self._unguarded: dict[tuple, Any] = {}  # signature -> its compiled copy of _group without guards
+        self._unguarded_ready: set[tuple] = set()  # ... that has compiled its graph
         self.steps = 0  # decode steps run through the graph (the log and tests read it)
         self.guard_free_steps = 0  # one-row steps with only the differentiating guards (tests read it)
+        self.unguarded_steps = 0  # ... of them through a graph without guards (tests read it)
 
     def applies(self, meta: TorchAttentionMetadata) -> bool:
         return self.failed is None and meta.decode_only and not meta.may_skip_slots
@@ -121,8 +134,14 @@ class CompiledDecode:
             native and meta.decode_block_tables.shape[1] == 1,  # a size-1 dimension is a graph of its own
         )
         trusted = one_row and self._is_trusted(signature)
-        stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if trusted else contextlib.nullcontext()
-        fn = self.fn if one_row else self.fn_rows
+        unguarded = self._unguarded.get(signature) if trusted else None
+        if unguarded is not None and signature in self._unguarded_ready:
+            stance = contextlib.nullcontext()  # the common step: no guards, no config to set
+        elif trusted and unguarded is None:
+            stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True)  # (set_stance acts at once)
+        else:  # a graph may be traced: floats (the norms' eps) as constants, not as tensor inputs
+            stance = torch._dynamo.config.patch(specialize_float=True)
+        fn = unguarded or (self.fn if one_row else self.fn_rows)
         with stance:
             for group, layers in zip(self.groups, self._group_layers):
                 kv = tuple((pool.k[i], pool.v[i]) for i in group)
@@ -136,6 +155,9 @@ class CompiledDecode:
                     return None
         if one_row and not trusted:
             self._trust(signature)
+        elif unguarded is not None:
+            self.unguarded_steps += 1
+            self._unguarded_ready.add(signature)
         self.steps += 1
         self.guard_free_steps += trusted
         return h, residual
@@ -157,6 +179,17 @@ class CompiledDecode:
         self._entries = entries
         if entries > 0 and self._generation == CompiledDecode._generation:
             self._trusted.add(signature)
+            if self.warming and signature not in self._unguarded:
+                self._unguarded[signature] = self._compile_unguarded(len(self._unguarded))
+
+    def _compile_unguarded(self, n: int) -> Any:
+        """_group compiled with no guards at all: a copy of its code object (dynamo keeps a cache per
+        code object), so its one graph serves only the signature it is kept for. Only warm_up makes
+        them (their first call traces and compiles), so no request waits for one."""
+        code = CompiledDecode._group.__code__.replace(co_name=f"_group_unguarded_{n}")
+        copy = types.FunctionType(code, CompiledDecode._group.__globals__, code.co_name)
+        options = {"guard_filter_fn": lambda guards: [False] * len(guards)}
+        return torch.compile(types.MethodType(copy, self), dynamic=True, fullgraph=True, options=options)
 
     def _group(self, layers: tuple, h, residual, kv: tuple, step: tuple, *extras):
         for layer, (k_pool, v_pool) in zip(layers, kv):
@@ -235,7 +268,10 @@ def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_s
     n = block_size + 1
     if pool.k[0].shape[0] < 2 * block_size:
         return  # a pool of one block (tests): the graphs compile at the first steps instead
-    for tables, lens in (([[0, 1]], [n]), ([[1, 0]], [n]), ([[0, 1], [0, 1]], [n, min(n + 1, 2 * block_size)])):
+    compiled.warming = True
+    one_row = (([[0, 1]], [n]), ([[1, 0]], [n]))
+    # The one-row shapes twice: the second pass compiles their graphs without guards.
+    for tables, lens in (*one_row, ([[0, 1], [0, 1]], [n, min(n + 1, 2 * block_size)]), *one_row):
         rows = len(lens)
         with torch.inference_mode():  # as in a real step: the graphs' guards see inference tensors
             pos = torch.tensor(lens, device=dev) - 1
@@ -248,5 +284,7 @@ def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_s
             meta.native_decode = pool.native_decode
             model(torch.zeros(rows, dtype=torch.long, device=dev), meta, meta.decode_token_idx)
         if compiled.failed:
-            return
-    logger.info("decode step compiled in %.1f s", time.perf_counter() - t0)
+            break
+    compiled.warming = False
+    if not compiled.failed:
+        logger.info("decode step compiled in %.1f s", time.perf_counter() - t0)

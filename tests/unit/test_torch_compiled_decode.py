@@ -120,6 +120,8 @@ def test_batches_of_rows_decode_as_eager(tiny_model_dir):
 def test_guard_free_steps_need_a_signature_that_passed_the_guards(tiny_model_dir, monkeypatch, native):
     """A new span or batch size checks every guard first; a second compiled engine resets dynamo's
     cache (the first one's graphs are gone), so the first one stops skipping guards, still right.
+    The signatures the warm-up ran get graphs without any guard; a signature first seen later never
+    runs through them.
     With the native attention (cpu_attention) the graph reads the block tables, whose width is
     symbolic: one signature serves every context of two blocks or more."""
     if native and not cpu_attention.serves(torch.float32, torch.device("cpu")):
@@ -132,16 +134,27 @@ def test_guard_free_steps_need_a_signature_that_passed_the_guards(tiny_model_dir
     try:
         compiled = first.engine.backend.model.compiled_decode
         assert _greedy(first, prompt, 12) == want
-        if native:  # the warm-up's second one-row step (same signature) and all 11 decode steps
-            assert compiled.guard_free_steps == 1 + 11, compiled.guard_free_steps
+        if native:
+            # The warm-up's one-row steps after its first (one signature: the graph without guards
+            # was made for it) and all 11 decode steps, through that graph.
+            assert compiled.guard_free_steps == 3 + 11, compiled.guard_free_steps
+            assert compiled.unguarded_steps == 3 + 11, compiled.unguarded_steps
         else:
-            # 11 decode steps over contexts of 14..24 tokens: spans of 4, 5 and 6 blocks (block
-            # size 4), each first seen with every guard checked.
-            assert compiled.guard_free_steps == 11 - 3, compiled.guard_free_steps
+            # The warm-up's second pass over its two one-row signatures (through graphs without
+            # guards), then 11 decode steps over contexts of 14..24 tokens: spans of 4, 5 and 6
+            # blocks (block size 4), each first seen with every guard checked, and then run with
+            # only the differentiating guards: no graph without guards is made after the warm-up.
+            assert compiled.guard_free_steps == 2 + 11 - 3, compiled.guard_free_steps
+            assert compiled.unguarded_steps == 2, compiled.unguarded_steps
         done = compiled.guard_free_steps
         assert _greedy(first, prompt, 12) == want
         # Mostly known signatures now (the blocks may lie elsewhere in the pool: a new one is checked)
         assert compiled.guard_free_steps >= done + 8, compiled.guard_free_steps
+        done, unguarded = compiled.guard_free_steps, compiled.unguarded_steps
+        # A context of one block (a signature of its own, first seen now): not through a graph made
+        # for another signature, and still eager's tokens.
+        assert _greedy(first, [[5]], 3) == _eager_greedy(path, [[5]], 3)  # contexts of 2 and 3 tokens
+        assert compiled.unguarded_steps == unguarded
         done = compiled.guard_free_steps
         second = LLM(path, compile_decode=True, **SMALL)
         second.engine.shutdown()
