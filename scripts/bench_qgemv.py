@@ -1,0 +1,183 @@
+"""Sweep the Triton quantized GEMV (kernels/triton_quant.py) over block sizes on a GPU, against the HBM roofline.
+
+  python scripts/bench_qgemv.py                      # 8B shapes, 4-bit g64 (--isq q4 on CUDA), 1 row, bf16
+  python scripts/bench_qgemv.py --bits 8 --rows 2
+  TRITON_INTERPRET=1 python scripts/bench_qgemv.py --device cpu --shape 64x256 --iters 1 --max-configs 3
+
+For each weight shape (N x K) it checks the default config's output against the dequantize-then-matmul
+reference, then times every config of the grid with CUDA graphs (one graph of --iters launches, replayed;
+median of --repeats replays) and prints microseconds, GB/s (the packed weight, its scales and biases, x
+and the output, read or written once) and the fraction of --peak-gbs. References timed alongside: the
+dense bf16 GEMV of the same shape (torch.mv through cuBLAS, 2 bytes a weight) and, for 4-bit, aten's
+tinygemm int4 kernel (torch._weight_int4pack_mm) where this torch has it for CUDA. The last line is one
+JSON object: per shape, the default config's figure and the best config found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# The 8B Llama shape's decode matrices: q/k/v stacked, o, gate/up stacked, down, the head.
+SHAPES_8B = ("6144x4096", "4096x4096", "28672x4096", "4096x14336", "128256x4096")
+# 48 configs; shapes that share K share the compiled kernels (N is a run-time argument).
+GRID = {"BLOCK_N": (2, 4, 8, 16), "BLOCK_K": (256, 512, 1024), "num_warps": (4, 8), "num_stages": (1, 2)}
+
+
+def time_fn(fn: Callable[[], Any], device: torch.device, iters: int, repeats: int) -> float:
+    """Median microseconds per call: a CUDA graph of `iters` calls, replayed `repeats` times (on a CPU,
+    plain wall time: the smoke run only)."""
+    import time
+
+    fn()  # compile / warm
+    if device.type != "cuda":
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t) / iters * 1e6
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / iters)
+    return statistics.median(times)
+
+
+def configs(n: int, k: int, group: int) -> list[dict]:
+    out = []
+    for bn, bk, warps, stages in itertools.product(*GRID.values()):
+        if bk % group or bk > max(group, triton_next_pow2(k)) or n < bn:
+            continue
+        out.append({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages})
+    return out
+
+
+def triton_next_pow2(v: int) -> int:
+    return 1 << (v - 1).bit_length()
+
+
+def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) -> dict:
+    from lantern.backends.torch.kernels import quant_reference, triton_quant
+
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    codes = torch.randint(0, 1 << args.bits, (n, k), dtype=torch.uint8, generator=gen)
+    packed = triton_quant.pack_codes(codes, args.bits).to(device)
+    groups = k // args.group
+    scales = (torch.rand((n, groups), generator=gen) * 0.02).to(dtype).to(device)
+    biases = (torch.randn((n, groups), generator=gen) * 0.01).to(dtype).to(device)
+    x = torch.randn((args.rows, k), generator=gen).to(dtype).to(device)
+    io_bytes = (x.numel() + args.rows * n) * x.element_size()
+    nbytes = packed.numel() + 2 * scales.numel() * scales.element_size() + io_bytes
+
+    want = quant_reference.affine_matmul_reference(x, packed, scales, biases, args.bits, args.group).float()
+    got = triton_quant.gemv(x, packed, scales, biases, args.bits, args.group).float()
+    err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+    if err > 2e-2:
+        raise SystemExit(f"{n}x{k}: the GEMV's output is off the reference by {err:.3g} (relative): stop")
+
+    def row(name: str, us: float, b: int = nbytes) -> dict:
+        gbs = b / us / 1e3
+        print(f"  {name:<60} {us:9.2f} us {gbs:8.0f} GB/s {100 * gbs / args.peak_gbs:5.1f}%", flush=True)
+        return {"name": name, "us": round(us, 3), "gbs": round(gbs, 1), "roofline": round(gbs / args.peak_gbs, 3)}
+
+    print(f"{n}x{k}, {args.bits}-bit g{args.group}, {args.rows} row(s), {args.dtype}: {nbytes / 1e6:.1f} MB a call")
+
+    def t(fn: Callable[[], Any]) -> float:
+        return time_fn(fn, device, args.iters, args.repeats)
+
+    def gemv(cfg: dict) -> Callable[[], Any]:
+        return lambda: triton_quant.gemv(x, packed, scales, biases, args.bits, args.group, **cfg)
+
+    default_cfg = triton_quant._gemv_config(n, k, args.bits, args.group)
+    result: dict[str, Any] = {"shape": f"{n}x{k}", "max_rel_err": err, "default_config": default_cfg}
+    result["default"] = row(
+        f"default {default_cfg}", t(lambda: triton_quant.gemv(x, packed, scales, biases, args.bits, args.group))
+    )
+    dense = torch.randn((n, k), generator=gen).to(dtype).to(device)
+    dense_bytes = dense.numel() * dense.element_size() + io_bytes
+    result["dense"] = row("dense x @ W.T (cuBLAS)", t(lambda: x @ dense.T), dense_bytes)
+    tiny = tinygemm(x, codes, args, device, dtype)
+    if tiny is not None:
+        result["tinygemm"] = row("aten _weight_int4pack_mm (tinygemm)", t(tiny))
+    best = None
+    for cfg in configs(n, k, args.group)[: args.max_configs]:
+        try:
+            us = t(gemv(cfg))
+        except Exception as exc:  # a config the compiler refuses (registers, shared memory): skip it
+            print(f"  {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+            continue
+        entry = row(str(cfg), us)
+        if best is None or entry["us"] < best["us"]:
+            best = {**entry, "config": cfg}
+    result["best"] = best
+    return result
+
+
+def tinygemm(x: torch.Tensor, codes: torch.Tensor, args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
+    """aten's CUDA int4 kernel on the same codes (its own layout), or None where it does not apply."""
+    if args.bits != 4 or device.type != "cuda" or dtype != torch.bfloat16 or not hasattr(torch, "_weight_int4pack_mm"):
+        return None
+    try:
+        n, k = codes.shape
+        packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(device)
+        weight = torch._convert_weight_to_int4pack(packed, 8)
+        sz = torch.zeros((k // args.group, n, 2), dtype=dtype, device=device)
+        sz[..., 0] = 0.01
+        torch._weight_int4pack_mm(x, weight, args.group, sz)
+        return lambda: torch._weight_int4pack_mm(x, weight, args.group, sz)
+    except Exception as exc:  # an older torch or another layout: the reference is skipped, said once
+        print(f"  tinygemm unavailable here: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+        return None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", action="append", help="NxK (repeatable); default: the 8B decode matrices")
+    p.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    p.add_argument("--group", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--rows", type=int, default=1, help="rows of x (the GEMV takes up to GEMV_MAX_M)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--iters", type=int, default=50, help="launches per CUDA graph")
+    p.add_argument("--repeats", type=int, default=20, help="graph replays (the median is reported)")
+    p.add_argument("--peak-gbs", type=float, default=4800.0, help="the HBM roofline (H200: 4800)")
+    p.add_argument("--max-configs", type=int, help="time only the first this many configs of the grid")
+    p.add_argument("--json", type=Path, help="also write the summary here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in (args.shape or SHAPES_8B)]
+    results = [bench_shape(args, n, k, device) for n, k in shapes]
+    summary = {"bits": args.bits, "group": args.group, "rows": args.rows, "dtype": args.dtype, "shapes": results}
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+    print(json.dumps({r["shape"]: {"default": r["default"]["roofline"], "best": r["best"]} for r in results}))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
