@@ -90,6 +90,8 @@ def main() -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"])
     p.add_argument("--dtype", default="auto")
     p.add_argument("--openblas", metavar="LIB", nargs="?", const=OPENBLAS)
+    p.add_argument("--compile", action="store_true", help="compiled decode steps (torch on a CPU), as `serve --compile`")
+    p.add_argument("--threads", type=int, help="CPU threads (as `serve --threads`)")
     p.add_argument(
         "--clients-in-server-process",
         action="store_true",
@@ -112,6 +114,8 @@ def main() -> None:
         dtype=args.dtype,
         kv_cache_memory_mb=1024,
         enable_prefix_caching=False,
+        compile_decode=args.compile,
+        num_threads=args.threads,
     )
     app = create_app(engine, ServerSettings(served_model_name="bench"))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -130,6 +134,7 @@ def main() -> None:
         "backend": engine.backend_name,
         "dtype": args.dtype,
         "ld_preload": os.environ.get("LD_PRELOAD"),
+        "compile": args.compile,
     }
     clients = None if args.clients_in_server_process else ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
     res["clients"] = "server process" if clients is None else "own process"
