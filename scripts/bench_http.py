@@ -90,7 +90,7 @@ def main() -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "mlx", "torch"])
     p.add_argument("--dtype", default="auto")
     p.add_argument("--openblas", metavar="LIB", nargs="?", const=OPENBLAS)
-    p.add_argument("--compile", action="store_true", help="compiled decode steps (torch on a CPU), as `serve --compile`")
+    p.add_argument("--compile", action="store_true", help="compiled decode steps (torch, CPU), as serve --compile")
     p.add_argument("--threads", type=int, help="CPU threads (as `serve --threads`)")
     p.add_argument(
         "--clients-in-server-process",

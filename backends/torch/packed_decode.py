@@ -66,19 +66,20 @@ def check_int4pack_layout() -> None:
 
 
 def dense_matmul(
-    x: torch.Tensor, n: int, k: int, align: int, decoded_rows: Callable[[int, int], torch.Tensor]
+    x: torch.Tensor, n: int, k: int, align: int, decoded_rows: Callable[[int, int, torch.dtype], torch.Tensor]
 ) -> torch.Tensor:
-    """x [M, K] @ W.T with W decoded (decoded_rows(start, stop) -> float32 rows) a chunk of rows at a
-    time: the prefill path of the packed CPU layers (DENSE_ROWS). Exact float32 weights, so this is
-    no less accurate than the packed kernels (which round x to bfloat16)."""
+    """x [M, K] @ W.T with W decoded (decoded_rows(start, stop, dtype) -> the rows in the GEMM's dtype,
+    each computed in float32 and rounded once) a chunk of rows at a time: the prefill path of the
+    packed CPU layers (DENSE_ROWS). Exact float32 weights in a float32 GEMM, so this is no less accurate
+    than the packed kernels (which round x to bfloat16)."""
     xc = x if gemm_dtype(x) == x.dtype else x.float()
     step = max(align, DENSE_CHUNK // max(k, 1) // align * align)
     if step >= n:
-        return F.linear(xc, decoded_rows(0, n).to(xc.dtype)).to(x.dtype)
+        return F.linear(xc, decoded_rows(0, n, xc.dtype)).to(x.dtype)
     y = x.new_empty((x.shape[0], n))
     for start in range(0, n, step):
         stop = min(n, start + step)
-        y[:, start:stop] = F.linear(xc, decoded_rows(start, stop).to(xc.dtype))
+        y[:, start:stop] = F.linear(xc, decoded_rows(start, stop, xc.dtype))
     return y
 
 

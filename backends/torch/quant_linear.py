@@ -189,8 +189,9 @@ class Int4PackLinear(PackedCpuLayer):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return int4pack_rows(self.packed, self.scales_and_zeros, ids, self.in_features, self.group_size)
 
-    def _decoded_rows(self, start: int, stop: int) -> torch.Tensor:
-        return int4pack_block_rows(self.packed, self.scales_and_zeros, start, stop, self.in_features, self.group_size)
+    def _decoded_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        k, g = self.in_features, self.group_size
+        return int4pack_block_rows(self.packed, self.scales_and_zeros, start, stop, k, g).to(dtype)
 
 
 class Int8PackLinear(QuantLayer):
@@ -225,8 +226,8 @@ class Int8PackLinear(QuantLayer):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight[ids].float() * self.scale[ids, None]
 
-    def _decoded_rows(self, start: int, stop: int) -> torch.Tensor:
-        return self.weight[start:stop].float().mul_(self.scale[start:stop, None])
+    def _decoded_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.weight[start:stop].float().mul_(self.scale[start:stop, None]).to(dtype)
 
 
 class TritonLinear(QuantLayer):

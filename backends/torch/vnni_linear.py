@@ -63,6 +63,6 @@ class VnniLinear(PackedCpuLayer):
         k, g = self.in_features, self.group_size
         return vnni.decode_rows(self.codes, self.scales, self.out_scale, ids, k, g, self.bits)
 
-    def _decoded_rows(self, start: int, stop: int) -> torch.Tensor:
+    def _decoded_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         k, g = self.in_features, self.group_size
-        return vnni.decode_block_rows(self.codes, self.scales, self.out_scale, start, stop, k, g, self.bits)
+        return vnni.decode_block_rows(self.codes, self.scales, self.out_scale, start, stop, k, g, self.bits, dtype)

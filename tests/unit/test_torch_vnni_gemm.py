@@ -153,6 +153,28 @@ def test_prefill_rows_take_the_dense_path_with_the_stored_weight(bits, monkeypat
 
 
 @needs_vnni
+@pytest.mark.parametrize("bits,g", [(4, 32), (4, 128), (8, 64)])
+def test_the_native_prefill_decoder_is_the_torch_one_bit_for_bit(bits, g):
+    """torch.ops.lantern.vnni_decode (one pass, straight into the GEMM's dtype) against the torch
+    decoder, over ranges that start and end inside blocks, with scales far outside float16's range
+    (out_scale folded in): float32 bit for bit, bfloat16 its rounding; a range past the weight is refused."""
+    w = affine(200, 256, bits, g, seed=7, scale=1e6)
+    codes = cpu_vnni_gemm.pack_codes(w.codes, bits)
+    scales, out_scale = cpu_vnni_gemm.pack_scales(np.asarray(w.scales), np.asarray(w.biases))
+    assert out_scale.item() != 1.0
+    held = cpu_vnni_gemm.decode_rows(codes, scales, out_scale, torch.arange(200), 256, g, bits)
+    for start, stop in ((0, 200), (48, 131), (192, 200)):
+        ref = cpu_vnni_gemm.decode_block_rows_torch(codes, scales, out_scale, start, stop, 256, g, bits)
+        assert torch.equal(ref, held[start:stop])
+        f32 = cpu_vnni_gemm.decode_block_rows(codes, scales, out_scale, start, stop, 256, g, bits)
+        bf16 = cpu_vnni_gemm.decode_block_rows(codes, scales, out_scale, start, stop, 256, g, bits, torch.bfloat16)
+        assert f32.dtype == torch.float32 and f32.stride(0) == 1 and torch.equal(f32, ref)  # W.T read in place
+        assert bf16.dtype == torch.bfloat16 and bf16.stride(0) == 1 and torch.equal(bf16, ref.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="do not fit"):
+        torch.ops.lantern.vnni_decode(codes, scales, out_scale, 256, g, bits, 10, 4, torch.float32)  # 13 blocks
+
+
+@needs_vnni
 def test_embedding_rows_and_tied_logits():
     w = affine(1000, 64, 8, 32)
     emb = ql.quantized_embedding(w, "cpu", torch.bfloat16, ErrorLog(), kernel="vnni")

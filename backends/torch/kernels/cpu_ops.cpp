@@ -1,4 +1,4 @@
-// Lantern's native CPU ops as a torch library: torch.ops.lantern.vnni_mm. Built by
+// Lantern's native CPU ops as a torch library: torch.ops.lantern.vnni_mm (and vnni_decode). Built by
 // native_build.load_ops (torch.utils.cpp_extension) and loaded into the process, so a call goes
 // from the dispatcher straight to the kernel: ~1-2 us, where a Python op that reaches a C kernel
 // through ctypes costs ~10-15 us (a one-row SmolLM2 step makes ~120 such calls).
@@ -40,10 +40,41 @@ at::Tensor vnni_mm(const at::Tensor &x, const at::Tensor &codes, const at::Tenso
     return y;
 }
 
+// Blocks first_block .. first_block + num_blocks of the same weight decoded as W^T: [K, 16 * num_blocks]
+// float32 or bfloat16 (the dense prefill GEMM reads its [rows, K] transpose in place).
+at::Tensor vnni_decode(const at::Tensor &codes, const at::Tensor &scales, const at::Tensor &out_scale, int64_t k,
+                       int64_t group_size, int64_t bits, int64_t first_block, int64_t num_blocks,
+                       at::ScalarType dtype) {
+    TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16, "vnni_decode: float32 or bfloat16, not ", dtype);
+    const int64_t per_vector = bits == 4 ? 8 : 4;
+    bool fits = (bits == 4 || bits == 8) && group_size > 0 && k > 0 && k % XG == 0 && group_size % XG == 0 &&
+                k % group_size == 0 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                codes.dim() == 3 && codes.size(1) == k / per_vector && codes.size(2) == 64 &&
+                scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 4 &&
+                scales.size(0) == codes.size(0) && scales.size(1) == k / group_size && scales.size(2) == 2 &&
+                scales.size(3) == 16 && out_scale.scalar_type() == at::kFloat && out_scale.numel() == 1 &&
+                first_block >= 0 && num_blocks >= 0 && first_block + num_blocks <= codes.size(0) &&
+                codes.device().is_cpu() && scales.device().is_cpu() && out_scale.device().is_cpu();
+    TORCH_CHECK_VALUE(fits, "vnni_decode: blocks ", first_block, "+", num_blocks, " of K=", k, " do not fit the ",
+                      bits, "-bit weight ", codes.sizes());
+    at::Tensor out = at::empty({k, 16 * num_blocks}, codes.options().dtype(dtype));
+    if (num_blocks == 0) return out;
+    lantern_vnni_decode(codes.data_ptr<uint8_t>(), (const uint16_t *)scales.data_ptr(), k, group_size, (int)bits,
+                        *out_scale.data_ptr<float>(), first_block, num_blocks, out.data_ptr(), 16 * num_blocks,
+                        dtype == at::kBFloat16, at::get_num_threads());
+    return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lantern, m) {
     m.def("vnni_mm(Tensor x, Tensor codes, Tensor scales, Tensor out_scale, int group_size, int n, int bits) -> Tensor");
+    m.def(
+        "vnni_decode(Tensor codes, Tensor scales, Tensor out_scale, int k, int group_size, int bits, int first_block, "
+        "int num_blocks, ScalarType dtype) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(lantern, CPU, m) { m.impl("vnni_mm", vnni_mm); }
+TORCH_LIBRARY_IMPL(lantern, CPU, m) {
+    m.impl("vnni_mm", vnni_mm);
+    m.impl("vnni_decode", vnni_decode);
+}

@@ -193,3 +193,44 @@ int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint1
     free(xq), free(dx), free(sx);
     return 0;
 }
+
+// Blocks b0 .. b0 + nb of a packed weight decoded as W^T for the dense prefill GEMM (which reads W.T
+// in place): out[k * ld + 16 * (b - b0) + i] = w of output row 16 * b + i at column k, computed as
+// fma(q, s, b) in float32 with out_scale folded into s and b (exact: a power of two), stored as
+// float32 or rounded once to bfloat16. One pass: each 64-byte vector of codes becomes 8 (4-bit) or 4
+// (8-bit) columns of 16 outputs. The threads split the blocks.
+void lantern_vnni_decode(const uint8_t *w, const uint16_t *sz, long K, long g, int bits, float out_scale, long b0,
+                         long nb, void *out, long ld, int out_bf16, int threads) {
+    const long per_vector = bits == 4 ? 8 : 4, vectors = K / per_vector, wblock = 16 * K * bits / 8,
+               sblock = (K / g) * 32;
+    const __m512 os = _mm512_set1_ps(out_scale);
+    const __m512i mask = _mm512_set1_epi32(bits == 4 ? 15 : 255);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long bi = 0; bi < nb; bi++) {
+        const uint8_t *wb = w + (b0 + bi) * wblock;
+        const uint16_t *sb = sz + (b0 + bi) * sblock;
+        __m512 s = _mm512_setzero_ps(), b = s;
+        long group = -1;
+        for (long kv = 0; kv < vectors; kv++) {
+            long col0 = kv * per_vector;
+            if (col0 / g != group) {
+                group = col0 / g;
+                const uint16_t *p = sb + group * 32;
+                s = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), os);
+                b = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16))), os);
+            }
+            __m512i v = _mm512_loadu_si512(wb + kv * 64);
+            for (int c = 0; c < per_vector; c++) {
+                // 4-bit: column c < 4 is byte c's low nibble, c >= 4 byte c - 4's high one; 8-bit: byte c
+                unsigned shift = bits == 4 ? 8 * (c & 3) + 4 * (c >> 2) : 8 * c;
+                __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, shift), mask);
+                __m512 val = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), s, b);
+                long at = (col0 + c) * ld + bi * 16;
+                if (out_bf16)
+                    _mm256_storeu_si256((__m256i *)((uint16_t *)out + at), to_bf16(val));
+                else
+                    _mm512_storeu_ps((float *)out + at, val);
+            }
+        }
+    }
+}
