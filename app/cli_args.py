@@ -57,7 +57,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--compile",
         dest="compile_decode",
         action="store_true",
-        help="compile decode steps with torch.compile (torch backend on a CPU; ~40 s at start-up, cached on disk)",
+        help="compile decode steps with torch.compile (torch on a CPU; ~25 s at the first start, cached on disk)",
     )
     p.add_argument(
         "--threads",

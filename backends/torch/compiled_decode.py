@@ -263,7 +263,7 @@ def warm_up(model: Any, pool: Any, cos: torch.Tensor, sin: torch.Tensor, block_s
     compiled: CompiledDecode = model.compiled_decode
     t0 = time.perf_counter()
     logger.info(
-        "compiling the decode step (torch.compile, %d layers per call; ~40 s the first time on 2 cores) ...",
+        "compiling the decode step (torch.compile, %d layers per call; ~25 s the first time on 2 cores) ...",
         len(compiled.groups[0]),
     )
     dev = cos.device
