@@ -144,8 +144,9 @@ def decode_block_rows(
     if not available():
         cols = decode_block_rows_torch(codes, scales, out_scale, first * BLOCK, last * BLOCK, k, g, bits).t()
         return cols.to(dtype)[:, start - first * BLOCK : stop - first * BLOCK].t()
-    cols = torch.ops.lantern.vnni_decode(codes, scales, out_scale, k, g, bits, first, last - first, dtype)
-    return cols[:, start - first * BLOCK : stop - first * BLOCK].t()
+    native = dtype if dtype in IO_DTYPES else torch.float32  # the op writes float32 or bfloat16
+    cols = torch.ops.lantern.vnni_decode(codes, scales, out_scale, k, g, bits, first, last - first, native)
+    return cols.to(dtype)[:, start - first * BLOCK : stop - first * BLOCK].t()
 
 
 def decode_block_rows_torch(

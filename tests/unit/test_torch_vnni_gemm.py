@@ -170,6 +170,8 @@ def test_the_native_prefill_decoder_is_the_torch_one_bit_for_bit(bits, g):
         bf16 = cpu_vnni_gemm.decode_block_rows(codes, scales, out_scale, start, stop, 256, g, bits, torch.bfloat16)
         assert f32.dtype == torch.float32 and f32.stride(0) == 1 and torch.equal(f32, ref)  # W.T read in place
         assert bf16.dtype == torch.bfloat16 and bf16.stride(0) == 1 and torch.equal(bf16, ref.to(torch.bfloat16))
+        f16 = cpu_vnni_gemm.decode_block_rows(codes, scales, out_scale, start, stop, 256, g, bits, torch.float16)
+        assert f16.dtype == torch.float16 and torch.equal(f16, ref.to(torch.float16))  # via float32
     with pytest.raises(ValueError, match="do not fit"):
         torch.ops.lantern.vnni_decode(codes, scales, out_scale, 256, g, bits, 10, 4, torch.float32)  # 13 blocks
 
