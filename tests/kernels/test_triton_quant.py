@@ -170,3 +170,27 @@ def test_cuda_default_blocks(m, bits, group, dtype):
         assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, bits, group), dtype)
         for path in ("gemv", "gemm"):  # both kernels at every M, not only the one dispatch picks
             assert_matches(run(path, x, packed, scales, biases, bits, group), out, dtype)
+
+
+def test_the_gemv_sweep_script_runs_and_checks_its_kernel_first(tmp_path, capsys, monkeypatch):
+    """scripts/bench_qgemv.py (the next GPU session's block-size sweep) on a tiny shape in the
+    interpreter: the default config is checked against the reference, every timed config comes from
+    its grid, and the summary names the best one; a kernel off the reference stops the run."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_qgemv.py"
+    spec = importlib.util.spec_from_file_location("bench_qgemv", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = ["--device", "cpu", "--shape", "32x256", "--dtype", "float32", "--iters", "1", "--repeats", "1"]
+    summary = script.main([*args, "--max-configs", "2", "--json", str(tmp_path / "q.json")])
+    (shape,) = summary["shapes"]
+    assert shape["shape"] == "32x256" and shape["max_rel_err"] < 1e-5
+    assert shape["best"]["config"] in script.configs(32, 256, 64)[:2]
+    assert json.loads((tmp_path / "q.json").read_text())["shapes"][0]["best"] == shape["best"]
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["32x256"]["best"]["config"] == shape["best"]["config"]
+    monkeypatch.setattr(tq, "gemv", lambda *a, **k: torch.zeros(1, 32))  # a kernel gone wrong
+    with pytest.raises(SystemExit, match="off the reference"):
+        script.main([*args, "--max-configs", "1"])
