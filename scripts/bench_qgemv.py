@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -70,14 +71,10 @@ def time_fn(fn: Callable[[], Any], device: torch.device, iters: int, repeats: in
 def configs(n: int, k: int, group: int) -> list[dict]:
     out = []
     for bn, bk, warps, stages in itertools.product(*GRID.values()):
-        if bk % group or bk > max(group, triton_next_pow2(k)) or n < bn:
+        if bk % group or bk > max(group, triton.next_power_of_2(k)) or n < bn:
             continue
         out.append({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages})
     return out
-
-
-def triton_next_pow2(v: int) -> int:
-    return 1 << (v - 1).bit_length()
 
 
 def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) -> dict:

@@ -135,37 +135,12 @@ def decode_block_rows(
     bits: int,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Rows start..stop (start a multiple of 16) of a packed weight in `dtype` (float32 or bfloat16),
-    as a [rows, K] view of a contiguous [K, rows] tensor: the layout runs along K within a block, so
-    writing column-major reads it in place (the dense prefill path's GEMM takes W.T without a copy).
-    One pass of the native op (torch.ops.lantern.vnni_decode; each weight computed in float32 and
-    rounded once); `decode_block_rows_torch` where the op is not built."""
+    """Rows start..stop (start a multiple of 16) of a packed weight in `dtype`, as a [rows, K] view of
+    a contiguous [K, rows] tensor: the layout runs along K within a block, so writing column-major
+    reads it in place (the dense prefill path's GEMM takes W.T without a copy). One pass of the native
+    op (torch.ops.lantern.vnni_decode: each weight computed in float32, rounded once into float32 or
+    bfloat16; other dtypes converted from float32), the values decode_rows gives. Requires available()."""
     first, last = start // BLOCK, -(-stop // BLOCK)
-    if not available():
-        cols = decode_block_rows_torch(codes, scales, out_scale, first * BLOCK, last * BLOCK, k, g, bits).t()
-        return cols.to(dtype)[:, start - first * BLOCK : stop - first * BLOCK].t()
-    native = dtype if dtype in IO_DTYPES else torch.float32  # the op writes float32 or bfloat16
+    native = dtype if dtype in IO_DTYPES else torch.float32
     cols = torch.ops.lantern.vnni_decode(codes, scales, out_scale, k, g, bits, first, last - first, native)
     return cols.to(dtype)[:, start - first * BLOCK : stop - first * BLOCK].t()
-
-
-def decode_block_rows_torch(
-    codes: torch.Tensor, scales: torch.Tensor, out_scale: torch.Tensor, start: int, stop: int, k: int, g: int, bits: int
-) -> torch.Tensor:
-    """decode_block_rows in torch ops, float32 (the reference the native op is tested against): four
-    passes over the output where the op makes one (~5x slower on a 16 MB chunk, 2 Zen cores)."""
-    first, last = start // BLOCK, -(-stop // BLOCK)
-    nb, groups = last - first, k // g
-    per_vector = 8 if bits == 4 else 4
-    lanes = codes.view(-1, k // per_vector, BLOCK, 4)[first:last].permute(1, 3, 0, 2)  # [K/pv, 4, nb, 16]
-    sb = scales[first:last].permute(1, 2, 0, 3).float()  # [K/g, 2, nb, 16]
-    s, b = sb[:, 0].view(groups, 1, 1, nb, BLOCK), sb[:, 1].view(groups, 1, 1, nb, BLOCK)
-    if bits == 4:
-        out = torch.empty((groups, g // 8, 2, 4, nb, BLOCK), dtype=torch.float32, device=codes.device)
-        torch.addcmul(b, (lanes & 15).view(groups, g // 8, 4, nb, BLOCK), s, out=out[:, :, 0])
-        torch.addcmul(b, (lanes >> 4).view(groups, g // 8, 4, nb, BLOCK), s, out=out[:, :, 1])
-    else:
-        out = torch.empty((groups, g // 4, 4, nb, BLOCK), dtype=torch.float32, device=codes.device)
-        torch.addcmul(b, lanes.reshape(groups, g // 4, 4, nb, BLOCK), s, out=out)
-    cols = out.mul_(out_scale).view(k, nb * BLOCK)
-    return cols[:, start - first * BLOCK : stop - first * BLOCK].t()

@@ -131,6 +131,9 @@ def test_a_bfloat16_model_gets_float32_logits_from_the_vnni_head(gguf_files, kin
 
     path, _ = gguf_files(kind)
     llm = LLM(str(path), backend="torch", dtype="bfloat16", block_size=8, num_kv_blocks=16)
-    _, row = next(iter(teacher_forced_logits(llm.engine, [5, 6, 7, 8], [9])))
+    try:
+        _, row = next(iter(teacher_forced_logits(llm.engine, [5, 6, 7, 8], [9])))
+    finally:
+        llm.engine.shutdown()
     logits = torch.from_numpy(row)
     assert (logits.bfloat16().float() != logits).sum() > len(logits) // 2
