@@ -107,7 +107,16 @@ def test_reasoning_folds_above_the_answer_and_is_not_sent_back(reasoning_server,
     page.route("**/v1/chat/completions", force)
     open_chat(page, reasoning_server, max_tokens=400)
     page.evaluate(WATCH)
+    # The reply reaches the page at ~8 KB/s (Chromium's own network throttling), so it is read in
+    # many pieces however fast the server streams and however busy the machine: the reasoning is on
+    # the page before the answer (a page that got the whole reply in one read would rightly never
+    # open the block, and CI once saw that).
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    slow = {"offline": False, "latency": 0, "downloadThroughput": 8000, "uploadThroughput": -1}
+    cdp.send("Network.emulateNetworkConditions", slow)
     send(page, "What is 2+2?")
+    cdp.send("Network.emulateNetworkConditions", {**slow, "downloadThroughput": -1})
     reply = page.locator(".msg.assistant").last
     assert reply.locator("details.think summary").inner_text() == "Thinking"
     assert reply.locator("details.think .think-body").text_content() == THOUGHT  # folded: not rendered
