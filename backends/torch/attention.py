@@ -36,8 +36,18 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, nbytes)
+    # Transparent huge pages where the OS grants them on request (THP "madvise", the usual setting):
+    # decode attention reads every row's blocks scattered over the pool, and with 4 KiB pages a
+    # 32-row SmolLM2 step spent ~15-20% of its attention time on TLB misses. Memory is still backed
+    # only where written, in 2 MiB steps.
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
     # The tensor keeps the mapping alive (frombuffer holds a reference to it).
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
+    return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)
 
 
 class TorchKVPool:

@@ -7,8 +7,9 @@ each key and value once, in place through the block table, with an online softma
 position ranges, so a row's output does not depend on the other rows of its step (seeded sampling
 stays reproducible under load). It covers what the reference covers: grouped-query heads, sliding
 windows, soft-capped scores, attention sinks, and a V narrower than K (a view into it). float32
-and bfloat16 pools (the default dtype on CPUs with native bf16): bf16 keys and values are widened
-on load and all arithmetic is float32, the output rounded to bf16 once. Other dtypes, and CPUs or
+and bfloat16 pools (the default dtype on CPUs with native bf16): every sum is float32, the output
+rounded to bf16 once; bf16 scores run on VDPBF16PS where the CPU has AVX512-BF16 (exact products
+summed in float32) and values are widened in registers. Other dtypes, and CPUs or
 settings without the native kernels (native_build), keep the reference path. It is a torch op with
 a fake implementation, so compiled decode graphs call it as an extern kernel: a C++ op
 (kernels/cpu_attention_ops.cpp) where torch's cpp_extension builds it, else a Python op over ctypes.
@@ -24,9 +25,16 @@ import torch
 from lantern.backends.torch import native_build
 
 
+def _flags() -> tuple[str, ...]:
+    """The bf16 dot products where the CPU has them (the kernel falls back to widening loads)."""
+    return ("-mavx512bf16",) if "avx512_bf16" in native_build.cpu_flags() else ()
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = native_build.load("cpu_paged_attention.c", "decode attention gathers the context and runs SDPA")
+    lib = native_build.load(
+        "cpu_paged_attention.c", "decode attention gathers the context and runs SDPA", extra_flags=_flags()
+    )
     if lib is None:
         return None
     p, i64, f32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -48,7 +56,9 @@ def _op_ready() -> bool:
     """torch.ops.lantern.paged_decode defined, once per process: the C++ op (kernels/
     cpu_attention_ops.cpp: ~10 us a one-row SmolLM2 call, kernel included) where it builds, else
     this module's ctypes op (~18 us)."""
-    if native_build.load_ops("cpu_attention_ops.cpp", "decode attention calls its kernel through ctypes"):
+    if native_build.load_ops(
+        "cpu_attention_ops.cpp", "decode attention calls its kernel through ctypes", extra_flags=_flags()
+    ):
         torch.library.register_fake("lantern::paged_decode", _fake)
         return True
     if _library() is None:

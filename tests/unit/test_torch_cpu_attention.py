@@ -73,8 +73,9 @@ CASES = {
 def test_matches_the_reference(name, extras, dtype):
     """float32: the reference's values up to float32 rounding. bf16: the reference in float32 on the
     same (widened) values, up to the output's one rounding to bf16 (half a unit in the last place,
-    at most 2^-8 of the value); and exactly the float32 kernel's result on the widened values,
-    rounded (the kernel widens on load and computes in float32)."""
+    at most 2^-8 of the value); and within one unit in the last place of the float32 kernel's result
+    on the widened values, rounded (every sum is float32, in another order where the CPU has bf16
+    dot products, so a value near a rounding boundary may round the other way)."""
     case = dict(CASES[name])
     v_in_k = case.pop("v_in_k", False)
     q, k, v, tables, lens = paged_case(**case, v_in_k=v_in_k, dtype=dtype)
@@ -93,7 +94,8 @@ def test_matches_the_reference(name, extras, dtype):
     err = float(((out.float() - ref).abs() - rounding).max())
     assert err < 2e-5 * max(1.0, float(ref.abs().max())), err
     if dtype == torch.bfloat16:
-        assert torch.equal(out, native(qf, kf, vf, tables, lens, bs, **kw).to(torch.bfloat16))
+        wide = native(qf, kf, vf, tables, lens, bs, **kw).to(torch.bfloat16)
+        assert int((out.view(torch.int16).int() - wide.view(torch.int16).int()).abs().max()) <= 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
@@ -249,3 +251,34 @@ def test_float32_and_bf16_pools_on_a_cpu_are_served():
     assert cpu_attention.serves(torch.float32, cpu) and cpu_attention.serves(torch.bfloat16, cpu)
     assert not cpu_attention.serves(torch.float16, cpu) and not cpu_attention.serves(torch.float64, cpu)
     assert not cpu_attention.serves(torch.bfloat16, torch.device("meta"))
+
+
+def test_a_cpu_without_bf16_dot_products_gets_the_widening_build():
+    """Built without AVX512-BF16 (as on a CPU that lacks it: a fresh process whose flag check says
+    so), the kernel widens bf16 scores on load instead of VDPBF16PS and still matches the reference
+    on bf16 pools, odd head sizes and V inside K included."""
+    code = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from lantern.backends.torch import cpu_attention, native_build
+from lantern.backends.torch.kernels import reference
+from tests.unit.test_torch_cpu_attention import CASES, paged_case, widened
+cpu_attention._flags = lambda: ()
+native_build.load_ops = lambda *a, **k: False  # the ctypes op: built by gcc alone, in seconds
+assert cpu_attention.serves(torch.bfloat16, torch.device("cpu"))
+for name in ("smollm2", "odd head size", "mla, v inside k", "long, many parts"):
+    case = dict(CASES[name]); v_in_k = case.pop("v_in_k", False)
+    q, k, v, tables, lens = paged_case(**case, v_in_k=v_in_k, dtype=torch.bfloat16)
+    scale = q.shape[-1] ** -0.5
+    ref = reference.paged_decode(*widened(q, k, v), tables, lens, case["block_size"], scale)
+    out = torch.ops.lantern.paged_decode(q, k, v, tables, lens, case["block_size"], scale, 0, 0.0, None)
+    err = float(((out.float() - ref).abs() - 2.0**-8 * ref.abs()).max())
+    print(name, err <= 2e-5 * max(1.0, float(ref.abs().max())), err)
+"""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", code.format(root=root)], capture_output=True, text=True, timeout=300, cwd=root
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 4 and all(" True " in line for line in lines), out.stdout
