@@ -84,12 +84,9 @@ static inline void axpy(float *y, const float *x, float b, long n) {
 #define LOAD_BF16(m, p) \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16))
 
-// The helpers that read K and V, once per element type (SUFFIX, T, LOAD), so that the inner loops
-// never branch on it. rows: pointers to each row's slot (T elements), off: the head's offset in it.
-//   dots16: s[0..cnt) = q . rows[j][off:off + D] for up to 16 rows.
-//   weighted_rows: acc[:Dv] += sum_j p[j] * rows[j][off:off + Dv], 64 columns at a time in
-//   registers, even and odd rows in separate accumulators (independent chains of multiply-adds).
-#define KV_READERS(SUFFIX, T, LOAD)                                                                                   \
+// s[0..cnt) = q . rows[j][off:off + D] for up to 16 rows, once per element type of the rows
+// (SUFFIX, T, LOAD) so that the inner loop never branches on it; q float32.
+#define DOTS16(SUFFIX, T, LOAD)                                                                                      \
     static inline __m512 dots16_##SUFFIX(const float *q, const void *const *rows, long off, long cnt, long D) {     \
         __m512 acc[16];                                                                                             \
         for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                                                  \
@@ -100,36 +97,38 @@ static inline void axpy(float *y, const float *x, float b, long n) {
                 acc[i] = _mm512_fmadd_ps(qv, LOAD(m, (const T *)rows[i < cnt ? i : 0] + off + d), acc[i]);          \
         }                                                                                                           \
         return hsum16(acc);                                                                                         \
-    }                                                                                                               \
-    static inline void weighted_rows_##SUFFIX(float *acc, const float *p, const void *const *rows, long off, long n, \
-                                              long Dv) {                                                            \
-        for (long c = off; c < off + Dv; c += 64) {                                                                 \
-            __mmask16 mk[4];                                                                                        \
-            __m512 e[4], o[4];                                                                                      \
-            for (int u = 0; u < 4; u++) {                                                                           \
-                long left = off + Dv - c - 16 * u;                                                                  \
-                mk[u] = left <= 0 ? 0 : tail_mask(left);                                                            \
-                e[u] = _mm512_maskz_loadu_ps(mk[u], acc + c - off + 16 * u), o[u] = _mm512_setzero_ps();            \
-            }                                                                                                       \
-            long j = 0;                                                                                             \
-            for (; j + 1 < n; j += 2) {                                                                             \
-                __m512 pe = _mm512_set1_ps(p[j]), po = _mm512_set1_ps(p[j + 1]);                                    \
-                for (int u = 0; u < 4; u++) {                                                                       \
-                    e[u] = _mm512_fmadd_ps(pe, LOAD(mk[u], (const T *)rows[j] + c + 16 * u), e[u]);                 \
-                    o[u] = _mm512_fmadd_ps(po, LOAD(mk[u], (const T *)rows[j + 1] + c + 16 * u), o[u]);             \
-                }                                                                                                   \
-            }                                                                                                       \
-            if (j < n) {                                                                                            \
-                __m512 pe = _mm512_set1_ps(p[j]);                                                                   \
-                for (int u = 0; u < 4; u++)                                                                         \
-                    e[u] = _mm512_fmadd_ps(pe, LOAD(mk[u], (const T *)rows[j] + c + 16 * u), e[u]);                 \
-            }                                                                                                       \
-            for (int u = 0; u < 4; u++)                                                                             \
-                _mm512_mask_storeu_ps(acc + c - off + 16 * u, mk[u], _mm512_add_ps(e[u], o[u]));                    \
-        }                                                                                                           \
     }
 
-KV_READERS(f32, float, LOAD_F32)
+// float32 values: acc[:Dv] += sum_j p[j] * rows[j][off:off + Dv], 64 columns at a time in registers,
+// even and odd rows in separate accumulators (independent chains of multiply-adds).
+static inline void weighted_rows_f32(float *acc, const float *p, const void *const *rows, long off, long n, long Dv) {
+    for (long c = off; c < off + Dv; c += 64) {
+        __mmask16 mk[4];
+        __m512 e[4], o[4];
+        for (int u = 0; u < 4; u++) {
+            long left = off + Dv - c - 16 * u;
+            mk[u] = left <= 0 ? 0 : tail_mask(left);
+            e[u] = _mm512_maskz_loadu_ps(mk[u], acc + c - off + 16 * u), o[u] = _mm512_setzero_ps();
+        }
+        long j = 0;
+        for (; j + 1 < n; j += 2) {
+            __m512 pe = _mm512_set1_ps(p[j]), po = _mm512_set1_ps(p[j + 1]);
+            for (int u = 0; u < 4; u++) {
+                e[u] = _mm512_fmadd_ps(pe, LOAD_F32(mk[u], (const float *)rows[j] + c + 16 * u), e[u]);
+                o[u] = _mm512_fmadd_ps(po, LOAD_F32(mk[u], (const float *)rows[j + 1] + c + 16 * u), o[u]);
+            }
+        }
+        if (j < n) {
+            __m512 pe = _mm512_set1_ps(p[j]);
+            for (int u = 0; u < 4; u++)
+                e[u] = _mm512_fmadd_ps(pe, LOAD_F32(mk[u], (const float *)rows[j] + c + 16 * u), e[u]);
+        }
+        for (int u = 0; u < 4; u++)
+            _mm512_mask_storeu_ps(acc + c - off + 16 * u, mk[u], _mm512_add_ps(e[u], o[u]));
+    }
+}
+
+DOTS16(f32, float, LOAD_F32)
 #ifdef __AVX512BF16__
 #define BF16_DOTS 1
 // s[0..cnt) = q . rows[j][off:off + D] for up to 16 rows, q and the rows bf16: 32 products per
@@ -149,7 +148,7 @@ static inline __m512 dots16_dp(const uint16_t *q, const void *const *rows, long 
 }
 #else
 #define BF16_DOTS 0
-KV_READERS(bf16, uint16_t, LOAD_BF16)
+DOTS16(bf16, uint16_t, LOAD_BF16)  // bf16 keys widened on load, q widened up front
 #endif
 
 // bf16 values, for N (1..4) query heads at once: acc[g][:] += sum_j p[g * CHUNK + j] * rows[j][off:off + Dv].
