@@ -10,6 +10,7 @@ import logging
 import mmap
 import re
 import struct
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,7 +314,8 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     """(HF name, weight) for every tensor the model uses, one at a time, from every part of a
     (possibly split) GGUF file.
 
-    Block types come as `AffineWeight` (exact, see quant.gguf_blocks), F32/F16/BF16 as numpy arrays
+    Block types come as `AffineWeight` (exact, see quant.gguf_blocks; the codebook types wider than
+    in the file, logged once: quant.gguf_decoded), F32/F16/BF16 as numpy arrays
     (F16 stays float16). What llama.cpp's converter did to a tensor is undone: q/k rows un-permuted
     for PERMUTED_ARCHITECTURES, Gemma's 1 + w norms back to w, DeepSeek's split attn_k_b/attn_v_b
     joined into kv_b_proj, gpt-oss's MXFP4 experts as the OpenAI checkpoint's blocks / scales
@@ -323,6 +325,7 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     """
     from lantern.app.models.quant.affine import AffineWeight
     from lantern.app.models.quant.gguf_blocks import SUPPORTED_TYPES, gguf_to_weight
+    from lantern.app.models.quant.gguf_decoded import DECODED, widening_note
     from lantern.app.models.spec import UnsupportedModelError
 
     indexes = _read_split(path)
@@ -334,8 +337,15 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
         if t.tensor_type.name not in SUPPORTED_TYPES and not gptoss_expert_tensor(arch, name, t):
             raise UnsupportedModelError(
                 f"{Path(path).name}: tensor {t.name} is GGUF type {t.tensor_type.name}, which is not supported; "
-                f"supported types: {', '.join(SUPPORTED_TYPES)} (and MXFP4 for gpt-oss experts)"
+                f"supported types: {', '.join(SUPPORTED_TYPES)}"
             )
+    widened = Counter(
+        t.tensor_type.name
+        for _, t, name in used
+        if t.tensor_type.name in DECODED and not gptoss_expert_tensor(arch, name, t)
+    )
+    if widened:
+        logger.warning("%s: %s", Path(path).name, widening_note(dict(widened)))
     permuted = arch in PERMUTED_ARCHITECTURES
     halves: dict[str, Any] = {}  # a layer's attn_k_b until its attn_v_b is read (gpt-oss: gate until up)
     for index, t, name in used:

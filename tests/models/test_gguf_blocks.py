@@ -40,6 +40,26 @@ MODES = {
     "Q5_K": (5, 32),
     "Q6_K": (6, 16),
 }
+# the codebook and float-4 types: exact, wider than in the file (quant/gguf_decoded.py)
+DECODED_MODES = {
+    "IQ4_NL": (8, 32),
+    "IQ4_XS": (8, 32),
+    "IQ3_XXS": (8, 32),
+    "IQ3_S": (5, 32),
+    "IQ2_XXS": (8, 32),
+    "IQ2_XS": (8, 16),
+    "IQ2_S": (8, 16),
+    "IQ1_S": (5, 32),
+    "IQ1_M": (5, 16),
+    "TQ1_0": (2, 32),
+    "TQ2_0": (2, 32),
+    "MXFP4": (5, 32),
+    "NVFP4": (5, 16),
+}
+# how many distinct levels each decodes to (a random block uses them all): IQ4's table and a zero
+# scale's level 0 (IQ4_XS's ls = 32), the grids' signed values, ternary plus TQ2_0's spare code
+LEVELS = {"IQ4_NL": 16, "IQ4_XS": 17, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 6, "IQ2_XS": 6, "IQ2_S": 6}
+LEVELS |= {"IQ1_S": 6, "IQ1_M": 6, "TQ1_0": 3, "TQ2_0": 4, "MXFP4": 15, "NVFP4": 15}
 MIXED = {"token_embd": "Q8_0", "attn_v": "Q6_K", "ffn_down": "Q6_K"}  # like a Q4_K_M file
 
 
@@ -55,22 +75,37 @@ def _dense(w: AffineWeight | np.ndarray) -> np.ndarray:
 
 
 # ---- one tensor -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("qtype", list(BLOCK_LAYOUT))
+@pytest.mark.parametrize("qtype", [*BLOCK_LAYOUT, *DECODED_MODES])
 @pytest.mark.parametrize("rows", [1, 7])
 def test_block_type_is_exact_affine(qtype, rows):
     rng = np.random.default_rng(rows)
-    per_block = BLOCK_LAYOUT[qtype][0]
+    per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
     cols = 3 * per_block if rows == 1 else 2048  # odd block counts, and enough weights to hit every code
     raw = random_blocks(qtype, rows, cols, rng, rms=0.5)
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
     w = gguf_to_weight(qtype, raw, rows, cols)
     assert isinstance(w, AffineWeight)
-    assert w.mode == MODES[qtype] and w.shape == (rows, cols) and qtype in w.source
+    assert w.mode == {**MODES, **DECODED_MODES}[qtype] and w.shape == (rows, cols) and qtype in w.source
     assert w.codes.dtype == np.uint8 and int(w.codes.max()) < 2**w.bits
-    if rows > 1:  # random blocks use every code, so every bit of the unpacking is exercised
-        assert len(np.unique(w.codes)) == 2**w.bits
+    if rows > 1:  # random blocks use every code (level), so every bit of the unpacking is exercised
+        assert len(np.unique(w.codes)) == LEVELS.get(qtype, 2**w.bits)
     assert w.scales.dtype == np.float32 and w.biases.dtype == np.float32
     _close(w.dequantize(), ref)
+
+
+def test_a_damaged_codebook_block_is_refused_not_misread():
+    """A value that is not a level of its block's scale (here: a scale field changed after the values
+    were decoded, as a reader of the wrong layout would see it) raises instead of loading wrong."""
+    from lantern.app.models.quant import gguf_decoded
+
+    rng = np.random.default_rng(0)
+    raw = random_blocks("IQ4_XS", 2, 256, rng)
+    real = gguf_decoded.DECODED["IQ4_XS"]
+    wrong = (*real[:3], lambda b: real[3](b) * np.float32(1.37))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(gguf_decoded.DECODED, "IQ4_XS", wrong)
+        with pytest.raises(ValueError, match=r"IQ4_XS.*not whole levels"):
+            gguf_to_weight("IQ4_XS", raw, 2, 256)
 
 
 def test_block_type_accepts_the_enum_and_flat_bytes():
@@ -95,7 +130,7 @@ def test_plain_types(qtype):
     np.testing.assert_array_equal(vec.astype(np.float32), ref[0])
 
 
-@pytest.mark.parametrize("qtype", ["IQ4_NL", "IQ2_XXS", "TQ1_0", "MXFP4"])
+@pytest.mark.parametrize("qtype", ["Q8_K", "Q8_1", "Q1_0"])
 def test_unsupported_type_is_refused_by_name(qtype):
     per_block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     raw = np.zeros((2, 256 // per_block * nbytes), dtype=np.uint8)
@@ -126,6 +161,8 @@ CASES = [
     ("llama", "Q4_0", {"attn_q": "Q3_K", "attn_k": "Q5_1", "token_embd": "BF16", "output": "F16"}),
     # qwen2: biases, no permutation; every remaining type somewhere
     ("qwen2", "Q5_K", {"attn_q": "Q2_K", "attn_k": "Q4_1", "ffn_up": "Q5_0", "ffn_gate": "F32"}),
+    # codebook and float-4 types, on permuted q/k rows and the embedding too
+    ("llama", "IQ4_XS", {"attn_q": "IQ2_XXS", "attn_k": "IQ1_M", "token_embd": "IQ4_NL", "ffn_up": "MXFP4"}),
 ]
 
 
@@ -138,7 +175,7 @@ def test_iter_gguf_weights_equals_reference(written, arch, qtype, overrides):
     for name, w in got.items():
         _close(_dense(w), ref[name])
         if isinstance(w, AffineWeight):
-            assert w.mode == MODES[w.source.split()[-1]]
+            assert w.mode == {**MODES, **DECODED_MODES}[w.source.split()[-1]]
         else:
             assert w.ndim == 2 or "norm" in name or name.endswith(".bias")
     # the types asked for are the types that came back
@@ -149,7 +186,7 @@ def test_iter_gguf_weights_equals_reference(written, arch, qtype, overrides):
     }
     for name, t in expect.items():
         w = got[name]
-        if t in BLOCK_LAYOUT:
+        if t in MODES or t in DECODED_MODES:
             assert isinstance(w, AffineWeight) and w.source == f"GGUF {t}"
         else:
             assert isinstance(w, np.ndarray) and w.dtype == (np.float16 if t == "F16" else np.float32)
@@ -198,8 +235,8 @@ def test_written_file_reads_like_its_reference(written, tmp_path, monkeypatch):
 
 
 def test_unsupported_type_in_a_file_is_refused_before_converting(written):
-    path, _ = written("llama", "Q4_K", {"ffn_down": "IQ4_NL"})
-    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_down\.weight is GGUF type IQ4_NL"):
+    path, _ = written("llama", "Q4_K", {"ffn_down": "Q8_K"})
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_down\.weight is GGUF type Q8_K"):
         next(iter_gguf_weights(path, 4, 2))
 
 

@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 
 from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.loader import resolve_model
-from lantern.app.models.spec import ModelConfig, UnsupportedModelError
+from lantern.app.models.spec import ModelConfig
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 from tests.models.test_gptoss_mxfp4 import FP4_VALUES, repacked_reference
@@ -266,23 +266,26 @@ def test_real_20b_metadata_reads_as_its_config_json(tmp_path):
     assert ModelConfig.from_hf(cfg) == ModelConfig.from_hf(released)
 
 
-def test_mxfp4_outside_the_experts_is_refused(tmp_path):
-    """MXFP4 is read where llama.cpp's gpt-oss files hold it (expert projections) and refused
-    elsewhere, naming the tensor, before anything is converted."""
+def test_mxfp4_outside_the_experts_is_read_as_exact_affine_codes(tmp_path):
+    """Outside gpt-oss's experts (where the MXFP4 path keeps blocks for MLX's mxfp4 kernel) an MXFP4
+    tensor is read like any codebook type: exact 5-bit codes with a scale per 32 weights."""
     import gguf
 
     from lantern.app.models.gguf_names import iter_gguf_weights
 
-    w = gguf.GGUFWriter(tmp_path / "bad.gguf", "gpt-oss")
+    w = gguf.GGUFWriter(tmp_path / "mixed.gguf", "gpt-oss")
     w.add_block_count(1)
     mxfp4 = gguf.GGMLQuantizationType.MXFP4
-    w.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(np.ones((32, 64), np.float32), mxfp4), raw_dtype=mxfp4)
+    values = np.random.default_rng(0).normal(size=(32, 64)).astype(np.float32)
+    blocks = gguf.quants.quantize(values, mxfp4)
+    w.add_tensor("blk.0.attn_q.weight", blocks, raw_dtype=mxfp4)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.weight is GGUF type MXFP4"):
-        next(iter_gguf_weights(str(tmp_path / "bad.gguf"), 4, 2))
+    name, got = next(iter_gguf_weights(str(tmp_path / "mixed.gguf"), 4, 2))
+    assert name == "model.layers.0.self_attn.q_proj.weight" and got.mode == (5, 32)
+    np.testing.assert_array_equal(got.dequantize(), gguf.quants.dequantize(blocks, mxfp4))
 
 
 # ---- both backends against transformers ---------------------------------------------------------------

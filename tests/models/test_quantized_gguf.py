@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lantern.app.models.quant.affine import quantize_affine
+from lantern.app.models.quant.gguf_decoded import DECODED
 from tests.fixtures.gguf_writer import write_gguf_model
 from tests.models.quant_logits import logits_error, reference_folder, tolerance, torch_cpu_vnni
 
@@ -25,7 +26,13 @@ FILES = {
     "legacy": ("llama", "Q4_0", {"attn_k": "Q4_1", "attn_v": "Q5_0", "ffn_up": "Q5_1", "token_embd": "Q8_0"}),
     "q5_k": ("qwen2", "Q5_K", {"output": "Q8_0"}),
     "low_bit_k": ("llama", "Q3_K", {"ffn_down": "Q2_K", "attn_output": "Q2_K"}),
+    # the codebook and float-4 types (held exactly, wider: quant/gguf_decoded.py), like an IQ4_XS file
+    "iq4": ("llama", "IQ4_XS", {"token_embd": "IQ4_NL", "attn_v": "IQ3_S", "ffn_down": "IQ3_XXS"}),
+    "iq_low": ("qwen2", "IQ2_XXS", {"attn_q": "IQ2_XS", "attn_k": "IQ2_S", "attn_v": "IQ1_S", "ffn_down": "IQ1_M"}),
+    "ternary_fp4": ("llama", "TQ2_0", {"attn_q": "TQ1_0", "ffn_up": "MXFP4", "ffn_down": "NVFP4", "output": "Q8_0"}),
 }
+_GROUP16 = ("IQ2_XS", "IQ2_S", "IQ1_M", "NVFP4")  # decoded types held in group 16
+_WIDE = ("IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ1_S", "MXFP4", *_GROUP16)  # 5 or 8 bits
 _HF = {
     "token_embd": "model.embed_tokens.",
     "output": "lm_head.",
@@ -39,14 +46,24 @@ _HF = {
 }
 # (bits, group (0: per row), symmetric) each backend converts a type to when it has no exact layout.
 CONVERTED = {
-    "mlx": {"Q2_K": (4, 32, False), "Q3_K": (5, 32, False), "Q6_K": (8, 32, False)},
+    "mlx": {
+        "Q2_K": (4, 32, False),
+        "Q3_K": (5, 32, False),
+        "Q6_K": (8, 32, False),
+        **dict.fromkeys(_GROUP16, (8, 32, False)),
+    },
     "torch": {
         "Q2_K": (4, 32, False),
         "Q3_K": (4, 32, False),
-        **{t: (8, 0, True) for t in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")},
+        **{t: (8, 0, True) for t in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", *_WIDE)},
     },
     # the VNNI layers hold every 32-multiple group as it is: only the group-16 types are converted
-    "torch-vnni": {"Q2_K": (4, 32, False), "Q3_K": (4, 32, False), "Q6_K": (8, 32, False)},
+    "torch-vnni": {
+        "Q2_K": (4, 32, False),
+        "Q3_K": (4, 32, False),
+        "Q6_K": (8, 32, False),
+        **dict.fromkeys(_GROUP16, (8, 32, False)),
+    },
 }
 
 
@@ -109,6 +126,9 @@ def test_gguf_logits_match_what_the_backend_holds(gguf_files, backend, kind, cap
         # torch/CPU also logs what storing scales in 16 bits costs: a rounding, not a conversion
         conversions = [line for line in lines if backend == "mlx" or "requantized" in line]
         assert bool(conversions) == (qtype in converted(backend)), (qtype, caplog.text)
+    widened = [line for line in caplog.text.splitlines() if "held exactly as wider affine codes" in line]
+    decoded = sorted(t for t in {default, *overrides.values()} if t in DECODED)
+    assert [all(t in line for t in decoded) for line in widened] == ([True] if decoded else [])
 
 
 def test_split_gguf_serves_like_the_whole_file(gguf_files, backend, tmp_path):

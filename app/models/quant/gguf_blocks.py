@@ -17,6 +17,8 @@ with one scale and one offset per small group, so it maps without loss:
 
 d, dmin and m are float16 in the block; the products above are exact in float32 except Q6_K's
 (scale * code can need 25 bits), so `dequantize()` equals ggml's values to float32 rounding.
+The codebook and float-4 types (IQ1..IQ4, TQ1_0/TQ2_0, MXFP4, NVFP4) are exact affine codes too,
+only wider than in the file: quant/gguf_decoded.py.
 F32/F16/BF16 tensors come back as plain numpy arrays (F16 kept as float16, BF16 widened to float32).
 The block layouts follow ggml's `block_q*` structs (ggml-common.h); QK_K = 256.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight
+from lantern.app.models.quant.gguf_decoded import DECODED, decoded_to_weight
 from lantern.app.models.spec import UnsupportedModelError
 
 QK_K = 256
@@ -44,7 +47,7 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "Q6_K": (QK_K, 210),
 }
 PLAIN_TYPES = ("F32", "F16", "BF16")
-SUPPORTED_TYPES = (*PLAIN_TYPES, *BLOCK_LAYOUT)
+SUPPORTED_TYPES = (*PLAIN_TYPES, *BLOCK_LAYOUT, *DECODED)
 
 
 def gguf_to_weight(qtype_name: str, raw: np.ndarray, rows: int, cols: int) -> AffineWeight | np.ndarray:
@@ -53,22 +56,24 @@ def gguf_to_weight(qtype_name: str, raw: np.ndarray, rows: int, cols: int) -> Af
     `raw` is the tensor's data as gguf.GGUFReader / read_gguf_index shape it (uint8 blocks, or a
     typed view for F32/F16); rows = output features, cols = input features (GGUF dims reversed).
     A plain tensor whose `raw` is 1-D (norm weights, biases) comes back 1-D.
-    Raises UnsupportedModelError for the types not listed in SUPPORTED_TYPES (IQ*, TQ*, MXFP4...).
+    Raises UnsupportedModelError for the types not listed in SUPPORTED_TYPES (Q8_K, I8, F64...).
     """
     name = getattr(qtype_name, "name", qtype_name)  # a gguf.GGMLQuantizationType works too
     if name in PLAIN_TYPES:
         return _plain(name, raw, rows, cols)
-    if name not in BLOCK_LAYOUT:
+    if name not in BLOCK_LAYOUT and name not in DECODED:
         raise UnsupportedModelError(
             f"GGUF tensor type {name} is not supported; supported types: {', '.join(SUPPORTED_TYPES)}"
         )
-    per_block, nbytes = BLOCK_LAYOUT[name]
+    per_block, nbytes = block_layout(name)
     if cols % per_block:
         raise ValueError(f"GGUF {name}: {cols} columns are not a whole number of {per_block}-weight blocks")
     data = np.ascontiguousarray(raw).view(np.uint8)
     n_blocks = rows * cols // per_block
     if data.size != n_blocks * nbytes:
         raise ValueError(f"GGUF {name}: {data.size} bytes for a [{rows}, {cols}] tensor, expected {n_blocks * nbytes}")
+    if name in DECODED:
+        return decoded_to_weight(name, data, rows, cols)
     codes, scales, biases, bits, group = _CONVERT[name](data.reshape(n_blocks, nbytes))
     return AffineWeight(
         codes.reshape(rows, cols),
@@ -78,6 +83,15 @@ def gguf_to_weight(qtype_name: str, raw: np.ndarray, rows: int, cols: int) -> Af
         group,
         f"GGUF {name}",
     )
+
+
+def block_layout(qtype: str) -> tuple[int, int]:
+    """(weights per block, bytes per block) of a supported block type."""
+    if qtype in BLOCK_LAYOUT:
+        return BLOCK_LAYOUT[qtype]
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
 
 
 def _plain(name: str, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
