@@ -26,6 +26,7 @@ import math
 import numpy as np
 import torch
 
+from lantern.app.models.quant.affine import AffineWeight
 from lantern.backends.torch import native_build
 
 XG = 32  # x's quantization group: K must be a multiple of it, and the weight's group a multiple too
@@ -57,14 +58,24 @@ def vnni_mm(
     group_size: int,
     n: int,
     bits: int,
+    table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] float32 or bfloat16 @ W.T -> [M, n] in x's dtype, W held as `pack_codes` /
     `pack_scales` made it (out_scale: a one-element float32 tensor, so that layers differing in it
-    share a compiled graph). Requires available()."""
-    return torch.ops.lantern.vnni_mm(x, codes, scales, out_scale, group_size, n, bits)
+    share a compiled graph; table: a `codebook`'s 16 codes, with 4-bit indices). Requires available()."""
+    return torch.ops.lantern.vnni_mm(x, codes, scales, out_scale, group_size, n, bits, table)
 
 
-def _fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, s: torch.Tensor, g: int, n: int, bits: int):
+def _fake(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    s: torch.Tensor,
+    g: int,
+    n: int,
+    bits: int,
+    table: torch.Tensor | None = None,
+):
     return x.new_empty((x.shape[0], n))
 
 
@@ -93,6 +104,29 @@ def pack_codes(codes: np.ndarray, bits: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def codebook(w: AffineWeight) -> tuple[np.ndarray, np.ndarray] | None:
+    """(uint8 indices [N, K] < 16, uint8 table [16]) when w's codes take at most 16 values, so that
+    table[indices] are its codes (GGUF's IQ4, IQ3, IQ2, IQ1 and MXFP4 tensors, held as 5- or 8-bit
+    codes): the kernel then reads 4 bits per weight instead of 8, with the same scales. A group whose
+    scale and bias are both 0 is 0 whatever its codes (IQ4_XS's zero sub-block scale): its codes do
+    not count. None otherwise."""
+    used = np.flatnonzero(np.bincount(w.codes.ravel(), minlength=256))
+    if len(used) > 16:
+        dont_care = (w.scales == 0) & (w.biases == 0)
+        if not dont_care.any():
+            return None
+        rows, groups = w.scales.shape
+        cared = w.codes.reshape(rows, groups, w.group_size)[~dont_care]
+        used = np.flatnonzero(np.bincount(cared.ravel(), minlength=256))
+        if len(used) > 16:
+            return None
+    table = np.full(16, used[0], np.uint8)
+    table[: len(used)] = used
+    index = np.zeros(256, np.uint8)  # a code outside the table (a don't-care group's) reads entry 0
+    index[used] = np.arange(len(used), dtype=np.uint8)
+    return index[w.codes], table
+
+
 def pack_scales(scales: np.ndarray, biases: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """(float16 [N/16][K/g][2][16] scales then biases per block, out_scale): the values are multiplied
     by a power of two that brings the largest below 2**14 (float16's range), and out_scale undoes it
@@ -110,13 +144,22 @@ def pack_scales(scales: np.ndarray, biases: np.ndarray) -> tuple[torch.Tensor, t
 
 
 def decode_rows(
-    codes: torch.Tensor, scales: torch.Tensor, out_scale: torch.Tensor, ids: torch.Tensor, k: int, g: int, bits: int
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    out_scale: torch.Tensor,
+    ids: torch.Tensor,
+    k: int,
+    g: int,
+    bits: int,
+    table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """float32 rows `ids` [T] of a packed weight: [T, K] (a quantized embedding's lookup)."""
     blk, lane = ids // BLOCK, ids % BLOCK
     if bits == 4:
         b = codes.view(-1, k // 8, BLOCK, 4)[blk, :, lane, :]  # [T, K/8, 4]
         q = torch.stack((b & 15, b >> 4), dim=2)  # [T, K/8, 2, 4]
+        if table is not None:
+            q = table[q.long()]
     else:
         q = codes.view(-1, k // 4, BLOCK, 4)[blk, :, lane, :]  # [T, K/4, 4]
     sb = scales[blk, :, :, lane].float()  # [T, K/g, 2]
@@ -134,6 +177,7 @@ def decode_block_rows(
     g: int,
     bits: int,
     dtype: torch.dtype = torch.float32,
+    table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows start..stop (start a multiple of 16) of a packed weight in `dtype`, as a [rows, K] view of
     a contiguous [K, rows] tensor: the layout runs along K within a block, so writing column-major
@@ -142,5 +186,5 @@ def decode_block_rows(
     bfloat16; other dtypes converted from float32), the values decode_rows gives. Requires available()."""
     first, last = start // BLOCK, -(-stop // BLOCK)
     native = dtype if dtype in IO_DTYPES else torch.float32
-    cols = torch.ops.lantern.vnni_decode(codes, scales, out_scale, k, g, bits, first, last - first, native)
+    cols = torch.ops.lantern.vnni_decode(codes, scales, out_scale, k, g, bits, first, last - first, native, table)
     return cols.to(dtype)[:, start - first * BLOCK : stop - first * BLOCK].t()

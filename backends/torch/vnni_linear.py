@@ -1,5 +1,7 @@
 """The CPU quantized layer on int8 dot products (cpu_vnni_gemm): 4-bit codes for weights of up to
-4 bits, 8-bit codes for 5 to 8, each group's scale and bias in float16.
+4 bits, 8-bit codes for 5 to 8, each group's scale and bias in float16. Wider codes that take at most
+16 values (GGUF's codebook types: IQ4, IQ3, IQ2, IQ1, MXFP4) are held as 4-bit indices into a table
+of 16 codes (`codebook`): the file's values exactly, at 4 bits per weight.
 
 Every affine format whose group is a multiple of 32 maps exactly (GGUF Q4_0/Q4_1/Q4_K/Q5_*/Q8_0,
 MLX 4/8-bit, AWQ/GPTQ, --isq): narrower codes are valid wider ones as they are (w = s * q + b needs
@@ -44,25 +46,34 @@ class VnniLinear(PackedCpuLayer):
         if self.requantized:
             w = requantize(w, self.bits, vnni.XG)[0]
         self.group_size = w.group_size
-        self.register_buffer("codes", vnni.pack_codes(w.codes, self.bits).to(device))
+        lookup = vnni.codebook(w) if self.bits == 8 else None
+        codes, table = lookup if lookup is not None else (w.codes, None)
+        if table is not None:
+            self.bits = 4
+        self.register_buffer("codes", vnni.pack_codes(codes, self.bits).to(device))
+        self.register_buffer("lut", None if table is None else torch.from_numpy(table).to(device))
         scales, out_scale = vnni.pack_scales(np.asarray(w.scales), np.asarray(w.biases))
         self.register_buffer("scales", scales.to(device))
         self.register_buffer("out_scale", out_scale.to(device))
         g = "per-channel" if w.group_size == k else f"g{w.group_size}"
         how = "requantized, " if self.requantized else ""
-        self.target = f"{self.bits}-bit {g} ({how}f16 scales, x in two int8 levels)"
+        kind = "4-bit codebook of 8-bit codes" if table is not None else f"{self.bits}-bit"
+        self.target = f"{kind} {g} ({how}f16 scales, x in two int8 levels)"
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:
             return dense_matmul(x, self.out_features, self.in_features, vnni.BLOCK, self._decoded_rows)
         xin = x if x.dtype in vnni.IO_DTYPES else x.float()
-        y = _VNNI_MM(xin, self.codes, self.scales, self.out_scale, self.group_size, self.out_features, self.bits)
+        y = _VNNI_MM(
+            xin, self.codes, self.scales, self.out_scale, self.group_size, self.out_features, self.bits, self.lut
+        )
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         k, g = self.in_features, self.group_size
-        return vnni.decode_rows(self.codes, self.scales, self.out_scale, ids, k, g, self.bits)
+        return vnni.decode_rows(self.codes, self.scales, self.out_scale, ids, k, g, self.bits, self.lut)
 
     def _decoded_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         k, g = self.in_features, self.group_size
-        return vnni.decode_block_rows(self.codes, self.scales, self.out_scale, start, stop, k, g, self.bits, dtype)
+        args = (self.codes, self.scales, self.out_scale, start, stop, k, g, self.bits, dtype, self.lut)
+        return vnni.decode_block_rows(*args)

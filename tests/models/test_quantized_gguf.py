@@ -126,7 +126,7 @@ def test_gguf_logits_match_what_the_backend_holds(gguf_files, backend, kind, cap
         # torch/CPU also logs what storing scales in 16 bits costs: a rounding, not a conversion
         conversions = [line for line in lines if backend == "mlx" or "requantized" in line]
         assert bool(conversions) == (qtype in converted(backend)), (qtype, caplog.text)
-    widened = [line for line in caplog.text.splitlines() if "held exactly as wider affine codes" in line]
+    widened = [line for line in caplog.text.splitlines() if "read as exact affine codes wider than the file" in line]
     decoded = sorted(t for t in {default, *overrides.values()} if t in DECODED)
     assert [all(t in line for t in decoded) for line in widened] == ([True] if decoded else [])
 
@@ -157,3 +157,23 @@ def test_a_bfloat16_model_gets_float32_logits_from_the_vnni_head(gguf_files, kin
         llm.engine.shutdown()
     logits = torch.from_numpy(row)
     assert (logits.bfloat16().float() != logits).sum() > len(logits) // 2
+
+
+def test_codebook_types_take_4_bits_a_weight_on_the_vnni_layers(gguf_files, tmp_path):
+    """On torch's VNNI layers the IQ4 file (IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS: at most 16 levels each)
+    is held at 4 bits a weight, as a Q4_K file of the same shapes is (both 32-wide groups with float16
+    scales and biases): codebook indices, not the 8-bit codes the other backends hold."""
+    from lantern.app.engine import LLM
+
+    if not torch_cpu_vnni():
+        pytest.skip("the codebook layout is the VNNI layers' (x86-64 with AVX512-VNNI)")
+    q4_k, _ = write_gguf_model(tmp_path / "q4_k", arch="llama", qtype="Q4_K")
+    iq4, _ = gguf_files("iq4")
+    held = {}
+    for path in (q4_k, iq4):
+        llm = LLM(str(path), backend="torch", dtype="float32", num_kv_blocks=16, block_size=4)
+        try:
+            held[path] = llm.engine.weight_bytes
+        finally:
+            llm.engine.shutdown()
+    assert held[iq4] <= 1.02 * held[q4_k], held

@@ -22,9 +22,10 @@ the whole numbers small enough for 2, 5 or 8 bits; so each tensor is held exactl
 
 The values come from `gguf.quants.dequantize` (the package's reference decoder of the grids and
 sign tables); this module reads only the scale fields of ggml's block structs and divides: the
-quotient is the integer level, checked to reproduce every value. The cost is memory: a weight takes
-its affine width instead of the file's 1.6-4.5 bits (logged when a file has such tensors), because no
-backend kernel here computes on the tables themselves.
+quotient is the integer level, checked to reproduce every value. The cost is memory where a backend
+has no codebook layout (MLX's and CUDA's kernels): a weight takes its affine width instead of the
+file's 1.6-4.5 bits (logged when a file has such tensors). torch's VNNI CPU layers hold codes of at
+most 16 values as 4-bit indices into a table (cpu_vnni_gemm.codebook): IQ4's 4.25-4.5 bits become 5.
 """
 
 from __future__ import annotations
@@ -164,9 +165,9 @@ def widening_note(counts: dict[str, int]) -> str:
         f"{n} {q} ({file_bits_per_weight(q):.2f} -> {DECODED[q][1]} bits per weight)" for q, n in sorted(counts.items())
     )
     return (
-        f"GGUF tensors held exactly as wider affine codes: {kinds}, plus a scale and bias per group; "
-        "no kernel here computes on these types' codebooks or float-4 levels, so they take more memory "
-        "than in the file"
+        f"GGUF tensors read as exact affine codes wider than the file's: {kinds}, plus a scale and bias "
+        "per group. They take that much memory where the backend has no codebook layout (MLX, CUDA, CPUs "
+        "without AVX512-VNNI); torch's VNNI layers hold those of at most 16 levels in 32-wide groups at 4 bits"
     )
 
 

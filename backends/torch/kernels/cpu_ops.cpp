@@ -7,15 +7,28 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <optional>
+
 #include "cpu_vnni_gemm.c"
 
 namespace {
+
+// A codebook weight's 16-byte table (4-bit indices only), or NULL.
+const uint8_t *codebook(const std::optional<at::Tensor> &table, int64_t bits, const char *op) {
+    if (!table.has_value()) return nullptr;
+    const at::Tensor &t = *table;
+    TORCH_CHECK_VALUE(bits == 4 && t.scalar_type() == at::kByte && t.numel() == 16 && t.is_contiguous() &&
+                          t.device().is_cpu(),
+                      op, ": a codebook table is 16 uint8 CPU values for 4-bit indices, not ", t.sizes(), " at ",
+                      bits, " bits");
+    return t.data_ptr<uint8_t>();
+}
 
 // x [M, K] float32 or bfloat16 @ W.T -> [M, n] in x's dtype; W as cpu_vnni_gemm.pack_codes /
 // pack_scales hold it. Every size is checked against the others: a mismatch raises, never reads
 // out of bounds.
 at::Tensor vnni_mm(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scales, const at::Tensor &out_scale,
-                   int64_t group_size, int64_t n, int64_t bits) {
+                   int64_t group_size, int64_t n, int64_t bits, const std::optional<at::Tensor> &table) {
     TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
                      "vnni_mm: x must be float32 or bfloat16, not ", x.scalar_type());
     TORCH_CHECK_VALUE(x.dim() == 2 && x.device().is_cpu(), "vnni_mm: x must be a 2-D CPU tensor");
@@ -29,12 +42,13 @@ at::Tensor vnni_mm(const at::Tensor &x, const at::Tensor &codes, const at::Tenso
                 out_scale.numel() == 1 && codes.device().is_cpu() && scales.device().is_cpu() &&
                 out_scale.device().is_cpu();
     TORCH_CHECK_VALUE(fits, "vnni_mm: x ", x.sizes(), " does not fit the ", bits, "-bit weight ", codes.sizes());
+    const uint8_t *lut = codebook(table, bits, "vnni_mm");
     at::Tensor xc = x.contiguous();
     at::Tensor y = at::empty({m, n}, x.options());
     if (m == 0) return y;
     int bf16 = x.scalar_type() == at::kBFloat16;
     int rc = lantern_vnni_mm(xc.data_ptr(), m, k, codes.data_ptr<uint8_t>(), (const uint16_t *)scales.data_ptr(),
-                             group_size, out_scale.data_ptr<float>(), n, y.data_ptr(), bf16, (int)bits,
+                             group_size, out_scale.data_ptr<float>(), n, y.data_ptr(), bf16, (int)bits, lut,
                              at::get_num_threads());
     TORCH_CHECK(rc == 0, "vnni_mm: the kernel could not allocate x's quantized copy");
     return y;
@@ -44,7 +58,7 @@ at::Tensor vnni_mm(const at::Tensor &x, const at::Tensor &codes, const at::Tenso
 // float32 or bfloat16 (the dense prefill GEMM reads its [rows, K] transpose in place).
 at::Tensor vnni_decode(const at::Tensor &codes, const at::Tensor &scales, const at::Tensor &out_scale, int64_t k,
                        int64_t group_size, int64_t bits, int64_t first_block, int64_t num_blocks,
-                       at::ScalarType dtype) {
+                       at::ScalarType dtype, const std::optional<at::Tensor> &table) {
     TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16, "vnni_decode: float32 or bfloat16, not ", dtype);
     const int64_t per_vector = bits == 4 ? 8 : 4;
     bool fits = (bits == 4 || bits == 8) && group_size > 0 && k > 0 && k % XG == 0 && group_size % XG == 0 &&
@@ -57,9 +71,10 @@ at::Tensor vnni_decode(const at::Tensor &codes, const at::Tensor &scales, const 
                 codes.device().is_cpu() && scales.device().is_cpu() && out_scale.device().is_cpu();
     TORCH_CHECK_VALUE(fits, "vnni_decode: blocks ", first_block, "+", num_blocks, " of K=", k, " do not fit the ",
                       bits, "-bit weight ", codes.sizes());
+    const uint8_t *lut = codebook(table, bits, "vnni_decode");
     at::Tensor out = at::empty({k, 16 * num_blocks}, codes.options().dtype(dtype));
     if (num_blocks == 0) return out;
-    lantern_vnni_decode(codes.data_ptr<uint8_t>(), (const uint16_t *)scales.data_ptr(), k, group_size, (int)bits,
+    lantern_vnni_decode(codes.data_ptr<uint8_t>(), (const uint16_t *)scales.data_ptr(), k, group_size, (int)bits, lut,
                         *out_scale.data_ptr<float>(), first_block, num_blocks, out.data_ptr(), 16 * num_blocks,
                         dtype == at::kBFloat16, at::get_num_threads());
     return out;
@@ -68,10 +83,12 @@ at::Tensor vnni_decode(const at::Tensor &codes, const at::Tensor &scales, const 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lantern, m) {
-    m.def("vnni_mm(Tensor x, Tensor codes, Tensor scales, Tensor out_scale, int group_size, int n, int bits) -> Tensor");
+    m.def(
+        "vnni_mm(Tensor x, Tensor codes, Tensor scales, Tensor out_scale, int group_size, int n, int bits, "
+        "Tensor? table=None) -> Tensor");
     m.def(
         "vnni_decode(Tensor codes, Tensor scales, Tensor out_scale, int k, int group_size, int bits, int first_block, "
-        "int num_blocks, ScalarType dtype) -> Tensor");
+        "int num_blocks, ScalarType dtype, Tensor? table=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lantern, CPU, m) {

@@ -12,6 +12,10 @@
 // Layouts, in blocks of 16 outputs (one vector of int32 lanes; N padded to a multiple of 16):
 //   4-bit codes  [N/16][K/8][16][4] bytes: byte t of lane i holds q[i][8k + t] in its low nibble and
 //                q[i][8k + 4 + t] in its high one (a 64-byte load is 16 outputs x 8 columns)
+//   codebook     the 4-bit layout holding indices into a 16-byte table of 8-bit codes (lut): weights
+//                whose 8-bit codes take at most 16 values (GGUF's IQ4 and other codebook types) at
+//                4 bits each; each index becomes its code in registers (vpshufb), which then
+//                multiplies as an 8-bit code does (same scales and biases)
 //   8-bit codes  [N/16][K/4][16][4] bytes: byte t of lane i is q[i][4k + t]
 //   s, b         [N/16][K/g][2][16] float16: the block's 16 scales, then its 16 biases
 //
@@ -95,14 +99,17 @@ typedef struct {
     const uint8_t *w;  // the tile's first block
     const uint16_t *sz;
     long g;
+    const uint8_t *lut;  // the codebook's 16 codes (NIB 2 only)
 } tile_args;
 
-// R rows x C vectors of outputs. NIB: 4-bit codes (two columns per byte) or 8-bit ones. Each
+// R rows x C vectors of outputs. NIB: 1 4-bit codes (two columns per byte), 2 4-bit codebook
+// indices (the same layout, each looked up in the 16-byte table), 0 8-bit codes. Each
 // group of 32 columns sums x1 and x2 products apart (exact int32), then joins them as 256 * s1 + s2.
 #define DEF_TILE(NIB, R, C)                                                                           \
     static void tile##NIB##_##R##x##C(const tile_args *a, void *y, long ldy, long n0, long N, int y_bf16) { \
         const long K = a->K, groups = K / XG, wstride = NIB ? 8 * K : 16 * K, sstride = (K / a->g) * 32; \
         const __m512i low = _mm512_set1_epi8(0x0F);                                                   \
+        const __m512i table = NIB == 2 ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)a->lut)) : low; \
         __m512 facc[R][C];                                                                            \
         for (int i = 0; i < R; i++)                                                                   \
             for (int j = 0; j < C; j++) facc[i][j] = _mm512_setzero_ps();                             \
@@ -115,6 +122,7 @@ typedef struct {
                 for (int j = 0; j < C; j++) {                                                         \
                     __m512i v = _mm512_loadu_si512(a->w + j * wstride + kv * 64);                     \
                     __m512i lo = NIB ? _mm512_and_si512(v, low) : v;                                  \
+                    if (NIB == 2) lo = _mm512_shuffle_epi8(table, lo);                                \
                     for (int i = 0; i < R; i++) {                                                     \
                         const int32_t *xr = (const int32_t *)(a->xq + i * 2 * K + kv * (NIB ? 16 : 8)); \
                         s1[i][j] = _mm512_dpbusd_epi32(s1[i][j], lo, _mm512_set1_epi32(xr[0]));       \
@@ -122,6 +130,7 @@ typedef struct {
                     }                                                                                 \
                     if (NIB) {                                                                        \
                         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);                  \
+                        if (NIB == 2) hi = _mm512_shuffle_epi8(table, hi);                            \
                         for (int i = 0; i < R; i++) {                                                 \
                             const int32_t *xr = (const int32_t *)(a->xq + i * 2 * K + kv * 16);       \
                             s1[i][j] = _mm512_dpbusd_epi32(s1[i][j], hi, _mm512_set1_epi32(xr[2]));   \
@@ -152,16 +161,20 @@ typedef struct {
 #define DEF_TILES(NIB, R) DEF_TILE(NIB, R, 1) DEF_TILE(NIB, R, 2)
 DEF_TILES(1, 1) DEF_TILES(1, 2) DEF_TILES(1, 3) DEF_TILES(1, 4)
 DEF_TILES(0, 1) DEF_TILES(0, 2) DEF_TILES(0, 3) DEF_TILES(0, 4)
+DEF_TILES(2, 1) DEF_TILES(2, 2) DEF_TILES(2, 3) DEF_TILES(2, 4)
 
 typedef void (*tile_t)(const tile_args *, void *, long, long, long, int);
 static const tile_t TILES4[MR + 1][NC + 1] = {
     {0}, {0, tile1_1x1, tile1_1x2}, {0, tile1_2x1, tile1_2x2}, {0, tile1_3x1, tile1_3x2}, {0, tile1_4x1, tile1_4x2}};
 static const tile_t TILES8[MR + 1][NC + 1] = {
     {0}, {0, tile0_1x1, tile0_1x2}, {0, tile0_2x1, tile0_2x2}, {0, tile0_3x1, tile0_3x2}, {0, tile0_4x1, tile0_4x2}};
+static const tile_t TILESLUT[MR + 1][NC + 1] = {
+    {0}, {0, tile2_1x1, tile2_1x2}, {0, tile2_2x1, tile2_2x2}, {0, tile2_3x1, tile2_3x2}, {0, tile2_4x1, tile2_4x2}};
 
-// bits 4 or 8; K a multiple of 32 and of g, g a multiple of 32. Returns 0, or -1 when out of memory.
+// bits 4 or 8 (lut: 4-bit codebook indices, else NULL); K a multiple of 32 and of g, g a multiple of 32.
+// Returns 0, or -1 when out of memory.
 int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint16_t *sz, long g,
-                    const float *out_scale_p, long N, void *y, int io_bf16, int bits, int threads) {
+                    const float *out_scale_p, long N, void *y, int io_bf16, int bits, const uint8_t *lut, int threads) {
     const float out_scale = *out_scale_p;
     long groups = K / XG, blocks = (N + 15) / 16, tiles = (blocks + NC - 1) / NC;
     int8_t *xq = (int8_t *)malloc(2 * M * K);
@@ -170,7 +183,7 @@ int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint1
         free(xq), free(dx), free(sx);
         return -1;
     }
-    const tile_t(*table)[NC + 1] = bits == 4 ? TILES4 : TILES8;
+    const tile_t(*table)[NC + 1] = bits == 4 ? (lut ? TILESLUT : TILES4) : TILES8;
     long wblock = bits == 4 ? 16 * K / 2 : 16 * K, sblock = (K / g) * 32;
     if (M * K < 16384) quantize_rows(x, io_bf16, 0, M, K, out_scale, xq, dx, sx);  // a few rows: not worth a barrier
 #pragma omp parallel num_threads(threads)
@@ -184,7 +197,8 @@ int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint1
             long b0 = t * NC, cols = blocks - b0 < NC ? blocks - b0 : NC;
             for (long m0 = 0; m0 < M; m0 += MR) {
                 long rows = M - m0 < MR ? M - m0 : MR;
-                tile_args a = {xq + 2 * m0 * K, dx + m0 * groups, sx + m0 * groups, K, w + b0 * wblock, sz + b0 * sblock, g};
+                tile_args a = {xq + 2 * m0 * K, dx + m0 * groups, sx + m0 * groups, K, w + b0 * wblock, sz + b0 * sblock, g,
+                               lut};
                 char *yr = (char *)y + m0 * N * (io_bf16 ? 2 : 4);
                 table[rows][cols](&a, yr, N, b0 * 16, N, io_bf16);
             }
@@ -198,13 +212,14 @@ int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint1
 // in place): out[k * ld + 16 * (b - b0) + i] = w of output row 16 * b + i at column k, computed as
 // fma(q, s, b) in float32 with out_scale folded into s and b (exact: a power of two), stored as
 // float32 or rounded once to bfloat16. One pass: each 64-byte vector of codes becomes 8 (4-bit) or 4
-// (8-bit) columns of 16 outputs. The threads split the blocks.
-void lantern_vnni_decode(const uint8_t *w, const uint16_t *sz, long K, long g, int bits, float out_scale, long b0,
-                         long nb, void *out, long ld, int out_bf16, int threads) {
+// (8-bit) columns of 16 outputs; codebook indices (lut) are looked up first. The threads split the blocks.
+void lantern_vnni_decode(const uint8_t *w, const uint16_t *sz, long K, long g, int bits, const uint8_t *lut,
+                         float out_scale, long b0, long nb, void *out, long ld, int out_bf16, int threads) {
     const long per_vector = bits == 4 ? 8 : 4, vectors = K / per_vector, wblock = 16 * K * bits / 8,
                sblock = (K / g) * 32;
     const __m512 os = _mm512_set1_ps(out_scale);
     const __m512i mask = _mm512_set1_epi32(bits == 4 ? 15 : 255);
+    const __m512i codebook = lut ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)lut)) : mask;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long bi = 0; bi < nb; bi++) {
         const uint8_t *wb = w + (b0 + bi) * wblock;
@@ -224,6 +239,7 @@ void lantern_vnni_decode(const uint8_t *w, const uint16_t *sz, long K, long g, i
                 // 4-bit: column c < 4 is byte c's low nibble, c >= 4 byte c - 4's high one; 8-bit: byte c
                 unsigned shift = bits == 4 ? 8 * (c & 3) + 4 * (c >> 2) : 8 * c;
                 __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, shift), mask);
+                if (lut) q = _mm512_permutexvar_epi32(q, codebook);
                 __m512 val = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), s, b);
                 long at = (col0 + c) * ld + bi * 16;
                 if (out_bf16)
