@@ -1,4 +1,4 @@
-"""Quantized HF folders (MLX-community, AWQ, GPTQ, FP8): config parsing and exact reading.
+"""Quantized HF folders (MLX-community, AWQ, GPTQ, FP8, compressed-tensors): config parsing and exact reading.
 
 The folders are written by tests/fixtures/hf_quant_writers.py; their references are values nobody
 here computed by hand: `mx.dequantize` (MLX), torch's float8_e4m3fn cast (FP8), and for AWQ/GPTQ the
@@ -47,6 +47,12 @@ CASES = [
     ("gptq_v2", "llama2"),
     ("fp8", "llama2"),
     ("fp8_tensor", "llama2"),
+    ("ct_w4a16", "llama2"),
+    ("ct_w4_asym", "qwen2"),
+    ("ct_w8a16", "llama2"),
+    ("ct_w8a8", "llama2"),
+    ("ct_fp8", "llama2"),
+    ("ct_fp8_block", "llama2"),
 ]
 
 
@@ -113,6 +119,8 @@ def test_every_quantized_module_reads_exactly_to_the_reference_weights(folders, 
     for prefix, w in weights.items():
         exact = reference[f"{prefix}.weight"]
         assert isinstance(w, Fp8Weight if scheme.method == "fp8" else AffineWeight)
+        if kind.startswith("ct_w") and scheme.method != "fp8":
+            assert w.bits == scheme.bits and w.codes.max() < 2**w.bits
         assert w.shape == exact.shape
         np.testing.assert_allclose(w.dequantize(), exact, rtol=1e-6, atol=1e-6, err_msg=prefix)
     for name in plain:  # plain tensors go through unchanged
@@ -254,6 +262,11 @@ def test_written_configs_parse_to_their_schemes(folders):
         "gptq8": ("gptq", 8, -1),
         "gptq_v2": ("gptq", 4, 64),
         "fp8": ("fp8", 8, 0),
+        "ct_w4a16": ("ct-pack", 4, 64),
+        "ct_w4_asym": ("ct-pack", 4, 32),
+        "ct_w8a16": ("ct-pack", 8, -1),
+        "ct_w8a8": ("ct-int", 8, -1),
+        "ct_fp8": ("fp8", 8, 0),
     }
     for kind, (method, bits, group) in expected.items():
         config = ModelConfig.from_hf(json.loads((folders(kind)[0] / "config.json").read_text()))
@@ -267,6 +280,9 @@ def test_written_configs_parse_to_their_schemes(folders):
     assert scheme_of("gptq_asym").checkpoint_format == "gptq" and not scheme_of("gptq_asym").sym
     assert scheme_of("gptq").sym and scheme_of("gptq_v2").checkpoint_format == "gptq_v2"
     assert scheme_of("fp8").weight_block_size == (128, 128)
+    assert scheme_of("ct_fp8_block").weight_block_size == (128, 128) and scheme_of("ct_fp8").weight_block_size is None
+    assert scheme_of("ct_w4a16").sym and not scheme_of("ct_w4_asym").sym
+    assert scheme_of("ct_w4a16").modules_to_not_convert == ("lm_head",)
     per_tensor = scheme_of("fp8_tensor")
     assert per_tensor.weight_block_size is None and per_tensor.modules_to_not_convert == ("lm_head",)
 
@@ -276,11 +292,42 @@ def test_float_configs_have_no_scheme():
     assert parse_quant_scheme({"quantization_config": None}) is None
 
 
+CT_W4 = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}
+CT_W8 = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}
+CT_FP4 = {
+    "targets": ["Linear"],
+    "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
+}
 REFUSED = [
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, 'quantization_config.quant_method="bitsandbytes"'),
     ({"quant_method": "exl2", "bits": 4.65}, 'quantization_config.quant_method="exl2"'),
     ({"quant_method": "hqq", "nbits": 4}, 'quantization_config.quant_method="hqq"'),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, 'quant_method="compressed-tensors"'),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "quantization_config.config_groups=null"),
+    (
+        {"quant_method": "compressed-tensors", "format": "sparse-24-bitmask", "config_groups": {"g": CT_W4}},
+        'config_groups.g.format="sparse-24-bitmask"',
+    ),
+    (
+        {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"g": CT_FP4}},
+        'config_groups.g.format="nvfp4-pack-quantized"',
+    ),
+    (
+        {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"a": CT_W4, "b": CT_W8}},
+        'config_groups=["a", "b"]',
+    ),
+    (
+        {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {"g": CT_W4},
+            "transform_config": {"t": {}},
+        },
+        'quantization_config.transform_config=["t"]',
+    ),
+    (
+        {"quant_method": "compressed-tensors", "quantization_status": "frozen", "config_groups": {"g": CT_W4}},
+        'quantization_config.quantization_status="frozen"',
+    ),
     ({"quant_method": "awq", "bits": 4, "version": "gemv"}, 'quantization_config.version="gemv"'),
     ({"quant_method": "awq", "bits": 4, "version": "exllama"}, 'quantization_config.version="exllama"'),
     ({"quant_method": "awq", "bits": 4, "zero_point": False}, "quantization_config.zero_point=false"),
@@ -318,3 +365,28 @@ def test_mlx_quantization_key_is_parsed_and_its_module_entries_checked():
         UnsupportedModelError, match=r"quant_method=\"awq\" in config.json is not implemented alongside MLX"
     ):
         parse_quant_scheme(mixed)
+
+
+def test_compressed_tensors_act_order_g_idx_is_refused_and_contiguous_accepted(folders):
+    quant, _ = folders("ct_w4a16")
+    scheme = parse_quant_scheme(json.loads((quant / "config.json").read_text()))
+    tensors = load_tensors(quant / "model.safetensors")
+    prefix = "model.layers.0.mlp.up_proj"
+    module = {s: tensors[f"{prefix}.{s}"] for s in ("weight_packed", "weight_scale", "weight_shape")}
+    contiguous = np.arange(128) // 64
+    plain = read_quantized_module(scheme, prefix, module)
+    same = read_quantized_module(scheme, prefix, {**module, "weight_g_idx": contiguous})
+    np.testing.assert_array_equal(same.dequantize(), plain.dequantize())
+    with pytest.raises(UnsupportedModelError, match=r"actorder=\"group\".*weight_g_idx"):
+        read_quantized_module(scheme, prefix, {**module, "weight_g_idx": contiguous[::-1].copy()})
+
+
+def test_compressed_tensors_activation_scheme_is_kept_float_with_a_log_line(folders, caplog):
+    import lantern.app.models.quant.compressed_tensors as ct
+
+    for kind, said in (("ct_w8a8", "int8"), ("ct_w4a16", None)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=ct.__name__):
+            parse_quant_scheme(json.loads((folders(kind)[0] / "config.json").read_text()))
+        lines = [r.message for r in caplog.records if "activations" in r.message]
+        assert lines == ([] if said is None else [lines[0]]) and (said is None or said in lines[0]), kind

@@ -1,4 +1,5 @@
-"""Quantized Hugging Face folders (MLX-community, AWQ, GPTQ, FP8) read into the shared affine form.
+"""Quantized Hugging Face folders (MLX-community, AWQ, GPTQ, FP8, compressed-tensors: its own module)
+read into the shared affine form.
 
 `parse_quant_scheme` turns config.json's `quantization` / `quantization_config` into a `QuantScheme`
 (refusing, in one line naming the key, what is not implemented), `quantized_module_names` says which
@@ -42,7 +43,8 @@ MLX_GROUPS = (32, 64, 128)
 SUPPORTED = (
     "supported: MLX affine `quantization` (2-8 bit, groups 32/64/128), "
     "quant_method awq (4-bit, version gemm, zero_point), gptq (4/8-bit, checkpoint_format gptq or gptq_v2), "
-    "fp8 (e4m3, block or per-tensor scales)"
+    "fp8 (e4m3, block or per-tensor scales), compressed-tensors (pack-quantized / int-quantized integer "
+    "weights of 2-8 bits, float-quantized FP8)"
 )
 
 
@@ -50,13 +52,13 @@ SUPPORTED = (
 class QuantScheme:
     """How a quantized HF folder stores its linear weights (parsed from config.json)."""
 
-    method: str  # "mlx" | "awq" | "gptq" | "fp8"
+    method: str  # "mlx" | "awq" | "gptq" | "fp8" | "ct-pack" | "ct-int" (compressed-tensors integers)
     bits: int  # 8 for fp8
     group_size: int  # -1: GPTQ per-channel (one group per row); 0 for fp8
     sym: bool = False  # GPTQ: zeros are 2**(bits-1) (still read from the file)
-    zero_point: bool = True  # AWQ
+    zero_point: bool = True  # AWQ (compressed-tensors: sym says whether zero points are stored)
     desc_act: bool = False  # GPTQ act-order: accepted only when g_idx is contiguous groups
-    checkpoint_format: str = ""  # GPTQ: "gptq" (v1, stored zero = zero - 1) | "gptq_v2"; AWQ: "gemm"
+    checkpoint_format: str = ""  # GPTQ: "gptq" (v1) | "gptq_v2"; AWQ: "gemm"; compressed-tensors' format
     weight_block_size: tuple[int, int] | None = None  # FP8 block scales
     activation_scheme: str = ""  # FP8: "dynamic" | "static" (static input scales are ignored)
     # MLX per-module entries: prefix -> (bits, group_size), or None where the module stays float.
@@ -75,6 +77,8 @@ class QuantScheme:
             block = self.weight_block_size
             return "FP8 e4m3" + (f" block {block[0]}x{block[1]}" if block else "")
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
+        if self.method.startswith("ct-"):
+            return f"compressed-tensors {self.checkpoint_format} {self.bits}-bit {group}"
         label = f"{self.method.upper()} {self.bits}-bit {group}"
         if self.method == "gptq":
             label += " sym" if self.sym else " asym"
@@ -109,7 +113,14 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
         if "bits" in hf and "group_size" in hf:  # what mlx_lm writes, without the `quantization` copy
             return _parse_mlx(hf, "quantization_config")
         raise _refuse("quantization_config", sorted(hf), " (no quant_method)")
-    parsers = {"awq": _parse_awq, "gptq": _parse_gptq, "fp8": _parse_fp8}
+    from lantern.app.models.quant import compressed_tensors
+
+    parsers = {
+        "awq": _parse_awq,
+        "gptq": _parse_gptq,
+        "fp8": _parse_fp8,
+        "compressed-tensors": compressed_tensors.parse,
+    }
     parse = parsers.get(str(method).lower())
     if parse is None:
         raise _refuse("quantization_config.quant_method", method)
@@ -224,6 +235,16 @@ _MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
     "awq": (("qweight",), ("qweight", "qzeros", "scales"), ()),
     "gptq": (("qweight",), ("qweight", "qzeros", "scales"), ("g_idx",)),
     "fp8": (("weight_scale_inv", "weight_scale"), ("weight",), ("input_scale",)),
+    "ct-pack": (
+        ("weight_packed",),
+        ("weight_packed", "weight_scale"),
+        ("weight_shape", "weight_zero_point", "weight_g_idx"),
+    ),
+    "ct-int": (
+        ("weight_scale",),
+        ("weight", "weight_scale"),
+        ("weight_zero_point", "weight_g_idx", "input_scale", "input_zero_point"),
+    ),
 }
 
 
@@ -262,7 +283,16 @@ def read_quantized_module(scheme: QuantScheme, prefix: str, tensors: dict[str, n
     uint8 bit patterns.
     """
     t = {_suffix(k, prefix): v for k, v in tensors.items()}
-    readers = {"mlx": _read_mlx, "awq": _read_awq, "gptq": _read_gptq, "fp8": _read_fp8}
+    from lantern.app.models.quant import compressed_tensors
+
+    readers = {
+        "mlx": _read_mlx,
+        "awq": _read_awq,
+        "gptq": _read_gptq,
+        "fp8": _read_fp8,
+        "ct-pack": compressed_tensors.read_packed,
+        "ct-int": compressed_tensors.read_int,
+    }
     return readers[scheme.method](scheme, prefix, t)
 
 

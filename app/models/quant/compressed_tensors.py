@@ -1,0 +1,190 @@
+"""compressed-tensors folders (llm-compressor's format: RedHatAI / neuralmagic `*-quantized.w4a16`,
+`*-w8a8`, `*-FP8-dynamic` checkpoints, which vLLM serves) read into the shared affine / FP8 forms.
+
+config.json's `quantization_config` has `quant_method: "compressed-tensors"`, a `format` (top level
+or per config group) and `config_groups` whose `weights` describe the quantization. Read exactly:
+- pack-quantized (int, 2-8 bits; group, channel or tensor scales; symmetric or with zero points):
+  `weight_packed` int32 [out, ceil(in * bits / 32)], one dense little-endian bit stream per row
+  (MLX's layout) holding q + 2**(bits-1) for the signed integer q; `weight_scale` [out, in / g],
+  [out, 1] or [1]; `weight_shape` [2]; asymmetric `weight_zero_point` packed the same way along the
+  output dimension ([ceil(out * bits / 32), in / g] int32; int8 unpacked in older files).
+  w = (q - zero_point) * scale.
+- int-quantized / naive-quantized int (w8a8 int8): `weight` int8 [out, in], the same scales.
+- float-quantized / naive-quantized float (FP8 e4m3, tensor / channel / block scales): `weight`
+  float8_e4m3fn with `weight_scale`, as transformers' fp8 format (hf_formats._read_fp8).
+Activation quantization (`input_activations`: w8a8's int8 tokens, FP8-dynamic's) is a speed scheme
+of the kernels that run it; here activations stay in float (closer to the unquantized model), and
+the log says so. Refused in one line naming the key: other formats (sparse, marlin-24, nvfp4/mxfp4
+packs), transforms (SpinQuant/QuIP rotations), several different weight schemes in one model, and
+act-order groups stored out of order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from lantern.app.models.quant.affine import AffineWeight
+from lantern.app.models.spec import UnsupportedModelError
+
+logger = logging.getLogger(__name__)
+
+PACKED = "pack-quantized"
+INT_FORMATS = ("int-quantized", "naive-quantized")
+FLOAT_FORMATS = ("float-quantized", "naive-quantized")
+_KEY = "quantization_config"
+
+
+def _refuse(key: str, value: Any, why: str = "") -> UnsupportedModelError:
+    from lantern.app.models.quant.hf_formats import SUPPORTED
+
+    value = json.dumps(value, default=str)
+    return UnsupportedModelError(f"{key}={value} in config.json is not implemented{why}; {SUPPORTED}")
+
+
+def parse(q: dict[str, Any]) -> Any:
+    """The QuantScheme of a compressed-tensors quantization_config (see the module docstring)."""
+    from lantern.app.models.quant.hf_formats import QuantScheme
+
+    status = q.get("quantization_status", "compressed")
+    if status != "compressed":  # "frozen" / "calibration": float weights with unapplied quantization
+        raise _refuse(f"{_KEY}.quantization_status", status, " (compressed checkpoints only)")
+    sparsity = q.get("sparsity_config") or {}
+    if sparsity and sparsity.get("format", "dense") != "dense":
+        raise _refuse(f"{_KEY}.sparsity_config.format", sparsity.get("format"), " (sparse weights)")
+    if q.get("transform_config"):
+        raise _refuse(f"{_KEY}.transform_config", sorted(q["transform_config"]), " (rotated weights)")
+    groups = {name: g for name, g in (q.get("config_groups") or {}).items() if (g or {}).get("weights")}
+    if not groups:
+        raise _refuse(f"{_KEY}.config_groups", q.get("config_groups"), " (no weight quantization)")
+    schemes = {json.dumps([g["weights"], g.get("format") or q.get("format")], sort_keys=True) for g in groups.values()}
+    if len(schemes) > 1:
+        raise _refuse(f"{_KEY}.config_groups", sorted(groups), " (several weight schemes in one model)")
+    name, group = next(iter(groups.items()))
+    key = f"{_KEY}.config_groups.{name}"
+    fmt = str(group.get("format") or q.get("format") or "")
+    w = group["weights"]
+    kind, bits, strategy = w.get("type", "int"), int(w.get("num_bits", 8)), w.get("strategy", "tensor")
+    _note_kept_float(group, q)
+    not_converted = tuple(str(n) for n in q.get("ignore") or ())
+    if kind == "float":
+        if fmt not in FLOAT_FORMATS or bits != 8:
+            raise _refuse(f"{key}.format" if fmt not in FLOAT_FORMATS else f"{key}.weights.num_bits", fmt or bits)
+        if strategy not in ("tensor", "channel", "block"):
+            raise _refuse(f"{key}.weights.strategy", strategy, " for FP8 weights")
+        block = tuple(int(b) for b in w["block_structure"]) if strategy == "block" else None
+        if block is not None and (len(block) != 2 or min(block) <= 0):
+            raise _refuse(f"{key}.weights.block_structure", w["block_structure"])
+        return QuantScheme(
+            "fp8", 8, 0, weight_block_size=block, activation_scheme="dynamic", modules_to_not_convert=not_converted
+        )
+    if kind != "int":
+        raise _refuse(f"{key}.weights.type", kind)
+    if fmt != PACKED and fmt not in INT_FORMATS:
+        raise _refuse(f"{key}.format", fmt or None)
+    if not 2 <= bits <= 8:
+        raise _refuse(f"{key}.weights.num_bits", bits, " (2 to 8 bits)")
+    if strategy not in ("group", "channel", "tensor"):
+        raise _refuse(f"{key}.weights.strategy", strategy, " for integer weights")
+    size = int(w.get("group_size") or 0) if strategy == "group" else -1
+    if strategy == "group" and size <= 0:
+        raise _refuse(f"{key}.weights.group_size", w.get("group_size"))
+    return QuantScheme(
+        "ct-pack" if fmt == PACKED else "ct-int",
+        bits if fmt == PACKED else 8,  # int8 storage holds any width up to 8 as 8-bit codes
+        size,
+        sym=bool(w.get("symmetric", True)),
+        desc_act=w.get("actorder") == "group",
+        checkpoint_format=fmt,
+        modules_to_not_convert=not_converted,
+    )
+
+
+def _note_kept_float(group: dict[str, Any], q: dict[str, Any]) -> None:
+    acts = group.get("input_activations")
+    if acts:
+        kind = f"{acts.get('type', 'int')}{acts.get('num_bits', 8)}"
+        logger.info(
+            "compressed-tensors: activations quantized to %s in the checkpoint's scheme are kept in float here "
+            "(weight-only kernels: results closer to the unquantized model)",
+            kind,
+        )
+    if q.get("kv_cache_scheme"):
+        logger.info("compressed-tensors: kv_cache_scheme is not applied; the KV cache holds the model's dtype")
+
+
+# ---- reading one module ----------------------------------------------------------------------------
+def read_packed(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
+    """A pack-quantized module (weight_packed, weight_scale[, weight_shape, weight_zero_point])."""
+    from lantern.app.models.quant.hf_formats import _unpack, _words
+
+    bits = scheme.bits
+    packed = _words(t["weight_packed"], f"{prefix}.weight_packed")
+    rows = packed.shape[0]
+    shape = t.get("weight_shape")
+    cols = int(np.asarray(shape).ravel()[-1]) if shape is not None else packed.shape[1] * 32 // bits
+    if packed.shape[1] != math.ceil(cols * bits / 32):
+        raise UnsupportedModelError(
+            f"{prefix}.weight_packed {packed.shape} does not hold {cols} columns as one dense {bits}-bit stream per "
+            "row: a compressed-tensors packing older than its dense layout is not implemented"
+        )
+    codes = _unpack(packed, bits, cols)
+    scale, group = _scales(t["weight_scale"], rows, cols, scheme, prefix)
+    offset = 1 << (bits - 1)
+    zeros = t.get("weight_zero_point")
+    if zeros is None or scheme.sym:
+        zero_codes: np.ndarray | float = float(offset)
+    elif zeros.dtype in (np.int32, np.uint32):  # packed along the output dimension
+        words = np.ascontiguousarray(_words(zeros, f"{prefix}.weight_zero_point").T)
+        zero_codes = np.ascontiguousarray(_unpack(words, bits, rows).T).astype(np.float32)
+    else:  # older files (and tensor-wide zero points): signed int8, unpacked
+        zero_codes = _signed_zeros(zeros, rows) + offset
+    _check_groups(t, prefix, cols, group)
+    return AffineWeight(codes, scale, -(zero_codes * scale), bits, group, scheme.label)
+
+
+def read_int(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
+    """An int-/naive-quantized integer module: `weight` int8 [out, in] and its scales (w8a8)."""
+    q = t["weight"]
+    if q.dtype != np.int8:
+        raise ValueError(f"{prefix}.weight is {q.dtype}; compressed-tensors integer weights are int8")
+    rows, cols = q.shape
+    scale, group = _scales(t["weight_scale"], rows, cols, scheme, prefix)
+    zeros = t.get("weight_zero_point")
+    zero = 0.0 if zeros is None or scheme.sym else _signed_zeros(zeros, rows)
+    codes = (q.astype(np.int16) + 128).astype(np.uint8)
+    _check_groups(t, prefix, cols, group)
+    return AffineWeight(codes, scale, -((zero + 128.0) * scale), 8, group, scheme.label)
+
+
+def _signed_zeros(zeros: np.ndarray, rows: int) -> np.ndarray:
+    z = np.asarray(zeros, np.float32)
+    return z.reshape(()) if z.size == 1 else z.reshape(rows, -1)
+
+
+def _scales(raw: np.ndarray, rows: int, cols: int, scheme: Any, prefix: str) -> tuple[np.ndarray, int]:
+    """float32 scales [rows, groups] and the group size: tensor ([1] or a scalar) and channel
+    ([rows, 1]) scales are one group per row."""
+    scale = np.asarray(raw, np.float32)
+    if scale.size == 1:
+        return np.full((rows, 1), float(scale.reshape(())), np.float32), cols
+    if scale.shape == (rows, 1) or scale.shape == (rows,):
+        return np.ascontiguousarray(scale.reshape(rows, 1)), cols
+    group = scheme.group_size
+    if scale.ndim != 2 or scale.shape[0] != rows or group <= 0 or scale.shape[1] * group != cols:
+        raise ValueError(f"{prefix}: weight_scale {scale.shape} does not fit [{rows}, {cols}] in groups of {group}")
+    return np.ascontiguousarray(scale), group
+
+
+def _check_groups(t: dict[str, np.ndarray], prefix: str, cols: int, group: int) -> None:
+    g_idx = t.get("weight_g_idx")
+    if g_idx is not None and not np.array_equal(np.asarray(g_idx).ravel(), np.arange(cols) // group):
+        raise UnsupportedModelError(
+            f'{_KEY}.config_groups.*.weights.actorder="group" in config.json with a permuted {prefix}.weight_g_idx '
+            "(act-order groups) is not implemented; supported: groups of contiguous input columns "
+            '(actorder null, "weight" or "static")'
+        )
