@@ -26,7 +26,7 @@ import math
 import numpy as np
 import torch
 
-from lantern.app.models.quant.affine import AffineWeight
+from lantern.app.models.quant.affine import AffineWeight, codes_used, map_codes
 from lantern.backends.torch import native_build
 
 XG = 32  # x's quantization group: K must be a multiple of it, and the weight's group a multiple too
@@ -106,25 +106,23 @@ def pack_codes(codes: np.ndarray, bits: int) -> torch.Tensor:
 
 def codebook(w: AffineWeight) -> tuple[np.ndarray, np.ndarray] | None:
     """(uint8 indices [N, K] < 16, uint8 table [16]) when w's codes take at most 16 values, so that
-    table[indices] are its codes (GGUF's IQ4, IQ3, IQ2, IQ1 and MXFP4 tensors, held as 5- or 8-bit
-    codes): the kernel then reads 4 bits per weight instead of 8, with the same scales. A group whose
-    scale and bias are both 0 is 0 whatever its codes (IQ4_XS's zero sub-block scale): its codes do
-    not count. None otherwise."""
-    used = np.flatnonzero(np.bincount(w.codes.ravel(), minlength=256))
-    if len(used) > 16:
-        dont_care = (w.scales == 0) & (w.biases == 0)
-        if not dont_care.any():
-            return None
+    table[indices] are its codes (GGUF's IQ4, IQ3, IQ2, IQ1 and MXFP4 tensors, bitsandbytes' nf4/fp4,
+    held as 5- or 8-bit codes): the kernel then reads 4 bits per weight instead of 8, with the same
+    scales. A group whose scale and bias are both 0 is 0 whatever its codes (IQ4_XS's zero sub-block
+    scale): its codes do not count. None otherwise (a Q8_0 tensor: after its first rows)."""
+    dont_care = (w.scales == 0) & (w.biases == 0)
+    if dont_care.any():
         rows, groups = w.scales.shape
-        cared = w.codes.reshape(rows, groups, w.group_size)[~dont_care]
-        used = np.flatnonzero(np.bincount(cared.ravel(), minlength=256))
-        if len(used) > 16:
-            return None
+        used = codes_used(w.codes.reshape(rows, groups, w.group_size)[~dont_care], 16)
+    else:
+        used = codes_used(w.codes, 16)
+    if used is None:
+        return None
     table = np.full(16, used[0], np.uint8)
     table[: len(used)] = used
     index = np.zeros(256, np.uint8)  # a code outside the table (a don't-care group's) reads entry 0
     index[used] = np.arange(len(used), dtype=np.uint8)
-    return index[w.codes], table
+    return map_codes(index, w.codes), table
 
 
 def pack_scales(scales: np.ndarray, biases: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

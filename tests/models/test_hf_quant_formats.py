@@ -47,6 +47,9 @@ CASES = [
     ("gptq_v2", "llama2"),
     ("fp8", "llama2"),
     ("fp8_tensor", "llama2"),
+    ("bnb_nf4", "llama2"),
+    ("bnb_fp4", "qwen2"),
+    ("bnb8", "llama2"),
     ("ct_w4a16", "llama2"),
     ("ct_w4_asym", "qwen2"),
     ("ct_w8a16", "llama2"),
@@ -122,6 +125,11 @@ def test_every_quantized_module_reads_exactly_to_the_reference_weights(folders, 
         if kind.startswith("ct_w") and scheme.method != "fp8":
             assert w.bits == scheme.bits and w.codes.max() < 2**w.bits
         assert w.shape == exact.shape
+        if kind in ("bnb_nf4", "bnb_fp4"):  # levels held to within half a 1/127 step of each block's absmax
+            blocks = np.abs(exact).reshape(exact.shape[0], -1, 64).max(axis=-1, keepdims=True)
+            err = np.abs(w.dequantize() - exact).reshape(blocks.shape[0], -1, 64)
+            assert (err <= blocks * (0.5 / 127 + 1e-6)).all(), prefix
+            continue
         np.testing.assert_allclose(w.dequantize(), exact, rtol=1e-6, atol=1e-6, err_msg=prefix)
     for name in plain:  # plain tensors go through unchanged
         np.testing.assert_array_equal(tensors[name], reference[name])
@@ -299,7 +307,11 @@ CT_FP4 = {
     "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
 }
 REFUSED = [
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, 'quantization_config.quant_method="bitsandbytes"'),
+    ({"quant_method": "bitsandbytes"}, "quantization_config.load_in_4bit=null"),
+    (
+        {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "int4"},
+        'quantization_config.bnb_4bit_quant_type="int4"',
+    ),
     ({"quant_method": "exl2", "bits": 4.65}, 'quantization_config.quant_method="exl2"'),
     ({"quant_method": "hqq", "nbits": 4}, 'quantization_config.quant_method="hqq"'),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "quantization_config.config_groups=null"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lantern.app.models.quant.affine import quantize_affine
@@ -25,7 +26,10 @@ PER_CHANNEL_INT8 = (8, 0, True)
 CONVERTED = {
     ("torch", "mlx8"): {"": PER_CHANNEL_INT8},  # every quantized tensor: 8-bit g32 -> int8 per channel
     ("torch", "mlx_mixed"): {"embed_tokens": PER_CHANNEL_INT8, "layers.0.mlp.down_proj": PER_CHANNEL_INT8},
+    ("torch", "bnb_nf4"): {"proj": PER_CHANNEL_INT8},  # the 8-bit codes of 64-weight blocks
+    ("torch", "bnb_fp4"): {"proj": PER_CHANNEL_INT8},
 }
+BNB_LEVELS = ("bnb_nf4", "bnb_fp4")  # levels held as 8-bit codes: round(127 * w / block absmax)
 
 
 def converted_modules() -> dict:
@@ -34,6 +38,7 @@ def converted_modules() -> dict:
 
 KINDS = ["mlx4", "mlx8", "mlx_mixed", "awq", "gptq", "gptq_asym", "gptq8", "gptq_v2", "fp8", "fp8_tensor"]
 KINDS += ["ct_w4a16", "ct_w4_asym", "ct_w8a16", "ct_w8a8", "ct_fp8", "ct_fp8_block"]  # compressed-tensors
+KINDS += ["bnb_nf4", "bnb_fp4", "bnb8"]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,12 @@ def held_reference(backend: str, kind: str, ref: Path, out: Path) -> Path:
     def held(name, w):
         if w.ndim != 2 or "norm" in name:
             return w
+        if kind in BNB_LEVELS and "proj" in name:  # the documented rounding of each level, on the file's values
+            blocks = w.astype(np.float64).reshape(w.shape[0], -1, 64)
+            step = np.abs(blocks).max(axis=-1, keepdims=True) / 127
+            v = blocks / step  # 127 * level, up to float32 rounding: FP4's 0.5 is a tie (63.5), kept one
+            v = np.where(np.abs(2 * v - np.rint(2 * v)) < 1e-3, np.rint(2 * v) / 2, v)
+            w = (np.rint(v) * step).reshape(w.shape).astype(np.float32)  # half to even, as the reader
         for fragment, (bits, group, symmetric) in rules.items():
             if fragment in name and not (fragment == "" and name == "model.layers.1.self_attn.v_proj.weight"):
                 return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
@@ -77,11 +88,13 @@ def test_quantized_folder_logits_match_what_the_backend_holds(folders, backend, 
         assert "dequantized" in caplog.text  # no FP8 matmul on a CPU: said once
 
 
-def test_quantized_folder_stays_small(folders, backend):
-    """4-bit AWQ weights take about a quarter of the float32 model's bytes (+ scales), not more."""
+@pytest.mark.parametrize("kind", ["awq", "bnb_nf4"])
+def test_quantized_folder_stays_small(folders, backend, kind):
+    """4-bit AWQ weights take about a quarter of the float32 model's bytes (+ scales), not more; so do
+    bitsandbytes nf4 ones (8-bit codes on MLX, 4-bit codebook indices on torch's VNNI layers)."""
     from lantern.app.engine import LLM
 
-    quant, ref = folders("awq")
+    quant, ref = folders(kind)
     sizes = {}
     for name, path in (("quant", quant), ("float", ref)):
         engine = LLM(str(path), backend=backend, dtype="float32", num_kv_blocks=8).engine
@@ -91,7 +104,7 @@ def test_quantized_folder_stays_small(folders, backend):
             from lantern.backends.torch.quant_linear import quantized_bytes
 
             sizes[name] = quantized_bytes(engine.backend.model)
-    # the float embedding and head stay float in AWQ files: only the projections shrink
+    # the float embedding and head stay float in these files: only the projections shrink
     assert sizes["quant"] < 0.75 * sizes["float"], sizes
 
 

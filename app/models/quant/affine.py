@@ -210,6 +210,31 @@ def unpack_bits(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:
 
 
 # ---- quantizing and changing modes -----------------------------------------------------------------
+def map_codes(table: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """table[codes] for uint8 codes (table: 256 or fewer uint8 entries covering them), a few MB at a
+    time: numpy's fancy indexing widens the indices to int64, 8x the codes for a whole tensor."""
+    out = np.empty(codes.shape, np.uint8)
+    flat_in, flat_out = codes.reshape(-1), out.reshape(-1)
+    for i in range(0, flat_in.size, _MAP_CHUNK):
+        flat_out[i : i + _MAP_CHUNK] = table[flat_in[i : i + _MAP_CHUNK]]
+    return out
+
+
+def codes_used(codes: np.ndarray, limit: int = 256) -> np.ndarray | None:
+    """The distinct values of uint8 codes (sorted), or None as soon as there are more than `limit`;
+    counted a few MB at a time (np.bincount widens to int64)."""
+    seen = np.zeros(256, bool)
+    flat = codes.reshape(-1)
+    for i in range(0, flat.size, _MAP_CHUNK):
+        seen |= np.bincount(flat[i : i + _MAP_CHUNK], minlength=256) > 0
+        if np.count_nonzero(seen) > limit:
+            return None
+    return np.flatnonzero(seen)
+
+
+_MAP_CHUNK = 1 << 20
+
+
 def quantize_affine(
     w: np.ndarray, bits: int, group_size: int, *, symmetric: bool = False, source: str = ""
 ) -> AffineWeight:

@@ -1,5 +1,5 @@
-"""Quantized Hugging Face folders (MLX-community, AWQ, GPTQ, FP8, compressed-tensors: its own module)
-read into the shared affine form.
+"""Quantized Hugging Face folders (MLX-community, AWQ, GPTQ, FP8; compressed-tensors and bitsandbytes
+in their own modules) read into the shared affine form.
 
 `parse_quant_scheme` turns config.json's `quantization` / `quantization_config` into a `QuantScheme`
 (refusing, in one line naming the key, what is not implemented), `quantized_module_names` says which
@@ -44,7 +44,7 @@ SUPPORTED = (
     "supported: MLX affine `quantization` (2-8 bit, groups 32/64/128), "
     "quant_method awq (4-bit, version gemm, zero_point), gptq (4/8-bit, checkpoint_format gptq or gptq_v2), "
     "fp8 (e4m3, block or per-tensor scales), compressed-tensors (pack-quantized / int-quantized integer "
-    "weights of 2-8 bits, float-quantized FP8)"
+    "weights of 2-8 bits, float-quantized FP8), bitsandbytes (nf4/fp4, int8)"
 )
 
 
@@ -52,7 +52,8 @@ SUPPORTED = (
 class QuantScheme:
     """How a quantized HF folder stores its linear weights (parsed from config.json)."""
 
-    method: str  # "mlx" | "awq" | "gptq" | "fp8" | "ct-pack" | "ct-int" (compressed-tensors integers)
+    # "mlx" | "awq" | "gptq" | "fp8" | "ct-pack" | "ct-int" (compressed-tensors integers) | "bnb4" | "bnb8"
+    method: str
     bits: int  # 8 for fp8
     group_size: int  # -1: GPTQ per-channel (one group per row); 0 for fp8
     sym: bool = False  # GPTQ: zeros are 2**(bits-1) (still read from the file)
@@ -77,6 +78,8 @@ class QuantScheme:
             block = self.weight_block_size
             return "FP8 e4m3" + (f" block {block[0]}x{block[1]}" if block else "")
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
+        if self.method.startswith("bnb"):
+            return f"bitsandbytes {self.checkpoint_format}"
         if self.method.startswith("ct-"):
             return f"compressed-tensors {self.checkpoint_format} {self.bits}-bit {group}"
         label = f"{self.method.upper()} {self.bits}-bit {group}"
@@ -113,9 +116,10 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
         if "bits" in hf and "group_size" in hf:  # what mlx_lm writes, without the `quantization` copy
             return _parse_mlx(hf, "quantization_config")
         raise _refuse("quantization_config", sorted(hf), " (no quant_method)")
-    from lantern.app.models.quant import compressed_tensors
+    from lantern.app.models.quant import bitsandbytes, compressed_tensors
 
     parsers = {
+        "bitsandbytes": bitsandbytes.parse,
         "awq": _parse_awq,
         "gptq": _parse_gptq,
         "fp8": _parse_fp8,
@@ -240,6 +244,17 @@ _MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
         ("weight_packed", "weight_scale"),
         ("weight_shape", "weight_zero_point", "weight_g_idx"),
     ),
+    "bnb8": (("SCB",), ("weight", "SCB"), ("weight_format",)),
+    "bnb4": (
+        ("weight.absmax",),
+        ("weight", "weight.absmax", "weight.quant_map"),
+        (
+            "weight.nested_absmax",
+            "weight.nested_quant_map",
+            "weight.quant_state.bitsandbytes__nf4",
+            "weight.quant_state.bitsandbytes__fp4",
+        ),
+    ),
     "ct-int": (
         ("weight_scale",),
         ("weight", "weight_scale"),
@@ -260,8 +275,9 @@ def quantized_module_names(scheme: QuantScheme, tensor_names: Iterable[str]) -> 
     present = set(names)
     out: dict[str, list[str]] = {}
     for name in names:
-        prefix, _, suffix = name.rpartition(".")
-        if suffix not in markers or prefix in out:
+        marker = next((m for m in markers if name.endswith("." + m)), None)
+        prefix = name[: -len(marker) - 1] if marker else ""
+        if marker is None or prefix in out:
             continue
         members = [f"{prefix}.{s}" for s in required]
         if scheme.method == "fp8":  # one scale tensor, under either name
@@ -283,9 +299,11 @@ def read_quantized_module(scheme: QuantScheme, prefix: str, tensors: dict[str, n
     uint8 bit patterns.
     """
     t = {_suffix(k, prefix): v for k, v in tensors.items()}
-    from lantern.app.models.quant import compressed_tensors
+    from lantern.app.models.quant import bitsandbytes, compressed_tensors
 
     readers = {
+        "bnb4": bitsandbytes.read_4bit,
+        "bnb8": bitsandbytes.read_int8,
         "mlx": _read_mlx,
         "awq": _read_awq,
         "gptq": _read_gptq,
