@@ -44,9 +44,11 @@ def available() -> bool:
         "quantized layers use aten's int4/int8 kernels",
         extra_flags=("-mavx512vnni", "-mf16c"),
         needs=("avx512_vnni", "f16c"),
+        avx2=True,  # kernels/cpu_vnni_gemm_avx2.c: the same results on AVX2 CPUs
     )
-    if ok:  # the fake implementation (shapes only) lets compiled graphs trace the op
+    if ok:  # the fake implementations (shapes only) let compiled graphs trace the ops
         torch.library.register_fake("lantern::vnni_mm", _fake)
+        torch.library.register_fake("lantern::vnni_mm_codebook", _fake)
     return ok
 
 
@@ -63,7 +65,9 @@ def vnni_mm(
     """x [M, K] float32 or bfloat16 @ W.T -> [M, n] in x's dtype, W held as `pack_codes` /
     `pack_scales` made it (out_scale: a one-element float32 tensor, so that layers differing in it
     share a compiled graph; table: a `codebook`'s 16 codes, with 4-bit indices). Requires available()."""
-    return torch.ops.lantern.vnni_mm(x, codes, scales, out_scale, group_size, n, bits, table)
+    if table is None:
+        return torch.ops.lantern.vnni_mm(x, codes, scales, out_scale, group_size, n, bits)
+    return torch.ops.lantern.vnni_mm_codebook(x, codes, scales, out_scale, group_size, n, bits, table)
 
 
 def _fake(
@@ -184,5 +188,9 @@ def decode_block_rows(
     bfloat16; other dtypes converted from float32), the values decode_rows gives. Requires available()."""
     first, last = start // BLOCK, -(-stop // BLOCK)
     native = dtype if dtype in IO_DTYPES else torch.float32
-    cols = torch.ops.lantern.vnni_decode(codes, scales, out_scale, k, g, bits, first, last - first, native, table)
+    args = (codes, scales, out_scale, k, g, bits, first, last - first, native)
+    if table is None:
+        cols = torch.ops.lantern.vnni_decode(*args)
+    else:
+        cols = torch.ops.lantern.vnni_decode_codebook(*args, table)
     return cols.to(dtype)[:, start - first * BLOCK : stop - first * BLOCK].t()

@@ -2,9 +2,11 @@
 
 Each C file becomes a shared library in `$XDG_CACHE_HOME/lantern/cpu_kernels`, named by a hash of
 its source and flags, so a change rebuilds it; processes building it at once each get a whole file
-(atomic rename). Only for x86-64 CPUs with AVX-512; elsewhere, without a compiler, or with
-LANTERN_CPU_KERNELS=0, `load` returns None and the caller keeps its torch path (said once in the
-log). OpenMP comes from the libgomp torch has loaded (same soname): one thread pool.
+(atomic rename). For x86-64 CPUs with AVX-512; the quantized GEMMs (cpu_ops.cpp) also have a build
+for AVX2 CPUs (with AVX-VNNI's dot products where the CPU has them). Elsewhere, without a compiler,
+or with LANTERN_CPU_KERNELS=0, `load` returns None and the caller keeps its torch path (said once in
+the log). LANTERN_CPU_ISA=avx2-vnni or avx2 builds for that level on a CPU that has more (tests, or
+to compare). OpenMP comes from the libgomp torch has loaded (same soname): one thread pool.
 """
 
 from __future__ import annotations
@@ -47,6 +49,26 @@ def cpu_has_avx512() -> bool:
     return {"avx512f", "avx512bw", "avx512vl"} <= cpu_flags()
 
 
+ISA_LEVELS = ("avx512", "avx2-vnni", "avx2")  # best first
+_ISA_NEEDS = {
+    "avx512": {"avx512f", "avx512bw", "avx512vl"},
+    "avx2-vnni": {"avx2", "fma", "f16c", "avx_vnni"},
+    "avx2": {"avx2", "fma", "f16c"},
+}
+AVX2_FLAGS = {
+    "avx2-vnni": ("-O3", "-mavx2", "-mfma", "-mf16c", "-mavxvnni", "-fopenmp", "-DLANTERN_AVX2", "-DLANTERN_AVXVNNI"),
+    "avx2": ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-DLANTERN_AVX2"),
+}
+
+
+def isa() -> str | None:
+    """The best of ISA_LEVELS this CPU has, capped by LANTERN_CPU_ISA; None below AVX2 (or off x86)."""
+    flags = cpu_flags()
+    cap = os.environ.get("LANTERN_CPU_ISA", "avx512")
+    allowed = ISA_LEVELS[ISA_LEVELS.index(cap) :] if cap in ISA_LEVELS else ISA_LEVELS
+    return next((level for level in allowed if _ISA_NEEDS[level] <= flags), None)
+
+
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "lantern" / "cpu_kernels"
@@ -78,12 +100,13 @@ def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     return out
 
 
-def _switched_off(fallback: str, needs: tuple[str, ...]) -> bool:
-    """True (said in one log line) when LANTERN_CPU_KERNELS=0 or the CPU lacks what the code needs."""
+def _switched_off(fallback: str, needs: tuple[str, ...], level: str = "avx512") -> bool:
+    """True (said in one log line) when LANTERN_CPU_KERNELS=0 or the CPU lacks what the code needs:
+    the ISA level it is built for (capped by LANTERN_CPU_ISA) and the flags `needs` names."""
     if os.environ.get("LANTERN_CPU_KERNELS", "1") == "0":
         logger.info("LANTERN_CPU_KERNELS=0: %s", fallback)
         return True
-    if not cpu_has_avx512():
+    if level == "avx512" and isa() != "avx512":
         logger.info("no AVX-512 on this CPU: %s", fallback)
         return True
     missing = sorted(set(needs) - cpu_flags())
@@ -110,19 +133,33 @@ def load(
 
 
 def load_ops(
-    source_name: str, fallback: str, *, extra_flags: tuple[str, ...] = (), needs: tuple[str, ...] = ()
+    source_name: str,
+    fallback: str,
+    *,
+    extra_flags: tuple[str, ...] = (),
+    needs: tuple[str, ...] = (),
+    avx2: bool = False,
 ) -> bool:
     """kernels/<source_name>, a C++ file registering torch ops (TORCH_LIBRARY), built with torch's
     cpp_extension and loaded into the process: True, or False with one log line saying that
-    `fallback` serves instead (the same conditions as `load`). The build is cached under cache_dir()
-    by a hash of the source, the kernel files it includes, the flags and torch's version."""
-    if _switched_off(fallback, needs):
-        return False
+    `fallback` serves instead (the same conditions as `load`). With avx2, the file also builds for
+    AVX2 CPUs (AVX2_FLAGS, in place of FLAGS, extra_flags and needs). The build is cached under
+    cache_dir() by a hash of the source, the kernel files it includes, the flags and torch's version."""
+    level = isa()
+    if avx2 and level == "avx512" and not set(needs) <= cpu_flags():  # AVX-512 without VNNI (Skylake-X)
+        level = next((v for v in AVX2_FLAGS if _ISA_NEEDS[v] <= cpu_flags()), level)
+    if avx2 and level in AVX2_FLAGS:
+        if _switched_off(fallback, (), level):
+            return False
+        cflags = list(AVX2_FLAGS[level])
+    else:
+        if _switched_off(fallback, needs):
+            return False
+        cflags = [f for f in FLAGS if f not in ("-shared", "-fPIC")] + list(extra_flags)
     source = KERNELS / source_name
     if not source.is_file():  # an install without the kernel sources
         logger.warning("native CPU ops %s unavailable (no such file): %s", source_name, fallback)
         return False
-    cflags = [f for f in FLAGS if f not in ("-shared", "-fPIC")] + list(extra_flags)
     digest = hashlib.sha256(source.read_bytes())
     for c in sorted(KERNELS.glob("*.c")):  # what the C++ file may include
         digest.update(c.read_bytes())

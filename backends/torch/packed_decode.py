@@ -55,14 +55,21 @@ def int4pack_block_rows(packed: torch.Tensor, sz: torch.Tensor, start: int, stop
 
 @functools.cache
 def check_int4pack_layout() -> None:
-    """Both decoders assume aten's int4pack byte layout; check them once on this torch build."""
+    """Both decoders assume aten's int4pack byte layout (its AVX-512 one); raises where it differs."""
+    if not int4pack_layout_ok():
+        raise RuntimeError(f"torch {torch.__version__}: the int4pack CPU layout is not the one quant_linear decodes")
+
+
+@functools.cache
+def int4pack_layout_ok() -> bool:
+    """Whether aten packs int4 weights here as the decoders read them: the layout follows the CPU's
+    ATen capability (AVX-512, AVX2 and the plain build each lay out blocks differently), checked once."""
     codes = torch.randint(0, 16, (BLOCK_N, 32), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
     sz = torch.stack((torch.ones(1, BLOCK_N), torch.full((1, BLOCK_N), 8.0)), dim=-1).to(torch.bfloat16)
     got = int4pack_rows(packed, sz, torch.arange(BLOCK_N), 32, 32)
     blocks = int4pack_block_rows(packed, sz, 0, BLOCK_N, 32, 32)
-    if not (torch.equal(got, codes.float()) and torch.equal(blocks, codes.float())):
-        raise RuntimeError(f"torch {torch.__version__}: the int4pack CPU layout is not the one quant_linear decodes")
+    return torch.equal(got, codes.float()) and torch.equal(blocks, codes.float())
 
 
 def dense_matmul(

@@ -39,6 +39,7 @@ class VnniLinear(PackedCpuLayer):
         if not vnni.available():
             raise RuntimeError("the VNNI CPU kernels are not available on this machine")
         _VNNI_MM = torch.ops.lantern.vnni_mm
+        self._mm = torch.ops.lantern.vnni_mm_codebook
         n, k = w.shape
         super().__init__(n, k)
         self.bits = 4 if w.bits <= 4 else 8
@@ -64,9 +65,8 @@ class VnniLinear(PackedCpuLayer):
         if x.shape[0] >= DENSE_ROWS:
             return dense_matmul(x, self.out_features, self.in_features, vnni.BLOCK, self._decoded_rows)
         xin = x if x.dtype in vnni.IO_DTYPES else x.float()
-        y = _VNNI_MM(
-            xin, self.codes, self.scales, self.out_scale, self.group_size, self.out_features, self.bits, self.lut
-        )
+        args = (xin, self.codes, self.scales, self.out_scale, self.group_size, self.out_features, self.bits)
+        y = _VNNI_MM(*args) if self.lut is None else self._mm(*args, self.lut)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

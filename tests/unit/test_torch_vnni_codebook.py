@@ -13,6 +13,7 @@ import torch
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog
 from lantern.backends.torch import cpu_vnni_gemm, vnni_linear
 from lantern.backends.torch import quant_linear as ql
+from lantern.backends.torch.compiled_decode import INDUCTOR
 from lantern.backends.torch.packed_decode import DENSE_ROWS
 from tests.unit.test_torch_vnni_gemm import needs_vnni, rel_err, scheme_reference
 
@@ -93,3 +94,16 @@ def test_a_table_that_does_not_fit_is_refused():
     wide = vnni_linear.VnniLinear(codebook_weight(64, 128, levels=17, dont_care=False), CPU)
     with pytest.raises(ValueError, match="codebook table"):  # indices are 4-bit only
         cpu_vnni_gemm.vnni_mm(x, wide.codes, wide.scales, wide.out_scale, 32, 64, 8, layer.lut)
+
+
+@needs_vnni
+def test_a_compiled_graph_calls_the_codebook_op_as_eager():
+    """Inductor traces the codebook op (its own op: a defaulted argument would be dropped by the C++
+    wrapper inductor generates) over a symbolic row count, with the eager values."""
+    layer = vnni_linear.VnniLinear(codebook_weight(72, 128, seed=3), CPU)
+    assert layer.lut is not None
+    fn = lambda x: layer(x).relu()
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=INDUCTOR)  # as decode steps compile
+    for m in (2, 20, 40):
+        x = torch.randn(m, 128, generator=torch.Generator().manual_seed(m))
+        assert torch.equal(compiled(x), fn(x)), m

@@ -7,16 +7,16 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include <optional>
-
+#ifdef LANTERN_AVX2
+#include "cpu_vnni_gemm_avx2.c"  // CPUs without AVX-512: the same kernels on 256-bit vectors
+#else
 #include "cpu_vnni_gemm.c"
+#endif
 
 namespace {
 
-// A codebook weight's 16-byte table (4-bit indices only), or NULL.
-const uint8_t *codebook(const std::optional<at::Tensor> &table, int64_t bits, const char *op) {
-    if (!table.has_value()) return nullptr;
-    const at::Tensor &t = *table;
+// A codebook weight's 16-byte table (4-bit indices only).
+const uint8_t *codebook(const at::Tensor &t, int64_t bits, const char *op) {
     TORCH_CHECK_VALUE(bits == 4 && t.scalar_type() == at::kByte && t.numel() == 16 && t.is_contiguous() &&
                           t.device().is_cpu(),
                       op, ": a codebook table is 16 uint8 CPU values for 4-bit indices, not ", t.sizes(), " at ",
@@ -28,7 +28,7 @@ const uint8_t *codebook(const std::optional<at::Tensor> &table, int64_t bits, co
 // pack_scales hold it. Every size is checked against the others: a mismatch raises, never reads
 // out of bounds.
 at::Tensor vnni_mm(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scales, const at::Tensor &out_scale,
-                   int64_t group_size, int64_t n, int64_t bits, const std::optional<at::Tensor> &table) {
+                   int64_t group_size, int64_t n, int64_t bits, const uint8_t *lut = nullptr) {
     TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
                      "vnni_mm: x must be float32 or bfloat16, not ", x.scalar_type());
     TORCH_CHECK_VALUE(x.dim() == 2 && x.device().is_cpu(), "vnni_mm: x must be a 2-D CPU tensor");
@@ -42,7 +42,6 @@ at::Tensor vnni_mm(const at::Tensor &x, const at::Tensor &codes, const at::Tenso
                 out_scale.numel() == 1 && codes.device().is_cpu() && scales.device().is_cpu() &&
                 out_scale.device().is_cpu();
     TORCH_CHECK_VALUE(fits, "vnni_mm: x ", x.sizes(), " does not fit the ", bits, "-bit weight ", codes.sizes());
-    const uint8_t *lut = codebook(table, bits, "vnni_mm");
     at::Tensor xc = x.contiguous();
     at::Tensor y = at::empty({m, n}, x.options());
     if (m == 0) return y;
@@ -58,7 +57,7 @@ at::Tensor vnni_mm(const at::Tensor &x, const at::Tensor &codes, const at::Tenso
 // float32 or bfloat16 (the dense prefill GEMM reads its [rows, K] transpose in place).
 at::Tensor vnni_decode(const at::Tensor &codes, const at::Tensor &scales, const at::Tensor &out_scale, int64_t k,
                        int64_t group_size, int64_t bits, int64_t first_block, int64_t num_blocks,
-                       at::ScalarType dtype, const std::optional<at::Tensor> &table) {
+                       at::ScalarType dtype, const uint8_t *lut = nullptr) {
     TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16, "vnni_decode: float32 or bfloat16, not ", dtype);
     const int64_t per_vector = bits == 4 ? 8 : 4;
     bool fits = (bits == 4 || bits == 8) && group_size > 0 && k > 0 && k % XG == 0 && group_size % XG == 0 &&
@@ -71,7 +70,6 @@ at::Tensor vnni_decode(const at::Tensor &codes, const at::Tensor &scales, const 
                 codes.device().is_cpu() && scales.device().is_cpu() && out_scale.device().is_cpu();
     TORCH_CHECK_VALUE(fits, "vnni_decode: blocks ", first_block, "+", num_blocks, " of K=", k, " do not fit the ",
                       bits, "-bit weight ", codes.sizes());
-    const uint8_t *lut = codebook(table, bits, "vnni_decode");
     at::Tensor out = at::empty({k, 16 * num_blocks}, codes.options().dtype(dtype));
     if (num_blocks == 0) return out;
     lantern_vnni_decode(codes.data_ptr<uint8_t>(), (const uint16_t *)scales.data_ptr(), k, group_size, (int)bits, lut,
@@ -80,18 +78,51 @@ at::Tensor vnni_decode(const at::Tensor &codes, const at::Tensor &scales, const 
     return out;
 }
 
+// The same with a codebook: 4-bit indices into `table`'s 16 codes (separate ops rather than an optional
+// argument: inductor's C++ wrapper drops an argument left at its default, and the op then reads past
+// the arguments it was given).
+at::Tensor vnni_mm_codebook(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scales,
+                            const at::Tensor &out_scale, int64_t group_size, int64_t n, int64_t bits,
+                            const at::Tensor &table) {
+    return vnni_mm(x, codes, scales, out_scale, group_size, n, bits, codebook(table, bits, "vnni_mm"));
+}
+
+at::Tensor vnni_decode_codebook(const at::Tensor &codes, const at::Tensor &scales, const at::Tensor &out_scale,
+                                int64_t k, int64_t group_size, int64_t bits, int64_t first_block, int64_t num_blocks,
+                                at::ScalarType dtype, const at::Tensor &table) {
+    return vnni_decode(codes, scales, out_scale, k, group_size, bits, first_block, num_blocks, dtype,
+                       codebook(table, bits, "vnni_decode"));
+}
+
+at::Tensor vnni_mm_plain(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scales,
+                         const at::Tensor &out_scale, int64_t group_size, int64_t n, int64_t bits) {
+    return vnni_mm(x, codes, scales, out_scale, group_size, n, bits);
+}
+
+at::Tensor vnni_decode_plain(const at::Tensor &codes, const at::Tensor &scales, const at::Tensor &out_scale, int64_t k,
+                             int64_t group_size, int64_t bits, int64_t first_block, int64_t num_blocks,
+                             at::ScalarType dtype) {
+    return vnni_decode(codes, scales, out_scale, k, group_size, bits, first_block, num_blocks, dtype);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lantern, m) {
+    m.def("vnni_mm(Tensor x, Tensor codes, Tensor scales, Tensor out_scale, int group_size, int n, int bits) -> Tensor");
     m.def(
-        "vnni_mm(Tensor x, Tensor codes, Tensor scales, Tensor out_scale, int group_size, int n, int bits, "
-        "Tensor? table=None) -> Tensor");
+        "vnni_mm_codebook(Tensor x, Tensor codes, Tensor scales, Tensor out_scale, int group_size, int n, int bits, "
+        "Tensor table) -> Tensor");
     m.def(
         "vnni_decode(Tensor codes, Tensor scales, Tensor out_scale, int k, int group_size, int bits, int first_block, "
-        "int num_blocks, ScalarType dtype, Tensor? table=None) -> Tensor");
+        "int num_blocks, ScalarType dtype) -> Tensor");
+    m.def(
+        "vnni_decode_codebook(Tensor codes, Tensor scales, Tensor out_scale, int k, int group_size, int bits, "
+        "int first_block, int num_blocks, ScalarType dtype, Tensor table) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lantern, CPU, m) {
-    m.impl("vnni_mm", vnni_mm);
-    m.impl("vnni_decode", vnni_decode);
+    m.impl("vnni_mm", vnni_mm_plain);
+    m.impl("vnni_mm_codebook", vnni_mm_codebook);
+    m.impl("vnni_decode", vnni_decode_plain);
+    m.impl("vnni_decode_codebook", vnni_decode_codebook);
 }
