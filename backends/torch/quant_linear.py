@@ -75,8 +75,8 @@ def select_kernel(w: AffineWeight | Fp8Weight, device: torch.device | str) -> st
         return "triton" if w.shape[1] % TRITON_GROUPS[-1] == 0 else "dense"
     if vnni_linear.fits(w) and cpu_vnni_gemm.available():
         return "vnni"
-    if w.bits <= 4 and w.shape[1] % INT4PACK_GROUPS[-1] == 0 and _int4pack_usable():
-        return "int4pack"
+    if w.bits <= 4 and (w.shape[1] % INT4PACK_GROUPS[-1] or _int4pack_usable()):
+        return "int4pack" if w.shape[1] % INT4PACK_GROUPS[-1] == 0 else "dense"  # (K % 32: never in a real model)
     return "int8pack" if w.shape[1] % INT8PACK_COLS == 0 else "dense"
 
 

@@ -163,8 +163,8 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
         ("qwen2", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
         (
             "llama",
-            {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
-            'quantization_config.quant_method="bitsandbytes"',
+            {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "x"}},
+            'quantization_config.bnb_4bit_quant_type="x"',
         ),
         ("llama", {"num_key_value_heads": 3}, "num_key_value_heads=3"),
     ],
