@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 
 from lantern.app.engine.contract import BackendOptions
@@ -47,7 +48,11 @@ def pick_backend(name: str = "auto") -> str:
 
 
 def cpu_has_native_bf16() -> bool:
-    """x86 AVX512-BF16 / AMX, or the Arm BF16 extension (Linux /proc/cpuinfo flags)."""
+    """x86 AVX512-BF16 / AMX, or the Arm BF16 extension (Linux /proc/cpuinfo flags). Not with
+    LANTERN_CPU_ISA capped below AVX-512 (which stands for a CPU without it: torch's own kernels are
+    then capped too, with ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA)."""
+    if os.environ.get("LANTERN_CPU_ISA") in ("avx2-vnni", "avx2"):
+        return False
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
