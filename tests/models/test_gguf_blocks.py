@@ -56,9 +56,9 @@ DECODED_MODES = {
     "MXFP4": (5, 32),
     "NVFP4": (5, 16),
 }
-# how many distinct levels each decodes to (a random block uses them all): IQ4's table and a zero
-# scale's level 0 (IQ4_XS's ls = 32), the grids' signed values, ternary plus TQ2_0's spare code
-LEVELS = {"IQ4_NL": 16, "IQ4_XS": 17, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 6, "IQ2_XS": 6, "IQ2_S": 6}
+# how many distinct levels each decodes to (a random block uses them all): IQ4's table (read from the
+# nibbles, also under a zero scale), the grids' signed values, ternary plus TQ2_0's spare code
+LEVELS = {"IQ4_NL": 16, "IQ4_XS": 16, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 6, "IQ2_XS": 6, "IQ2_S": 6}
 LEVELS |= {"IQ1_S": 6, "IQ1_M": 6, "TQ1_0": 3, "TQ2_0": 4, "MXFP4": 15, "NVFP4": 15}
 MIXED = {"token_embd": "Q8_0", "attn_v": "Q6_K", "ffn_down": "Q6_K"}  # like a Q4_K_M file
 
@@ -99,13 +99,13 @@ def test_a_damaged_codebook_block_is_refused_not_misread():
     from lantern.app.models.quant import gguf_decoded
 
     rng = np.random.default_rng(0)
-    raw = random_blocks("IQ4_XS", 2, 256, rng)
-    real = gguf_decoded.DECODED["IQ4_XS"]
+    raw = random_blocks("IQ3_S", 2, 256, rng)
+    real = gguf_decoded.DECODED["IQ3_S"]
     wrong = (*real[:3], lambda b: real[3](b) * np.float32(1.37))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(gguf_decoded.DECODED, "IQ4_XS", wrong)
-        with pytest.raises(ValueError, match=r"IQ4_XS.*not whole levels"):
-            gguf_to_weight("IQ4_XS", raw, 2, 256)
+        mp.setitem(gguf_decoded.DECODED, "IQ3_S", wrong)
+        with pytest.raises(ValueError, match=r"IQ3_S.*not whole levels"):
+            gguf_to_weight("IQ3_S", raw, 2, 256)
 
 
 def test_block_type_accepts_the_enum_and_flat_bytes():

@@ -22,7 +22,8 @@ the whole numbers small enough for 2, 5 or 8 bits; so each tensor is held exactl
 
 The values come from `gguf.quants.dequantize` (the package's reference decoder of the grids and
 sign tables); this module reads only the scale fields of ggml's block structs and divides: the
-quotient is the integer level, checked to reproduce every value. The cost is memory where a backend
+quotient is the integer level, checked to reproduce every value. (IQ4_NL / IQ4_XS, the common
+ones, skip the decoder: their nibbles index the package's 16-level table directly.) The cost is memory where a backend
 has no codebook layout (MLX's and CUDA's kernels): a weight takes its affine width instead of the
 file's 1.6-4.5 bits (logged when a file has such tensors). torch's VNNI CPU layers hold codes of at
 most 16 values as 4-bit indices into a table (cpu_vnni_gemm.codebook): IQ4's 4.25-4.5 bits become 5.
@@ -186,6 +187,10 @@ def decoded_to_weight(qtype: str, data: np.ndarray, rows: int, cols: int) -> Aff
     for r in range(0, rows, step):
         part = blocks[r : r + step]
         n = part.shape[0]
+        if qtype in _IQ4_CODES_AT:  # the table's levels read straight from the nibbles: ~10x faster
+            codes[r : r + n] = _iq4_codes(part.reshape(-1, nbytes), qtype).reshape(n, cols)
+            scales[r : r + n] = scale_of(part.reshape(-1, nbytes)).reshape(n, -1)
+            continue
         values = gguf.quants.dequantize(part, qt).astype(np.float32, copy=False).reshape(n, -1, group)
         s = scale_of(part.reshape(-1, nbytes)).reshape(n, -1, 1)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -196,6 +201,24 @@ def decoded_to_weight(qtype: str, data: np.ndarray, rows: int, cols: int) -> Aff
         codes[r : r + n] = _checked_codes(levels - lowest, bits, qtype).reshape(n, cols)
         scales[r : r + n] = s.reshape(n, -1)
     return AffineWeight(codes, scales, np.float32(lowest) * scales, bits, group, f"GGUF {qtype}")
+
+
+_IQ4_CODES_AT = {"IQ4_NL": 2, "IQ4_XS": 8}  # byte offset of the nibbles: after d (and IQ4_XS's scales)
+
+
+def _iq4_codes(b: np.ndarray, qtype: str) -> np.ndarray:
+    """IQ4 codes: per 16 bytes, the low nibbles index 16 weights and the high nibbles the next 16
+    (gguf's IQ4 dequantizers' order); each index's level is the package's table, + 128."""
+    import gguf
+
+    qs = b[:, _IQ4_CODES_AT[qtype] :]
+    n, size = qs.shape
+    pairs = qs.reshape(n, size // 16, 1, 16)
+    index = np.empty((n, size // 16, 2, 16), np.uint8)
+    np.bitwise_and(pairs[:, :, 0], 0x0F, out=index[:, :, 0])
+    np.right_shift(pairs[:, :, 0], 4, out=index[:, :, 1])
+    table = (np.array(gguf.quants.IQ4_NL.kvalues, np.int16) + 128).astype(np.uint8)
+    return table[index.reshape(n, 2 * size)]
 
 
 def _checked_codes(codes: np.ndarray, bits: int, qtype: str) -> np.ndarray:
