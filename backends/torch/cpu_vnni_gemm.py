@@ -115,9 +115,17 @@ def codebook(w: AffineWeight) -> tuple[np.ndarray, np.ndarray] | None:
     scales. A group whose scale and bias are both 0 is 0 whatever its codes (IQ4_XS's zero sub-block
     scale): its codes do not count. None otherwise (a Q8_0 tensor: after its first rows)."""
     dont_care = (w.scales == 0) & (w.biases == 0)
-    if dont_care.any():
+    if dont_care.any():  # the codes of the groups that count, a few rows at a time
         rows, groups = w.scales.shape
-        used = codes_used(w.codes.reshape(rows, groups, w.group_size)[~dont_care], 16)
+        step = max(1, (1 << 20) // w.codes.shape[1])
+        seen: set[int] = set()
+        for r in range(0, rows, step):
+            cared = w.codes[r : r + step].reshape(-1, groups, w.group_size)[~dont_care[r : r + step]]
+            part = codes_used(cared, 16)
+            seen.update(() if part is None else part.tolist())
+            if part is None or len(seen) > 16:
+                return None
+        used = np.array(sorted(seen), dtype=np.intp)
     else:
         used = codes_used(w.codes, 16)
     if used is None:

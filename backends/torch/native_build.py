@@ -61,10 +61,16 @@ AVX2_FLAGS = {
 }
 
 
+_warned_isa: set[str] = set()
+
+
 def isa() -> str | None:
     """The best of ISA_LEVELS this CPU has, capped by LANTERN_CPU_ISA; None below AVX2 (or off x86)."""
     flags = cpu_flags()
     cap = os.environ.get("LANTERN_CPU_ISA", "avx512")
+    if cap not in ISA_LEVELS and cap not in _warned_isa:
+        _warned_isa.add(cap)
+        logger.warning("LANTERN_CPU_ISA=%s is not one of %s: ignored", cap, ", ".join(ISA_LEVELS))
     allowed = ISA_LEVELS[ISA_LEVELS.index(cap) :] if cap in ISA_LEVELS else ISA_LEVELS
     return next((level for level in allowed if _ISA_NEEDS[level] <= flags), None)
 

@@ -1,7 +1,8 @@
 """The CPU quantized layer on int8 dot products (cpu_vnni_gemm): 4-bit codes for weights of up to
 4 bits, 8-bit codes for 5 to 8, each group's scale and bias in float16. Wider codes that take at most
-16 values (GGUF's codebook types: IQ4, IQ3, IQ2, IQ1, MXFP4) are held as 4-bit indices into a table
-of 16 codes (`codebook`): the file's values exactly, at 4 bits per weight.
+16 values in 32-wide groups (GGUF's IQ4_NL/IQ4_XS, IQ3_XXS/IQ3_S, IQ2_XXS, IQ1_S, MXFP4; bitsandbytes
+nf4/fp4) are held as 4-bit indices into a table of 16 codes (`codebook`): the values exactly, at 4 bits
+per weight. (The group-16 ones, IQ2_XS/IQ2_S/IQ1_M/NVFP4, are requantized to 8-bit groups of 32 first.)
 
 Every affine format whose group is a multiple of 32 maps exactly (GGUF Q4_0/Q4_1/Q4_K/Q5_*/Q8_0,
 MLX 4/8-bit, AWQ/GPTQ, --isq): narrower codes are valid wider ones as they are (w = s * q + b needs

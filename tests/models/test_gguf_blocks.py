@@ -341,3 +341,11 @@ def test_file_pages_are_released_while_streaming(gguf_path):
     )
     grown = int(out.stdout.strip().splitlines()[-1])
     assert grown < 0.3 * Path(gguf_path).stat().st_size, f"file-backed RSS grew by {grown / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("qtype", ["IQ4_XS", "IQ2_XXS"])
+def test_a_codebook_block_with_a_non_finite_scale_is_refused_by_name(qtype):
+    raw = random_blocks(qtype, 2, 256, np.random.default_rng(0))
+    raw[1, 0:2] = np.array([np.inf], np.float16).view(np.uint8)  # the second row's first d
+    with pytest.raises(ValueError, match=rf"GGUF {qtype}: rows 0..2: a block scale is not a finite number"):
+        gguf_to_weight(qtype, raw, 2, 256)

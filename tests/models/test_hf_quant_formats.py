@@ -309,6 +309,10 @@ CT_FP4 = {
 REFUSED = [
     ({"quant_method": "bitsandbytes"}, "quantization_config.load_in_4bit=null"),
     (
+        {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_storage": "bfloat16"},
+        'quantization_config.bnb_4bit_quant_storage="bfloat16"',
+    ),
+    (
         {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "int4"},
         'quantization_config.bnb_4bit_quant_type="int4"',
     ),
@@ -402,3 +406,24 @@ def test_compressed_tensors_activation_scheme_is_kept_float_with_a_log_line(fold
             parse_quant_scheme(json.loads((folders(kind)[0] / "config.json").read_text()))
         lines = [r.message for r in caplog.records if "activations" in r.message]
         assert lines == ([] if said is None else [lines[0]]) and (said is None or said in lines[0]), kind
+
+
+def test_bitsandbytes_int8_in_a_tiled_gpu_layout_is_refused(folders):
+    quant, _ = folders("bnb8")
+    scheme = parse_quant_scheme(json.loads((quant / "config.json").read_text()))
+    tensors = load_tensors(quant / "model.safetensors")
+    prefix = "model.layers.0.mlp.up_proj"
+    module = {"weight": tensors[f"{prefix}.weight"], "SCB": tensors[f"{prefix}.SCB"]}
+    row = read_quantized_module(scheme, prefix, {**module, "weight_format": np.array(0, np.uint8)})
+    np.testing.assert_array_equal(row.dequantize(), read_quantized_module(scheme, prefix, module).dequantize())
+    with pytest.raises(UnsupportedModelError, match=r"up_proj\.weight_format=2: .*tiled GPU layout"):
+        read_quantized_module(scheme, prefix, {**module, "weight_format": np.array(2, np.uint8)})
+
+
+def test_compressed_tensors_fp8_block_structure_string_form_parses(folders):
+    cfg = json.loads((folders("ct_fp8_block")[0] / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["block_structure"] = "128x64"
+    assert parse_quant_scheme(cfg).weight_block_size == (128, 64)
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["block_structure"] = "128"
+    with pytest.raises(UnsupportedModelError, match=r"block_structure=\"128\""):
+        parse_quant_scheme(cfg)

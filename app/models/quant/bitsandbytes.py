@@ -41,6 +41,9 @@ def parse(q: dict[str, Any]) -> Any:
     from lantern.app.models.quant.hf_formats import QuantScheme, _refuse
 
     skip = tuple(str(n) for n in q.get("llm_int8_skip_modules") or ())
+    storage = str(q.get("bnb_4bit_quant_storage", "uint8")).lower().removeprefix("torch.")
+    if q.get("load_in_4bit") and storage != "uint8":
+        raise _refuse("quantization_config.bnb_4bit_quant_storage", storage, " for bitsandbytes (uint8 only)")
     if q.get("load_in_4bit"):
         kind = str(q.get("bnb_4bit_quant_type", "fp4")).lower()
         if kind not in ("nf4", "fp4"):
@@ -53,10 +56,16 @@ def parse(q: dict[str, Any]) -> Any:
 
 def read_int8(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
     q, row_max = t["weight"], np.asarray(t["SCB"], np.float32).reshape(-1, 1)
+    layout = t.get("weight_format")
+    if layout is not None and int(np.asarray(layout).ravel()[0]) != 0:  # 0: row; older files: tiled GPU layouts
+        raise UnsupportedModelError(
+            f"{prefix}.weight_format={int(np.asarray(layout).ravel()[0])}: bitsandbytes int8 weights in a tiled "
+            "GPU layout (col_turing / col_ampere) are not implemented; supported: the row layout (weight_format 0)"
+        )
     if q.dtype != np.int8 or q.ndim != 2 or row_max.shape[0] != q.shape[0]:
         raise ValueError(f"{prefix}: bitsandbytes int8 weight {q.dtype} {q.shape} with SCB {row_max.shape}")
     scale = row_max / np.float32(127)
-    codes = (q.astype(np.int16) + 128).astype(np.uint8)
+    codes = np.ascontiguousarray(q).view(np.uint8) ^ np.uint8(0x80)  # q + 128
     return AffineWeight(codes, scale, -128 * scale, 8, q.shape[1], "bitsandbytes int8 per-channel")
 
 
@@ -65,6 +74,9 @@ def read_4bit(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeigh
     if key is None:
         raise ValueError(f"{prefix} lacks its weight.quant_state.bitsandbytes__nf4 / __fp4 blob")
     state = json.loads(np.asarray(t[key], np.uint8).tobytes())
+    missing = [k for k in ("shape", "blocksize") if k not in state]
+    if missing or ("weight.nested_absmax" in t and not {"nested_blocksize", "nested_offset"} <= set(state)):
+        raise ValueError(f"{prefix}.{key} lacks {', '.join(missing) or 'nested_blocksize / nested_offset'}")
     rows, cols = (int(d) for d in state["shape"])
     block = int(state["blocksize"])
     if cols % block:

@@ -76,9 +76,7 @@ def parse(q: dict[str, Any]) -> Any:
             raise _refuse(f"{key}.format" if fmt not in FLOAT_FORMATS else f"{key}.weights.num_bits", fmt or bits)
         if strategy not in ("tensor", "channel", "block"):
             raise _refuse(f"{key}.weights.strategy", strategy, " for FP8 weights")
-        block = tuple(int(b) for b in w["block_structure"]) if strategy == "block" else None
-        if block is not None and (len(block) != 2 or min(block) <= 0):
-            raise _refuse(f"{key}.weights.block_structure", w["block_structure"])
+        block = _block(w.get("block_structure"), key) if strategy == "block" else None
         return QuantScheme(
             "fp8", 8, 0, weight_block_size=block, activation_scheme="dynamic", modules_to_not_convert=not_converted
         )
@@ -102,6 +100,18 @@ def parse(q: dict[str, Any]) -> Any:
         checkpoint_format=fmt,
         modules_to_not_convert=not_converted,
     )
+
+
+def _block(value: Any, key: str) -> tuple[int, int]:
+    """[rows, cols] of an FP8 block, or the older "RxC" string form."""
+    try:
+        parts = value.split("x") if isinstance(value, str) else list(value)
+        block = tuple(int(b) for b in parts)
+    except (TypeError, ValueError):
+        block = ()
+    if len(block) != 2 or min(block) <= 0:
+        raise _refuse(f"{key}.weights.block_structure", value, " (two positive sizes)")
+    return block  # type: ignore[return-value]
 
 
 def _note_kept_float(group: dict[str, Any], q: dict[str, Any]) -> None:
@@ -156,7 +166,7 @@ def read_int(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight
     scale, group = _scales(t["weight_scale"], rows, cols, scheme, prefix)
     zeros = t.get("weight_zero_point")
     zero = 0.0 if zeros is None or scheme.sym else _signed_zeros(zeros, rows)
-    codes = (q.astype(np.int16) + 128).astype(np.uint8)
+    codes = np.ascontiguousarray(q).view(np.uint8) ^ np.uint8(0x80)  # q + 128
     _check_groups(t, prefix, cols, group)
     return AffineWeight(codes, scale, -((zero + 128.0) * scale), 8, group, scheme.label)
 

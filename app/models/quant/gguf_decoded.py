@@ -120,19 +120,15 @@ def _tq(at: int) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def _mxfp4(b: np.ndarray) -> np.ndarray:
-    # e8m0 exponent e, as half its power of two (the table holds doubled e2m1 values); e < 2 is subnormal
-    e = b[:, 0:1].astype(np.uint32)
-    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23))
-    return bits.astype(np.uint32).view(np.float32)
+    import gguf  # e8m0 exponent e as half its power of two (the package's table holds doubled e2m1 values)
+
+    return np.asarray(gguf.quants.MXFP4.e8m0_to_fp32_half(b[:, 0:1]), np.float32)
 
 
 def _nvfp4(b: np.ndarray) -> np.ndarray:
-    x = b[:, 0:4]  # four unsigned e4m3 scales, one per 16 weights; 0 and 0x7F mean zero
-    exp = ((x >> 3) & 0x0F).astype(np.int32)
-    man = (x & 7).astype(np.float32)
-    normal = (np.float32(1) + man / np.float32(8)) * np.exp2(exp - 7).astype(np.float32)
-    value = np.where(exp == 0, man * np.float32(2.0**-9), normal)
-    return np.where((x == 0) | (x == 0x7F), np.float32(0), value * np.float32(0.5)).astype(np.float32)
+    import gguf  # four unsigned e4m3 scales, one per 16 weights, halved as the package decodes them
+
+    return np.asarray(gguf.quants.NVFP4.ue4m3_to_fp32(b[:, 0:4]), np.float32)
 
 
 # type -> (weights per group, bits, lowest level, scales of a block's groups)
@@ -168,7 +164,7 @@ def widening_note(counts: dict[str, int]) -> str:
     return (
         f"GGUF tensors read as exact affine codes wider than the file's: {kinds}, plus a scale and bias "
         "per group. They take that much memory where the backend has no codebook layout (MLX, CUDA, CPUs "
-        "without AVX512-VNNI); torch's VNNI layers hold those of at most 16 levels in 32-wide groups at 4 bits"
+        "without the native kernels); torch's CPU layers hold those of at most 16 levels in 32-wide groups at 4 bits"
     )
 
 
@@ -187,19 +183,20 @@ def decoded_to_weight(qtype: str, data: np.ndarray, rows: int, cols: int) -> Aff
     for r in range(0, rows, step):
         part = blocks[r : r + step]
         n = part.shape[0]
+        s = scale_of(part.reshape(-1, nbytes)).reshape(n, -1, 1)
+        if not np.isfinite(s).all():
+            raise ValueError(f"GGUF {qtype}: rows {r}..{r + n}: a block scale is not a finite number")
+        scales[r : r + n] = s.reshape(n, -1)
         if qtype in _IQ4_CODES_AT:  # the table's levels read straight from the nibbles: ~10x faster
             codes[r : r + n] = _iq4_codes(part.reshape(-1, nbytes), qtype).reshape(n, cols)
-            scales[r : r + n] = scale_of(part.reshape(-1, nbytes)).reshape(n, -1)
             continue
-        values = gguf.quants.dequantize(part, qt).astype(np.float32, copy=False).reshape(n, -1, group)
-        s = scale_of(part.reshape(-1, nbytes)).reshape(n, -1, 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(all="ignore"):
+            values = gguf.quants.dequantize(part, qt).astype(np.float32, copy=False).reshape(n, -1, group)
             levels = np.where(s != 0, np.rint(values / s), 0)  # a zero scale decodes every value to 0
-        worst = float(np.max(np.abs(levels * s - values), initial=0.0))
-        if worst > 2.0**-20 * float(np.max(np.abs(values), initial=0.0)) or not np.isfinite(worst):
+        # each value within float32 rounding of its level times its own group's scale
+        if not (np.abs(levels * s - values) <= 2.0**-16 * np.abs(s)).all():
             raise ValueError(f"GGUF {qtype}: rows {r}..{r + n}: values are not whole levels of their block scales")
         codes[r : r + n] = _checked_codes(levels - lowest, bits, qtype).reshape(n, cols)
-        scales[r : r + n] = s.reshape(n, -1)
     return AffineWeight(codes, scales, np.float32(lowest) * scales, bits, group, f"GGUF {qtype}")
 
 
