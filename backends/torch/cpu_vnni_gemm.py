@@ -26,7 +26,7 @@ import math
 import numpy as np
 import torch
 
-from lantern.app.models.quant.affine import AffineWeight, codes_used, map_codes
+from lantern.app.models.quant.affine import AffineWeight, map_codes
 from lantern.backends.torch import native_build
 
 XG = 32  # x's quantization group: K must be a multiple of it, and the weight's group a multiple too
@@ -113,22 +113,20 @@ def codebook(w: AffineWeight) -> tuple[np.ndarray, np.ndarray] | None:
     table[indices] are its codes (GGUF's IQ4, IQ3, IQ2, IQ1 and MXFP4 tensors, bitsandbytes' nf4/fp4,
     held as 5- or 8-bit codes): the kernel then reads 4 bits per weight instead of 8, with the same
     scales. A group whose scale and bias are both 0 is 0 whatever its codes (IQ4_XS's zero sub-block
-    scale): its codes do not count. None otherwise (a Q8_0 tensor: after its first rows)."""
+    scale): its codes do not count. None otherwise."""
     dont_care = (w.scales == 0) & (w.biases == 0)
-    if dont_care.any():  # the codes of the groups that count, a few rows at a time
-        rows, groups = w.scales.shape
-        step = max(1, (1 << 20) // w.codes.shape[1])
-        seen: set[int] = set()
-        for r in range(0, rows, step):
-            cared = w.codes[r : r + step].reshape(-1, groups, w.group_size)[~dont_care[r : r + step]]
-            part = codes_used(cared, 16)
-            seen.update(() if part is None else part.tolist())
-            if part is None or len(seen) > 16:
-                return None
-        used = np.array(sorted(seen), dtype=np.intp)
-    else:
-        used = codes_used(w.codes, 16)
-    if used is None:
+    rows, groups = w.scales.shape
+    step = max(1, (1 << 20) // w.codes.shape[1])  # a few MB at a time: np.bincount widens to int64
+    seen = np.zeros(256, bool)
+    for r in range(0, rows, step):
+        part, skip = w.codes[r : r + step], dont_care[r : r + step]
+        if skip.any():
+            part = part.reshape(-1, groups, w.group_size)[~skip]
+        seen |= np.bincount(part.reshape(-1), minlength=256) > 0
+        if np.count_nonzero(seen) > 16:
+            return None  # a Q8_0 tensor: after its first rows
+    used = np.flatnonzero(seen)
+    if used.size == 0:
         return None
     table = np.full(16, used[0], np.uint8)
     table[: len(used)] = used

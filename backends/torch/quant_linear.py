@@ -32,6 +32,7 @@ Every conversion that is not exact adds its measured relative error to the calle
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -75,26 +76,25 @@ def select_kernel(w: AffineWeight | Fp8Weight, device: torch.device | str) -> st
         return "triton" if w.shape[1] % TRITON_GROUPS[-1] == 0 else "dense"
     if vnni_linear.fits(w) and cpu_vnni_gemm.available():
         return "vnni"
-    if w.bits <= 4 and (w.shape[1] % INT4PACK_GROUPS[-1] or _int4pack_usable()):
-        return "int4pack" if w.shape[1] % INT4PACK_GROUPS[-1] == 0 else "dense"  # (K % 32: never in a real model)
+    if w.bits <= 4:
+        if w.shape[1] % INT4PACK_GROUPS[-1]:
+            return "dense"  # (K % 32: never in a real model)
+        if _int4pack_usable():
+            return "int4pack"
     return "int8pack" if w.shape[1] % INT8PACK_COLS == 0 else "dense"
 
 
+@functools.cache
 def _int4pack_usable() -> bool:
     """aten's int4pack layout is the one the decoders read on AVX-512 CPUs only; elsewhere (with no
     native kernels: no compiler, or not x86) 4-bit weights take int8 per channel, said once."""
     if int4pack_layout_ok():
         return True
-    if not _said_int4pack:
-        _said_int4pack.append(True)
-        logger.warning(
-            "aten packs int4 weights differently on this CPU (its ATen capability is not AVX-512): 4-bit weights "
-            "are held as int8 per channel (requantized, error logged) instead"
-        )
+    logger.warning(
+        "aten packs int4 weights differently on this CPU (its ATen capability is not AVX-512): 4-bit weights "
+        "are held as int8 per channel (requantized, error logged) instead"
+    )
     return False
-
-
-_said_int4pack: list[bool] = []
 
 
 def quantized_linear(

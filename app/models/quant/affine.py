@@ -220,18 +220,6 @@ def map_codes(table: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return out
 
 
-def codes_used(codes: np.ndarray, limit: int = 256) -> np.ndarray | None:
-    """The distinct values of uint8 codes (sorted), or None as soon as there are more than `limit`;
-    counted a few MB at a time (np.bincount widens to int64)."""
-    seen = np.zeros(256, bool)
-    flat = codes.reshape(-1)
-    for i in range(0, flat.size, _MAP_CHUNK):
-        seen |= np.bincount(flat[i : i + _MAP_CHUNK], minlength=256) > 0
-        if np.count_nonzero(seen) > limit:
-            return None
-    return np.flatnonzero(seen)
-
-
 _MAP_CHUNK = 1 << 20
 
 

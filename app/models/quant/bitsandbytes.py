@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight, map_codes
+from lantern.app.models.quant.hf_formats import QuantScheme, _refuse
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -36,10 +37,8 @@ STATE_KEYS = ("weight.quant_state.bitsandbytes__nf4", "weight.quant_state.bitsan
 _noted: set[str] = set()
 
 
-def parse(q: dict[str, Any]) -> Any:
+def parse(q: dict[str, Any]) -> QuantScheme:
     """The QuantScheme of a bitsandbytes quantization_config."""
-    from lantern.app.models.quant.hf_formats import QuantScheme, _refuse
-
     skip = tuple(str(n) for n in q.get("llm_int8_skip_modules") or ())
     storage = str(q.get("bnb_4bit_quant_storage", "uint8")).lower().removeprefix("torch.")
     if q.get("load_in_4bit") and storage != "uint8":

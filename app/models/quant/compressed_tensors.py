@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight
+from lantern.app.models.quant.hf_formats import QuantScheme, _refuse, _unpack, _words
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -39,17 +40,8 @@ FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 _KEY = "quantization_config"
 
 
-def _refuse(key: str, value: Any, why: str = "") -> UnsupportedModelError:
-    from lantern.app.models.quant.hf_formats import SUPPORTED
-
-    value = json.dumps(value, default=str)
-    return UnsupportedModelError(f"{key}={value} in config.json is not implemented{why}; {SUPPORTED}")
-
-
-def parse(q: dict[str, Any]) -> Any:
+def parse(q: dict[str, Any]) -> QuantScheme:
     """The QuantScheme of a compressed-tensors quantization_config (see the module docstring)."""
-    from lantern.app.models.quant.hf_formats import QuantScheme
-
     status = q.get("quantization_status", "compressed")
     if status != "compressed":  # "frozen" / "calibration": float weights with unapplied quantization
         raise _refuse(f"{_KEY}.quantization_status", status, " (compressed checkpoints only)")
@@ -130,8 +122,6 @@ def _note_kept_float(group: dict[str, Any], q: dict[str, Any]) -> None:
 # ---- reading one module ----------------------------------------------------------------------------
 def read_packed(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
     """A pack-quantized module (weight_packed, weight_scale[, weight_shape, weight_zero_point])."""
-    from lantern.app.models.quant.hf_formats import _unpack, _words
-
     bits = scheme.bits
     packed = _words(t["weight_packed"], f"{prefix}.weight_packed")
     rows = packed.shape[0]

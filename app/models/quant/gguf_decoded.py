@@ -208,14 +208,10 @@ def _iq4_codes(b: np.ndarray, qtype: str) -> np.ndarray:
     (gguf's IQ4 dequantizers' order); each index's level is the package's table, + 128."""
     import gguf
 
-    qs = b[:, _IQ4_CODES_AT[qtype] :]
-    n, size = qs.shape
-    pairs = qs.reshape(n, size // 16, 1, 16)
-    index = np.empty((n, size // 16, 2, 16), np.uint8)
-    np.bitwise_and(pairs[:, :, 0], 0x0F, out=index[:, :, 0])
-    np.right_shift(pairs[:, :, 0], 4, out=index[:, :, 1])
+    from lantern.app.models.quant.gguf_blocks import _nibbles  # (imported here: gguf_blocks imports this module)
+
     table = (np.array(gguf.quants.IQ4_NL.kvalues, np.int16) + 128).astype(np.uint8)
-    return table[index.reshape(n, 2 * size)]
+    return table[_nibbles(np.ascontiguousarray(b[:, _IQ4_CODES_AT[qtype] :]), 16)]
 
 
 def _checked_codes(codes: np.ndarray, bits: int, qtype: str) -> np.ndarray:
