@@ -4,7 +4,8 @@ MLX's affine mode is the canonical form itself: codes packed little-endian into 
 and one bias per group, bits 2/3/4/5/6/8, groups 32/64/128. So GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
 Q4_K/Q5_K, MLX-community, AWQ and GPTQ weights map exactly (scales stored in the model dtype).
 Group-16 k-quants (Q2_K, Q3_K, Q6_K) have no MLX layout: they are requantized to group 32 with
-two more bits, and the error is logged; wider groups (per-channel GPTQ) map exactly.
+two more bits, and the error is logged; wider groups (per-channel GPTQ) map exactly. GPTQ act-order
+weights keep their stored (sorted) columns in a PermutedQuantizedLinear, which gathers x first.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, pack_bits, regroup, requantize
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, in_input_order, pack_bits, regroup, requantize
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +57,39 @@ def _scale_array(values: np.ndarray, dtype: mx.Dtype) -> mx.array:
 
 def quantized_module(old: nn.Module, w: AffineWeight, dtype: mx.Dtype, errors: ErrorLog) -> tuple[nn.Module, dict]:
     """A quantized replacement for `old` (Linear or Embedding) and its arrays, named as MLX names
-    them (weight, scales, biases), for Module.load_weights."""
-    packed, scales, biases, bits, group = to_mlx_arrays(w, dtype, errors)
+    them (weight, scales, biases; `perm` for an act-order linear), for Module.load_weights."""
+    if isinstance(old, nn.Embedding):  # a lookup reads rows: no input to gather
+        w = in_input_order(w, errors, "embedding")
+    packed, scales, biases, bits, group = to_mlx_arrays(w.stored(), dtype, errors)
     rows, cols = w.shape
+    arrays = {"weight": packed, "scales": scales, "biases": biases}
     if isinstance(old, nn.Embedding):
         # The lookup dequantizes in the scales' type: keep the model dtype for exact rows.
-        scales, biases = scales.astype(dtype), biases.astype(dtype)
+        arrays.update(scales=scales.astype(dtype), biases=biases.astype(dtype))
         new: nn.Module = nn.QuantizedEmbedding(rows, cols, group_size=group, bits=bits)
+    elif w.perm is not None:
+        new = PermutedQuantizedLinear(cols, rows, bias="bias" in old, group_size=group, bits=bits)
+        arrays["perm"] = mx.array(w.perm.astype(np.uint32))
     else:
         new = nn.QuantizedLinear(cols, rows, bias="bias" in old, group_size=group, bits=bits)
-    return new, {"weight": packed, "scales": scales, "biases": biases}
+    return new, arrays
+
+
+class PermutedQuantizedLinear(nn.QuantizedLinear):
+    """A GPTQ act-order weight: the stored columns hold contiguous groups, and x's columns are
+    gathered into that order (`perm`) before the quantized matmul."""
+
+    def __init__(self, input_dims: int, output_dims: int, bias: bool, group_size: int, bits: int):
+        super().__init__(input_dims, output_dims, bias=bias, group_size=group_size, bits=bits)
+        self.perm = mx.arange(input_dims, dtype=mx.uint32)
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return super().__call__(mx.take(x, self.perm, axis=-1))
+
+    def input_order(self, weight: mx.array) -> mx.array:
+        """A dequantized weight [out, in] of this layer with its columns back in input order."""
+        return mx.take(weight, mx.argsort(self.perm), axis=1)
 
 
 def set_module(root: nn.Module, path: str, new: nn.Module) -> nn.Module:

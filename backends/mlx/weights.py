@@ -18,7 +18,7 @@ import numpy as np
 
 from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.family_moe import expert_part, is_router, moe_name
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, in_input_order
 from lantern.app.models.weight_stream import IsqMode, iter_weights
 from lantern.backends.mlx.quant import get_module, quantized_module, set_module, to_mlx_arrays
 
@@ -85,6 +85,8 @@ class _ExpertStacker:
         if not 0 <= index < self.num_experts:
             raise ValueError(f"{path}.{index}.{proj}: the config has {self.num_experts} experts")
         if isinstance(value, AffineWeight):
+            # gather_qmm takes no per-expert input permutation: act-order experts in input order.
+            value = in_input_order(value, self.errors, "stacked experts")
             # Packed now: the unpacked codes (one byte per weight) are not kept for the whole layer.
             packed, scales, biases, bits, group = to_mlx_arrays(value, self.dtype, self.errors)
             mx.eval(packed, scales, biases)

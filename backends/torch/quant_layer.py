@@ -51,3 +51,22 @@ class PackedCpuLayer(QuantLayer):
         if x.dim() == 2 and 0 < x.shape[0] < DENSE_ROWS and self.bias is None:
             return self.matmul(x)
         return super().forward(x)
+
+
+class PermutedInput(QuantLayer):
+    """A GPTQ act-order weight: the inner layer holds the stored columns (groups made contiguous),
+    and x's columns are gathered into that order first (one index_select of [rows, K] per call,
+    shared by q/k/v when they stack). `rows` returns the weight's rows in input order."""
+
+    def __init__(self, inner: QuantLayer, perm: torch.Tensor):
+        super().__init__(inner.out_features, inner.in_features)
+        self.inner = inner
+        self.float_x_is_free = inner.float_x_is_free
+        self.register_buffer("perm", perm)
+        self.register_buffer("inverse", torch.argsort(perm).to(perm.dtype))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.matmul(x.index_select(1, self.perm))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.inner.rows(ids).index_select(1, self.inverse)

@@ -27,6 +27,9 @@ An `AffineWeight` (or `Fp8Weight`) becomes one of these kernels (`select_kernel`
   per-tensor activation scale. Block-wise or per-channel scales, older GPUs and CPU: "dense".
 - "dense": the weight dequantized to `dtype` (one INFO line per reason).
 
+A GPTQ act-order weight (`AffineWeight.perm`) takes the same kernels on its stored columns, wrapped in
+quant_layer.PermutedInput, which gathers x's columns into the stored order first.
+
 Every conversion that is not exact adds its measured relative error to the caller's `ErrorLog`.
 """
 
@@ -51,7 +54,7 @@ from lantern.backends.torch.packed_decode import (
     int4pack_layout_ok,
     int4pack_rows,
 )
-from lantern.backends.torch.quant_layer import PackedCpuLayer, QuantLayer
+from lantern.backends.torch.quant_layer import PackedCpuLayer, PermutedInput, QuantLayer
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +113,12 @@ def quantized_linear(
     x's dtype. `kernel` overrides `select_kernel` (tests run the Triton path on CPU under the interpreter)."""
     device = torch.device(device)
     kernel = kernel or select_kernel(w, device)
-    if isinstance(w, Fp8Weight):
-        layer: QuantLayer = Fp8Linear(w, device) if kernel == "fp8" else _dense_fp8(w, device, dtype, errors)
+    layer: QuantLayer
+    if isinstance(w, AffineWeight) and w.perm is not None:  # act-order: the layer gathers x
+        inner = quantized_linear(w.stored(), None, device, dtype, errors, kernel=kernel)
+        layer = PermutedInput(inner, torch.from_numpy(w.perm.astype(np.int64)).to(device))  # type: ignore[arg-type]
+    elif isinstance(w, Fp8Weight):
+        layer = Fp8Linear(w, device) if kernel == "fp8" else _dense_fp8(w, device, dtype, errors)
     elif kernel == "vnni":
         layer = vnni_linear.VnniLinear(w, device)
         _record(errors, w, layer, layer.target, layer.requantized)

@@ -4,7 +4,8 @@ The model is built on the meta device; each float tensor becomes its parameter o
 device as it arrives, and each quantized one (AffineWeight / Fp8Weight) replaces its nn.Linear or
 nn.Embedding with a layer from quant_linear.py. q/k/v and gate/up arrive separately and are
 stacked into the fused qkv_proj / gate_up_proj once all parts are in (as one quantized matrix when
-the parts share a mode, else as a stack of layers: GGUF Q4_K_M mixes Q4_K and Q6_K). Tensor
+the parts share a mode and act-order permutation, else as a stack of layers: GGUF Q4_K_M mixes Q4_K
+and Q6_K). Tensor
 parallelism slices every tensor before it is placed, quantized ones along whole groups.
 
 Mixture-of-experts checkpoints store each expert's projections separately (Mixtral's w1/w3/w2 are
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +28,7 @@ from torch import nn
 
 from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.family_moe import expert_part, is_router, moe_name
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, concat_rows
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, concat_rows, in_input_order, same_perm
 from lantern.app.models.weight_stream import IsqMode, iter_weights
 from lantern.backends.torch.parallel import COLUMN_PARALLEL, ROW_PARALLEL, TPGroup, vocab_shard
 from lantern.backends.torch.quant_linear import INT8PACK_COLS
@@ -104,8 +106,8 @@ class _Loader:
                 except ValueError as exc:  # a shard cuts the scale blocks
                     logger.info("%s; dequantized for tensor parallelism", exc)
                     value = _as_torch(value.dequantize())
-            if isinstance(value, AffineWeight):
-                return value.cols(start, end)
+            if isinstance(value, AffineWeight):  # act-order columns are scattered: put in input order
+                return in_input_order(value, self.errors, "tensor-parallel split").cols(start, end)
             return _as_torch(value)[:, start:end]
         if prefix in ("model.embed_tokens", "lm_head"):
             start, end, per = vocab_shard(self.cfg.vocab_size, self.tp)
@@ -175,7 +177,7 @@ class _Loader:
 
         if path.endswith("embed_tokens"):
             return quantized_embedding(parts[0], self.device, self.dtype, self.errors)
-        if all(isinstance(p, AffineWeight) for p in parts) and len({p.mode for p in parts}) == 1:
+        if all(isinstance(p, AffineWeight) for p in parts) and len({p.mode for p in parts}) == 1 and same_perm(parts):
             return quantized_linear(concat_rows(parts), None, self.device, self.dtype, self.errors)
         layers: list[nn.Module] = []
         for p in parts:
@@ -316,13 +318,11 @@ def _pad_rows(value: Any, rows: int) -> Any:
         return value
     if isinstance(value, AffineWeight):
         pad = rows - have
-        return AffineWeight(
-            np.concatenate([value.codes, np.zeros((pad, value.codes.shape[1]), np.uint8)]),
-            np.concatenate([value.scales, np.zeros((pad, value.scales.shape[1]), np.float32)]),
-            np.concatenate([value.biases, np.zeros((pad, value.biases.shape[1]), np.float32)]),
-            value.bits,
-            value.group_size,
-            value.source,
+        return replace(
+            value,
+            codes=np.concatenate([value.codes, np.zeros((pad, value.codes.shape[1]), np.uint8)]),
+            scales=np.concatenate([value.scales, np.zeros((pad, value.scales.shape[1]), np.float32)]),
+            biases=np.concatenate([value.biases, np.zeros((pad, value.biases.shape[1]), np.float32)]),
         )
     shard = torch.zeros(rows, value.shape[1], dtype=value.dtype)
     shard[:have] = value

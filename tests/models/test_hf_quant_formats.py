@@ -45,6 +45,7 @@ CASES = [
     ("gptq_asym", "qwen2"),
     ("gptq8", "llama2"),
     ("gptq_v2", "llama2"),
+    ("gptq_act", "qwen2"),  # act-order: columns sorted into their groups, the permutation kept
     ("fp8", "llama2"),
     ("fp8_tensor", "llama2"),
     ("bnb_nf4", "llama2"),
@@ -52,6 +53,7 @@ CASES = [
     ("bnb8", "llama2"),
     ("ct_w4a16", "llama2"),
     ("ct_w4_asym", "qwen2"),
+    ("ct_w4_act", "llama2"),
     ("ct_w8a16", "llama2"),
     ("ct_w8a8", "llama2"),
     ("ct_fp8", "llama2"),
@@ -225,19 +227,36 @@ def test_gptq_v1_stored_fifteen_is_a_zero_of_zero():
     np.testing.assert_array_equal(w.dequantize(), np.tile(np.arange(8.0), (8, 1)))
 
 
-def test_gptq_act_order_g_idx_is_refused_naming_desc_act_and_contiguous_accepted(folders):
-    quant, ref = folders("gptq")
+def test_gptq_act_order_reads_exactly_with_sorted_columns(folders):
+    """desc_act files scatter each group's input columns (g_idx): the reader sorts them into contiguous
+    groups and keeps the permutation; the matrix in input order is the file's exactly."""
+    quant, ref = folders("gptq_act")
+    scheme = parse_quant_scheme(json.loads((quant / "config.json").read_text()))
+    assert scheme.desc_act
+    _, tensors, _, _ = read_folder(quant)
+    refs = load_tensors(ref / "model.safetensors")
+    for prefix in ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj"):
+        parts = {s: tensors[f"{prefix}.{s}"] for s in ("qweight", "qzeros", "scales", "g_idx")}
+        w = read_quantized_module(scheme, prefix, parts)
+        assert w.perm is not None and "act-order" in w.source
+        np.testing.assert_array_equal(parts["g_idx"][w.perm], np.arange(w.shape[1]) // 32)
+        np.testing.assert_allclose(w.dequantize(), refs[f"{prefix}.weight"], atol=1e-6)
+        contiguous = {**parts, "g_idx": np.arange(w.shape[1], dtype=np.int32) // 32}  # the same file read plainly
+        assert read_quantized_module(scheme, prefix, contiguous).perm is None
+
+
+def test_gptq_g_idx_with_uneven_groups_is_refused_by_name(folders):
+    quant, _ = folders("gptq")
     _, tensors, _, _ = read_folder(quant)
     prefix = "model.layers.0.mlp.down_proj"
     parts = {s: tensors[f"{prefix}.{s}"] for s in ("qweight", "qzeros", "scales", "g_idx")}
+    parts["g_idx"] = parts["g_idx"].copy()
+    parts["g_idx"][0] = 1
     scheme = QuantScheme("gptq", 4, 128, sym=True, desc_act=True, checkpoint_format="gptq")
-    w = read_quantized_module(scheme, prefix, parts)  # desc_act with contiguous groups reads as usual
-    np.testing.assert_allclose(w.dequantize(), load_tensors(ref / "model.safetensors")[f"{prefix}.weight"], atol=1e-6)
-    parts["g_idx"] = np.random.default_rng(0).permutation(parts["g_idx"])
     with pytest.raises(UnsupportedModelError) as err:
         read_quantized_module(scheme, prefix, parts)
     message = str(err.value)
-    assert "desc_act=true" in message and f"{prefix}.g_idx" in message and "\n" not in message
+    assert f"{prefix}.g_idx" in message and "unequal" in message and "\n" not in message
 
 
 def test_a_module_missing_a_member_is_named():
@@ -383,18 +402,19 @@ def test_mlx_quantization_key_is_parsed_and_its_module_entries_checked():
         parse_quant_scheme(mixed)
 
 
-def test_compressed_tensors_act_order_g_idx_is_refused_and_contiguous_accepted(folders):
-    quant, _ = folders("ct_w4a16")
+def test_compressed_tensors_act_order_reads_exactly_and_contiguous_g_idx_is_plain(folders):
+    quant, ref = folders("ct_w4_act")
     scheme = parse_quant_scheme(json.loads((quant / "config.json").read_text()))
     tensors = load_tensors(quant / "model.safetensors")
     prefix = "model.layers.0.mlp.up_proj"
-    module = {s: tensors[f"{prefix}.{s}"] for s in ("weight_packed", "weight_scale", "weight_shape")}
-    contiguous = np.arange(128) // 64
-    plain = read_quantized_module(scheme, prefix, module)
-    same = read_quantized_module(scheme, prefix, {**module, "weight_g_idx": contiguous})
-    np.testing.assert_array_equal(same.dequantize(), plain.dequantize())
-    with pytest.raises(UnsupportedModelError, match=r"actorder=\"group\".*weight_g_idx"):
-        read_quantized_module(scheme, prefix, {**module, "weight_g_idx": contiguous[::-1].copy()})
+    module = {s: tensors[f"{prefix}.{s}"] for s in ("weight_packed", "weight_scale", "weight_shape", "weight_g_idx")}
+    w = read_quantized_module(scheme, prefix, module)
+    assert w.perm is not None
+    np.testing.assert_allclose(w.dequantize(), load_tensors(ref / "model.safetensors")[f"{prefix}.weight"], atol=1e-6)
+    contiguous = np.arange(128) // 32
+    plain = read_quantized_module(scheme, prefix, {**module, "weight_g_idx": contiguous})
+    assert plain.perm is None
+    np.testing.assert_array_equal(plain.codes, w.codes[:, np.argsort(w.perm)])  # the same codes, in file order
 
 
 def test_compressed_tensors_activation_scheme_is_kept_float_with_a_log_line(folders, caplog):

@@ -36,8 +36,8 @@ def converted_modules() -> dict:
     return {} if torch_cpu_vnni() else CONVERTED
 
 
-KINDS = ["mlx4", "mlx8", "mlx_mixed", "awq", "gptq", "gptq_asym", "gptq8", "gptq_v2", "fp8", "fp8_tensor"]
-KINDS += ["ct_w4a16", "ct_w4_asym", "ct_w8a16", "ct_w8a8", "ct_fp8", "ct_fp8_block"]  # compressed-tensors
+KINDS = ["mlx4", "mlx8", "mlx_mixed", "awq", "gptq", "gptq_asym", "gptq8", "gptq_v2", "gptq_act", "fp8", "fp8_tensor"]
+KINDS += ["ct_w4a16", "ct_w4_asym", "ct_w4_act", "ct_w8a16", "ct_w8a8", "ct_fp8", "ct_fp8_block"]  # compressed-tensors
 KINDS += ["bnb_nf4", "bnb_fp4", "bnb8"]
 
 
@@ -108,10 +108,11 @@ def test_quantized_folder_stays_small(folders, backend, kind):
     assert sizes["quant"] < 0.75 * sizes["float"], sizes
 
 
-@pytest.mark.parametrize("kind", ["fp8", "fp8_tensor", "gptq8"])
+@pytest.mark.parametrize("kind", ["fp8", "fp8_tensor", "gptq8", "gptq_act"])
 def test_quantized_folder_shards_over_two_ranks(folders, kind):
     """FP8 per-tensor scales and per-channel GPTQ slice along the shards; 128x128 FP8 blocks that
-    a 64-wide shard would cut are dequantized for that layer (logged)."""
+    a 64-wide shard would cut are dequantized for that layer (logged); act-order o/down projections,
+    whose input columns are scattered, are requantized to 8 bits in input order for the split (logged)."""
     quant, ref = folders(kind)
     err = logits_error(str(quant), str(ref), "torch", tensor_parallel_size=2)
     assert err <= tolerance("torch", str(ref)), f"{kind}: {err:.4f}"

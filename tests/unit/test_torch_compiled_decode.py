@@ -198,15 +198,20 @@ def test_a_bf16_pool_decodes_through_the_native_attention(tiny_model_dir):
     assert worst < 0.12, worst  # ~0.065 measured; a wrong attention output is ~1
 
 
-def test_int4_weights_decode_as_eager(tiny_model_dir):
-    """--isq q4: the int4 matmuls inside the graph (inductor calls its own int4 op) give the eager
-    logits, up to the bf16 rounding of their inputs that both paths share."""
-    path = tiny_model_dir("llama3")
+@pytest.mark.parametrize("source", ["isq", "gptq_act"])
+def test_int4_weights_decode_as_eager(tiny_model_dir, tmp_path, source):
+    """--isq q4, and a GPTQ act-order folder (each layer gathers x's columns first): the int4 matmuls
+    inside the graph (inductor calls its own int4 op) give the eager logits, up to the bf16 rounding
+    of their inputs that both paths share."""
+    from tests.fixtures.hf_quant_writers import writer
+
+    path = tiny_model_dir("llama3") if source == "isq" else str(writer(source, tmp_path)[0])
+    quantization = "q4" if source == "isq" else None
     ids = list(range(7, 40))
     forced = [11, 12, 13, 14, 15, 16]
     rows = {}
     for compiled in (False, True):
-        llm = LLM(path, quantization="q4", compile_decode=compiled, **SMALL)
+        llm = LLM(path, quantization=quantization, compile_decode=compiled, **SMALL)
         try:
             rows[compiled] = dict(teacher_forced_logits(llm.engine, ids, forced))
             if compiled:

@@ -7,8 +7,12 @@ read into an `AffineWeight`: unpacked integer codes with one scale and one bias 
     w[o, i] = codes[o, i] * scales[o, i // group_size] + biases[o, i // group_size]
 
 This is exact for every format those files use (a symmetric format is affine with
-bias = -zero_point * scale). Each backend then packs it into its own kernel layout, converting to
-the nearest mode it has when the file's mode is not one of them (`requantize`, error measured).
+bias = -zero_point * scale). GPTQ act-order files group input columns out of order: they are held
+with the columns sorted into contiguous groups and `perm` saying which input each stored column
+multiplies (the layer gathers x[..., perm] first), so they stay exact too.
+
+Each backend then packs it into its own kernel layout, converting to the nearest mode it has when
+the file's mode is not one of them (`requantize`, error measured).
 FP8 checkpoints are an `Fp8Weight` (raw e4m3 bytes with per-tensor or block scales).
 
 Codes are held unpacked (one uint8 per weight) only while one tensor is being converted.
@@ -32,9 +36,14 @@ class AffineWeight:
     bits: int
     group_size: int
     source: str  # where it came from, for log lines: "GGUF Q4_K", "AWQ 4-bit g128", "ISQ q4"
+    # int32 [cols] or None: stored column j multiplies input column perm[j] (GPTQ act-order). Layers
+    # that honour it compute W_stored @ x[..., perm]; `dequantize` returns the input-order matrix.
+    perm: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         rows, cols = self.codes.shape
+        if self.perm is not None and self.perm.shape != (cols,):
+            raise ValueError(f"{self.source}: input permutation {self.perm.shape} does not fit {cols} columns")
         if cols % self.group_size or self.scales.shape != (rows, cols // self.group_size):
             raise ValueError(
                 f"{self.source}: codes {self.codes.shape} do not match scales {self.scales.shape} "
@@ -52,12 +61,23 @@ class AffineWeight:
         return self.bits, self.group_size
 
     def dequantize(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
+        """The matrix in input-column order (a permuted weight's columns put back)."""
         rows, cols = self.codes.shape
         g = self.group_size
         w = self.codes.reshape(rows, cols // g, g).astype(np.float32)
         w *= self.scales[:, :, None]
         w += self.biases[:, :, None]
-        return w.reshape(rows, cols).astype(dtype, copy=False)
+        w = w.reshape(rows, cols)
+        if self.perm is not None:
+            ordered = np.empty_like(w)
+            ordered[:, self.perm] = w
+            w = ordered
+        return w.astype(dtype, copy=False)
+
+    def stored(self) -> AffineWeight:
+        """The stored columns as a plain weight (no permutation): what a layer packs when it gathers
+        x[..., perm] itself."""
+        return replace(self, perm=None)
 
     def rows(self, start: int, end: int) -> AffineWeight:
         return replace(self, codes=self.codes[start:end], scales=self.scales[start:end], biases=self.biases[start:end])
@@ -66,6 +86,8 @@ class AffineWeight:
         """Input columns [start, end); both must fall on group boundaries (tensor-parallel rows).
         A per-channel weight (one group per row) keeps its scales over the narrower rows."""
         g = self.group_size
+        if self.perm is not None:
+            raise ValueError(f"{self.source}: act-order columns are permuted; a column range is not a group range")
         if g == self.codes.shape[1]:
             return replace(self, codes=self.codes[:, start:end], group_size=end - start)
         if start % g or end % g:
@@ -91,7 +113,7 @@ def regroup(w: AffineWeight, groups: tuple[int, ...]) -> AffineWeight | None:
         if w.group_size % g == 0:
             f = w.group_size // g
             scales, biases = np.repeat(w.scales, f, axis=1), np.repeat(w.biases, f, axis=1)
-            return AffineWeight(w.codes, scales, biases, w.bits, g, w.source)
+            return replace(w, scales=scales, biases=biases, group_size=g)
     return None
 
 
@@ -287,7 +309,8 @@ def requantize(w: AffineWeight, bits: int, group_size: int, *, symmetric: bool =
     """`w` in another mode, and the relative error that costs against `w`'s own values.
 
     group_size 0 means one group per row (per-channel). Works through row chunks, so a large
-    embedding never exists in float32 all at once."""
+    embedding never exists in float32 all at once. A permuted (act-order) weight comes out in input
+    order without its permutation (`in_input_order`); layers requantize `w.stored()` to keep it."""
     rows, cols = w.shape
     g = group_size or cols
     codes = np.empty((rows, cols), np.uint8)
@@ -305,11 +328,31 @@ def requantize(w: AffineWeight, bits: int, group_size: int, *, symmetric: bool =
     return out, (diff2 / norm2) ** 0.5 if norm2 else 0.0
 
 
+def in_input_order(w: AffineWeight, errors: ErrorLog, where: str) -> AffineWeight:
+    """An act-order weight for a place that cannot gather its input (stacked MoE experts, a tensor-
+    parallel split of input columns): requantized in input order to 8 bits, the error logged."""
+    if w.perm is None:
+        return w
+    out, err = requantize(w, 8, w.group_size)
+    errors.add(w.source, f"8-bit g{w.group_size} in input order ({where})", err)
+    return out
+
+
+def same_perm(parts: list[AffineWeight]) -> bool:
+    """True when the parts gather their input alike (so they stack into one matrix)."""
+    first = parts[0].perm
+    return all((p.perm is None) == (first is None) for p in parts) and (
+        first is None or all(np.array_equal(p.perm, first) for p in parts)
+    )
+
+
 def concat_rows(parts: list[AffineWeight]) -> AffineWeight:
-    """Stack weights of one mode along the output axis (fused q/k/v or gate/up)."""
+    """Stack weights of one mode and one input permutation along the output axis (fused q/k/v or gate/up)."""
     first = parts[0]
     if any(p.mode != first.mode for p in parts):
         raise ValueError("cannot stack quantized weights of different modes: " + ", ".join(p.source for p in parts))
+    if not same_perm(parts):
+        raise ValueError("cannot stack act-order weights whose input permutations differ")
     return replace(
         first,
         codes=np.concatenate([p.codes for p in parts]),

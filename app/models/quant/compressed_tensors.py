@@ -15,8 +15,8 @@ or per config group) and `config_groups` whose `weights` describe the quantizati
 Activation quantization (`input_activations`: w8a8's int8 tokens, FP8-dynamic's) is a speed scheme
 of the kernels that run it; here activations stay in float (closer to the unquantized model), and
 the log says so. Refused in one line naming the key: other formats (sparse, marlin-24, nvfp4/mxfp4
-packs), transforms (SpinQuant/QuIP rotations), several different weight schemes in one model, and
-act-order groups stored out of order.
+packs), transforms (SpinQuant/QuIP rotations), several different weight schemes in one model.
+actorder="group" (a permuted weight_g_idx) is held like GPTQ act-order: columns sorted, x gathered.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight
-from lantern.app.models.quant.hf_formats import QuantScheme, _refuse, _unpack, _words
+from lantern.app.models.quant.hf_formats import QuantScheme, _refuse, _unpack, _words, act_order_perm
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -143,8 +144,7 @@ def read_packed(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWei
         zero_codes = np.ascontiguousarray(_unpack(words, bits, rows).T).astype(np.float32)
     else:  # older files (and tensor-wide zero points): signed int8, unpacked
         zero_codes = _signed_zeros(zeros, rows) + offset
-    _check_groups(t, prefix, cols, group)
-    return AffineWeight(codes, scale, -(zero_codes * scale), bits, group, scheme.label)
+    return _act_order(AffineWeight(codes, scale, -(zero_codes * scale), bits, group, scheme.label), t, prefix)
 
 
 def read_int(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
@@ -157,8 +157,7 @@ def read_int(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight
     zeros = t.get("weight_zero_point")
     zero = 0.0 if zeros is None or scheme.sym else _signed_zeros(zeros, rows)
     codes = np.ascontiguousarray(q).view(np.uint8) ^ np.uint8(0x80)  # q + 128
-    _check_groups(t, prefix, cols, group)
-    return AffineWeight(codes, scale, -((zero + 128.0) * scale), 8, group, scheme.label)
+    return _act_order(AffineWeight(codes, scale, -((zero + 128.0) * scale), 8, group, scheme.label), t, prefix)
 
 
 def _signed_zeros(zeros: np.ndarray, rows: int) -> np.ndarray:
@@ -180,11 +179,10 @@ def _scales(raw: np.ndarray, rows: int, cols: int, scheme: Any, prefix: str) -> 
     return np.ascontiguousarray(scale), group
 
 
-def _check_groups(t: dict[str, np.ndarray], prefix: str, cols: int, group: int) -> None:
-    g_idx = t.get("weight_g_idx")
-    if g_idx is not None and not np.array_equal(np.asarray(g_idx).ravel(), np.arange(cols) // group):
-        raise UnsupportedModelError(
-            f'{_KEY}.config_groups.*.weights.actorder="group" in config.json with a permuted {prefix}.weight_g_idx '
-            "(act-order groups) is not implemented; supported: groups of contiguous input columns "
-            '(actorder null, "weight" or "static")'
-        )
+def _act_order(w: AffineWeight, t: dict[str, np.ndarray], prefix: str) -> AffineWeight:
+    """`w` with actorder="group" columns (a permuted weight_g_idx) sorted into contiguous groups and
+    the permutation kept for the layer (hf_formats.act_order_perm); as it is otherwise."""
+    perm = act_order_perm(t.get("weight_g_idx"), w.shape[1], w.group_size, f"{prefix}.weight_g_idx")
+    if perm is None:
+        return w
+    return replace(w, codes=np.ascontiguousarray(w.codes[:, perm]), perm=perm, source=f"{w.source} act-order")

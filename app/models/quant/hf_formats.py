@@ -14,7 +14,8 @@ Packing facts the readers rely on (published by each format; the code is Lantern
   w = (q - z) * s.
 - GPTQ: `qweight` int32 [in*bits/32, out] packs consecutive input rows, value j at bits j*bits;
   `qzeros` int32 [in/g, out*bits/32] packs consecutive output columns the same way; `scales`
-  [in/g, out]; `g_idx` [in] (group of each input). The v1 format ("gptq") stores zero - 1 (AutoGPTQ
+  [in/g, out]; `g_idx` [in] (group of each input: act-order files scatter a group's columns, held
+  sorted with the layer gathering x by the same permutation, exact). The v1 format ("gptq") stores zero - 1 (AutoGPTQ
   reads it back as (stored + 1) mod 2**bits); "gptq_v2" stores the zero itself. w = (q - z) * s.
 - FP8 (transformers' "fp8"): `weight` float8 e4m3fn [out, in] with `weight_scale_inv` [ceil(out/b0),
   ceil(in/b1)] for weight_block_size [b0, b1] (multiplied, despite its name), or a per-tensor /
@@ -58,7 +59,7 @@ class QuantScheme:
     group_size: int  # -1: GPTQ per-channel (one group per row); 0 for fp8
     sym: bool = False  # GPTQ: zeros are 2**(bits-1) (still read from the file)
     zero_point: bool = True  # AWQ (compressed-tensors: sym says whether zero points are stored)
-    desc_act: bool = False  # GPTQ act-order: accepted only when g_idx is contiguous groups
+    desc_act: bool = False  # GPTQ act-order (g_idx then scatters the groups: see act_order_perm)
     checkpoint_format: str = ""  # GPTQ: "gptq" (v1) | "gptq_v2"; AWQ: "gemm"; compressed-tensors' format
     weight_block_size: tuple[int, int] | None = None  # FP8 block scales
     activation_scheme: str = ""  # FP8: "dynamic" | "static" (static input scales are ignored)
@@ -403,21 +404,42 @@ def _read_gptq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> Af
             f"{prefix}: GPTQ qweight {qweight.shape}, qzeros {qzeros.shape}, scales {scales.shape} do not fit "
             f"{bits}-bit group size {scheme.group_size}"
         )
-    g_idx = t.get("g_idx")
-    if g_idx is not None and not np.array_equal(np.asarray(g_idx).ravel(), np.arange(in_f) // group):
-        # Act-order files scatter each group's input columns; the affine form needs them contiguous.
-        raise UnsupportedModelError(
-            f"quantization_config.desc_act={json.dumps(scheme.desc_act)} in config.json with a permuted "
-            f"{prefix}.g_idx (act-order groups) is not implemented; supported: GPTQ whose g_idx is "
-            "contiguous groups (desc_act false, or static_groups)"
-        )
+    perm = act_order_perm(t.get("g_idx"), in_f, group, f"{prefix}.g_idx")
     codes = _unpack(np.ascontiguousarray(qweight.T), bits, in_f)  # [out, in]
     zeros = _unpack(qzeros, bits, out_f).astype(np.int32)  # [groups, out]
     if scheme.checkpoint_format == "gptq":
         zeros = (zeros + 1) & ((1 << bits) - 1)  # v1 stores zero - 1
     s = np.ascontiguousarray(_f32(scales).T)
     biases = -np.ascontiguousarray(zeros.T).astype(np.float32) * s
+    if perm is not None:  # act-order: stored columns sorted into contiguous groups, x gathered by the layer
+        return AffineWeight(
+            np.ascontiguousarray(codes[:, perm]), s, biases, bits, group, f"{scheme.label} act-order", perm
+        )
     return AffineWeight(codes, s, biases, bits, group, scheme.label)
+
+
+def act_order_perm(g_idx: np.ndarray | None, cols: int, group: int, name: str) -> np.ndarray | None:
+    """The input permutation that makes act-order groups contiguous (None when they already are).
+
+    `g_idx[i]` is the group of input column i. GPTQ with desc_act quantizes the columns in order of
+    falling Hessian diagonal and numbers the groups along that order, so every group still has
+    `group` members, scattered: sorting the columns by group (stably) makes stored column j input
+    column perm[j], with group j // group."""
+    if g_idx is None:
+        return None
+    g = np.asarray(g_idx).ravel().astype(np.int64)
+    if g.shape != (cols,) or g.min(initial=0) < 0 or g.max(initial=0) >= cols // group:
+        raise ValueError(
+            f"{name} {np.asarray(g_idx).shape} does not give each of {cols} columns one of {cols // group} groups"
+        )
+    if np.array_equal(g, np.arange(cols) // group):
+        return None
+    if not np.all(np.bincount(g, minlength=cols // group) == group):
+        raise UnsupportedModelError(
+            f"{name} puts unequal numbers of input columns in its groups (act-order with groups of "
+            f"{group} expected); this layout is not implemented"
+        )
+    return np.argsort(g, kind="stable").astype(np.int32)
 
 
 _noted_input_scale = False

@@ -22,6 +22,7 @@ from lantern.backends.mlx.layers import MLP
 from lantern.backends.mlx.models import llama
 from lantern.backends.mlx.moe import Experts
 from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attention
+from lantern.backends.mlx.quant import PermutedQuantizedLinear
 from lantern.backends.mlx.rope import build_rope
 
 LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
@@ -71,6 +72,8 @@ class MLAttention(nn.Module):
             group_size=layer.group_size,
             bits=layer.bits,
         ).astype(dtype)
+        if isinstance(layer, PermutedQuantizedLinear):  # act-order: stored columns back in input order
+            weight = layer.input_order(weight)
         mx.eval(weight)
         dense = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
         dense.weight = weight
