@@ -45,6 +45,8 @@ CASES = [
     ("gptq_asym", "qwen2"),
     ("gptq8", "llama2"),
     ("gptq_v2", "llama2"),
+    ("gptq3", "llama2"),
+    ("gptq2", "qwen2"),
     ("gptq_act", "qwen2"),  # act-order: columns sorted into their groups, the permutation kept
     ("fp8", "llama2"),
     ("fp8_tensor", "llama2"),
@@ -216,6 +218,22 @@ def test_gptq_v1_zeros_are_stored_minus_one_and_words_run_along_the_input():
     np.testing.assert_array_equal(v2.dequantize(), (np.arange(8)[None, :] - (zero - 1)[:, None]) * 0.25)
 
 
+def test_gptq_3bit_values_straddle_words_as_one_bit_stream():
+    """AutoGPTQ's 3-bit packing: 32 input rows in 3 words per column, value k at bit 3k of the
+    96-bit stream (value 10 splits 2 + 1 bits over words 0 and 1, value 21 splits 1 + 2). Codes
+    0..7 repeated give these words (worked out from the packing loop by hand)."""
+    qweight = np.array([[0x88FAC688], [0xC688FAC6], [0xFAC688FA]], dtype=np.uint32).view(np.int32)  # [3, 1]
+    qweight = np.repeat(qweight, 32, axis=1)  # 32 output columns (qzeros packs them 3 words wide)
+    qzeros = np.array([[0x88FAC688, 0xC688FAC6, 0xFAC688FA]], dtype=np.uint32).view(np.int32)  # zero of column j: j % 8
+    scales = np.full((1, 32), 0.5, dtype=np.float16)
+    tensors = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
+    w = read_quantized_module(QuantScheme("gptq", 3, 32, sym=False, checkpoint_format="gptq_v2"), "p", tensors)
+    assert w.shape == (32, 32)
+    np.testing.assert_array_equal(w.codes, np.tile(np.arange(32) % 8, (32, 1)))
+    zero = np.arange(32) % 8
+    np.testing.assert_array_equal(w.dequantize(), (np.arange(32)[None, :] % 8 - zero[:, None]) * 0.5)
+
+
 def test_gptq_v1_stored_fifteen_is_a_zero_of_zero():
     """AutoGPTQ reads v1 zeros as (stored + 1) mod 2**bits: a stored 15 (zero 0 - 1) means zero 0."""
     tensors = {
@@ -366,7 +384,7 @@ REFUSED = [
     ({"quant_method": "awq", "bits": 4, "version": "gemv"}, 'quantization_config.version="gemv"'),
     ({"quant_method": "awq", "bits": 4, "version": "exllama"}, 'quantization_config.version="exllama"'),
     ({"quant_method": "awq", "bits": 4, "zero_point": False}, "quantization_config.zero_point=false"),
-    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "quantization_config.bits=3"),
+    ({"quant_method": "gptq", "bits": 5, "group_size": 128}, "quantization_config.bits=5"),
     ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, 'checkpoint_format="marlin"'),
     ({"quant_method": "gptq", "bits": 4, "is_marlin_format": True}, 'checkpoint_format="marlin"'),
     ({"quant_method": "gptq", "bits": 4, "dynamic": {"-:.*mlp.*": {}}}, "quantization_config.dynamic="),

@@ -36,7 +36,21 @@ def converted_modules() -> dict:
     return {} if torch_cpu_vnni() else CONVERTED
 
 
-KINDS = ["mlx4", "mlx8", "mlx_mixed", "awq", "gptq", "gptq_asym", "gptq8", "gptq_v2", "gptq_act", "fp8", "fp8_tensor"]
+KINDS = [
+    "mlx4",
+    "mlx8",
+    "mlx_mixed",
+    "awq",
+    "gptq",
+    "gptq_asym",
+    "gptq8",
+    "gptq_v2",
+    "gptq3",
+    "gptq2",
+    "gptq_act",
+    "fp8",
+    "fp8_tensor",
+]
 KINDS += ["ct_w4a16", "ct_w4_asym", "ct_w4_act", "ct_w8a16", "ct_w8a8", "ct_fp8", "ct_fp8_block"]  # compressed-tensors
 KINDS += ["bnb_nf4", "bnb_fp4", "bnb8"]
 

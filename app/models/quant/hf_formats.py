@@ -12,7 +12,8 @@ Packing facts the readers rely on (published by each format; the code is Lantern
 - AWQ GEMM (AutoAWQ): `qweight` int32 [in, out/8] packs 8 output columns per word, nibble i holding
   column 8k + AWQ_ORDER[i]; `qzeros` int32 [in/g, out/8] packed the same way; `scales` [in/g, out];
   w = (q - z) * s.
-- GPTQ: `qweight` int32 [in*bits/32, out] packs consecutive input rows, value j at bits j*bits;
+- GPTQ (2/3/4/8-bit): `qweight` int32 [in*bits/32, out] packs consecutive input rows, value j at
+  bits j*bits of one little-endian bit stream per column (3-bit values straddle words);
   `qzeros` int32 [in/g, out*bits/32] packs consecutive output columns the same way; `scales`
   [in/g, out]; `g_idx` [in] (group of each input: act-order files scatter a group's columns, held
   sorted with the layer gathering x by the same permutation, exact). The v1 format ("gptq") stores zero - 1 (AutoGPTQ
@@ -180,8 +181,8 @@ def _parse_awq(q: dict[str, Any]) -> QuantScheme:
 
 def _parse_gptq(q: dict[str, Any]) -> QuantScheme:
     bits = int(q.get("bits", 4))
-    if bits not in (4, 8):
-        raise _refuse("quantization_config.bits", bits, " for gptq")
+    if bits not in (2, 3, 4, 8):
+        raise _refuse("quantization_config.bits", bits, " for gptq (2, 3, 4 or 8)")
     group = int(q.get("group_size", 128))
     if group <= 0 and group != -1:
         raise _refuse("quantization_config.group_size", group, " for gptq (-1 or a positive group)")
@@ -394,12 +395,18 @@ def _read_awq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> Aff
 
 def _read_gptq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
     bits = scheme.bits
-    per = 32 // bits
     qweight, qzeros, scales = _words(t["qweight"], prefix), _words(t["qzeros"], prefix), t["scales"]
-    in_f, out_f = qweight.shape[0] * per, qweight.shape[1]
+    # 3-bit words do not hold whole codes: each column is one bit stream across its words (value j at bit 3j)
+    in_f, out_f = qweight.shape[0] * 32 // bits, qweight.shape[1]
     group = in_f if scheme.group_size == -1 else scheme.group_size
     groups = scales.shape[0]
-    if scales.shape != (groups, out_f) or qzeros.shape != (groups, out_f // per) or in_f != groups * group:
+    whole = (qweight.shape[0] * 32) % bits == 0 and (out_f * bits) % 32 == 0
+    if (
+        not whole
+        or scales.shape != (groups, out_f)
+        or qzeros.shape != (groups, out_f * bits // 32)
+        or in_f != groups * group
+    ):
         raise ValueError(
             f"{prefix}: GPTQ qweight {qweight.shape}, qzeros {qzeros.shape}, scales {scales.shape} do not fit "
             f"{bits}-bit group size {scheme.group_size}"
