@@ -30,6 +30,7 @@ from typing import Any
 from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.family_moe import is_router, moe_name
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, quantize_affine
+from lantern.app.models.quant.microscaled import MxWeight
 
 logger = logging.getLogger(__name__)
 MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whole (module docstring)
@@ -91,7 +92,7 @@ def quantize_stream(
         for name, value in source:
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue  # the embedding serves as the head: quantizing this copy would be wasted
-            if isinstance(value, (AffineWeight, Fp8Weight)):
+            if isinstance(value, (AffineWeight, Fp8Weight, MxWeight)):
                 already += 1
                 if not is_router(moe_name(name)):  # a checkpoint-quantized matrix: not ours to count
                     bar.total -= 1

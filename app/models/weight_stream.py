@@ -2,7 +2,8 @@
 
 Backends load by iterating `iter_weights`: float tensors arrive in the backend's framework (or as
 numpy from GGUF), quantized ones as the backend-neutral AffineWeight / Fp8Weight
-(app/models/quant/affine.py), which each backend packs into its kernel layout. Nothing holds the
+(app/models/quant/affine.py), which each backend packs into its kernel layout; MLX's microscaled
+modes (MxWeight) reach MLX as stored and the other frameworks in the shared form. Nothing holds the
 whole model in float: peak memory while loading is the backend's quantized copy plus one tensor.
 
 `--isq q4|q8` (in-situ quantization) quantizes float checkpoints on the way through (isq.py).
@@ -23,6 +24,7 @@ import numpy as np
 from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.isq import IsqMode, quantize_stream
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight
+from lantern.app.models.quant.microscaled import MxWeight
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ def _row_slice(value: Any, start: int, end: int) -> Any:
             return value.rows(start, end)
         except ValueError:  # q/k/v boundaries inside a scale block: exact values, in float
             return value.dequantize()[start:end]
-    if isinstance(value, AffineWeight):
+    if isinstance(value, (AffineWeight, MxWeight)):
         return value.rows(start, end)
     return value[start:end]
 
@@ -198,6 +200,8 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
                 tensors = {n[len(prefix) + 1 :]: where[n].numpy(n) for n in names}
                 weight = read_quantized_module(scheme, prefix, tensors)
                 del tensors
+                if isinstance(weight, MxWeight) and framework != "mlx":  # only MLX computes on them as stored
+                    weight = weight.portable()
                 for n in names:
                     where[n].release()
                 parts.update(names)

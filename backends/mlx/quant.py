@@ -6,6 +6,7 @@ Q4_K/Q5_K, MLX-community, AWQ and GPTQ weights map exactly (scales stored in the
 Group-16 k-quants (Q2_K, Q3_K, Q6_K) have no MLX layout: they are requantized to group 32 with
 two more bits, and the error is logged; wider groups (per-channel GPTQ) map exactly. GPTQ act-order
 weights keep their stored (sorted) columns in a PermutedQuantizedLinear, which gathers x first.
+MLX-community folders in the microscaled modes (mxfp4, nvfp4, mxfp8: quant/microscaled.py) load as stored.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import mlx.nn as nn
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, in_input_order, pack_bits, regroup, requantize
+from lantern.app.models.quant.microscaled import MxWeight
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +57,13 @@ def _scale_array(values: np.ndarray, dtype: mx.Dtype) -> mx.array:
     return mx.array(values).astype(dtype)
 
 
-def quantized_module(old: nn.Module, w: AffineWeight, dtype: mx.Dtype, errors: ErrorLog) -> tuple[nn.Module, dict]:
+def quantized_module(
+    old: nn.Module, w: AffineWeight | MxWeight, dtype: mx.Dtype, errors: ErrorLog
+) -> tuple[nn.Module, dict]:
     """A quantized replacement for `old` (Linear or Embedding) and its arrays, named as MLX names
     them (weight, scales, biases; `perm` for an act-order linear), for Module.load_weights."""
+    if isinstance(w, MxWeight):  # mxfp4 / nvfp4 / mxfp8: MLX's own modes, taken as stored
+        return _microscaled_module(old, w)
     if isinstance(old, nn.Embedding):  # a lookup reads rows: no input to gather
         w = in_input_order(w, errors, "embedding")
     packed, scales, biases, bits, group = to_mlx_arrays(w.stored(), dtype, errors)
@@ -72,6 +78,15 @@ def quantized_module(old: nn.Module, w: AffineWeight, dtype: mx.Dtype, errors: E
         arrays["perm"] = mx.array(w.perm.astype(np.uint32))
     else:
         new = nn.QuantizedLinear(cols, rows, bias="bias" in old, group_size=group, bits=bits)
+    return new, arrays
+
+
+def _microscaled_module(old: nn.Module, w: MxWeight) -> tuple[nn.Module, dict]:
+    rows, cols = w.shape
+    arrays = {"weight": mx.array(w.packed), "scales": mx.array(w.scales)}
+    if isinstance(old, nn.Embedding):
+        return nn.QuantizedEmbedding(rows, cols, group_size=w.group_size, bits=w.bits, mode=w.mode), arrays
+    new = nn.QuantizedLinear(cols, rows, bias="bias" in old, group_size=w.group_size, bits=w.bits, mode=w.mode)
     return new, arrays
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.family_moe import expert_part, is_router, moe_name
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, in_input_order
+from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.weight_stream import IsqMode, iter_weights
 from lantern.backends.mlx.quant import get_module, quantized_module, set_module, to_mlx_arrays
 
@@ -42,13 +43,13 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
         if isinstance(value, Fp8Weight):
             fp8 += 1
             value = value.dequantize()
-        if isinstance(value, AffineWeight) and is_router(name):
+        if isinstance(value, (AffineWeight, MxWeight)) and is_router(name):
             value = value.dequantize()  # a few KB: routing at activation precision
         part = expert_part(name)
         if part is not None:
             arrays.extend(experts.add(part, value))
             continue
-        if isinstance(value, AffineWeight):
+        if isinstance(value, (AffineWeight, MxWeight)):
             prefix = name.rsplit(".", 1)[0]
             new, parts = quantized_module(get_module(model, prefix), value, dtype, errors)
             set_module(model, prefix, new)
@@ -84,13 +85,23 @@ class _ExpertStacker:
             raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
         if not 0 <= index < self.num_experts:
             raise ValueError(f"{path}.{index}.{proj}: the config has {self.num_experts} experts")
-        if isinstance(value, AffineWeight):
+        if isinstance(value, MxWeight):  # as stored: gather_qmm takes the microscaled modes
+            item: Any = (
+                "q",
+                mx.array(value.packed),
+                mx.array(value.scales),
+                None,
+                value.bits,
+                value.group_size,
+                value.mode,
+            )
+        elif isinstance(value, AffineWeight):
             # gather_qmm takes no per-expert input permutation: act-order experts in input order.
             value = in_input_order(value, self.errors, "stacked experts")
             # Packed now: the unpacked codes (one byte per weight) are not kept for the whole layer.
             packed, scales, biases, bits, group = to_mlx_arrays(value, self.dtype, self.errors)
             mx.eval(packed, scales, biases)
-            item: Any = ("q", packed, scales, biases, bits, group)
+            item = ("q", packed, scales, biases, bits, group, "affine")
         else:
             array = mx.array(value) if isinstance(value, np.ndarray) else value
             item = array.astype(self.dtype)
@@ -108,12 +119,13 @@ class _ExpertStacker:
         quantized = [isinstance(it, tuple) for it in items]
         modes = {it[4:] for it in items if isinstance(it, tuple)}
         if all(quantized) and len(modes) == 1:
-            bits, group = modes.pop()
+            bits, group, mode = modes.pop()
             old = get_module(self.model, prefix)
             e, rows, cols = old.weight.shape
             # gpt-oss's experts keep their per-expert bias (filled from its stacked `..._bias` tensors).
-            set_module(self.model, prefix, QuantExpertLinear(e, cols, rows, bits, group, bias="bias" in old))
-            return [(f"{prefix}.{name}", mx.stack([it[i] for it in items])) for i, name in enumerate(_Q_NAMES, 1)]
+            set_module(self.model, prefix, QuantExpertLinear(e, cols, rows, bits, group, mode, bias="bias" in old))
+            stacked = [(f"{prefix}.{name}", [it[i] for it in items]) for i, name in enumerate(_Q_NAMES, 1)]
+            return [(name, mx.stack(arrays)) for name, arrays in stacked if arrays[0] is not None]
         if any(quantized):  # mixed modes across experts: no single gather_qmm layout
             self.errors.note(f"{prefix}: experts quantized in different modes (or partly); dequantized to float")
         floats = [_dequantized(it) if isinstance(it, tuple) else it for it in items]
@@ -129,5 +141,5 @@ _Q_NAMES = ("weight", "scales", "biases")
 
 
 def _dequantized(item: tuple) -> mx.array:
-    _, packed, scales, biases, bits, group = item
-    return mx.dequantize(packed, scales, biases, group_size=group, bits=bits)
+    _, packed, scales, biases, bits, group, mode = item
+    return mx.dequantize(packed, scales, biases, group_size=group, bits=bits, mode=mode)

@@ -390,7 +390,7 @@ REFUSED = [
     ({"quant_method": "gptq", "bits": 4, "dynamic": {"-:.*mlp.*": {}}}, "quantization_config.dynamic="),
     ({"quant_method": "fp8", "fmt": "e5m2"}, 'quantization_config.fmt="e5m2"'),
     ({"quant_method": "fp8", "scale_fmt": "ue8m0"}, 'quantization_config.scale_fmt="ue8m0"'),
-    ({"group_size": 32, "bits": 4, "mode": "mxfp4"}, 'quantization_config.mode="mxfp4"'),
+    ({"group_size": 32, "bits": 4, "mode": "fp6"}, 'quantization_config.mode="fp6"'),
     ({"group_size": 64, "bits": 7}, "quantization_config.bits=7"),
 ]
 
@@ -410,8 +410,10 @@ def test_mlx_quantization_key_is_parsed_and_its_module_entries_checked():
     assert (scheme.method, scheme.bits, scheme.group_size) == ("mlx", 4, 64)
     assert scheme.mode_for("lm_head") == (8, 32) and scheme.mode_for("model.layers.0.mlp.up_proj") is None
     assert scheme.mode_for("model.layers.1.mlp.up_proj") == (4, 64)
-    bad = {"group_size": 64, "bits": 4, "lm_head": {"mode": "nvfp4", "group_size": 16, "bits": 4}}
-    with pytest.raises(UnsupportedModelError, match=r'quantization\.lm_head\.mode="nvfp4"'):
+    nv = parse_quant_scheme({"quantization": {**q, "lm_head": {"mode": "nvfp4", "group_size": 16, "bits": 4}}})
+    assert nv.mlx_mode_for("lm_head") == "nvfp4" and nv.mlx_mode_for("model.norm") == "affine"
+    bad = {"group_size": 64, "bits": 4, "lm_head": {"mode": "nvfp3", "group_size": 16, "bits": 4}}
+    with pytest.raises(UnsupportedModelError, match=r'quantization\.lm_head\.mode="nvfp3"'):
         parse_quant_scheme({"quantization": bad})
     mixed = {"quantization": q, "quantization_config": {"quant_method": "awq"}}
     with pytest.raises(

@@ -28,12 +28,16 @@ CONVERTED = {
     ("torch", "mlx_mixed"): {"embed_tokens": PER_CHANNEL_INT8, "layers.0.mlp.down_proj": PER_CHANNEL_INT8},
     ("torch", "bnb_nf4"): {"proj": PER_CHANNEL_INT8},  # the 8-bit codes of 64-weight blocks
     ("torch", "bnb_fp4"): {"proj": PER_CHANNEL_INT8},
+    ("torch", "mlx_mxfp4"): {"": PER_CHANNEL_INT8},  # 5-bit codes (twice each e2m1 value, +12)
+    ("torch", "mlx_nvfp4"): {"": PER_CHANNEL_INT8},
 }
+# Converted on every torch CPU: nvfp4's 16-wide groups have no layout (the VNNI layers take 8-bit g32).
+ALWAYS_CONVERTED = {("torch", "mlx_nvfp4"): {"": (8, 32, False)}}
 BNB_LEVELS = ("bnb_nf4", "bnb_fp4")  # levels held as 8-bit codes: round(127 * w / block absmax)
 
 
 def converted_modules() -> dict:
-    return {} if torch_cpu_vnni() else CONVERTED
+    return ALWAYS_CONVERTED if torch_cpu_vnni() else CONVERTED
 
 
 KINDS = [
@@ -53,6 +57,7 @@ KINDS = [
 ]
 KINDS += ["ct_w4a16", "ct_w4_asym", "ct_w4_act", "ct_w8a16", "ct_w8a8", "ct_fp8", "ct_fp8_block"]  # compressed-tensors
 KINDS += ["bnb_nf4", "bnb_fp4", "bnb8"]
+KINDS += ["mlx_mxfp4", "mlx_nvfp4", "mlx_mxfp8"]  # MLX's microscaled modes (written with MLX's own quantize)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +85,7 @@ def held_reference(backend: str, kind: str, ref: Path, out: Path) -> Path:
             v = np.where(np.abs(2 * v - np.rint(2 * v)) < 1e-3, np.rint(2 * v) / 2, v)
             w = (np.rint(v) * step).reshape(w.shape).astype(np.float32)  # half to even, as the reader
         for fragment, (bits, group, symmetric) in rules.items():
-            if fragment in name and not (fragment == "" and name == "model.layers.1.self_attn.v_proj.weight"):
+            if fragment in name and not (kind == "mlx_mixed" and name == "model.layers.1.self_attn.v_proj.weight"):
                 return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
         return w
 
@@ -98,11 +103,11 @@ def test_quantized_folder_logits_match_what_the_backend_holds(folders, backend, 
     if backend == "mlx":
         converted = [line for line in caplog.text.splitlines() if "relative error" in line]
     assert bool(converted) == ((backend, kind) in converted_modules()), caplog.text
-    if "fp8" in kind:
+    if "fp8" in kind and not (kind == "mlx_mxfp8" and backend == "mlx"):  # MLX computes on mxfp8 as stored
         assert "dequantized" in caplog.text  # no FP8 matmul on a CPU: said once
 
 
-@pytest.mark.parametrize("kind", ["awq", "bnb_nf4"])
+@pytest.mark.parametrize("kind", ["awq", "bnb_nf4", "mlx_mxfp4"])
 def test_quantized_folder_stays_small(folders, backend, kind):
     """4-bit AWQ weights take about a quarter of the float32 model's bytes (+ scales), not more; so do
     bitsandbytes nf4 ones (8-bit codes on MLX, 4-bit codebook indices on torch's VNNI layers)."""

@@ -57,12 +57,14 @@ def test_isq_on_moe_matches_the_dequantized_reference(tiny_model_dir, tmp_path, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_quantized_moe_checkpoint_stays_quantized(tmp_path, backend):
-    """A GPTQ 8-bit per-channel folder (one quantized tensor per expert, float router): both backends
-    hold its exact values (torch int8pack, MLX g128/g32), so they match its dequantized weights."""
+@pytest.mark.parametrize("kind", ["gptq8", "mlx_mxfp4"])
+def test_quantized_moe_checkpoint_stays_quantized(tmp_path, backend, kind):
+    """A GPTQ 8-bit per-channel folder (one quantized tensor per expert, float router), and an MLX
+    mxfp4 one (router quantized too, dequantized at load): both backends hold the exact values (torch
+    int8pack / 5-bit codes, MLX g128/g32 or gather_qmm's mxfp4 mode), so they match the dequantized weights."""
     from lantern.app.engine import LLM
 
-    quant, ref = writer("gptq8", tmp_path, variant="qwen3_moe")
+    quant, ref = writer(kind, tmp_path, variant="qwen3_moe")
     err = logits_error(str(quant), str(ref), backend)
     assert err <= tolerance(backend, str(ref)), f"{backend}: {err:.4f}"
     assert_experts_quantized(LLM(str(quant), backend=backend, dtype="float32", num_kv_blocks=8).engine)

@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, unpack_bits
+from lantern.app.models.quant.microscaled import MODES as MX_MODES
+from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ _AWQ_NIBBLE_OF_COLUMN = np.argsort(AWQ_ORDER)  # column j lives in nibble _AWQ_N
 MLX_BITS = (2, 3, 4, 5, 6, 8)
 MLX_GROUPS = (32, 64, 128)
 SUPPORTED = (
-    "supported: MLX affine `quantization` (2-8 bit, groups 32/64/128), "
+    "supported: MLX `quantization` (affine 2-8 bit, groups 32/64/128; mxfp4, nvfp4, mxfp8), "
     "quant_method awq (4-bit, version gemm, zero_point), gptq (4/8-bit, checkpoint_format gptq or gptq_v2), "
     "fp8 (e4m3, block or per-tensor scales), compressed-tensors (pack-quantized / int-quantized integer "
     "weights of 2-8 bits, float-quantized FP8), bitsandbytes (nf4/fp4, int8)"
@@ -66,6 +68,8 @@ class QuantScheme:
     activation_scheme: str = ""  # FP8: "dynamic" | "static" (static input scales are ignored)
     # MLX per-module entries: prefix -> (bits, group_size), or None where the module stays float.
     overrides: dict[str, tuple[int, int] | None] = field(default_factory=dict, hash=False)
+    mlx_mode: str = "affine"  # MLX: "affine" or a microscaled mode (mxfp4, nvfp4, mxfp8), per module in mlx_modes
+    mlx_modes: dict[str, str] = field(default_factory=dict, hash=False)
     modules_to_not_convert: tuple[str, ...] = ()
 
     def mode_for(self, prefix: str) -> tuple[int, int] | None:
@@ -73,6 +77,9 @@ class QuantScheme:
         if prefix in self.overrides:
             return self.overrides[prefix]
         return self.bits, self.group_size
+
+    def mlx_mode_for(self, prefix: str) -> str:
+        return self.mlx_modes.get(prefix, self.mlx_mode)
 
     @property
     def label(self) -> str:
@@ -133,30 +140,37 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
     return parse(hf)
 
 
-def _mlx_mode(key: str, entry: dict[str, Any], bits: int, group: int) -> tuple[int, int]:
-    mode = entry.get("mode", "affine")
-    if mode != "affine":
-        raise _refuse(f"{key}.mode", mode, " (MLX affine only)")
+def _mlx_mode(key: str, entry: dict[str, Any], bits: int, group: int, mode: str) -> tuple[int, int, str]:
+    mode = str(entry.get("mode", mode))
     bits, group = int(entry.get("bits", bits)), int(entry.get("group_size", group))
+    if mode in MX_MODES:  # one (bits, group) each; mlx_lm writes the mode's own
+        if (bits, group) != MX_MODES[mode]:
+            raise _refuse(f"{key}", {"mode": mode, "bits": bits, "group_size": group}, f" ({mode} is {MX_MODES[mode]})")
+        return bits, group, mode
+    if mode != "affine":
+        raise _refuse(f"{key}.mode", mode, " (MLX affine, mxfp4, nvfp4, mxfp8)")
     if bits not in MLX_BITS:
         raise _refuse(f"{key}.bits", bits, "")
     if group not in MLX_GROUPS:
         raise _refuse(f"{key}.group_size", group, "")
-    return bits, group
+    return bits, group, mode
 
 
 def _parse_mlx(q: dict[str, Any], key: str) -> QuantScheme:
     if "bits" not in q or "group_size" not in q:
         raise _refuse(key, {k: v for k, v in q.items() if not isinstance(v, dict)}, " (needs bits and group_size)")
-    bits, group = _mlx_mode(key, q, q["bits"], q["group_size"])
+    bits, group, mode = _mlx_mode(key, q, q["bits"], q["group_size"], "affine")
     overrides: dict[str, tuple[int, int] | None] = {}
+    modes: dict[str, str] = {}
     for name, entry in q.items():
         # mlx_lm records per-module choices under the module's path: a dict of params, or a bool.
         if isinstance(entry, bool):
             overrides[name] = (bits, group) if entry else None
         elif isinstance(entry, dict):
-            overrides[name] = _mlx_mode(f"{key}.{name}", entry, bits, group)
-    return QuantScheme("mlx", bits, group, overrides=overrides)
+            # without a "mode" an entry is affine (mlx_lm passes it to to_quantized, whose default that is)
+            b, g, m = _mlx_mode(f"{key}.{name}", entry, bits, group, "affine")
+            overrides[name], modes[name] = (b, g), m
+    return QuantScheme("mlx", bits, group, overrides=overrides, mlx_mode=mode, mlx_modes=modes)
 
 
 def _not_converted(q: dict[str, Any]) -> tuple[str, ...]:
@@ -237,7 +251,7 @@ def _parse_fp8(q: dict[str, Any]) -> QuantScheme:
 # ---- which tensors make a quantized module ---------------------------------------------------------
 # method -> (suffixes marking a quantized module, required members, optional members)
 _MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    "mlx": (("scales",), ("weight", "scales", "biases"), ()),
+    "mlx": (("scales",), ("weight", "scales"), ("biases", "global_scale")),  # microscaled modes: no biases
     "awq": (("qweight",), ("qweight", "qzeros", "scales"), ()),
     "gptq": (("qweight",), ("qweight", "qzeros", "scales"), ("g_idx",)),
     "fp8": (("weight_scale_inv", "weight_scale"), ("weight",), ("input_scale",)),
@@ -293,7 +307,9 @@ def quantized_module_names(scheme: QuantScheme, tensor_names: Iterable[str]) -> 
 
 
 # ---- reading one module ----------------------------------------------------------------------------
-def read_quantized_module(scheme: QuantScheme, prefix: str, tensors: dict[str, np.ndarray]) -> AffineWeight | Fp8Weight:
+def read_quantized_module(
+    scheme: QuantScheme, prefix: str, tensors: dict[str, np.ndarray]
+) -> AffineWeight | Fp8Weight | MxWeight:
     """One quantized module as the shared form, exactly.
 
     tensors: suffix ("qweight", "scales", ...; full names are accepted too) -> numpy array as stored,
@@ -345,21 +361,33 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float32)
 
 
-def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
-    w, scales, biases = _words(t["weight"], f"{prefix}.weight"), t["scales"], t["biases"]
-    if not np.issubdtype(scales.dtype, np.floating):
-        raise UnsupportedModelError(
-            f"{prefix}.scales is {scales.dtype}: MLX mxfp4/nvfp4/mxfp8 weights are not implemented; {SUPPORTED}"
-        )
+def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight | MxWeight:
+    w, scales, biases = _words(t["weight"], f"{prefix}.weight"), t["scales"], t.get("biases")
     mode = scheme.mode_for(prefix)
     if mode is None:
         raise ValueError(f"{prefix} is quantized in the file but config.json's `quantization` says it is not")
+    if "global_scale" in t:
+        raise UnsupportedModelError(f"{prefix}.global_scale (nvfp4 with a per-tensor global scale) is not implemented")
+    if scales.dtype == np.uint8:  # a microscaled mode: its shapes say which (as mlx_lm infers it)
+        return _read_mx(scheme.mlx_mode_for(prefix), prefix, w, scales)
+    if not np.issubdtype(scales.dtype, np.floating) or biases is None:
+        raise ValueError(f"{prefix}: MLX affine weights have float scales and biases (got {scales.dtype} scales)")
     rows, groups = scales.shape
     bits, group = _mlx_shape_mode(mode, w.shape[1], groups)
     if w.shape[0] != rows or biases.shape != scales.shape:
         raise ValueError(f"{prefix}: weight {w.shape}, scales {scales.shape}, biases {biases.shape} do not match")
     cols = groups * group
     return AffineWeight(_unpack(w, bits, cols), _f32(scales), _f32(biases), bits, group, f"MLX {bits}-bit g{group}")
+
+
+def _read_mx(configured: str, prefix: str, w: np.ndarray, scales: np.ndarray) -> MxWeight:
+    fits = [m for m, (b, g) in MX_MODES.items() if w.shape[1] * 32 == scales.shape[1] * g * b]
+    mode = configured if configured in fits else (fits[0] if fits else None)
+    if mode is None or w.shape[0] != scales.shape[0]:
+        raise ValueError(
+            f"{prefix}: weight {w.shape} with uint8 scales {scales.shape} fits no mxfp4/nvfp4/mxfp8 layout"
+        )
+    return MxWeight(mode, w, np.ascontiguousarray(scales), f"MLX {mode}")
 
 
 def _mlx_shape_mode(mode: tuple[int, int], words: int, groups: int) -> tuple[int, int]:

@@ -60,17 +60,19 @@ class MLAttention(nn.Module):
         layer = self.kv_b_proj
         if not isinstance(layer, nn.QuantizedLinear):  # float checkpoint, or a joined attn_k_b / attn_v_b
             return
-        if getattr(layer, "mode", "affine") != "affine":  # the loaders make affine layers only
-            raise ValueError(f"layer {self.layer_idx}: kv_b_proj quantized as {layer.mode}, not affine")
+        mode = getattr(layer, "mode", "affine")
         # In float32 (scales and biases widened exactly first): mx.dequantize computes in the
-        # scales' dtype, and Q8_0's float16 scales would round code * scale.
+        # scales' dtype, and Q8_0's float16 scales would round code * scale. (The microscaled
+        # modes' uint8 scales are exponents / e4m3 codes: taken as they are.)
         biases = layer.get("biases")
+        scales = layer.scales.astype(mx.float32) if mode == "affine" else layer.scales
         weight = mx.dequantize(
             layer.weight,
-            layer.scales.astype(mx.float32),
+            scales,
             None if biases is None else biases.astype(mx.float32),
             group_size=layer.group_size,
             bits=layer.bits,
+            mode=mode,
         ).astype(dtype)
         if isinstance(layer, PermutedQuantizedLinear):  # act-order: stored columns back in input order
             weight = layer.input_order(weight)

@@ -1,0 +1,90 @@
+"""Microscaled float weights: MLX's `mxfp4`, `nvfp4` and `mxfp8` modes (`mlx_lm.convert --q-mode`).
+
+Each group of input columns shares one 8-bit scale and each weight is a small float:
+
+    mode    element          group  scale                        stored (MLX layout)
+    mxfp4   e2m1 (4 bits)    32     e8m0: 2^(e - 127)            weight uint32 [out, in/8], scales uint8 [out, in/32]
+    nvfp4   e2m1 (4 bits)    16     e4m3 (positive)              weight uint32 [out, in/8], scales uint8 [out, in/16]
+    mxfp8   e4m3 (8 bits)    32     e8m0                         weight uint32 [out, in/4], scales uint8 [out, in/32]
+
+Codes run little-endian through each row's words, as in MLX's affine layout. There are no biases.
+
+MLX computes on them natively (`nn.QuantizedLinear(mode=...)`), so the MLX loader takes an `MxWeight`
+as it is. For the other backends `portable()` gives the exact shared form: e2m1 takes the values
+0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6, i.e. whole numbers -12..12 times half the group's scale, so an fp4
+weight is a 5-bit affine weight (codes 0..24, bias -12 steps) with the file's groups; an mxfp8
+weight is an FP8 weight with one power-of-two scale per 1x32 block (`Fp8Weight`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from lantern.app.models.quant.affine import E4M3_VALUES, AffineWeight, Fp8Weight, map_codes, unpack_bits
+
+MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}  # mode -> (bits, group size)
+# e2m1 code -> twice its value (sign bit 3, then exponent 2 bits, mantissa 1 bit), as affine code + 12
+_E2M1_TWICE = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int32)
+_FP4_CODES = np.zeros(256, dtype=np.uint8)
+_FP4_CODES[:16] = _E2M1_TWICE + 12
+
+
+@dataclass
+class MxWeight:
+    mode: str  # a key of MODES
+    packed: np.ndarray  # uint32 [rows, cols * bits / 32]
+    scales: np.ndarray  # uint8 [rows, cols / group]
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"{self.source}: unknown microscaled mode {self.mode!r}")
+        rows, groups = self.scales.shape
+        if self.packed.shape != (rows, groups * self.group_size * self.bits // 32):
+            raise ValueError(
+                f"{self.source}: weight {self.packed.shape} and scales {self.scales.shape} do not make a "
+                f"{self.mode} matrix (groups of {self.group_size})"
+            )
+
+    @property
+    def bits(self) -> int:
+        return MODES[self.mode][0]
+
+    @property
+    def group_size(self) -> int:
+        return MODES[self.mode][1]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scales.shape[0], self.scales.shape[1] * self.group_size
+
+    def rows(self, start: int, end: int) -> MxWeight:
+        return replace(self, packed=self.packed[start:end], scales=self.scales[start:end])
+
+    def elements(self) -> np.ndarray:
+        """uint8 [rows, cols]: each weight's e2m1 (4-bit) or e4m3 (8-bit) code."""
+        return unpack_bits(self.packed, self.bits, self.shape[1])
+
+    def scale_values(self) -> np.ndarray:
+        """float32 [rows, groups]: e8m0 is 2^(e - 127) (255 is NaN); nvfp4's is an e4m3 value."""
+        if self.mode == "nvfp4":
+            return E4M3_VALUES[self.scales]
+        out = np.exp2(self.scales.astype(np.float32) - 127)
+        out[self.scales == 255] = np.nan
+        return out
+
+    def portable(self) -> AffineWeight | Fp8Weight:
+        """The same values in the shared form every backend packs (module docstring), exactly."""
+        scales = self.scale_values()
+        if not np.isfinite(scales).all():
+            raise ValueError(f"{self.source}: a group scale is NaN (e8m0 255 or e4m3 NaN)")
+        if self.mode == "mxfp8":
+            return Fp8Weight(self.elements(), scales, (1, self.group_size), self.source)
+        step = scales / 2
+        codes = map_codes(_FP4_CODES, self.elements())
+        return AffineWeight(codes, step, -12 * step, 5, self.group_size, self.source)
+
+    def dequantize(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
+        return self.portable().dequantize(dtype)

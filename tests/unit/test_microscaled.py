@@ -1,0 +1,89 @@
+"""MLX's microscaled modes (mxfp4, nvfp4, mxfp8): reading config.json and the stored arrays, and the
+exact shared form other backends take. The reference is MLX's own `mx.quantize` / `mx.dequantize`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lantern.app.models.quant.affine import AffineWeight, Fp8Weight
+from lantern.app.models.quant.hf_formats import parse_quant_scheme, quantized_module_names, read_quantized_module
+from lantern.app.models.quant.microscaled import MODES, MxWeight
+from lantern.app.models.spec import UnsupportedModelError
+
+mx = pytest.importorskip("mlx.core")
+
+
+def stored(mode: str, rows: int = 24, cols: int = 128, seed: int = 0) -> tuple[dict, np.ndarray]:
+    bits, group = MODES[mode]
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    w[:, :group] *= 1e-3  # a group of small values: small exponents
+    packed, scales = mx.quantize(mx.array(w), group_size=group, bits=bits, mode=mode)
+    ref = mx.dequantize(packed, scales, None, group_size=group, bits=bits, mode=mode)
+    return {"weight": np.array(packed), "scales": np.array(scales)}, np.array(ref.astype(mx.float32))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_read_and_portable_form_are_exact(mode):
+    scheme = parse_quant_scheme({"quantization": {"group_size": MODES[mode][1], "bits": MODES[mode][0], "mode": mode}})
+    tensors, ref = stored(mode)
+    w = read_quantized_module(scheme, "m", tensors)
+    assert isinstance(w, MxWeight) and w.mode == mode and w.shape == ref.shape
+    np.testing.assert_array_equal(w.dequantize(), ref)
+    portable = w.portable()
+    if mode == "mxfp8":  # e4m3 values with one power-of-two scale per 1x32 block
+        assert isinstance(portable, Fp8Weight) and portable.block == (1, 32)
+    else:  # twice each e2m1 value is a whole number -12..12: 5-bit codes, exact
+        assert isinstance(portable, AffineWeight) and (portable.bits, portable.group_size) == (5, MODES[mode][1])
+        assert portable.codes.max() <= 24 and len(np.unique(portable.codes)) <= 16  # -0 and 0 share a code
+    np.testing.assert_array_equal(portable.dequantize(), ref)
+    np.testing.assert_array_equal(w.rows(5, 9).dequantize(), ref[5:9])
+
+
+def test_mode_is_inferred_from_shapes_where_config_json_does_not_say():
+    """A per-module entry without "mode" is affine for mlx_lm; uint8 scales still say microscaled,
+    and their shapes say which mode (as mlx_lm infers it)."""
+    scheme = parse_quant_scheme({"quantization": {"group_size": 64, "bits": 4}})
+    for mode in MODES:
+        tensors, ref = stored(mode, seed=1)
+        w = read_quantized_module(scheme, "m", tensors)
+        assert w.mode == mode
+        np.testing.assert_array_equal(w.dequantize(), ref)
+
+
+def test_config_entries_and_members():
+    q = {"group_size": 32, "bits": 4, "mode": "mxfp4", "lm_head": {"group_size": 64, "bits": 8}, "m.x": False}
+    scheme = parse_quant_scheme({"quantization": q})
+    assert scheme.mlx_mode_for("m.y") == "mxfp4" and scheme.mlx_mode_for("lm_head") == "affine"
+    assert scheme.mode_for("lm_head") == (8, 64) and scheme.mode_for("m.x") is None
+    names = quantized_module_names(scheme, ["m.weight", "m.scales", "a.weight", "a.scales", "a.biases"])
+    assert names == {"m": ["m.weight", "m.scales"], "a": ["a.weight", "a.scales", "a.biases"]}
+
+
+@pytest.mark.parametrize(
+    ("quant", "key"),
+    [
+        ({"group_size": 64, "bits": 4, "mode": "mxfp4"}, "quantization="),  # mxfp4 is 4-bit g32 only
+        ({"group_size": 32, "bits": 4, "mode": "fp6"}, "quantization.mode"),
+        (
+            {"group_size": 32, "bits": 4, "mode": "mxfp4", "m": {"mode": "nvfp4", "bits": 4, "group_size": 32}},
+            "quantization.m=",
+        ),
+    ],
+)
+def test_inconsistent_modes_are_refused_by_name(quant, key):
+    with pytest.raises(UnsupportedModelError) as err:
+        parse_quant_scheme({"quantization": quant})
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_global_scale_and_nan_scales_are_refused():
+    scheme = parse_quant_scheme({"quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4"}})
+    tensors, _ = stored("nvfp4")
+    with pytest.raises(UnsupportedModelError, match=r"m\.global_scale"):
+        read_quantized_module(scheme, "m", {**tensors, "global_scale": np.ones(1, np.float32)})
+    scales = tensors["scales"].copy()
+    scales[0, 0] = 0x7F  # e4m3 NaN
+    w = read_quantized_module(scheme, "m", {**tensors, "scales": scales})
+    with pytest.raises(ValueError, match="NaN"):
+        w.portable()
