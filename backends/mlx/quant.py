@@ -62,8 +62,10 @@ def quantized_module(
 ) -> tuple[nn.Module, dict]:
     """A quantized replacement for `old` (Linear or Embedding) and its arrays, named as MLX names
     them (weight, scales, biases; `perm` for an act-order linear), for Module.load_weights."""
-    if isinstance(w, MxWeight):  # mxfp4 / nvfp4 / mxfp8: MLX's own modes, taken as stored
-        return _microscaled_module(old, w)
+    if isinstance(w, MxWeight):
+        if w.global_scale == 1.0 or not isinstance(old, nn.Embedding):  # MLX's own modes, taken as stored
+            return _microscaled_module(old, w)
+        w = w.portable()  # type: ignore[assignment]  # a lookup cannot scale its rows: the shared form
     if isinstance(old, nn.Embedding):  # a lookup reads rows: no input to gather
         w = in_input_order(w, errors, "embedding")
     packed, scales, biases, bits, group = to_mlx_arrays(w.stored(), dtype, errors)
@@ -86,8 +88,34 @@ def _microscaled_module(old: nn.Module, w: MxWeight) -> tuple[nn.Module, dict]:
     arrays = {"weight": mx.array(w.packed), "scales": mx.array(w.scales)}
     if isinstance(old, nn.Embedding):
         return nn.QuantizedEmbedding(rows, cols, group_size=w.group_size, bits=w.bits, mode=w.mode), arrays
+    if w.global_scale != 1.0:
+        arrays["global_scale"] = mx.array([w.global_scale], dtype=mx.float32)
+        return GlobalScaledQuantizedLinear(cols, rows, "bias" in old, w.group_size, w.bits, w.mode), arrays
     new = nn.QuantizedLinear(cols, rows, bias="bias" in old, group_size=w.group_size, bits=w.bits, mode=w.mode)
     return new, arrays
+
+
+class GlobalScaledQuantizedLinear(nn.QuantizedLinear):
+    """An NVFP4 weight with one float for the whole tensor (compressed-tensors' and ModelOpt's
+    checkpoints): quantized_matmul on the stored codes and scales, times that float, then the bias."""
+
+    def __init__(self, input_dims: int, output_dims: int, bias: bool, group_size: int, bits: int, mode: str):
+        super().__init__(input_dims, output_dims, bias=bias, group_size=group_size, bits=bits, mode=mode)
+        self.global_scale = mx.ones((1,), dtype=mx.float32)
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = mx.quantized_matmul(
+            x,
+            self["weight"],
+            scales=self["scales"],
+            transpose=True,
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
+        y = (y.astype(mx.float32) * self.global_scale).astype(y.dtype)  # a bf16 factor would be off by 0.4%
+        return y + self["bias"] if "bias" in self else y
 
 
 class PermutedQuantizedLinear(nn.QuantizedLinear):

@@ -85,6 +85,8 @@ class _ExpertStacker:
             raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
         if not 0 <= index < self.num_experts:
             raise ValueError(f"{path}.{index}.{proj}: the config has {self.num_experts} experts")
+        if isinstance(value, MxWeight) and value.global_scale != 1.0:  # no per-expert float in gather_qmm
+            value = value.portable()
         if isinstance(value, MxWeight):  # as stored: gather_qmm takes the microscaled modes
             item: Any = (
                 "q",

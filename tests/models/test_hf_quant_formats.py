@@ -23,6 +23,7 @@ from lantern.app.models.quant.hf_formats import (
     quantized_module_names,
     read_quantized_module,
 )
+from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 HAS_MLX = importlib.util.find_spec("mlx") is not None
@@ -56,6 +57,9 @@ CASES = [
     ("ct_w4a16", "llama2"),
     ("ct_w4_asym", "qwen2"),
     ("ct_w4_act", "llama2"),
+    ("ct_nvfp4", "llama2"),  # microscaled floats: read as stored (MxWeight), exact through the shared form
+    ("ct_mxfp4", "qwen2"),
+    ("ct_mxfp8", "llama2"),
     ("ct_w8a16", "llama2"),
     ("ct_w8a8", "llama2"),
     ("ct_fp8", "llama2"),
@@ -125,6 +129,10 @@ def test_every_quantized_module_reads_exactly_to_the_reference_weights(folders, 
     assert len(modules) == expected
     for prefix, w in weights.items():
         exact = reference[f"{prefix}.weight"]
+        if scheme.method in ("ct-fp4", "ct-mxfp8"):
+            assert isinstance(w, MxWeight) and w.mode == scheme.mlx_mode
+            np.testing.assert_allclose(w.portable().dequantize(), exact, rtol=1e-6, atol=1e-6, err_msg=prefix)
+            continue
         assert isinstance(w, Fp8Weight if scheme.method == "fp8" else AffineWeight)
         if kind.startswith("ct_w") and scheme.method != "fp8":
             assert w.bits == scheme.bits and w.codes.max() < 2**w.bits
@@ -361,8 +369,12 @@ REFUSED = [
         'config_groups.g.format="sparse-24-bitmask"',
     ),
     (
-        {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"g": CT_FP4}},
-        'config_groups.g.format="nvfp4-pack-quantized"',
+        {"quant_method": "compressed-tensors", "format": "mxfp6-pack-quantized", "config_groups": {"g": CT_FP4}},
+        'config_groups.g.format="mxfp6-pack-quantized"',
+    ),
+    (  # nvfp4 is 4-bit floats in groups of 16
+        {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"g": CT_W4}},
+        "config_groups.g.weights=",
     ),
     (
         {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"a": CT_W4, "b": CT_W8}},

@@ -30,9 +30,11 @@ CONVERTED = {
     ("torch", "bnb_fp4"): {"proj": PER_CHANNEL_INT8},
     ("torch", "mlx_mxfp4"): {"": PER_CHANNEL_INT8},  # 5-bit codes (twice each e2m1 value, +12)
     ("torch", "mlx_nvfp4"): {"": PER_CHANNEL_INT8},
+    ("torch", "ct_mxfp4"): {"proj": PER_CHANNEL_INT8},
+    ("torch", "ct_nvfp4"): {"proj": PER_CHANNEL_INT8},
 }
 # Converted on every torch CPU: nvfp4's 16-wide groups have no layout (the VNNI layers take 8-bit g32).
-ALWAYS_CONVERTED = {("torch", "mlx_nvfp4"): {"": (8, 32, False)}}
+ALWAYS_CONVERTED = {("torch", "mlx_nvfp4"): {"": (8, 32, False)}, ("torch", "ct_nvfp4"): {"proj": (8, 32, False)}}
 BNB_LEVELS = ("bnb_nf4", "bnb_fp4")  # levels held as 8-bit codes: round(127 * w / block absmax)
 
 
@@ -58,6 +60,7 @@ KINDS = [
 KINDS += ["ct_w4a16", "ct_w4_asym", "ct_w4_act", "ct_w8a16", "ct_w8a8", "ct_fp8", "ct_fp8_block"]  # compressed-tensors
 KINDS += ["bnb_nf4", "bnb_fp4", "bnb8"]
 KINDS += ["mlx_mxfp4", "mlx_nvfp4", "mlx_mxfp8"]  # MLX's microscaled modes (written with MLX's own quantize)
+KINDS += ["ct_nvfp4", "ct_mxfp4", "ct_mxfp8"]  # compressed-tensors' (NVFP4 with its per-tensor global scale)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +106,7 @@ def test_quantized_folder_logits_match_what_the_backend_holds(folders, backend, 
     if backend == "mlx":
         converted = [line for line in caplog.text.splitlines() if "relative error" in line]
     assert bool(converted) == ((backend, kind) in converted_modules()), caplog.text
-    if "fp8" in kind and not (kind == "mlx_mxfp8" and backend == "mlx"):  # MLX computes on mxfp8 as stored
+    if "fp8" in kind and not (kind.endswith("_mxfp8") and backend == "mlx"):  # MLX computes on mxfp8 as stored
         assert "dequantized" in caplog.text  # no FP8 matmul on a CPU: said once
 
 

@@ -12,6 +12,8 @@ or per config group) and `config_groups` whose `weights` describe the quantizati
 - int-quantized / naive-quantized int (w8a8 int8): `weight` int8 [out, in], the same scales.
 - float-quantized / naive-quantized float (FP8 e4m3, tensor / channel / block scales): `weight`
   float8_e4m3fn with `weight_scale`, as transformers' fp8 format (hf_formats._read_fp8).
+- nvfp4-pack-quantized / mxfp4-pack-quantized / mxfp8-quantized (the microscaled float formats):
+  read as stored into quant/microscaled.MxWeight (MLX computes on them natively; exact elsewhere).
 Activation quantization (`input_activations`: w8a8's int8 tokens, FP8-dynamic's) is a speed scheme
 of the kernels that run it; here activations stay in float (closer to the unquantized model), and
 the log says so. Refused in one line naming the key: other formats (sparse, marlin-24, nvfp4/mxfp4
@@ -31,6 +33,7 @@ import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight
 from lantern.app.models.quant.hf_formats import QuantScheme, _refuse, _unpack, _words, act_order_perm
+from lantern.app.models.quant.microscaled import MxWeight, from_bytes
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -38,6 +41,12 @@ logger = logging.getLogger(__name__)
 PACKED = "pack-quantized"
 INT_FORMATS = ("int-quantized", "naive-quantized")
 FLOAT_FORMATS = ("float-quantized", "naive-quantized")
+# microscaled formats -> (MLX mode, bits, group size)
+MX_FORMATS = {
+    "nvfp4-pack-quantized": ("nvfp4", 4, 16),
+    "mxfp4-pack-quantized": ("mxfp4", 4, 32),
+    "mxfp8-quantized": ("mxfp8", 8, 32),
+}
 _KEY = "quantization_config"
 
 
@@ -64,6 +73,18 @@ def parse(q: dict[str, Any]) -> QuantScheme:
     kind, bits, strategy = w.get("type", "int"), int(w.get("num_bits", 8)), w.get("strategy", "tensor")
     _note_kept_float(group, q)
     not_converted = tuple(str(n) for n in q.get("ignore") or ())
+    if fmt in MX_FORMATS:
+        mode, want_bits, want_group = MX_FORMATS[fmt]
+        if (kind, bits, int(w.get("group_size") or 0)) != ("float", want_bits, want_group):
+            raise _refuse(f"{key}.weights", w, f" for {fmt} ({want_bits}-bit floats in groups of {want_group})")
+        return QuantScheme(
+            "ct-fp4" if want_bits == 4 else "ct-mxfp8",
+            want_bits,
+            want_group,
+            checkpoint_format=fmt,
+            mlx_mode=mode,
+            modules_to_not_convert=not_converted,
+        )
     if kind == "float":
         if fmt not in FLOAT_FORMATS or bits != 8:
             raise _refuse(f"{key}.format" if fmt not in FLOAT_FORMATS else f"{key}.weights.num_bits", fmt or bits)
@@ -121,6 +142,28 @@ def _note_kept_float(group: dict[str, Any], q: dict[str, Any]) -> None:
 
 
 # ---- reading one module ----------------------------------------------------------------------------
+def read_fp4(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> MxWeight:
+    """nvfp4-/mxfp4-pack-quantized: `weight_packed` uint8 [out, in / 2] (two e2m1 a byte, low nibble
+    first), `weight_scale` e4m3 (nvfp4, groups of 16) or e8m0 (mxfp4, 32) bytes [out, in / g], and for
+    nvfp4 `weight_global_scale` [1], which divides: w = e2m1 * scale / global."""
+    glob = t.get("weight_global_scale")
+    divisor = float(np.asarray(glob, np.float32).reshape(-1)[0]) if glob is not None else 1.0
+    if not np.isfinite(divisor) or divisor == 0:
+        raise ValueError(f"{prefix}.weight_global_scale is {divisor}")
+    packed = np.asarray(t["weight_packed"])
+    if packed.dtype != np.uint8:
+        raise ValueError(f"{prefix}.weight_packed is {packed.dtype}; {scheme.checkpoint_format} packs bytes")
+    return from_bytes(scheme.mlx_mode, packed, t["weight_scale"], scheme.label, 1.0 / divisor)
+
+
+def read_mxfp8(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> MxWeight:
+    """mxfp8-quantized: `weight` e4m3 bytes [out, in], `weight_scale` e8m0 bytes [out, in / 32]."""
+    data = np.asarray(t["weight"])
+    if data.dtype.itemsize != 1:
+        raise ValueError(f"{prefix}.weight is {data.dtype}; mxfp8 weights are one byte each (e4m3 bits)")
+    return from_bytes("mxfp8", data, t["weight_scale"], scheme.label)
+
+
 def read_packed(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
     """A pack-quantized module (weight_packed, weight_scale[, weight_shape, weight_zero_point])."""
     bits = scheme.bits

@@ -46,9 +46,10 @@ MLX_BITS = (2, 3, 4, 5, 6, 8)
 MLX_GROUPS = (32, 64, 128)
 SUPPORTED = (
     "supported: MLX `quantization` (affine 2-8 bit, groups 32/64/128; mxfp4, nvfp4, mxfp8), "
-    "quant_method awq (4-bit, version gemm, zero_point), gptq (4/8-bit, checkpoint_format gptq or gptq_v2), "
+    "quant_method awq (4-bit, version gemm, zero_point), gptq (2/3/4/8-bit, checkpoint_format gptq or gptq_v2), "
     "fp8 (e4m3, block or per-tensor scales), compressed-tensors (pack-quantized / int-quantized integer "
-    "weights of 2-8 bits, float-quantized FP8), bitsandbytes (nf4/fp4, int8)"
+    "weights of 2-8 bits, float-quantized FP8, nvfp4-/mxfp4-pack-quantized, mxfp8-quantized), "
+    "bitsandbytes (nf4/fp4, int8)"
 )
 
 
@@ -56,7 +57,8 @@ SUPPORTED = (
 class QuantScheme:
     """How a quantized HF folder stores its linear weights (parsed from config.json)."""
 
-    # "mlx" | "awq" | "gptq" | "fp8" | "ct-pack" | "ct-int" (compressed-tensors integers) | "bnb4" | "bnb8"
+    # "mlx" | "awq" | "gptq" | "fp8" | "ct-pack" | "ct-int" (compressed-tensors integers) | "ct-fp4" |
+    # "ct-mxfp8" (its microscaled floats) | "bnb4" | "bnb8"
     method: str
     bits: int  # 8 for fp8
     group_size: int  # -1: GPTQ per-channel (one group per row); 0 for fp8
@@ -68,7 +70,9 @@ class QuantScheme:
     activation_scheme: str = ""  # FP8: "dynamic" | "static" (static input scales are ignored)
     # MLX per-module entries: prefix -> (bits, group_size), or None where the module stays float.
     overrides: dict[str, tuple[int, int] | None] = field(default_factory=dict, hash=False)
-    mlx_mode: str = "affine"  # MLX: "affine" or a microscaled mode (mxfp4, nvfp4, mxfp8), per module in mlx_modes
+    # MLX: "affine" or a microscaled mode (mxfp4, nvfp4, mxfp8), per module in mlx_modes; also the
+    # microscaled mode of a compressed-tensors / ModelOpt float-4/8 scheme
+    mlx_mode: str = "affine"
     mlx_modes: dict[str, str] = field(default_factory=dict, hash=False)
     modules_to_not_convert: tuple[str, ...] = ()
 
@@ -89,6 +93,8 @@ class QuantScheme:
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
         if self.method.startswith("bnb"):
             return f"bitsandbytes {self.checkpoint_format}"
+        if self.method in ("ct-fp4", "ct-mxfp8"):
+            return f"compressed-tensors {self.checkpoint_format}"
         if self.method.startswith("ct-"):
             return f"compressed-tensors {self.checkpoint_format} {self.bits}-bit {group}"
         label = f"{self.method.upper()} {self.bits}-bit {group}"
@@ -271,6 +277,8 @@ _MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
             "weight.quant_state.bitsandbytes__fp4",
         ),
     ),
+    "ct-fp4": (("weight_packed",), ("weight_packed", "weight_scale"), ("weight_global_scale", "input_global_scale")),
+    "ct-mxfp8": (("weight_scale",), ("weight", "weight_scale"), ("input_global_scale",)),
     "ct-int": (
         ("weight_scale",),
         ("weight", "weight_scale"),
@@ -328,6 +336,8 @@ def read_quantized_module(
         "fp8": _read_fp8,
         "ct-pack": compressed_tensors.read_packed,
         "ct-int": compressed_tensors.read_int,
+        "ct-fp4": compressed_tensors.read_fp4,
+        "ct-mxfp8": compressed_tensors.read_mxfp8,
     }
     return readers[scheme.method](scheme, prefix, t)
 

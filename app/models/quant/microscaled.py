@@ -8,6 +8,9 @@ Each group of input columns shares one 8-bit scale and each weight is a small fl
     mxfp8   e4m3 (8 bits)    32     e8m0                         weight uint32 [out, in/4], scales uint8 [out, in/32]
 
 Codes run little-endian through each row's words, as in MLX's affine layout. There are no biases.
+compressed-tensors' `nvfp4-pack-quantized` / `mxfp4-pack-quantized` / `mxfp8-quantized` and NVIDIA
+ModelOpt's NVFP4 store the same codes in bytes (low nibble first: the same stream) and the scales as
+e4m3 / e8m0 bytes; their NVFP4 adds one float per tensor (`global_scale`).
 
 MLX computes on them natively (`nn.QuantizedLinear(mode=...)`), so the MLX loader takes an `MxWeight`
 as it is. For the other backends `portable()` gives the exact shared form: e2m1 takes the values
@@ -37,6 +40,9 @@ class MxWeight:
     packed: np.ndarray  # uint32 [rows, cols * bits / 32]
     scales: np.ndarray  # uint8 [rows, cols / group]
     source: str
+    # One float multiplying the whole tensor (NVFP4 checkpoints for NVIDIA GPUs carry one: compressed-
+    # tensors' 1 / weight_global_scale, ModelOpt's weight_scale_2); 1.0 in MLX's own folders.
+    global_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -70,9 +76,12 @@ class MxWeight:
     def scale_values(self) -> np.ndarray:
         """float32 [rows, groups]: e8m0 is 2^(e - 127) (255 is NaN); nvfp4's is an e4m3 value."""
         if self.mode == "nvfp4":
-            return E4M3_VALUES[self.scales]
-        out = np.exp2(self.scales.astype(np.float32) - 127)
-        out[self.scales == 255] = np.nan
+            out = E4M3_VALUES[self.scales]
+        else:
+            out = np.exp2(self.scales.astype(np.float32) - 127)
+            out[self.scales == 255] = np.nan
+        if self.global_scale != 1.0:  # in float64, rounded once: the product as a float32 division gives it
+            out = (out.astype(np.float64) * self.global_scale).astype(np.float32)
         return out
 
     def portable(self) -> AffineWeight | Fp8Weight:
@@ -88,3 +97,13 @@ class MxWeight:
 
     def dequantize(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
         return self.portable().dequantize(dtype)
+
+
+def from_bytes(mode: str, data: np.ndarray, scales: np.ndarray, source: str, global_scale: float = 1.0) -> MxWeight:
+    """A weight whose codes are stored as bytes (two e2m1 per byte, low nibble first, or one e4m3 per
+    byte) and whose scales are e4m3 / e8m0 bytes, as compressed-tensors and ModelOpt write them."""
+    data = np.ascontiguousarray(data).view(np.uint8)
+    if data.ndim != 2 or data.shape[1] % 4:
+        raise ValueError(f"{source}: {data.shape} bytes do not fill whole 32-bit words per row")
+    words = data.view("<u4").astype(np.uint32, copy=False)
+    return MxWeight(mode, words, np.ascontiguousarray(scales).view(np.uint8), source, float(global_scale))
