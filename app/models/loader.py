@@ -78,7 +78,9 @@ def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ModelNotFoundError(f"{path} has no config.json")
-    config = ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+    from lantern.app.models.quant.modelopt import config_from_folder
+
+    config = ModelConfig.from_hf(config_from_folder(json.loads(cfg_file.read_text()), path))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelNotFoundError(f"{path} has no *.safetensors weights")

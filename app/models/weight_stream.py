@@ -196,6 +196,13 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
         raws = [RawSafetensors(path) for path in spec.weight_files]
         try:
             where = {name: raw for raw in raws for name in raw.names if name not in skip}
+            kv_scales = [n for n in where if n.endswith(_KV_SCALES)]
+            if kv_scales:  # FP8-KV-cache exports (ModelOpt, llm-compressor): the cache keeps the model dtype
+                logger.info(
+                    "%d KV-cache scale tensors are not used: the KV cache holds the model's dtype", len(kv_scales)
+                )
+                parts.update(kv_scales)
+                where = {n: raw for n, raw in where.items() if not n.endswith(_KV_SCALES)}
             for prefix, names in quantized_module_names(scheme, list(where)).items():
                 tensors = {n[len(prefix) + 1 :]: where[n].numpy(n) for n in names}
                 weight = read_quantized_module(scheme, prefix, tensors)
@@ -217,6 +224,9 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
             for name in handle.keys():
                 if name not in parts:
                     yield name, handle.get_tensor(name)
+
+
+_KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale")
 
 
 def _iter_safetensors_mlx(spec: ModelSpec, skip: set[str]) -> Iterator[tuple[str, Any]]:

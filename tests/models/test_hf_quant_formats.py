@@ -24,6 +24,7 @@ from lantern.app.models.quant.hf_formats import (
     read_quantized_module,
 )
 from lantern.app.models.quant.microscaled import MxWeight
+from lantern.app.models.quant.modelopt import config_from_folder
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 HAS_MLX = importlib.util.find_spec("mlx") is not None
@@ -60,6 +61,8 @@ CASES = [
     ("ct_nvfp4", "llama2"),  # microscaled floats: read as stored (MxWeight), exact through the shared form
     ("ct_mxfp4", "qwen2"),
     ("ct_mxfp8", "llama2"),
+    ("modelopt_fp8", "llama2"),
+    ("modelopt_nvfp4", "qwen2"),  # described by hf_quant_config.json only
     ("ct_w8a16", "llama2"),
     ("ct_w8a8", "llama2"),
     ("ct_fp8", "llama2"),
@@ -101,7 +104,7 @@ def load_tensors(path) -> dict[str, np.ndarray]:
 
 
 def read_folder(folder):
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg = config_from_folder(json.loads((folder / "config.json").read_text()), folder)
     scheme = parse_quant_scheme(cfg)
     tensors = load_tensors(folder / "model.safetensors")
     modules = quantized_module_names(scheme, tensors)
@@ -120,7 +123,7 @@ def test_every_quantized_module_reads_exactly_to_the_reference_weights(folders, 
     reference = load_tensors(ref / "model.safetensors")
     assert "quantization_config" not in json.loads((ref / "config.json").read_text())
     members = {n for names in modules.values() for n in names}
-    plain = {n for n in tensors if n not in members}
+    plain = {n for n in tensors if n not in members and not n.endswith((".k_scale", ".v_scale"))}  # KV scales: unused
     # The reference is every module's weight plus every plain tensor, nothing else.
     assert set(reference) == plain | {f"{p}.weight" for p in modules}
     assert not any(n.endswith(".bias") for n in members)
@@ -129,7 +132,7 @@ def test_every_quantized_module_reads_exactly_to_the_reference_weights(folders, 
     assert len(modules) == expected
     for prefix, w in weights.items():
         exact = reference[f"{prefix}.weight"]
-        if scheme.method in ("ct-fp4", "ct-mxfp8"):
+        if scheme.method in ("ct-fp4", "ct-mxfp8", "modelopt-fp4"):
             assert isinstance(w, MxWeight) and w.mode == scheme.mlx_mode
             np.testing.assert_allclose(w.portable().dequantize(), exact, rtol=1e-6, atol=1e-6, err_msg=prefix)
             continue
@@ -372,6 +375,8 @@ REFUSED = [
         {"quant_method": "compressed-tensors", "format": "mxfp6-pack-quantized", "config_groups": {"g": CT_FP4}},
         'config_groups.g.format="mxfp6-pack-quantized"',
     ),
+    ({"quant_method": "modelopt", "quant_algo": "INT4_AWQ"}, 'quantization_config.quant_algo="INT4_AWQ"'),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}, "quantization_config.group_size=32"),
     (  # nvfp4 is 4-bit floats in groups of 16
         {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"g": CT_W4}},
         "config_groups.g.weights=",

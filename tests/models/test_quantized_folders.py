@@ -32,9 +32,14 @@ CONVERTED = {
     ("torch", "mlx_nvfp4"): {"": PER_CHANNEL_INT8},
     ("torch", "ct_mxfp4"): {"proj": PER_CHANNEL_INT8},
     ("torch", "ct_nvfp4"): {"proj": PER_CHANNEL_INT8},
+    ("torch", "modelopt_nvfp4"): {"proj": PER_CHANNEL_INT8},
 }
 # Converted on every torch CPU: nvfp4's 16-wide groups have no layout (the VNNI layers take 8-bit g32).
-ALWAYS_CONVERTED = {("torch", "mlx_nvfp4"): {"": (8, 32, False)}, ("torch", "ct_nvfp4"): {"proj": (8, 32, False)}}
+ALWAYS_CONVERTED = {
+    ("torch", "mlx_nvfp4"): {"": (8, 32, False)},
+    ("torch", "ct_nvfp4"): {"proj": (8, 32, False)},
+    ("torch", "modelopt_nvfp4"): {"proj": (8, 32, False)},
+}
 BNB_LEVELS = ("bnb_nf4", "bnb_fp4")  # levels held as 8-bit codes: round(127 * w / block absmax)
 
 
@@ -61,6 +66,7 @@ KINDS += ["ct_w4a16", "ct_w4_asym", "ct_w4_act", "ct_w8a16", "ct_w8a8", "ct_fp8"
 KINDS += ["bnb_nf4", "bnb_fp4", "bnb8"]
 KINDS += ["mlx_mxfp4", "mlx_nvfp4", "mlx_mxfp8"]  # MLX's microscaled modes (written with MLX's own quantize)
 KINDS += ["ct_nvfp4", "ct_mxfp4", "ct_mxfp8"]  # compressed-tensors' (NVFP4 with its per-tensor global scale)
+KINDS += ["modelopt_fp8", "modelopt_nvfp4"]  # NVIDIA ModelOpt (FP8 KV-cache scales skipped; hf_quant_config.json)
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,7 @@ SUPPORTED = (
     "quant_method awq (4-bit, version gemm, zero_point), gptq (2/3/4/8-bit, checkpoint_format gptq or gptq_v2), "
     "fp8 (e4m3, block or per-tensor scales), compressed-tensors (pack-quantized / int-quantized integer "
     "weights of 2-8 bits, float-quantized FP8, nvfp4-/mxfp4-pack-quantized, mxfp8-quantized), "
-    "bitsandbytes (nf4/fp4, int8)"
+    "bitsandbytes (nf4/fp4, int8), modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4)"
 )
 
 
@@ -58,7 +58,7 @@ class QuantScheme:
     """How a quantized HF folder stores its linear weights (parsed from config.json)."""
 
     # "mlx" | "awq" | "gptq" | "fp8" | "ct-pack" | "ct-int" (compressed-tensors integers) | "ct-fp4" |
-    # "ct-mxfp8" (its microscaled floats) | "bnb4" | "bnb8"
+    # "ct-mxfp8" (its microscaled floats) | "modelopt-fp4" | "bnb4" | "bnb8"
     method: str
     bits: int  # 8 for fp8
     group_size: int  # -1: GPTQ per-channel (one group per row); 0 for fp8
@@ -93,6 +93,8 @@ class QuantScheme:
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
         if self.method.startswith("bnb"):
             return f"bitsandbytes {self.checkpoint_format}"
+        if self.method == "modelopt-fp4":
+            return f"ModelOpt {self.checkpoint_format}"
         if self.method in ("ct-fp4", "ct-mxfp8"):
             return f"compressed-tensors {self.checkpoint_format}"
         if self.method.startswith("ct-"):
@@ -131,9 +133,10 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
         if "bits" in hf and "group_size" in hf:  # what mlx_lm writes, without the `quantization` copy
             return _parse_mlx(hf, "quantization_config")
         raise _refuse("quantization_config", sorted(hf), " (no quant_method)")
-    from lantern.app.models.quant import bitsandbytes, compressed_tensors
+    from lantern.app.models.quant import bitsandbytes, compressed_tensors, modelopt
 
     parsers = {
+        "modelopt": modelopt.parse,
         "bitsandbytes": bitsandbytes.parse,
         "awq": _parse_awq,
         "gptq": _parse_gptq,
@@ -279,6 +282,7 @@ _MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
     ),
     "ct-fp4": (("weight_packed",), ("weight_packed", "weight_scale"), ("weight_global_scale", "input_global_scale")),
     "ct-mxfp8": (("weight_scale",), ("weight", "weight_scale"), ("input_global_scale",)),
+    "modelopt-fp4": (("weight_scale_2",), ("weight", "weight_scale", "weight_scale_2"), ("input_scale",)),
     "ct-int": (
         ("weight_scale",),
         ("weight", "weight_scale"),
@@ -325,9 +329,10 @@ def read_quantized_module(
     uint8 bit patterns.
     """
     t = {_suffix(k, prefix): v for k, v in tensors.items()}
-    from lantern.app.models.quant import bitsandbytes, compressed_tensors
+    from lantern.app.models.quant import bitsandbytes, compressed_tensors, modelopt
 
     readers = {
+        "modelopt-fp4": modelopt.read_fp4,
         "bnb4": bitsandbytes.read_4bit,
         "bnb8": bitsandbytes.read_int8,
         "mlx": _read_mlx,
