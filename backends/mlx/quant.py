@@ -105,8 +105,10 @@ class GlobalScaledQuantizedLinear(nn.QuantizedLinear):
         self.freeze()
 
     def __call__(self, x: mx.array) -> mx.array:
+        # The unscaled products reach 6 * 448 per weight (the scale factor is ~1/2688 of it): float16
+        # would overflow before the global scale brings them back, so float16 runs in float32 here.
         y = mx.quantized_matmul(
-            x,
+            x.astype(mx.float32) if x.dtype == mx.float16 else x,
             self["weight"],
             scales=self["scales"],
             transpose=True,
@@ -114,7 +116,7 @@ class GlobalScaledQuantizedLinear(nn.QuantizedLinear):
             bits=self.bits,
             mode=self.mode,
         )
-        y = (y.astype(mx.float32) * self.global_scale).astype(y.dtype)  # a bf16 factor would be off by 0.4%
+        y = (y.astype(mx.float32) * self.global_scale).astype(x.dtype)  # a bf16 factor would be off by 0.4%
         return y + self["bias"] if "bias" in self else y
 
 

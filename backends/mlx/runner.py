@@ -30,7 +30,7 @@ def _count_params(model: nn.Module) -> int:
     for _, module in model.named_modules():
         bits = getattr(module, "bits", None)
         for name, value in module.parameters().items():
-            if not isinstance(value, mx.array) or (name in ("scales", "biases") and bits):
+            if not isinstance(value, mx.array) or (name in ("scales", "biases", "perm", "global_scale") and bits):
                 continue
             total += value.size * (32 // bits if bits and value.dtype == mx.uint32 else 1)
     return total

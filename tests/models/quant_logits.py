@@ -48,6 +48,7 @@ def logits_error(model: str, reference: str, backend: str, steps: int = 6, dtype
         compared = 0
         for pos, ours in teacher_forced_logits(engine, prompt_ids, ref_tokens):
             ref = ref_logits[pos]
+            assert np.isfinite(ours).all(), f"non-finite logits at position {pos}"  # max() would skip a NaN
             worst = max(worst, float(np.abs(ours - ref).max() / ref.std()))
             compared += 1
         assert compared == steps

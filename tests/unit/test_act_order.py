@@ -190,6 +190,9 @@ def test_mlx_layer_gathers_x_and_embeddings_go_to_input_order():
     layer, arrays = quantized_module(nn.Linear(K, N, bias=False), w, mx.float32, errors)
     assert isinstance(layer, PermutedQuantizedLinear)
     layer.load_weights(list(arrays.items()), strict=True)
+    from lantern.backends.mlx.runner import _count_params
+
+    assert _count_params(layer) == N * K  # the gather's indices are not weights
     x = np.random.default_rng(7).standard_normal((3, K)).astype(np.float32)
     y = np.array(layer(mx.array(x)))
     ref = x.astype(np.float64) @ input_order(w).T

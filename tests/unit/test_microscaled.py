@@ -84,6 +84,57 @@ def test_global_scale_and_nan_scales_are_refused():
         read_quantized_module(scheme, "m", {**tensors, "global_scale": np.ones(1, np.float32)})
     scales = tensors["scales"].copy()
     scales[0, 0] = 0x7F  # e4m3 NaN
-    w = read_quantized_module(scheme, "m", {**tensors, "scales": scales})
-    with pytest.raises(ValueError, match="NaN"):
-        w.portable()
+    with pytest.raises(ValueError, match=r"^m: a nvfp4 group scale is NaN"):  # at read: MLX would compute NaNs
+        read_quantized_module(scheme, "m", {**tensors, "scales": scales})
+
+
+def test_compressed_tensors_and_modelopt_schemes_are_checked():
+    ct = {
+        "quant_method": "compressed-tensors",
+        "format": "nvfp4-pack-quantized",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": None}},
+    }
+    weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}
+    for bad, key in (({"symmetric": False}, "weights.symmetric"), ({"scale_dtype": "torch.uint8"}, "scale_dtype")):
+        ct["config_groups"]["g"]["weights"] = {**weights, **bad}
+        with pytest.raises(UnsupportedModelError, match=key):
+            parse_quant_scheme({"quantization_config": ct})
+    nested = {"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "group_size": 16}}
+    scheme = parse_quant_scheme({"quantization_config": nested})
+    assert (scheme.method, scheme.mlx_mode) == ("modelopt-fp4", "nvfp4")
+
+
+def test_global_scaled_layer_in_float16_and_in_a_dense_latent_matrix():
+    """An NVFP4 tensor with a global scale: in float16 the layer stays finite (the unscaled products
+    would overflow it), and DeepSeek's dense kv_b matrix carries the global scale."""
+    import mlx.nn as nn
+
+    from lantern.app.models.quant.affine import ErrorLog
+    from lantern.app.models.quant.modelopt import read_fp4
+    from lantern.backends.mlx.quant import GlobalScaledQuantizedLinear, quantized_module
+
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((32, 256)).astype(np.float32)
+    # as NVFP4 exports store them: block scales near e4m3's top (448), the tensor's size in the global factor
+    packed, scales = mx.quantize(mx.array(w0 * 2688), group_size=16, bits=4, mode="nvfp4")
+    tensors = {"weight": np.array(packed), "scales": np.array(scales)}
+    scheme = parse_quant_scheme(
+        {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}}
+    )
+    packed_bytes = tensors["weight"].view(np.uint8)
+    w = read_fp4(scheme, "m", {"weight": packed_bytes, "weight_scale": tensors["scales"], "weight_scale_2": 1 / 2688})
+    assert w.global_scale == float(np.float32(1 / 2688))  # the stored float32
+    layer, arrays = quantized_module(nn.Linear(256, 32, bias=False), w, mx.float16, ErrorLog())
+    assert isinstance(layer, GlobalScaledQuantizedLinear)
+    layer.load_weights(list(arrays.items()), strict=True)
+    x = rng.standard_normal((2, 256)).astype(np.float32) * 3
+    ref = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    y = np.array(layer(mx.array(x).astype(mx.float16)).astype(mx.float32))
+    assert np.isfinite(y).all() and np.linalg.norm(y - ref) / np.linalg.norm(ref) < 2e-3
+    from lantern.backends.mlx.models.deepseek import MLAttention
+
+    holder = MLAttention.__new__(MLAttention)
+    nn.Module.__init__(holder)
+    holder.kv_b_proj = layer
+    MLAttention.dense_kv_b(holder, mx.float32)
+    np.testing.assert_allclose(np.array(holder.kv_b_proj.weight), w.dequantize(), rtol=1e-6, atol=1e-9)

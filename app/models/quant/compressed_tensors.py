@@ -77,6 +77,11 @@ def parse(q: dict[str, Any]) -> QuantScheme:
         mode, want_bits, want_group = MX_FORMATS[fmt]
         if (kind, bits, int(w.get("group_size") or 0)) != ("float", want_bits, want_group):
             raise _refuse(f"{key}.weights", w, f" for {fmt} ({want_bits}-bit floats in groups of {want_group})")
+        if w.get("symmetric") is False:  # zero points on float codes: no reader for weight_zero_point
+            raise _refuse(f"{key}.weights.symmetric", False, f" for {fmt}")
+        scale_dtype = str(w.get("scale_dtype") or "")
+        if scale_dtype and not scale_dtype.endswith("float8_e4m3fn" if mode == "nvfp4" else "uint8"):
+            raise _refuse(f"{key}.weights.scale_dtype", scale_dtype, f" for {fmt}")
         return QuantScheme(
             "ct-fp4" if want_bits == 4 else "ct-mxfp8",
             want_bits,
@@ -153,7 +158,7 @@ def read_fp4(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> MxWeight:
     packed = np.asarray(t["weight_packed"])
     if packed.dtype != np.uint8:
         raise ValueError(f"{prefix}.weight_packed is {packed.dtype}; {scheme.checkpoint_format} packs bytes")
-    return from_bytes(scheme.mlx_mode, packed, t["weight_scale"], scheme.label, 1.0 / divisor)
+    return from_bytes(scheme.mlx_mode, packed, t["weight_scale"], scheme.label, prefix, 1.0 / divisor)
 
 
 def read_mxfp8(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> MxWeight:
@@ -161,7 +166,7 @@ def read_mxfp8(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> MxWeight:
     data = np.asarray(t["weight"])
     if data.dtype.itemsize != 1:
         raise ValueError(f"{prefix}.weight is {data.dtype}; mxfp8 weights are one byte each (e4m3 bits)")
-    return from_bytes("mxfp8", data, t["weight_scale"], scheme.label)
+    return from_bytes("mxfp8", data, t["weight_scale"], scheme.label, prefix)
 
 
 def read_packed(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:

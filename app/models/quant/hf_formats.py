@@ -35,7 +35,7 @@ import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, unpack_bits
 from lantern.app.models.quant.microscaled import MODES as MX_MODES
-from lantern.app.models.quant.microscaled import MxWeight
+from lantern.app.models.quant.microscaled import MxWeight, checked
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -402,7 +402,7 @@ def _read_mx(configured: str, prefix: str, w: np.ndarray, scales: np.ndarray) ->
         raise ValueError(
             f"{prefix}: weight {w.shape} with uint8 scales {scales.shape} fits no mxfp4/nvfp4/mxfp8 layout"
         )
-    return MxWeight(mode, w, np.ascontiguousarray(scales), f"MLX {mode}")
+    return checked(MxWeight(mode, w, np.ascontiguousarray(scales), f"MLX {mode}"), prefix)
 
 
 def _mlx_shape_mode(mode: tuple[int, int], words: int, groups: int) -> tuple[int, int]:

@@ -99,11 +99,25 @@ class MxWeight:
         return self.portable().dequantize(dtype)
 
 
-def from_bytes(mode: str, data: np.ndarray, scales: np.ndarray, source: str, global_scale: float = 1.0) -> MxWeight:
+def from_bytes(
+    mode: str, data: np.ndarray, scales: np.ndarray, source: str, where: str, global_scale: float = 1.0
+) -> MxWeight:
     """A weight whose codes are stored as bytes (two e2m1 per byte, low nibble first, or one e4m3 per
-    byte) and whose scales are e4m3 / e8m0 bytes, as compressed-tensors and ModelOpt write them."""
+    byte) and whose scales are e4m3 / e8m0 bytes, as compressed-tensors and ModelOpt write them.
+    `where` (the module) names it in errors."""
     data = np.ascontiguousarray(data).view(np.uint8)
     if data.ndim != 2 or data.shape[1] % 4:
-        raise ValueError(f"{source}: {data.shape} bytes do not fill whole 32-bit words per row")
+        raise ValueError(f"{where}: {data.shape} bytes do not fill whole 32-bit words per row")
     words = data.view("<u4").astype(np.uint32, copy=False)
-    return MxWeight(mode, words, np.ascontiguousarray(scales).view(np.uint8), source, float(global_scale))
+    try:
+        w = MxWeight(mode, words, np.ascontiguousarray(scales).view(np.uint8), source, float(global_scale))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return checked(w, where)
+
+
+def checked(w: MxWeight, where: str) -> MxWeight:
+    """`w`, once every group scale is a number (e8m0 255 and e4m3 0x7F/0xFF are NaN: the file is broken)."""
+    if not np.isfinite(w.scale_values()).all():
+        raise ValueError(f"{where}: a {w.mode} group scale is NaN (e8m0 255 or e4m3 NaN bits)")
+    return w

@@ -42,6 +42,8 @@ def config_from_folder(cfg: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def parse(q: dict[str, Any]) -> QuantScheme:
+    if isinstance(q.get("quantization"), dict):  # hf_quant_config.json's nesting, copied into config.json
+        q = {**q, **q["quantization"]}
     algo = str(q.get("quant_algo") or "").upper()
     kv = q.get("kv_cache_quant_algo") or q.get("kv_cache_scheme")
     if kv:
@@ -64,4 +66,4 @@ def read_fp4(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> MxWeight:
     second = float(np.asarray(t["weight_scale_2"], np.float32).reshape(-1)[0])
     if not np.isfinite(second):
         raise ValueError(f"{prefix}.weight_scale_2 is {second}")
-    return from_bytes("nvfp4", weight, t["weight_scale"], f"ModelOpt {scheme.checkpoint_format}", second)
+    return from_bytes("nvfp4", weight, t["weight_scale"], f"ModelOpt {scheme.checkpoint_format}", prefix, second)

@@ -73,7 +73,11 @@ class MLAttention(nn.Module):
             group_size=layer.group_size,
             bits=layer.bits,
             mode=mode,
-        ).astype(dtype)
+            dtype=mx.float32,
+        )
+        if "global_scale" in layer:  # NVFP4 with one float for the tensor (GlobalScaledQuantizedLinear)
+            weight = weight * layer.global_scale
+        weight = weight.astype(dtype)
         if isinstance(layer, PermutedQuantizedLinear):  # act-order: stored columns back in input order
             weight = layer.input_order(weight)
         mx.eval(weight)
