@@ -151,6 +151,11 @@ def test_torch_layer_gathers_x_on_every_kernel(kernel, rows):
     # int8pack requantizes to per-channel int8 (one step of 1/127 of the row's range) and the CPU
     # kernels run bf16 activations: 2**-6 as in test_torch_quant_linear; float32 paths far closer.
     assert rel(y, ref) < (2.0**-6 if kernel in ("int8pack", "int4pack", "vnni") else 1e-5), kernel
+    # Without a bias a 2-D input takes the layer's short path; a 3-D one the generic reshape.
+    bare = quantized_linear(w, None, device, torch.float32, ErrorLog(), kernel=kernel)
+    bare_ref = F.linear(x.double(), torch.from_numpy(input_order(w)))
+    assert rel(bare(x.to(device)).cpu(), bare_ref) < (2.0**-6 if kernel in ("int8pack", "int4pack", "vnni") else 1e-5)
+    assert torch.equal(bare(x[None].to(device)).cpu()[0], bare(x.to(device)).cpu())
     # A wrong gather (x unpermuted) is far off: the check can fail.
     wrong = F.linear(x.double(), torch.from_numpy(w.stored().dequantize()).double(), bias.double())
     assert rel(wrong, ref) > 0.3
