@@ -56,7 +56,8 @@ class QuantExpertLinear(nn.Module):
     """E quantized matrices in MLX's layout: weight uint32 [E, out, in * bits / 32], scales
     [E, out, in / group_size], and for mode "affine" biases (zero points) of the scales' shape.
     mode "mxfp4" (gpt-oss): 4-bit e2m1 codes, uint8 e8m0 scales per 32, no zero points. bias: an
-    additive bias [E, out] per expert (gpt-oss), unrelated to the affine `biases`."""
+    additive bias [E, out] per expert (gpt-oss), unrelated to the affine `biases`. global_scale: one
+    float per expert multiplying its output (compressed-tensors' / ModelOpt's NVFP4)."""
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class QuantExpertLinear(nn.Module):
         group_size: int,
         mode: str = "affine",
         bias: bool = False,
+        global_scale: bool = False,
     ):
         super().__init__()
         self.bits, self.group_size, self.mode = bits, group_size, mode
@@ -78,11 +80,14 @@ class QuantExpertLinear(nn.Module):
             self.scales = mx.zeros((num_experts, out_dims, in_dims // group_size), dtype=mx.uint8)
         if bias:
             self.bias = mx.zeros((num_experts, out_dims))
+        if global_scale:  # NVFP4 exports: one float per expert matrix, applied to its output (float32)
+            self.global_scale = mx.ones((num_experts,), dtype=mx.float32)
         self.freeze()
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool) -> mx.array:
+        scaled = "global_scale" in self
         y = mx.gather_qmm(
-            x,
+            x.astype(mx.float32) if scaled and x.dtype == mx.float16 else x,  # unscaled products overflow fp16
             self.weight,
             self.scales,
             self.get("biases"),
@@ -93,6 +98,8 @@ class QuantExpertLinear(nn.Module):
             mode=self.mode,
             sorted_indices=sorted_indices,
         )
+        if scaled:
+            y = (y.astype(mx.float32) * self.global_scale[indices][..., None, None]).astype(x.dtype)
         return _add_bias(y, self, indices)
 
 

@@ -85,25 +85,17 @@ class _ExpertStacker:
             raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
         if not 0 <= index < self.num_experts:
             raise ValueError(f"{path}.{index}.{proj}: the config has {self.num_experts} experts")
-        if isinstance(value, MxWeight) and value.global_scale != 1.0:  # no per-expert float in gather_qmm
-            value = value.portable()
         if isinstance(value, MxWeight):  # as stored: gather_qmm takes the microscaled modes
-            item: Any = (
-                "q",
-                mx.array(value.packed),
-                mx.array(value.scales),
-                None,
-                value.bits,
-                value.group_size,
-                value.mode,
-            )
+            packed, scales = mx.array(value.packed), mx.array(value.scales)
+            glob = mx.array(value.global_scale, dtype=mx.float32) if value.global_scale != 1.0 else None
+            item: Any = ("q", packed, scales, None, value.bits, value.group_size, value.mode, glob)
         elif isinstance(value, AffineWeight):
             # gather_qmm takes no per-expert input permutation: act-order experts in input order.
             value = in_input_order(value, self.errors, "stacked experts")
             # Packed now: the unpacked codes (one byte per weight) are not kept for the whole layer.
             packed, scales, biases, bits, group = to_mlx_arrays(value, self.dtype, self.errors)
             mx.eval(packed, scales, biases)
-            item = ("q", packed, scales, biases, bits, group, "affine")
+            item = ("q", packed, scales, biases, bits, group, "affine", None)
         else:
             array = mx.array(value) if isinstance(value, np.ndarray) else value
             item = array.astype(self.dtype)
@@ -119,14 +111,16 @@ class _ExpertStacker:
         from lantern.backends.mlx.moe import QuantExpertLinear
 
         quantized = [isinstance(it, tuple) for it in items]
-        modes = {it[4:] for it in items if isinstance(it, tuple)}
+        # (bits, group, mode, whether a global scale): one gather_qmm layout for all E
+        modes = {(*it[4:7], it[7] is not None) for it in items if isinstance(it, tuple)}
         if all(quantized) and len(modes) == 1:
-            bits, group, mode = modes.pop()
+            bits, group, mode, glob = modes.pop()
             old = get_module(self.model, prefix)
             e, rows, cols = old.weight.shape
             # gpt-oss's experts keep their per-expert bias (filled from its stacked `..._bias` tensors).
-            set_module(self.model, prefix, QuantExpertLinear(e, cols, rows, bits, group, mode, bias="bias" in old))
-            stacked = [(f"{prefix}.{name}", [it[i] for it in items]) for i, name in enumerate(_Q_NAMES, 1)]
+            layer = QuantExpertLinear(e, cols, rows, bits, group, mode, bias="bias" in old, global_scale=glob)
+            set_module(self.model, prefix, layer)
+            stacked = [(f"{prefix}.{name}", [it[i] for it in items]) for name, i in _Q_NAMES.items()]
             return [(name, mx.stack(arrays)) for name, arrays in stacked if arrays[0] is not None]
         if any(quantized):  # mixed modes across experts: no single gather_qmm layout
             self.errors.note(f"{prefix}: experts quantized in different modes (or partly); dequantized to float")
@@ -139,9 +133,10 @@ class _ExpertStacker:
             raise ValueError(f"checkpoint has only experts {sorted(got)} of {prefix} ({self.num_experts} expected)")
 
 
-_Q_NAMES = ("weight", "scales", "biases")
+_Q_NAMES = {"weight": 1, "scales": 2, "biases": 3, "global_scale": 7}  # stacked array -> its place in an item
 
 
 def _dequantized(item: tuple) -> mx.array:
-    _, packed, scales, biases, bits, group, mode = item
-    return mx.dequantize(packed, scales, biases, group_size=group, bits=bits, mode=mode)
+    _, packed, scales, biases, bits, group, mode, glob = item
+    w = mx.dequantize(packed, scales, biases, group_size=group, bits=bits, mode=mode, dtype=mx.float32)
+    return w if glob is None else w * glob

@@ -70,6 +70,24 @@ def test_quantized_moe_checkpoint_stays_quantized(tmp_path, backend, kind):
     assert_experts_quantized(LLM(str(quant), backend=backend, dtype="float32", num_kv_blocks=8).engine)
 
 
+def test_nvfp4_experts_keep_their_global_scales_on_mlx(tmp_path):
+    """compressed-tensors NVFP4 experts, each with its own global scale: MLX stacks them for
+    gather_qmm in nvfp4 mode and multiplies each expert's output by its scale (float32)."""
+    pytest.importorskip("mlx.core")
+    from lantern.app.engine import LLM
+    from lantern.backends.mlx.moe import QuantExpertLinear
+
+    quant, ref = writer("ct_nvfp4", tmp_path, variant="qwen3_moe")
+    err = logits_error(str(quant), str(ref), "mlx")
+    assert err <= tolerance("mlx", str(ref)), f"{err:.4f}"
+    engine = LLM(str(quant), backend="mlx", dtype="float32", num_kv_blocks=8).engine
+    experts = expert_modules(engine)
+    assert experts and all(isinstance(e.down_proj, QuantExpertLinear) for e in experts)
+    down = experts[0].down_proj
+    assert down.mode == "nvfp4" and down.global_scale.shape == (down.weight.shape[0],)
+    assert len(set(down.global_scale.tolist())) > 1  # one per expert, not one for all
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_act_order_moe_checkpoint(tmp_path, backend, caplog):
     """GPTQ act-order experts (each its own column permutation): torch keeps one gathering layer per
