@@ -51,6 +51,7 @@ CASES = [
     ("gptq2", "qwen2"),
     ("gptq_act", "qwen2"),  # act-order: columns sorted into their groups, the permutation kept
     ("fp8", "llama2"),
+    ("fbgemm_fp8", "llama2"),
     ("fp8_tensor", "llama2"),
     ("bnb_nf4", "llama2"),
     ("bnb_fp4", "qwen2"),

@@ -67,6 +67,7 @@ KINDS += ["bnb_nf4", "bnb_fp4", "bnb8"]
 KINDS += ["mlx_mxfp4", "mlx_nvfp4", "mlx_mxfp8"]  # MLX's microscaled modes (written with MLX's own quantize)
 KINDS += ["ct_nvfp4", "ct_mxfp4", "ct_mxfp8"]  # compressed-tensors' (NVFP4 with its per-tensor global scale)
 KINDS += ["modelopt_fp8", "modelopt_nvfp4"]  # NVIDIA ModelOpt (FP8 KV-cache scales skipped; hf_quant_config.json)
+KINDS += ["fbgemm_fp8"]  # Meta's FP8 (a scale per row)
 
 
 @pytest.fixture(scope="module")

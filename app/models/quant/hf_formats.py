@@ -47,7 +47,7 @@ MLX_GROUPS = (32, 64, 128)
 SUPPORTED = (
     "supported: MLX `quantization` (affine 2-8 bit, groups 32/64/128; mxfp4, nvfp4, mxfp8), "
     "quant_method awq (4-bit, version gemm, zero_point), gptq (2/3/4/8-bit, checkpoint_format gptq or gptq_v2), "
-    "fp8 (e4m3, block or per-tensor scales), compressed-tensors (pack-quantized / int-quantized integer "
+    "fp8 (e4m3, block or per-tensor scales), fbgemm_fp8, compressed-tensors (pack-quantized / int-quantized integer "
     "weights of 2-8 bits, float-quantized FP8, nvfp4-/mxfp4-pack-quantized, mxfp8-quantized), "
     "bitsandbytes (nf4/fp4, int8), modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4)"
 )
@@ -141,6 +141,7 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
         "awq": _parse_awq,
         "gptq": _parse_gptq,
         "fp8": _parse_fp8,
+        "fbgemm_fp8": _parse_fbgemm_fp8,
         "compressed-tensors": compressed_tensors.parse,
     }
     parse = parsers.get(str(method).lower())
@@ -227,6 +228,12 @@ def _parse_gptq(q: dict[str, Any]) -> QuantScheme:
         checkpoint_format=fmt,
         modules_to_not_convert=_not_converted(q),
     )
+
+
+def _parse_fbgemm_fp8(q: dict[str, Any]) -> QuantScheme:
+    """Meta's FP8 checkpoints (fbgemm): e4m3 `weight` with one float32 `weight_scale` per row; the
+    activation bound (`activation_scale_ub`) is for FP8 activations, which are not used here."""
+    return QuantScheme("fp8", 8, 0, activation_scheme="dynamic", modules_to_not_convert=_not_converted(q))
 
 
 def _parse_fp8(q: dict[str, Any]) -> QuantScheme:
