@@ -111,6 +111,9 @@ class _ExpertStacker:
         from lantern.backends.mlx.moe import QuantExpertLinear
 
         quantized = [isinstance(it, tuple) for it in items]
+        if any(isinstance(it, tuple) and it[7] is not None for it in items):  # an expert without one: 1.0
+            one = mx.array(1.0, dtype=mx.float32)
+            items = [(*it[:7], one) if isinstance(it, tuple) and it[7] is None else it for it in items]
         # (bits, group, mode, whether a global scale): one gather_qmm layout for all E
         modes = {(*it[4:7], it[7] is not None) for it in items if isinstance(it, tuple)}
         if all(quantized) and len(modes) == 1:

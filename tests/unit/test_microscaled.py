@@ -138,3 +138,51 @@ def test_global_scaled_layer_in_float16_and_in_a_dense_latent_matrix():
     holder.kv_b_proj = layer
     MLAttention.dense_kv_b(holder, mx.float32)
     np.testing.assert_allclose(np.array(holder.kv_b_proj.weight), w.dequantize(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("tokens", [3, 40])  # 40 tokens x 2 experts take the sorted gather (SORT_MIN_PAIRS)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_experts_with_global_scales_match_a_dense_reference(tokens, dtype):
+    """QuantExpertLinear with one NVFP4 global scale per expert (the stacked experts of a compressed-
+    tensors / ModelOpt MoE) against each expert's dequantized matrix times its scale, through the
+    gated MLP of Experts, unsorted and sorted gathers, float32 and float16 (whose unscaled products
+    would overflow without the float32 promotion)."""
+    from lantern.backends.mlx.moe import SORT_MIN_PAIRS, QuantExpertLinear
+
+    experts, hidden, out, k = 4, 64, 32, 2
+    assert (tokens * k >= SORT_MIN_PAIRS) == (tokens == 40)
+    rng = np.random.default_rng(5)
+    scales_g = np.array([0.5, 3.0, 1.0, 7.0], np.float32) / 2688  # exports: block scales near 448, tensor size here
+    weights = [
+        mx.quantize(
+            mx.array(rng.standard_normal((out, hidden)).astype(np.float32) * 2688), group_size=16, bits=4, mode="nvfp4"
+        )
+        for _ in range(experts)
+    ]
+    layer = QuantExpertLinear(experts, hidden, out, 4, 16, "nvfp4", global_scale=True)
+    layer.update(
+        {
+            "weight": mx.stack([w[0] for w in weights]),
+            "scales": mx.stack([w[1] for w in weights]),
+            "global_scale": mx.array(scales_g),
+        }
+    )
+    dense = np.stack(
+        [np.array(mx.dequantize(w[0], w[1], group_size=16, bits=4, mode="nvfp4", dtype=mx.float32)) for w in weights]
+    )
+    dense *= scales_g[:, None, None]
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32) * 4
+    idx = rng.integers(0, experts, (tokens, k))
+    ref = np.einsum("th,tkoh->tko", x.astype(np.float64), dense[idx].astype(np.float64))
+    xd = mx.array(x).astype(getattr(mx, dtype))
+    if tokens * k < SORT_MIN_PAIRS:
+        y = np.array(layer(xd[:, None, None, :], mx.array(idx), False).astype(mx.float32))[:, :, 0]
+    else:
+        flat = idx.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        ys = np.array(layer(xd[mx.array(order // k)][:, None, :], mx.array(flat[order]), True).astype(mx.float32))
+        y = np.empty_like(ys)
+        y[order] = ys
+        y = y.reshape(tokens, k, out)
+    assert np.isfinite(y).all()
+    assert np.abs(y - ref).max() / np.abs(ref).max() < (1e-5 if dtype == "float32" else 2e-3)
