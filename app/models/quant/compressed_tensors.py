@@ -26,13 +26,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight
-from lantern.app.models.quant.hf_formats import QuantScheme, _refuse, _unpack, _words, act_order_perm
+from lantern.app.models.quant.hf_formats import QuantScheme, _refuse, _unpack, _words, with_act_order
 from lantern.app.models.quant.microscaled import MxWeight, from_bytes
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -192,7 +191,8 @@ def read_packed(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWei
         zero_codes = np.ascontiguousarray(_unpack(words, bits, rows).T).astype(np.float32)
     else:  # older files (and tensor-wide zero points): signed int8, unpacked
         zero_codes = _signed_zeros(zeros, rows) + offset
-    return _act_order(AffineWeight(codes, scale, -(zero_codes * scale), bits, group, scheme.label), t, prefix)
+    w = AffineWeight(codes, scale, -(zero_codes * scale), bits, group, scheme.label)
+    return with_act_order(w, t.get("weight_g_idx"), f"{prefix}.weight_g_idx")
 
 
 def read_int(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
@@ -205,7 +205,8 @@ def read_int(scheme: Any, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight
     zeros = t.get("weight_zero_point")
     zero = 0.0 if zeros is None or scheme.sym else _signed_zeros(zeros, rows)
     codes = np.ascontiguousarray(q).view(np.uint8) ^ np.uint8(0x80)  # q + 128
-    return _act_order(AffineWeight(codes, scale, -((zero + 128.0) * scale), 8, group, scheme.label), t, prefix)
+    w = AffineWeight(codes, scale, -((zero + 128.0) * scale), 8, group, scheme.label)
+    return with_act_order(w, t.get("weight_g_idx"), f"{prefix}.weight_g_idx")
 
 
 def _signed_zeros(zeros: np.ndarray, rows: int) -> np.ndarray:
@@ -225,12 +226,3 @@ def _scales(raw: np.ndarray, rows: int, cols: int, scheme: Any, prefix: str) -> 
     if scale.ndim != 2 or scale.shape[0] != rows or group <= 0 or scale.shape[1] * group != cols:
         raise ValueError(f"{prefix}: weight_scale {scale.shape} does not fit [{rows}, {cols}] in groups of {group}")
     return np.ascontiguousarray(scale), group
-
-
-def _act_order(w: AffineWeight, t: dict[str, np.ndarray], prefix: str) -> AffineWeight:
-    """`w` with actorder="group" columns (a permuted weight_g_idx) sorted into contiguous groups and
-    the permutation kept for the layer (hf_formats.act_order_perm); as it is otherwise."""
-    perm = act_order_perm(t.get("weight_g_idx"), w.shape[1], w.group_size, f"{prefix}.weight_g_idx")
-    if perm is None:
-        return w
-    return replace(w, codes=np.ascontiguousarray(w.codes[:, perm]), perm=perm, source=f"{w.source} act-order")

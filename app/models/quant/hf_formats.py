@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -150,8 +150,9 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
     return parse(hf)
 
 
-def _mlx_mode(key: str, entry: dict[str, Any], bits: int, group: int, mode: str) -> tuple[int, int, str]:
-    mode = str(entry.get("mode", mode))
+def _mlx_mode(key: str, entry: dict[str, Any], bits: int, group: int) -> tuple[int, int, str]:
+    # without a "mode" an entry is affine (mlx_lm passes it to to_quantized, whose default that is)
+    mode = str(entry.get("mode", "affine"))
     bits, group = int(entry.get("bits", bits)), int(entry.get("group_size", group))
     if mode in MX_MODES:  # one (bits, group) each; mlx_lm writes the mode's own
         if (bits, group) != MX_MODES[mode]:
@@ -169,7 +170,7 @@ def _mlx_mode(key: str, entry: dict[str, Any], bits: int, group: int, mode: str)
 def _parse_mlx(q: dict[str, Any], key: str) -> QuantScheme:
     if "bits" not in q or "group_size" not in q:
         raise _refuse(key, {k: v for k, v in q.items() if not isinstance(v, dict)}, " (needs bits and group_size)")
-    bits, group, mode = _mlx_mode(key, q, q["bits"], q["group_size"], "affine")
+    bits, group, mode = _mlx_mode(key, q, q["bits"], q["group_size"])
     overrides: dict[str, tuple[int, int] | None] = {}
     modes: dict[str, str] = {}
     for name, entry in q.items():
@@ -177,8 +178,7 @@ def _parse_mlx(q: dict[str, Any], key: str) -> QuantScheme:
         if isinstance(entry, bool):
             overrides[name] = (bits, group) if entry else None
         elif isinstance(entry, dict):
-            # without a "mode" an entry is affine (mlx_lm passes it to to_quantized, whose default that is)
-            b, g, m = _mlx_mode(f"{key}.{name}", entry, bits, group, "affine")
+            b, g, m = _mlx_mode(f"{key}.{name}", entry, bits, group)
             overrides[name], modes[name] = (b, g), m
     return QuantScheme("mlx", bits, group, overrides=overrides, mlx_mode=mode, mlx_modes=modes)
 
@@ -461,18 +461,22 @@ def _read_gptq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> Af
             f"{prefix}: GPTQ qweight {qweight.shape}, qzeros {qzeros.shape}, scales {scales.shape} do not fit "
             f"{bits}-bit group size {scheme.group_size}"
         )
-    perm = act_order_perm(t.get("g_idx"), in_f, group, f"{prefix}.g_idx")
     codes = _unpack(np.ascontiguousarray(qweight.T), bits, in_f)  # [out, in]
     zeros = _unpack(qzeros, bits, out_f).astype(np.int32)  # [groups, out]
     if scheme.checkpoint_format == "gptq":
         zeros = (zeros + 1) & ((1 << bits) - 1)  # v1 stores zero - 1
     s = np.ascontiguousarray(_f32(scales).T)
     biases = -np.ascontiguousarray(zeros.T).astype(np.float32) * s
-    if perm is not None:  # act-order: stored columns sorted into contiguous groups, x gathered by the layer
-        return AffineWeight(
-            np.ascontiguousarray(codes[:, perm]), s, biases, bits, group, f"{scheme.label} act-order", perm
-        )
-    return AffineWeight(codes, s, biases, bits, group, scheme.label)
+    return with_act_order(AffineWeight(codes, s, biases, bits, group, scheme.label), t.get("g_idx"), f"{prefix}.g_idx")
+
+
+def with_act_order(w: AffineWeight, g_idx: np.ndarray | None, name: str) -> AffineWeight:
+    """`w` (columns in file order) with act-order columns sorted into contiguous groups and the
+    permutation kept for the layer to gather x by (`act_order_perm`); `w` itself otherwise."""
+    perm = act_order_perm(g_idx, w.shape[1], w.group_size, name)
+    if perm is None:
+        return w
+    return replace(w, codes=np.ascontiguousarray(w.codes[:, perm]), perm=perm, source=f"{w.source} act-order")
 
 
 def act_order_perm(g_idx: np.ndarray | None, cols: int, group: int, name: str) -> np.ndarray | None:
