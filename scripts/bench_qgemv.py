@@ -86,12 +86,15 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
     packed = triton_quant.pack_codes(codes, args.bits).to(device)
     groups = k // args.group
     scales = (torch.rand((n, groups), generator=gen) * 0.02).to(dtype).to(device)
-    biases = (torch.randn((n, groups), generator=gen) * 0.01).to(dtype).to(device)
+    biases = None if args.e2m1 else (torch.randn((n, groups), generator=gen) * 0.01).to(dtype).to(device)
     x = torch.randn((args.rows, k), generator=gen).to(dtype).to(device)
     io_bytes = (x.numel() + args.rows * n) * x.element_size()
-    nbytes = packed.numel() + 2 * scales.numel() * scales.element_size() + io_bytes
+    nbytes = packed.numel() + (1 if args.e2m1 else 2) * scales.numel() * scales.element_size() + io_bytes
 
-    want = quant_reference.affine_matmul_reference(x, packed, scales, biases, args.bits, args.group).float()
+    if biases is None:  # e2m1: every nibble is a value
+        want = quant_reference.e2m1_matmul_reference(x, packed, scales, args.group).float()
+    else:
+        want = quant_reference.affine_matmul_reference(x, packed, scales, biases, args.bits, args.group).float()
     got = triton_quant.gemv(x, packed, scales, biases, args.bits, args.group).float()
     err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
     if err > 2e-2:
@@ -102,7 +105,8 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
         print(f"  {name:<60} {us:9.2f} us {gbs:8.0f} GB/s {100 * gbs / args.peak_gbs:5.1f}%", flush=True)
         return {"name": name, "us": round(us, 3), "gbs": round(gbs, 1), "roofline": round(gbs / args.peak_gbs, 3)}
 
-    print(f"{n}x{k}, {args.bits}-bit g{args.group}, {args.rows} row(s), {args.dtype}: {nbytes / 1e6:.1f} MB a call")
+    kind = "e2m1" if args.e2m1 else f"{args.bits}-bit"
+    print(f"{n}x{k}, {kind} g{args.group}, {args.rows} row(s), {args.dtype}: {nbytes / 1e6:.1f} MB a call")
 
     def t(fn: Callable[[], Any]) -> float:
         return time_fn(fn, device, args.iters, args.repeats)
@@ -118,7 +122,7 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
     dense = torch.randn((n, k), generator=gen).to(dtype).to(device)
     dense_bytes = dense.numel() * dense.element_size() + io_bytes
     result["dense"] = row("dense x @ W.T (cuBLAS)", t(lambda: x @ dense.T), dense_bytes)
-    tiny = tinygemm(x, codes, args, device, dtype)
+    tiny = None if args.e2m1 else tinygemm(x, codes, args, device, dtype)
     if tiny is not None:
         result["tinygemm"] = row("aten _weight_int4pack_mm (tinygemm)", t(tiny))
     best = None
@@ -156,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", action="append", help="NxK (repeatable); default: the 8B decode matrices")
     p.add_argument("--bits", type=int, default=4, choices=(4, 8))
-    p.add_argument("--group", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--group", type=int, default=64, choices=(16, 32, 64, 128))
+    p.add_argument("--e2m1", action="store_true", help="fp4 codes, no biases (MXFP4: --group 32; NVFP4: 16)")
     p.add_argument("--rows", type=int, default=1, help="rows of x (the GEMV takes up to GEMV_MAX_M)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--device", default="cuda")
@@ -166,10 +171,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-configs", type=int, help="time only the first this many configs of the grid")
     p.add_argument("--json", type=Path, help="also write the summary here")
     args = p.parse_args(argv)
+    if args.e2m1 and args.bits != 4:
+        p.error("--e2m1 codes are 4-bit")
     device = torch.device(args.device)
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in (args.shape or SHAPES_8B)]
     results = [bench_shape(args, n, k, device) for n, k in shapes]
-    summary = {"bits": args.bits, "group": args.group, "rows": args.rows, "dtype": args.dtype, "shapes": results}
+    summary = {"bits": args.bits, "e2m1": args.e2m1, "group": args.group, "rows": args.rows, "dtype": args.dtype}
+    summary["shapes"] = results
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     print(json.dumps({r["shape"]: {"default": r["default"]["roofline"], "best": r["best"]} for r in results}))

@@ -9,6 +9,7 @@
 #   bash scripts/gpu_check.sh http           # 256 streaming HTTP clients vs the Python API (1B shape)
 #   bash scripts/gpu_check.sh sampler        # one sampling step at 1, 32, 256 rows, greedy and T=1.0
 #   bash scripts/gpu_check.sh qgemv          # the int4 GEMV's block sizes swept on the 8B matrices (vs roofline)
+#   bash scripts/gpu_check.sh qgemv-fp4      # the same for e2m1 (MXFP4, groups of 32)
 # Each step writes $OUT/<step>.txt (the tool brings back at most 8 files) and the benches a JSON.
 # A step that fails does not stop the next one; the exit status line closes each log.
 set -uo pipefail
@@ -53,6 +54,7 @@ python3 scripts/bench_http.py --backend torch --model "$m" --requests 256 --roun
     sampler) run sampler 300 bash -c 'for r in 1 32 256; do for t in 0 1; do
 python3 scripts/bench_sampler.py --rows $r --temperature $t --steps 50; done; done' ;;
     qgemv) run qgemv 540 python3 scripts/bench_qgemv.py --json "$OUT/qgemv.json" ;;
-    *) echo "unknown step $step (env, tests, bench, bench-q4, http, sampler, qgemv)" && exit 2 ;;
+    qgemv-fp4) run qgemv-fp4 540 python3 scripts/bench_qgemv.py --e2m1 --group 32 --json "$OUT/qgemv-fp4.json" ;;
+    *) echo "unknown step $step (env, tests, bench, bench-q4, http, sampler, qgemv, qgemv-fp4)" && exit 2 ;;
     esac
 done

@@ -103,7 +103,7 @@ class QuantExperts(nn.Module):
         for layers in (self.gate_up_proj, self.down_proj):
             if not all(isinstance(m, TritonLinear) for m in layers):
                 return
-            if len({(m.bits, m.group_size) for m in layers}) != 1:
+            if len({(m.code, m.bits, m.group_size) for m in layers}) != 1 or layers[0].code != "affine":
                 return
             stacks.append(
                 PackedExperts(

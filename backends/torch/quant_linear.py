@@ -22,7 +22,10 @@ An `AffineWeight` (or `Fp8Weight`) becomes one of these kernels (`select_kernel`
   native kernel where it builds: aten's values bit for bit, ~1.8x faster at 32 rows.
 - "triton" (CUDA): `kernels.triton_quant.affine_matmul` on "packed nibbles", 4- and 8-bit, groups
   32/64/128. Narrower codes widen exactly (2/3-bit -> 4, 5..7-bit -> 8), larger groups split exactly
-  (g256 -> g128, per-channel -> g128), group 16 is requantized to g32.
+  (g256 -> g128, per-channel -> g128), group 16 is requantized to g32. fp4 weights (MXFP4 / NVFP4
+  from any file: the 5-bit form `microscaled.e2m1_codes` recognises) keep their e2m1 nibbles and
+  groups (16 or 32) with `triton_quant.e2m1_matmul`: 4 bits plus a scale per group, exactly (scales in
+  the model's dtype where that holds them exactly, as MXFP4's powers of two; else float32).
 - "fp8" (CUDA, compute capability >= 8.9, per-tensor scale): `torch._scaled_mm` with a dynamic
   per-tensor activation scale. Block-wise or per-channel scales, older GPUs and CPU: "dense".
 - "dense": the weight dequantized to `dtype` (one INFO line per reason).
@@ -44,7 +47,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, relative_error, requantize
+from lantern.app.models.quant.microscaled import e2m1_codes
 from lantern.backends.torch import cpu_gemm, cpu_vnni_gemm, vnni_linear
+from lantern.backends.torch.kernels.quant_reference import E2M1_GROUP_SIZES, E2M1_VALUES
 from lantern.backends.torch.packed_decode import (
     BLOCK_N,
     DENSE_ROWS,
@@ -256,25 +261,45 @@ class Int8PackLinear(QuantLayer):
 
 
 class TritonLinear(QuantLayer):
+    """`code` "affine" (packed 4/8-bit codes, scales and biases) or "e2m1" (fp4 nibbles and scales)."""
+
     def __init__(self, w: AffineWeight, device: torch.device, dtype: torch.dtype, errors: ErrorLog):
         from lantern.backends.torch.kernels import triton_quant  # CUDA (or the interpreter) only
 
         n, k = w.shape
         super().__init__(n, k)
+        self.dtype = dtype  # x's dtype inside the kernel (the scales may be float32)
+        fp4 = e2m1_codes(w) if w.group_size in E2M1_GROUP_SIZES else None
+        if fp4 is not None:  # MXFP4 / NVFP4 values: 4-bit e2m1 codes with the file's groups, exactly
+            codes, scales = fp4
+            self.code, self.bits, self.group_size = "e2m1", 4, w.group_size
+            self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(codes), 4).to(device))
+            held = torch.from_numpy(scales).to(dtype)
+            if not torch.equal(held.float(), torch.from_numpy(scales)):  # (NVFP4's e4m3 x global scale)
+                held = torch.from_numpy(scales)
+            self.register_buffer("scales", held.to(device))
+            self.biases = None
+            _record(errors, w, self, f"e2m1 g{w.group_size} ({_dtype_name(held.dtype)} scales)", False)
+            return
         src = w
         bits = 4 if w.bits <= 4 else 8
         exact = regroup(w, TRITON_GROUPS)
         w = exact if exact is not None else requantize(w, bits, 32)[0]
-        self.bits, self.group_size = bits, w.group_size
+        self.code, self.bits, self.group_size = "affine", bits, w.group_size
         self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(w.codes), bits).to(device))
         self.register_buffer("scales", torch.from_numpy(w.scales).to(device, dtype))
         self.register_buffer("biases", torch.from_numpy(w.biases).to(device, dtype))
-        self._matmul = triton_quant.affine_matmul
         target = f"{bits}-bit g{w.group_size} ({'requantized, ' if exact is None else ''}{_dtype_name(dtype)} scales)"
         _record(errors, src, self, target, exact is None)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._matmul(x.to(self.scales.dtype), self.packed, self.scales, self.biases, self.bits, self.group_size)
+        from lantern.backends.torch.kernels import triton_quant
+
+        xc = x.to(self.dtype)
+        if self.code == "e2m1":
+            y = triton_quant.e2m1_matmul(xc, self.packed, self.scales, self.group_size)
+        else:
+            y = triton_quant.affine_matmul(xc, self.packed, self.scales, self.biases, self.bits, self.group_size)
         return y.to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -282,6 +307,9 @@ class TritonLinear(QuantLayer):
         if self.bits == 4:
             p = torch.stack((p & 15, p >> 4), dim=-1).reshape(p.shape[0], -1)
         t, g = p.shape[0], self.group_size
+        if self.code == "e2m1":
+            values = torch.tensor(E2M1_VALUES, device=p.device)[p.long()]
+            return (values.view(t, -1, g) * self.scales[ids].float()[:, :, None]).view(t, self.in_features)
         w = p.view(t, -1, g).float() * self.scales[ids].float()[:, :, None] + self.biases[ids].float()[:, :, None]
         return w.view(t, self.in_features)
 

@@ -113,6 +113,59 @@ def test_layout_is_mlx_packing(bits, group):
         np.testing.assert_allclose(out.numpy(), mlx_out, rtol=1e-4, atol=1e-4 * np.abs(mlx_out).max())
 
 
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("group", [16, 32, 64, 128])
+def test_e2m1_kernel_matches_reference(group, dtype, path):
+    """fp4 codes (every nibble is a valid e2m1 value) with scales of both signs, no biases."""
+    k = 3 * group
+    for m, n in [(1, 40), (3, 72), (17, 40)]:
+        g = torch.Generator().manual_seed(m * n + group)
+        packed = tq.pack_codes(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8), 4)
+        scales = ((torch.rand(n, k // group, generator=g) * 0.04 + 0.01) * torch.sign(torch.randn(n, 1))).to(dtype)
+        x = torch.randn(m, k, generator=g).to(dtype)
+        config = {**SMALL[path](group), "BLOCK_K": 64} if path == "gemm" and group == 128 else SMALL[path](group)
+        out = run(path, x, packed, scales, None, 4, group, **config)
+        assert_matches(out, qr.e2m1_matmul_reference(x, packed, scales, group), dtype)
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+def test_e2m1_values_by_hand(path):
+    """Row r holds code r in column r (and 0 elsewhere); x = the identity picks w[r, r] = value(r) * scale:
+    0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (code 8 is -0), exponent 0 being e2m1's subnormals."""
+    codes = torch.diag(torch.arange(16, dtype=torch.uint8))
+    codes = torch.cat((codes, torch.zeros(16, 16, dtype=torch.uint8)), dim=1)  # 32 columns: two g16 groups
+    scales = torch.full((16, 2), 0.25)
+    scales[:, 0] = torch.tensor([2.0**e for e in range(-8, 8)])  # scales across the float16 range too
+    out = run(path, torch.eye(16, 32), tq.pack_codes(codes, 4), scales, None, 4, 16, **SMALL[path](16))
+    expected = torch.tensor(qr.E2M1_VALUES) * scales[:, 0]
+    assert torch.equal(out.diagonal(), expected)
+    assert torch.count_nonzero(out - torch.diag(expected)) == 0
+
+
+@pytest.mark.parametrize("mode,group", [("mxfp4", 32), ("nvfp4", 16)])
+def test_e2m1_layout_is_mlx_fp4(mode, group):
+    """MLX's own fp4 modes: mx.quantize(mode=...)'s words are the packed nibbles, its e8m0 / e4m3 scale
+    bytes give the scales; mx.dequantize and mx.quantized_matmul are the truth."""
+    mx = pytest.importorskip("mlx.core")
+    from lantern.app.models.quant.affine import E4M3_VALUES
+
+    w = np.random.default_rng(group).standard_normal((24, 256)).astype(np.float32)
+    wq, s = mx.quantize(mx.array(w), group_size=group, bits=4, mode=mode)[:2]
+    packed = torch.from_numpy(np.array(wq).view(np.uint8).copy())
+    raw = np.array(s).view(np.uint8)
+    scale = E4M3_VALUES[raw] if mode == "nvfp4" else np.exp2(raw.astype(np.float32) - 127)
+    scales = torch.from_numpy(np.ascontiguousarray(scale, np.float32))
+    truth = np.array(mx.dequantize(wq, s, None, group_size=group, bits=4, mode=mode).astype(mx.float32))
+    np.testing.assert_array_equal(qr.dequantize_e2m1(packed, scales, group).numpy(), truth)
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    mlx_out = mx.quantized_matmul(mx.array(x), wq, s, None, transpose=True, group_size=group, bits=4, mode=mode)
+    mlx_out = np.array(mlx_out.astype(mx.float32))
+    for path in ("gemv", "gemm"):
+        out = run(path, torch.from_numpy(x), packed, scales, None, 4, group, **SMALL[path](group))
+        np.testing.assert_allclose(out.numpy(), mlx_out, rtol=1e-4, atol=1e-4 * np.abs(mlx_out).max())
+
+
 def test_affine_matmul_dispatch_and_default_blocks(monkeypatch):
     """M <= GEMV_MAX_M takes the GEMV, more rows the GEMM; leading dims are kept; default block sizes work."""
     _, packed, scales, biases = make_weight(40, 256, 4, 64, torch.float16, seed=3)
@@ -151,6 +204,10 @@ def test_shape_errors():
         tq.affine_matmul(x, packed, scales[:, :1], biases[:, :1], 4, 32)
     with pytest.raises(ValueError, match="group size"):
         tq.affine_matmul(x, packed, scales, biases, 4, 16)
+    with pytest.raises(ValueError, match="e2m1 weights are 4-bit"):
+        tq.e2m1_matmul(x, packed, scales, 8)
+    with pytest.raises(ValueError, match="do not fit"):
+        tq.e2m1_matmul(x, packed, scales, 16)  # 4 groups of 16 need 4 scales a row
     with pytest.raises(ValueError, match="do not match"):
         qr.dequantize_packed(packed, scales[:, :1], biases[:, :1], 4, 32)
 
@@ -170,6 +227,25 @@ def test_cuda_default_blocks(m, bits, group, dtype):
         assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, bits, group), dtype)
         for path in ("gemv", "gemm"):  # both kernels at every M, not only the one dispatch picks
             assert_matches(run(path, x, packed, scales, biases, bits, group), out, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("m", [1, 2, 3, 40, 300])
+def test_cuda_e2m1_default_blocks(m, group, dtype):
+    """fp4 (NVFP4's g16, MXFP4's g32) on a GPU with the default block sizes, both kernels."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    g = torch.Generator().manual_seed(m + group)
+    for n, k in [(4096, 4096), (4100, 1536)]:
+        packed = tq.pack_codes(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8), 4).cuda()
+        scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to("cuda", dtype)
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        ref = qr.e2m1_matmul_reference(x, packed, scales, group)
+        assert_matches(tq.e2m1_matmul(x, packed, scales, group), ref, dtype)
+        for path in ("gemv", "gemm"):
+            assert_matches(run(path, x, packed, scales, None, 4, group), ref, dtype)
 
 
 def test_the_gemv_sweep_script_runs_and_checks_its_kernel_first(tmp_path, capsys, monkeypatch):

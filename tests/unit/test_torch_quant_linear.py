@@ -297,6 +297,76 @@ def test_triton_path(bits: int, group: int, label: str, triton_device: str) -> N
     np.testing.assert_allclose(emb(ids.to(device)).cpu().numpy(), held.dequantize()[ids.numpy()], rtol=1e-6, atol=1e-6)
 
 
+def fp4_weight(mode: str, global_scale: float, offset: int = 12, seed: int = 0) -> AffineWeight:
+    """A random MXFP4 / NVFP4 weight in the shared 5-bit form: MxWeight.portable() (offset 12), or as the
+    GGUF reader writes it (offset 16: codes 16 + twice the value, bias -16 steps)."""
+    from lantern.app.models.quant.microscaled import MODES, MxWeight
+
+    rng = np.random.default_rng(seed)
+    group = MODES[mode][1]
+    packed = rng.integers(0, 2**32, (N, K // 8), dtype=np.uint32)
+    low, high = (118, 128) if mode == "mxfp4" else (0x28, 0x50)  # e8m0 2^-9..2^0; e4m3 0.03..2.5
+    scales = rng.integers(low, high, (N, K // group)).astype(np.uint8)
+    w = MxWeight(mode, packed, scales, f"test {mode}", global_scale).portable()
+    if offset != 12:
+        codes = w.codes + np.uint8(offset - 12)
+        w = AffineWeight(codes, w.scales, np.float32(-offset) * w.scales, 5, group, w.source)
+    return w
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize(
+    "mode,global_scale,offset,held",
+    [
+        ("mxfp4", 1.0, 12, torch.bfloat16),  # powers of two: exact in bf16
+        ("mxfp4", 1.0, 16, torch.bfloat16),  # a GGUF MXFP4 tensor
+        ("nvfp4", 1.0, 12, torch.bfloat16),  # e4m3 scales: exact in bf16 (MLX's nvfp4 folders)
+        ("nvfp4", 0.37, 16, torch.float32),  # times a global scale (compressed-tensors, ModelOpt)
+    ],
+)
+def test_triton_path_keeps_fp4_at_4_bits(mode, global_scale, offset, held, triton_device: str) -> None:
+    """An fp4 weight (from any reader) takes the e2m1 kernel with its own groups: 4-bit nibbles, the
+    scales exactly (in the model's dtype where that holds them), nothing requantized or logged."""
+    w = fp4_weight(mode, global_scale, offset)
+    device = triton_device
+    for dtype in (torch.bfloat16, torch.float32):
+        errors = ErrorLog()
+        layer = ql.quantized_linear(w, None, device, dtype, errors, kernel="triton")
+        assert (layer.code, layer.bits, layer.group_size) == ("e2m1", 4, w.group_size)
+        assert tuple(layer.packed.shape) == (N, K // 2) and layer.biases is None
+        assert layer.scales.dtype == (held if dtype == torch.bfloat16 else torch.float32)
+        assert list(errors.worst) == []
+        ids = torch.tensor([0, 33, 71])
+        np.testing.assert_allclose(layer.rows(ids.to(device)).cpu().numpy(), w.dequantize()[ids.numpy()], rtol=1e-6)
+    # float32: GEMV and GEMM (the interpreter runs no bf16 tl.dot); bf16 x: the GEMV
+    for m, dtype in ((1, torch.float32), (37, torch.float32), (1, torch.bfloat16)):
+        layer = ql.quantized_linear(w, torch.ones(N), device, dtype, ErrorLog(), kernel="triton")
+        x = inputs(m, K, dtype).to(device)
+        y = layer(x)
+        assert y.dtype == dtype
+        bound = F32 if dtype == torch.float32 else BF16
+        assert rel(y.cpu(), reference(x.cpu(), w.dequantize(), torch.ones(N))) < bound
+
+
+def test_only_fp4_values_are_taken_as_e2m1() -> None:
+    """e2m1_codes recognises the fp4 forms and nothing else: a 5-bit weight whose levels are not all
+    twice an e2m1 value (here one code 12 + 5), or whose biases are not one offset of steps, stays affine."""
+    from lantern.app.models.quant.microscaled import e2m1_codes
+
+    w = fp4_weight("mxfp4", 1.0)
+    codes, scales = e2m1_codes(w)
+    np.testing.assert_array_equal(scales, 2 * w.scales)
+    assert codes.max() < 16 and not np.any(codes == 8)  # a zero is +0
+    odd = w.codes.copy()
+    odd[3, 5] = 17  # level 5: no e2m1 value is 2.5
+    assert e2m1_codes(AffineWeight(odd, w.scales, w.biases, 5, 32, "t")) is None
+    shifted = w.biases.copy()
+    shifted[2, 1] *= 1.5
+    assert e2m1_codes(AffineWeight(w.codes, w.scales, shifted, 5, 32, "t")) is None
+    assert e2m1_codes(affine(N, K, 5, 32)) is None
+    assert e2m1_codes(affine(N, K, 4, 32)) is None
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_triton_path_bf16_scales_are_logged(triton_device: str) -> None:
     w = affine(N, K, 4, 32, seed=3)

@@ -26,7 +26,8 @@ quotient is the integer level, checked to reproduce every value. (IQ4_NL / IQ4_X
 ones, skip the decoder: their nibbles index the package's 16-level table directly.) The cost is memory where a backend
 has no codebook layout (MLX's and CUDA's kernels): a weight takes its affine width instead of the
 file's 1.6-4.5 bits (logged when a file has such tensors). torch's VNNI CPU layers hold codes of at
-most 16 values as 4-bit indices into a table (cpu_vnni_gemm.codebook): IQ4's 4.25-4.5 bits become 5.
+most 16 values as 4-bit indices into a table (cpu_vnni_gemm.codebook): IQ4's 4.25-4.5 bits become 5;
+its CUDA layers hold MXFP4 / NVFP4 as e2m1 nibbles again (microscaled.e2m1_codes).
 """
 
 from __future__ import annotations

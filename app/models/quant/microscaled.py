@@ -16,7 +16,8 @@ MLX computes on them natively (`nn.QuantizedLinear(mode=...)`), so the MLX loade
 as it is. For the other backends `portable()` gives the exact shared form: e2m1 takes the values
 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6, i.e. whole numbers -12..12 times half the group's scale, so an fp4
 weight is a 5-bit affine weight (codes 0..24, bias -12 steps) with the file's groups; an mxfp8
-weight is an FP8 weight with one power-of-two scale per 1x32 block (`Fp8Weight`).
+weight is an FP8 weight with one power-of-two scale per 1x32 block (`Fp8Weight`). A backend with an
+e2m1 kernel (torch on CUDA) gets the nibbles back from that form with `e2m1_codes`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}  # mode -> (bits,
 _E2M1_TWICE = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int32)
 _FP4_CODES = np.zeros(256, dtype=np.uint8)
 _FP4_CODES[:16] = _E2M1_TWICE + 12
+_E2M1_OF_TWICE = {int(t): c for c, t in enumerate(_E2M1_TWICE) if c != 8}  # twice a value -> its code (+0, not -0)
 
 
 @dataclass
@@ -97,6 +99,29 @@ class MxWeight:
 
     def dequantize(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
         return self.portable().dequantize(dtype)
+
+
+def e2m1_codes(w: AffineWeight) -> tuple[np.ndarray, np.ndarray] | None:
+    """(uint8 e2m1 codes [N, K], float32 scales [N, K / g]) with e2m1(code) * scale = w exactly, when `w`
+    holds fp4 values: 5-bit codes o + 2 * value with bias -o steps, one offset o for the tensor
+    (`portable()` writes o = 12, GGUF's MXFP4 / NVFP4 o = 16); the scale is twice the step. None for
+    any other weight (so a backend with an e2m1 kernel keeps fp4 at 4 bits, whatever file it came from)."""
+    if w.bits != 5 or w.perm is not None:
+        return None
+    s, b = w.scales, w.biases
+    nonzero = np.flatnonzero(s)
+    if nonzero.size == 0:
+        return None
+    o = float(np.rint(-b.flat[nonzero[0]] / s.flat[nonzero[0]]))
+    if not 0 <= o < 32 or not np.array_equal(b, np.float32(-o) * s):
+        return None
+    table = np.full(256, 255, np.uint8)
+    for code in range(32):
+        table[code] = _E2M1_OF_TWICE.get(code - int(o), 255)
+    codes = map_codes(table, w.codes)
+    if codes.max(initial=0) == 255:
+        return None
+    return codes, (s * 2).astype(np.float32)
 
 
 def from_bytes(

@@ -7,6 +7,10 @@ Layout ("packed nibbles", the torch backend's CUDA format of a group-quantized w
 
 Read as little-endian uint32 words, both are MLX's packing of the same bits, which is what the tests
 check against `mx.dequantize`.
+
+"e2m1" weights (fp4: MXFP4, NVFP4) use the 4-bit layout with each nibble an e2m1 float (sign bit 3,
+then 2 exponent bits and 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) and no
+biases: w[n, k] = e2m1(code[n, k]) * scales[n, k // g], groups 16 to 128.
 """
 
 from __future__ import annotations
@@ -15,9 +19,18 @@ import torch
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
+E2M1_GROUP_SIZES = (16, 32, 64, 128)
+# e2m1 code -> value, from the format's definition (the kernel decodes the bits instead)
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
-def check_mode(bits: int, group_size: int) -> None:
+def check_mode(bits: int, group_size: int, code: str = "affine") -> None:
+    if code == "e2m1":
+        if bits != 4 or group_size not in E2M1_GROUP_SIZES:
+            raise ValueError(f"e2m1 weights are 4-bit with groups of {E2M1_GROUP_SIZES}, not {bits}-bit g{group_size}")
+        return
+    if code != "affine":
+        raise ValueError(f"unknown code kind {code!r} (affine or e2m1)")
     if bits not in BITS:
         raise ValueError(f"packed-nibble weights are 4- or 8-bit, not {bits}-bit")
     if group_size not in GROUP_SIZES:
@@ -55,6 +68,25 @@ def affine_matmul_reference(
 ) -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N] in x's dtype, with W dequantized and the product taken in float32."""
     w = dequantize_packed(packed, scales, biases, bits, group_size)
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[-1]} input features, the weight {w.shape[1]}")
+    return (x.float() @ w.T).to(x.dtype)
+
+
+def dequantize_e2m1(packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """float32 [N, K] weight of packed e2m1 codes: value * scale per group, in float32."""
+    check_mode(4, group_size, "e2m1")
+    codes = unpack_codes(packed, 4)
+    n, k = codes.shape
+    if k % group_size or scales.shape != (n, k // group_size):
+        raise ValueError(f"codes [{n}, {k}] do not match scales {tuple(scales.shape)} for group size {group_size}")
+    values = torch.tensor(E2M1_VALUES, device=codes.device)[codes.long()]
+    return (values.view(n, k // group_size, group_size) * scales.float()[:, :, None]).view(n, k)
+
+
+def e2m1_matmul_reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] in x's dtype for an e2m1 weight, the product taken in float32."""
+    w = dequantize_e2m1(packed, scales, group_size)
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"x has {x.shape[-1]} input features, the weight {w.shape[1]}")
     return (x.float() @ w.T).to(x.dtype)

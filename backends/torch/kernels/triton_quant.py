@@ -15,6 +15,10 @@ no int->float conversion, which runs at a quarter of the FMA rate), and fold the
   [BLOCK_N, BLOCK_K] tile (w = f * (s 2^bits) + (b - s 2^bits): one FMA per weight), rounds it to x's
   dtype and feeds tl.dot with fp32 accumulation (ieee for fp32 inputs, to match the reference).
 
+e2m1 weights (fp4: MXFP4 / NVFP4 checkpoints, `E2M1`) share both kernels: `_word_e2m1` turns each
+nibble into its value times 2^-14 by placing its bits in a float16 (no table), the 2^14 goes into the
+group scale, and there is no bias (w = value * scale).
+
 Block sizes come from `_gemv_config` / `_gemm_config`, not @triton.autotune: decode runs under CUDA
 graphs, every (shape, batch bucket) would pay a benchmarking pass at start-up, and no GPU was at hand
 to choose a config list with. They were chosen by reading the sm_90 SASS that ptxas makes of each
@@ -73,6 +77,23 @@ def _word_codes(v, one, BITS: tl.constexpr):
 
 
 @triton.jit
+def _word_e2m1(v):
+    """int32 words [..., W] of e2m1 codes -> float32 [..., W * 8] of value * 2^-14, in column order.
+
+    A code's exponent and mantissa bits (2..0) go to float16's bits 11..9 -- the bottom of its exponent
+    and the top of its mantissa -- and its sign to bit 15: that float16 is the e2m1 value times 2^-14
+    exactly, exponent 0 landing in float16's subnormals as it is e2m1's own subnormal (0 and 0.5). The
+    conversion to float32 is exact. Code i of a word (bits 4i..4i+3) is shifted to bits 9..12 first.
+    """
+    e = tl.interleave(
+        tl.interleave(tl.interleave(v << 9, v >> 7), tl.interleave(v << 1, v >> 15)),
+        tl.interleave(tl.interleave(v << 5, v >> 11), tl.interleave(v >> 3, v >> 19)),
+    )
+    h = (e & 0xE00) | ((e << 3) & 0x8000)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     words_ptr,
@@ -90,6 +111,7 @@ def _gemv_kernel(
     one,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
+    E2M1: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -117,18 +139,26 @@ def _gemv_kernel(
         g_ok = grp < num_groups
         ahead = (grp + G < num_groups)[None, :, None]
         nxt = tl.load(word_ptrs + (g0 + G) * WG, mask=n_ok[:, None, None] & ahead, other=0)
-        f = _word_codes(words, one, BITS)  # [BLOCK_N, G, GROUP]
         sb_mask = n_ok[:, None] & g_ok[None, :]
         sb_off = n[:, None] * stride_sn + grp[None, :]
-        s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * LEVELS
-        b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) - s
+        if E2M1:
+            f = _word_e2m1(words)  # [BLOCK_N, G, GROUP]: value * 2^-14
+            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * 16384.0
+            b = s  # (unused: no bias)
+        else:
+            f = _word_codes(words, one, BITS)  # [BLOCK_N, G, GROUP]
+            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * LEVELS
+            b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) - s
         x_off = (grp[:, None] * GROUP + jc[None, :]) * stride_xk
         for r in tl.static_range(ROWS):
             m = m0 + r
             xv = tl.load(x_ptr + m * stride_xm + x_off, mask=g_ok[:, None] & (m < M), other=0.0).to(tl.float32)
             # per group: s * sum(code * x) + b * sum(x) = (s * LEVELS) * sum(f * x) + (b - s * LEVELS) * sum(x)
             dots = tl.sum(f * xv[None, :, :], axis=2)  # [BLOCK_N, G]
-            part = dots * s + tl.sum(xv, axis=1)[None, :] * b
+            if E2M1:
+                part = dots * s
+            else:
+                part = dots * s + tl.sum(xv, axis=1)[None, :] * b
             acc += tl.where(rows[:, None, None] == r, part[None, :, :], 0.0)
     m = m0 + rows
     out = out_ptr + m[:, None] * stride_om + n[None, :]
@@ -154,6 +184,7 @@ def _gemm_kernel(
     one,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
+    E2M1: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -178,13 +209,17 @@ def _gemm_kernel(
         start = k0 + gi * KS  # first column of each slice; a slice lies inside one group
         s_ok = start < K
         words = tl.load(word_ptrs + k0 * BITS // 32, mask=n_ok[:, None, None] & s_ok[None, :, None], other=0)
-        f = _word_codes(words, one, BITS)  # [BLOCK_N, GS, KS]
         sb_mask = n_ok[:, None] & s_ok[None, :]
         sb_off = n[:, None] * stride_sn + (start // GROUP)[None, :]
-        s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * LEVELS
-        b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) - s
-        # code * scale + bias = f * (scale * LEVELS) + (bias - scale * LEVELS): one FMA per weight
-        w = tl.reshape((f * s[:, :, None] + b[:, :, None]).to(dt), (BLOCK_N, BLOCK_K))
+        if E2M1:
+            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * 16384.0
+            w = tl.reshape((_word_e2m1(words) * s[:, :, None]).to(dt), (BLOCK_N, BLOCK_K))
+        else:
+            f = _word_codes(words, one, BITS)  # [BLOCK_N, GS, KS]
+            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * LEVELS
+            b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) - s
+            # code * scale + bias = f * (scale * LEVELS) + (bias - scale * LEVELS): one FMA per weight
+            w = tl.reshape((f * s[:, :, None] + b[:, :, None]).to(dt), (BLOCK_N, BLOCK_K))
         col = k0 + jc
         xv = tl.load(
             x_ptr + m[:, None] * stride_xm + col[None, :] * stride_xk,
@@ -221,34 +256,40 @@ def _gemm_config(m: int, n: int, k: int, bits: int, dtype: torch.dtype) -> dict:
 
 
 def _check(
-    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group: int
-) -> None:
-    check_mode(bits, group)
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor | None, bits: int, group: int
+) -> str:
+    """The weight's code kind: "affine" with biases, "e2m1" (4-bit, no biases) without."""
+    code = "affine" if biases is not None else "e2m1"
+    check_mode(bits, group, code)
     k = x.shape[-1]
     n = packed.shape[0]
     if packed.dtype != torch.uint8 or packed.shape != (n, k * bits // 8):
         raise ValueError(f"packed {packed.dtype} {tuple(packed.shape)} does not hold {bits}-bit codes of {k} columns")
-    if k % group or scales.shape != (n, k // group) or biases.shape != scales.shape:
-        raise ValueError(f"scales {tuple(scales.shape)} / biases {tuple(biases.shape)} do not fit [{n}, {k}] / {group}")
+    if k % group or scales.shape != (n, k // group) or (biases is not None and biases.shape != scales.shape):
+        shapes = f"scales {tuple(scales.shape)}" + ("" if biases is None else f" / biases {tuple(biases.shape)}")
+        raise ValueError(f"{shapes} do not fit [{n}, {k}] / {group}")
+    return code
 
 
 def gemv(
     x: torch.Tensor,
     packed: torch.Tensor,
     scales: torch.Tensor,
-    biases: torch.Tensor,
+    biases: torch.Tensor | None,
     bits: int,
     group_size: int,
     *,
     rows_per_pass: int = GEMV_MAX_M,
     **config,
 ) -> torch.Tensor:
-    """The decode kernel for any M (passes of `rows_per_pass` rows); `config` overrides the block sizes."""
-    _check(x, packed, scales, biases, bits, group_size)
+    """The decode kernel for any M (passes of `rows_per_pass` rows); `config` overrides the block sizes.
+    `biases` None: the codes are e2m1 (4-bit)."""
+    code = _check(x, packed, scales, biases, bits, group_size)
     m, k = x.shape
     n = packed.shape[0]
     cfg = {**_gemv_config(n, k, bits, group_size), **config}
-    scales, biases, packed = scales.contiguous(), biases.contiguous(), packed.contiguous()
+    scales, packed = scales.contiguous(), packed.contiguous()
+    biases = scales if biases is None else biases.contiguous()  # (e2m1: never read)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
@@ -258,7 +299,7 @@ def gemv(
     _gemv_kernel[grid](
         x, words, scales, biases, out, m, n, k,
         x.stride(0), x.stride(1), words.stride(0), scales.stride(0), out.stride(0), _ONE_BITS,
-        BITS=bits, GROUP=group_size, ROWS=rows, BLOCK_M=triton.next_power_of_2(rows), **cfg,
+        BITS=bits, GROUP=group_size, E2M1=code == "e2m1", ROWS=rows, BLOCK_M=triton.next_power_of_2(rows), **cfg,
     )  # fmt: skip
     return out
 
@@ -267,17 +308,18 @@ def gemm(
     x: torch.Tensor,
     packed: torch.Tensor,
     scales: torch.Tensor,
-    biases: torch.Tensor,
+    biases: torch.Tensor | None,
     bits: int,
     group_size: int,
     **config,
 ) -> torch.Tensor:
-    """The tiled kernel for any M; `config` overrides the block sizes."""
-    _check(x, packed, scales, biases, bits, group_size)
+    """The tiled kernel for any M; `config` overrides the block sizes. `biases` None: e2m1 codes."""
+    code = _check(x, packed, scales, biases, bits, group_size)
     m, k = x.shape
     n = packed.shape[0]
     cfg = {**_gemm_config(m, n, k, bits, x.dtype), **config}
-    scales, biases, packed = scales.contiguous(), biases.contiguous(), packed.contiguous()
+    scales, packed = scales.contiguous(), packed.contiguous()
+    biases = scales if biases is None else biases.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
@@ -287,7 +329,7 @@ def gemm(
     _gemm_kernel[grid](
         x, words, scales, biases, out, m, n, k,
         x.stride(0), x.stride(1), words.stride(0), scales.stride(0), out.stride(0), _ONE_BITS,
-        BITS=bits, GROUP=group_size, GS=max(1, block_k // group_size),
+        BITS=bits, GROUP=group_size, E2M1=code == "e2m1", GS=max(1, block_k // group_size),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **cfg,
     )  # fmt: skip
     return out
@@ -300,3 +342,10 @@ def affine_matmul(
     x2 = x.reshape(-1, x.shape[-1])
     fn = gemv if x2.shape[0] <= GEMV_MAX_M else gemm
     return fn(x2, packed, scales, biases, bits, group_size).view(*x.shape[:-1], packed.shape[0])
+
+
+def e2m1_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """affine_matmul for e2m1 (fp4) codes: w = value * scale per group, no biases."""
+    x2 = x.reshape(-1, x.shape[-1])
+    fn = gemv if x2.shape[0] <= GEMV_MAX_M else gemm
+    return fn(x2, packed, scales, None, 4, group_size).view(*x.shape[:-1], packed.shape[0])
