@@ -1,6 +1,6 @@
 """Sparse mixture-of-experts MLP for torch: Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE, and
 gpt-oss through SparseMoE's options (router and expert biases, softmax over the top-k logits,
-clamped SwiGLU: `BiasedExperts`, computed by the grouped path, never the fused CUDA kernel).
+clamped SwiGLU: `BiasedExperts`).
 
 Routing (app/models/family_moe.py): softmax over all experts in float32, top-k, renormalised when
 the config says so. The experts are one of:
@@ -12,10 +12,15 @@ the config says so. The experts are one of:
   Python loop.
 - `QuantExperts` (quantized checkpoints, --isq): one quant_linear layer per expert and projection,
   the weights staying quantized. On CPU the same sorted grouping with one quantized matmul per
-  expert hit; on CUDA, when every expert shares one 4/8-bit mode, they are also held as stacked
-  packed tensors (`stack_for_cuda`) that the fused kernel dequantizes in registers. gpt-oss's
-  quantized experts (MXFP4 repacked at load by family_gptoss, --isq) are QuantExperts too, holding
-  BiasedExperts' stacked biases (`QuantExperts.replacing`); they always take the per-expert path.
+  expert hit; on CUDA, when every expert shares one mode (4/8-bit affine, or e2m1: MXFP4 / NVFP4),
+  they are also held as stacked packed tensors (`stack_for_cuda`) that the fused kernel dequantizes
+  in registers. gpt-oss's quantized experts (MXFP4 repacked at load by family_gptoss, --isq) are
+  QuantExperts too, holding BiasedExperts' stacked biases (`QuantExperts.replacing`).
+
+On CUDA every kind takes the fused kernel, with the experts' biases and the model's `glu` (gpt-oss's
+clamped SwiGLU runs in torch between its two GEMMs); so a decode step under a CUDA graph reads only
+the chosen experts' weights. Quantized experts that could not be stacked take the grouped path
+(eagerly) or, under capture, every expert (`_dense`).
 
 Tensor parallelism is not implemented for MoE layers (refused at construction).
 """
@@ -103,22 +108,21 @@ class QuantExperts(nn.Module):
         for layers in (self.gate_up_proj, self.down_proj):
             if not all(isinstance(m, TritonLinear) for m in layers):
                 return
-            if len({(m.code, m.bits, m.group_size) for m in layers}) != 1 or layers[0].code != "affine":
+            if len({(m.code, m.bits, m.group_size) for m in layers}) != 1:
                 return
-            stacks.append(
-                PackedExperts(
-                    torch.stack([m.packed for m in layers]),
-                    torch.stack([m.scales for m in layers]),
-                    torch.stack([m.biases for m in layers]),
-                    layers[0].bits,
-                    layers[0].group_size,
-                )
-            )
+            first = layers[0]
+            # e2m1 scales are held in the model's dtype where exact, else float32: one dtype for the stack
+            scale_dtype = first.scales.dtype if len({m.scales.dtype for m in layers}) == 1 else torch.float32
+            biases = None if first.biases is None else torch.stack([m.biases for m in layers])
+            scales = torch.stack([m.scales.to(scale_dtype) for m in layers])
+            packed = torch.stack([m.packed for m in layers])
+            stacks.append(PackedExperts(packed, scales, biases, first.bits, first.group_size, first.code))
         self.packed = (stacks[0], stacks[1])
         # One copy on the device: each expert's layer now reads views of the stacks.
         for layers, stack in zip((self.gate_up_proj, self.down_proj), stacks):
             for e, m in enumerate(layers):
-                m.packed, m.scales, m.biases = stack.packed[e], stack.scales[e], stack.biases[e]
+                m.packed, m.scales = stack.packed[e], stack.scales[e]
+                m.biases = None if stack.biases is None else stack.biases[e]
 
 
 class SparseMoE(nn.Module):
@@ -148,8 +152,6 @@ class SparseMoE(nn.Module):
         act = self.act
         self.glu = glu or (lambda gate, up: act(gate) * up)
         self.softmax_after_topk = softmax_after_topk
-        # The fused CUDA kernel computes act(gate) * up without biases: other experts take the grouped path.
-        self.fused_kernel_ok = glu is None and not expert_bias
         self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=router_bias)  # the router
         experts_cls = BiasedExperts if expert_bias else StackedExperts
         self.experts: nn.Module = experts_cls(moe.num_experts, cfg.hidden_size, moe.intermediate_size)
@@ -182,16 +184,18 @@ class SparseMoE(nn.Module):
         experts = self.experts
         if x.shape[0] == 0:
             return torch.zeros_like(x)
-        if ops.use_triton(x) and self.fused_kernel_ok:
+        if ops.use_triton(x):
             kernel_weights = None
-            if isinstance(experts, StackedExperts):
+            if isinstance(experts, (StackedExperts, BiasedExperts)):
                 kernel_weights = (experts.gate_up_proj, experts.down_proj)
             elif experts.packed is not None:
                 kernel_weights = experts.packed
             if kernel_weights is not None:
                 from lantern.backends.torch.kernels.triton_moe import fused_moe
 
-                return fused_moe(x, *kernel_weights, ids, weights, self.act_name)
+                biases = {"gate_up_bias": getattr(experts, "gate_up_proj_bias", None)}
+                biases["down_bias"] = getattr(experts, "down_proj_bias", None)
+                return fused_moe(x, *kernel_weights, ids, weights, self.act_name, glu=self.glu, **biases)
         if x.is_cuda and torch.cuda.is_current_stream_capturing() and not self._capturable_grouped_mm(x):
             return self._dense(x, ids, weights)  # the per-expert loop reads counts on the host
         k = self.top_k

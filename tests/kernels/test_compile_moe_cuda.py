@@ -2,8 +2,9 @@
 
 The approach of compile_for_cuda.py (Triton's wheel carries ptxas: source -> TTIR -> TTGIR -> LLVM
 -> PTX -> cubin on a CPU-only machine), for triton_moe's kernel at the block sizes fused_moe picks
-(decode and prefill tiles), float and 4/8-bit quantized experts, with and without the routing
-weight. This file is also the script the test runs, in a process without TRITON_INTERPRET.
+(decode and prefill tiles), float, 4/8-bit affine and e2m1 (fp4) experts, with and without the
+routing weight and the experts' output biases (gpt-oss). This file is also the script the test
+runs, in a process without TRITON_INTERPRET.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def cases() -> list[tuple[str, str, int, dict, dict]]:
     out = []
     combos = [
         # dtype, cap, pairs (decode / prefill tiles), bits (None: float experts), group, routing weight
+        # [, "e2m1" codes, output bias]
         ("bf16", 90, 8, None, 1, False),
         ("bf16", 90, 8, None, 1, True),
         ("bf16", 80, 4096, None, 1, True),
@@ -41,21 +43,29 @@ def cases() -> list[tuple[str, str, int, dict, dict]]:
         ("bf16", 80, 8, 8, 64, True),
         ("fp16", 90, 4096, 8, 32, False),
         ("fp32", 80, 16, 4, 128, True),
+        ("bf16", 90, 8, 4, 32, True, True, True),  # gpt-oss MXFP4 decode
+        ("bf16", 80, 4096, 4, 32, False, True, True),
+        ("bf16", 90, 4096, 4, 16, True, True, False),  # NVFP4
+        ("bf16", 90, 8, None, 1, True, False, True),  # gpt-oss in bf16
     ]
-    for dt, cap, pairs, bits, group, weighted in combos:
+    for dt, cap, pairs, bits, group, weighted, *rest in combos:
+        e2m1, out_bias = rest or (False, False)
         cfg = tm._config(pairs, torch_dtype[dt])
         options = {k: v for k, v in cfg.items() if k.startswith("num_")}
         consts = {k: v for k, v in cfg.items() if k not in options}
         consts.update(
             A_DIV=8 if not weighted else 1,
             MUL_WEIGHT=weighted,
+            OUT_BIAS=out_bias,
             QUANT=bits is not None,
+            E2M1=e2m1,
             BITS=bits or 16,
             GROUP=group,
             PRECISION="ieee" if dt == "fp32" else "tf32",
         )
-        kind = f"{bits}-bit g{group}" if bits else "float"
+        kind = ("e2m1" if e2m1 else f"{bits}-bit") + f" g{group}" if bits else "float"
         label = f"_moe_gemm_kernel {dt} sm_{cap} {kind} BLOCK_M={consts['BLOCK_M']} weighted={weighted}"
+        label += " biased" if out_bias else ""
         out.append((label, dt, cap, consts, options))
     return out
 
@@ -112,8 +122,9 @@ def test_moe_kernel_compiles_for_nvidia_targets(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     compiled = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert len(compiled) == 12
+    assert len(compiled) == 16
     assert any("bf16 sm_90 4-bit g64 BLOCK_M=64" in line for line in compiled)  # quantized prefill tile
+    assert any("bf16 sm_90 e2m1 g32 BLOCK_M=16 weighted=True biased" in line for line in compiled)
     assert any("bf16 sm_80 float BLOCK_M=64" in line for line in compiled)
 
 

@@ -8,6 +8,7 @@ through the torch layer's CPU path, which computes the same maths.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,3 +154,108 @@ def test_quantized_experts_stack_into_the_kernels_layout():
     torch.testing.assert_close(
         layers.down_proj[2](x[:, :inner]), x[:, :inner] @ dense["down"][2].T, atol=1e-4, rtol=1e-4
     )
+
+
+def e2m1_experts(e: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int) -> mr.PackedExperts:
+    """fp4 experts: every nibble is an e2m1 value (at most 6), scales giving weights of std ~1/sqrt(k)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (e, n, k), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(e, n, k // group, generator=g) + 0.5) / (3 * k**0.5)
+    packed = torch.stack([tq.pack_codes(c, 4) for c in codes])
+    return mr.PackedExperts(packed.to(DEVICE), scales.to(DEVICE, dtype), None, 4, group, "e2m1")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [16, 32])
+def test_fused_moe_on_e2m1_experts_with_biases_and_a_glu(group, dtype):
+    """gpt-oss's shape of MoE on fp4 experts: MXFP4 (g32) / NVFP4 (g16) codes, an output bias per
+    expert on both projections and the clamped SwiGLU between them."""
+    from lantern.backends.torch.moe import clamped_swiglu
+
+    tokens, experts, k, hidden, inner = 7, 4, 2, 64, 64
+    g = torch.Generator().manual_seed(group)
+    x = torch.randn(tokens, hidden, generator=g).to(DEVICE, dtype)
+    gate_up = e2m1_experts(experts, 2 * inner, hidden, group, dtype, seed=1)
+    down = e2m1_experts(experts, hidden, inner, group, dtype, seed=2)
+    biases = {"gate_up_bias": torch.randn(experts, 2 * inner, generator=g).to(DEVICE, dtype) * 0.3}
+    biases["down_bias"] = torch.randn(experts, hidden, generator=g).to(DEVICE, dtype) * 0.3
+    glu = clamped_swiglu(1.702, 1.0)
+    ids, weights = routing(tokens, experts, k, seed=9)
+    out = tm.fused_moe(x, gate_up, down, ids, weights, glu=glu, **biases, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    ref = mr.fused_moe_reference(x, gate_up, down, ids, weights, glu=glu, **biases)
+    assert_matches(out, ref, dtype)
+    unbiased = mr.fused_moe_reference(x, gate_up, down, ids, weights, glu=glu)
+    assert (ref.float() - unbiased.float()).abs().max() > 0.05  # the biases count
+    with pytest.raises(ValueError, match="expert biases"):
+        tm.fused_moe(x, gate_up, down, ids, weights, gate_up_bias=biases["down_bias"], **SMALL)
+
+
+def test_the_reference_adds_biases_and_applies_the_glu_per_pair():
+    """The reference on one token by hand: sum over its experts of w * (down(glu(gate, up) + b2))."""
+    from lantern.backends.torch.moe import clamped_swiglu
+
+    x = torch.randn(1, 8)
+    gate_up, down = torch.randn(3, 10, 8), torch.randn(3, 8, 5)
+    b1, b2 = torch.randn(3, 10), torch.randn(3, 8)
+    ids, weights = torch.tensor([[2, 0]]), torch.tensor([[0.7, 0.3]])
+    glu = clamped_swiglu(1.702, 7.0)
+    want = torch.zeros(8)
+    for e, w in zip(ids[0].tolist(), weights[0].tolist()):
+        h = gate_up[e] @ x[0] + b1[e]
+        want += w * (down[e] @ glu(h[:5], h[5:]) + b2[e])
+    got = mr.fused_moe_reference(x, gate_up, down, ids, weights, glu=glu, gate_up_bias=b1, down_bias=b2)
+    torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)
+
+
+def gpt_oss_moe(tokens: int):
+    from lantern.app.models.spec import ModelConfig
+    from lantern.backends.torch.moe import SparseMoE, clamped_swiglu
+    from tests.unit.test_moe import hf_config
+
+    cfg = ModelConfig.from_hf(
+        hf_config(
+            "gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=8, swiglu_limit=2.0, intermediate_size=64
+        ).to_dict()  # MXFP4's groups of 32 need both widths a multiple of 32
+    )
+    moe = SparseMoE(cfg, router_bias=True, expert_bias=True, glu=clamped_swiglu(1.702, 2.0), softmax_after_topk=True)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, 0.5)
+    return moe.eval(), torch.randn(tokens, cfg.hidden_size)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_gpt_oss_experts_take_the_fused_kernel(quantized, monkeypatch):
+    """SparseMoE.routed on gpt-oss's experts (float BiasedExperts, or MXFP4 QuantExperts stacked as on
+    CUDA) with the Triton path switched on == the same layer's CPU path (the grouped matmuls, which
+    test_moe.py checks against the dense path), and the kernel is what ran."""
+    from lantern.app.models.quant.affine import ErrorLog
+    from lantern.app.models.quant.microscaled import MxWeight
+    from lantern.backends.torch import moe as moe_mod
+    from lantern.backends.torch.kernels import ops
+    from lantern.backends.torch.quant_linear import quantized_linear
+
+    moe, x = gpt_oss_moe(5)
+    if quantized:  # MXFP4 experts as family_gptoss leaves them: Triton layers, then stacked
+        experts = moe_mod.QuantExperts.replacing(moe.experts)
+        rng = np.random.default_rng(0)
+        for name, proj in (("gate_up", experts.gate_up_proj), ("down", experts.down_proj)):
+            n, k = getattr(moe.experts, f"{name}_proj").shape[1:]
+            for e in range(len(proj)):
+                words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)
+                w = MxWeight("mxfp4", words, rng.integers(119, 123, (n, k // 32)).astype(np.uint8), "t").portable()
+                proj[e] = quantized_linear(w, None, "cpu", torch.float32, ErrorLog(), kernel="triton")
+        experts.stack_for_cuda()
+        assert experts.packed is not None and experts.packed[0].code == "e2m1"
+        moe.experts = experts
+    calls = []
+    real = tm.fused_moe
+    monkeypatch.setattr(tm, "fused_moe", lambda *a, **kw: calls.append(kw) or real(*a, **kw, **SMALL))
+    with torch.no_grad():
+        ids, weights = moe.route(x)
+        want = moe.routed(x, ids, weights)
+        monkeypatch.setattr(ops, "use_triton", lambda t: True)
+        got = moe.routed(x, ids, weights)
+    assert len(calls) == 1 and calls[0]["glu"] is moe.glu and calls[0]["down_bias"] is not None
+    assert_matches(got, want, torch.float32)

@@ -8,18 +8,22 @@
    from T, k and E alone (no host sync): decode steps run inside CUDA graphs.
 2. `_moe_gemm_kernel` (gate_up): each program takes one block of pairs and BLOCK_N output columns,
    gathers the pairs' token rows of x, and multiplies by its expert's matrix -> [T*k, 2I].
-3. act(gate) * up in torch ([T*k, I]).
+3. act(gate) * up in torch ([T*k, I]), or the model's own `glu` (gpt-oss's clamped SwiGLU).
 4. `_moe_gemm_kernel` (down) on those rows, each multiplied by its routing weight in float32 before
    the store -> [T*k, H]; the k rows of each token are summed in float32.
 
-Weights are float [E, N, K] or group-quantized `PackedExperts` (4-bit nibbles / 8-bit bytes with
-per-group scale and bias, the layout of quant_reference.py): quantized tiles are dequantized in
+Each GEMM adds its expert's output bias (gpt-oss) in float32 before the routing weight. Weights are
+float [E, N, K] or group-quantized `PackedExperts` (4-bit nibbles / 8-bit bytes with per-group scale
+and bias, the layout of quant_reference.py; or e2m1 nibbles with a scale per group, MXFP4 / NVFP4,
+decoded through a float16 as in triton_quant._word_e2m1): quantized tiles are dequantized in
 registers and fed to tl.dot in the activations' dtype, so expert weights stay quantized in memory.
 Block sizes are fixed per (dtype, pair count) rather than autotuned, for the same reason as in
 triton_quant.py (CUDA graphs, no benchmarking pass at start-up). Not yet timed on a GPU.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
@@ -34,6 +38,7 @@ def _moe_gemm_kernel(
     w_ptr,
     scale_ptr,
     bias_ptr,
+    out_bias_ptr,
     out_ptr,
     rw_ptr,
     sorted_ptr,
@@ -46,10 +51,13 @@ def _moe_gemm_kernel(
     stride_wn,
     stride_se,
     stride_sn,
+    stride_obe,
     stride_om,
     A_DIV: tl.constexpr,  # pair p reads row p // A_DIV of a: top_k for x, 1 for the [T*k, I] activations
     MUL_WEIGHT: tl.constexpr,  # scale each output row by its pair's routing weight (float32)
+    OUT_BIAS: tl.constexpr,  # add the expert's output bias [E, N] (gpt-oss)
     QUANT: tl.constexpr,
+    E2M1: tl.constexpr,  # (QUANT, 4-bit) the codes are fp4 values: w = value * scale, no bias
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -86,11 +94,17 @@ def _moe_gemm_kernel(
                 code = tl.load(w_ptr + e * stride_we + n[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0)
             sb = e * stride_se + n[:, None] * stride_sn + (kk // GROUP)[None, :]
             s = tl.load(scale_ptr + sb, mask=w_mask, other=0.0).to(tl.float32)
-            b = tl.load(bias_ptr + sb, mask=w_mask, other=0.0).to(tl.float32)
-            w = (code.to(tl.float32) * s + b).to(dt)
+            if E2M1:  # exponent and mantissa bits under float16's exponent, the sign on top: value * 2^-14
+                h = ((code & 7) << 9) | ((code & 8) << 12)
+                w = (h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * (s * 16384.0)).to(dt)
+            else:
+                b = tl.load(bias_ptr + sb, mask=w_mask, other=0.0).to(tl.float32)
+                w = (code.to(tl.float32) * s + b).to(dt)
         else:
             w = tl.load(w_ptr + e * stride_we + n[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0.0)
         acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    if OUT_BIAS:
+        acc += tl.load(out_bias_ptr + e * stride_obe + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if MUL_WEIGHT:
         rw = tl.load(rw_ptr + pair, mask=m_ok, other=0.0)
         acc = acc * rw[:, None]
@@ -140,14 +154,18 @@ def moe_gemm(
     num_pairs: int,
     a_div: int,
     routing: torch.Tensor | None = None,
+    out_bias: torch.Tensor | None = None,
     **config,
 ) -> torch.Tensor:
-    """out[p] = a[p // a_div] @ W[expert(p)].T (* routing[p]) for each real pair p -> [num_pairs, N]."""
+    """out[p] = (a[p // a_div] @ W[expert(p)].T + out_bias[expert(p)]) (* routing[p]) for each real pair p
+    -> [num_pairs, N]."""
     cfg = {**_config(num_pairs, a.dtype), **config}
     block_m = cfg.pop("BLOCK_M")
-    _, n, k = w.shape
+    e, n, k = w.shape
     if a.shape[1] != k:
         raise ValueError(f"activations have {a.shape[1]} features, the experts take {k}")
+    if out_bias is not None and tuple(out_bias.shape) != (e, n):
+        raise ValueError(f"expert biases {tuple(out_bias.shape)} do not fit {e} experts of {n} outputs")
     if sorted_ids.numel() % block_m or block_expert.numel() != sorted_ids.numel() // block_m:
         raise ValueError(f"sorted ids of length {sorted_ids.numel()} are not aligned to BLOCK_M={block_m}")
     a = a.contiguous()
@@ -155,20 +173,23 @@ def moe_gemm(
     if num_pairs == 0:
         return out
     quant = isinstance(w, PackedExperts)
+    e2m1 = quant and w.code == "e2m1"
     if quant:
-        data, scales, biases = w.packed.contiguous(), w.scales.contiguous(), w.biases.contiguous()
+        data, scales = w.packed.contiguous(), w.scales.contiguous()
+        biases = scales if w.biases is None else w.biases.contiguous()  # (e2m1: never read)
         bits, group = w.bits, w.group_size
     else:
         data = w.contiguous()
         scales = biases = data  # unused: the kernel's QUANT branch is compiled out
         bits, group = 16, 1
+    ob = out if out_bias is None else out_bias.contiguous()
     rw = routing.float().contiguous() if routing is not None else out
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), block_expert.numel())
     _moe_gemm_kernel[grid](
-        a, data, scales, biases, out, rw, sorted_ids, block_expert, num_pairs, n, k,
-        a.stride(0), data.stride(0), data.stride(1), scales.stride(0), scales.stride(1), out.stride(0),
-        A_DIV=a_div, MUL_WEIGHT=routing is not None, QUANT=quant, BITS=bits, GROUP=group, BLOCK_M=block_m,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", **cfg,
+        a, data, scales, biases, ob, out, rw, sorted_ids, block_expert, num_pairs, n, k,
+        a.stride(0), data.stride(0), data.stride(1), scales.stride(0), scales.stride(1), ob.stride(0), out.stride(0),
+        A_DIV=a_div, MUL_WEIGHT=routing is not None, OUT_BIAS=out_bias is not None, QUANT=quant, E2M1=e2m1,
+        BITS=bits, GROUP=group, BLOCK_M=block_m, PRECISION="ieee" if a.dtype == torch.float32 else "tf32", **cfg,
     )  # fmt: skip
     return out
 
@@ -180,17 +201,23 @@ def fused_moe(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     act: str = "silu",
+    *,
+    glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
     **config,
 ) -> torch.Tensor:
-    """x [T, H] through each token's k experts, weighted and summed -> [T, H] in x's dtype.
+    """x [T, H] through each token's k experts, weighted and summed -> [T, H] in x's dtype. `glu(gate, up)`
+    replaces act(gate) * up; the biases ([E, 2I], [E, H]) are added to each expert's outputs.
     `config` overrides the block sizes (the interpreter tests use tiny ones)."""
     t, k = topk_ids.shape
     pairs = t * k
     block_m = config.get("BLOCK_M") or _config(pairs, x.dtype)["BLOCK_M"]
     sorted_ids, block_expert = align_by_expert(topk_ids, gate_up.shape[0], block_m)
     cfg = {**config, "BLOCK_M": block_m}
-    h = moe_gemm(x, gate_up, sorted_ids, block_expert, pairs, k, **cfg)
+    h = moe_gemm(x, gate_up, sorted_ids, block_expert, pairs, k, out_bias=gate_up_bias, **cfg)
     inner = h.shape[1] // 2
-    a = ACTIVATIONS[act](h[:, :inner]) * h[:, inner:]
-    y = moe_gemm(a, down, sorted_ids, block_expert, pairs, 1, routing=topk_weights.reshape(-1), **cfg)
+    a = glu(h[:, :inner], h[:, inner:]) if glu is not None else ACTIVATIONS[act](h[:, :inner]) * h[:, inner:]
+    routing = topk_weights.reshape(-1)
+    y = moe_gemm(a, down, sorted_ids, block_expert, pairs, 1, routing=routing, out_bias=down_bias, **cfg)
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
