@@ -20,14 +20,11 @@ interleaved, and in the OpenAI release MXFP4-quantized (`*_blocks` uint8 [E, out
 e2m1 codes per byte, low nibble first; `*_scales` uint8 [E, out, in / 32]: e8m0 exponents, bias 127).
 checkpoint_tensors() turns them into the model files' layout: [E, out, in], gate rows then up rows,
 the router named `mlp.gate` like the other mixtures. MXFP4 experts stay MXFP4 on MLX (packed codes
-as uint32 + scales, for gather_qmm's mxfp4 mode). torch has no fp4 kernel: they are repacked, expert
-by expert, as 4-bit g32 affine weights (`mxfp4_to_affine`), which its int4pack (CPU) and Triton
-(CUDA) kernels compute on still quantized (~1.2x the MXFP4 bytes with bf16 scales and zeros). Not
-exact: e2m1's levels (0, .5, 1, 1.5, 2, 3, 4, 6) are not uniform, so each group gets the 16-level
-grid of least squared error among three (step 0.5 from the group's minimum, step 0.5 ending at its
-maximum: both exact for groups spanning <= 7.5; min-max over 15 steps); on Gaussian-like weights
-~6% relative error against the MXFP4 values (MXFP4 itself is ~11% from the float weights it rounded).
-The error is measured and logged. A GGUF file's experts (llama.cpp's "gpt-oss": ggml MXFP4 blocks,
+as uint32 + scales, for gather_qmm's mxfp4 mode). On torch each expert's projection becomes the
+exact shared form of an fp4 weight (`MxWeight.portable()`: 5-bit codes, twice the e2m1 value + 12),
+which the backend's layers keep at 4 bits: e2m1 nibbles in the Triton kernels (CUDA), 4-bit indices
+into a 16-code table in the VNNI CPU kernels; only CPUs with neither requantize (logged by the layer).
+A GGUF file's experts (llama.cpp's "gpt-oss": ggml MXFP4 blocks,
 gate and up stored apart) reach checkpoint_tensors as the same blocks and scales, gate rows first
 (gguf_arch.gptoss_experts; interleaved=False).
 """
@@ -41,8 +38,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from lantern.app.models.family_moe import MoEConfig
 from lantern.app.models.quant.affine import AffineWeight
+from lantern.app.models.quant.microscaled import MxWeight, checked
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -171,12 +171,11 @@ def checkpoint_tensors(
     """A gpt-oss checkpoint's tensors in the model files' terms (module docstring). Float experts
     come out as `<layer>.mlp.experts.{gate_up_proj,down_proj}` [E, out, in] (gate rows first) with
     `..._bias` [E, out]; MXFP4 ones on MLX ("mlx") as the same names holding packed uint32 codes
-    [E, out, in / 8] plus `..._scales` uint8 [E, out, in / 32], on torch ("pt") as one 4-bit g32
-    AffineWeight per expert and projection (`<layer>.mlp.experts.<e>.<gate|up|down>_proj.weight`,
+    [E, out, in / 8] plus `..._scales` uint8 [E, out, in / 32], on torch ("pt") as one exact 5-bit
+    AffineWeight (MxWeight.portable()) per expert and projection (`<layer>.mlp.experts.<e>.<gate|up|down>_proj.weight`,
     the names of per-expert checkpoints), the biases still stacked. interleaved=False: gate_up's
     rows are already gate rows first (a GGUF file's, joined by gguf_arch.gptoss_experts)."""
     halves: dict[str, dict[str, Any]] = {}  # MXFP4 blocks waiting for their scales, or the reverse
-    repacked, worst = 0, 0.0
     for name, value in source:
         if ".mlp.router." in name:
             yield name.replace(".mlp.router.", ".mlp.gate."), value
@@ -213,28 +212,17 @@ def checkpoint_tensors(
                 yield f"{path}.{proj}", blocks.reshape(e, rows, groups * 16).view(mx.uint32)
                 yield f"{path}.{proj}_scales", scales
             else:
-                diff2 = norm2 = 0.0
                 for e in range(blocks.shape[0]):  # one expert's unpacked codes at a time
-                    weight, d2, n2 = mxfp4_to_affine(blocks[e], scales[e])
-                    diff2, norm2 = diff2 + d2, norm2 + n2
+                    weight = mxfp4_weight(blocks[e], scales[e])
                     if gate_up:
                         inner = weight.shape[0] // 2
                         yield f"{path}.{e}.gate_proj.weight", weight.rows(0, inner)
                         yield f"{path}.{e}.up_proj.weight", weight.rows(inner, 2 * inner)
                     else:
                         yield f"{path}.{e}.down_proj.weight", weight
-                repacked += 1
-                worst = max(worst, (diff2 / norm2) ** 0.5 if norm2 else 0.0)
     if halves:
         prefix, got = next(iter(halves.items()))
         raise ValueError(f"checkpoint has {prefix}{next(iter(got))} without its MXFP4 partner")
-    if repacked:
-        logger.info(
-            "%d MXFP4 expert tensors repacked to 4-bit g32 affine for torch (no fp4 kernel; e2m1's levels are "
-            "not uniform, so not exact): relative error up to %.2e against the MXFP4 values",
-            repacked,
-            worst,
-        )
 
 
 def _transposed(value: Any) -> Any:
@@ -285,42 +273,13 @@ def dequantize_mxfp4(blocks: Any, scales: Any) -> Any:
     return out.reshape(*lead, groups * 2 * width)
 
 
-def mxfp4_to_affine(blocks: Any, scales: Any) -> tuple[AffineWeight, float, float]:
-    """One expert's MXFP4 matrix (blocks uint8 [rows, G, 16], scales uint8 [rows, G]) as a 4-bit
-    g32 AffineWeight (module docstring: per group the least-squares grid of three), with the sums
-    of squared error and of squared MXFP4 values (float64) for the caller's relative error."""
-    import torch
-
-    blocks, scales = torch.as_tensor(blocks), torch.as_tensor(scales)
+def mxfp4_weight(blocks: Any, scales: Any) -> AffineWeight:
+    """One expert's MXFP4 matrix (blocks uint8 [rows, G, 16], scales uint8 [rows, G]) as the exact
+    shared form of fp4 (module docstring): 16 bytes a group, low nibble first, are MLX's mxfp4 words."""
+    blocks, scales = np.asarray(blocks), np.asarray(scales)
     rows, groups, _ = blocks.shape
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
-    codes = blocks.to(torch.int32)
-    v = torch.stack([lut[codes & 0x0F], lut[codes >> 4]], dim=-1).reshape(rows, groups, 32)
-    del codes
-    lo, hi = v.amin(dim=-1), v.amax(dim=-1)
-    best_q = best_start = best_step = best_err = None
-    half = torch.full_like(lo, 0.5)
-    # In units of the group's power of two: step 0.5 from the minimum / up to the maximum, min-max.
-    for start, step in ((lo, half), (hi - 7.5, half), (lo, (hi - lo) / 15)):
-        step = torch.where(step > 0, step, torch.ones_like(step))  # a constant group: any step
-        q = ((v - start[..., None]) / step[..., None]).round_().clamp_(0, 15)
-        err = (q * step[..., None] + start[..., None] - v).square_().sum(dim=-1)
-        if best_err is None:
-            best_q, best_start, best_step, best_err = q, start, step, err
-            continue
-        better = err < best_err
-        best_q = torch.where(better[..., None], q, best_q)
-        best_start, best_step = torch.where(better, start, best_start), torch.where(better, step, best_step)
-        best_err = torch.minimum(err, best_err)
-    power = torch.exp2(scales.to(torch.float64) - 127.0)  # e8m0: 2 ** (s - 127), exact in float64
-    diff2 = float((best_err.to(torch.float64) * power.square()).sum())
-    norm2 = float((v.square().sum(dim=-1).to(torch.float64) * power.square()).sum())
-    weight = AffineWeight(
-        best_q.to(torch.uint8).reshape(rows, groups * 32).numpy(),
-        (best_step.to(torch.float64) * power).to(torch.float32).numpy(),
-        (best_start.to(torch.float64) * power).to(torch.float32).numpy(),
-        4,
-        32,
-        "MXFP4",
-    )
-    return weight, diff2, norm2
+    words = np.ascontiguousarray(blocks, np.uint8).reshape(rows, groups * 16).view("<u4")
+    fp4 = MxWeight("mxfp4", words.astype(np.uint32, copy=False), np.ascontiguousarray(scales, np.uint8), "MXFP4")
+    w = checked(fp4, "gpt-oss experts").portable()
+    assert isinstance(w, AffineWeight)
+    return w
