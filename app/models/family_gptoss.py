@@ -23,7 +23,8 @@ the router named `mlp.gate` like the other mixtures. MXFP4 experts stay MXFP4 on
 as uint32 + scales, for gather_qmm's mxfp4 mode). On torch each expert's projection becomes the
 exact shared form of an fp4 weight (`MxWeight.portable()`: 5-bit codes, twice the e2m1 value + 12),
 which the backend's layers keep at 4 bits: e2m1 nibbles in the Triton kernels (CUDA), 4-bit indices
-into a 16-code table in the VNNI CPU kernels; only CPUs with neither requantize (logged by the layer).
+into a 16-code table in the VNNI CPU kernels. CPUs without those kernels hold them as int8 per
+channel (requantized: ~0.8% error on e2m1 values, logged by the layer; twice MXFP4's bytes).
 A GGUF file's experts (llama.cpp's "gpt-oss": ggml MXFP4 blocks,
 gate and up stored apart) reach checkpoint_tensors as the same blocks and scales, gate rows first
 (gguf_arch.gptoss_experts; interleaved=False).

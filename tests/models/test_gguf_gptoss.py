@@ -317,8 +317,8 @@ def test_mxfp4_experts_match_transformers(gptoss_gguf, backend, tmp_path, caplog
     MLX: kept MXFP4 (gather_qmm's mxfp4 mode), 1e-4 and 32 greedy tokens equal. torch with the VNNI
     CPU kernels: the MXFP4 values kept too (4-bit indices into 16 codes; its int8 inputs cost 1e-3 of
     the logits' largest magnitude at most, measured 7e-5), the same top token at every position.
-    Without them, requantized to int4 g32 (logged with its error): within 1% of transformers holding
-    the requantized values and under 4x the logged weight error against the MXFP4 values."""
+    Without them, requantized to int8 per channel (logged with its error, < 1%): within 1% of the
+    largest logit of transformers holding the requantized values, the same top token everywhere."""
     path, ref = gptoss_gguf("MXFP4")
     llm = LLM(str(path), backend=backend, **LLM_OPTIONS)
     try:
@@ -331,7 +331,7 @@ def test_mxfp4_experts_match_transformers(gptoss_gguf, backend, tmp_path, caplog
             assert all(isinstance(p, QuantExpertLinear) and p.mode == "mxfp4" for p in projs)
         else:
             weight_error = check_torch_experts(experts, caplog.records)
-            assert weight_error < 0.15
+            assert weight_error < 0.01
         prompt_ids = llm.tokenizer.encode(PROMPT)
         model = hf_model(str(ref))
         greedy = hf_greedy(model, prompt_ids, 32)
@@ -356,7 +356,6 @@ def test_mxfp4_experts_match_transformers(gptoss_gguf, backend, tmp_path, caplog
             torch_ref = torch_reference(held, str(folder))(tokens).logits[0].numpy()[positions]
         np.testing.assert_allclose(ours, torch_ref, atol=0.01 * np.abs(torch_ref).max(), rtol=0)
         assert np.array_equal(ours.argmax(axis=-1), torch_ref.argmax(axis=-1))
-        assert np.linalg.norm(ours - expected) / np.linalg.norm(expected) < 4 * weight_error
     finally:
         llm.engine.shutdown()
 

@@ -74,10 +74,10 @@ def mxfp4_folder(tiny_model_dir, tmp_path_factory):
 def check_torch_experts(experts, records) -> float:
     """What the torch backend holds gpt-oss's MXFP4 experts as, asserted; returns the logged
     requantization error (0.0 where exact). With the VNNI CPU kernels: the MXFP4 values exactly, as
-    4-bit indices into a table of 16 codes; without (no native kernels): requantized to int4pack g32
-    and logged once."""
+    4-bit indices into a table of 16 codes; without (no native kernels): requantized to int8 per
+    channel and logged once."""
     from lantern.backends.torch.moe import QuantExperts
-    from lantern.backends.torch.quant_linear import Int4PackLinear
+    from lantern.backends.torch.quant_linear import Int8PackLinear
     from lantern.backends.torch.vnni_linear import VnniLinear
     from tests.models.quant_logits import torch_cpu_vnni
 
@@ -88,14 +88,14 @@ def check_torch_experts(experts, records) -> float:
         assert all(isinstance(m, VnniLinear) and m.lut is not None and m.bits == 4 for m in layers)
         assert not warned
         return 0.0
-    assert all(isinstance(m, Int4PackLinear) for m in layers) and len(warned) == 1
+    assert all(isinstance(m, Int8PackLinear) for m in layers) and len(warned) == 1
     return float(warned[0].rsplit("up to ", 1)[1])
 
 
 def torch_reference(model, folder):
     """transformers' model holding what torch computes from the MXFP4 folder: the MXFP4 values
     themselves where the VNNI layers keep them (the model as it is); else each expert requantized to
-    4-bit g32 with int4pack's bf16 scales and zeros, in transformers' [E, in, out] interleaved layout."""
+    int8 per channel as Int8PackLinear holds it, in transformers' [E, in, out] interleaved layout."""
     from tests.models.quant_logits import torch_cpu_vnni
 
     if torch_cpu_vnni():
@@ -111,11 +111,8 @@ def torch_reference(model, folder):
             continue
         blocks, scales = tensors[f"{name}_blocks"], tensors[f"{name}_scales"]
         for e in range(blocks.shape[0]):
-            w = requantize(mxfp4_weight(blocks[e], scales[e]), 4, 32)[0]
-            codes = torch.from_numpy(w.codes.astype(np.float32)).view(w.shape[0], -1, 32)
-            stored_scales = torch.from_numpy(w.scales).bfloat16().float()
-            zeros = torch.from_numpy(w.biases + 8 * w.scales).bfloat16().float()  # int4pack: (q - 8) * s + zero
-            values = ((codes - 8) * stored_scales[..., None] + zeros[..., None]).view(w.shape)
+            w = requantize(mxfp4_weight(blocks[e], scales[e]), 8, 0, symmetric=True)[0]  # codes centred on 128
+            values = (torch.from_numpy(w.codes.astype(np.float32)) - 128) * torch.from_numpy(w.scales)
             with torch.no_grad():
                 param[e] = values.T  # rows in the checkpoint's (interleaved) order, as the blocks are
     return model
@@ -128,8 +125,9 @@ def test_mxfp4_folder_matches_transformers(tiny_model_dir, mxfp4_folder, backend
     MLX keeps the experts MXFP4: 1e-4. torch keeps the MXFP4 values too (`check_torch_experts`): the
     VNNI layers quantize their inputs to int8 in two levels, so 1e-3 of the logits' largest magnitude
     (measured 6.6e-5). Without those kernels (LANTERN_CPU_KERNELS=0) the experts are requantized to
-    4-bit (logged: 9.2% here): against transformers holding the requantized values 8e-2 (int4pack rounds
-    activations to bf16), against the MXFP4 values under 4x the logged weight error (measured 2.7x).
+    int8 per channel (logged): against transformers holding the requantized values 5e-2 (int8pack rounds
+    activations to bf16), against the MXFP4 values under 4x the logged weight error (measured 1.7% for
+    a weight error of 0.68%).
     The top token agrees at every forced position."""
     from transformers import AutoModelForCausalLM
 
@@ -169,15 +167,15 @@ def test_mxfp4_folder_matches_transformers(tiny_model_dir, mxfp4_folder, backend
     with torch.no_grad():
         requantized = torch_reference(ref_model, mxfp4_folder)(torch.tensor([prompt_ids + forced])).logits[0]
     requantized = requantized.numpy()[[pos for pos, _ in rows]]
-    np.testing.assert_allclose(ours, requantized, atol=8e-2, rtol=0)  # measured 4.4e-2 (|logits| <= 6.2)
+    np.testing.assert_allclose(ours, requantized, atol=8e-2, rtol=0)  # measured 5.3e-2 (|logits| <= 6.2)
     assert np.array_equal(ours.argmax(axis=-1), requantized.argmax(axis=-1))
     assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 4 * weight_error
 
 
 def test_mxfp4_experts_stay_quantized_on_torch(mxfp4_folder):
     """The experts' device bytes within 1.3x of the checkpoint's MXFP4 blocks + scales: 20 bytes per 32
-    weights against 17 (4-bit codebook indices with float16 scales and biases on the VNNI layers; int4
-    codes with bf16 scales and zeros on int4pack)."""
+    weights against 17 (4-bit codebook indices with float16 scales and biases on the VNNI layers).
+    Without those kernels int8 per channel: 32 bytes per 32 weights plus a scale per row (2.03x here)."""
     from safetensors.torch import load_file
 
     from lantern.app.engine import LLM
@@ -194,7 +192,9 @@ def test_mxfp4_experts_stay_quantized_on_torch(mxfp4_folder):
         experts = layer.mlp.experts
         ours += sum(quantized_bytes(m) for m in [*experts.gate_up_proj, *experts.down_proj])
         assert not any(p.dtype.is_floating_point and p.dim() == 3 for p in experts.parameters())
-    assert mxfp4 < ours <= 1.3 * mxfp4
+    from tests.models.quant_logits import torch_cpu_vnni
+
+    assert mxfp4 < ours <= (1.3 if torch_cpu_vnni() else 2.1) * mxfp4
 
 
 # ---- bfloat16 and batching on both backends -----------------------------------------------------------

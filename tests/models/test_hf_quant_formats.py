@@ -50,6 +50,9 @@ CASES = [
     ("gptq3", "llama2"),
     ("gptq2", "qwen2"),
     ("gptq_act", "qwen2"),  # act-order: columns sorted into their groups, the permutation kept
+    ("gptq_dynamic", "llama2"),  # GPTQModel's per-module regexes: other bits / groups, or float
+    ("autoround", "qwen2"),  # AutoRound over GPTQ v1 packing, extra_config per module
+    ("autoround_awq", "llama2"),  # AutoRound over AWQ GEMM packing
     ("fp8", "llama2"),
     ("fbgemm_fp8", "llama2"),
     ("fp8_tensor", "llama2"),
@@ -130,6 +133,7 @@ def test_every_quantized_module_reads_exactly_to_the_reference_weights(folders, 
     assert not any(n.endswith(".bias") for n in members)
     projections = 7 * 2
     expected = {"mlx4": projections + 2, "mlx8": projections + 2, "mlx_mixed": projections + 1}.get(kind, projections)
+    expected -= {"gptq_dynamic": 1, "autoround": 1, "autoround_awq": 1}.get(kind, 0)  # modules kept float
     assert len(modules) == expected
     for prefix, w in weights.items():
         exact = reference[f"{prefix}.weight"]
@@ -405,7 +409,19 @@ REFUSED = [
     ({"quant_method": "gptq", "bits": 5, "group_size": 128}, "quantization_config.bits=5"),
     ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, 'checkpoint_format="marlin"'),
     ({"quant_method": "gptq", "bits": 4, "is_marlin_format": True}, 'checkpoint_format="marlin"'),
-    ({"quant_method": "gptq", "bits": 4, "dynamic": {"-:.*mlp.*": {}}}, "quantization_config.dynamic="),
+    (
+        {"quant_method": "gptq", "bits": 4, "dynamic": {"+:.*mlp.*": {"bits": 5}}},
+        "quantization_config.dynamic['+:.*mlp.*'].bits=5",
+    ),
+    ({"quant_method": "gptq", "bits": 4, "dynamic": {"+:(": {}}}, "quantization_config.dynamic['+:(']"),
+    ({"quant_method": "gptq", "bits": 4, "dynamic": {".*": {"pack_dtype": "int8"}}}, '.pack_dtype="int8"'),
+    ({"quant_method": "auto-round", "bits": 4, "packing_format": "auto_round:fp8"}, 'packing_format="auto_round:fp8"'),
+    ({"quant_method": "auto-round", "bits": 4, "data_type": "nv_fp"}, 'quantization_config.data_type="nv_fp"'),
+    ({"quant_method": "auto-round", "bits": 8, "packing_format": "auto_round:auto_awq"}, "quantization_config.bits=8"),
+    (
+        {"quant_method": "auto-round", "extra_config": {"m": {"bits": 6}}},
+        "quantization_config.extra_config['m'].bits=6",
+    ),
     ({"quant_method": "fp8", "fmt": "e5m2"}, 'quantization_config.fmt="e5m2"'),
     ({"quant_method": "fp8", "scale_fmt": "ue8m0"}, 'quantization_config.scale_fmt="ue8m0"'),
     ({"group_size": 32, "bits": 4, "mode": "fp6"}, 'quantization_config.mode="fp6"'),

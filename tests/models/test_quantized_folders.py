@@ -33,6 +33,8 @@ CONVERTED = {
     ("torch", "ct_mxfp4"): {"proj": PER_CHANNEL_INT8},
     ("torch", "ct_nvfp4"): {"proj": PER_CHANNEL_INT8},
     ("torch", "modelopt_nvfp4"): {"proj": PER_CHANNEL_INT8},
+    ("torch", "gptq_dynamic"): {"down_proj": PER_CHANNEL_INT8},  # its 8-bit g64 modules
+    ("torch", "autoround"): {"layers.0.self_attn.k_proj": PER_CHANNEL_INT8},  # 8-bit g32
 }
 # Converted on every torch CPU: nvfp4's 16-wide groups have no layout (the VNNI layers take 8-bit g32).
 ALWAYS_CONVERTED = {
@@ -68,6 +70,7 @@ KINDS += ["mlx_mxfp4", "mlx_nvfp4", "mlx_mxfp8"]  # MLX's microscaled modes (wri
 KINDS += ["ct_nvfp4", "ct_mxfp4", "ct_mxfp8"]  # compressed-tensors' (NVFP4 with its per-tensor global scale)
 KINDS += ["modelopt_fp8", "modelopt_nvfp4"]  # NVIDIA ModelOpt (FP8 KV-cache scales skipped; hf_quant_config.json)
 KINDS += ["fbgemm_fp8"]  # Meta's FP8 (a scale per row)
+KINDS += ["gptq_dynamic", "autoround", "autoround_awq"]  # modes per module: GPTQModel's dynamic, AutoRound
 
 
 @pytest.fixture(scope="module")

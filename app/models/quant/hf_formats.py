@@ -12,12 +12,13 @@ Packing facts the readers rely on (published by each format; the code is Lantern
 - AWQ GEMM (AutoAWQ): `qweight` int32 [in, out/8] packs 8 output columns per word, nibble i holding
   column 8k + AWQ_ORDER[i]; `qzeros` int32 [in/g, out/8] packed the same way; `scales` [in/g, out];
   w = (q - z) * s.
-- GPTQ (2/3/4/8-bit): `qweight` int32 [in*bits/32, out] packs consecutive input rows, value j at
-  bits j*bits of one little-endian bit stream per column (3-bit values straddle words);
-  `qzeros` int32 [in/g, out*bits/32] packs consecutive output columns the same way; `scales`
-  [in/g, out]; `g_idx` [in] (group of each input: act-order files scatter a group's columns, held
-  sorted with the layer gathering x by the same permutation, exact). The v1 format ("gptq") stores zero - 1 (AutoGPTQ
-  reads it back as (stored + 1) mod 2**bits); "gptq_v2" stores the zero itself. w = (q - z) * s.
+- GPTQ (2/3/4/8-bit; per-module modes and AutoRound's files: gptq_variants.py): `qweight` int32
+  [in*bits/32, out] packs consecutive input rows, value j at bits j*bits of one little-endian bit
+  stream per column (3-bit values straddle words); `qzeros` int32 [in/g, out*bits/32] packs
+  consecutive output columns the same way; `scales` [in/g, out]; `g_idx` [in] (group of each input:
+  act-order files scatter a group's columns, held sorted with the layer gathering x by the same
+  permutation, exact). The v1 format ("gptq") stores zero - 1 (AutoGPTQ reads it back as
+  (stored + 1) mod 2**bits); "gptq_v2" stores the zero itself. w = (q - z) * s.
 - FP8 (transformers' "fp8"): `weight` float8 e4m3fn [out, in] with `weight_scale_inv` [ceil(out/b0),
   ceil(in/b1)] for weight_block_size [b0, b1] (multiplied, despite its name), or a per-tensor /
   per-channel `weight_scale`; `input_scale` (static activation scales) is not used.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -46,7 +48,8 @@ MLX_BITS = (2, 3, 4, 5, 6, 8)
 MLX_GROUPS = (32, 64, 128)
 SUPPORTED = (
     "supported: MLX `quantization` (affine 2-8 bit, groups 32/64/128; mxfp4, nvfp4, mxfp8), "
-    "quant_method awq (4-bit, version gemm, zero_point), gptq (2/3/4/8-bit, checkpoint_format gptq or gptq_v2), "
+    "quant_method awq (4-bit, version gemm, zero_point), gptq (2/3/4/8-bit, checkpoint_format gptq or gptq_v2, "
+    "GPTQModel's dynamic), auto-round (auto_gptq / auto_awq packing), "
     "fp8 (e4m3, block or per-tensor scales), fbgemm_fp8, compressed-tensors (pack-quantized / int-quantized integer "
     "weights of 2-8 bits, float-quantized FP8, nvfp4-/mxfp4-pack-quantized, mxfp8-quantized), "
     "bitsandbytes (nf4/fp4, int8), modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4)"
@@ -68,8 +71,10 @@ class QuantScheme:
     checkpoint_format: str = ""  # GPTQ: "gptq" (v1) | "gptq_v2"; AWQ: "gemm"; compressed-tensors' format
     weight_block_size: tuple[int, int] | None = None  # FP8 block scales
     activation_scheme: str = ""  # FP8: "dynamic" | "static" (static input scales are ignored)
-    # MLX per-module entries: prefix -> (bits, group_size), or None where the module stays float.
+    # Per-module entries (MLX's, AutoRound's extra_config): prefix -> (bits, group_size), or None where
+    # the module stays float; then regexes tried in order with re.match (GPTQModel's dynamic).
     overrides: dict[str, tuple[int, int] | None] = field(default_factory=dict, hash=False)
+    patterns: tuple[tuple[str, tuple[int, int] | None], ...] = ()
     # MLX: "affine" or a microscaled mode (mxfp4, nvfp4, mxfp8), per module in mlx_modes; also the
     # microscaled mode of a compressed-tensors / ModelOpt float-4/8 scheme
     mlx_mode: str = "affine"
@@ -80,6 +85,9 @@ class QuantScheme:
         """(bits, group_size) of one module; None when config.json keeps it in float."""
         if prefix in self.overrides:
             return self.overrides[prefix]
+        for pattern, mode in self.patterns:
+            if re.match(pattern, prefix):
+                return mode
         return self.bits, self.group_size
 
     def mlx_mode_for(self, prefix: str) -> str:
@@ -133,9 +141,11 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
         if "bits" in hf and "group_size" in hf:  # what mlx_lm writes, without the `quantization` copy
             return _parse_mlx(hf, "quantization_config")
         raise _refuse("quantization_config", sorted(hf), " (no quant_method)")
-    from lantern.app.models.quant import bitsandbytes, compressed_tensors, modelopt
+    from lantern.app.models.quant import bitsandbytes, compressed_tensors, gptq_variants, modelopt
 
     parsers = {
+        "auto-round": gptq_variants.parse_autoround,
+        "intel/auto-round": gptq_variants.parse_autoround,  # (older exports)
         "modelopt": modelopt.parse,
         "bitsandbytes": bitsandbytes.parse,
         "awq": _parse_awq,
@@ -217,8 +227,8 @@ def _parse_gptq(q: dict[str, Any]) -> QuantScheme:
             "marlin" if q.get("is_marlin_format") else fmt,
             " for gptq",
         )
-    if q.get("dynamic"):  # GPTQModel's per-module bits/groups, matched by regex
-        raise _refuse("quantization_config.dynamic", q["dynamic"], " for gptq (per-module overrides)")
+    from lantern.app.models.quant.gptq_variants import dynamic_patterns
+
     return QuantScheme(
         "gptq",
         bits,
@@ -226,6 +236,7 @@ def _parse_gptq(q: dict[str, Any]) -> QuantScheme:
         sym=bool(q.get("sym", True)),
         desc_act=bool(q.get("desc_act", False)),
         checkpoint_format=fmt,
+        patterns=dynamic_patterns(q, bits, group),
         modules_to_not_convert=_not_converted(q),
     )
 
@@ -423,7 +434,16 @@ def _mlx_shape_mode(mode: tuple[int, int], words: int, groups: int) -> tuple[int
     raise ValueError(f"MLX weight of {words} words per row and {groups} groups fits no {bits}-bit g{group} layout")
 
 
+def _module_scheme(scheme: QuantScheme, prefix: str) -> QuantScheme:
+    """`scheme` with this module's own bits and group size (per-module entries, GPTQModel's dynamic)."""
+    mode = scheme.mode_for(prefix)
+    if mode is None:
+        raise ValueError(f"{prefix} is quantized in the file but config.json says it stays float")
+    return scheme if mode == (scheme.bits, scheme.group_size) else replace(scheme, bits=mode[0], group_size=mode[1])
+
+
 def _read_awq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
+    scheme = _module_scheme(scheme, prefix)
     qweight, qzeros, scales = _words(t["qweight"], prefix), _words(t["qzeros"], prefix), t["scales"]
     in_f, out_f = qweight.shape[0], qweight.shape[1] * 8
     groups = scales.shape[0]
@@ -444,6 +464,7 @@ def _read_awq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> Aff
 
 
 def _read_gptq(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight:
+    scheme = _module_scheme(scheme, prefix)
     bits = scheme.bits
     qweight, qzeros, scales = _words(t["qweight"], prefix), _words(t["qzeros"], prefix), t["scales"]
     # 3-bit words do not hold whole codes: each column is one bit stream across its words (value j at bit 3j)
