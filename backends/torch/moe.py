@@ -14,8 +14,8 @@ the config says so. The experts are one of:
   the weights staying quantized. On CPU the same sorted grouping with one quantized matmul per
   expert hit; on CUDA, when every expert shares one mode (4/8-bit affine, or e2m1: MXFP4 / NVFP4),
   they are also held as stacked packed tensors (`stack_for_cuda`) that the fused kernel dequantizes
-  in registers. gpt-oss's quantized experts (MXFP4 repacked at load by family_gptoss, --isq) are
-  QuantExperts too, holding BiasedExperts' stacked biases (`QuantExperts.replacing`).
+  in registers. gpt-oss's quantized experts (MXFP4, exact: family_gptoss; --isq) are QuantExperts
+  too, holding BiasedExperts' stacked biases (`QuantExperts.replacing`).
 
 On CUDA every kind takes the fused kernel, with the experts' biases and the model's `glu` (gpt-oss's
 clamped SwiGLU runs in torch between its two GEMMs); so a decode step under a CUDA graph reads only

@@ -188,6 +188,9 @@ def test_fused_moe_on_e2m1_experts_with_biases_and_a_glu(group, dtype):
     assert (ref.float() - unbiased.float()).abs().max() > 0.05  # the biases count
     with pytest.raises(ValueError, match="expert biases"):
         tm.fused_moe(x, gate_up, down, ids, weights, gate_up_bias=biases["down_bias"], **SMALL)
+    affine_without_biases = mr.PackedExperts(gate_up.packed, gate_up.scales, None, 4, group)  # scales read as biases
+    with pytest.raises(ValueError, match="need biases exactly when affine"):
+        tm.fused_moe(x, affine_without_biases, down, ids, weights, **SMALL)
 
 
 def test_the_reference_adds_biases_and_applies_the_glu_per_pair():

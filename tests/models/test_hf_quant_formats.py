@@ -422,6 +422,14 @@ REFUSED = [
         {"quant_method": "auto-round", "extra_config": {"m": {"bits": 6}}},
         "quantization_config.extra_config['m'].bits=6",
     ),
+    (  # AutoRound's own older layers store zeros as they are, AutoGPTQ's minus one: the file does not say
+        {"quant_method": "intel/auto-round", "bits": 4, "sym": False, "backend": "auto_round:exllamav2"},
+        'quantization_config.backend="auto_round:exllamav2"',
+    ),
+    (
+        {"quant_method": "auto-round", "packing_format": "auto_round:awq", "extra_config": {"m": {"group_size": -1}}},
+        "quantization_config.extra_config['m'].group_size=-1",
+    ),
     ({"quant_method": "fp8", "fmt": "e5m2"}, 'quantization_config.fmt="e5m2"'),
     ({"quant_method": "fp8", "scale_fmt": "ue8m0"}, 'quantization_config.scale_fmt="ue8m0"'),
     ({"group_size": 32, "bits": 4, "mode": "fp6"}, 'quantization_config.mode="fp6"'),
@@ -436,6 +444,34 @@ def test_unsupported_quantization_is_refused_in_one_line_naming_it(quant, key):
     message = str(err.value)
     assert key in message and "config.json" in message and "not implemented" in message and "supported:" in message
     assert "\n" not in message
+
+
+def test_autoround_extra_config_entries_as_its_exports_write_them():
+    """Exact module names first, then regex keys (newer exports' dynamic_config) by re.match; bits 16 is
+    float; the activation keys AutoRound writes per module and null GGUF double-quantization keys pass."""
+    lm_head = {"bits": 8, "data_type": "int", "group_size": 32, "sym": True, "act_bits": 16, "act_data_type": "float"}
+    q = {
+        "quant_method": "auto-round",
+        "packing_format": "auto_round:auto_gptq",
+        "bits": 4,
+        "group_size": 128,
+        "sym": True,
+        "extra_config": {
+            "lm_head": {**lm_head, "act_group_size": 128, "act_sym": True, "super_bits": None},
+            r".*mlp\.down_proj": {"bits": 8},
+            "model.layers.0.mlp.down_proj": {"bits": 16, "data_type": "float"},
+        },
+    }
+    scheme = parse_quant_scheme({"quantization_config": q})
+    assert (scheme.method, scheme.checkpoint_format) == ("gptq", "gptq")
+    assert scheme.mode_for("lm_head") == (8, 32)
+    assert scheme.mode_for("model.layers.0.mlp.down_proj") is None  # the exact name wins over the regex
+    assert scheme.mode_for("model.layers.1.mlp.down_proj") == (8, 128)
+    assert scheme.mode_for("model.layers.1.mlp.up_proj") == (4, 128)
+    awq = parse_quant_scheme({"quantization_config": {**q, "packing_format": "auto_round:awq", "extra_config": {}}})
+    assert (awq.method, awq.checkpoint_format, awq.bits) == ("awq", "gemm", 4)
+    with pytest.raises(UnsupportedModelError, match="super_bits=2"):
+        parse_quant_scheme({"quantization_config": {**q, "extra_config": {"lm_head": {"super_bits": 2}}}})
 
 
 def test_mlx_quantization_key_is_parsed_and_its_module_entries_checked():

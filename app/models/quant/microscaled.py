@@ -109,10 +109,10 @@ def e2m1_codes(w: AffineWeight) -> tuple[np.ndarray, np.ndarray] | None:
     if w.bits != 5 or w.perm is not None:
         return None
     s, b = w.scales, w.biases
-    nonzero = np.flatnonzero(s)
-    if nonzero.size == 0:
+    first = int(np.argmax(s.reshape(-1) != 0))  # (a bool mask: no index array over a large table)
+    if s.size == 0 or s.flat[first] == 0:
         return None
-    o = float(np.rint(-b.flat[nonzero[0]] / s.flat[nonzero[0]]))
+    o = float(np.rint(-b.flat[first] / s.flat[first]))
     if not 0 <= o < 32 or not np.array_equal(b, np.float32(-o) * s):
         return None
     table = np.full(256, 255, np.uint8)

@@ -174,6 +174,8 @@ def moe_gemm(
         return out
     quant = isinstance(w, PackedExperts)
     e2m1 = quant and w.code == "e2m1"
+    if (quant and (w.biases is None) != e2m1) or (e2m1 and w.bits != 4):
+        raise ValueError(f"packed experts of code {w.code!r} ({w.bits}-bit) need biases exactly when affine")
     if quant:
         data, scales = w.packed.contiguous(), w.scales.contiguous()
         biases = scales if w.biases is None else w.biases.contiguous()  # (e2m1: never read)
