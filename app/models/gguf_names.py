@@ -325,7 +325,7 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     """
     from lantern.app.models.quant.affine import AffineWeight
     from lantern.app.models.quant.gguf_blocks import SUPPORTED_TYPES, gguf_to_weight
-    from lantern.app.models.quant.gguf_decoded import DECODED, widening_note
+    from lantern.app.models.quant.gguf_decoded import DECODED, HELD_WIDER, widening_note
     from lantern.app.models.spec import UnsupportedModelError
 
     indexes = _read_split(path)
@@ -342,7 +342,7 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     widened = Counter(
         t.tensor_type.name
         for _, t, name in used
-        if t.tensor_type.name in DECODED and not gptoss_expert_tensor(arch, name, t)
+        if t.tensor_type.name in {*DECODED, *HELD_WIDER} and not gptoss_expert_tensor(arch, name, t)
     )
     if widened:
         logger.warning("%s: %s", Path(path).name, widening_note(dict(widened)))

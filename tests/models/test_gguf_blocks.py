@@ -25,7 +25,7 @@ from lantern.app.models.gguf_names import (
 from lantern.app.models.quant.affine import AffineWeight
 from lantern.app.models.quant.gguf_blocks import BLOCK_LAYOUT, gguf_to_weight
 from lantern.app.models.spec import UnsupportedModelError
-from tests.fixtures.gguf_writer import random_blocks, write_gguf_model
+from tests.fixtures.gguf_writer import dequantize, random_blocks, write_gguf_model
 
 # type -> (bits, group size) of its exact affine form
 MODES = {
@@ -39,6 +39,7 @@ MODES = {
     "Q4_K": (4, 32),
     "Q5_K": (5, 32),
     "Q6_K": (6, 16),
+    "Q1_0": (2, 128),  # 1-bit signs held as 2-bit codes 0 / 1
 }
 # the codebook and float-4 types: exact, wider than in the file (quant/gguf_decoded.py)
 DECODED_MODES = {
@@ -59,7 +60,7 @@ DECODED_MODES = {
 # how many distinct levels each decodes to (a random block uses them all): IQ4's table (read from the
 # nibbles, also under a zero scale), the grids' signed values, ternary plus TQ2_0's spare code
 LEVELS = {"IQ4_NL": 16, "IQ4_XS": 16, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 6, "IQ2_XS": 6, "IQ2_S": 6}
-LEVELS |= {"IQ1_S": 6, "IQ1_M": 6, "TQ1_0": 3, "TQ2_0": 4, "MXFP4": 15, "NVFP4": 15}
+LEVELS |= {"IQ1_S": 6, "IQ1_M": 6, "TQ1_0": 3, "TQ2_0": 4, "MXFP4": 15, "NVFP4": 15, "Q1_0": 2}
 MIXED = {"token_embd": "Q8_0", "attn_v": "Q6_K", "ffn_down": "Q6_K"}  # like a Q4_K_M file
 
 
@@ -82,7 +83,7 @@ def test_block_type_is_exact_affine(qtype, rows):
     per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
     cols = 3 * per_block if rows == 1 else 2048  # odd block counts, and enough weights to hit every code
     raw = random_blocks(qtype, rows, cols, rng, rms=0.5)
-    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
+    ref = dequantize(raw, qtype)  # the gguf package's decoder (Q1_0: ggml's definition, gguf_writer.py)
     w = gguf_to_weight(qtype, raw, rows, cols)
     assert isinstance(w, AffineWeight)
     assert w.mode == {**MODES, **DECODED_MODES}[qtype] and w.shape == (rows, cols) and qtype in w.source
@@ -130,7 +131,20 @@ def test_plain_types(qtype):
     np.testing.assert_array_equal(vec.astype(np.float32), ref[0])
 
 
-@pytest.mark.parametrize("qtype", ["Q8_K", "Q8_1", "Q1_0"])
+def test_q1_0_signs_by_hand():
+    """One block: d = 0.5 and sign bytes 0b101, 0x80, then zeros: weights 0, 2 and 15 are +0.5, the other
+    125 are -0.5 (ggml: bit j % 8 of byte j / 8, set -> +d). The reference decoder agrees."""
+    block = np.zeros((1, 18), np.uint8)
+    block[0, 0:2] = np.array([0.5], np.float16).view(np.uint8)
+    block[0, 2], block[0, 3] = 0b101, 0x80
+    w = gguf_to_weight("Q1_0", block, 1, 128)
+    expected = np.full(128, -0.5, np.float32)
+    expected[[0, 2, 15]] = 0.5
+    np.testing.assert_array_equal(w.dequantize()[0], expected)
+    np.testing.assert_array_equal(dequantize(block, "Q1_0")[0], expected)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_K", "Q8_1"])
 def test_unsupported_type_is_refused_by_name(qtype):
     per_block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     raw = np.zeros((2, 256 // per_block * nbytes), dtype=np.uint8)

@@ -14,9 +14,12 @@ with one scale and one offset per small group, so it maps without loss:
     Q4_K   4     32     d * sc * q - dmin * mn         d * sc           -dmin * mn   (6-bit sc, mn)
     Q5_K   5     32     d * sc * q - dmin * mn         d * sc           -dmin * mn   (6-bit sc, mn)
     Q6_K   6     16     d * sc * (q - 32)  (sc int8)   d * sc           -32 scale
+    Q1_0   2     128    bit ? d : -d  (1 bit a weight)  2 d              -d       (codes 0, 1)
 
 d, dmin and m are float16 in the block; the products above are exact in float32 except Q6_K's
 (scale * code can need 25 bits), so `dequantize()` equals ggml's values to float32 rounding.
+Q1_0 (1-bit sign models, weight j of a block in bit j % 8 of byte j / 8) is held as 2-bit codes:
+no backend has a 1-bit layout, so it takes 2 bits a weight or more in memory (said in one log line).
 The codebook and float-4 types (IQ1..IQ4, TQ1_0/TQ2_0, MXFP4, NVFP4) are exact affine codes too,
 only wider than in the file: quant/gguf_decoded.py.
 F32/F16/BF16 tensors come back as plain numpy arrays (F16 kept as float16, BF16 widened to float32).
@@ -45,6 +48,7 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "Q4_K": (QK_K, 144),
     "Q5_K": (QK_K, 176),
     "Q6_K": (QK_K, 210),
+    "Q1_0": (128, 18),
 }
 PLAIN_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = (*PLAIN_TYPES, *BLOCK_LAYOUT, *DECODED)
@@ -217,6 +221,12 @@ def _q6_k(b: np.ndarray):
     return codes, scale, -32.0 * scale, 6, 16
 
 
+def _q1_0(b: np.ndarray):
+    # d, then 16 bytes of signs: bit set -> +d, clear -> -d
+    d = _f16(b, 0)
+    return np.unpackbits(b[:, 2:18], axis=1, bitorder="little"), 2.0 * d, -d, 2, 128
+
+
 _CONVERT = {
     "Q4_0": _q4_0,
     "Q4_1": _q4_1,
@@ -228,4 +238,5 @@ _CONVERT = {
     "Q4_K": _q4_k,
     "Q5_K": _q5_k,
     "Q6_K": _q6_k,
+    "Q1_0": _q1_0,
 }

@@ -150,6 +150,10 @@ DECODED: dict[str, tuple[int, int, int, Callable[[np.ndarray], np.ndarray]]] = {
 }
 
 
+# Block types gguf_blocks reads directly that are still held wider than the file: type -> bits
+HELD_WIDER: dict[str, int] = {"Q1_0": 2}
+
+
 def file_bits_per_weight(qtype: str) -> float:
     import gguf
 
@@ -158,9 +162,10 @@ def file_bits_per_weight(qtype: str) -> float:
 
 
 def widening_note(counts: dict[str, int]) -> str:
-    """One line for a file with DECODED tensors (type -> how many): what each is held as, and why."""
+    """One line for a file with DECODED / HELD_WIDER tensors (type -> how many): what each is held as, and why."""
     kinds = ", ".join(
-        f"{n} {q} ({file_bits_per_weight(q):.2f} -> {DECODED[q][1]} bits per weight)" for q, n in sorted(counts.items())
+        f"{n} {q} ({file_bits_per_weight(q):.2f} -> {DECODED[q][1] if q in DECODED else HELD_WIDER[q]} bits per weight)"
+        for q, n in sorted(counts.items())
     )
     return (
         f"GGUF tensors read as exact affine codes wider than the file's: {kinds}, plus a scale and bias "
