@@ -66,8 +66,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="CPU threads for tensor work (CPU backends; default: the library's choice)",
     )
-    isq_help = "quantize a float checkpoint to 4 or 8 bits while loading (in-situ quantization)"
-    p.add_argument("--isq", default=None, choices=["q4", "q8"], help=isq_help)
+    isq_help = (
+        "quantize a float checkpoint while loading (in-situ quantization): q4 / q8 integer weights, "
+        "or fp8 (e4m3; CUDA GPUs with FP8 matmuls, compute capability 8.9+, and MLX)"
+    )
+    p.add_argument("--isq", default=None, choices=["q4", "q8", "fp8"], help=isq_help)
     task_help = (
         "serve text generation or embeddings (/v1/embeddings); default: embed for sentence-transformers "
         "folders, *Embedding* architectures and BERT"
@@ -218,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     compile_help = "decode steps via torch.compile (CPU)"
     bench.add_argument("--compile", dest="compile_decode", action="store_true", help=compile_help)
-    bench.add_argument("--isq", default=None, choices=["q4", "q8"], help="quantize the model while loading")
+    bench.add_argument("--isq", default=None, choices=["q4", "q8", "fp8"], help="quantize the model while loading")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     bench.add_argument("--log", default="warning", choices=["debug", "info", "warning", "error"], help="log level")
     bench.set_defaults(func=cmd_bench)

@@ -69,8 +69,8 @@ class EngineConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name} has an invalid value: {getattr(self, name)!r}")
-        if self.quantization not in (None, "q4", "q8"):
-            raise ValueError(f"quantization must be q4 or q8; got {self.quantization!r}")
+        if self.quantization not in (None, "q4", "q8", "fp8"):
+            raise ValueError(f"quantization must be q4, q8 or fp8; got {self.quantization!r}")
         if self.task not in ("auto", "generate", "embed"):
             raise ValueError(f"task must be auto, generate or embed; got {self.task!r}")
         if self.pooling not in ("auto", "last", "mean", "cls"):

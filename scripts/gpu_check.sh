@@ -44,7 +44,7 @@ for step in "${steps[@]}"; do
     case $step in
     env) run env 60 bash -c 'nvidia-smi; python3 -c "import torch, triton, lantern.backends.torch as t; \
 print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), t.__file__)"' ;;
-    tests) run tests 450 python3 -m pytest -m gpu tests/kernels tests/conformance -q -rfE -p no:cacheprovider ;;
+    tests) run tests 450 python3 -m pytest -m gpu tests/kernels tests/conformance tests/models/test_isq.py -q -rfE -p no:cacheprovider ;;
     bench) run bench 540 python3 -m lantern bench --backend torch --shape 1b --shape 8b --json "$OUT/bench.json" ;;
     bench-q4) run bench-q4 540 python3 -m lantern bench --backend torch --shape 8b --isq q4 --no-hf \
         --json "$OUT/bench-q4.json" ;;

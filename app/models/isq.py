@@ -1,5 +1,10 @@
-"""`--isq q4|q8` (in-situ quantization): a float checkpoint's matrices quantized on their way from
+"""`--isq q4|q8|fp8` (in-situ quantization): a float checkpoint's matrices quantized on their way from
 the weight stream to the backend, with a progress bar whose total is exact for every family.
+
+fp8 (vLLM's `--quantization fp8`) is e4m3 weights where the hardware computes on them: one scale per
+output row on CUDA GPUs with FP8 matmuls (torch._scaled_mm: backends/torch/weights.isq_mode refuses
+it elsewhere, where it would only be dequantized), MLX's mxfp8 mode (a power-of-two scale per 32
+weights) on MLX.
 
 What stays in float, and why:
 - the MoE routers (and Qwen2-MoE's shared-expert gate): a few KB per layer that decide which
@@ -35,7 +40,8 @@ from lantern.app.models.quant.microscaled import MxWeight
 logger = logging.getLogger(__name__)
 MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whole (module docstring)
 
-ISQ_SCHEMES = ("q4", "q8")
+ISQ_SCHEMES = ("q4", "q8", "fp8")
+_FP8_MAX = 448.0  # largest finite e4m3fn value
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class IsqMode:
     group_size: int
     symmetric: bool = False
     col_multiple: int = 1
+    kind: str = "affine"  # "affine" | "fp8" (e4m3, a scale per row: Fp8Weight) | "mxfp8" (MLX's mode: MxWeight)
 
     def fits(self, cols: int) -> bool:
         """True when a matrix with `cols` input columns can be quantized in this layout."""
@@ -54,7 +61,20 @@ class IsqMode:
 
     @property
     def label(self) -> str:
+        if self.kind == "fp8":
+            return "FP8 e4m3 per-channel"
+        if self.kind == "mxfp8":
+            return "mxfp8 (e4m3, g32)"
         return f"{self.bits}-bit " + (f"g{self.group_size}" if self.group_size else "per-channel")
+
+    def quantize(self, value: Any) -> AffineWeight | Fp8Weight | MxWeight:
+        """One float matrix [out, in] in this layout."""
+        if self.kind == "fp8":
+            return _fp8_rows(value)
+        if self.kind == "mxfp8":
+            return _mlx_mx(value, "mxfp8")
+        group = self.group_size or value.shape[1]
+        return quantize_affine(value, self.bits, group, symmetric=self.symmetric, source=f"ISQ {self.label}")
 
 
 def isq_candidates(cfg: Any) -> int:
@@ -138,8 +158,7 @@ def quantize_stream(
                 yield name, value
                 continue
             # Converted to float32 a few rows at a time (a 128k-row embedding never is, whole).
-            group = isq.group_size or cols
-            quantized = quantize_affine(value, isq.bits, group, symmetric=isq.symmetric, source=f"ISQ {isq.label}")
+            quantized = isq.quantize(value)
             del value
             yield name, quantized
             done += 1
@@ -169,15 +188,42 @@ def _split_stacked(path: str, proj: str, value: Any, isq: IsqMode) -> Iterator[t
     """A stacked [E, out, in] float tensor as one quantized matrix per expert, under the names of
     per-expert checkpoints (`<path>.<e>.<gate|up|down>_proj.weight`), which both backends' loaders
     keep quantized (torch: moe.QuantExperts; MLX: stacked again for gather_qmm)."""
-    group = isq.group_size or value.shape[2]
     for e in range(value.shape[0]):
-        w = quantize_affine(value[e], isq.bits, group, symmetric=isq.symmetric, source=f"ISQ {isq.label}")
+        w = isq.quantize(value[e])
         if proj == "down_proj":
             yield f"{path}.{e}.down_proj.weight", w
         else:
             inner = w.shape[0] // 2
             yield f"{path}.{e}.gate_proj.weight", w.rows(0, inner)
             yield f"{path}.{e}.up_proj.weight", w.rows(inner, 2 * inner)
+
+
+def _fp8_rows(value: Any) -> Fp8Weight:
+    """e4m3 codes with one float32 scale per row (its largest magnitude / 448), a few MB at a time."""
+    import numpy as np
+    import torch
+
+    w = torch.as_tensor(value)
+    rows, cols = w.shape
+    data = torch.empty((rows, cols), dtype=torch.uint8)
+    scales = torch.empty((rows, 1), dtype=torch.float32)
+    step = max(1, (1 << 20) // max(cols, 1))
+    for r in range(0, rows, step):
+        part = w[r : r + step].float()
+        scale = part.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / _FP8_MAX
+        data[r : r + step] = (part / scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+        scales[r : r + step] = scale
+    return Fp8Weight(data.numpy(), np.ascontiguousarray(scales.numpy()), None, "ISQ FP8 e4m3 per-channel")
+
+
+def _mlx_mx(value: Any, mode: str) -> MxWeight:
+    """MLX's own quantizer in a microscaled mode (the MLX loader computes on the result as stored)."""
+    import mlx.core as mx
+    import numpy as np
+
+    w = value if isinstance(value, mx.array) else mx.array(np.asarray(value, dtype=np.float32))
+    packed, scales = mx.quantize(w, mode=mode)[:2]
+    return MxWeight(mode, np.array(packed), np.array(scales), f"ISQ {mode}")
 
 
 def _report(isq: IsqMode, done: int, routers: int, narrow: list[tuple[str, int]], already: int, latent: int) -> None:

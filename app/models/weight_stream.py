@@ -6,7 +6,7 @@ numpy from GGUF), quantized ones as the backend-neutral AffineWeight / Fp8Weight
 modes (MxWeight) reach MLX as stored and the other frameworks in the shared form. Nothing holds the
 whole model in float: peak memory while loading is the backend's quantized copy plus one tensor.
 
-`--isq q4|q8` (in-situ quantization) quantizes float checkpoints on the way through (isq.py).
+`--isq q4|q8|fp8` (in-situ quantization) quantizes float checkpoints on the way through (isq.py).
 """
 
 from __future__ import annotations

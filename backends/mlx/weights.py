@@ -26,7 +26,7 @@ from lantern.backends.mlx.quant import get_module, quantized_module, set_module,
 logger = logging.getLogger(__name__)
 
 # --isq on MLX: group 32 affine for both (Q4_1 / Q8-like accuracy; mlx_lm's default is g64).
-ISQ_MODES = {"q4": IsqMode(4, 32), "q8": IsqMode(8, 32)}
+ISQ_MODES = {"q4": IsqMode(4, 32), "q8": IsqMode(8, 32), "fp8": IsqMode(8, 32, kind="mxfp8")}  # fp8: MLX's mxfp8
 
 
 def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:

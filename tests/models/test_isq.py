@@ -76,7 +76,7 @@ def _weight_bytes(engine) -> int:
 def test_isq_refuses_an_unknown_scheme(tiny_model_dir):
     from lantern.app.engine import LLM
 
-    with pytest.raises(ValueError, match="quantization must be q4 or q8"):
+    with pytest.raises(ValueError, match="quantization must be q4, q8 or fp8"):
         LLM(tiny_model_dir("llama2"), quantization="q3")
 
 
@@ -203,3 +203,77 @@ def test_int8pack_takes_only_widths_it_can_read_and_aligned_activations(monkeypa
     expected = torch.from_numpy(w.dequantize()) @ view.float().T
     got = layer(view).float().T
     assert torch.allclose(got, expected, rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
+
+
+# ---- --isq fp8 --------------------------------------------------------------------------------------
+def test_isq_fp8_rows_are_e4m3_of_each_rows_scale():
+    """fp8: each row's largest magnitude becomes e4m3's 448, and every weight is within e4m3's rounding
+    (3 mantissa bits: half a step is 2^-4 of the value, or 2^-10 times the scale below its normals)."""
+    import numpy as np
+    import torch
+
+    w = torch.randn(70, 256) * torch.rand(70, 1) * 3
+    w[5] = 0.0  # an all-zero row keeps a positive scale
+    q = IsqMode(8, 0, kind="fp8").quantize(w)
+    assert q.data.dtype == np.uint8 and q.scale.shape == (70, 1) and q.block is None and q.scale.min() > 0
+    codes = torch.from_numpy(q.data).view(torch.float8_e4m3fn).float()
+    nonzero = [r for r in range(70) if r != 5]
+    assert torch.equal(codes.abs().amax(dim=1)[nonzero], torch.full((69,), 448.0))
+    exact = w.numpy()
+    bound = np.maximum(np.abs(exact) * 2.0**-4, q.scale * 2.0**-10) * 1.0001
+    assert np.all(np.abs(q.dequantize() - exact) <= bound)
+    assert np.all(q.dequantize()[5] == 0)
+
+
+def test_isq_fp8(tiny_model_dir, tmp_path, backend):
+    """--isq fp8: on MLX every 2-D weight in MLX's mxfp8 mode (mx.quantize's codes, mx.dequantize the
+    reference); torch on a CPU refuses it in one line naming q8 (no FP8 matmul: it would only be
+    dequantized). On an FP8 GPU: test_isq_fp8_on_a_gpu."""
+    from pathlib import Path
+
+    from lantern.app.engine import LLM
+
+    src = Path(tiny_model_dir("llama2"))
+    if backend == "torch":
+        with pytest.raises(ValueError, match=r"--isq fp8 needs a GPU that multiplies FP8 .* use --isq q8") as err:
+            LLM(str(src), backend="torch", dtype="float32", num_kv_blocks=8, quantization="fp8")
+        assert "\n" not in str(err.value)
+        return
+    import mlx.core as mx
+    import numpy as np
+
+    def mxfp8(name, w):
+        if w.ndim != 2:
+            return w
+        packed, scales = mx.quantize(mx.array(w.astype("float32")), group_size=32, bits=8, mode="mxfp8")
+        values = mx.dequantize(packed, scales, None, group_size=32, bits=8, mode="mxfp8")
+        return np.array(values.astype(mx.float32))
+
+    ref = reference_folder(src, tmp_path / "ref", mxfp8)
+    err = logits_error(str(src), str(ref), "mlx", quantization="fp8")
+    assert err <= tolerance("mlx", str(ref)), f"mlx fp8: logits differ by {err:.4f} of their spread"
+    assert logits_error(str(src), str(ref), "mlx") > err  # the float model is further away
+
+
+@pytest.mark.gpu
+def test_isq_fp8_on_a_gpu(tiny_model_dir, tmp_path):
+    """On an FP8 GPU (compute capability 8.9+): e4m3 weights with a scale per row through
+    torch._scaled_mm, against transformers on the same rows' e4m3 values (torch's own cast)."""
+    from pathlib import Path
+
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no GPU with FP8 matmuls")
+    src = Path(tiny_model_dir("llama2"))
+
+    def fp8(name, w):
+        if w.ndim != 2 or w.shape[1] % 16:
+            return w
+        t = torch.from_numpy(w.astype("float32"))
+        scale = t.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+        return ((t / scale).to(torch.float8_e4m3fn).float() * scale).numpy()
+
+    ref = reference_folder(src, tmp_path / "ref", fp8)
+    err = logits_error(str(src), str(ref), "torch", quantization="fp8", dtype="bfloat16")  # (torch picks the GPU)
+    assert err <= tolerance("torch", str(ref))
