@@ -12,7 +12,7 @@ the config says so. The experts are one of:
   Python loop.
 - `QuantExperts` (quantized checkpoints, --isq): one quant_linear layer per expert and projection,
   the weights staying quantized. On CPU the same sorted grouping with one quantized matmul per
-  expert hit; on CUDA, when every expert shares one mode (4/8-bit affine, or e2m1: MXFP4 / NVFP4),
+  expert hit; on CUDA, when every expert shares one mode (4/8-bit affine; e2m1: MXFP4 / NVFP4; e4m3: FP8),
   they are also held as stacked packed tensors (`stack_for_cuda`) that the fused kernel dequantizes
   in registers. gpt-oss's quantized experts (MXFP4, exact: family_gptoss; --isq) are QuantExperts
   too, holding BiasedExperts' stacked biases (`QuantExperts.replacing`).
@@ -102,7 +102,7 @@ class QuantExperts(nn.Module):
         """Also hold the experts as stacked packed tensors for the fused kernel, when they are all
         Triton layers of one mode (else the per-expert path runs)."""
         from lantern.backends.torch.kernels.moe_reference import PackedExperts
-        from lantern.backends.torch.quant_linear import TritonLinear
+        from lantern.backends.torch.triton_linear import TritonLinear
 
         stacks = []
         for layers in (self.gate_up_proj, self.down_proj):
@@ -111,7 +111,7 @@ class QuantExperts(nn.Module):
             if len({(m.code, m.bits, m.group_size) for m in layers}) != 1:
                 return
             first = layers[0]
-            # e2m1 scales are held in the model's dtype where exact, else float32: one dtype for the stack
+            # float codes' scales are held in the model's dtype where exact, else float32: one dtype for the stack
             scale_dtype = first.scales.dtype if len({m.scales.dtype for m in layers}) == 1 else torch.float32
             biases = None if first.biases is None else torch.stack([m.biases for m in layers])
             scales = torch.stack([m.scales.to(scale_dtype) for m in layers])

@@ -1,12 +1,17 @@
-"""The base of the torch backend's quantized layers (quant_linear.py, vnni_linear.py): out/in features,
-the optional bias, the generic forward over any batch shape, and the embedding row decoder."""
+"""The base of the torch backend's quantized layers (quant_linear.py, vnni_linear.py, triton_linear.py):
+out/in features, the optional bias, the generic forward over any batch shape, the embedding row
+decoder, and the measurement of what a layer's stored form costs (record_error)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, relative_error
 from lantern.backends.torch.packed_decode import DENSE_ROWS
+
+ERROR_SAMPLE = 1 << 18  # weights sampled to measure a conversion (a few MB of float32 at most)
 
 
 class QuantLayer(nn.Module):
@@ -75,3 +80,19 @@ class PermutedInput(QuantLayer):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.inner.rows(ids).index_select(1, self.inverse)
+
+
+def record_error(errors: ErrorLog, src: AffineWeight, layer: QuantLayer, target: str, requantized: bool) -> None:
+    """Measure what the stored form costs against `src`'s own values (on evenly spaced whole rows, at most
+    ~1M weights) and log it unless the mapping is exact."""
+    n, k = src.shape
+    ids = np.unique(np.linspace(0, n - 1, min(n, max(1, ERROR_SAMPLE // k))).astype(np.int64))
+    exact = AffineWeight(src.codes[ids], src.scales[ids], src.biases[ids], src.bits, src.group_size, src.source)
+    stored = layer.rows(torch.from_numpy(ids).to(next(layer.buffers()).device)).cpu().numpy()
+    error = relative_error(stored, exact.dequantize())
+    if requantized or error > 2**-20:  # (float32 rounding of c * s + b vs (c - z) * s is not a loss)
+        errors.add(src.source, target, error)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

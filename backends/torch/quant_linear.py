@@ -20,14 +20,11 @@ An `AffineWeight` (or `Fp8Weight`) becomes one of these kernels (`select_kernel`
   4-40x faster than f32 for this op here). The op gets unit scales and the f32 per-row scale is applied
   to its output, so the stored weight is exact. Batched rows (2 to 255, float32) take cpu_gemm's
   native kernel where it builds: aten's values bit for bit, ~1.8x faster at 32 rows.
-- "triton" (CUDA): `kernels.triton_quant.affine_matmul` on "packed nibbles", 4- and 8-bit, groups
-  32/64/128. Narrower codes widen exactly (2/3-bit -> 4, 5..7-bit -> 8), larger groups split exactly
-  (g256 -> g128, per-channel -> g128), group 16 is requantized to g32. fp4 weights (MXFP4 / NVFP4
-  from any file: the 5-bit form `microscaled.e2m1_codes` recognises) keep their e2m1 nibbles and
-  groups (16 or 32) with `triton_quant.e2m1_matmul`: 4 bits plus a scale per group, exactly (scales in
-  the model's dtype where that holds them exactly, as MXFP4's powers of two; else float32).
-- "fp8" (CUDA, compute capability >= 8.9, per-tensor scale): `torch._scaled_mm` with a dynamic
-  per-tensor activation scale. Block-wise or per-channel scales, older GPUs and CPU: "dense".
+- "triton" (CUDA): triton_linear.TritonLinear on triton_quant's kernels: 4- and 8-bit affine codes
+  (narrower ones widened, group 16 requantized to g32), fp4 (e2m1) nibbles with their own groups,
+  and FP8 bytes that torch._scaled_mm does not take (block-wise scales, older GPUs), exactly.
+- "fp8" (CUDA, compute capability >= 8.9, per-tensor or per-channel scale): `torch._scaled_mm` with a
+  dynamic per-row activation scale. On CPU FP8 weights are "dense".
 - "dense": the weight dequantized to `dtype` (one INFO line per reason).
 
 A GPTQ act-order weight (`AffineWeight.perm`) takes the same kernels on its stored columns, wrapped in
@@ -46,10 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, relative_error, requantize
-from lantern.app.models.quant.microscaled import e2m1_codes
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, requantize
 from lantern.backends.torch import cpu_gemm, cpu_vnni_gemm, vnni_linear
-from lantern.backends.torch.kernels.quant_reference import E2M1_GROUP_SIZES, E2M1_VALUES
 from lantern.backends.torch.packed_decode import (
     BLOCK_N,
     DENSE_ROWS,
@@ -59,7 +54,8 @@ from lantern.backends.torch.packed_decode import (
     int4pack_layout_ok,
     int4pack_rows,
 )
-from lantern.backends.torch.quant_layer import PackedCpuLayer, PermutedInput, QuantLayer
+from lantern.backends.torch.quant_layer import PackedCpuLayer, PermutedInput, QuantLayer, dtype_name, record_error
+from lantern.backends.torch.triton_linear import TRITON_GROUPS, TritonLinear, fp8_groups
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +65,7 @@ INT4PACK_GROUPS = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts
 # bounds (wrong sums, or a segfault). aten/src/ATen/native/cpu/int8mm_kernel.cpp.
 INT8PACK_COLS = 16
 _INT8PACK_ALIGN = 32
-TRITON_GROUPS = (128, 64, 32)
 _INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu  # looked up once: ops.aten.<name> costs a dict walk per call
-_ERROR_SAMPLE = 1 << 18  # weights sampled to measure a conversion (a few MB of float32 at most)
 _FP8_MAX = 448.0  # largest finite e4m3fn value
 
 
@@ -79,7 +73,11 @@ def select_kernel(w: AffineWeight | Fp8Weight, device: torch.device | str) -> st
     """The kernel a weight gets on `device`: "vnni", "int4pack", "int8pack", "triton", "fp8" or "dense"."""
     device = torch.device(device)
     if isinstance(w, Fp8Weight):
-        return "fp8" if device.type == "cuda" and _fp8_native(w, device) else "dense"
+        if device.type != "cuda":
+            return "dense"
+        if _fp8_native(w, device):
+            return "fp8"
+        return "triton" if fp8_groups(w) is not None else "dense"
     if device.type == "cuda":
         return "triton" if w.shape[1] % TRITON_GROUPS[-1] == 0 else "dense"
     if vnni_linear.fits(w) and cpu_vnni_gemm.available():
@@ -123,10 +121,15 @@ def quantized_linear(
         inner = quantized_linear(w.stored(), None, device, dtype, errors, kernel=kernel)
         layer = PermutedInput(inner, torch.from_numpy(w.perm.astype(np.int64)).to(device))  # type: ignore[arg-type]
     elif isinstance(w, Fp8Weight):
-        layer = Fp8Linear(w, device) if kernel == "fp8" else _dense_fp8(w, device, dtype, errors)
+        if kernel == "fp8":
+            layer = Fp8Linear(w, device)
+        elif kernel == "triton":
+            layer = TritonLinear(w, device, dtype, errors)
+        else:
+            layer = _dense_fp8(w, device, dtype, errors)
     elif kernel == "vnni":
         layer = vnni_linear.VnniLinear(w, device)
-        _record(errors, w, layer, layer.target, layer.requantized)
+        record_error(errors, w, layer, layer.target, layer.requantized)
     elif kernel == "int4pack":
         layer = Int4PackLinear(w, device, errors)
     elif kernel == "int8pack":
@@ -202,7 +205,7 @@ class Int4PackLinear(PackedCpuLayer):
         # Decided here, not per call: a compiled graph cannot trace the build-and-load behind it.
         self.native_batched = torch.device(device).type == "cpu" and cpu_gemm.available()
         target = f"int4 g{w.group_size} ({'requantized, ' if exact is None else ''}bf16 scales)"
-        _record(errors, src, self, target, exact is None)
+        record_error(errors, src, self, target, exact is None)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:
@@ -240,7 +243,7 @@ class Int8PackLinear(QuantLayer):
         # The op multiplies by bf16 scales; unit ones keep the f32 scale exact (applied to the output).
         self.register_buffer("ones", torch.ones(n, dtype=torch.bfloat16, device=device))
         self.native_batched = torch.device(device).type == "cpu" and k % 16 == 0 and cpu_gemm.available()
-        _record(errors, w, self, "int8 per-channel (requantized)", not exact)
+        record_error(errors, w, self, "int8 per-channel (requantized)", not exact)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DENSE_ROWS:
@@ -258,60 +261,6 @@ class Int8PackLinear(QuantLayer):
 
     def _decoded_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         return self.weight[start:stop].float().mul_(self.scale[start:stop, None]).to(dtype)
-
-
-class TritonLinear(QuantLayer):
-    """`code` "affine" (packed 4/8-bit codes, scales and biases) or "e2m1" (fp4 nibbles and scales)."""
-
-    def __init__(self, w: AffineWeight, device: torch.device, dtype: torch.dtype, errors: ErrorLog):
-        from lantern.backends.torch.kernels import triton_quant  # CUDA (or the interpreter) only
-
-        n, k = w.shape
-        super().__init__(n, k)
-        self.dtype = dtype  # x's dtype inside the kernel (the scales may be float32)
-        fp4 = e2m1_codes(w) if w.group_size in E2M1_GROUP_SIZES else None
-        if fp4 is not None:  # MXFP4 / NVFP4 values: 4-bit e2m1 codes with the file's groups, exactly
-            codes, scales = fp4
-            self.code, self.bits, self.group_size = "e2m1", 4, w.group_size
-            self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(codes), 4).to(device))
-            held = torch.from_numpy(scales).to(dtype)
-            if not torch.equal(held.float(), torch.from_numpy(scales)):  # (NVFP4's e4m3 x global scale)
-                held = torch.from_numpy(scales)
-            self.register_buffer("scales", held.to(device))
-            self.biases = None
-            _record(errors, w, self, f"e2m1 g{w.group_size} ({_dtype_name(held.dtype)} scales)", False)
-            return
-        src = w
-        bits = 4 if w.bits <= 4 else 8
-        exact = regroup(w, TRITON_GROUPS)
-        w = exact if exact is not None else requantize(w, bits, 32)[0]
-        self.code, self.bits, self.group_size = "affine", bits, w.group_size
-        self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(w.codes), bits).to(device))
-        self.register_buffer("scales", torch.from_numpy(w.scales).to(device, dtype))
-        self.register_buffer("biases", torch.from_numpy(w.biases).to(device, dtype))
-        target = f"{bits}-bit g{w.group_size} ({'requantized, ' if exact is None else ''}{_dtype_name(dtype)} scales)"
-        _record(errors, src, self, target, exact is None)
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        from lantern.backends.torch.kernels import triton_quant
-
-        xc = x.to(self.dtype)
-        if self.code == "e2m1":
-            y = triton_quant.e2m1_matmul(xc, self.packed, self.scales, self.group_size)
-        else:
-            y = triton_quant.affine_matmul(xc, self.packed, self.scales, self.biases, self.bits, self.group_size)
-        return y.to(x.dtype)
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        p = self.packed[ids]
-        if self.bits == 4:
-            p = torch.stack((p & 15, p >> 4), dim=-1).reshape(p.shape[0], -1)
-        t, g = p.shape[0], self.group_size
-        if self.code == "e2m1":
-            values = torch.tensor(E2M1_VALUES, device=p.device)[p.long()]
-            return (values.view(t, -1, g) * self.scales[ids].float()[:, :, None]).view(t, self.in_features)
-        w = p.view(t, -1, g).float() * self.scales[ids].float()[:, :, None] + self.biases[ids].float()[:, :, None]
-        return w.view(t, self.in_features)
 
 
 class Fp8Linear(QuantLayer):
@@ -401,18 +350,6 @@ def _per_channel_int8(w: AffineWeight) -> tuple[np.ndarray, np.ndarray]:
     return offset.astype(np.int16), scale.astype(np.float32)
 
 
-def _record(errors: ErrorLog, src: AffineWeight, layer: QuantLayer, target: str, requantized: bool) -> None:
-    """Measure what the stored form costs against `src`'s own values (on evenly spaced whole rows, at most
-    ~1M weights) and log it unless the mapping is exact."""
-    n, k = src.shape
-    ids = np.unique(np.linspace(0, n - 1, min(n, max(1, _ERROR_SAMPLE // k))).astype(np.int64))
-    exact = AffineWeight(src.codes[ids], src.scales[ids], src.biases[ids], src.bits, src.group_size, src.source)
-    stored = layer.rows(torch.from_numpy(ids).to(next(layer.buffers()).device)).cpu().numpy()
-    error = relative_error(stored, exact.dequantize())
-    if requantized or error > 2**-20:  # (float32 rounding of c * s + b vs (c - z) * s is not a loss)
-        errors.add(src.source, target, error)
-
-
 def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
     n, k = w.shape
     if w.block is not None or np.asarray(w.scale).size not in (1, n) or n % 16 or k % 16:
@@ -423,13 +360,7 @@ def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
 def _dense_fp8(w: Fp8Weight, device: torch.device, dtype: torch.dtype, errors: ErrorLog) -> DenseLinear:
     if device.type != "cuda":
         reason = "no FP8 matmul on CPU"
-    elif w.block is not None:
-        reason = "block-wise scales: no torch._scaled_mm path yet"
     else:
-        reason = "this GPU has no FP8 (needs compute capability >= 8.9)"
-    errors.note(f"FP8 weights ({w.source}) dequantized to {_dtype_name(dtype)} on {device.type}: {reason}")
+        reason = f"its scales (block {w.block}) fit no group of the Triton kernels"
+    errors.note(f"FP8 weights ({w.source}) dequantized to {dtype_name(dtype)} on {device.type}: {reason}")
     return DenseLinear(torch.from_numpy(w.dequantize(np.float32)), device, dtype)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

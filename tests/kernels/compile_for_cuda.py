@@ -53,19 +53,19 @@ def split_config(cfg: dict) -> tuple[dict, dict]:
 
 
 def gemv_case(
-    dtype: str, cap: int, bits: int, group: int, rows: int, n: int = 4096, k: int = 4096, e2m1: bool = False
+    dtype: str, cap: int, bits: int, group: int, rows: int, n: int = 4096, k: int = 4096, code: int = 0
 ) -> tuple:
     consts, options = split_config(tq._gemv_config(n, k, bits, group))
-    consts.update(BITS=bits, GROUP=group, E2M1=e2m1, ROWS=rows, BLOCK_M=triton.next_power_of_2(rows))
+    consts.update(BITS=bits, GROUP=group, FLOAT_CODE=code, ROWS=rows, BLOCK_M=triton.next_power_of_2(rows))
     return (tq._gemv_kernel, dtype, cap, consts, options)
 
 
 def gemm_case(
-    dtype: str, cap: int, bits: int, group: int, m: int, n: int = 4096, k: int = 4096, e2m1: bool = False
+    dtype: str, cap: int, bits: int, group: int, m: int, n: int = 4096, k: int = 4096, code: int = 0
 ) -> tuple:
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     consts, options = split_config(tq._gemm_config(m, n, k, bits, torch_dtype))
-    consts.update(BITS=bits, GROUP=group, E2M1=e2m1, GS=max(1, consts["BLOCK_K"] // group))
+    consts.update(BITS=bits, GROUP=group, FLOAT_CODE=code, GS=max(1, consts["BLOCK_K"] // group))
     consts.update(PRECISION="ieee" if dtype == "fp32" else "tf32")
     return (tq._gemm_kernel, dtype, cap, consts, options)
 
@@ -116,10 +116,14 @@ CASES = [
     gemm_case("fp16", 90, 8, 32, 40, n=1024),
     gemm_case("fp32", 80, 4, 32, 512),
     # e2m1 (fp4) codes: MXFP4's groups of 32 and NVFP4's of 16, decode and prefill
-    *[gemv_case("bf16", cap, 4, group, 1, e2m1=True) for cap in (80, 90) for group in (16, 32)],
-    gemv_case("fp16", 90, 4, 32, 2, n=1024, e2m1=True),
-    *[gemm_case("bf16", cap, 4, group, 512, e2m1=True) for cap in (80, 90) for group in (16, 32)],
-    gemm_case("fp16", 90, 4, 16, 16, e2m1=True),
+    *[gemv_case("bf16", cap, 4, group, 1, code=4) for cap in (80, 90) for group in (16, 32)],
+    gemv_case("fp16", 90, 4, 32, 2, n=1024, code=4),
+    *[gemm_case("bf16", cap, 4, group, 512, code=4) for cap in (80, 90) for group in (16, 32)],
+    gemm_case("fp16", 90, 4, 16, 16, code=4),
+    # e4m3 (FP8 bytes with block-wise scales, or on GPUs without FP8 matmuls): 128-column groups
+    *[gemv_case("bf16", cap, 8, 128, 1, code=8) for cap in (80, 90)],
+    *[gemm_case("bf16", cap, 8, 128, 512, code=8) for cap in (80, 90)],
+    gemm_case("fp16", 80, 8, 128, 16, code=8),
 ]
 
 
@@ -128,7 +132,7 @@ def main() -> int:
     for fn, dtype, cap, consts, *options in CASES:
         label = f"{fn.__name__} {dtype} sm_{cap}"
         if "BITS" in consts:
-            kind = "e2m1" if consts.get("E2M1") else f"{consts['BITS']}-bit"
+            kind = {4: "e2m1", 8: "e4m3"}.get(consts.get("FLOAT_CODE", 0), f"{consts['BITS']}-bit")
             label += f" {kind} g{consts['GROUP']} " + " ".join(
                 f"{k}={consts[k]}" for k in ("ROWS", "BLOCK_M", "BLOCK_N", "BLOCK_K") if k in consts
             )

@@ -2,7 +2,7 @@
 
 The approach of compile_for_cuda.py (Triton's wheel carries ptxas: source -> TTIR -> TTGIR -> LLVM
 -> PTX -> cubin on a CPU-only machine), for triton_moe's kernel at the block sizes fused_moe picks
-(decode and prefill tiles), float, 4/8-bit affine and e2m1 (fp4) experts, with and without the
+(decode and prefill tiles), float, 4/8-bit affine, e2m1 (fp4) and e4m3 (FP8) experts, with and without the
 routing weight and the experts' output biases (gpt-oss). This file is also the script the test
 runs, in a process without TRITON_INTERPRET.
 """
@@ -30,7 +30,7 @@ def cases() -> list[tuple[str, str, int, dict, dict]]:
     out = []
     combos = [
         # dtype, cap, pairs (decode / prefill tiles), bits (None: float experts), group, routing weight
-        # [, "e2m1" codes, output bias]
+        # [, float code (4: e2m1, 8: e4m3), output bias]
         ("bf16", 90, 8, None, 1, False),
         ("bf16", 90, 8, None, 1, True),
         ("bf16", 80, 4096, None, 1, True),
@@ -43,13 +43,15 @@ def cases() -> list[tuple[str, str, int, dict, dict]]:
         ("bf16", 80, 8, 8, 64, True),
         ("fp16", 90, 4096, 8, 32, False),
         ("fp32", 80, 16, 4, 128, True),
-        ("bf16", 90, 8, 4, 32, True, True, True),  # gpt-oss MXFP4 decode
-        ("bf16", 80, 4096, 4, 32, False, True, True),
-        ("bf16", 90, 4096, 4, 16, True, True, False),  # NVFP4
-        ("bf16", 90, 8, None, 1, True, False, True),  # gpt-oss in bf16
+        ("bf16", 90, 8, 4, 32, True, 4, True),  # gpt-oss MXFP4 decode
+        ("bf16", 80, 4096, 4, 32, False, 4, True),
+        ("bf16", 90, 4096, 4, 16, True, 4, False),  # NVFP4
+        ("bf16", 90, 8, None, 1, True, 0, True),  # gpt-oss in bf16
+        ("bf16", 90, 8, 8, 128, True, 8, False),  # block-scaled FP8 experts (Qwen3-MoE FP8, DeepSeek)
+        ("bf16", 80, 4096, 8, 128, False, 8, False),
     ]
     for dt, cap, pairs, bits, group, weighted, *rest in combos:
-        e2m1, out_bias = rest or (False, False)
+        code, out_bias = rest or (0, False)
         cfg = tm._config(pairs, torch_dtype[dt])
         options = {k: v for k, v in cfg.items() if k.startswith("num_")}
         consts = {k: v for k, v in cfg.items() if k not in options}
@@ -58,12 +60,12 @@ def cases() -> list[tuple[str, str, int, dict, dict]]:
             MUL_WEIGHT=weighted,
             OUT_BIAS=out_bias,
             QUANT=bits is not None,
-            E2M1=e2m1,
+            FLOAT_CODE=code,
             BITS=bits or 16,
             GROUP=group,
             PRECISION="ieee" if dt == "fp32" else "tf32",
         )
-        kind = ("e2m1" if e2m1 else f"{bits}-bit") + f" g{group}" if bits else "float"
+        kind = ({4: "e2m1", 8: "e4m3"}.get(code, f"{bits}-bit")) + f" g{group}" if bits else "float"
         label = f"_moe_gemm_kernel {dt} sm_{cap} {kind} BLOCK_M={consts['BLOCK_M']} weighted={weighted}"
         label += " biased" if out_bias else ""
         out.append((label, dt, cap, consts, options))
@@ -122,7 +124,7 @@ def test_moe_kernel_compiles_for_nvidia_targets(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     compiled = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert len(compiled) == 16
+    assert len(compiled) == 18
     assert any("bf16 sm_90 4-bit g64 BLOCK_M=64" in line for line in compiled)  # quantized prefill tile
     assert any("bf16 sm_90 e2m1 g32 BLOCK_M=16 weighted=True biased" in line for line in compiled)
     assert any("bf16 sm_80 float BLOCK_M=64" in line for line in compiled)

@@ -262,3 +262,35 @@ def test_gpt_oss_experts_take_the_fused_kernel(quantized, monkeypatch):
         got = moe.routed(x, ids, weights)
     assert len(calls) == 1 and calls[0]["glu"] is moe.glu and calls[0]["down_bias"] is not None
     assert_matches(got, want, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_moe_on_block_scaled_fp8_experts(dtype):
+    """FP8 experts with 128x128 block scales (Qwen3-MoE-FP8, DeepSeek-V3) as the CUDA loader stacks
+    them: each expert an e4m3 Triton layer, the stack's kernel == the reference on torch's own
+    float8_e4m3fn decode of the bytes times the block scales."""
+    from lantern.app.models.quant.affine import ErrorLog, Fp8Weight
+    from lantern.backends.torch.moe import QuantExperts
+    from lantern.backends.torch.quant_linear import quantized_linear
+
+    experts, hidden, inner = 3, 128, 128
+    g = torch.Generator().manual_seed(11)
+    layers = QuantExperts(experts)
+    dense = {"gate_up": [], "down": []}
+    for e in range(experts):
+        for name, (n, k) in (("gate_up", (2 * inner, hidden)), ("down", (hidden, inner))):
+            data = (torch.randn(n, k, generator=g) * 50).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+            scales = (torch.rand(-(-n // 128), k // 128, generator=g) * 0.002 + 0.001).numpy()
+            w = Fp8Weight(data, scales, (128, 128), f"fp8 {name}")
+            dense[name].append(torch.from_numpy(w.dequantize(np.float32)))
+            getattr(layers, f"{name}_proj")[e] = quantized_linear(w, None, DEVICE, dtype, ErrorLog(), kernel="triton")
+    layers.stack_for_cuda()
+    assert layers.packed is not None and layers.packed[0].code == "e4m3" and layers.packed[0].biases is None
+    x = torch.randn(5, hidden, generator=g).to(DEVICE, dtype)
+    ids, weights = routing(5, experts, 2, seed=12)
+    gate_up, down = layers.packed
+    ref = mr.fused_moe_reference(
+        x, torch.stack(dense["gate_up"]).to(DEVICE), torch.stack(dense["down"]).to(DEVICE), ids, weights
+    )
+    got = tm.fused_moe(x, gate_up, down, ids, weights, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    assert_matches(got, ref, dtype)

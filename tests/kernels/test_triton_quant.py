@@ -166,6 +166,42 @@ def test_e2m1_layout_is_mlx_fp4(mode, group):
         np.testing.assert_allclose(out.numpy(), mlx_out, rtol=1e-4, atol=1e-4 * np.abs(mlx_out).max())
 
 
+def e4m3_weight(n: int, k: int, group: int, dtype: torch.dtype, seed: int):
+    """FP8 bytes (torch's e4m3fn cast of random values, with zero, -0, subnormals and the largest
+    normal planted in row 0) and scales of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    codes = (torch.randn(n, k, generator=g) * 40).to(torch.float8_e4m3fn).view(torch.uint8)
+    codes[0, :8] = torch.tensor([0x00, 0x01, 0x06, 0x08, 0x80, 0x83, 0x7E, 0xFE], dtype=torch.uint8)
+    scales = (torch.rand(n, k // group, generator=g) * 0.004 + 0.001) * torch.sign(torch.randn(n, 1, generator=g))
+    return codes, scales.to(dtype)
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_e4m3_kernel_matches_reference(group, dtype, path):
+    """FP8 bytes (block-scaled checkpoints) against torch's own float8_e4m3fn decode times the scales."""
+    k = 3 * group
+    for m, n in [(1, 40), (3, 72), (17, 40)]:
+        packed, scales = e4m3_weight(n, k, group, dtype, seed=m * n + group)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+        out = run(path, x, packed, scales, None, 8, group, code="e4m3", **SMALL[path](group))
+        ref = (x.float() @ qr.dequantize_e4m3(packed, scales, group).T).to(dtype)
+        assert_matches(out, ref, dtype)
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+def test_e4m3_every_code_by_hand(path):
+    """Every non-NaN e4m3fn byte through the kernel: x = the identity picks w[n, k] = value * scale,
+    which must equal torch's decode exactly (subnormals, -0 and 448 included)."""
+    codes = torch.arange(256, dtype=torch.uint8).view(2, 128)
+    codes[0, 0x7F], codes[1, 0x7F] = 0, 0x80  # the NaN codes 0x7F and 0xFF: FP8 weights hold none
+    scales = torch.tensor([[0.25], [2.0]])
+    out = run(path, torch.eye(128), codes, scales, None, 8, 128, code="e4m3", **SMALL[path](128))
+    expected = codes.view(torch.float8_e4m3fn).float() * scales
+    assert torch.equal(out.T, expected)
+
+
 def test_affine_matmul_dispatch_and_default_blocks(monkeypatch):
     """M <= GEMV_MAX_M takes the GEMV, more rows the GEMM; leading dims are kept; default block sizes work."""
     _, packed, scales, biases = make_weight(40, 256, 4, 64, torch.float16, seed=3)
@@ -208,6 +244,10 @@ def test_shape_errors():
         tq.e2m1_matmul(x, packed, scales, 8)
     with pytest.raises(ValueError, match="do not fit"):
         tq.e2m1_matmul(x, packed, scales, 16)  # 4 groups of 16 need 4 scales a row
+    with pytest.raises(ValueError, match="e4m3 codes are 8-bit"):
+        tq.gemv(x, packed, scales, None, 4, 32, code="e4m3")
+    with pytest.raises(ValueError, match="affine weights take biases"):
+        tq.gemv(x, packed, scales, None, 4, 32, code="affine")
     with pytest.raises(ValueError, match="do not match"):
         qr.dequantize_packed(packed, scales[:, :1], biases[:, :1], 4, 32)
 

@@ -251,6 +251,52 @@ def test_fp8_scaled_mm_layer_math(per_channel) -> None:
     )
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize(
+    "scale, block, group",
+    [
+        (np.array([[0.01, 0.02]]), (128, 128), 128),  # DeepSeek-V3 / Qwen3-FP8: 128x128 blocks (72 rows: one)
+        (np.random.default_rng(7).uniform(0.005, 0.02, (3, 8)), (32, 32), 32),
+        (np.random.default_rng(8).uniform(0.005, 0.02, (N, 1)), None, 128),  # per-channel (an A100)
+        (np.array(0.01), None, 128),  # per-tensor
+    ],
+)
+def test_fp8_triton_path_keeps_the_bytes(scale, block, group, triton_device: str) -> None:
+    """FP8 weights that torch._scaled_mm does not take run the e4m3 Triton kernels on their own bytes,
+    each row's scales laid out per group of input columns: exact (rows equal the dequantized weight),
+    float32 GEMV and GEMM to F32, one byte a weight."""
+    w = fp8(N, K, scale, block, f"fp8 {block}")
+    errors = ErrorLog()
+    layer = ql.quantized_linear(w, None, triton_device, torch.float32, errors, kernel="triton")
+    assert (layer.code, layer.bits, layer.group_size) == ("e4m3", 8, group) and layer.biases is None
+    assert tuple(layer.packed.shape) == (N, K) and layer.packed.dtype == torch.uint8
+    assert list(errors.worst) == [] and not errors.notes
+    ids = torch.tensor([0, 33, 71])
+    np.testing.assert_array_equal(layer.rows(ids.to(triton_device)).cpu().numpy(), w.dequantize()[ids.numpy()])
+    for m in (1, 37):
+        x = inputs(m, K, torch.float32).to(triton_device)
+        assert rel(layer(x).cpu(), reference(x.cpu(), w.dequantize())) < F32
+
+
+def test_fp8_groups_lay_scales_out_per_row_and_group() -> None:
+    """fp8_groups: a 2x2 grid of 128x128 block scales over a [200, 256] weight gives rows 0-127 the
+    first block row's two scales and rows 128-199 the second's; a block width that is no multiple
+    of 32 or a ragged last column block has no layout."""
+    from lantern.backends.torch.triton_linear import fp8_groups
+
+    blocks = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    group, scales = fp8_groups(fp8(200, 256, blocks, (128, 128), "b"))
+    assert group == 128 and scales.shape == (200, 2)
+    assert (scales[:128] == [1.0, 2.0]).all() and (scales[128:] == [3.0, 4.0]).all()
+    group, scales = fp8_groups(fp8(8, 256, np.array([[5.0]]), (128, 256), "wide"))
+    assert group == 128 and scales.shape == (8, 2) and (scales == 5.0).all()  # two groups share a 256-wide block
+    assert fp8_groups(fp8(8, 256, np.array([[5.0, 6.0]]), (128, 256), "bad")) is None  # scales of another grid
+    assert fp8_groups(fp8(8, 96, np.ones((1, 2)), (128, 48), "b48")) is None
+    assert fp8_groups(fp8(8, 200, np.ones((1, 2)), (128, 128), "ragged")) is None
+    group, scales = fp8_groups(fp8(8, 96, np.arange(8, dtype=np.float32).reshape(8, 1), None, "pc"))
+    assert group == 32 and scales.shape == (8, 3) and (scales[:, 2] == np.arange(8)).all()
+
+
 def test_kernel_selection(monkeypatch) -> None:
     assert ql.select_kernel(affine(8, 64, 4, 32), "cuda") == "triton"
     assert ql.select_kernel(affine(8, 64, 6, 16), torch.device("cuda", 1)) == "triton"
@@ -261,8 +307,10 @@ def test_kernel_selection(monkeypatch) -> None:
     assert ql.select_kernel(per_tensor, "cuda") == "fp8"
     assert ql.select_kernel(fp8(64, 64, np.ones((64, 1)), None, "pc"), "cuda") == "fp8"
     assert ql.select_kernel(blocks, "cuda") == "dense"
+    assert ql.select_kernel(fp8(256, 256, np.ones((2, 2)), (128, 128), "fits"), "cuda") == "triton"  # e4m3 kernel
+    assert ql.select_kernel(fp8(64, 96, np.ones((1, 2)), (128, 48), "b48"), "cuda") == "dense"  # no 32-multiple
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert ql.select_kernel(per_tensor, "cuda") == "dense"
+    assert ql.select_kernel(per_tensor, "cuda") == "triton"  # no FP8 matmul: the bytes through Triton
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lantern.backends.torch.kernels.quant_reference import dequantize_e2m1, dequantize_packed
+from lantern.backends.torch.kernels.quant_reference import dequantize_e2m1, dequantize_e4m3, dequantize_packed
 
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -28,7 +28,7 @@ ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tan
 @dataclass
 class PackedExperts:
     """E group-quantized matrices: packed uint8 [E, N, K * bits / 8], scales / biases [E, N, K / group];
-    code "e2m1": 4-bit fp4 codes and no biases (None)."""
+    code "e2m1" (4-bit fp4 codes) or "e4m3" (FP8 bytes): no biases (None)."""
 
     packed: torch.Tensor
     scales: torch.Tensor
@@ -46,6 +46,8 @@ class PackedExperts:
         """Expert e's weight as float32 [N, K]."""
         if self.code == "e2m1":
             return dequantize_e2m1(self.packed[e], self.scales[e], self.group_size)
+        if self.code == "e4m3":
+            return dequantize_e4m3(self.packed[e], self.scales[e], self.group_size)
         assert self.biases is not None
         return dequantize_packed(self.packed[e], self.scales[e], self.biases[e], self.bits, self.group_size)
 

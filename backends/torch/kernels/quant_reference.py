@@ -10,7 +10,8 @@ check against `mx.dequantize`.
 
 "e2m1" weights (fp4: MXFP4, NVFP4) use the 4-bit layout with each nibble an e2m1 float (sign bit 3,
 then 2 exponent bits and 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) and no
-biases: w[n, k] = e2m1(code[n, k]) * scales[n, k // g], groups 16 to 128.
+biases: w[n, k] = e2m1(code[n, k]) * scales[n, k // g], groups 16 to 128. "e4m3" weights (FP8) use
+the 8-bit layout with each byte an e4m3fn float (decoded here by torch's float8_e4m3fn), no biases.
 """
 
 from __future__ import annotations
@@ -90,3 +91,13 @@ def e2m1_matmul_reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.T
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"x has {x.shape[-1]} input features, the weight {w.shape[1]}")
     return (x.float() @ w.T).to(x.dtype)
+
+
+def dequantize_e4m3(packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """float32 [N, K] weight of e4m3fn bytes: torch's float8_e4m3fn value * scale per group."""
+    check_mode(8, group_size)
+    n, k = packed.shape
+    if k % group_size or scales.shape != (n, k // group_size):
+        raise ValueError(f"codes [{n}, {k}] do not match scales {tuple(scales.shape)} for group size {group_size}")
+    values = packed.contiguous().view(torch.float8_e4m3fn).float()
+    return (values.view(n, k // group_size, group_size) * scales.float()[:, :, None]).view(n, k)

@@ -14,8 +14,9 @@
 
 Each GEMM adds its expert's output bias (gpt-oss) in float32 before the routing weight. Weights are
 float [E, N, K] or group-quantized `PackedExperts` (4-bit nibbles / 8-bit bytes with per-group scale
-and bias, the layout of quant_reference.py; or e2m1 nibbles with a scale per group, MXFP4 / NVFP4,
-decoded through a float16 as in triton_quant._word_e2m1): quantized tiles are dequantized in
+and bias, the layout of quant_reference.py; or float codes with a scale per group -- e2m1 nibbles,
+MXFP4 / NVFP4, and e4m3 bytes, block-scaled FP8 -- decoded through a float16 as in
+triton_quant._word_e2m1 / _word_e4m3): quantized tiles are dequantized in
 registers and fed to tl.dot in the activations' dtype, so expert weights stay quantized in memory.
 Block sizes are fixed per (dtype, pair count) rather than autotuned, for the same reason as in
 triton_quant.py (CUDA graphs, no benchmarking pass at start-up). Not yet timed on a GPU.
@@ -57,7 +58,7 @@ def _moe_gemm_kernel(
     MUL_WEIGHT: tl.constexpr,  # scale each output row by its pair's routing weight (float32)
     OUT_BIAS: tl.constexpr,  # add the expert's output bias [E, N] (gpt-oss)
     QUANT: tl.constexpr,
-    E2M1: tl.constexpr,  # (QUANT, 4-bit) the codes are fp4 values: w = value * scale, no bias
+    FLOAT_CODE: tl.constexpr,  # (QUANT) 4: e2m1 nibbles, 8: e4m3 bytes (w = value * scale, no bias); 0: affine
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -94,9 +95,13 @@ def _moe_gemm_kernel(
                 code = tl.load(w_ptr + e * stride_we + n[:, None] * stride_wn + kk[None, :], mask=w_mask, other=0)
             sb = e * stride_se + n[:, None] * stride_sn + (kk // GROUP)[None, :]
             s = tl.load(scale_ptr + sb, mask=w_mask, other=0.0).to(tl.float32)
-            if E2M1:  # exponent and mantissa bits under float16's exponent, the sign on top: value * 2^-14
+            if FLOAT_CODE == 4:  # exponent and mantissa bits under float16's exponent, the sign on top: value * 2^-14
                 h = ((code & 7) << 9) | ((code & 8) << 12)
                 w = (h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * (s * 16384.0)).to(dt)
+            elif FLOAT_CODE == 8:  # the same for e4m3: value * 2^-8
+                c = code.to(tl.int32)
+                h = ((c & 0x7F) << 7) | ((c & 0x80) << 8)
+                w = (h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * (s * 256.0)).to(dt)
             else:
                 b = tl.load(bias_ptr + sb, mask=w_mask, other=0.0).to(tl.float32)
                 w = (code.to(tl.float32) * s + b).to(dt)
@@ -173,12 +178,12 @@ def moe_gemm(
     if num_pairs == 0:
         return out
     quant = isinstance(w, PackedExperts)
-    e2m1 = quant and w.code == "e2m1"
-    if (quant and (w.biases is None) != e2m1) or (e2m1 and w.bits != 4):
+    float_code = {"affine": 0, "e2m1": 4, "e4m3": 8}[w.code] if quant else 0
+    if quant and ((w.biases is None) != (float_code != 0) or (float_code and w.bits != float_code)):
         raise ValueError(f"packed experts of code {w.code!r} ({w.bits}-bit) need biases exactly when affine")
     if quant:
         data, scales = w.packed.contiguous(), w.scales.contiguous()
-        biases = scales if w.biases is None else w.biases.contiguous()  # (e2m1: never read)
+        biases = scales if w.biases is None else w.biases.contiguous()  # (float codes: never read)
         bits, group = w.bits, w.group_size
     else:
         data = w.contiguous()
@@ -190,7 +195,7 @@ def moe_gemm(
     _moe_gemm_kernel[grid](
         a, data, scales, biases, ob, out, rw, sorted_ids, block_expert, num_pairs, n, k,
         a.stride(0), data.stride(0), data.stride(1), scales.stride(0), scales.stride(1), ob.stride(0), out.stride(0),
-        A_DIV=a_div, MUL_WEIGHT=routing is not None, OUT_BIAS=out_bias is not None, QUANT=quant, E2M1=e2m1,
+        A_DIV=a_div, MUL_WEIGHT=routing is not None, OUT_BIAS=out_bias is not None, QUANT=quant, FLOAT_CODE=float_code,
         BITS=bits, GROUP=group, BLOCK_M=block_m, PRECISION="ieee" if a.dtype == torch.float32 else "tf32", **cfg,
     )  # fmt: skip
     return out

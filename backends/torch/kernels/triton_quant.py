@@ -15,9 +15,11 @@ no int->float conversion, which runs at a quarter of the FMA rate), and fold the
   [BLOCK_N, BLOCK_K] tile (w = f * (s 2^bits) + (b - s 2^bits): one FMA per weight), rounds it to x's
   dtype and feeds tl.dot with fp32 accumulation (ieee for fp32 inputs, to match the reference).
 
-e2m1 weights (fp4: MXFP4 / NVFP4 checkpoints, `E2M1`) share both kernels: `_word_e2m1` turns each
-nibble into its value times 2^-14 by placing its bits in a float16 (no table), the 2^14 goes into the
-group scale, and there is no bias (w = value * scale).
+Float codes share both kernels (`FLOAT_CODE`, no biases: w = value * scale): e2m1 nibbles (fp4:
+MXFP4 / NVFP4 checkpoints, FLOAT_CODE 4) and e4m3 bytes (FP8 checkpoints on GPUs without FP8
+matmuls, or with block-wise scales, FLOAT_CODE 8). `_word_float` turns each code into its value
+times 2^-14 (e2m1) or 2^-8 (e4m3) by placing its bits in a float16 (no table); the power of two
+goes into the group scale.
 
 Block sizes come from `_gemv_config` / `_gemm_config`, not @triton.autotune: decode runs under CUDA
 graphs, every (shape, batch bucket) would pay a benchmarking pass at start-up, and no GPU was at hand
@@ -94,6 +96,30 @@ def _word_e2m1(v):
 
 
 @triton.jit
+def _word_e4m3(v):
+    """int32 words [..., W] of e4m3fn codes -> float32 [..., W * 4] of value * 2^-8, in column order.
+
+    As _word_e2m1: a code's 4 exponent and 3 mantissa bits go to float16's bits 13..7 (the low 4 of its
+    5-bit exponent, the top 3 of its mantissa), its sign to bit 15. float16's bias (15) is e4m3's (7)
+    plus 8, so the float16 is the value times 2^-8 exactly, e4m3's subnormals landing on float16's.
+    (The NaN codes 0x7F / 0xFF come out as 1.75 * 2^8: FP8 weights hold none.) Byte i of a word
+    (bits 8i..8i+7) is shifted to bits 7..14 first.
+    """
+    e = tl.interleave(tl.interleave(v << 7, v >> 9), tl.interleave(v >> 1, v >> 17))
+    h = (e & 0x3F80) | ((e << 1) & 0x8000)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _word_float(v, FLOAT_CODE: tl.constexpr):
+    """Float codes -> value * 2^-14 (e2m1, FLOAT_CODE 4) or value * 2^-8 (e4m3, FLOAT_CODE 8)."""
+    if FLOAT_CODE == 4:
+        return _word_e2m1(v)
+    else:
+        return _word_e4m3(v)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     words_ptr,
@@ -111,7 +137,7 @@ def _gemv_kernel(
     one,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
-    E2M1: tl.constexpr,
+    FLOAT_CODE: tl.constexpr,  # 0: affine codes with biases; 4: e2m1; 8: e4m3
     ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -121,6 +147,7 @@ def _gemv_kernel(
     G: tl.constexpr = BLOCK_K // GROUP  # groups per step
     WG: tl.constexpr = GROUP * BITS // 32  # words per group
     LEVELS: tl.constexpr = 1 << BITS  # f = 1 + code / LEVELS
+    UNDO: tl.constexpr = 16384.0 if FLOAT_CODE == 4 else 256.0  # float codes: the decode's power of two
     m0 = tl.program_id(1).to(tl.int64) * ROWS  # int64: M * N can pass 2^31 (long prompt x vocabulary)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -141,9 +168,9 @@ def _gemv_kernel(
         nxt = tl.load(word_ptrs + (g0 + G) * WG, mask=n_ok[:, None, None] & ahead, other=0)
         sb_mask = n_ok[:, None] & g_ok[None, :]
         sb_off = n[:, None] * stride_sn + grp[None, :]
-        if E2M1:
-            f = _word_e2m1(words)  # [BLOCK_N, G, GROUP]: value * 2^-14
-            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * 16384.0
+        if FLOAT_CODE:
+            f = _word_float(words, FLOAT_CODE)  # [BLOCK_N, G, GROUP]: value * 2^-14 or 2^-8
+            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * UNDO
             b = s  # (unused: no bias)
         else:
             f = _word_codes(words, one, BITS)  # [BLOCK_N, G, GROUP]
@@ -155,7 +182,7 @@ def _gemv_kernel(
             xv = tl.load(x_ptr + m * stride_xm + x_off, mask=g_ok[:, None] & (m < M), other=0.0).to(tl.float32)
             # per group: s * sum(code * x) + b * sum(x) = (s * LEVELS) * sum(f * x) + (b - s * LEVELS) * sum(x)
             dots = tl.sum(f * xv[None, :, :], axis=2)  # [BLOCK_N, G]
-            if E2M1:
+            if FLOAT_CODE:
                 part = dots * s
             else:
                 part = dots * s + tl.sum(xv, axis=1)[None, :] * b
@@ -184,7 +211,7 @@ def _gemm_kernel(
     one,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
-    E2M1: tl.constexpr,
+    FLOAT_CODE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -195,6 +222,7 @@ def _gemm_kernel(
     KS: tl.constexpr = BLOCK_K // GS  # columns per (row, slice); one scale and bias each
     WS: tl.constexpr = KS * BITS // 32  # words per (row, slice)
     LEVELS: tl.constexpr = 1 << BITS
+    UNDO: tl.constexpr = 16384.0 if FLOAT_CODE == 4 else 256.0  # float codes: the decode's power of two
     m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: M * N can pass 2^31
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m < M
@@ -211,9 +239,9 @@ def _gemm_kernel(
         words = tl.load(word_ptrs + k0 * BITS // 32, mask=n_ok[:, None, None] & s_ok[None, :, None], other=0)
         sb_mask = n_ok[:, None] & s_ok[None, :]
         sb_off = n[:, None] * stride_sn + (start // GROUP)[None, :]
-        if E2M1:
-            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * 16384.0
-            w = tl.reshape((_word_e2m1(words) * s[:, :, None]).to(dt), (BLOCK_N, BLOCK_K))
+        if FLOAT_CODE:
+            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * UNDO
+            w = tl.reshape((_word_float(words, FLOAT_CODE) * s[:, :, None]).to(dt), (BLOCK_N, BLOCK_K))
         else:
             f = _word_codes(words, one, BITS)  # [BLOCK_N, GS, KS]
             s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32) * LEVELS
@@ -255,12 +283,29 @@ def _gemm_config(m: int, n: int, k: int, bits: int, dtype: torch.dtype) -> dict:
     return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
 
 
+FLOAT_CODES = {"affine": 0, "e2m1": 4, "e4m3": 8}  # code kind -> the kernels' FLOAT_CODE
+_CODE_BITS = {"e2m1": 4, "e4m3": 8}
+
+
 def _check(
-    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor | None, bits: int, group: int
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    biases: torch.Tensor | None,
+    bits: int,
+    group: int,
+    code: str | None,
 ) -> str:
-    """The weight's code kind: "affine" with biases, "e2m1" (4-bit, no biases) without."""
-    code = "affine" if biases is not None else "e2m1"
-    check_mode(bits, group, code)
+    """The weight's code kind: "affine" (with biases), "e2m1" or "e4m3" (without); None: affine where
+    biases are given, else e2m1."""
+    code = code or ("affine" if biases is not None else "e2m1")
+    if code not in FLOAT_CODES:
+        raise ValueError(f"unknown code kind {code!r} ({', '.join(FLOAT_CODES)})")
+    if (biases is None) != (code != "affine"):
+        raise ValueError(f"{code} weights take {'biases' if code == 'affine' else 'no biases'}")
+    check_mode(bits, group, "affine" if code == "e4m3" else code)  # (e4m3: 8-bit bytes in affine's groups)
+    if code != "affine" and bits != _CODE_BITS[code]:
+        raise ValueError(f"{code} codes are {_CODE_BITS[code]}-bit, not {bits}-bit")
     k = x.shape[-1]
     n = packed.shape[0]
     if packed.dtype != torch.uint8 or packed.shape != (n, k * bits // 8):
@@ -279,17 +324,18 @@ def gemv(
     bits: int,
     group_size: int,
     *,
+    code: str | None = None,
     rows_per_pass: int = GEMV_MAX_M,
     **config,
 ) -> torch.Tensor:
     """The decode kernel for any M (passes of `rows_per_pass` rows); `config` overrides the block sizes.
-    `biases` None: the codes are e2m1 (4-bit)."""
-    code = _check(x, packed, scales, biases, bits, group_size)
+    `code`: "affine" (biases given), "e2m1" or "e4m3" (biases None); default: by the biases."""
+    code = _check(x, packed, scales, biases, bits, group_size, code)
     m, k = x.shape
     n = packed.shape[0]
     cfg = {**_gemv_config(n, k, bits, group_size), **config}
     scales, packed = scales.contiguous(), packed.contiguous()
-    biases = scales if biases is None else biases.contiguous()  # (e2m1: never read)
+    biases = scales if biases is None else biases.contiguous()  # (float codes: never read)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
@@ -299,7 +345,8 @@ def gemv(
     _gemv_kernel[grid](
         x, words, scales, biases, out, m, n, k,
         x.stride(0), x.stride(1), words.stride(0), scales.stride(0), out.stride(0), _ONE_BITS,
-        BITS=bits, GROUP=group_size, E2M1=code == "e2m1", ROWS=rows, BLOCK_M=triton.next_power_of_2(rows), **cfg,
+        BITS=bits, GROUP=group_size, FLOAT_CODE=FLOAT_CODES[code], ROWS=rows, BLOCK_M=triton.next_power_of_2(rows),
+        **cfg,
     )  # fmt: skip
     return out
 
@@ -311,10 +358,12 @@ def gemm(
     biases: torch.Tensor | None,
     bits: int,
     group_size: int,
+    *,
+    code: str | None = None,
     **config,
 ) -> torch.Tensor:
-    """The tiled kernel for any M; `config` overrides the block sizes. `biases` None: e2m1 codes."""
-    code = _check(x, packed, scales, biases, bits, group_size)
+    """The tiled kernel for any M; `config` overrides the block sizes; `code` as in gemv."""
+    code = _check(x, packed, scales, biases, bits, group_size, code)
     m, k = x.shape
     n = packed.shape[0]
     cfg = {**_gemm_config(m, n, k, bits, x.dtype), **config}
@@ -329,7 +378,7 @@ def gemm(
     _gemm_kernel[grid](
         x, words, scales, biases, out, m, n, k,
         x.stride(0), x.stride(1), words.stride(0), scales.stride(0), out.stride(0), _ONE_BITS,
-        BITS=bits, GROUP=group_size, E2M1=code == "e2m1", GS=max(1, block_k // group_size),
+        BITS=bits, GROUP=group_size, FLOAT_CODE=FLOAT_CODES[code], GS=max(1, block_k // group_size),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **cfg,
     )  # fmt: skip
     return out
@@ -344,8 +393,16 @@ def affine_matmul(
     return fn(x2, packed, scales, biases, bits, group_size).view(*x.shape[:-1], packed.shape[0])
 
 
-def e2m1_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
-    """affine_matmul for e2m1 (fp4) codes: w = value * scale per group, no biases."""
+def float_matmul(
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int, code: str
+) -> torch.Tensor:
+    """affine_matmul for float codes ("e2m1": 4-bit fp4, "e4m3": FP8 bytes): w = value * scale per group."""
     x2 = x.reshape(-1, x.shape[-1])
     fn = gemv if x2.shape[0] <= GEMV_MAX_M else gemm
-    return fn(x2, packed, scales, None, 4, group_size).view(*x.shape[:-1], packed.shape[0])
+    out = fn(x2, packed, scales, None, _CODE_BITS[code], group_size, code=code)
+    return out.view(*x.shape[:-1], packed.shape[0])
+
+
+def e2m1_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """float_matmul of e2m1 (fp4) codes."""
+    return float_matmul(x, packed, scales, group_size, "e2m1")
