@@ -68,7 +68,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     isq_help = (
         "quantize a float checkpoint while loading (in-situ quantization): q4 / q8 integer weights, "
-        "or fp8 (e4m3; CUDA GPUs with FP8 matmuls, compute capability 8.9+, and MLX)"
+        "or fp8 (e4m3 weights; CUDA GPUs and MLX)"
     )
     p.add_argument("--isq", default=None, choices=["q4", "q8", "fp8"], help=isq_help)
     task_help = (

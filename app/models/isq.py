@@ -1,10 +1,10 @@
 """`--isq q4|q8|fp8` (in-situ quantization): a float checkpoint's matrices quantized on their way from
 the weight stream to the backend, with a progress bar whose total is exact for every family.
 
-fp8 (vLLM's `--quantization fp8`) is e4m3 weights where the hardware computes on them: one scale per
-output row on CUDA GPUs with FP8 matmuls (torch._scaled_mm: backends/torch/weights.isq_mode refuses
-it elsewhere, where it would only be dequantized), MLX's mxfp8 mode (a power-of-two scale per 32
-weights) on MLX.
+fp8 (vLLM's `--quantization fp8`) is e4m3 weights where a backend computes on them: one scale per
+output row on CUDA GPUs (torch._scaled_mm from compute capability 8.9, the Triton e4m3 kernels on
+older ones; backends/torch/weights.isq_mode refuses it on a CPU, where it would only be dequantized),
+MLX's mxfp8 mode (a power-of-two scale per 32 weights) on MLX.
 
 What stays in float, and why:
 - the MoE routers (and Qwen2-MoE's shared-expert gate): a few KB per layer that decide which

@@ -48,21 +48,18 @@ def isq_mode(scheme: str | None, device: torch.device) -> IsqMode | None:
     """--isq layouts the kernels take exactly: on CPU int4 g32 (aten int4pack) and per-channel
     symmetric int8 (aten int8pack, whose input width must be a multiple of 16: narrower or ragged
     matrices stay in float); on CUDA the Triton kernels' 4- and 8-bit g64, and fp8 (e4m3, a scale per
-    row) where the GPU multiplies FP8 (refused elsewhere, naming q8)."""
+    row: torch._scaled_mm from compute capability 8.9, the Triton e4m3 kernels before; refused on a
+    CPU, naming q8)."""
     if scheme is None:
         return None
-    if scheme == "fp8":  # e4m3 with a scale per row, for torch._scaled_mm (Fp8Linear); n, k multiples of 16
-        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-            where = (
-                "a CPU"
-                if device.type != "cuda"
-                else f"a GPU of compute capability {torch.cuda.get_device_capability(device)}"
-            )
+    if scheme == "fp8":  # e4m3 with a scale per row: torch._scaled_mm on FP8 GPUs, the Triton e4m3 kernels before
+        if device.type != "cuda":
             raise ValueError(
-                f"--isq fp8 needs a GPU that multiplies FP8 (CUDA compute capability 8.9+: Ada, Hopper, Blackwell); "
-                f"on {where} its weights would only be dequantized: use --isq q8 (8-bit weights computed as stored)"
+                "--isq fp8 needs a CUDA GPU (FP8 matmuls from compute capability 8.9, FP8 weights through the "
+                "Triton kernels before): on a CPU its weights would only be dequantized; use --isq q8 (8-bit "
+                "weights computed as stored)"
             )
-        return IsqMode(8, 0, symmetric=True, col_multiple=16, kind="fp8")
+        return IsqMode(8, 0, symmetric=True, col_multiple=32, kind="fp8")
     if device.type == "cpu":
         return IsqMode(4, 32) if scheme == "q4" else IsqMode(8, 0, symmetric=True, col_multiple=INT8PACK_COLS)
     return IsqMode(4 if scheme == "q4" else 8, 64)

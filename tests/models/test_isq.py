@@ -227,15 +227,15 @@ def test_isq_fp8_rows_are_e4m3_of_each_rows_scale():
 
 def test_isq_fp8(tiny_model_dir, tmp_path, backend):
     """--isq fp8: on MLX every 2-D weight in MLX's mxfp8 mode (mx.quantize's codes, mx.dequantize the
-    reference); torch on a CPU refuses it in one line naming q8 (no FP8 matmul: it would only be
-    dequantized). On an FP8 GPU: test_isq_fp8_on_a_gpu."""
+    reference); torch on a CPU refuses it in one line naming q8 (no FP8 kernel: it would only be
+    dequantized). On a GPU: test_isq_fp8_on_a_gpu."""
     from pathlib import Path
 
     from lantern.app.engine import LLM
 
     src = Path(tiny_model_dir("llama2"))
     if backend == "torch":
-        with pytest.raises(ValueError, match=r"--isq fp8 needs a GPU that multiplies FP8 .* use --isq q8") as err:
+        with pytest.raises(ValueError, match=r"--isq fp8 needs a CUDA GPU .* on a CPU .* use --isq q8") as err:
             LLM(str(src), backend="torch", dtype="float32", num_kv_blocks=8, quantization="fp8")
         assert "\n" not in str(err.value)
         return
@@ -257,18 +257,19 @@ def test_isq_fp8(tiny_model_dir, tmp_path, backend):
 
 @pytest.mark.gpu
 def test_isq_fp8_on_a_gpu(tiny_model_dir, tmp_path):
-    """On an FP8 GPU (compute capability 8.9+): e4m3 weights with a scale per row through
-    torch._scaled_mm, against transformers on the same rows' e4m3 values (torch's own cast)."""
+    """On a GPU: e4m3 weights with a scale per row (through torch._scaled_mm from compute capability
+    8.9, the Triton e4m3 kernels before), against transformers on the same rows' e4m3 values (torch's
+    own cast)."""
     from pathlib import Path
 
     import torch
 
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("no GPU with FP8 matmuls")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
     src = Path(tiny_model_dir("llama2"))
 
     def fp8(name, w):
-        if w.ndim != 2 or w.shape[1] % 16:
+        if w.ndim != 2 or w.shape[1] % 32:
             return w
         t = torch.from_numpy(w.astype("float32"))
         scale = t.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
