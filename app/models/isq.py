@@ -13,6 +13,8 @@ What stays in float, and why:
   group size): torch's CPU int8 kernel reads 16 columns at a time with no tail, so a narrower or
   ragged width would be read past its end (a 24-column DeepSeek q_b_proj segfaulted);
 - 1-D tensors (norms, biases), and a tied lm_head (the embedding serves as the head);
+- with fp8, the embedding and the lm_head (as vLLM's fp8 keeps them: e4m3's 3-bit mantissa costs most
+  on the logits, and torch has no FP8 row gather for the table);
 - latent attention's kv_b_proj (DeepSeek): the absorbed attention reads its matrix, never the layer,
   so a quantized one is made dense after loading anyway (models' finish_load): quantizing it would
   keep the same bytes and add only its error.
@@ -39,6 +41,7 @@ from lantern.app.models.quant.microscaled import MxWeight
 
 logger = logging.getLogger(__name__)
 MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whole (module docstring)
+_TABLES = ("model.embed_tokens.weight", "lm_head.weight")  # kept float by fp8 (module docstring)
 
 ISQ_SCHEMES = ("q4", "q8", "fp8")
 _FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -106,7 +109,7 @@ def quantize_stream(
     cfg = spec.config
     total = isq_candidates(cfg)
     bar = tqdm(total=total, desc=f"quantizing to {isq.label}", unit="tensor", disable=not progress, leave=False)
-    done = seen = already = routers = latent = 0
+    done = seen = already = routers = latent = tables = 0
     narrow: list[tuple[str, int]] = []
     try:
         for name, value in source:
@@ -146,6 +149,11 @@ def quantize_stream(
                 routers += 1
                 yield name, value
                 continue
+            if isq.kind != "affine" and name in _TABLES:  # fp8 keeps them float, as vLLM's fp8 does
+                tables += 1
+                bar.total -= 1
+                yield name, value
+                continue
             if cfg.mla is not None and name.endswith(MLA_FLOAT):
                 latent += 1
                 yield name, value
@@ -165,7 +173,7 @@ def quantize_stream(
             bar.update(1)
     finally:
         bar.close()
-    _report(isq, done, routers, narrow, already, latent)
+    _report(isq, done, routers, narrow, already, latent, tables)
     if seen != total:  # a family whose matrices isq_candidates does not know: only the bar is off
         logger.debug("in-situ quantization saw %d matrices; %d were expected", seen, total)
 
@@ -226,8 +234,11 @@ def _mlx_mx(value: Any, mode: str) -> MxWeight:
     return MxWeight(mode, np.array(packed), np.array(scales), f"ISQ {mode}")
 
 
-def _report(isq: IsqMode, done: int, routers: int, narrow: list[tuple[str, int]], already: int, latent: int) -> None:
+def _report(
+    isq: IsqMode, done: int, routers: int, narrow: list[tuple[str, int]], already: int, latent: int, tables: int = 0
+) -> None:
     kept = f"; {routers} MoE router matrices kept in float" if routers else ""
+    kept += f"; the embedding{' and head' if tables > 1 else ''} kept in float" if tables else ""
     kept += f"; {latent} latent attention kv_b_proj matrices kept in float" if latent else ""
     logger.info("in-situ quantization: %d tensors to %s%s", done, isq.label, kept)
     if narrow:

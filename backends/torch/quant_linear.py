@@ -360,7 +360,9 @@ def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
 def _dense_fp8(w: Fp8Weight, device: torch.device, dtype: torch.dtype, errors: ErrorLog) -> DenseLinear:
     if device.type != "cuda":
         reason = "no FP8 matmul on CPU"
+    elif w.block is not None:
+        reason = f"its {w.block[0]}x{w.block[1]} block scales fit no group of the Triton kernels"
     else:
-        reason = f"its scales (block {w.block}) fit no group of the Triton kernels"
+        reason = f"its {w.shape[1]} input columns are no multiple of the Triton kernels' groups (32)"
     errors.note(f"FP8 weights ({w.source}) dequantized to {dtype_name(dtype)} on {device.type}: {reason}")
     return DenseLinear(torch.from_numpy(w.dequantize(np.float32)), device, dtype)

@@ -28,7 +28,15 @@ from torch import nn
 
 from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.family_moe import expert_part, is_router, moe_name
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, concat_rows, in_input_order, same_perm
+from lantern.app.models.quant.affine import (
+    AffineWeight,
+    ErrorLog,
+    Fp8Weight,
+    concat_fp8_rows,
+    concat_rows,
+    in_input_order,
+    same_perm,
+)
 from lantern.app.models.weight_stream import IsqMode, iter_weights
 from lantern.backends.torch.parallel import COLUMN_PARALLEL, ROW_PARALLEL, TPGroup, vocab_shard
 from lantern.backends.torch.quant_linear import INT8PACK_COLS
@@ -182,13 +190,20 @@ class _Loader:
             raise ValueError(f"{path}.{kind} has shape {tuple(tensor.shape)}, the model expects {tuple(expected)}")
         module._parameters[kind] = nn.Parameter(tensor.to(self.device, self.dtype), requires_grad=False)
 
-    def quantized_layer(self, path: str, parts: list[Any]) -> nn.Module:
+    def quantized_layer(self, path: str, parts: list[Any], expert: bool = False) -> nn.Module:
+        """One layer over the parts (stacked rows); `expert`: a MoE expert's projection, which on CUDA
+        takes the Triton kernels where it can, so that the layer's experts stack for the fused kernel."""
         from lantern.backends.torch.quant_linear import quantized_embedding, quantized_linear, stacked_linear
+        from lantern.backends.torch.triton_linear import fp8_groups
 
         if path.endswith("embed_tokens"):
             return quantized_embedding(parts[0], self.device, self.dtype, self.errors)
         if all(isinstance(p, AffineWeight) for p in parts) and len({p.mode for p in parts}) == 1 and same_perm(parts):
             return quantized_linear(concat_rows(parts), None, self.device, self.dtype, self.errors)
+        joined = concat_fp8_rows(parts) if all(isinstance(p, Fp8Weight) for p in parts) else None
+        if joined is not None:
+            kernel = "triton" if expert and self.device.type == "cuda" and fp8_groups(joined) is not None else None
+            return quantized_linear(joined, None, self.device, self.dtype, self.errors, kernel=kernel)
         layers: list[nn.Module] = []
         for p in parts:
             if isinstance(p, (AffineWeight, Fp8Weight)):
@@ -227,13 +242,14 @@ class _Loader:
         if tuple(value.shape) != expected:
             raise ValueError(f"{path}.{index}.{proj}.weight has shape {tuple(value.shape)}, expected {expected}")
         if proj == "down_proj":
-            module.down_proj[index] = self.quantized_layer(f"{path}.{index}.down_proj", [value])
+            module.down_proj[index] = self.quantized_layer(f"{path}.{index}.down_proj", [value], expert=True)
             return
         slot = self.parts.setdefault((f"{path}.{index}.gate_up_proj", kind), {})
         slot[0 if proj == "gate_proj" else 1] = value
         if len(slot) == 2:
             del self.parts[(f"{path}.{index}.gate_up_proj", kind)]
-            module.gate_up_proj[index] = self.quantized_layer(f"{path}.{index}.gate_up_proj", [slot[0], slot[1]])
+            parts = [slot[0], slot[1]]
+            module.gate_up_proj[index] = self.quantized_layer(f"{path}.{index}.gate_up_proj", parts, expert=True)
 
     def place_float_expert(self, path: str, module: nn.Module, index: int, proj: str, value: Any) -> None:
         which = "down_proj" if proj == "down_proj" else "gate_up_proj"
@@ -334,6 +350,16 @@ def _pad_rows(value: Any, rows: int) -> Any:
             scales=np.concatenate([value.scales, np.zeros((pad, value.scales.shape[1]), np.float32)]),
             biases=np.concatenate([value.biases, np.zeros((pad, value.biases.shape[1]), np.float32)]),
         )
+    if isinstance(value, Fp8Weight):  # zero bytes are 0.0; their scales 1 (per row) or one more block row
+        pad = rows - have
+        scale = np.asarray(value.scale, np.float32)
+        if value.block is not None:
+            extra = -(-rows // value.block[0]) - scale.shape[0]
+            scale = np.concatenate([scale, np.ones((extra, scale.shape[1]), np.float32)])
+        elif scale.size == have:
+            scale = np.concatenate([scale.reshape(have, 1), np.ones((pad, 1), np.float32)])
+        data = np.concatenate([value.data, np.zeros((pad, value.data.shape[1]), np.uint8)])
+        return Fp8Weight(data, scale, value.block, value.source)
     shard = torch.zeros(rows, value.shape[1], dtype=value.dtype)
     shard[:have] = value
     return shard

@@ -226,9 +226,9 @@ def test_isq_fp8_rows_are_e4m3_of_each_rows_scale():
 
 
 def test_isq_fp8(tiny_model_dir, tmp_path, backend):
-    """--isq fp8: on MLX every 2-D weight in MLX's mxfp8 mode (mx.quantize's codes, mx.dequantize the
-    reference); torch on a CPU refuses it in one line naming q8 (no FP8 kernel: it would only be
-    dequantized). On a GPU: test_isq_fp8_on_a_gpu."""
+    """--isq fp8: on MLX every 2-D weight but the embedding and head (kept float, as vLLM's fp8 does) in
+    MLX's mxfp8 mode (mx.quantize's codes, mx.dequantize the reference); torch on a CPU refuses it in
+    one line naming q8 (no FP8 kernel: it would only be dequantized). On a GPU: test_isq_fp8_on_a_gpu."""
     from pathlib import Path
 
     from lantern.app.engine import LLM
@@ -243,7 +243,7 @@ def test_isq_fp8(tiny_model_dir, tmp_path, backend):
     import numpy as np
 
     def mxfp8(name, w):
-        if w.ndim != 2:
+        if w.ndim != 2 or name in ("model.embed_tokens.weight", "lm_head.weight"):  # fp8 keeps them float
             return w
         packed, scales = mx.quantize(mx.array(w.astype("float32")), group_size=32, bits=8, mode="mxfp8")
         values = mx.dequantize(packed, scales, None, group_size=32, bits=8, mode="mxfp8")
@@ -269,7 +269,7 @@ def test_isq_fp8_on_a_gpu(tiny_model_dir, tmp_path):
     src = Path(tiny_model_dir("llama2"))
 
     def fp8(name, w):
-        if w.ndim != 2 or w.shape[1] % 32:
+        if w.ndim != 2 or w.shape[1] % 32 or name in ("model.embed_tokens.weight", "lm_head.weight"):
             return w
         t = torch.from_numpy(w.astype("float32"))
         scale = t.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0

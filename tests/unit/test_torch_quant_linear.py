@@ -454,3 +454,64 @@ def test_prefill_rows_take_the_dense_path_with_the_stored_weight(bits: int, monk
     assert calls == [x.shape[0]]  # the 5-row call stayed on the packed kernel
     bf = layer(x.bfloat16())
     assert bf.dtype == torch.bfloat16 and rel(bf, x.bfloat16().double() @ held.T) < BF16
+
+
+def test_fp8_parts_stack_along_rows() -> None:
+    """concat_fp8_rows: per-tensor and per-channel parts become one per-channel weight; block-scaled
+    parts stack when every part but the last fills whole row blocks; the values are the parts' values."""
+    from lantern.app.models.quant.affine import concat_fp8_rows
+
+    a = fp8(64, 128, np.array(0.5), None, "a")
+    b = fp8(32, 128, np.random.default_rng(9).uniform(0.1, 1, (32, 1)), None, "b")
+    joined = concat_fp8_rows([a, b])
+    assert joined.scale.shape == (96, 1) and joined.block is None
+    np.testing.assert_array_equal(joined.dequantize(), np.concatenate([a.dequantize(), b.dequantize()]))
+    g = fp8(128, 256, np.ones((1, 2)), (128, 128), "g")
+    u = fp8(64, 256, np.full((1, 2), 2.0), (128, 128), "u")  # the last part may end in a partial block
+    joined = concat_fp8_rows([g, u])
+    assert joined.block == (128, 128) and joined.scale.shape == (2, 2)
+    np.testing.assert_array_equal(joined.dequantize(), np.concatenate([g.dequantize(), u.dequantize()]))
+    assert concat_fp8_rows([u, g]) is None  # a partial block row inside the stack
+    assert concat_fp8_rows([g, fp8(64, 256, np.array(0.5), None, "t")]) is None  # block and per-tensor scales
+    assert concat_fp8_rows([a, g]) is None  # different widths
+
+
+def test_fp8_expert_projections_join_and_take_triton_on_cuda(monkeypatch) -> None:
+    """The torch loader joins an expert's gate and up FP8 weights into one layer and, on CUDA, asks for
+    the Triton kernel, so that the layer's experts stack for the fused MoE kernel (a per-channel FP8
+    expert would otherwise take torch._scaled_mm, which does not stack); other projections keep
+    select_kernel's choice."""
+    from lantern.backends.torch import weights
+
+    calls = []
+
+    def record(w, bias, device, dtype, errors, kernel=None):
+        calls.append((w, kernel))
+        return "layer"
+
+    monkeypatch.setattr(ql, "quantized_linear", record)
+    loader = weights._Loader.__new__(weights._Loader)
+    loader.device, loader.dtype, loader.errors = torch.device("cuda"), torch.bfloat16, ErrorLog()
+    gate = fp8(128, 256, np.random.default_rng(1).uniform(0.1, 1, (128, 1)), None, "gate")
+    up = fp8(128, 256, np.array(0.25), None, "up")
+    assert loader.quantized_layer("model.layers.0.mlp.experts.3.gate_up_proj", [gate, up], expert=True) == "layer"
+    ((w, kernel),) = calls
+    assert kernel == "triton" and w.shape == (256, 256) and w.scale.shape == (256, 1)
+    np.testing.assert_array_equal(w.dequantize(), np.concatenate([gate.dequantize(), up.dequantize()]))
+    loader.quantized_layer("model.layers.0.mlp.gate_up_proj", [gate, up])
+    assert calls[-1][1] is None
+    loader.device = torch.device("cpu")
+    loader.quantized_layer("model.layers.0.mlp.experts.3.down_proj", [gate], expert=True)
+    assert calls[-1][1] is None
+
+
+def test_tensor_parallel_pads_fp8_rows() -> None:
+    """A vocabulary that does not divide by the ranks pads its FP8 rows (zero bytes, unit scales)."""
+    from lantern.backends.torch.weights import _pad_rows
+
+    per_channel = fp8(33, 64, np.random.default_rng(2).uniform(0.1, 1, (33, 1)), None, "pc")
+    for w in (per_channel, fp8(33, 64, np.array(0.5), None, "pt"), fp8(33, 64, np.ones((2, 2)), (32, 32), "blk")):
+        padded = _pad_rows(w, 40)
+        assert padded.shape == (40, 64)
+        np.testing.assert_array_equal(padded.dequantize()[:33], w.dequantize())
+        assert not padded.dequantize()[33:].any()

@@ -362,6 +362,27 @@ def concat_rows(parts: list[AffineWeight]) -> AffineWeight:
     )
 
 
+def concat_fp8_rows(parts: list[Fp8Weight]) -> Fp8Weight | None:
+    """FP8 weights stacked along the output axis (fused q/k/v or gate/up), or None where their scales
+    do not stack: per-tensor and per-channel scales become per-channel ones; block scales stack when
+    every part but the last fills whole row blocks of one block shape."""
+    first = parts[0]
+    source = first.source if all(p.source == first.source for p in parts) else "mixed"
+    if any(p.shape[1] != first.shape[1] for p in parts):
+        return None
+    if all(p.block is None for p in parts):
+        if any(np.asarray(p.scale).size not in (1, p.shape[0]) for p in parts):
+            return None
+        scales = [np.broadcast_to(np.asarray(p.scale, np.float32).reshape(-1, 1), (p.shape[0], 1)) for p in parts]
+        data = np.concatenate([p.data for p in parts])
+        return Fp8Weight(data, np.ascontiguousarray(np.concatenate(scales)), None, source)
+    block = first.block
+    if any(p.block != block for p in parts) or any(p.shape[0] % block[0] for p in parts[:-1]):
+        return None
+    data = np.concatenate([p.data for p in parts])
+    return Fp8Weight(data, np.concatenate([np.asarray(p.scale, np.float32) for p in parts]), block, source)
+
+
 class ErrorLog:
     """Collects requantization errors per (from, to) mode and logs one line for each at the end,
     instead of one per tensor."""

@@ -150,7 +150,8 @@ DECODED: dict[str, tuple[int, int, int, Callable[[np.ndarray], np.ndarray]]] = {
 }
 
 
-# Block types gguf_blocks reads directly that are still held wider than the file: type -> bits
+# Block types gguf_blocks reads directly that are still held wider than the file: type -> bits of the
+# affine form (Q1_0's 2-bit codes; torch's CPU and CUDA layers hold them as 4-bit ones)
 HELD_WIDER: dict[str, int] = {"Q1_0": 2}
 
 
@@ -170,7 +171,8 @@ def widening_note(counts: dict[str, int]) -> str:
     return (
         f"GGUF tensors read as exact affine codes wider than the file's: {kinds}, plus a scale and bias "
         "per group. They take that much memory where the backend has no codebook layout (MLX, CUDA, CPUs "
-        "without the native kernels); torch's CPU layers hold those of at most 16 levels in 32-wide groups at 4 bits"
+        "without the native kernels; 2-bit codes take 4 bits on torch); torch's CPU layers hold those of at "
+        "most 16 levels in 32-wide groups at 4 bits, and its CUDA layers MXFP4 / NVFP4 as 4-bit e2m1"
     )
 
 

@@ -102,7 +102,7 @@ def _word_e4m3(v):
     As _word_e2m1: a code's 4 exponent and 3 mantissa bits go to float16's bits 13..7 (the low 4 of its
     5-bit exponent, the top 3 of its mantissa), its sign to bit 15. float16's bias (15) is e4m3's (7)
     plus 8, so the float16 is the value times 2^-8 exactly, e4m3's subnormals landing on float16's.
-    (The NaN codes 0x7F / 0xFF come out as 1.75 * 2^8: FP8 weights hold none.) Byte i of a word
+    (The NaN codes 0x7F / 0xFF come out as +-1.875 * 2^8: FP8 weights hold none.) Byte i of a word
     (bits 8i..8i+7) is shifted to bits 7..14 first.
     """
     e = tl.interleave(tl.interleave(v << 7, v >> 9), tl.interleave(v >> 1, v >> 17))
