@@ -18,7 +18,7 @@ import numpy as np
 
 from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.family_moe import expert_part, is_router, moe_name
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, in_input_order
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, fp8_as_affine, in_input_order
 from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.weight_stream import IsqMode, iter_weights
 from lantern.backends.mlx.quant import get_module, quantized_module, set_module, to_mlx_arrays
@@ -40,9 +40,13 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
         if cfg.tie_word_embeddings and name.startswith("lm_head."):
             continue
         name = moe_name(name)
-        if isinstance(value, Fp8Weight):
-            fp8 += 1
-            value = value.dequantize()
+        if isinstance(value, Fp8Weight):  # no FP8 matmul: 8-bit affine g32 (half of bf16), else dequantized
+            if value.shape[1] % 32:
+                fp8 += 1
+                value = value.dequantize()
+            else:
+                value, error = fp8_as_affine(value, 8, 32)
+                errors.add(value.source, "8-bit g32 (requantized)", error)
         if isinstance(value, (AffineWeight, MxWeight)) and is_router(name):
             value = value.dequantize()  # a few KB: routing at activation precision
         part = expert_part(name)
@@ -62,7 +66,9 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
         arrays.append((name, value))
     experts.finish()
     if fp8:
-        logger.info("%d FP8 weight(s) dequantized to %s: MLX has no FP8 matmul", fp8, dtype)
+        logger.info(
+            "%d FP8 weight(s) dequantized to %s: MLX has no FP8 matmul (input width no multiple of 32)", fp8, dtype
+        )
     errors.report("MLX")
     model.load_weights(arrays, strict=True)
     mx.eval(model.parameters())

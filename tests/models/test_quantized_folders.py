@@ -45,8 +45,13 @@ ALWAYS_CONVERTED = {
 BNB_LEVELS = ("bnb_nf4", "bnb_fp4")  # levels held as 8-bit codes: round(127 * w / block absmax)
 
 
+# MLX has no FP8 matmul: FP8 weights are requantized to 8-bit g32 affine (half of bf16's bytes)
+MLX_FP8 = ("fp8", "fp8_tensor", "fbgemm_fp8", "ct_fp8", "ct_fp8_block", "modelopt_fp8")
+MLX_CONVERTED = {("mlx", kind): {"proj": (8, 32, False)} for kind in MLX_FP8}
+
+
 def converted_modules() -> dict:
-    return ALWAYS_CONVERTED if torch_cpu_vnni() else CONVERTED
+    return {**(ALWAYS_CONVERTED if torch_cpu_vnni() else CONVERTED), **MLX_CONVERTED}
 
 
 KINDS = [
@@ -116,7 +121,7 @@ def test_quantized_folder_logits_match_what_the_backend_holds(folders, backend, 
     if backend == "mlx":
         converted = [line for line in caplog.text.splitlines() if "relative error" in line]
     assert bool(converted) == ((backend, kind) in converted_modules()), caplog.text
-    if "fp8" in kind and not (kind.endswith("_mxfp8") and backend == "mlx"):  # MLX computes on mxfp8 as stored
+    if "fp8" in kind and backend == "torch":
         assert "dequantized" in caplog.text  # no FP8 matmul on a CPU: said once
 
 

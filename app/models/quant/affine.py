@@ -362,6 +362,27 @@ def concat_rows(parts: list[AffineWeight]) -> AffineWeight:
     )
 
 
+def fp8_as_affine(w: Fp8Weight, bits: int, group_size: int) -> tuple[AffineWeight, float]:
+    """An FP8 weight requantized to affine codes (for a backend with no FP8 layout), a few MB of rows at
+    a time, and the relative error that costs against its e4m3 values."""
+    rows, cols = w.shape
+    step = max(1, (1 << 20) // max(cols, 1))
+    if w.block is not None:  # whole row blocks per chunk: block scales are sliced with them
+        step = max(w.block[0], step // w.block[0] * w.block[0])
+    codes = np.empty((rows, cols), np.uint8)
+    scales = np.empty((rows, cols // group_size), np.float32)
+    biases = np.empty_like(scales)
+    diff2 = norm2 = 0.0
+    for r in range(0, rows, step):
+        exact = w.rows(r, min(rows, r + step)).dequantize(np.float32)
+        part = quantize_affine(exact, bits, group_size)
+        codes[r : r + step], scales[r : r + step], biases[r : r + step] = part.codes, part.scales, part.biases
+        diff2 += float(np.square(part.dequantize() - exact, dtype=np.float64).sum())
+        norm2 += float(np.square(exact, dtype=np.float64).sum())
+    out = AffineWeight(codes, scales, biases, bits, group_size, w.source)
+    return out, (diff2 / norm2) ** 0.5 if norm2 else 0.0
+
+
 def concat_fp8_rows(parts: list[Fp8Weight]) -> Fp8Weight | None:
     """FP8 weights stacked along the output axis (fused q/k/v or gate/up), or None where their scales
     do not stack: per-tensor and per-channel scales become per-channel ones; block scales stack when
