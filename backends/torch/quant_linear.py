@@ -24,7 +24,8 @@ An `AffineWeight` (or `Fp8Weight`) becomes one of these kernels (`select_kernel`
   (narrower ones widened, group 16 requantized to g32), fp4 (e2m1) nibbles with their own groups,
   and FP8 bytes that torch._scaled_mm does not take (block-wise scales, older GPUs), exactly.
 - "fp8" (CUDA, compute capability >= 8.9, per-tensor or per-channel scale): `torch._scaled_mm` with a
-  dynamic per-row activation scale. On CPU FP8 weights are "dense".
+  dynamic per-row activation scale. On a CPU (no FP8 matmul) an FP8 weight is requantized to 8-bit
+  codes (g32 for "vnni", per-channel symmetric for "int8pack"; the error logged), half of bf16's bytes.
 - "dense": the weight dequantized to `dtype` (one INFO line per reason).
 
 A GPTQ act-order weight (`AffineWeight.perm`) takes the same kernels on its stored columns, wrapped in
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, requantize
+from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, fp8_as_affine, regroup, requantize
 from lantern.backends.torch import cpu_gemm, cpu_vnni_gemm, vnni_linear
 from lantern.backends.torch.packed_decode import (
     BLOCK_N,
@@ -73,8 +74,9 @@ def select_kernel(w: AffineWeight | Fp8Weight, device: torch.device | str) -> st
     """The kernel a weight gets on `device`: "vnni", "int4pack", "int8pack", "triton", "fp8" or "dense"."""
     device = torch.device(device)
     if isinstance(w, Fp8Weight):
-        if device.type != "cuda":
-            return "dense"
+        if device.type != "cuda":  # no FP8 matmul: the 8-bit layer its requantization takes (_fp8_cpu_mode)
+            mode = _fp8_cpu_mode(w)
+            return "dense" if mode is None else ("vnni" if mode[1] else "int8pack")
         if _fp8_native(w, device):
             return "fp8"
         return "triton" if fp8_groups(w) is not None else "dense"
@@ -125,6 +127,11 @@ def quantized_linear(
             layer = Fp8Linear(w, device)
         elif kernel == "triton":
             layer = TritonLinear(w, device, dtype, errors)
+        elif kernel in ("vnni", "int8pack"):  # CPU: 8-bit affine codes of the e4m3 values (error logged)
+            bits, group, symmetric = _fp8_cpu_mode(w) or (8, 0, True)
+            held, error = fp8_as_affine(w, bits, group, symmetric)
+            errors.add(w.source, f"8-bit {f'g{group}' if group else 'per-channel'} (requantized)", error)
+            layer = quantized_linear(held, None, device, dtype, errors, kernel=kernel)
         else:
             layer = _dense_fp8(w, device, dtype, errors)
     elif kernel == "vnni":
@@ -350,6 +357,16 @@ def _per_channel_int8(w: AffineWeight) -> tuple[np.ndarray, np.ndarray]:
     return offset.astype(np.int16), scale.astype(np.float32)
 
 
+def _fp8_cpu_mode(w: Fp8Weight) -> tuple[int, int, bool] | None:
+    """(bits, group (0: per row), symmetric) an FP8 weight takes on a CPU, which has no FP8 matmul:
+    8-bit g32 for the VNNI layers (half of bf16's bytes, ~0.3% off the e4m3 values), else per-channel
+    symmetric int8, which aten's int8pack holds exactly; None where neither takes its width."""
+    cols = w.shape[1]
+    if cols % 32 == 0 and cpu_vnni_gemm.available():
+        return 8, 32, False
+    return (8, 0, True) if cols % INT8PACK_COLS == 0 else None
+
+
 def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
     n, k = w.shape
     if w.block is not None or np.asarray(w.scale).size not in (1, n) or n % 16 or k % 16:
@@ -359,7 +376,7 @@ def _fp8_native(w: Fp8Weight, device: torch.device) -> bool:
 
 def _dense_fp8(w: Fp8Weight, device: torch.device, dtype: torch.dtype, errors: ErrorLog) -> DenseLinear:
     if device.type != "cuda":
-        reason = "no FP8 matmul on CPU"
+        reason = f"no FP8 matmul on a CPU, and its {w.shape[1]} input columns fit no 8-bit layout"
     elif w.block is not None:
         reason = f"its {w.block[0]}x{w.block[1]} block scales fit no group of the Triton kernels"
     else:

@@ -45,13 +45,18 @@ ALWAYS_CONVERTED = {
 BNB_LEVELS = ("bnb_nf4", "bnb_fp4")  # levels held as 8-bit codes: round(127 * w / block absmax)
 
 
-# MLX has no FP8 matmul: FP8 weights are requantized to 8-bit g32 affine (half of bf16's bytes)
-MLX_FP8 = ("fp8", "fp8_tensor", "fbgemm_fp8", "ct_fp8", "ct_fp8_block", "modelopt_fp8")
-MLX_CONVERTED = {("mlx", kind): {"proj": (8, 32, False)} for kind in MLX_FP8}
+# No FP8 matmul on MLX or a CPU: FP8 weights are requantized to 8-bit codes (half of bf16's bytes):
+# g32 affine on MLX and torch's VNNI layers, per-channel symmetric int8 for aten's int8pack
+FP8_KINDS = ("fp8", "fp8_tensor", "fbgemm_fp8", "ct_fp8", "ct_fp8_block", "modelopt_fp8")
+FP8_G32 = {("mlx", kind): {"proj": (8, 32, False)} for kind in FP8_KINDS}
+FP8_TORCH = {True: (8, 32, False), False: PER_CHANNEL_INT8}  # by whether the VNNI layers serve
 
 
 def converted_modules() -> dict:
-    return {**(ALWAYS_CONVERTED if torch_cpu_vnni() else CONVERTED), **MLX_CONVERTED}
+    vnni = torch_cpu_vnni()
+    fp8 = {("torch", kind): {"proj": FP8_TORCH[vnni]} for kind in (*FP8_KINDS, "ct_mxfp8")}
+    fp8["torch", "mlx_mxfp8"] = {"proj": FP8_TORCH[vnni], "lm_head": FP8_TORCH[vnni]}  # (its embedding: float)
+    return {**(ALWAYS_CONVERTED if vnni else CONVERTED), **FP8_G32, **fp8}
 
 
 KINDS = [
@@ -121,8 +126,6 @@ def test_quantized_folder_logits_match_what_the_backend_holds(folders, backend, 
     if backend == "mlx":
         converted = [line for line in caplog.text.splitlines() if "relative error" in line]
     assert bool(converted) == ((backend, kind) in converted_modules()), caplog.text
-    if "fp8" in kind and backend == "torch":
-        assert "dequantized" in caplog.text  # no FP8 matmul on a CPU: said once
 
 
 @pytest.mark.parametrize("kind", ["awq", "bnb_nf4", "mlx_mxfp4"])

@@ -60,6 +60,9 @@ def affine(rows: int, cols: int, bits: int, group: int, seed: int = 0, source: s
     return AffineWeight(codes, scales, biases, bits, group, source or f"test {bits}-bit g{group}")
 
 
+VNNI_AVAILABLE = ql.cpu_vnni_gemm.available  # the real check (aten_kernels switches it off per test)
+
+
 @pytest.fixture(autouse=True)
 def aten_kernels(monkeypatch):
     """These tests hold the aten-kernel layers (int4pack, int8pack), which serve CPUs without
@@ -212,23 +215,38 @@ def fp8(rows: int, cols: int, scale: np.ndarray, block: tuple[int, int] | None, 
     return Fp8Weight(data, scale.astype(np.float32), block, source)
 
 
+@pytest.mark.parametrize("vnni", [True, False])
 @pytest.mark.parametrize("block", [None, (32, 32)])
-def test_fp8_is_dequantized_on_cpu_with_a_log_line(block, caplog) -> None:
+def test_fp8_is_requantized_to_8_bits_on_cpu(block, vnni, monkeypatch, caplog) -> None:
+    """No FP8 matmul on a CPU: the e4m3 values are requantized to 8-bit codes (g32 for the VNNI layers,
+    per-channel symmetric int8 for aten's int8pack, which holds that exactly), the error logged, one byte
+    a weight; the layer computes on exactly `fp8_as_affine`'s weight. A width neither takes: dequantized."""
+    from lantern.app.models.quant.affine import fp8_as_affine
+
+    if vnni and not VNNI_AVAILABLE():
+        pytest.skip("no VNNI kernels on this machine")
+    monkeypatch.setattr(ql.cpu_vnni_gemm, "available", VNNI_AVAILABLE if vnni else lambda: False)
     scale = np.array(0.01) if block is None else np.random.default_rng(5).uniform(0.005, 0.02, (3, 8))
     w = fp8(N, K, scale, block, f"fp8 test {block}")
-    assert ql.select_kernel(w, "cpu") == "dense"
+    mode = (8, 32, False) if vnni else (8, 0, True)
+    assert ql.select_kernel(w, "cpu") == ("vnni" if vnni else "int8pack")
     errors = ErrorLog()
     layer = ql.quantized_linear(w, None, "cpu", torch.bfloat16, errors)
-    with caplog.at_level(logging.INFO):
-        errors.report("torch")  # what the loader logs once the model is in
-    assert any("dequantized" in r.getMessage() and w.source in r.getMessage() for r in caplog.records)
+    target = "8-bit g32 (requantized)" if vnni else "8-bit per-channel (requantized)"
+    held, error = fp8_as_affine(w, *mode)
+    assert 0 < errors.worst[(w.source, target)][0] == error < 0.01  # (VNNI adds its float16 scales' rounding)
+    assert ql.quantized_bytes(layer) < 1.3 * N * K  # one byte a weight, plus scales and row padding (bf16: 2)
     for dtype in (torch.float32, torch.bfloat16):
         x = inputs(37, K, dtype)
         assert layer(x).dtype == dtype
-        assert rel(layer(x), reference(x, w.dequantize())) < BF16
-    f32 = ql.quantized_linear(w, None, "cpu", torch.float32, ErrorLog())
-    x = inputs(5, K, torch.float32)
-    assert rel(f32(x), reference(x, w.dequantize())) < F32
+        assert rel(layer(x), reference(x, held.dequantize())) < BF16
+    narrow = fp8(N, 40, np.array(0.01), None, "narrow")  # 40 columns: no 8-bit CPU layout
+    assert ql.select_kernel(narrow, "cpu") == "dense"
+    errors = ErrorLog()
+    ql.quantized_linear(narrow, None, "cpu", torch.float32, errors)
+    with caplog.at_level(logging.INFO):
+        errors.report("torch")
+    assert any("dequantized" in r.getMessage() and "narrow" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])

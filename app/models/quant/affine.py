@@ -362,10 +362,11 @@ def concat_rows(parts: list[AffineWeight]) -> AffineWeight:
     )
 
 
-def fp8_as_affine(w: Fp8Weight, bits: int, group_size: int) -> tuple[AffineWeight, float]:
-    """An FP8 weight requantized to affine codes (for a backend with no FP8 layout), a few MB of rows at
-    a time, and the relative error that costs against its e4m3 values."""
+def fp8_as_affine(w: Fp8Weight, bits: int, group_size: int, symmetric: bool = False) -> tuple[AffineWeight, float]:
+    """An FP8 weight requantized to affine codes (for a backend with no FP8 layout; group_size 0: one
+    group a row), a few MB of rows at a time, and the relative error that costs against its e4m3 values."""
     rows, cols = w.shape
+    group_size = group_size or cols
     step = max(1, (1 << 20) // max(cols, 1))
     if w.block is not None:  # whole row blocks per chunk: block scales are sliced with them
         step = max(w.block[0], step // w.block[0] * w.block[0])
@@ -375,7 +376,7 @@ def fp8_as_affine(w: Fp8Weight, bits: int, group_size: int) -> tuple[AffineWeigh
     diff2 = norm2 = 0.0
     for r in range(0, rows, step):
         exact = w.rows(r, min(rows, r + step)).dequantize(np.float32)
-        part = quantize_affine(exact, bits, group_size)
+        part = quantize_affine(exact, bits, group_size, symmetric=symmetric)
         codes[r : r + step], scales[r : r + step], biases[r : r + step] = part.codes, part.scales, part.biases
         diff2 += float(np.square(part.dequantize() - exact, dtype=np.float64).sum())
         norm2 += float(np.square(exact, dtype=np.float64).sum())
