@@ -151,7 +151,8 @@ def quantize_stream(
                 continue
             if isq.kind != "affine" and name in _TABLES:  # fp8 keeps them float, as vLLM's fp8 does
                 tables += 1
-                bar.total -= 1
+                seen += 1
+                bar.update(1)
                 yield name, value
                 continue
             if cfg.mla is not None and name.endswith(MLA_FLOAT):

@@ -18,6 +18,7 @@ import numpy as np
 
 from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.family_moe import expert_part, is_router, moe_name
+from lantern.app.models.isq import MLA_FLOAT
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, fp8_as_affine, in_input_order
 from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.weight_stream import IsqMode, iter_weights
@@ -41,8 +42,10 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
             continue
         name = moe_name(name)
         if isinstance(value, Fp8Weight):  # no FP8 matmul: 8-bit affine g32 (half of bf16), else dequantized
-            if value.shape[1] % 32:
-                fp8 += 1
+            # (routers and latent attention's kv_b_proj, read whole, take the file's values exactly)
+            exact = is_router(name) or (cfg.mla is not None and name.endswith(MLA_FLOAT))
+            if exact or value.shape[1] % 32:
+                fp8 += 0 if exact else 1
                 value = value.dequantize()
             else:
                 value, error = fp8_as_affine(value, 8, 32)

@@ -128,7 +128,7 @@ def quantized_linear(
         elif kernel == "triton":
             layer = TritonLinear(w, device, dtype, errors)
         elif kernel in ("vnni", "int8pack"):  # CPU: 8-bit affine codes of the e4m3 values (error logged)
-            bits, group, symmetric = _fp8_cpu_mode(w) or (8, 0, True)
+            bits, group, symmetric = (8, 32, False) if kernel == "vnni" else (8, 0, True)  # the kernel's own layout
             held, error = fp8_as_affine(w, bits, group, symmetric)
             errors.add(w.source, f"8-bit {f'g{group}' if group else 'per-channel'} (requantized)", error)
             layer = quantized_linear(held, None, device, dtype, errors, kernel=kernel)

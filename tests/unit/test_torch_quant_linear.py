@@ -235,6 +235,8 @@ def test_fp8_is_requantized_to_8_bits_on_cpu(block, vnni, monkeypatch, caplog) -
     target = "8-bit g32 (requantized)" if vnni else "8-bit per-channel (requantized)"
     held, error = fp8_as_affine(w, *mode)
     assert 0 < errors.worst[(w.source, target)][0] == error < 0.01  # (VNNI adds its float16 scales' rounding)
+    if not vnni:  # int8pack holds the per-channel codes exactly: nothing requantized twice
+        assert set(errors.worst) == {(w.source, target)}
     assert ql.quantized_bytes(layer) < 1.3 * N * K  # one byte a weight, plus scales and row padding (bf16: 2)
     for dtype in (torch.float32, torch.bfloat16):
         x = inputs(37, K, dtype)
@@ -533,3 +535,20 @@ def test_tensor_parallel_pads_fp8_rows() -> None:
         assert padded.shape == (40, 64)
         np.testing.assert_array_equal(padded.dequantize()[:33], w.dequantize())
         assert not padded.dequantize()[33:].any()
+
+
+def test_fp8_as_affine_in_chunks_equals_one_pass() -> None:
+    """fp8_as_affine works through ~1 MB of rows at a time, whole scale blocks each: on a weight of
+    several chunks with a partial last block row, the codes and scales equal one quantize_affine of the
+    whole dequantized weight, and the error is that weight's."""
+    from lantern.app.models.quant.affine import fp8_as_affine, quantize_affine
+
+    w = fp8(300, 8192, np.random.default_rng(3).uniform(0.005, 0.02, (3, 64)), (128, 128), "big")
+    held, error = fp8_as_affine(w, 8, 32)
+    whole = quantize_affine(w.dequantize(), 8, 32)
+    np.testing.assert_array_equal(held.codes, whole.codes)
+    np.testing.assert_array_equal(held.scales, whole.scales)
+    np.testing.assert_array_equal(held.biases, whole.biases)
+    exact = w.dequantize()
+    diff, exact = (whole.dequantize() - exact).astype(np.float64), exact.astype(np.float64)
+    assert error == pytest.approx(np.linalg.norm(diff) / np.linalg.norm(exact), rel=1e-6)
