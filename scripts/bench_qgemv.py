@@ -95,7 +95,8 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
         want = quant_reference.e2m1_matmul_reference(x, packed, scales, args.group).float()
     else:
         want = quant_reference.affine_matmul_reference(x, packed, scales, biases, args.bits, args.group).float()
-    got = triton_quant.gemv(x, packed, scales, biases, args.bits, args.group).float()
+    code = "e2m1" if args.e2m1 else "affine"
+    got = triton_quant.gemv(x, packed, scales, biases, args.bits, args.group, code=code).float()
     err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
     if err > 2e-2:
         raise SystemExit(f"{n}x{k}: the GEMV's output is off the reference by {err:.3g} (relative): stop")
@@ -112,13 +113,11 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
         return time_fn(fn, device, args.iters, args.repeats)
 
     def gemv(cfg: dict) -> Callable[[], Any]:
-        return lambda: triton_quant.gemv(x, packed, scales, biases, args.bits, args.group, **cfg)
+        return lambda: triton_quant.gemv(x, packed, scales, biases, args.bits, args.group, code=code, **cfg)
 
     default_cfg = triton_quant._gemv_config(n, k, args.bits, args.group)
     result: dict[str, Any] = {"shape": f"{n}x{k}", "max_rel_err": err, "default_config": default_cfg}
-    result["default"] = row(
-        f"default {default_cfg}", t(lambda: triton_quant.gemv(x, packed, scales, biases, args.bits, args.group))
-    )
+    result["default"] = row(f"default {default_cfg}", t(gemv({})))
     dense = torch.randn((n, k), generator=gen).to(dtype).to(device)
     dense_bytes = dense.numel() * dense.element_size() + io_bytes
     result["dense"] = row("dense x @ W.T (cuBLAS)", t(lambda: x @ dense.T), dense_bytes)

@@ -43,7 +43,7 @@ import numpy as np
 
 from lantern.app.models.family_moe import MoEConfig
 from lantern.app.models.quant.affine import AffineWeight
-from lantern.app.models.quant.microscaled import MxWeight, checked
+from lantern.app.models.quant.microscaled import E2M1_VALUES, MxWeight, checked
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -163,7 +163,6 @@ def _rope(cfg: dict[str, Any], head_dim: int, max_pos: int) -> dict[str, Any]:
 
 # ---- checkpoint tensors ------------------------------------------------------------------------------
 _EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")
-FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 def checkpoint_tensors(
@@ -257,12 +256,12 @@ def _namespace(value: Any) -> Any:
 
 def dequantize_mxfp4(blocks: Any, scales: Any) -> Any:
     """torch uint8 blocks [..., G, 16] and scales [..., G] -> bfloat16 [..., G * 32], exactly:
-    each code is an e2m1 value (FP4_VALUES), low nibble first, times 2 ** (scale - 127); every
+    each code is an e2m1 value (microscaled.E2M1_VALUES), low nibble first, times 2 ** (scale - 127); every
     such product fits bfloat16's 8-bit mantissa and exponent. One expert at a time, so the
     temporaries stay small (a 20B layer's gate_up is 32 experts x 5760 x 2880 values)."""
     import torch
 
-    lut = torch.tensor(FP4_VALUES, dtype=torch.bfloat16)
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.bfloat16)
     blocks, scales = torch.as_tensor(blocks), torch.as_tensor(scales)
     *lead, groups, width = blocks.shape
     out = torch.empty(*lead, groups, 2 * width, dtype=torch.bfloat16)

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, regroup, requantize
-from lantern.app.models.quant.microscaled import e2m1_codes
-from lantern.backends.torch.kernels.quant_reference import E2M1_GROUP_SIZES, E2M1_VALUES
+from lantern.app.models.quant.microscaled import E2M1_VALUES, e2m1_codes
+from lantern.backends.torch.kernels.quant_reference import E2M1_GROUP_SIZES
 from lantern.backends.torch.quant_layer import QuantLayer, dtype_name, record_error
 
 TRITON_GROUPS = (128, 64, 32)
@@ -56,6 +56,8 @@ class TritonLinear(QuantLayer):
         n, k = w.shape
         super().__init__(n, k)
         self.dtype = dtype  # x's dtype inside the kernel (the scales may be float32)
+        self._affine, self._float = triton_quant.affine_matmul, triton_quant.float_matmul  # bound once
+        self.register_buffer("lut", None)  # e2m1: the values' table, for rows()
         if isinstance(w, Fp8Weight):
             grouped = fp8_groups(w)
             if grouped is None:
@@ -69,6 +71,7 @@ class TritonLinear(QuantLayer):
             codes, scales = fp4
             self.code, self.bits, self.group_size = "e2m1", 4, w.group_size
             self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(codes), 4).to(device))
+            self.lut = torch.tensor(E2M1_VALUES, device=device)
             held = self._float_scales(scales, device)
             record_error(errors, w, self, f"e2m1 g{w.group_size} ({dtype_name(held)} scales)", False)
             return
@@ -94,13 +97,11 @@ class TritonLinear(QuantLayer):
         return held.dtype
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        from lantern.backends.torch.kernels import triton_quant
-
         xc = x.to(self.dtype)
         if self.code == "affine":
-            y = triton_quant.affine_matmul(xc, self.packed, self.scales, self.biases, self.bits, self.group_size)
+            y = self._affine(xc, self.packed, self.scales, self.biases, self.bits, self.group_size)
         else:
-            y = triton_quant.float_matmul(xc, self.packed, self.scales, self.group_size, self.code)
+            y = self._float(xc, self.packed, self.scales, self.group_size, self.code)
         return y.to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -110,7 +111,7 @@ class TritonLinear(QuantLayer):
         t, g = p.shape[0], self.group_size
         scales = self.scales[ids].float()[:, :, None]
         if self.code == "e2m1":
-            values = torch.tensor(E2M1_VALUES, device=p.device)[p.long()]
+            values = self.lut[p.long()]
         elif self.code == "e4m3":
             values = p.contiguous().view(torch.float8_e4m3fn).float()
         else:

@@ -125,7 +125,7 @@ def test_e2m1_kernel_matches_reference(group, dtype, path):
         scales = ((torch.rand(n, k // group, generator=g) * 0.04 + 0.01) * torch.sign(torch.randn(n, 1))).to(dtype)
         x = torch.randn(m, k, generator=g).to(dtype)
         config = {**SMALL[path](group), "BLOCK_K": 64} if path == "gemm" and group == 128 else SMALL[path](group)
-        out = run(path, x, packed, scales, None, 4, group, **config)
+        out = run(path, x, packed, scales, None, 4, group, code="e2m1", **config)
         assert_matches(out, qr.e2m1_matmul_reference(x, packed, scales, group), dtype)
 
 
@@ -137,7 +137,7 @@ def test_e2m1_values_by_hand(path):
     codes = torch.cat((codes, torch.zeros(16, 16, dtype=torch.uint8)), dim=1)  # 32 columns: two g16 groups
     scales = torch.full((16, 2), 0.25)
     scales[:, 0] = torch.tensor([2.0**e for e in range(-8, 8)])  # scales across the float16 range too
-    out = run(path, torch.eye(16, 32), tq.pack_codes(codes, 4), scales, None, 4, 16, **SMALL[path](16))
+    out = run(path, torch.eye(16, 32), tq.pack_codes(codes, 4), scales, None, 4, 16, code="e2m1", **SMALL[path](16))
     expected = torch.tensor(qr.E2M1_VALUES) * scales[:, 0]
     assert torch.equal(out.diagonal(), expected)
     assert torch.count_nonzero(out - torch.diag(expected)) == 0
@@ -162,7 +162,7 @@ def test_e2m1_layout_is_mlx_fp4(mode, group):
     mlx_out = mx.quantized_matmul(mx.array(x), wq, s, None, transpose=True, group_size=group, bits=4, mode=mode)
     mlx_out = np.array(mlx_out.astype(mx.float32))
     for path in ("gemv", "gemm"):
-        out = run(path, torch.from_numpy(x), packed, scales, None, 4, group, **SMALL[path](group))
+        out = run(path, torch.from_numpy(x), packed, scales, None, 4, group, code="e2m1", **SMALL[path](group))
         np.testing.assert_allclose(out.numpy(), mlx_out, rtol=1e-4, atol=1e-4 * np.abs(mlx_out).max())
 
 
@@ -241,9 +241,9 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="group size"):
         tq.affine_matmul(x, packed, scales, biases, 4, 16)
     with pytest.raises(ValueError, match="e2m1 weights are 4-bit"):
-        tq.e2m1_matmul(x, packed, scales, 8)
+        tq.float_matmul(x, packed, scales, 8, "e2m1")
     with pytest.raises(ValueError, match="do not fit"):
-        tq.e2m1_matmul(x, packed, scales, 16)  # 4 groups of 16 need 4 scales a row
+        tq.float_matmul(x, packed, scales, 16, "e2m1")  # 4 groups of 16 need 4 scales a row
     with pytest.raises(ValueError, match="e4m3 codes are 8-bit"):
         tq.gemv(x, packed, scales, None, 4, 32, code="e4m3")
     with pytest.raises(ValueError, match="affine weights take biases"):
@@ -283,9 +283,9 @@ def test_cuda_e2m1_default_blocks(m, group, dtype):
         scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to("cuda", dtype)
         x = torch.randn(m, k, device="cuda").to(dtype)
         ref = qr.e2m1_matmul_reference(x, packed, scales, group)
-        assert_matches(tq.e2m1_matmul(x, packed, scales, group), ref, dtype)
+        assert_matches(tq.float_matmul(x, packed, scales, group, "e2m1"), ref, dtype)
         for path in ("gemv", "gemm"):
-            assert_matches(run(path, x, packed, scales, None, 4, group), ref, dtype)
+            assert_matches(run(path, x, packed, scales, None, 4, group, code="e2m1"), ref, dtype)
 
 
 def test_the_gemv_sweep_script_runs_and_checks_its_kernel_first(tmp_path, capsys, monkeypatch):

@@ -27,10 +27,11 @@ from transformers import AutoTokenizer
 
 from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.loader import resolve_model
+from lantern.app.models.quant.microscaled import E2M1_VALUES
 from lantern.app.models.spec import ModelConfig
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.teacher_forcing import teacher_forced_logits
-from tests.models.test_gptoss_mxfp4 import FP4_VALUES, check_torch_experts, torch_reference
+from tests.models.test_gptoss_mxfp4 import check_torch_experts, torch_reference
 
 LLM_OPTIONS = dict(dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
 
@@ -159,7 +160,7 @@ def openai_mxfp4_folder(path: Path, ref: Path, out: Path) -> Path:
         for t in reader.tensors
         if t.tensor_type == gguf.GGMLQuantizationType.MXFP4
     }
-    magnitudes = np.array(FP4_VALUES[:8], np.float64)
+    magnitudes = np.array(E2M1_VALUES[:8], np.float64)
     tensors = load_file(str(ref / "model.safetensors"))
     for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
         layer = name.split(".")[2]

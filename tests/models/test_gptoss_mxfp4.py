@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from lantern.app.models.family_gptoss import FP4_VALUES, dequantize_mxfp4
+from lantern.app.models.family_gptoss import dequantize_mxfp4
 from lantern.app.models.quant.affine import AffineWeight, quantize_affine
+from lantern.app.models.quant.microscaled import E2M1_VALUES
 from lantern.app.models.spec import ModelConfig
 from tests.models.test_gptoss import REAL_20B
 
@@ -24,7 +25,7 @@ def mxfp4_pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     OCP MX layout of OpenAI's checkpoints: per 32 values one power-of-two scale (e8m0, bias 127)
     chosen so the largest fits e2m1's 6.0, each value rounded to the nearest e2m1 code (sign in
     bit 3), two codes a byte with the even-indexed value in the low nibble."""
-    magnitudes = np.array(FP4_VALUES[:8], np.float32)
+    magnitudes = np.array(E2M1_VALUES[:8], np.float32)
     *lead, cols = w.shape
     groups = w.reshape(*lead, cols // 32, 32)
     amax = np.abs(groups).max(axis=-1)

@@ -29,8 +29,9 @@ import numpy as np
 from lantern.app.models.quant.affine import E4M3_VALUES, AffineWeight, Fp8Weight, map_codes, unpack_bits
 
 MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}  # mode -> (bits, group size)
-# e2m1 code -> twice its value (sign bit 3, then exponent 2 bits, mantissa 1 bit), as affine code + 12
-_E2M1_TWICE = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int32)
+# e2m1 code -> value (sign bit 3, then exponent 2 bits, mantissa 1 bit; code 8 is -0)
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+_E2M1_TWICE = (2 * np.array(E2M1_VALUES)).astype(np.int32)  # twice each value: a whole number, as affine code + 12
 _FP4_CODES = np.zeros(256, dtype=np.uint8)
 _FP4_CODES[:16] = _E2M1_TWICE + 12
 _E2M1_OF_TWICE = {int(t): c for c, t in enumerate(_E2M1_TWICE) if c != 8}  # twice a value -> its code (+0, not -0)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from lantern.app.models.quant.microscaled import E2M1_VALUES  # the format's table (the kernels decode the bits)
+
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 E2M1_GROUP_SIZES = (16, 32, 64, 128)
-# e2m1 code -> value, from the format's definition (the kernel decodes the bits instead)
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 def check_mode(bits: int, group_size: int, code: str = "affine") -> None:

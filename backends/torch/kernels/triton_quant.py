@@ -294,11 +294,9 @@ def _check(
     biases: torch.Tensor | None,
     bits: int,
     group: int,
-    code: str | None,
+    code: str,
 ) -> str:
-    """The weight's code kind: "affine" (with biases), "e2m1" or "e4m3" (without); None: affine where
-    biases are given, else e2m1."""
-    code = code or ("affine" if biases is not None else "e2m1")
+    """`code` checked: "affine" (with biases), "e2m1" or "e4m3" (without)."""
     if code not in FLOAT_CODES:
         raise ValueError(f"unknown code kind {code!r} ({', '.join(FLOAT_CODES)})")
     if (biases is None) != (code != "affine"):
@@ -324,12 +322,12 @@ def gemv(
     bits: int,
     group_size: int,
     *,
-    code: str | None = None,
+    code: str = "affine",
     rows_per_pass: int = GEMV_MAX_M,
     **config,
 ) -> torch.Tensor:
     """The decode kernel for any M (passes of `rows_per_pass` rows); `config` overrides the block sizes.
-    `code`: "affine" (biases given), "e2m1" or "e4m3" (biases None); default: by the biases."""
+    `code`: "affine" (biases given), "e2m1" or "e4m3" (biases None)."""
     code = _check(x, packed, scales, biases, bits, group_size, code)
     m, k = x.shape
     n = packed.shape[0]
@@ -359,7 +357,7 @@ def gemm(
     bits: int,
     group_size: int,
     *,
-    code: str | None = None,
+    code: str = "affine",
     **config,
 ) -> torch.Tensor:
     """The tiled kernel for any M; `config` overrides the block sizes; `code` as in gemv."""
@@ -401,8 +399,3 @@ def float_matmul(
     fn = gemv if x2.shape[0] <= GEMV_MAX_M else gemm
     out = fn(x2, packed, scales, None, _CODE_BITS[code], group_size, code=code)
     return out.view(*x.shape[:-1], packed.shape[0])
-
-
-def e2m1_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
-    """float_matmul of e2m1 (fp4) codes."""
-    return float_matmul(x, packed, scales, group_size, "e2m1")
