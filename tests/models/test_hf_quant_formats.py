@@ -24,6 +24,7 @@ from lantern.app.models.quant.hf_formats import (
     read_quantized_module,
 )
 from lantern.app.models.quant.microscaled import MxWeight
+from lantern.app.models.quant.mixed import module_scheme
 from lantern.app.models.quant.modelopt import config_from_folder
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
@@ -71,6 +72,9 @@ CASES = [
     ("ct_w8a8", "llama2"),
     ("ct_fp8", "llama2"),
     ("ct_fp8_block", "llama2"),
+    ("modelopt_mixed", "llama2"),  # MIXED_PRECISION: FP8, FP8 blocks, NVFP4, MXFP8 and float modules
+    ("modelopt_mxfp8", "qwen2"),
+    ("ct_mixed", "qwen2"),  # compressed-tensors mixed-precision: groups by name, re: pattern and Linear
 ]
 
 
@@ -133,15 +137,17 @@ def test_every_quantized_module_reads_exactly_to_the_reference_weights(folders, 
     assert not any(n.endswith(".bias") for n in members)
     projections = 7 * 2
     expected = {"mlx4": projections + 2, "mlx8": projections + 2, "mlx_mixed": projections + 1}.get(kind, projections)
-    expected -= {"gptq_dynamic": 1, "autoround": 1, "autoround_awq": 1}.get(kind, 0)  # modules kept float
+    kept_float = ("gptq_dynamic", "autoround", "autoround_awq", "modelopt_mixed", "ct_mixed")
+    expected -= kind in kept_float  # one module each kept float by the config
     assert len(modules) == expected
     for prefix, w in weights.items():
         exact = reference[f"{prefix}.weight"]
-        if scheme.method in ("ct-fp4", "ct-mxfp8", "modelopt-fp4"):
-            assert isinstance(w, MxWeight) and w.mode == scheme.mlx_mode
+        own = module_scheme(scheme, prefix) if scheme.method == "mixed" else scheme
+        if own.method in ("ct-fp4", "ct-mxfp8", "modelopt-fp4", "modelopt-mxfp8"):
+            assert isinstance(w, MxWeight) and w.mode == own.mlx_mode
             np.testing.assert_allclose(w.portable().dequantize(), exact, rtol=1e-6, atol=1e-6, err_msg=prefix)
             continue
-        assert isinstance(w, Fp8Weight if scheme.method == "fp8" else AffineWeight)
+        assert isinstance(w, Fp8Weight if own.method == "fp8" else AffineWeight)
         if kind.startswith("ct_w") and scheme.method != "fp8":
             assert w.bits == scheme.bits and w.codes.max() < 2**w.bits
         assert w.shape == exact.shape
@@ -386,10 +392,43 @@ REFUSED = [
         {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"g": CT_W4}},
         "config_groups.g.weights=",
     ),
-    (
+    (  # two schemes for every Linear: which one a module has is not said
         {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"a": CT_W4, "b": CT_W8}},
-        'config_groups=["a", "b"]',
+        'config_groups.b.targets="Linear"',
     ),
+    (  # several groups: a class target other than Linear names no modules here
+        {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {"a": CT_W4, "b": {**CT_W8, "targets": ["LlamaAttention"]}},
+        },
+        'config_groups.b.targets="LlamaAttention"',
+    ),
+    (  # mixed-precision names each group's own format
+        {"quant_method": "compressed-tensors", "format": "mixed-precision", "config_groups": {"a": CT_W4, "b": CT_W8}},
+        'config_groups.a.format="mixed-precision"',
+    ),
+    (  # bare MIXED_PRECISION (W4AFP8 exports): no per-module map
+        {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"},
+        'quantization_config.quant_algo="MIXED_PRECISION"',
+    ),
+    (
+        {
+            "quant_method": "modelopt",
+            "quant_algo": "MIXED_PRECISION",
+            "quantized_layers": {"m.a": {"quant_algo": "FP8"}, "m.b": {"quant_algo": "W4A8_AWQ", "group_size": 128}},
+        },
+        'quantization_config.quantized_layers.m.b.quant_algo="W4A8_AWQ"',
+    ),
+    (
+        {
+            "quant_method": "modelopt",
+            "quant_algo": "MIXED_PRECISION",
+            "quantized_layers": {"m.a": {"quant_algo": "NVFP4", "group_size": 32}},
+        },
+        "quantization_config.quantized_layers.m.a.group_size=32",
+    ),
+    ({"quant_method": "modelopt", "quant_algo": "MXFP8", "group_size": 64}, "quantization_config.group_size=64"),
     (
         {
             "quant_method": "compressed-tensors",

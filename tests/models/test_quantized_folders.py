@@ -54,9 +54,25 @@ FP8_TORCH = {True: (8, 32, False), False: PER_CHANNEL_INT8}  # by whether the VN
 
 def converted_modules() -> dict:
     vnni = torch_cpu_vnni()
-    fp8 = {("torch", kind): {"proj": FP8_TORCH[vnni]} for kind in (*FP8_KINDS, "ct_mxfp8")}
+    fp8 = {("torch", kind): {"proj": FP8_TORCH[vnni]} for kind in (*FP8_KINDS, "ct_mxfp8", "modelopt_mxfp8")}
     fp8["torch", "mlx_mxfp8"] = {"proj": FP8_TORCH[vnni], "lm_head": FP8_TORCH[vnni]}  # (its embedding: float)
-    return {**(ALWAYS_CONVERTED if vnni else CONVERTED), **FP8_G32, **fp8}
+    # Mixed folders, module by module: FP8 as above, NVFP4 as nvfp4 (on both CPU layouts the same 8-bit
+    # mode as FP8), MXFP8 native on MLX, int4 g64 exact everywhere.
+    mixed = {
+        ("mlx", "modelopt_mixed"): {"layers.0.self_attn": (8, 32, False), "down_proj": (8, 32, False)},
+        ("mlx", "ct_mixed"): {"self_attn": (8, 32, False)},
+        ("torch", "modelopt_mixed"): {"proj": FP8_TORCH[vnni]},
+        ("torch", "ct_mixed"): {"self_attn": FP8_TORCH[vnni], "layers.0.mlp.down_proj": FP8_TORCH[vnni]},
+    }
+    return {**(ALWAYS_CONVERTED if vnni else CONVERTED), **FP8_G32, **fp8, **mixed}
+
+
+# modules a kind's config keeps in float (never converted)
+FLOAT_MODULES = {
+    "mlx_mixed": "model.layers.1.self_attn.v_proj.weight",
+    "modelopt_mixed": "model.layers.1.self_attn.o_proj.weight",
+    "ct_mixed": "model.layers.1.mlp.down_proj.weight",
+}
 
 
 KINDS = [
@@ -81,6 +97,7 @@ KINDS += ["ct_nvfp4", "ct_mxfp4", "ct_mxfp8"]  # compressed-tensors' (NVFP4 with
 KINDS += ["modelopt_fp8", "modelopt_nvfp4"]  # NVIDIA ModelOpt (FP8 KV-cache scales skipped; hf_quant_config.json)
 KINDS += ["fbgemm_fp8"]  # Meta's FP8 (a scale per row)
 KINDS += ["gptq_dynamic", "autoround", "autoround_awq"]  # modes per module: GPTQModel's dynamic, AutoRound
+KINDS += ["modelopt_mixed", "ct_mixed", "modelopt_mxfp8"]  # several schemes in one model; ModelOpt's MXFP8
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +125,7 @@ def held_reference(backend: str, kind: str, ref: Path, out: Path) -> Path:
             v = np.where(np.abs(2 * v - np.rint(2 * v)) < 1e-3, np.rint(2 * v) / 2, v)
             w = (np.rint(v) * step).reshape(w.shape).astype(np.float32)  # half to even, as the reader
         for fragment, (bits, group, symmetric) in rules.items():
-            if fragment in name and not (kind == "mlx_mixed" and name == "model.layers.1.self_attn.v_proj.weight"):
+            if fragment in name and name != FLOAT_MODULES.get(kind):
                 return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
         return w
 

@@ -17,7 +17,9 @@ or per config group) and `config_groups` whose `weights` describe the quantizati
 Activation quantization (`input_activations`: w8a8's int8 tokens, FP8-dynamic's) is a speed scheme
 of the kernels that run it; here activations stay in float (closer to the unquantized model), and
 the log says so. Refused in one line naming the key: other formats (sparse, marlin-24, nvfp4/mxfp4
-packs), transforms (SpinQuant/QuIP rotations), several different weight schemes in one model.
+packs), transforms (SpinQuant/QuIP rotations).
+Several config groups with different schemes (format "mixed-precision", each group its own format)
+give each module its group's scheme by the group's `targets` (quant/mixed.py).
 actorder="group" (a permuted weight_g_idx) is held like GPTQ act-order: columns sorted, x gathered.
 """
 
@@ -33,6 +35,7 @@ import numpy as np
 from lantern.app.models.quant.affine import AffineWeight
 from lantern.app.models.quant.hf_formats import QuantScheme, _refuse, _unpack, _words, with_act_order
 from lantern.app.models.quant.microscaled import MxWeight, from_bytes
+from lantern.app.models.quant.mixed import SchemeTable, mixed_scheme
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -62,16 +65,47 @@ def parse(q: dict[str, Any]) -> QuantScheme:
     groups = {name: g for name, g in (q.get("config_groups") or {}).items() if (g or {}).get("weights")}
     if not groups:
         raise _refuse(f"{_KEY}.config_groups", q.get("config_groups"), " (no weight quantization)")
-    schemes = {json.dumps([g["weights"], g.get("format") or q.get("format")], sort_keys=True) for g in groups.values()}
-    if len(schemes) > 1:
-        raise _refuse(f"{_KEY}.config_groups", sorted(groups), " (several weight schemes in one model)")
-    name, group = next(iter(groups.items()))
-    key = f"{_KEY}.config_groups.{name}"
+    if q.get("kv_cache_scheme"):
+        logger.info("compressed-tensors: kv_cache_scheme is not applied; the KV cache holds the model's dtype")
+    not_converted = tuple(str(n) for n in q.get("ignore") or ())
+    spelled = {
+        name: json.dumps([g["weights"], g.get("format") or q.get("format")], sort_keys=True)
+        for name, g in groups.items()
+    }
+    if len(set(spelled.values())) == 1:  # one scheme: every quantized module is read with it
+        name, group = next(iter(groups.items()))
+        return _group_scheme(f"{_KEY}.config_groups.{name}", group, q, not_converted)
+    # several schemes (format "mixed-precision"): each module takes its group's, by the group's targets
+    exact: dict[str, QuantScheme] = {}
+    patterns: list[tuple[str, QuantScheme]] = []
+    default: QuantScheme | None = None
+    made: dict[str, QuantScheme] = {}
+    for name, group in groups.items():
+        key = f"{_KEY}.config_groups.{name}"
+        if spelled[name] not in made:
+            made[spelled[name]] = _group_scheme(key, group, q, not_converted)
+        scheme = made[spelled[name]]
+        for target in group.get("targets") or ():
+            target = str(target)
+            if target.startswith("re:"):
+                patterns.append((target[3:], scheme))
+            elif target == "Linear":
+                if default is not None and default is not scheme:
+                    raise _refuse(f"{key}.targets", target, " (two groups target every Linear)")
+                default = scheme
+            elif "." in target or target == "lm_head":
+                exact[target] = scheme
+            else:  # another class name (attention or MoE blocks, embeddings): not resolved to modules here
+                raise _refuse(f"{key}.targets", target, " with several groups (module names, re: patterns or Linear)")
+    return mixed_scheme(SchemeTable(exact, tuple(patterns), default), "compressed-tensors")
+
+
+def _group_scheme(key: str, group: dict[str, Any], q: dict[str, Any], not_converted: tuple[str, ...]) -> QuantScheme:
+    """The QuantScheme of one config group."""
     fmt = str(group.get("format") or q.get("format") or "")
     w = group["weights"]
     kind, bits, strategy = w.get("type", "int"), int(w.get("num_bits", 8)), w.get("strategy", "tensor")
-    _note_kept_float(group, q)
-    not_converted = tuple(str(n) for n in q.get("ignore") or ())
+    _note_kept_float(group)
     if fmt in MX_FORMATS:
         mode, want_bits, want_group = MX_FORMATS[fmt]
         if (kind, bits, int(w.get("group_size") or 0)) != ("float", want_bits, want_group):
@@ -132,7 +166,7 @@ def _block(value: Any, key: str) -> tuple[int, int]:
     return block  # type: ignore[return-value]
 
 
-def _note_kept_float(group: dict[str, Any], q: dict[str, Any]) -> None:
+def _note_kept_float(group: dict[str, Any]) -> None:
     acts = group.get("input_activations")
     if acts:
         kind = f"{acts.get('type', 'int')}{acts.get('num_bits', 8)}"
@@ -141,8 +175,6 @@ def _note_kept_float(group: dict[str, Any], q: dict[str, Any]) -> None:
             "(weight-only kernels: results closer to the unquantized model)",
             kind,
         )
-    if q.get("kv_cache_scheme"):
-        logger.info("compressed-tensors: kv_cache_scheme is not applied; the KV cache holds the model's dtype")
 
 
 # ---- reading one module ----------------------------------------------------------------------------

@@ -51,8 +51,9 @@ SUPPORTED = (
     "quant_method awq (4-bit, version gemm, zero_point), gptq (2/3/4/8-bit, checkpoint_format gptq or gptq_v2, "
     "GPTQModel's dynamic), auto-round (auto_gptq / auto_awq packing), "
     "fp8 (e4m3, block or per-tensor scales), fbgemm_fp8, compressed-tensors (pack-quantized / int-quantized integer "
-    "weights of 2-8 bits, float-quantized FP8, nvfp4-/mxfp4-pack-quantized, mxfp8-quantized), "
-    "bitsandbytes (nf4/fp4, int8), modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4)"
+    "weights of 2-8 bits, float-quantized FP8, nvfp4-/mxfp4-pack-quantized, mxfp8-quantized; several config_groups "
+    "of these), bitsandbytes (nf4/fp4, int8), modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, "
+    "W4A16_NVFP4, MXFP8; MIXED_PRECISION of these)"
 )
 
 
@@ -61,7 +62,7 @@ class QuantScheme:
     """How a quantized HF folder stores its linear weights (parsed from config.json)."""
 
     # "mlx" | "awq" | "gptq" | "fp8" | "ct-pack" | "ct-int" (compressed-tensors integers) | "ct-fp4" |
-    # "ct-mxfp8" (its microscaled floats) | "modelopt-fp4" | "bnb4" | "bnb8"
+    # "ct-mxfp8" (its microscaled floats) | "modelopt-fp4" | "modelopt-mxfp8" | "bnb4" | "bnb8" | "mixed"
     method: str
     bits: int  # 8 for fp8
     group_size: int  # -1: GPTQ per-channel (one group per row); 0 for fp8
@@ -80,6 +81,8 @@ class QuantScheme:
     mlx_mode: str = "affine"
     mlx_modes: dict[str, str] = field(default_factory=dict, hash=False)
     modules_to_not_convert: tuple[str, ...] = ()
+    # "mixed" (several schemes in one model): a quant.mixed.SchemeTable giving each module its own scheme
+    table: Any = field(default=None, hash=False, compare=False)
 
     def mode_for(self, prefix: str) -> tuple[int, int] | None:
         """(bits, group_size) of one module; None when config.json keeps it in float."""
@@ -101,8 +104,10 @@ class QuantScheme:
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
         if self.method.startswith("bnb"):
             return f"bitsandbytes {self.checkpoint_format}"
-        if self.method == "modelopt-fp4":
+        if self.method.startswith("modelopt-"):
             return f"ModelOpt {self.checkpoint_format}"
+        if self.method == "mixed":
+            return self.checkpoint_format
         if self.method in ("ct-fp4", "ct-mxfp8"):
             return f"compressed-tensors {self.checkpoint_format}"
         if self.method.startswith("ct-"):
@@ -277,7 +282,7 @@ def _parse_fp8(q: dict[str, Any]) -> QuantScheme:
 
 # ---- which tensors make a quantized module ---------------------------------------------------------
 # method -> (suffixes marking a quantized module, required members, optional members)
-_MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "mlx": (("scales",), ("weight", "scales"), ("biases", "global_scale")),  # microscaled modes: no biases
     "awq": (("qweight",), ("qweight", "qzeros", "scales"), ()),
     "gptq": (("qweight",), ("qweight", "qzeros", "scales"), ("g_idx",)),
@@ -301,6 +306,7 @@ _MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
     "ct-fp4": (("weight_packed",), ("weight_packed", "weight_scale"), ("weight_global_scale", "input_global_scale")),
     "ct-mxfp8": (("weight_scale",), ("weight", "weight_scale"), ("input_global_scale",)),
     "modelopt-fp4": (("weight_scale_2",), ("weight", "weight_scale", "weight_scale_2"), ("input_scale",)),
+    "modelopt-mxfp8": (("weight_scale",), ("weight", "weight_scale"), ("input_scale",)),
     "ct-int": (
         ("weight_scale",),
         ("weight", "weight_scale"),
@@ -316,24 +322,33 @@ def quantized_module_names(scheme: QuantScheme, tensor_names: Iterable[str]) -> 
     so a loader consumes it, but read_quantized_module ignores it. Pass the names of every file of a
     sharded folder: a module whose members are missing raises ValueError naming them.
     """
-    markers, required, optional = _MEMBERS[scheme.method]
+    if scheme.method == "mixed":
+        from lantern.app.models.quant import mixed
+
+        return mixed.module_names(scheme, tensor_names)
+    markers = MEMBERS[scheme.method][0]
     names = list(tensor_names)
     present = set(names)
     out: dict[str, list[str]] = {}
     for name in names:
         marker = next((m for m in markers if name.endswith("." + m)), None)
         prefix = name[: -len(marker) - 1] if marker else ""
-        if marker is None or prefix in out:
-            continue
-        members = [f"{prefix}.{s}" for s in required]
-        if scheme.method == "fp8":  # one scale tensor, under either name
-            scale = next(s for s in markers if f"{prefix}.{s}" in present)
-            members.append(f"{prefix}.{scale}")
-        missing = [m for m in members if m not in present]
-        if missing:
-            raise ValueError(f"{scheme.label} module {prefix} lacks {', '.join(missing)}")
-        out[prefix] = members + [f"{prefix}.{s}" for s in optional if f"{prefix}.{s}" in present]
+        if marker is not None and prefix not in out:
+            out[prefix] = module_members(scheme, prefix, present)
     return out
+
+
+def module_members(scheme: QuantScheme, prefix: str, present: set[str]) -> list[str]:
+    """The stored tensor names of one quantized module (required ones first); ValueError naming any missing."""
+    markers, required, optional = MEMBERS[scheme.method]
+    members = [f"{prefix}.{s}" for s in required]
+    if scheme.method == "fp8":  # one scale tensor, under either name
+        scale = next(s for s in markers if f"{prefix}.{s}" in present)
+        members.append(f"{prefix}.{scale}")
+    missing = [m for m in members if m not in present]
+    if missing:
+        raise ValueError(f"{scheme.label} module {prefix} lacks {', '.join(missing)}")
+    return members + [f"{prefix}.{s}" for s in optional if f"{prefix}.{s}" in present]
 
 
 # ---- reading one module ----------------------------------------------------------------------------
@@ -347,7 +362,10 @@ def read_quantized_module(
     uint8 bit patterns.
     """
     t = {_suffix(k, prefix): v for k, v in tensors.items()}
-    from lantern.app.models.quant import bitsandbytes, compressed_tensors, modelopt
+    from lantern.app.models.quant import bitsandbytes, compressed_tensors, mixed, modelopt
+
+    if scheme.method == "mixed":
+        scheme = mixed.module_scheme(scheme, prefix)
 
     readers = {
         "modelopt-fp4": modelopt.read_fp4,
@@ -361,6 +379,7 @@ def read_quantized_module(
         "ct-int": compressed_tensors.read_int,
         "ct-fp4": compressed_tensors.read_fp4,
         "ct-mxfp8": compressed_tensors.read_mxfp8,
+        "modelopt-mxfp8": compressed_tensors.read_mxfp8,  # (the same tensors)
     }
     return readers[scheme.method](scheme, prefix, t)
 

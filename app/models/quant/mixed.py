@@ -1,0 +1,88 @@
+"""Mixed-precision folders: one model whose linear modules use different quantization schemes.
+
+NVIDIA's NVFP4 releases are ModelOpt `quant_algo: MIXED_PRECISION` exports (routed experts NVFP4, attention
+FP8 or MXFP8, everything unlisted in float), with a `quantized_layers` map from module name to its own
+`quant_algo`; compressed-tensors writes `format: mixed-precision` with several `config_groups`, each
+with its own `targets` (module names, `re:` patterns, or the class name `Linear`). Both become a
+QuantScheme with method "mixed" whose `table` gives each module its own scheme of the single-scheme
+readers; which tensors make a module is then decided by that module's scheme.
+
+Lookup (as vLLM resolves compressed-tensors targets): an exact module name first, then the patterns in
+order (re.match), then the class-wide default; None means the config keeps the module in float.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from lantern.app.models.quant.hf_formats import MEMBERS, QuantScheme, module_members
+
+
+@dataclass(frozen=True)
+class SchemeTable:
+    """Module name -> its QuantScheme (None: float)."""
+
+    exact: dict[str, QuantScheme] = field(default_factory=dict)
+    patterns: tuple[tuple[str, QuantScheme], ...] = ()  # re.match, in order, after the exact names
+    default: QuantScheme | None = None  # every other linear (compressed-tensors' "Linear" target)
+
+    def scheme_for(self, prefix: str) -> QuantScheme | None:
+        if prefix in self.exact:
+            return self.exact[prefix]
+        for pattern, scheme in self.patterns:
+            if re.match(pattern, prefix):
+                return scheme
+        return self.default
+
+    def schemes(self) -> list[QuantScheme]:
+        """Each distinct scheme once, in the order first given."""
+        every = [*self.exact.values(), *(s for _, s in self.patterns)] + ([self.default] if self.default else [])
+        return list({id(s): s for s in every}.values())
+
+
+def mixed_scheme(table: SchemeTable, producer: str) -> QuantScheme:
+    """The "mixed" QuantScheme of `table`; its label names the producer and each distinct scheme."""
+    labels = " + ".join(dict.fromkeys(s.label for s in table.schemes()))
+    return QuantScheme("mixed", 0, 0, checkpoint_format=f"{producer} mixed precision ({labels})", table=table)
+
+
+def module_names(scheme: QuantScheme, tensor_names: Iterable[str]) -> dict[str, list[str]]:
+    """hf_formats.quantized_module_names for a mixed scheme: each module's members by its own scheme.
+
+    A tensor that marks a quantized module in any of the schemes but belongs to a module the config
+    keeps in float, or whose own scheme it does not fit, is an error naming both (a loader would
+    otherwise hand the scale tensors to the model as unexpected weights)."""
+    table: SchemeTable = scheme.table
+    markers = {m for s in table.schemes() for m in MEMBERS[s.method][0]}
+    names = list(tensor_names)
+    present = set(names)
+    out: dict[str, list[str]] = {}
+    unclaimed: dict[str, str] = {}  # prefix -> a marker tensor its scheme did not claim
+    for name in names:
+        for marker in markers:
+            if not name.endswith("." + marker):
+                continue
+            prefix = name[: -len(marker) - 1]
+            sub = table.scheme_for(prefix)
+            if sub is None:
+                raise ValueError(f"{name} is stored quantized but {scheme.label} keeps {prefix} in float")
+            if marker in MEMBERS[sub.method][0]:
+                if prefix not in out:
+                    out[prefix] = module_members(sub, prefix, present)
+            else:
+                unclaimed.setdefault(prefix, name)
+    for prefix, name in unclaimed.items():
+        if prefix not in out:
+            sub = table.scheme_for(prefix)
+            raise ValueError(f"{prefix} is {sub.label if sub else 'float'} in the config, but {name} is stored")
+    return out
+
+
+def module_scheme(scheme: QuantScheme, prefix: str) -> QuantScheme:
+    """The scheme one quantized module of a mixed folder is read with."""
+    sub = scheme.table.scheme_for(prefix)
+    if sub is None:
+        raise ValueError(f"{prefix} is quantized in the file but {scheme.label} keeps it in float")
+    return sub
