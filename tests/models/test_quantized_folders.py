@@ -62,6 +62,8 @@ def converted_modules() -> dict:
         ("mlx", "modelopt_mixed"): {"layers.0.self_attn": (8, 32, False), "down_proj": (8, 32, False)},
         ("mlx", "ct_mixed"): {"self_attn": (8, 32, False)},
         ("torch", "modelopt_mixed"): {"proj": FP8_TORCH[vnni]},
+        ("mlx", "modelopt_moe"): {"self_attn": (8, 32, False)},
+        ("torch", "modelopt_moe"): {"proj": FP8_TORCH[vnni]},
         ("torch", "ct_mixed"): {"self_attn": FP8_TORCH[vnni], "layers.0.mlp.down_proj": FP8_TORCH[vnni]},
     }
     return {**(ALWAYS_CONVERTED if vnni else CONVERTED), **FP8_G32, **fp8, **mixed}
@@ -98,6 +100,8 @@ KINDS += ["modelopt_fp8", "modelopt_nvfp4"]  # NVIDIA ModelOpt (FP8 KV-cache sca
 KINDS += ["fbgemm_fp8"]  # Meta's FP8 (a scale per row)
 KINDS += ["gptq_dynamic", "autoround", "autoround_awq"]  # modes per module: GPTQModel's dynamic, AutoRound
 KINDS += ["modelopt_mixed", "ct_mixed", "modelopt_mxfp8"]  # several schemes in one model; ModelOpt's MXFP8
+KINDS += ["modelopt_moe"]  # NVFP4 experts of a MoE (qwen3_moe) beside FP8 attention and MXFP8 dense MLPs
+VARIANT = {"modelopt_moe": "qwen3_moe"}  # (llama2 otherwise)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +110,7 @@ def folders(tmp_path_factory):
 
     def get(kind: str):
         if kind not in cache:
-            cache[kind] = writer(kind, tmp_path_factory.mktemp(kind))
+            cache[kind] = writer(kind, tmp_path_factory.mktemp(kind), VARIANT.get(kind, "llama2"))
         return cache[kind]
 
     return get
