@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import mmap
+import re
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,7 +45,7 @@ def iter_weights(
             str(spec.weight_files[0]), cfg.num_heads, cfg.num_kv_heads
         )
     else:
-        source = _iter_safetensors(spec, framework, _text_name_map(spec))
+        source = split_switch_mlp(_iter_safetensors(spec, framework, _text_name_map(spec)))
     if spec.config.architecture in FUSED_CHECKPOINTS:
         source = split_fused(source, spec)
     if spec.config.architecture == "gpt_oss":  # stacked (and MXFP4) experts in the model files' layout
@@ -207,8 +208,8 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
                 tensors = {n[len(prefix) + 1 :]: where[n].numpy(n) for n in names}
                 weight = read_quantized_module(scheme, prefix, tensors)
                 del tensors
-                if isinstance(weight, MxWeight) and framework != "mlx":  # only MLX computes on them as stored
-                    weight = weight.portable()
+                if framework != "mlx":  # only MLX computes on microscaled weights as stored
+                    weight = [_portable(w) for w in weight] if isinstance(weight, list) else _portable(weight)
                 for n in names:
                     where[n].release()
                 parts.update(names)
@@ -227,6 +228,28 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
 
 
 _KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale")
+
+
+def _portable(weight: Any) -> Any:
+    return weight.portable() if isinstance(weight, MxWeight) else weight
+
+
+# mlx_lm stores a MoE layer's experts stacked: <moe>.switch_mlp.<proj>.<weight|bias> [E, ...] (quantized
+# ones read into a list of E weights), where checkpoints have <moe>.experts.<e>.<proj>.<weight|bias>.
+_SWITCH_MLP = re.compile(r"^(.*)\.switch_mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)$")
+
+
+def split_switch_mlp(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """MLX-format MoE folders (mlx-community's *-4bit MoE models, mlx_lm.convert output): each stacked
+    expert tensor as the per-expert tensors the models load (and stack again their own way)."""
+    for name, value in source:
+        m = _SWITCH_MLP.match(name)
+        if m is None:
+            yield name, value
+            continue
+        count = len(value) if isinstance(value, list) else value.shape[0]
+        for e in range(count):
+            yield f"{m.group(1)}.experts.{e}.{m.group(2)}.{m.group(3)}", value[e]
 
 
 def _iter_safetensors_mlx(spec: ModelSpec, skip: set[str]) -> Iterator[tuple[str, Any]]:

@@ -354,8 +354,9 @@ def module_members(scheme: QuantScheme, prefix: str, present: set[str]) -> list[
 # ---- reading one module ----------------------------------------------------------------------------
 def read_quantized_module(
     scheme: QuantScheme, prefix: str, tensors: dict[str, np.ndarray]
-) -> AffineWeight | Fp8Weight | MxWeight:
-    """One quantized module as the shared form, exactly.
+) -> AffineWeight | Fp8Weight | MxWeight | list:
+    """One quantized module as the shared form, exactly (MLX's stacked experts, `switch_mlp`: a list, one
+    weight per expert; weight_stream.split_switch_mlp names them as the per-expert checkpoints do).
 
     tensors: suffix ("qweight", "scales", ...; full names are accepted too) -> numpy array as stored,
     with float scales as float16/float32 (bf16 widened to float32 by the caller) and FP8 weights as
@@ -413,15 +414,27 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float32)
 
 
-def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight | MxWeight:
+# mlx_lm's nvfp4 with a tensor scale g (one per expert): w = e2m1 * scale * g / (6 * 448), as mx.dequantize
+_NVFP4_GLOBAL_UNIT = 6.0 * 448.0
+
+
+def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight | MxWeight | list:
+    if np.ndim(t["weight"]) == 3:  # stacked experts [E, out, words], one weight each (global_scale: [E])
+        return [_read_mlx(scheme, prefix, {k: v[e] for k, v in t.items()}) for e in range(len(t["weight"]))]
     w, scales, biases = _words(t["weight"], f"{prefix}.weight"), t["scales"], t.get("biases")
     mode = scheme.mode_for(prefix)
     if mode is None:
         raise ValueError(f"{prefix} is quantized in the file but config.json's `quantization` says it is not")
-    if "global_scale" in t:
-        raise UnsupportedModelError(f"{prefix}.global_scale (nvfp4 with a per-tensor global scale) is not implemented")
     if scales.dtype == np.uint8:  # a microscaled mode: its shapes say which (as mlx_lm infers it)
-        return _read_mx(scheme.mlx_mode_for(prefix), prefix, w, scales)
+        weight = _read_mx(scheme.mlx_mode_for(prefix), prefix, w, scales)
+        if "global_scale" in t:
+            if weight.mode != "nvfp4":
+                raise ValueError(f"{prefix}.global_scale with {weight.mode} weights (MLX takes one for nvfp4 only)")
+            unit = float(np.asarray(t["global_scale"], np.float32).reshape(())) / _NVFP4_GLOBAL_UNIT
+            weight = replace(weight, global_scale=unit)
+        return weight
+    if "global_scale" in t:
+        raise ValueError(f"{prefix}.global_scale beside affine weights (MLX takes one for nvfp4 only)")
     if not np.issubdtype(scales.dtype, np.floating) or biases is None:
         raise ValueError(f"{prefix}: MLX affine weights have float scales and biases (got {scales.dtype} scales)")
     rows, groups = scales.shape

@@ -1,0 +1,98 @@
+"""MLX-format mixture-of-experts folders (mlx-community's `*-4bit` MoE models: experts stacked in `switch_mlp`
+tensors) load on both backends and compute what the folder holds.
+
+The folders are made by mlx_lm itself (tests/fixtures/mlx_lm_folders.py: its sanitize stacks the experts,
+its quantize_model quantizes, its save writes); the reference is transformers on the values the folder
+stores (`mx.dequantize`), under the float model's per-expert names, through Lantern's paged cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lantern.app.models.quant.affine import quantize_affine
+from tests.models.quant_logits import logits_error, reference_folder, tolerance, torch_cpu_vnni
+
+pytest.importorskip("mlx_lm")
+
+# case -> (variant, convert options)
+CASES = {
+    "qwen3_moe-4bit": ("qwen3_moe", {"mode": "affine", "group": 32, "bits": 4}),
+    "mixtral-4bit-g64": ("mixtral", {"mode": "affine", "group": 64, "bits": 4}),  # block_sparse_moe, w1/w2/w3
+    "qwen2_moe-8bit": ("qwen2_moe", {"mode": "affine", "group": 32, "bits": 8}),  # plus a shared expert
+    "qwen3_moe-nvfp4-gs": ("qwen3_moe", {"mode": "nvfp4", "group": None, "bits": None, "global_scale": True}),
+    "qwen3_moe-float": ("qwen3_moe", {"mode": None}),  # an MLX-format float conversion: stacked floats
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from tests.fixtures.mlx_lm_folders import convert
+
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def get(case: str) -> tuple[Path, Path]:
+        if case not in made:
+            variant, options = CASES[case]
+            made[case] = convert(variant, tmp_path_factory.mktemp(case), **options)
+        return made[case]
+
+    return get
+
+
+def _held(backend: str, case: str) -> tuple[int, int, bool] | None:
+    """The mode torch's CPU layers hold a case's quantized tensors in where they have no exact layout."""
+    if backend != "torch":
+        return None
+    vnni = torch_cpu_vnni()
+    if case == "qwen3_moe-nvfp4-gs":  # nvfp4's 16-wide groups: 8-bit g32 (VNNI) or int8 per channel
+        return (8, 32, False) if vnni else (8, 0, True)
+    if case == "qwen2_moe-8bit" and not vnni:  # aten's int8pack: per channel
+        return (8, 0, True)
+    return None
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_mlx_moe_folder_logits_match_what_the_backend_holds(folders, backend, case, tmp_path, caplog):
+    quant, ref = folders(case)
+    held = _held(backend, case)
+    if held is not None:
+        bits, group, symmetric = held
+
+        def hold(name: str, w: np.ndarray) -> np.ndarray:
+            if w.ndim != 2 or "norm" in name or name.endswith((".gate.weight", "shared_expert_gate.weight")):
+                return w  # (mlx_lm keeps routers at 8 bits: exact on every CPU layer)
+            return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
+
+        ref = reference_folder(ref, tmp_path / "held", hold)
+    with caplog.at_level(logging.INFO):
+        err = logits_error(str(quant), str(ref), backend)
+    assert err <= tolerance(backend, str(ref)), f"{backend} {case}: {err:.4f}"
+    # (torch's VNNI layers also log their int8 activations' error: "requantized" marks a weight converted)
+    converted = [line for line in caplog.text.splitlines() if "relative error" in line]
+    if backend == "torch":
+        converted = [line for line in converted if "requantized" in line]
+    assert bool(converted) == (held is not None), caplog.text
+
+
+def test_stacked_experts_are_split_into_the_checkpoint_names(folders):
+    """What the weight stream hands the models: per-expert names, each expert its own slice, quantized."""
+    from lantern.app.models.loader import resolve_model
+    from lantern.app.models.quant.affine import AffineWeight
+    from lantern.app.models.weight_stream import iter_weights
+
+    quant, _ = folders("qwen3_moe-4bit")
+    names = dict(iter_weights(resolve_model(str(quant)).spec, "pt", progress=False))
+    experts = [n for n in names if ".mlp.experts." in n]
+    assert not any("switch_mlp" in n for n in names)
+    assert len(experts) == 8 * 3 and "model.layers.1.mlp.experts.7.down_proj.weight" in experts
+    first, last = (
+        names["model.layers.1.mlp.experts.0.gate_proj.weight"],
+        names["model.layers.1.mlp.experts.7.gate_proj.weight"],
+    )
+    assert isinstance(first, AffineWeight) and first.shape == (32, 128) and first.bits == 4
+    assert not np.array_equal(first.codes, last.codes)
