@@ -34,8 +34,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from lantern.app.models.family_moe import MoEConfig
 from lantern.app.models.spec import UnsupportedModelError
@@ -225,3 +229,53 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "mla": mla,
         "moe": _moe(model_type, cfg, num_layers),
     }
+
+
+# ---- MLX-format folders ---------------------------------------------------------------------------------
+_HALVES = re.compile(r"^(.*\.self_attn)\.(embed_q|unembed_out)\.weight$")
+
+
+def join_mla_heads(source: Iterator[tuple[str, Any]], mla: MLAConfig, num_heads: int) -> Iterator[tuple[str, Any]]:
+    """mlx_lm's DeepSeek-V3 family (and Kimi) conversions store kv_b_proj as two per-head matrices:
+    `embed_q` [H, kv_lora_rank, nope] (each head's key rows, transposed) and `unembed_out` [H, v_head,
+    kv_lora_rank] (its value rows), each quantized along its own last axis. Joined back into the
+    checkpoints' kv_b_proj [H * (nope + v_head), kv_lora_rank] in float32 (the key halves' groups run
+    across kv_b_proj's rows, which no row-wise layout holds; both backends use kv_b_proj dequantized)."""
+    pending: dict[str, dict[str, Any]] = {}
+    for name, value in source:
+        m = _HALVES.match(name)
+        if m is None:
+            yield name, value
+            continue
+        halves = pending.setdefault(m.group(1), {})
+        halves[m.group(2)] = _per_head_floats(value)
+        if len(halves) == 2:
+            keys, values = halves.pop("embed_q"), halves.pop("unembed_out")
+            del pending[m.group(1)]
+            yield f"{m.group(1)}.kv_b_proj.weight", _kv_b(keys, values, mla, num_heads, m.group(1))
+    if pending:
+        raise ValueError(f"{', '.join(sorted(pending))}: embed_q without unembed_out (or the reverse)")
+
+
+def _per_head_floats(value: Any) -> np.ndarray:
+    """float32 [H, rows, cols] from a float tensor (numpy, MLX or torch) or a list of quantized heads."""
+    if isinstance(value, list):
+        return np.stack([head.dequantize(np.float32) for head in value])
+    if isinstance(value, np.ndarray):
+        return value.astype(np.float32)
+    if type(value).__module__.startswith("mlx"):
+        import mlx.core as mx
+
+        return np.array(value.astype(mx.float32))
+    return value.float().numpy()  # torch
+
+
+def _kv_b(keys: np.ndarray, values: np.ndarray, mla: MLAConfig, num_heads: int, where: str) -> np.ndarray:
+    want_k = (num_heads, mla.kv_lora_rank, mla.qk_nope_head_dim)
+    want_v = (num_heads, mla.v_head_dim, mla.kv_lora_rank)
+    if keys.shape != want_k or values.shape != want_v:
+        raise ValueError(
+            f"{where}: embed_q {keys.shape} / unembed_out {values.shape}; the config implies {want_k} / {want_v}"
+        )
+    joined = np.concatenate([keys.transpose(0, 2, 1), values], axis=1)  # [H, nope + v_head, kv_lora_rank]
+    return np.ascontiguousarray(joined.reshape(-1, mla.kv_lora_rank))

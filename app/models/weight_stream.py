@@ -46,6 +46,10 @@ def iter_weights(
         )
     else:
         source = split_switch_mlp(_iter_safetensors(spec, framework, _text_name_map(spec)))
+        if spec.config.mla is not None:  # mlx_lm's DeepSeek-V3 conversions split kv_b_proj per head
+            from lantern.app.models.family_deepseek import join_mla_heads
+
+            source = join_mla_heads(source, spec.config.mla, spec.config.num_heads)
     if spec.config.architecture in FUSED_CHECKPOINTS:
         source = split_fused(source, spec)
     if spec.config.architecture == "gpt_oss":  # stacked (and MXFP4) experts in the model files' layout

@@ -1,5 +1,5 @@
 """MLX-format mixture-of-experts folders (mlx-community's `*-4bit` MoE models: experts stacked in `switch_mlp`
-tensors) load on both backends and compute what the folder holds.
+tensors; DeepSeek-V3's kv_b_proj split per head) load on both backends and compute what the folder holds.
 
 The folders are made by mlx_lm itself (tests/fixtures/mlx_lm_folders.py: its sanitize stacks the experts,
 its quantize_model quantizes, its save writes); the reference is transformers on the values the folder
@@ -19,6 +19,8 @@ from tests.models.quant_logits import logits_error, reference_folder, tolerance,
 
 pytest.importorskip("mlx_lm")
 
+# latent and head widths that mlx_lm's 32-wide groups divide (so the per-head halves are quantized too)
+MLA_WIDE = {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "v_head_dim": 32}
 # case -> (variant, convert options)
 CASES = {
     "qwen3_moe-4bit": ("qwen3_moe", {"mode": "affine", "group": 32, "bits": 4}),
@@ -26,6 +28,8 @@ CASES = {
     "qwen2_moe-8bit": ("qwen2_moe", {"mode": "affine", "group": 32, "bits": 8}),  # plus a shared expert
     "qwen3_moe-nvfp4-gs": ("qwen3_moe", {"mode": "nvfp4", "group": None, "bits": None, "global_scale": True}),
     "qwen3_moe-float": ("qwen3_moe", {"mode": None}),  # an MLX-format float conversion: stacked floats
+    # DeepSeek-V3 / Kimi: kv_b_proj stored as per-head embed_q / unembed_out halves, each quantized
+    "deepseek_v3-4bit": ("deepseek_v3", {"mode": "affine", **MLA_WIDE}),
 }
 
 
