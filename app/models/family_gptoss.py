@@ -43,6 +43,7 @@ import numpy as np
 
 from lantern.app.models.family_moe import MoEConfig
 from lantern.app.models.quant.affine import AffineWeight
+from lantern.app.models.quant.hf_formats import QuantScheme, parse_quant_scheme
 from lantern.app.models.quant.microscaled import E2M1_VALUES, MxWeight, checked
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
@@ -91,7 +92,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if model_type != "gpt_oss":
         raise UnsupportedModelError(f"family_gptoss does not configure model_type {model_type!r}")
     full = {key: cfg[key] if cfg.get(key) is not None else value for key, value in _DEFAULTS.items()}
-    _check_quantization(cfg)
+    scheme = _check_quantization(cfg)
     num_layers = fields["num_layers"]
     # GptOssConfig aliases num_experts to num_local_experts (either may be saved).
     experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or full["num_local_experts"])
@@ -116,21 +117,23 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         # An explicit null is not the default: transformers raises on sliding layers without a window.
         "layer_windows": _windows(cfg, num_layers, cfg.get("sliding_window", _DEFAULTS["sliding_window"])),
         "moe": moe,
-        "quantization": None,  # MXFP4 experts: read by checkpoint_tensors, not as a QuantScheme
+        "quantization": scheme,  # (OpenAI's MXFP4 experts: read by checkpoint_tensors, not as a QuantScheme)
         **_rope(cfg, head_dim, max_pos),
     }
 
 
-def _check_quantization(cfg: dict[str, Any]) -> None:
-    """Float checkpoints and OpenAI's MXFP4 experts are read; other quantizations are refused."""
+def _check_quantization(cfg: dict[str, Any]) -> QuantScheme | None:
+    """Float checkpoints, OpenAI's MXFP4 experts (read by checkpoint_tensors) and MLX-community folders
+    (mlx_lm's `quantization`: its mxfp4 experts, 8-bit attention) are read; other quantizations are refused."""
     if cfg.get("quantization"):
-        raise _refuse("quantization", cfg["quantization"], " for gpt_oss (float or MXFP4 experts only)")
+        return parse_quant_scheme(cfg)
     q = cfg.get("quantization_config")
     if not q:
-        return
+        return None
     method = q.get("quant_method") if isinstance(q, dict) else q
     if method != "mxfp4":
-        raise _refuse("quantization_config.quant_method", method, " for gpt_oss (float or MXFP4 experts only)")
+        raise _refuse("quantization_config.quant_method", method, " for gpt_oss (float, MXFP4 experts or MLX folders)")
+    return None
 
 
 def _windows(cfg: dict[str, Any], num_layers: int, window: Any) -> list[int | None] | None:
@@ -223,6 +226,36 @@ def checkpoint_tensors(
     if halves:
         prefix, got = next(iter(halves.items()))
         raise ValueError(f"checkpoint has {prefix}{next(iter(got))} without its MXFP4 partner")
+
+
+_MLX_BIAS = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.bias$")
+
+
+def mlx_expert_biases(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """mlx_lm's gpt-oss folders (mlx-community's): the stacked expert biases `experts.<proj>.bias` [E, out]
+    as the model files take them (after checkpoint_tensors): `experts.gate_up_proj_bias` [E, 2I], gate
+    rows first, and `experts.down_proj_bias`. (Their expert weights arrive per expert, split by
+    weight_stream.split_switch_mlp.)"""
+    gates: dict[str, Any] = {}
+    for name, value in source:
+        m = _MLX_BIAS.match(name)
+        if m is None:
+            yield name, value
+            continue
+        path, proj = m.group(1), m.group(2)
+        if proj == "down_proj":
+            yield f"{path}.down_proj_bias", value
+            continue
+        pair = gates.setdefault(path, {})
+        pair[proj] = value
+        if len(pair) == 2:
+            del gates[path]
+            yield (
+                f"{path}.gate_up_proj_bias",
+                _namespace(value).concatenate([pair["gate_proj"], pair["up_proj"]], axis=1),
+            )
+    if gates:
+        raise ValueError(f"{next(iter(gates))}: a gate_proj bias without its up_proj one (or the reverse)")
 
 
 def _transposed(value: Any) -> Any:

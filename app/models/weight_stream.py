@@ -57,6 +57,10 @@ def iter_weights(
 
         # GGUF joined gate and up gate rows first; OpenAI's checkpoints interleave their rows
         source = checkpoint_tensors(source, framework, interleaved=spec.weight_format != "gguf")
+        if spec.weight_format != "gguf":
+            from lantern.app.models.family_gptoss import mlx_expert_biases
+
+            source = mlx_expert_biases(source)
     if isq is not None:
         source = quantize_stream(source, isq, spec, progress)
     for item in source:
@@ -238,22 +242,25 @@ def _portable(weight: Any) -> Any:
     return weight.portable() if isinstance(weight, MxWeight) else weight
 
 
-# mlx_lm stores a MoE layer's experts stacked: <moe>.switch_mlp.<proj>.<weight|bias> [E, ...] (quantized
-# ones read into a list of E weights), where checkpoints have <moe>.experts.<e>.<proj>.<weight|bias>.
-_SWITCH_MLP = re.compile(r"^(.*)\.switch_mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)$")
+# mlx_lm stores a MoE layer's experts stacked: <moe>.switch_mlp.<proj>.<weight|bias> [E, ...] (gpt-oss:
+# <moe>.experts.<proj>.weight; quantized ones read into a list of E weights), where checkpoints have
+# <moe>.experts.<e>.<proj>.<weight|bias>.
+_SWITCH_MLP = re.compile(r"^(.*)\.(switch_mlp|experts)\.(gate_proj|up_proj|down_proj)\.(weight|bias)$")
 
 
 def split_switch_mlp(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
     """MLX-format MoE folders (mlx-community's *-4bit MoE models, mlx_lm.convert output): each stacked
-    expert tensor as the per-expert tensors the models load (and stack again their own way)."""
+    expert weight as the per-expert tensors the models load (and stack again their own way). gpt-oss's
+    stacked expert biases stay stacked (family_gptoss.mlx_expert_biases)."""
     for name, value in source:
         m = _SWITCH_MLP.match(name)
-        if m is None:
+        stacked = m is not None and (isinstance(value, list) or len(value.shape) == 3 or m.group(2) == "switch_mlp")
+        if m is None or not stacked or (m.group(2) == "experts" and m.group(4) == "bias"):
             yield name, value
             continue
         count = len(value) if isinstance(value, list) else value.shape[0]
         for e in range(count):
-            yield f"{m.group(1)}.experts.{e}.{m.group(2)}.{m.group(3)}", value[e]
+            yield f"{m.group(1)}.experts.{e}.{m.group(3)}.{m.group(4)}", value[e]
 
 
 def _iter_safetensors_mlx(spec: ModelSpec, skip: set[str]) -> Iterator[tuple[str, Any]]:

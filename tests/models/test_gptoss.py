@@ -122,7 +122,7 @@ def test_real_config_serves_its_context():
     "extra,key",
     [
         ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config.quant_method"),
-        ({"quantization": {"bits": 4, "group_size": 64}}, "quantization"),
+        ({"quantization": {"bits": 7, "group_size": 64}}, "quantization.bits"),  # (MLX folders: read)
         ({"sliding_window": None}, "sliding_window"),
         ({"layer_types": ["chunked_attention"] * 4}, "layer_types"),
         ({"num_local_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok"),

@@ -1,5 +1,6 @@
 """MLX-format mixture-of-experts folders (mlx-community's `*-4bit` MoE models: experts stacked in `switch_mlp`
-tensors; DeepSeek-V3's kv_b_proj split per head) load on both backends and compute what the folder holds.
+tensors; DeepSeek-V3's kv_b_proj split per head; gpt-oss's `MXFP4-Q8` layout: mxfp4 experts with stacked
+biases, 8-bit attention and router) load on both backends and compute what the folder holds.
 
 The folders are made by mlx_lm itself (tests/fixtures/mlx_lm_folders.py: its sanitize stacks the experts,
 its quantize_model quantizes, its save writes); the reference is transformers on the values the folder
@@ -35,11 +36,13 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from tests.fixtures.mlx_lm_folders import convert
+    from tests.fixtures.mlx_lm_folders import convert, convert_gptoss
 
     made: dict[str, tuple[Path, Path]] = {}
 
     def get(case: str) -> tuple[Path, Path]:
+        if case == "gpt_oss-mxfp4-q8" and case not in made:  # mlx-community's gpt-oss layout
+            made[case] = convert_gptoss(tmp_path_factory.mktemp(case))
         if case not in made:
             variant, options = CASES[case]
             made[case] = convert(variant, tmp_path_factory.mktemp(case), **options)
@@ -55,22 +58,27 @@ def _held(backend: str, case: str) -> tuple[int, int, bool] | None:
     vnni = torch_cpu_vnni()
     if case == "qwen3_moe-nvfp4-gs":  # nvfp4's 16-wide groups: 8-bit g32 (VNNI) or int8 per channel
         return (8, 32, False) if vnni else (8, 0, True)
-    if case == "qwen2_moe-8bit" and not vnni:  # aten's int8pack: per channel
+    if case in ("qwen2_moe-8bit", "gpt_oss-mxfp4-q8") and not vnni:  # aten's int8pack: per channel
         return (8, 0, True)
     return None
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, "gpt_oss-mxfp4-q8"])
 def test_mlx_moe_folder_logits_match_what_the_backend_holds(folders, backend, case, tmp_path, caplog):
     quant, ref = folders(case)
     held = _held(backend, case)
     if held is not None:
         bits, group, symmetric = held
 
-        def hold(name: str, w: np.ndarray) -> np.ndarray:
-            if w.ndim != 2 or "norm" in name or name.endswith((".gate.weight", "shared_expert_gate.weight")):
-                return w  # (mlx_lm keeps routers at 8 bits: exact on every CPU layer)
+        def held_rows(w: np.ndarray) -> np.ndarray:
             return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
+
+        def hold(name: str, w: np.ndarray) -> np.ndarray:
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # gpt-oss: [E, in, out]
+                return np.stack([held_rows(expert.T).T for expert in w])
+            if w.ndim != 2 or "norm" in name or name.endswith((".gate.weight", "gate.weight", "router.weight")):
+                return w  # routers are used dequantized (the file's values exactly)
+            return held_rows(w)
 
         ref = reference_folder(ref, tmp_path / "held", hold)
     with caplog.at_level(logging.INFO):
