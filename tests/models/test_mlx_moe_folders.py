@@ -31,6 +31,7 @@ CASES = {
     "qwen3_moe-float": ("qwen3_moe", {"mode": None}),  # an MLX-format float conversion: stacked floats
     # DeepSeek-V3 / Kimi: kv_b_proj stored as per-head embed_q / unembed_out halves, each quantized
     "deepseek_v3-4bit": ("deepseek_v3", {"mode": "affine", **MLA_WIDE}),
+    "deepseek_v2-4bit": ("deepseek_v2_yarn", {"mode": "affine", **MLA_WIDE}),  # kv_b_proj kept whole
 }
 
 
