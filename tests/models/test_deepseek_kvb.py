@@ -1,5 +1,6 @@
-"""DeepSeek's kv_b_proj stays float under --isq q4 / q8, and a quantized one (an old GGUF whose
-attn_kv_b is whole and Q8_0) is made dense once while loading, on both backends: afterwards no
+"""DeepSeek's kv_b_proj stays float under --isq q4 / q8, a quantized one (an old GGUF whose
+attn_kv_b is whole and Q8_0) is made dense once while loading, and an FP8 one (DeepSeek-V3's release
+layout) is taken with the file's e4m3 values exactly, on both backends: afterwards no
 quantized kv_b layer is left, the weight bytes the backend counted at load (which size the KV cache)
 are every tensor the model holds, the dense one included, nothing is built in the forward, and the
 logits still match transformers on the dequantized weights to the quantized tests' tolerance
@@ -145,4 +146,64 @@ def test_legacy_q8_0_attn_kv_b_is_dense_counted_and_matches(legacy_q8, tmp_path,
     reference = reference_folder(ref, tmp_path / "held", held)
     _check_held_once(str(path), backend, reference)
     err = logits_error(str(path), str(reference), backend)
+    assert err <= tolerance(backend, str(reference)), f"{backend}: {err:.4f}"
+
+
+@pytest.fixture(scope="module")
+def fp8_folder(wide_kv_b, tmp_path_factory) -> tuple[Path, Path]:
+    """(DeepSeek-V3's FP8 release layout: every projection e4m3 in 128 x 128 blocks with
+    `weight_scale_inv`, the routers, embeddings, norms and head float; the folder of the values it holds)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.fixtures.hf_quant_writers import quantize_fp8
+
+    out = tmp_path_factory.mktemp("deepseek-fp8")
+    quant, ref = out / "fp8", out / "ref"
+    for folder in (quant, ref):
+        shutil.copytree(wide_kv_b, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    stored, values = {}, {}
+    for name, w in load_file(str(wide_kv_b / "model.safetensors")).items():
+        if name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight"):
+            parts, values[name] = quantize_fp8(w, {"block": (128, 128)}, None, name)
+            stored.update({f"{name.removesuffix('.weight')}.{k}": v for k, v in parts.items()})
+        else:
+            stored[name] = values[name] = w
+    save_file(
+        {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(v) for k, v in stored.items()},
+        str(quant / "model.safetensors"),
+    )
+    save_file({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in values.items()}, str(ref / "model.safetensors"))
+    cfg = json.loads((quant / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
+    (quant / "config.json").write_text(json.dumps(cfg))
+    return quant, ref
+
+
+def test_fp8_kv_b_is_taken_exactly_and_the_rest_requantized(fp8_folder, tmp_path, backend):
+    """Neither backend has an FP8 matmul here: FP8 projections become 8-bit codes (MLX and the VNNI
+    layers g32, aten's int8pack per channel), but kv_b_proj, made dense, takes the file's e4m3 values
+    exactly (requantizing it first would only add error)."""
+    from tests.models.quant_logits import torch_cpu_vnni
+
+    quant, ref = fp8_folder
+    per_channel = backend == "torch" and not torch_cpu_vnni()
+
+    def held(name: str, w: np.ndarray) -> np.ndarray:
+        if name.endswith("kv_b_proj.weight") or not name.endswith(("proj.weight", "proj_with_mqa.weight")):
+            return w
+        return quantize_affine(
+            w.astype(np.float32), 8, w.shape[1] if per_channel else 32, symmetric=per_channel
+        ).dequantize()
+
+    reference = reference_folder(ref, tmp_path / "held", held)
+    _check_held_once(str(quant), backend, reference)
+    err = logits_error(str(quant), str(reference), backend)
     assert err <= tolerance(backend, str(reference)), f"{backend}: {err:.4f}"
