@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.family_moe import MoEConfig
+from lantern.app.models.quant.affine import float32_array
+from lantern.app.models.quant.stacked import StackedWeights
 from lantern.app.models.spec import UnsupportedModelError
 
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
@@ -258,16 +260,10 @@ def join_mla_heads(source: Iterator[tuple[str, Any]], mla: MLAConfig, num_heads:
 
 
 def _per_head_floats(value: Any) -> np.ndarray:
-    """float32 [H, rows, cols] from a float tensor (numpy, MLX or torch) or a list of quantized heads."""
-    if isinstance(value, list):
+    """float32 [H, rows, cols] from a float tensor (numpy, MLX or torch) or a sequence of quantized heads."""
+    if isinstance(value, StackedWeights):
         return np.stack([head.dequantize(np.float32) for head in value])
-    if isinstance(value, np.ndarray):
-        return value.astype(np.float32)
-    if type(value).__module__.startswith("mlx"):
-        import mlx.core as mx
-
-        return np.array(value.astype(mx.float32))
-    return value.float().numpy()  # torch
+    return float32_array(value)
 
 
 def _kv_b(keys: np.ndarray, values: np.ndarray, mla: MLAConfig, num_heads: int, where: str) -> np.ndarray:

@@ -131,6 +131,8 @@ def _check_quantization(cfg: dict[str, Any]) -> QuantScheme | None:
     if not q:
         return None
     method = q.get("quant_method") if isinstance(q, dict) else q
+    if method is None and isinstance(q, dict):  # mlx_lm's folders may carry their scheme only here
+        return parse_quant_scheme(cfg)
     if method != "mxfp4":
         raise _refuse("quantization_config.quant_method", method, " for gpt_oss (float, MXFP4 experts or MLX folders)")
     return None

@@ -26,6 +26,7 @@ from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.isq import IsqMode, quantize_stream
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight
 from lantern.app.models.quant.microscaled import MxWeight
+from lantern.app.models.quant.stacked import StackedWeights
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
                 weight = read_quantized_module(scheme, prefix, tensors)
                 del tensors
                 if framework != "mlx":  # only MLX computes on microscaled weights as stored
-                    weight = [_portable(w) for w in weight] if isinstance(weight, list) else _portable(weight)
+                    weight = weight.map(_portable) if isinstance(weight, StackedWeights) else _portable(weight)
                 for n in names:
                     where[n].release()
                 parts.update(names)
@@ -243,7 +244,7 @@ def _portable(weight: Any) -> Any:
 
 
 # mlx_lm stores a MoE layer's experts stacked: <moe>.switch_mlp.<proj>.<weight|bias> [E, ...] (gpt-oss:
-# <moe>.experts.<proj>.weight; quantized ones read into a list of E weights), where checkpoints have
+# <moe>.experts.<proj>.weight; quantized ones read as StackedWeights), where checkpoints have
 # <moe>.experts.<e>.<proj>.<weight|bias>.
 _SWITCH_MLP = re.compile(r"^(.*)\.(switch_mlp|experts)\.(gate_proj|up_proj|down_proj)\.(weight|bias)$")
 
@@ -254,11 +255,13 @@ def split_switch_mlp(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, A
     stacked expert biases stay stacked (family_gptoss.mlx_expert_biases)."""
     for name, value in source:
         m = _SWITCH_MLP.match(name)
-        stacked = m is not None and (isinstance(value, list) or len(value.shape) == 3 or m.group(2) == "switch_mlp")
+        stacked = m is not None and (
+            isinstance(value, StackedWeights) or len(value.shape) == 3 or m.group(2) == "switch_mlp"
+        )
         if m is None or not stacked or (m.group(2) == "experts" and m.group(4) == "bias"):
             yield name, value
             continue
-        count = len(value) if isinstance(value, list) else value.shape[0]
+        count = len(value) if isinstance(value, StackedWeights) else value.shape[0]
         for e in range(count):
             yield f"{m.group(1)}.experts.{e}.{m.group(3)}.{m.group(4)}", value[e]
 

@@ -136,4 +136,14 @@ def test_refused_in_one_line_naming_the_key(extra, key):
     assert "\n" not in msg and msg.startswith(f"{key}=")
 
 
+def test_mlx_folders_are_read_with_their_scheme():
+    """mlx_lm's folders (mlx-community's gpt-oss): `quantization` (and its copy in quantization_config, or
+    that copy alone) is parsed as an MLX scheme: mxfp4 experts, per-module 8-bit entries."""
+    q = {"group_size": 32, "bits": 4, "mode": "mxfp4", "model.layers.0.self_attn.q_proj": {"group_size": 32, "bits": 8}}
+    for cfg in ({"quantization": q, "quantization_config": q}, {"quantization_config": q}):
+        scheme = ModelConfig.from_hf({**BASE, **cfg}).quantization
+        assert (scheme.method, scheme.mlx_mode) == ("mlx", "mxfp4")
+        assert scheme.mode_for("model.layers.0.self_attn.q_proj") == (8, 32)
+
+
 # ---- MXFP4 ----------------------------------------------------------------------------------------

@@ -392,10 +392,6 @@ REFUSED = [
         {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"g": CT_W4}},
         "config_groups.g.weights=",
     ),
-    (  # two schemes for every Linear: which one a module has is not said
-        {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"a": CT_W4, "b": CT_W8}},
-        'config_groups.b.targets="Linear"',
-    ),
     (  # several groups: a class target other than Linear names no modules here
         {
             "quant_method": "compressed-tensors",

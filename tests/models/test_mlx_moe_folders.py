@@ -109,3 +109,21 @@ def test_stacked_experts_are_split_into_the_checkpoint_names(folders):
     )
     assert isinstance(first, AffineWeight) and first.shape == (32, 128) and first.bits == 4
     assert not np.array_equal(first.codes, last.codes)
+
+
+def test_deepseek_v3_per_head_halves_join_back_into_the_checkpoints_kv_b(folders, tmp_path):
+    """An MLX-format float DeepSeek-V3 (mlx_lm's embed_q / unembed_out, unquantized): the kv_b_proj the
+    stream hands the models is the float checkpoint's own, bit for bit (the fixture's reference is not
+    used: it joins the halves by the same rule)."""
+    from safetensors.numpy import load_file
+
+    from lantern.app.models.loader import resolve_model
+    from lantern.app.models.weight_stream import iter_weights
+    from tests.fixtures.mlx_lm_folders import convert
+
+    quant, _ = convert("deepseek_v3", tmp_path, mode=None, **MLA_WIDE)
+    names = dict(iter_weights(resolve_model(str(quant)).spec, "pt", progress=False))
+    source = load_file(str(tmp_path / "deepseek_v3-float" / "model.safetensors"))
+    for layer in (0, 1):
+        name = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+        np.testing.assert_array_equal(names[name], source[name])

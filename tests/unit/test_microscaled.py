@@ -77,11 +77,18 @@ def test_inconsistent_modes_are_refused_by_name(quant, key):
     assert key in str(err.value) and "\n" not in str(err.value)
 
 
-def test_global_scale_and_nan_scales_are_refused():
+def test_mlx_global_scale_is_read_and_nan_scales_are_refused():
+    """mlx_lm's nvfp4 tensor scale g: w = e2m1 * scale * g / (6 * 448), as mx.dequantize computes it."""
     scheme = parse_quant_scheme({"quantization": {"group_size": 16, "bits": 4, "mode": "nvfp4"}})
     tensors, _ = stored("nvfp4")
-    with pytest.raises(UnsupportedModelError, match=r"m\.global_scale"):
-        read_quantized_module(scheme, "m", {**tensors, "global_scale": np.ones(1, np.float32)})
+    plain = read_quantized_module(scheme, "m", tensors)
+    scaled = read_quantized_module(scheme, "m", {**tensors, "global_scale": np.array([5.0], np.float32)})
+    assert plain.global_scale == 1.0 and scaled.global_scale == pytest.approx(5.0 / 2688)
+    np.testing.assert_array_equal(scaled.packed, plain.packed)
+    mx_scheme = parse_quant_scheme({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}})
+    mx_tensors, _ = stored("mxfp4")
+    with pytest.raises(ValueError, match=r"m\.global_scale with mxfp4"):
+        read_quantized_module(mx_scheme, "m", {**mx_tensors, "global_scale": np.ones(1, np.float32)})
     scales = tensors["scales"].copy()
     scales[0, 0] = 0x7F  # e4m3 NaN
     with pytest.raises(ValueError, match=r"^m: a nvfp4 group scale is NaN"):  # at read: MLX would compute NaNs

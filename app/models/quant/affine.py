@@ -264,13 +264,14 @@ def quantize_affine(
     biases = np.empty((rows, cols // group_size), np.float32)
     step = max(1, (1 << 20) // max(cols, 1))  # ~4 MiB of float32 temporaries at a time
     for r in range(0, rows, step):
-        chunk = _float32_rows(w[r : r + step]).reshape(-1, cols // group_size, group_size)
+        chunk = float32_array(w[r : r + step]).reshape(-1, cols // group_size, group_size)
         c, s, b = _round_groups(chunk, bits, symmetric)
         codes[r : r + step], scales[r : r + step], biases[r : r + step] = c.reshape(-1, cols), s, b
     return AffineWeight(codes, scales, biases, bits, group_size, source or f"{bits}-bit g{group_size}")
 
 
-def _float32_rows(rows: object) -> np.ndarray:
+def float32_array(rows: object) -> np.ndarray:
+    """A float tensor of numpy, torch or MLX as float32 numpy."""
     if isinstance(rows, np.ndarray):
         return rows.astype(np.float32, copy=False)
     if type(rows).__module__.startswith("torch"):

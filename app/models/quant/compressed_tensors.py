@@ -19,7 +19,8 @@ of the kernels that run it; here activations stay in float (closer to the unquan
 the log says so. Refused in one line naming the key: other formats (sparse, marlin-24, nvfp4/mxfp4
 packs), transforms (SpinQuant/QuIP rotations).
 Several config groups with different schemes (format "mixed-precision", each group its own format)
-give each module its group's scheme by the group's `targets` (quant/mixed.py).
+give each module its group's scheme by the group's `targets`, resolved as compressed-tensors itself
+resolves them (quant/mixed.py).
 actorder="group" (a permuted weight_g_idx) is held like GPTQ act-order: columns sorted, x gathered.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -75,29 +77,30 @@ def parse(q: dict[str, Any]) -> QuantScheme:
     if len(set(spelled.values())) == 1:  # one scheme: every quantized module is read with it
         name, group = next(iter(groups.items()))
         return _group_scheme(f"{_KEY}.config_groups.{name}", group, q, not_converted)
-    # several schemes (format "mixed-precision"): each module takes its group's, by the group's targets
-    exact: dict[str, QuantScheme] = {}
-    patterns: list[tuple[str, QuantScheme]] = []
-    default: QuantScheme | None = None
+    # several schemes (format "mixed-precision"): each module takes its group's, by the group's targets,
+    # resolved as the library that wrote the file does (compressed_tensors.utils.match.match_targets): an
+    # exact name first, then `re:` patterns (re.match) in the order of their strings, then the class
+    # "Linear"; a target listed by two groups belongs to the later one.
+    by_target: dict[str, QuantScheme] = {}
     made: dict[str, QuantScheme] = {}
     for name, group in groups.items():
         key = f"{_KEY}.config_groups.{name}"
         if spelled[name] not in made:
             made[spelled[name]] = _group_scheme(key, group, q, not_converted)
-        scheme = made[spelled[name]]
-        for target in group.get("targets") or ():
-            target = str(target)
+        for target in map(str, group.get("targets") or ()):
             if target.startswith("re:"):
-                patterns.append((target[3:], scheme))
-            elif target == "Linear":
-                if default is not None and default is not scheme:
-                    raise _refuse(f"{key}.targets", target, " (two groups target every Linear)")
-                default = scheme
-            elif "." in target or target == "lm_head":
-                exact[target] = scheme
-            else:  # another class name (attention or MoE blocks, embeddings): not resolved to modules here
+                try:
+                    re.compile(target[3:])
+                except re.error as err:
+                    raise _refuse(f"{key}.targets", target, f" (not a regular expression: {err})") from None
+            elif target != "Linear" and "." not in target and target != "lm_head":
+                # another class name (attention or MoE blocks, embeddings): not resolved to modules here
                 raise _refuse(f"{key}.targets", target, " with several groups (module names, re: patterns or Linear)")
-    return mixed_scheme(SchemeTable(exact, tuple(patterns), default), "compressed-tensors")
+            by_target[target] = made[spelled[name]]
+    exact = {t: s for t, s in by_target.items() if not t.startswith("re:") and t != "Linear"}
+    patterns = tuple((t[3:], s) for t, s in sorted(by_target.items()) if t.startswith("re:"))
+    default = by_target.get("Linear")
+    return mixed_scheme(SchemeTable(exact, patterns, default), "compressed-tensors")
 
 
 def _group_scheme(key: str, group: dict[str, Any], q: dict[str, Any], not_converted: tuple[str, ...]) -> QuantScheme:

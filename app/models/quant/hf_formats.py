@@ -38,6 +38,7 @@ import numpy as np
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, unpack_bits
 from lantern.app.models.quant.microscaled import MODES as MX_MODES
 from lantern.app.models.quant.microscaled import MxWeight, checked
+from lantern.app.models.quant.stacked import StackedWeights
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -354,9 +355,9 @@ def module_members(scheme: QuantScheme, prefix: str, present: set[str]) -> list[
 # ---- reading one module ----------------------------------------------------------------------------
 def read_quantized_module(
     scheme: QuantScheme, prefix: str, tensors: dict[str, np.ndarray]
-) -> AffineWeight | Fp8Weight | MxWeight | list:
-    """One quantized module as the shared form, exactly (MLX's stacked experts, `switch_mlp`: a list, one
-    weight per expert; weight_stream.split_switch_mlp names them as the per-expert checkpoints do).
+) -> AffineWeight | Fp8Weight | MxWeight | StackedWeights:
+    """One quantized module as the shared form, exactly (MLX's stacked experts, `switch_mlp`: StackedWeights,
+    one weight per expert; weight_stream.split_switch_mlp names them as the per-expert checkpoints do).
 
     tensors: suffix ("qweight", "scales", ...; full names are accepted too) -> numpy array as stored,
     with float scales as float16/float32 (bf16 widened to float32 by the caller) and FP8 weights as
@@ -418,9 +419,9 @@ def _f32(a: np.ndarray) -> np.ndarray:
 _NVFP4_GLOBAL_UNIT = 6.0 * 448.0
 
 
-def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight | MxWeight | list:
+def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight | MxWeight | StackedWeights:
     if np.ndim(t["weight"]) == 3:  # stacked experts [E, out, words], one weight each (global_scale: [E])
-        return [_read_mlx(scheme, prefix, {k: v[e] for k, v in t.items()}) for e in range(len(t["weight"]))]
+        return StackedWeights(lambda e: _read_mlx(scheme, prefix, {k: v[e] for k, v in t.items()}), len(t["weight"]))
     w, scales, biases = _words(t["weight"], f"{prefix}.weight"), t["scales"], t.get("biases")
     mode = scheme.mode_for(prefix)
     if mode is None:
@@ -562,7 +563,7 @@ _noted_input_scale = False
 def _read_fp8(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> Fp8Weight:
     global _noted_input_scale
     data = t["weight"]
-    if data.dtype.itemsize != 1:
+    if data.dtype.itemsize != 1 or data.dtype == np.int8:  # (int8: integer codes, not e4m3 bit patterns)
         raise ValueError(f"{prefix}.weight is {data.dtype}; FP8 weights are one byte each (e4m3fn bits)")
     data = np.ascontiguousarray(data).view(np.uint8)
     scale = _f32(t["weight_scale_inv"] if "weight_scale_inv" in t else t["weight_scale"])

@@ -7,8 +7,9 @@ with its own `targets` (module names, `re:` patterns, or the class name `Linear`
 QuantScheme with method "mixed" whose `table` gives each module its own scheme of the single-scheme
 readers; which tensors make a module is then decided by that module's scheme.
 
-Lookup (as vLLM resolves compressed-tensors targets): an exact module name first, then the patterns in
-order (re.match), then the class-wide default; None means the config keeps the module in float.
+Lookup: an exact module name first (ModelOpt's names also under the other spelling of a multimodal
+model's language-model prefix, as vLLM tries them), then the patterns in order (re.match; compressed-
+tensors orders them as its library does), then the class-wide default; None: the module stays float.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ class SchemeTable:
     default: QuantScheme | None = None  # every other linear (compressed-tensors' "Linear" target)
 
     def scheme_for(self, prefix: str) -> QuantScheme | None:
-        if prefix in self.exact:
-            return self.exact[prefix]
+        for name in _spellings(prefix):
+            if name in self.exact:
+                return self.exact[name]
         for pattern, scheme in self.patterns:
             if re.match(pattern, prefix):
                 return scheme
@@ -40,6 +42,16 @@ class SchemeTable:
         """Each distinct scheme once, in the order first given."""
         every = [*self.exact.values(), *(s for _, s in self.patterns)] + ([self.default] if self.default else [])
         return list({id(s): s for s in every}.values())
+
+
+# A multimodal model's language model is `model.language_model.*` in newer checkpoints and
+# `language_model.model.*` in older ones; a config may name its modules either way.
+_SWAPPED = (("model.language_model.", "language_model.model."), ("language_model.model.", "model.language_model."))
+
+
+def _spellings(prefix: str) -> list[str]:
+    names = [prefix] + [new + prefix[len(old) :] for old, new in _SWAPPED if prefix.startswith(old)]
+    return names + (["lm_head"] if prefix.endswith(".lm_head") else [])
 
 
 def mixed_scheme(table: SchemeTable, producer: str) -> QuantScheme:

@@ -39,12 +39,19 @@ _KEY = "quantization_config.quant_algo"
 
 
 def config_from_folder(cfg: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """config.json with an older export's hf_quant_config.json folded in as its quantization_config."""
+    """config.json with an older export's hf_quant_config.json folded in as its quantization_config
+    (or, for a MIXED_PRECISION config.json without its per-module map, the map the side file holds)."""
     side = folder / "hf_quant_config.json"
-    if cfg.get("quantization_config") or cfg.get("quantization") or not side.is_file():
+    q = cfg.get("quantization_config")
+    if not side.is_file() or cfg.get("quantization"):
         return cfg
     quant = json.loads(side.read_text()).get("quantization") or {}
-    return {**cfg, "quantization_config": {"quant_method": "modelopt", **quant}}
+    if not q:
+        return {**cfg, "quantization_config": {"quant_method": "modelopt", **quant}}
+    mixed = isinstance(q, dict) and str(q.get("quant_algo", "")).upper() == "MIXED_PRECISION"
+    if mixed and not q.get("quantized_layers") and quant.get("quantized_layers"):
+        return {**cfg, "quantization_config": {**q, "quantized_layers": quant["quantized_layers"]}}
+    return cfg
 
 
 def parse(q: dict[str, Any]) -> QuantScheme:
@@ -82,8 +89,8 @@ def _mixed(q: dict[str, Any]) -> QuantScheme:
     quant_algo (and group_size); a module it does not list is stored in float."""
     layers = q.get("quantized_layers")
     if not isinstance(layers, dict) or not layers:
-        # DeepSeek-style W4AFP8 exports say MIXED_PRECISION with no map: int4 experts for FP8 activations
-        raise _refuse(_KEY, "MIXED_PRECISION", " without a quantized_layers map (W4AFP8 exports)")
+        # (DeepSeek-style W4AFP8 exports say MIXED_PRECISION with no map: int4 experts for FP8 activations)
+        raise _refuse(_KEY, "MIXED_PRECISION", " without a quantized_layers map naming each module's algo")
     by_entry: dict[str, QuantScheme] = {}
     exact: dict[str, QuantScheme] = {}
     for name, entry in layers.items():
