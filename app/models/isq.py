@@ -38,6 +38,7 @@ from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.family_moe import is_router, moe_name
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, quantize_affine
 from lantern.app.models.quant.microscaled import MxWeight
+from lantern.app.models.quant.mlx_packed import MlxPacked
 
 logger = logging.getLogger(__name__)
 MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whole (module docstring)
@@ -115,7 +116,7 @@ def quantize_stream(
         for name, value in source:
             if cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue  # the embedding serves as the head: quantizing this copy would be wasted
-            if isinstance(value, (AffineWeight, Fp8Weight, MxWeight)):
+            if isinstance(value, (AffineWeight, Fp8Weight, MxWeight, MlxPacked)):
                 already += 1
                 if not is_router(moe_name(name)):  # a checkpoint-quantized matrix: not ours to count
                     bar.total -= 1

@@ -26,6 +26,7 @@ from lantern.app.engine.contract import ModelSpec
 from lantern.app.models.isq import IsqMode, quantize_stream
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight
 from lantern.app.models.quant.microscaled import MxWeight
+from lantern.app.models.quant.mlx_packed import MlxPacked
 from lantern.app.models.quant.stacked import StackedWeights
 
 logger = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _row_slice(value: Any, start: int, end: int) -> Any:
             return value.rows(start, end)
         except ValueError:  # q/k/v boundaries inside a scale block: exact values, in float
             return value.dequantize()[start:end]
-    if isinstance(value, (AffineWeight, MxWeight)):
+    if isinstance(value, (AffineWeight, MxWeight, MlxPacked)):
         return value.rows(start, end)
     return value[start:end]
 
@@ -215,7 +216,7 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
                 where = {n: raw for n, raw in where.items() if not n.endswith(_KV_SCALES)}
             for prefix, names in quantized_module_names(scheme, list(where)).items():
                 tensors = {n[len(prefix) + 1 :]: where[n].numpy(n) for n in names}
-                weight = read_quantized_module(scheme, prefix, tensors)
+                weight = read_quantized_module(scheme, prefix, tensors, mlx_words=framework == "mlx")
                 del tensors
                 if framework != "mlx":  # only MLX computes on microscaled weights as stored
                     weight = weight.map(_portable) if isinstance(weight, StackedWeights) else _portable(weight)

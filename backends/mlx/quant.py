@@ -20,6 +20,7 @@ import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, in_input_order, pack_bits, regroup, requantize
 from lantern.app.models.quant.microscaled import MxWeight
+from lantern.app.models.quant.mlx_packed import MlxPacked
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +28,20 @@ BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 
 
-def to_mlx_arrays(w: AffineWeight, dtype: mx.Dtype, errors: ErrorLog) -> tuple[mx.array, mx.array, mx.array, int, int]:
+def to_mlx_arrays(
+    w: AffineWeight | MlxPacked, dtype: mx.Dtype, errors: ErrorLog
+) -> tuple[mx.array, mx.array, mx.array, int, int]:
     """(packed uint32 weight, scales, biases, bits, group_size) in MLX's layout.
 
     A group wider than 128 (per-channel GPTQ, g256) repeats its scale over groups of 128: exact.
     Group 16 (Q2_K, Q3_K, Q6_K) has no exact layout: it is requantized to group 32 with two more
     bits, which keeps the error small, and the error is logged.
     """
+    if isinstance(w, MlxPacked):
+        if w.bits in BITS and w.group_size in GROUPS:  # MLX's own layout: the stored words as they are
+            scales, biases = _scale_array(w.scales, dtype), _scale_array(w.biases, dtype)
+            return mx.array(w.words), scales, biases, w.bits, w.group_size
+        w = w.to_affine()
     exact = regroup(w, tuple(reversed(GROUPS))) if w.bits in BITS else None
     if exact is None:
         if w.shape[1] % 32:
@@ -58,7 +66,7 @@ def _scale_array(values: np.ndarray, dtype: mx.Dtype) -> mx.array:
 
 
 def quantized_module(
-    old: nn.Module, w: AffineWeight | MxWeight, dtype: mx.Dtype, errors: ErrorLog
+    old: nn.Module, w: AffineWeight | MlxPacked | MxWeight, dtype: mx.Dtype, errors: ErrorLog
 ) -> tuple[nn.Module, dict]:
     """A quantized replacement for `old` (Linear or Embedding) and its arrays, named as MLX names
     them (weight, scales, biases; `perm` for an act-order linear), for Module.load_weights."""

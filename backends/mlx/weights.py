@@ -21,6 +21,7 @@ from lantern.app.models.family_moe import expert_part, is_router, moe_name
 from lantern.app.models.isq import MLA_FLOAT
 from lantern.app.models.quant.affine import AffineWeight, ErrorLog, Fp8Weight, fp8_as_affine, in_input_order
 from lantern.app.models.quant.microscaled import MxWeight
+from lantern.app.models.quant.mlx_packed import MlxPacked
 from lantern.app.models.weight_stream import IsqMode, iter_weights
 from lantern.backends.mlx.quant import get_module, quantized_module, set_module, to_mlx_arrays
 
@@ -50,13 +51,13 @@ def load_weights(model: nn.Module, spec: ModelSpec, dtype: mx.Dtype) -> None:
             else:
                 value, error = fp8_as_affine(value, 8, 32)
                 errors.add(value.source, "8-bit g32 (requantized)", error)
-        if isinstance(value, (AffineWeight, MxWeight)) and is_router(name):
+        if isinstance(value, (AffineWeight, MlxPacked, MxWeight)) and is_router(name):
             value = value.dequantize()  # a few KB: routing at activation precision
         part = expert_part(name)
         if part is not None:
             arrays.extend(experts.add(part, value))
             continue
-        if isinstance(value, (AffineWeight, MxWeight)):
+        if isinstance(value, (AffineWeight, MlxPacked, MxWeight)):
             prefix = name.rsplit(".", 1)[0]
             new, parts = quantized_module(get_module(model, prefix), value, dtype, errors)
             set_module(model, prefix, new)
@@ -98,7 +99,7 @@ class _ExpertStacker:
             packed, scales = mx.array(value.packed), mx.array(value.scales)
             glob = mx.array(value.global_scale, dtype=mx.float32) if value.global_scale != 1.0 else None
             item: Any = ("q", packed, scales, None, value.bits, value.group_size, value.mode, glob)
-        elif isinstance(value, AffineWeight):
+        elif isinstance(value, (AffineWeight, MlxPacked)):
             # gather_qmm takes no per-expert input permutation: act-order experts in input order.
             value = in_input_order(value, self.errors, "stacked experts")
             # Packed now: the unpacked codes (one byte per weight) are not kept for the whole layer.

@@ -38,6 +38,7 @@ import numpy as np
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, unpack_bits
 from lantern.app.models.quant.microscaled import MODES as MX_MODES
 from lantern.app.models.quant.microscaled import MxWeight, checked
+from lantern.app.models.quant.mlx_packed import MlxPacked
 from lantern.app.models.quant.stacked import StackedWeights
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -354,20 +355,22 @@ def module_members(scheme: QuantScheme, prefix: str, present: set[str]) -> list[
 
 # ---- reading one module ----------------------------------------------------------------------------
 def read_quantized_module(
-    scheme: QuantScheme, prefix: str, tensors: dict[str, np.ndarray]
-) -> AffineWeight | Fp8Weight | MxWeight | StackedWeights:
+    scheme: QuantScheme, prefix: str, tensors: dict[str, np.ndarray], *, mlx_words: bool = False
+) -> AffineWeight | MlxPacked | Fp8Weight | MxWeight | StackedWeights:
     """One quantized module as the shared form, exactly (MLX's stacked experts, `switch_mlp`: StackedWeights,
     one weight per expert; weight_stream.split_switch_mlp names them as the per-expert checkpoints do).
 
     tensors: suffix ("qweight", "scales", ...; full names are accepted too) -> numpy array as stored,
     with float scales as float16/float32 (bf16 widened to float32 by the caller) and FP8 weights as
-    uint8 bit patterns.
+    uint8 bit patterns. mlx_words: an MLX folder's affine weights as MlxPacked (for the MLX backend).
     """
     t = {_suffix(k, prefix): v for k, v in tensors.items()}
     from lantern.app.models.quant import bitsandbytes, compressed_tensors, mixed, modelopt
 
     if scheme.method == "mixed":
         scheme = mixed.module_scheme(scheme, prefix)
+    if scheme.method == "mlx":
+        return _read_mlx(scheme, prefix, t, mlx_words)
 
     readers = {
         "modelopt-fp4": modelopt.read_fp4,
@@ -419,9 +422,13 @@ def _f32(a: np.ndarray) -> np.ndarray:
 _NVFP4_GLOBAL_UNIT = 6.0 * 448.0
 
 
-def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> AffineWeight | MxWeight | StackedWeights:
+def _read_mlx(
+    scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray], keep_words: bool = False
+) -> AffineWeight | MlxPacked | MxWeight | StackedWeights:
+    """keep_words: affine weights as MlxPacked (MLX takes the stored words as they are)."""
     if np.ndim(t["weight"]) == 3:  # stacked experts [E, out, words], one weight each (global_scale: [E])
-        return StackedWeights(lambda e: _read_mlx(scheme, prefix, {k: v[e] for k, v in t.items()}), len(t["weight"]))
+        one = lambda e: _read_mlx(scheme, prefix, {k: v[e] for k, v in t.items()}, keep_words)
+        return StackedWeights(one, len(t["weight"]))
     w, scales, biases = _words(t["weight"], f"{prefix}.weight"), t["scales"], t.get("biases")
     mode = scheme.mode_for(prefix)
     if mode is None:
@@ -442,8 +449,8 @@ def _read_mlx(scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray]) -> Aff
     bits, group = _mlx_shape_mode(mode, w.shape[1], groups)
     if w.shape[0] != rows or biases.shape != scales.shape:
         raise ValueError(f"{prefix}: weight {w.shape}, scales {scales.shape}, biases {biases.shape} do not match")
-    cols = groups * group
-    return AffineWeight(_unpack(w, bits, cols), _f32(scales), _f32(biases), bits, group, f"MLX {bits}-bit g{group}")
+    packed = MlxPacked(np.ascontiguousarray(w), _f32(scales), _f32(biases), bits, group, f"MLX {bits}-bit g{group}")
+    return packed if keep_words else packed.to_affine()
 
 
 def _read_mx(configured: str, prefix: str, w: np.ndarray, scales: np.ndarray) -> MxWeight:
