@@ -31,15 +31,17 @@ import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, unpack_bits
 from lantern.app.models.quant.microscaled import MODES as MX_MODES
-from lantern.app.models.quant.microscaled import MxWeight, checked
-from lantern.app.models.quant.mlx_packed import MlxPacked
+from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.quant.stacked import StackedWeights
+
+if TYPE_CHECKING:
+    from lantern.app.models.quant.mlx_packed import MlxPacked
 from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -370,13 +372,14 @@ def read_quantized_module(
     if scheme.method == "mixed":
         scheme = mixed.module_scheme(scheme, prefix)
     if scheme.method == "mlx":
-        return _read_mlx(scheme, prefix, t, mlx_words)
+        from lantern.app.models.quant.mlx_packed import read_mlx
+
+        return read_mlx(scheme, prefix, t, mlx_words)
 
     readers = {
         "modelopt-fp4": modelopt.read_fp4,
         "bnb4": bitsandbytes.read_4bit,
         "bnb8": bitsandbytes.read_int8,
-        "mlx": _read_mlx,
         "awq": _read_awq,
         "gptq": _read_gptq,
         "fp8": _read_fp8,
@@ -416,62 +419,6 @@ def _unpack(words: np.ndarray, bits: int, count: int) -> np.ndarray:
 
 def _f32(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float32)
-
-
-# mlx_lm's nvfp4 with a tensor scale g (one per expert): w = e2m1 * scale * g / (6 * 448), as mx.dequantize
-_NVFP4_GLOBAL_UNIT = 6.0 * 448.0
-
-
-def _read_mlx(
-    scheme: QuantScheme, prefix: str, t: dict[str, np.ndarray], keep_words: bool = False
-) -> AffineWeight | MlxPacked | MxWeight | StackedWeights:
-    """keep_words: affine weights as MlxPacked (MLX takes the stored words as they are)."""
-    if np.ndim(t["weight"]) == 3:  # stacked experts [E, out, words], one weight each (global_scale: [E])
-        one = lambda e: _read_mlx(scheme, prefix, {k: v[e] for k, v in t.items()}, keep_words)
-        return StackedWeights(one, len(t["weight"]))
-    w, scales, biases = _words(t["weight"], f"{prefix}.weight"), t["scales"], t.get("biases")
-    mode = scheme.mode_for(prefix)
-    if mode is None:
-        raise ValueError(f"{prefix} is quantized in the file but config.json's `quantization` says it is not")
-    if scales.dtype == np.uint8:  # a microscaled mode: its shapes say which (as mlx_lm infers it)
-        weight = _read_mx(scheme.mlx_mode_for(prefix), prefix, w, scales)
-        if "global_scale" in t:
-            if weight.mode != "nvfp4":
-                raise ValueError(f"{prefix}.global_scale with {weight.mode} weights (MLX takes one for nvfp4 only)")
-            unit = float(np.asarray(t["global_scale"], np.float32).reshape(())) / _NVFP4_GLOBAL_UNIT
-            weight = replace(weight, global_scale=unit)
-        return weight
-    if "global_scale" in t:
-        raise ValueError(f"{prefix}.global_scale beside affine weights (MLX takes one for nvfp4 only)")
-    if not np.issubdtype(scales.dtype, np.floating) or biases is None:
-        raise ValueError(f"{prefix}: MLX affine weights have float scales and biases (got {scales.dtype} scales)")
-    rows, groups = scales.shape
-    bits, group = _mlx_shape_mode(mode, w.shape[1], groups)
-    if w.shape[0] != rows or biases.shape != scales.shape:
-        raise ValueError(f"{prefix}: weight {w.shape}, scales {scales.shape}, biases {biases.shape} do not match")
-    packed = MlxPacked(np.ascontiguousarray(w), _f32(scales), _f32(biases), bits, group, f"MLX {bits}-bit g{group}")
-    return packed if keep_words else packed.to_affine()
-
-
-def _read_mx(configured: str, prefix: str, w: np.ndarray, scales: np.ndarray) -> MxWeight:
-    fits = [m for m, (b, g) in MX_MODES.items() if w.shape[1] * 32 == scales.shape[1] * g * b]
-    mode = configured if configured in fits else (fits[0] if fits else None)
-    if mode is None or w.shape[0] != scales.shape[0]:
-        raise ValueError(
-            f"{prefix}: weight {w.shape} with uint8 scales {scales.shape} fits no mxfp4/nvfp4/mxfp8 layout"
-        )
-    return checked(MxWeight(mode, w, np.ascontiguousarray(scales), f"MLX {mode}"), prefix)
-
-
-def _mlx_shape_mode(mode: tuple[int, int], words: int, groups: int) -> tuple[int, int]:
-    """The (bits, group) the stored shapes hold: the configured mode, else (as mlx_lm infers from the
-    shapes) the configured group with other bits, else the configured bits with another group."""
-    bits, group = mode
-    candidates = [(bits, group)] + [(b, group) for b in MLX_BITS] + [(bits, g) for g in MLX_GROUPS]
-    for b, g in candidates:
-        if words * 32 == groups * g * b:
-            return b, g
-    raise ValueError(f"MLX weight of {words} words per row and {groups} groups fits no {bits}-bit g{group} layout")
 
 
 def _module_scheme(scheme: QuantScheme, prefix: str) -> QuantScheme:
