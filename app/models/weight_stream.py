@@ -2,8 +2,9 @@
 
 Backends load by iterating `iter_weights`: float tensors arrive in the backend's framework (or as
 numpy from GGUF), quantized ones as the backend-neutral AffineWeight / Fp8Weight
-(app/models/quant/affine.py), which each backend packs into its kernel layout; MLX's microscaled
-modes (MxWeight) reach MLX as stored and the other frameworks in the shared form. Nothing holds the
+(app/models/quant/affine.py), which each backend packs into its kernel layout; MLX folders' own
+layouts reach MLX as stored (affine words as MlxPacked, microscaled modes as MxWeight) and the other
+frameworks in the shared form. Nothing holds the
 whole model in float: peak memory while loading is the backend's quantized copy plus one tensor.
 
 `--isq q4|q8|fp8` (in-situ quantization) quantizes float checkpoints on the way through (isq.py).

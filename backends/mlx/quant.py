@@ -74,7 +74,7 @@ def quantized_module(
         if w.global_scale == 1.0 or not isinstance(old, nn.Embedding):  # MLX's own modes, taken as stored
             return _microscaled_module(old, w)
         w = w.portable()  # type: ignore[assignment]  # a lookup cannot scale its rows: the shared form
-    if isinstance(old, nn.Embedding):  # a lookup reads rows: no input to gather
+    if isinstance(old, nn.Embedding) and isinstance(w, AffineWeight):  # a lookup reads rows: no input to gather
         w = in_input_order(w, errors, "embedding")
     packed, scales, biases, bits, group = to_mlx_arrays(w.stored(), dtype, errors)
     rows, cols = w.shape

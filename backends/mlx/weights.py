@@ -101,7 +101,8 @@ class _ExpertStacker:
             item: Any = ("q", packed, scales, None, value.bits, value.group_size, value.mode, glob)
         elif isinstance(value, (AffineWeight, MlxPacked)):
             # gather_qmm takes no per-expert input permutation: act-order experts in input order.
-            value = in_input_order(value, self.errors, "stacked experts")
+            if isinstance(value, AffineWeight):  # (an MLX folder's MlxPacked has no permutation)
+                value = in_input_order(value, self.errors, "stacked experts")
             # Packed now: the unpacked codes (one byte per weight) are not kept for the whole layer.
             packed, scales, biases, bits, group = to_mlx_arrays(value, self.dtype, self.errors)
             mx.eval(packed, scales, biases)

@@ -18,7 +18,8 @@ def _stored(bits: int, group: int, shape=(48, 256)) -> dict[str, np.ndarray]:
     return {"weight": np.array(packed), "scales": np.array(scales), "biases": np.array(biases)}
 
 
-@pytest.mark.parametrize("bits, group", [(4, 64), (3, 32), (6, 128), (8, 32)])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("group", [32, 64, 128])
 def test_packed_words_are_the_shared_form_of_the_same_values(bits, group):
     t = _stored(bits, group)
     scheme = parse_quant_scheme({"quantization": {"bits": bits, "group_size": group}})
@@ -30,6 +31,15 @@ def test_packed_words_are_the_shared_form_of_the_same_values(bits, group):
     want = np.array(mx.dequantize(*map(mx.array, (t["weight"], t["scales"], t["biases"])), group_size=group, bits=bits))
     np.testing.assert_allclose(packed.dequantize(), want, rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(packed.rows(8, 20).dequantize(), plain.rows(8, 20).dequantize())
+    # what MLX is handed either way: the same arrays, of the same types
+    from lantern.app.models.quant.affine import ErrorLog
+    from lantern.backends.mlx.quant import to_mlx_arrays
+
+    for dtype in (mx.float32, mx.bfloat16, mx.float16):
+        fast, slow = to_mlx_arrays(packed, dtype, ErrorLog()), to_mlx_arrays(plain, dtype, ErrorLog())
+        assert fast[3:] == slow[3:] == (bits, group)
+        for a, b in zip(fast[:3], slow[:3]):
+            assert a.dtype == b.dtype and mx.array_equal(a, b).item()
 
 
 def test_mlx_backend_takes_an_mlx_folder_without_repacking(tmp_path, monkeypatch):

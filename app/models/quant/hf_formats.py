@@ -39,10 +39,10 @@ from lantern.app.models.quant.affine import AffineWeight, Fp8Weight, unpack_bits
 from lantern.app.models.quant.microscaled import MODES as MX_MODES
 from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.quant.stacked import StackedWeights
+from lantern.app.models.spec import UnsupportedModelError
 
 if TYPE_CHECKING:
     from lantern.app.models.quant.mlx_packed import MlxPacked
-from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
@@ -360,11 +360,12 @@ def read_quantized_module(
     scheme: QuantScheme, prefix: str, tensors: dict[str, np.ndarray], *, mlx_words: bool = False
 ) -> AffineWeight | MlxPacked | Fp8Weight | MxWeight | StackedWeights:
     """One quantized module as the shared form, exactly (MLX's stacked experts, `switch_mlp`: StackedWeights,
-    one weight per expert; weight_stream.split_switch_mlp names them as the per-expert checkpoints do).
+    one weight per expert; weight_stream.split_switch_mlp names them as the per-expert checkpoints do;
+    with mlx_words, an MLX folder's affine weights as MlxPacked: the stored words, for the MLX backend).
 
     tensors: suffix ("qweight", "scales", ...; full names are accepted too) -> numpy array as stored,
     with float scales as float16/float32 (bf16 widened to float32 by the caller) and FP8 weights as
-    uint8 bit patterns. mlx_words: an MLX folder's affine weights as MlxPacked (for the MLX backend).
+    uint8 bit patterns.
     """
     t = {_suffix(k, prefix): v for k, v in tensors.items()}
     from lantern.app.models.quant import bitsandbytes, compressed_tensors, mixed, modelopt

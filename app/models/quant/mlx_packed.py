@@ -29,6 +29,17 @@ class MlxPacked:
     source: str
     perm: None = None  # (MLX folders have no act-order permutation)
 
+    def __post_init__(self) -> None:
+        rows, groups = self.scales.shape
+        if self.words.shape != (rows, groups * self.group_size * self.bits // 32) or self.biases.shape != (
+            rows,
+            groups,
+        ):
+            raise ValueError(
+                f"{self.source}: words {self.words.shape}, scales {self.scales.shape}, biases {self.biases.shape} "
+                f"do not make a {self.bits}-bit g{self.group_size} matrix"
+            )
+
     @property
     def shape(self) -> tuple[int, int]:
         return self.scales.shape[0], self.scales.shape[1] * self.group_size
