@@ -4,8 +4,8 @@ Backends load by iterating `iter_weights`: float tensors arrive in the backend's
 numpy from GGUF), quantized ones as the backend-neutral AffineWeight / Fp8Weight
 (app/models/quant/affine.py), which each backend packs into its kernel layout; MLX folders' own
 layouts reach MLX as stored (affine words as MlxPacked, microscaled modes as MxWeight) and the other
-frameworks in the shared form. Nothing holds the
-whole model in float: peak memory while loading is the backend's quantized copy plus one tensor.
+frameworks in the shared form. Nothing holds the whole model in float: peak memory while loading is
+the backend's quantized copy plus one tensor.
 
 `--isq q4|q8|fp8` (in-situ quantization) quantizes float checkpoints on the way through (isq.py).
 """
@@ -257,14 +257,14 @@ def split_switch_mlp(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, A
     stacked expert biases stay stacked (family_gptoss.mlx_expert_biases)."""
     for name, value in source:
         m = _SWITCH_MLP.match(name)
-        stacked = m is not None and (
-            isinstance(value, StackedWeights) or len(value.shape) == 3 or m.group(2) == "switch_mlp"
+        # under `experts`, only stacked weights (a 2-D one is another checkpoint's; biases stay stacked)
+        gptoss_stack = (
+            m is not None and m.group(4) == "weight" and (isinstance(value, StackedWeights) or value.ndim == 3)
         )
-        if m is None or not stacked or (m.group(2) == "experts" and m.group(4) == "bias"):
+        if m is None or (m.group(2) == "experts" and not gptoss_stack):
             yield name, value
             continue
-        count = len(value) if isinstance(value, StackedWeights) else value.shape[0]
-        for e in range(count):
+        for e in range(len(value)):  # (numpy, torch and MLX arrays: their first axis)
             yield f"{m.group(1)}.experts.{e}.{m.group(3)}.{m.group(4)}", value[e]
 
 

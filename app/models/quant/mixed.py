@@ -40,7 +40,11 @@ class SchemeTable:
 
     def schemes(self) -> list[QuantScheme]:
         """Each distinct scheme once, in the order first given."""
-        every = [*self.exact.values(), *(s for _, s in self.patterns)] + ([self.default] if self.default else [])
+        every = [
+            *self.exact.values(),
+            *(s for _, s in self.patterns),
+            *([self.default] if self.default is not None else []),
+        ]
         return list({id(s): s for s in every}.values())
 
 

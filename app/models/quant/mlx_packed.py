@@ -31,10 +31,8 @@ class MlxPacked:
 
     def __post_init__(self) -> None:
         rows, groups = self.scales.shape
-        if self.words.shape != (rows, groups * self.group_size * self.bits // 32) or self.biases.shape != (
-            rows,
-            groups,
-        ):
+        words = groups * self.group_size * self.bits // 32
+        if self.words.shape != (rows, words) or self.biases.shape != self.scales.shape:
             raise ValueError(
                 f"{self.source}: words {self.words.shape}, scales {self.scales.shape}, biases {self.biases.shape} "
                 f"do not make a {self.bits}-bit g{self.group_size} matrix"
