@@ -54,13 +54,18 @@ class Backend(Protocol):
     def kv_bytes_per_block(self, block_size: int) -> int:
         """Bytes of the KV cache, all layers, for one block of block_size tokens."""
 
+    def state_bytes_per_seq(self) -> int:
+        """Bytes of recurrent state one running sequence holds (a model with linear-attention layers:
+        each such layer's convolution window and state matrix); 0 for attention-only models."""
+
     def available_memory_bytes(self) -> int:
         """Memory the KV cache may still take on this device (after weights)."""
 
     def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
         """Create the paged pools for num_blocks blocks of block_size tokens. max_num_seqs: the most
         sequences one step holds; a backend may prepare its decode step for them here, before the
-        first request (the torch backend captures its CUDA graphs)."""
+        first request (the torch backend captures its CUDA graphs). A model with recurrent state
+        gets max_num_seqs state slots too (ScheduledBatch.state_slots index them)."""
 
     def compute_logits(self, batch: ScheduledBatch) -> Any:
         """The forward pass alone: float32 logits [sampled sequences, vocab] (tests read them)."""

@@ -51,6 +51,7 @@ def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[in
                     penalty=seq.penalty if seq.params.uses_penalties else None,
                 )
             )
+    held = [item.seq.state_slot for item in out.scheduled]
     return ScheduledBatch(
         input_ids=np.asarray(ids, dtype=np.int32),
         positions=np.asarray(positions, dtype=np.int32),
@@ -61,4 +62,5 @@ def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[in
         block_size=block_size,
         sample_seq_indices=sample_idx,
         sampling=rows,
+        state_slots=None if not held or held[0] is None else np.asarray(held, dtype=np.int32),
     )

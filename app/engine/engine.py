@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -74,6 +75,12 @@ class LLMEngine:
         )
         self.vocab_size = info.vocab_size
         self.num_params, self.weight_bytes = info.num_params, info.weight_bytes
+        recurrent = self.model_config.linear_attn is not None
+        if recurrent and config.enable_prefix_caching:
+            # A cached prefix would restore the attention layers' K/V but not the linear-attention
+            # layers' state, which only a computation from position 0 rebuilds.
+            logger.info("prefix caching is off: this model's linear-attention layers keep a recurrent state")
+            self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
         plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
         self.max_model_len = plan.max_model_len
         self.backend.allocate_kv(plan.num_blocks, config.block_size, config.max_num_seqs)
@@ -92,6 +99,7 @@ class LLMEngine:
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 prefill_chunk_size=config.prefill_chunk_size,
+                state_slots=config.max_num_seqs if recurrent else 0,
             ),
             self.block_manager,
         )

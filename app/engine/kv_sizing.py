@@ -36,6 +36,14 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     check_servable(model_config, max_len)  # past the rope's positions, or dual chunk attention past a chunk
     bs = config.block_size
     per_block = backend.kv_bytes_per_block(bs)
+    state_bytes = backend.state_bytes_per_seq() * config.max_num_seqs
+    if state_bytes:
+        logger.info(
+            "recurrent state: %.1f MiB for %d sequences (%.2f MiB each, the linear-attention layers')",
+            state_bytes / 2**20,
+            config.max_num_seqs,
+            state_bytes / config.max_num_seqs / 2**20,
+        )
     blocks_for = lambda tokens: -(-tokens // bs)
     held = seq_block_cap(config, model_config)
     longest = blocks_for(max_len) if held is None else min(blocks_for(max_len), held)  # one full-length sequence
@@ -56,7 +64,8 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
         else:
             need = max(longest, config.max_num_seqs * min(blocks_for(seq_tokens), held))
             room = f"{min(blocks_for(seq_tokens), held)} blocks"
-        cap = int(backend.available_memory_bytes() * config.gpu_memory_fraction) // per_block
+        share = int(backend.available_memory_bytes() * config.gpu_memory_fraction)
+        cap = max(share - state_bytes, 0) // per_block  # the recurrent state is allocated beside the pool
         num = max(min(need, cap), 1)
         why = (
             f"room for {config.max_num_seqs} sequences of {room}"

@@ -3,9 +3,11 @@
 One token budget per step is shared by decodes (1 token each) and prefill chunks (up to
 ``prefill_chunk_size`` each). Running sequences are served oldest first so none starves; when the
 KV pool runs dry the newest running sequence is preempted (its blocks freed, to be recomputed
-later) and put back at the head of the waiting queue. When every layer of the model slides, the
-blocks a sequence's future queries can no longer see are returned to the pool after each step
-(BlockManager.release_behind_window), so a long generation holds about window / block_size blocks.
+later) and put back at the head of the waiting queue (a model with linear-attention layers also
+gives back its recurrent-state slot, and recomputes the state from position 0). When every layer
+of the model slides, the blocks a sequence's future queries can no longer see are returned to the
+pool after each step (BlockManager.release_behind_window), so a long generation holds about
+window / block_size blocks.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class SchedulerConfig:
     # A bidirectional encoder (BERT) attends over its whole input at once: each prompt runs in one
     # piece (admitted only when all of it fits this step's budget; the engine sizes both to fit).
     whole_prompts: bool = False
+    # Recurrent-state slots (models with linear-attention layers: the backend holds max_num_seqs of
+    # them): a running sequence holds one from admission until it finishes or is preempted. 0: none.
+    state_slots: int = 0
 
 
 @dataclass
@@ -61,6 +66,7 @@ class Scheduler:
         # Blocks kept free when admitting new work, so running sequences can grow a little
         # before anyone has to be preempted.
         self.admission_reserve = max(1, block_manager.num_blocks // 100)
+        self.free_state_slots = list(range(config.state_slots - 1, -1, -1))  # popped lowest first
 
     # ---- queue management ----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -85,6 +91,7 @@ class Scheduler:
             except ValueError:
                 pass
         self.bm.free_seq(seq)
+        self._release_state(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
@@ -122,6 +129,8 @@ class Scheduler:
 
         # Admit waiting sequences only while nothing had to be preempted this step.
         while not out.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if self.config.state_slots and not self.free_state_slots:
+                break
             seq = self.waiting[0]
             cached = self.bm.find_cached_prefix(seq) if seq.num_computed_tokens == 0 and seq.cacheable else []
             computed = len(cached) * self.bm.block_size
@@ -141,6 +150,10 @@ class Scheduler:
                 self.bm.record_lookup(seq.num_prompt_tokens, computed)
                 seq.num_cached_tokens = computed
             self.bm.allocate(seq, computed + n, cached)
+            if self.config.state_slots:
+                # No prefix cache with recurrent state (the engine turns it off): computed is 0 here,
+                # and the backend starts the state from zero at position 0.
+                seq.state_slot = self.free_state_slots.pop()
             seq.num_computed_tokens = computed
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -163,12 +176,18 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         self.bm.free_seq(seq)
+        self._release_state(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         logger.debug("preempted seq %d (request %s)", seq.seq_id, seq.request_id)
+
+    def _release_state(self, seq: Sequence) -> None:
+        if seq.state_slot is not None:
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = None
 
     def after_step(self, out: SchedulerOutput) -> None:
         """Advance progress of the sequences that ran, publish newly full blocks, then release

@@ -51,7 +51,11 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
     if partial is not None:
         heads = cfg.get("num_attention_heads")
         head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads if heads else 0)
-        if model_type not in ("glm4", "glm4_moe", "phi3") or not 0 < partial < 1 or int(head_dim * partial) % 2:
+        if (
+            model_type not in ("glm4", "glm4_moe", "phi3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+            or not 0 < partial < 1
+            or int(head_dim * partial) % 2
+        ):
             raise _refuse("partial_rotary_factor", partial, " (rotary embedding on part of each head)")
     plain = None if partial is None else {"rope_type": "default", "partial_rotary_factor": partial}
     if rope_type == "default":

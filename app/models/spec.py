@@ -54,6 +54,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "cohere2": {"family": "cohere", "configure": "family_cohere"},
     # EXAONE 4: OLMo 2's post-sublayer norms with per-head q/k norms; global layers without rope (NoPE).
     "exaone4": {"family": "olmo", "configure": "family_exaone"},
+    # Qwen3-Next / Qwen3.5: gated DeltaNet linear-attention layers (recurrent state) among gated full attention.
+    # "defaults": the config classes' values for keys released configs may omit (head_dim is 256, not d / heads).
+    "qwen3_next": {"family": "qwen3_next", "configure": "family_qwen3_next", "defaults": {"head_dim": 256}},
+    "qwen3_5_text": {"family": "qwen3_next", "configure": "family_qwen3_next", "defaults": {"head_dim": 256}},
+    "qwen3_5_moe_text": {
+        "family": "qwen3_next",
+        "configure": "family_qwen3_next",
+        "defaults": {"head_dim": 256, "intermediate_size": 0},  # every layer is sparse: no dense MLP
+    },
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)
@@ -65,7 +74,12 @@ def _text_config(module: str) -> Any:
 
 
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.
-MULTIMODAL_WRAPPERS = {"gemma3": _text_config("family_gemma"), "mistral3": _text_config("family_ministral")}
+MULTIMODAL_WRAPPERS = {
+    "gemma3": _text_config("family_gemma"),
+    "mistral3": _text_config("family_ministral"),
+    "qwen3_5": _text_config("family_qwen3_next"),
+    "qwen3_5_moe": _text_config("family_qwen3_next"),
+}
 
 
 _ACTIVATIONS = {"silu", "swish"}  # the same function under two names in transformers' ACT2FN
@@ -150,6 +164,7 @@ class ModelConfig:
     mtp_layers: int = 0  # multi-token-prediction layers stored after the decoder's (skipped while loading)
     rope_layers: tuple[bool, ...] | None = None  # per layer: rotates q/k (SmolLM3's NoPE layers do not); None: all
     attn_temperature: Any = None  # family_ministral.AttnTemperature: per-position query scale (Ministral 3)
+    linear_attn: Any = None  # family_qwen3_next.LinearAttnConfig: gated-DeltaNet layers with recurrent state
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     # The vision-language model_type whose folder this language model came from (its tensor names
     # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
@@ -160,6 +175,11 @@ class ModelConfig:
         """The widest window any layer uses; None when every layer attends to the whole context."""
         windows = [w for w in self.layer_windows or [] if w is not None]
         return max(windows) if windows else None
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers that keep K/V in the paged pool (a linear-attention layer keeps a recurrent state instead)."""
+        return self.num_layers if self.linear_attn is None else len(self.linear_attn.attention_layers())
 
     @property
     def all_layers_slide(self) -> bool:
@@ -206,6 +226,7 @@ class ModelConfig:
                 f"supported: {', '.join(sorted(ARCHITECTURES))}"
             )
         traits = ARCHITECTURES[model_type]
+        cfg = {**traits.get("defaults", {}), **cfg}
         if "configure" not in traits or model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
             _check_unimplemented(model_type, cfg)
         # Imported here: hf_formats raises this module's UnsupportedModelError (no import cycle).

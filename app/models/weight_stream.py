@@ -154,6 +154,10 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_gemma import text_weight_name
 
         return text_weight_name
+    if spec.config.family == "qwen3_next":  # Qwen3.5's language_model prefix; vision and MTP tensors skipped
+        from lantern.app.models.family_qwen3_next import text_weight_name as qwen_name
+
+        return qwen_name
     if spec.config.family == "bert":  # HF BERT names -> the encoder files' (pooler and MLM heads skipped)
         from lantern.app.models.family_bert import bert_weight_name
 

@@ -18,6 +18,7 @@ import math
 import mmap
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from lantern.app.engine.contract import ScheduledBatch
@@ -82,6 +83,7 @@ class PrefillGroup:
     block_table: torch.Tensor  # no negative (released) entries: the plan maps them to block 0
     ctx_len: int
     has_prefix: bool  # False: the chunk is the whole context, attend to its own K/V directly
+    state_slot: int = -1  # the sequence's recurrent-state slot (models with linear-attention layers)
 
 
 @dataclass
@@ -106,6 +108,7 @@ class TorchAttentionMetadata:
     # Inside a compiled decode layer (compiled_decode.py): this layer's (K, V) pool tensors, so that
     # the graph does not index the pool by layer number (every number would be a graph of its own).
     layer_kv: tuple | None = None
+    decode_state_slots: torch.Tensor | None = None  # [B] int64: each decode row's recurrent-state slot
 
     @property
     def rope_cache(self) -> dict | None:
@@ -131,10 +134,17 @@ def build_metadata(
         meta.decode_block_tables = as_t(plan.decode_block_tables, torch.int32)
         meta.decode_seq_lens = as_t(plan.decode_seq_lens, torch.int32)
         meta.decode_only = len(plan.decode_token_idx) == len(batch.positions) and plan.restore_order is None
-    for g in plan.prefills:
-        meta.prefills.append(
-            PrefillGroup(g.q_start, g.q_end, as_t(g.block_table, torch.int32), g.ctx_len, g.context_slots is not None)
+    held = batch.state_slots
+    q_lens = np.diff(batch.query_start_loc)
+    if held is not None and plan.decode_token_idx is not None:
+        meta.decode_state_slots = as_t(held[q_lens == 1])
+    prefill_slots = held[q_lens > 1] if held is not None else [-1] * len(plan.prefills)
+    for g, slot in zip(plan.prefills, prefill_slots):
+        group = PrefillGroup(
+            g.q_start, g.q_end, as_t(g.block_table, torch.int32), g.ctx_len, g.context_slots is not None
         )
+        group.state_slot = int(slot)
+        meta.prefills.append(group)
     if plan.restore_order is not None:
         meta.restore_order = as_t(plan.restore_order)
     return meta

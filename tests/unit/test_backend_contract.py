@@ -42,6 +42,9 @@ class CountingBackend:
     def available_memory_bytes(self) -> int:
         return 1 << 20
 
+    def state_bytes_per_seq(self) -> int:
+        return 0
+
     def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
         self.slots = np.full(num_blocks * block_size, -1, dtype=np.int64)  # token id held by each slot
 

@@ -27,6 +27,9 @@ class FakeBackend:
     def available_memory_bytes(self) -> int:
         return self.free_bytes
 
+    def state_bytes_per_seq(self) -> int:
+        return 0
+
 
 class Cfg:
     sliding_window = None

@@ -1,0 +1,153 @@
+"""Qwen3-Next and Qwen3.5 (dense and MoE): hybrid decoders whose layers are mostly gated DeltaNet
+linear attention, with a full (gated) attention layer every few layers.
+
+What differs from Qwen3 (transformers 5's Qwen3NextForCausalLM / Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM):
+- RMSNorms scale by (1 + weight) (Gemma's), the q/k norms too; the gated delta net's output norm scales
+  by its weight and multiplies by SiLU(z).
+- Full-attention layers: q_proj yields each head's query and an output gate side by side; the attention
+  output is multiplied by sigmoid(gate) before o_proj; rope on the first 25% of each head (rotate_half).
+  Qwen3.5's multimodal rope is the plain one for text (all three position ids are the token's).
+- Linear-attention layers (`layer_types` "linear_attention", or every layer but each
+  full_attention_interval-th): a causal depthwise convolution (kernel linear_conv_kernel_dim) with SiLU
+  over the q/k/v projections, l2-normed q and k, and the gated delta rule
+  S <- exp(g) S + k (beta (v - exp(g) S^T k))^T, o = S^T q / sqrt(d_k), with
+  g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b). Each sequence keeps the convolution's
+  last inputs and S per layer: the engine gives it a recurrent-state slot (ScheduledBatch.state_slots).
+- Qwen3-Next stores q/k/v/z and b/a fused per key-head group (in_proj_qkvz, in_proj_ba); Qwen3.5
+  stores them apart (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a). The model files read both.
+- MoE (Qwen3-Next, Qwen3.5-MoE): Qwen2-MoE's routing with a sigmoid-gated shared expert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.errors import refuse as _refuse
+from lantern.app.models.family_moe import MoEConfig
+from lantern.app.models.rope_config import rope_scaling
+
+MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+_WRAPPED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}  # vision-language folders
+
+
+@dataclass(frozen=True)
+class LinearAttnConfig:
+    linear_layers: tuple[bool, ...]  # per layer: True for a gated delta net, False for full attention
+    num_k_heads: int
+    num_v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+    fused_projections: bool  # Qwen3-Next's in_proj_qkvz / in_proj_ba (grouped by key head)
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels the convolution sees: q, k and v."""
+        return 2 * self.num_k_heads * self.k_dim + self.num_v_heads * self.v_dim
+
+    def state_elements(self) -> tuple[int, int]:
+        """Per linear layer and sequence: (convolution window values, recurrent state values)."""
+        return self.conv_dim * (self.conv_kernel - 1), self.num_v_heads * self.k_dim * self.v_dim
+
+    def attention_layers(self) -> list[int]:
+        """The full-attention layers, in order: the paged KV pool holds only theirs."""
+        return [i for i, linear in enumerate(self.linear_layers) if not linear]
+
+
+def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config inside a Qwen3.5 vision-language config.json."""
+    text = dict(cfg.get("text_config") or {})
+    text["model_type"] = _WRAPPED[cfg["model_type"]]
+    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "quantization_config", "quantization"):
+        if key not in text and key in cfg:
+            text[key] = cfg[key]
+    return text
+
+
+def text_weight_name(name: str) -> str | None:
+    """A checkpoint name in the model files' terms; None for vision and multi-token-prediction tensors."""
+    if name.startswith(("mtp.", "model.visual.", "visual.", "model.mtp.")):
+        return None
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model.") :]
+    if name.startswith(("layers.", "embed_tokens.", "norm.")):  # a base-model checkpoint
+        return "model." + name
+    return name
+
+
+def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[bool, ...]:
+    types = cfg.get("layer_types")
+    if types is None:
+        interval = int(cfg.get("full_attention_interval", 4))
+        if interval < 1:
+            raise _refuse("full_attention_interval", interval, " (must be at least 1)")
+        return tuple(bool((i + 1) % interval) for i in range(num_layers))
+    if len(types) != num_layers or any(t not in ("linear_attention", "full_attention") for t in types):
+        raise _refuse(
+            "layer_types", types, f" (one of linear_attention / full_attention per each of {num_layers} layers)"
+        )
+    return tuple(t == "linear_attention" for t in types)
+
+
+def _moe(model_type: str, cfg: dict[str, Any], num_layers: int) -> MoEConfig | None:
+    if model_type == "qwen3_5_text":
+        return None
+    experts = int(cfg.get("num_experts", 512 if model_type == "qwen3_next" else 256))
+    step = int(cfg.get("decoder_sparse_step", 1)) if model_type == "qwen3_next" else 1
+    if step < 1:
+        raise _refuse("decoder_sparse_step", step, " (must be at least 1)")
+    moe = MoEConfig(
+        num_experts=experts,
+        top_k=int(cfg.get("num_experts_per_tok", 10 if model_type == "qwen3_next" else 8)),
+        intermediate_size=int(cfg.get("moe_intermediate_size", 512)),
+        # Qwen3.5-MoE's router always renormalises (its config has no key for it)
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)) if model_type == "qwen3_next" else True,
+        shared_expert_size=int(cfg.get("shared_expert_intermediate_size", 512)),
+        sparse_step=step,
+        dense_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()) if model_type == "qwen3_next" else (),
+    )
+    if experts > 0 and not 1 <= moe.top_k <= experts:
+        raise _refuse("num_experts_per_tok", moe.top_k, f" (must be between 1 and the {experts} experts)")
+    return moe if any(moe.is_sparse(i) for i in range(num_layers)) else None
+
+
+def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig overrides for a Qwen3-Next / Qwen3.5 config.json; refuses what is not computed."""
+    if model_type not in MODEL_TYPES:
+        raise UnsupportedModelError(f"{model_type!r} is not a Qwen3-Next / Qwen3.5 family model")
+    if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise _refuse("hidden_act", cfg["hidden_act"], "; this family's MLP and convolution are SiLU")
+    if cfg.get("attention_bias"):
+        raise _refuse("attention_bias", cfg["attention_bias"], " (biases on the attention projections)")
+    num_layers = fields["num_layers"]
+    linear = LinearAttnConfig(
+        linear_layers=_layer_kinds(cfg, num_layers),
+        num_k_heads=int(cfg.get("linear_num_key_heads", 16)),
+        num_v_heads=int(cfg.get("linear_num_value_heads", 32)),
+        k_dim=int(cfg.get("linear_key_head_dim", 128)),
+        v_dim=int(cfg.get("linear_value_head_dim", 128)),
+        conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+        fused_projections=model_type == "qwen3_next",
+    )
+    if linear.num_v_heads % linear.num_k_heads:
+        raise _refuse("linear_num_value_heads", linear.num_v_heads, " (must be a multiple of linear_num_key_heads)")
+    if linear.conv_kernel < 2:
+        raise _refuse("linear_conv_kernel_dim", linear.conv_kernel, " (must be at least 2)")
+    rope = {k: v for k, v in (cfg.get("rope_parameters") or {}).items() if not k.startswith("mrope_")}
+    partial = rope.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or 0.25
+    max_pos = fields["max_position_embeddings"]
+    out: dict[str, Any] = {
+        "linear_attn": linear if any(linear.linear_layers) else None,
+        "qk_norm": True,
+        "norm_offset": True,
+        "attention_bias": False,
+        "rope_scaling": rope_scaling({**cfg, "partial_rotary_factor": partial}, rope, max_pos),
+        "moe": _moe(model_type, cfg, num_layers),
+        # Qwen3-Next / 3.5 full-attention layers attend to the whole context.
+        "layer_windows": None,
+    }
+    if linear.num_k_heads * linear.k_dim == 0 or linear.num_v_heads * linear.v_dim == 0:
+        raise _refuse("linear_num_key_heads", linear.num_k_heads, " (the linear layers need heads)")
+    return out

@@ -1,0 +1,96 @@
+"""The gated delta rule (gated DeltaNet linear attention) and its causal convolution, in plain torch.
+
+Per value head, with a state S [d_k, d_v], each token does
+    S <- exp(g) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q
+(q and k l2-normed, q scaled by d_k^-0.5 by the caller). Decode rows take that step directly,
+batched over sequences. A prefill takes it `CHUNK` tokens at a time in the chunked (WY) form: within
+a chunk with cumulative log-decays G, the pseudo-values U solve (I + diag(beta) A) U = diag(beta) (V -
+diag(exp G) K S0) with A[i, j] = exp(G_i - G_j) k_i.k_j for j < i; the unit lower-triangular inverse is
+built by repeated squaring, (I - N)^-1 = (I + N)(I + N^2)(I + N^4)..., matrix products only, as the
+MLX file does (no triangular solve there on every device). Everything runs in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 64
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum x^2 + 1e-6) over the last dim, as transformers and FLA compute it."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: x [B, C], window [B, C, K-1] (the previous inputs), weight [C, 1, K].
+    Returns (SiLU(conv) [B, C], the new window)."""
+    full = torch.cat([window, x[:, :, None]], dim=-1).to(weight.dtype)
+    out = (full * weight[:, 0, :]).sum(-1)
+    return F.silu(out).to(x.dtype), full[:, :, 1:]
+
+
+def conv_chunk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill chunk of one sequence: x [L, C], window [C, K-1]. Returns (SiLU(conv) [L, C], new window)."""
+    full = torch.cat([window, x.t()], dim=-1).to(weight.dtype)  # [C, K-1+L]
+    out = F.conv1d(full[None], weight, groups=weight.shape[0])[0]  # [C, L]
+    return F.silu(out).t().to(x.dtype), full[:, full.shape[1] - window.shape[1] :]
+
+
+def recurrent_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: q, k [B, H, dk], v [B, H, dv], g, beta [B, H], state [B, H, dk, dv]."""
+    state = state * g.exp()[..., None, None]
+    delta = (v - torch.einsum("bhkv,bhk->bhv", state, k)) * beta[..., None]
+    state = state + k[..., :, None] * delta[..., None, :]
+    return torch.einsum("bhkv,bhk->bhv", state, q), state
+
+
+def _inverse_unit_lower(n: torch.Tensor) -> torch.Tensor:
+    """(I - n)^-1 for strictly lower-triangular n [..., C, C]: (I + n)(I + n^2)(I + n^4)..."""
+    size = n.shape[-1]
+    inv = torch.eye(size, dtype=n.dtype, device=n.device) + n
+    power, reach = n, 2
+    while reach < size:
+        power = power @ power
+        inv = inv + inv @ power
+        reach *= 2
+    return inv
+
+
+def chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's tokens: q, k [L, H, dk], v [L, H, dv], g, beta [L, H], state [H, dk, dv].
+    Returns (o [L, H, dv], the final state)."""
+    length = q.shape[0]
+    pad = -length % CHUNK
+    if pad:  # padded tokens have k = 0, beta = 0, g = 0: they neither decay nor change the state
+        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = F.pad(g, (0, 0, 0, pad)), F.pad(beta, (0, 0, 0, pad))
+    n = q.shape[0] // CHUNK
+    # [H, n, C, d] and [H, n, C]
+    q, k, v = (t.reshape(n, CHUNK, t.shape[1], t.shape[2]).permute(2, 0, 1, 3) for t in (q, k, v))
+    g, beta = (t.reshape(n, CHUNK, t.shape[1]).permute(2, 0, 1) for t in (g, beta))
+    cum = g.cumsum(-1)
+    lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    diff = cum[..., :, None] - cum[..., None, :]
+    decay = torch.where(lower, diff, torch.full_like(diff, -torch.inf)).exp()  # exp(G_i - G_j), j <= i
+    kb = k * beta[..., None]
+    strict = (kb @ k.transpose(-1, -2)) * decay.tril(-1)
+    inv = _inverse_unit_lower(-strict)
+    w = inv @ (kb * cum.exp()[..., None])  # [H, n, C, dk]
+    u0 = inv @ (v * beta[..., None])  # [H, n, C, dv]
+    scores = (q @ k.transpose(-1, -2)) * decay  # [H, n, C, C]
+    q_decayed = q * cum.exp()[..., None]
+    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
+    last = cum[..., -1].exp()  # [H, n]
+    out = torch.empty_like(v)
+    for c in range(n):
+        u = u0[:, c] - w[:, c] @ state
+        out[:, c] = q_decayed[:, c] @ state + scores[:, c] @ u
+        state = state * last[:, c, None, None] + k_to_end[:, c].transpose(-1, -2) @ u
+    out = out.permute(1, 2, 0, 3).reshape(n * CHUNK, -1, v.shape[-1])
+    return out[:length], state

@@ -1,0 +1,193 @@
+"""Qwen3-Next / Qwen3.5 (dense and MoE) decoder in torch over a flattened token batch (maths in
+app/models/family_qwen3_next.py; the same layout as the MLX file): gated DeltaNet layers keeping a
+recurrent state per sequence, gated full attention over the paged pool every few layers.
+
+The state lives here, allocated by the runner (allocate_state) with one slot per sequence the engine
+may run: per linear layer the convolution's last K-1 inputs (model dtype) and the [heads, d_k, d_v]
+delta-rule state (float32). A sequence's slot comes with each step (meta.decode_state_slots,
+PrefillGroup.state_slot); a chunk starting at position 0 starts from zeros, so a slot needs no
+clearing when it changes hands. The paged pool holds the full-attention layers only (kv index =
+their order among themselves).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.torch import gated_delta
+from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
+from lantern.backends.torch.layers import Attention, apply_rotary, feed_forward
+from lantern.backends.torch.models import llama
+from lantern.backends.torch.models.gemma import GemmaRMSNorm
+from lantern.backends.torch.parallel import TPGroup
+
+
+class GatedAttention(Attention):
+    """Each head's query and output gate come from q_proj side by side; output times sigmoid(gate)."""
+
+    def __init__(self, cfg: ModelConfig, kv_index: int, tp: TPGroup):
+        super().__init__(cfg, kv_index, tp, norm=GemmaRMSNorm)  # layer_idx: its K/V's place in the pool
+        self.splits[0] *= 2
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.splits), bias=False)
+
+    def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
+        t, hd = x.shape[0], self.head_dim
+        qg, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+        qg = qg.view(t, self.n_heads, 2 * hd)
+        q, gate = qg[..., :hd].contiguous(), qg[..., hd:].reshape(t, -1)
+        q = apply_rotary(self.q_norm(q)[0], meta.cos, meta.sin, False, meta.rope_cache)
+        k = apply_rotary(self.k_norm(k.view(t, self.n_kv, hd))[0], meta.cos, meta.sin, False, meta.rope_cache)
+        out = paged_attention(q, k, v.view(t, self.n_kv, hd), meta, self.layer_idx, self.scale)
+        return self.o_proj(out.reshape(t, -1) * torch.sigmoid(gate))
+
+
+class Conv(nn.Module):
+    """The depthwise causal convolution's weight [channels, 1, kernel] (read by gated_delta)."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel), requires_grad=False)
+
+
+class GatedNorm(nn.Module):
+    """RMSNorm of each head's output times its weight, then times SiLU(z) (transformers' order)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (self.weight * normed * F.silu(z.float())).to(x.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig, state_index: int):
+        super().__init__()
+        la = cfg.linear_attn
+        self.state_index = state_index  # its place among the linear layers' states
+        self.nk, self.nv, self.dk, self.dv = la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim
+        self.fused = la.fused_projections
+        d, key, value = cfg.hidden_size, la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
+        if self.fused:  # Qwen3-Next: per key head [q, k, v..., z...] and [b..., a...]
+            self.in_proj_qkvz = nn.Linear(d, 2 * key + 2 * value, bias=False)
+            self.in_proj_ba = nn.Linear(d, 2 * la.num_v_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(d, 2 * key + value, bias=False)
+            self.in_proj_z = nn.Linear(d, value, bias=False)
+            self.in_proj_b = nn.Linear(d, la.num_v_heads, bias=False)
+            self.in_proj_a = nn.Linear(d, la.num_v_heads, bias=False)
+        self.conv1d = Conv(la.conv_dim, la.conv_kernel)
+        self.dt_bias = nn.Parameter(torch.ones(la.num_v_heads), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(la.num_v_heads), requires_grad=False)
+        self.norm = GatedNorm(la.v_dim, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(value, d, bias=False)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(q/k/v for the convolution [T, conv_dim], z [T, Hv, dv], b [T, Hv], a [T, Hv])."""
+        t, r = x.shape[0], self.nv // self.nk
+        if not self.fused:
+            z = self.in_proj_z(x).view(t, self.nv, self.dv)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        qkvz = self.in_proj_qkvz(x).view(t, self.nk, -1)
+        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        b, a = self.in_proj_ba(x).view(t, self.nk, 2 * r).split([r, r], dim=-1)
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return mixed, z.reshape(t, self.nv, self.dv), b.reshape(t, self.nv), a.reshape(t, self.nv)
+
+    def _heads(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Convolved q/k/v [N, conv_dim] -> float32 q, k [N, Hv, dk] (l2-normed, q scaled), v, g, beta."""
+        n, key, r = mixed.shape[0], self.nk * self.dk, self.nv // self.nk
+        q, k, v = mixed.split([key, key, self.nv * self.dv], dim=-1)
+        q = gated_delta.l2norm(q.float().view(n, self.nk, self.dk)) * self.dk**-0.5
+        k = gated_delta.l2norm(k.float().view(n, self.nk, self.dk))
+        if r > 1:  # each key head serves r consecutive value heads
+            q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        return q, k, v.float().view(n, self.nv, self.dv), g, b.sigmoid().float()
+
+    def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata, state: RecurrentState) -> torch.Tensor:
+        mixed, z, b, a = self._project(x)
+        conv_w = self.conv1d.weight
+        windows, matrices = state.conv[self.state_index], state.ssm[self.state_index]
+        out = torch.empty(x.shape[0], self.nv, self.dv, dtype=torch.float32, device=x.device)
+        rows = meta.decode_token_idx
+        if rows is not None:
+            slots = meta.decode_state_slots
+            fresh = (meta.decode_seq_lens == 1)[:, None, None]  # a one-token prompt starts from zeros
+            window = windows[slots].masked_fill(fresh, 0)
+            conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
+            q, k, v, g, beta = self._heads(conv, b[rows], a[rows])
+            s = matrices[slots].masked_fill(fresh[..., None], 0)
+            out[rows], matrices[slots] = gated_delta.recurrent_step(q, k, v, g, beta, s)
+        for p in meta.prefills:
+            span, slot = slice(p.q_start, p.q_end), p.state_slot
+            first = p.ctx_len == p.q_end - p.q_start  # the chunk starts at position 0
+            window = torch.zeros_like(windows[slot]) if first else windows[slot]
+            conv, windows[slot] = gated_delta.conv_chunk(mixed[span], window, conv_w)
+            q, k, v, g, beta = self._heads(conv, b[span], a[span])
+            s = torch.zeros_like(matrices[slot]) if first else matrices[slot]
+            out[span], matrices[slot] = gated_delta.chunked(q, k, v, g, beta, s)
+        return self.out_proj(self.norm(out.to(x.dtype), z).reshape(x.shape[0], -1))
+
+
+class RecurrentState:
+    """Per linear layer: convolution windows [slots, conv_dim, K-1] and delta-rule states [slots, Hv, dk, dv]."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, dtype: torch.dtype, device: torch.device):
+        la = cfg.linear_attn
+        n = sum(la.linear_layers)
+        self.conv = [torch.zeros(slots, la.conv_dim, la.conv_kernel - 1, dtype=dtype, device=device) for _ in range(n)]
+        self.ssm = [torch.zeros(slots, la.num_v_heads, la.k_dim, la.v_dim, device=device) for _ in range(n)]
+
+
+def state_bytes_per_seq(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    conv, ssm = cfg.linear_attn.state_elements()
+    return sum(cfg.linear_attn.linear_layers) * (conv * dtype.itemsize + ssm * 4)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
+        super().__init__()
+        kinds = cfg.linear_attn.linear_layers
+        if kinds[layer_idx]:
+            self.linear_attn = GatedDeltaNet(cfg, sum(kinds[:layer_idx]))
+        else:
+            self.self_attn = GatedAttention(cfg, layer_idx - sum(kinds[:layer_idx]), tp)
+        self.mlp = feed_forward(cfg, layer_idx, tp)
+        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, meta: TorchAttentionMetadata, state: RecurrentState
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.input_layernorm(x, residual)
+        mixer = getattr(self, "linear_attn", None)
+        h = mixer(h, meta, state) if mixer is not None else self.self_attn(h, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer
+    final_norm = GemmaRMSNorm
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
+        if tp.active:
+            raise ValueError(
+                "tensor parallelism is not implemented for linear-attention (gated DeltaNet) layers; "
+                "serve this model with --tensor-parallel-size 1"
+            )
+        super().__init__(cfg, tp)
+        self.state: RecurrentState | None = None
+
+    def allocate_state(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.state = RecurrentState(self.cfg, slots, dtype, device)
+
+    def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
+        return (self.state,)
