@@ -90,8 +90,12 @@ def isq_candidates(cfg: Any) -> int:
     mla = cfg.mla
     # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
+    linear = getattr(cfg, "linear_attn", None)
     for layer in range(cfg.num_layers):
-        total += attention
+        if linear is not None and linear.linear_layers[layer]:  # gated DeltaNet: in_proj_qkvz, in_proj_ba, out_proj
+            total += 3 if linear.fused_projections else 5  # (or in_proj_qkv, _z, _b, _a)
+        else:
+            total += attention
         moe = cfg.moe
         if moe is None or not moe.is_sparse(layer):
             total += 3  # gate, up, down

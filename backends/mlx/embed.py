@@ -42,5 +42,5 @@ def embed_step(backend: Any, batch: ScheduledBatch, rows: list[PoolingRow]) -> l
         meta = build_metadata(backend.pool, batch, plan_attention(batch))
         hidden = model.hidden_states(ids, meta, mx.array(idx)).astype(mx.float32)
         # The pools are materialized with the result, or the lazy graph would grow without end.
-        mx.eval(hidden, backend.pool.k, backend.pool.v)
+        mx.eval(hidden, backend.pool.k, backend.pool.v, getattr(backend.model, "state_arrays", list)())
     return reduce_pooled(np.array(hidden), bounds)

@@ -88,6 +88,7 @@ class PrefillGroup:
     slots_np: np.ndarray | None = None  # context_slots in numpy, to cut windowed views from
     # window -> (key slots or None, mask or None): built on the first layer using that window.
     views: dict = field(default_factory=dict)
+    state_slot: int = -1  # the sequence's recurrent-state slot (models with linear-attention layers)
 
 
 @dataclass
@@ -107,6 +108,7 @@ class AttentionMetadata:
     prefills: list[PrefillGroup] = field(default_factory=list)
     # Pieces are computed decode-first then prefills; this permutation restores batch order.
     restore_order: mx.array | None = None
+    decode_state_slots: mx.array | None = None  # [B]: each decode row's recurrent-state slot
 
 
 def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan) -> AttentionMetadata:
@@ -120,9 +122,16 @@ def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan
         span = np.arange(tables.shape[1] * batch.block_size)
         meta.decode_mask = mx.array((span[None, :] < plan.decode_seq_lens[:, None])[:, None, None, :])
         meta.decode_tables_np, meta.decode_seq_lens_np = tables, plan.decode_seq_lens
-    for g in plan.prefills:
+    held = batch.state_slots
+    q_lens = np.diff(batch.query_start_loc)
+    if held is not None and plan.decode_token_idx is not None:
+        meta.decode_state_slots = mx.array(held[q_lens == 1])
+    prefill_slots = held[q_lens > 1] if held is not None else [-1] * len(plan.prefills)
+    for g, state_slot in zip(plan.prefills, prefill_slots):
         slots = None if g.context_slots is None else mx.array(g.context_slots)
-        meta.prefills.append(PrefillGroup(g.q_start, g.q_end, slots, g.first_pos, g.context_slots))
+        group = PrefillGroup(g.q_start, g.q_end, slots, g.first_pos, g.context_slots)
+        group.state_slot = int(state_slot)
+        meta.prefills.append(group)
     if plan.restore_order is not None:
         meta.restore_order = mx.array(plan.restore_order)
     return meta

@@ -67,7 +67,14 @@ class MLXBackend:
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         per_token = self.kv_layout.elements_per_token()
-        return self.cfg.num_layers * block_size * per_token * self.dtype.size
+        return self.cfg.num_kv_layers * block_size * per_token * self.dtype.size
+
+    def state_bytes_per_seq(self) -> int:
+        if self.cfg.linear_attn is None:
+            return 0
+        from lantern.backends.mlx.models.qwen3_next import state_bytes_per_seq
+
+        return state_bytes_per_seq(self.cfg, self.dtype)
 
     def available_memory_bytes(self) -> int:
         if platform.system() == "Darwin" and mx.metal.is_available():
@@ -79,11 +86,12 @@ class MLXBackend:
             return 4 << 30
 
     def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
-        del max_num_seqs  # MLX builds its step per batch: nothing to prepare per batch size
+        if self.cfg.linear_attn is not None:  # one recurrent-state slot per sequence a step may hold
+            self.model.allocate_state(max_num_seqs, self.dtype)
         kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = PagedKVPool(
-            self.cfg.num_layers,
+            self.cfg.num_kv_layers,
             num_blocks * block_size,
             kvh,
             k_dim,
@@ -103,12 +111,15 @@ class MLXBackend:
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         logits = self.compute_logits(batch)
         if not batch.sampling:
-            mx.eval(self.pool.k, self.pool.v)
+            self._materialize()
             return StepOutput(token_ids=[])
         out = sample(logits, batch.sampling)
-        # The pools must be materialized every step, or the lazy graph would grow without end.
-        mx.eval(self.pool.k, self.pool.v)
+        self._materialize()
         return out
+
+    def _materialize(self) -> None:
+        """The pools (and recurrent state) must be evaluated every step, or the lazy graph would grow without end."""
+        mx.eval(self.pool.k, self.pool.v, getattr(self.model, "state_arrays", list)())
 
     def embed(self, batch: ScheduledBatch, rows: list) -> list:
         """Pooled final hidden states instead of samples (backends/base.EmbeddingBackend)."""

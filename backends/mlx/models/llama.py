@@ -63,11 +63,16 @@ class CausalLM(nn.Module):
             h = h * mx.array(self.cfg.hidden_size**0.5, dtype=h.dtype)
         if self.cfg.embed_multiplier != 1.0:  # Granite: a Python float times the embedding, as transformers
             h = h * self.cfg.embed_multiplier
+        extras = self.layer_extras(meta)
         for layer in self.model.layers:
-            h = layer(h, meta)
+            h = layer(h, meta, *extras)
         if rows.size == 0:
             return mx.zeros((0, self.cfg.hidden_size), dtype=h.dtype)
         return self.model.norm(h[rows])
+
+    def layer_extras(self, meta: AttentionMetadata) -> tuple:
+        """Inputs every decoder layer takes after (x, meta); none for Llama."""
+        return ()
 
     def __call__(self, input_ids: mx.array, meta: AttentionMetadata, logits_idx: mx.array) -> mx.array:
         """Hidden states for all tokens; logits only for rows in logits_idx (the sampled ones)."""

@@ -1,0 +1,90 @@
+"""The gated delta rule and its causal convolution in MLX (the maths of backends/torch/gated_delta.py,
+which says how the chunked form works). Only ops MLX runs on Metal, CPU and CUDA alike: no
+triangular solve (the chunk's unit lower-triangular inverse is built by repeated squaring) and the
+depthwise convolution as a sum of K shifted products. Everything in float32.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+CHUNK = 64
+
+
+def l2norm(x: mx.array) -> mx.array:
+    return x * mx.rsqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+
+
+def conv_step(x: mx.array, window: mx.array, weight: mx.array) -> tuple[mx.array, mx.array]:
+    """One token per sequence: x [B, C], window [B, C, K-1], weight [C, 1, K] -> (SiLU(conv) [B, C], window)."""
+    full = mx.concatenate([window, x[:, :, None]], axis=-1).astype(weight.dtype)
+    out = (full * weight[:, 0, :]).sum(-1)
+    return nn.silu(out).astype(x.dtype), full[:, :, 1:]
+
+
+def conv_chunk(x: mx.array, window: mx.array, weight: mx.array) -> tuple[mx.array, mx.array]:
+    """One sequence's chunk: x [L, C], window [C, K-1] -> (SiLU(conv) [L, C], new window)."""
+    length, kernel = x.shape[0], weight.shape[-1]
+    full = mx.concatenate([window.T, x], axis=0).astype(weight.dtype)  # [K-1+L, C]
+    out = full[0:length] * weight[:, 0, 0]
+    for j in range(1, kernel):
+        out = out + full[j : j + length] * weight[:, 0, j]
+    return nn.silu(out).astype(x.dtype), full[length:].T
+
+
+def recurrent_step(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array
+) -> tuple[mx.array, mx.array]:
+    """One token per sequence: q, k [B, H, dk], v [B, H, dv], g, beta [B, H], state [B, H, dk, dv]."""
+    state = state * mx.exp(g)[..., None, None]
+    memory = (state * k[..., :, None]).sum(-2)
+    delta = (v - memory) * beta[..., None]
+    state = state + k[..., :, None] * delta[..., None, :]
+    return (state * q[..., :, None]).sum(-2), state
+
+
+def _inverse_unit_lower(n: mx.array) -> mx.array:
+    """(I - n)^-1 for strictly lower-triangular n [..., C, C]: (I + n)(I + n^2)(I + n^4)..."""
+    size = n.shape[-1]
+    inv = mx.eye(size, dtype=n.dtype) + n
+    power, reach = n, 2
+    while reach < size:
+        power = power @ power
+        inv = inv + inv @ power
+        reach *= 2
+    return inv
+
+
+def chunked(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array
+) -> tuple[mx.array, mx.array]:
+    """One sequence: q, k [L, H, dk], v [L, H, dv], g, beta [L, H], state [H, dk, dv] -> (o [L, H, dv], state)."""
+    length = q.shape[0]
+    pad = -length % CHUNK
+    if pad:  # padded tokens: k = 0, beta = 0, g = 0 leave the state as it is
+        q, k, v = (mx.pad(t, [(0, pad), (0, 0), (0, 0)]) for t in (q, k, v))
+        g, beta = mx.pad(g, [(0, pad), (0, 0)]), mx.pad(beta, [(0, pad), (0, 0)])
+    n, heads = q.shape[0] // CHUNK, q.shape[1]
+    q, k, v = (t.reshape(n, CHUNK, heads, t.shape[-1]).transpose(2, 0, 1, 3) for t in (q, k, v))
+    g, beta = (t.reshape(n, CHUNK, heads).transpose(2, 0, 1) for t in (g, beta))
+    cum = mx.cumsum(g, axis=-1)
+    lower = mx.tril(mx.ones((CHUNK, CHUNK), dtype=mx.bool_))
+    diff = cum[..., :, None] - cum[..., None, :]
+    decay = mx.exp(mx.where(lower, diff, -mx.inf))  # exp(G_i - G_j) for j <= i
+    kb = k * beta[..., None]
+    strict = (kb @ k.swapaxes(-1, -2)) * mx.tril(decay, -1)
+    inv = _inverse_unit_lower(-strict)
+    w = inv @ (kb * mx.exp(cum)[..., None])
+    u0 = inv @ (v * beta[..., None])
+    scores = (q @ k.swapaxes(-1, -2)) * decay
+    q_decayed = q * mx.exp(cum)[..., None]
+    k_to_end = k * mx.exp(cum[..., -1:] - cum)[..., None]
+    last = mx.exp(cum[..., -1])  # [H, n]
+    outs = []
+    for c in range(n):
+        u = u0[:, c] - w[:, c] @ state
+        outs.append(q_decayed[:, c] @ state + scores[:, c] @ u)
+        state = state * last[:, c, None, None] + k_to_end[:, c].swapaxes(-1, -2) @ u
+    out = mx.stack(outs, axis=1).transpose(1, 2, 0, 3).reshape(n * CHUNK, heads, v.shape[-1])
+    return out[:length], state

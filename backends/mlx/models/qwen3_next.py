@@ -1,0 +1,188 @@
+"""Qwen3-Next / Qwen3.5 (dense and MoE) decoder in MLX over a flattened token batch (maths in
+app/models/family_qwen3_next.py; the torch file has the same layout and says how the recurrent state
+is kept): gated DeltaNet layers with a per-sequence state, gated full attention over the paged pool.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.mlx import gated_delta
+from lantern.backends.mlx.layers import Attention, feed_forward
+from lantern.backends.mlx.models import llama
+from lantern.backends.mlx.models.gemma import GemmaRMSNorm
+from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attention
+
+
+class GatedAttention(Attention):
+    """Each head's query and output gate come from q_proj side by side; output times sigmoid(gate)."""
+
+    def __init__(self, cfg: ModelConfig, kv_index: int):
+        super().__init__(cfg, kv_index, norm=GemmaRMSNorm)  # layer_idx: its K/V's place in the pool
+        self.q_proj = nn.Linear(cfg.hidden_size, 2 * cfg.num_heads * cfg.head_dim, bias=False)
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
+        t, hd = x.shape[0], self.head_dim
+        qg = self.q_proj(x).reshape(t, self.n_heads, 2 * hd)
+        q, gate = self.q_norm(qg[..., :hd]), qg[..., hd:].reshape(t, -1)
+        k = self.k_norm(self.k_proj(x).reshape(t, self.n_kv, hd))
+        v = self.v_proj(x).reshape(t, self.n_kv, hd)
+        q = self.rope(q[:, :, None, :], offset=meta.positions)[:, :, 0, :]
+        k = self.rope(k[:, :, None, :], offset=meta.positions)[:, :, 0, :]
+        out = paged_attention(q, k, v, meta, self.layer_idx, self.scale)
+        return self.o_proj(out.reshape(t, -1) * mx.sigmoid(gate))
+
+
+class Conv(nn.Module):
+    """The depthwise causal convolution's weight [channels, 1, kernel] (Hugging Face's layout)."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.weight = mx.zeros((channels, 1, kernel))
+
+
+class GatedNorm(nn.Module):
+    """RMSNorm of each head's output times its weight, then times SiLU(z) (transformers' order)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((dim,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array, z: mx.array) -> mx.array:
+        xf = x.astype(mx.float32)
+        normed = (xf * mx.rsqrt((xf * xf).mean(-1, keepdims=True) + self.eps)).astype(x.dtype)
+        return (self.weight * normed * nn.silu(z.astype(mx.float32))).astype(x.dtype)
+
+
+class RecurrentState:
+    """Per linear layer: convolution windows [slots, conv_dim, K-1] and delta-rule states [slots, Hv, dk, dv]."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, dtype: mx.Dtype):
+        la = cfg.linear_attn
+        n = sum(la.linear_layers)
+        self.conv = [mx.zeros((slots, la.conv_dim, la.conv_kernel - 1), dtype=dtype) for _ in range(n)]
+        self.ssm = [mx.zeros((slots, la.num_v_heads, la.k_dim, la.v_dim), dtype=mx.float32) for _ in range(n)]
+
+    def arrays(self) -> list[mx.array]:
+        return self.conv + self.ssm
+
+
+def state_bytes_per_seq(cfg: ModelConfig, dtype: mx.Dtype) -> int:
+    conv, ssm = cfg.linear_attn.state_elements()
+    return sum(cfg.linear_attn.linear_layers) * (conv * dtype.size + ssm * 4)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig, state_index: int):
+        super().__init__()
+        la = cfg.linear_attn
+        self.state_index = state_index
+        self.nk, self.nv, self.dk, self.dv = la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim
+        self.fused = la.fused_projections
+        d, key, value = cfg.hidden_size, la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
+        if self.fused:  # Qwen3-Next: per key head [q, k, v..., z...] and [b..., a...]
+            self.in_proj_qkvz = nn.Linear(d, 2 * key + 2 * value, bias=False)
+            self.in_proj_ba = nn.Linear(d, 2 * la.num_v_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(d, 2 * key + value, bias=False)
+            self.in_proj_z = nn.Linear(d, value, bias=False)
+            self.in_proj_b = nn.Linear(d, la.num_v_heads, bias=False)
+            self.in_proj_a = nn.Linear(d, la.num_v_heads, bias=False)
+        self.conv1d = Conv(la.conv_dim, la.conv_kernel)
+        self.dt_bias = mx.ones((la.num_v_heads,))
+        self.A_log = mx.zeros((la.num_v_heads,))
+        self.norm = GatedNorm(la.v_dim, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(value, d, bias=False)
+
+    def _project(self, x: mx.array) -> tuple[mx.array, ...]:
+        t, r = x.shape[0], self.nv // self.nk
+        if not self.fused:
+            z = self.in_proj_z(x).reshape(t, self.nv, self.dv)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        qkvz = self.in_proj_qkvz(x).reshape(t, self.nk, -1)
+        q, k, v, z = mx.split(qkvz, [self.dk, 2 * self.dk, 2 * self.dk + r * self.dv], axis=-1)
+        b, a = mx.split(self.in_proj_ba(x).reshape(t, self.nk, 2 * r), [r], axis=-1)
+        mixed = mx.concatenate([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], axis=-1)
+        return mixed, z.reshape(t, self.nv, self.dv), b.reshape(t, self.nv), a.reshape(t, self.nv)
+
+    def _heads(self, mixed: mx.array, b: mx.array, a: mx.array) -> tuple[mx.array, ...]:
+        n, key, r = mixed.shape[0], self.nk * self.dk, self.nv // self.nk
+        q, k, v = mx.split(mixed, [key, 2 * key], axis=-1)
+        q = gated_delta.l2norm(q.astype(mx.float32).reshape(n, self.nk, self.dk)) * self.dk**-0.5
+        k = gated_delta.l2norm(k.astype(mx.float32).reshape(n, self.nk, self.dk))
+        if r > 1:  # each key head serves r consecutive value heads
+            q, k = mx.repeat(q, r, axis=1), mx.repeat(k, r, axis=1)
+        g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a.astype(mx.float32) + self.dt_bias)
+        beta = mx.sigmoid(b).astype(mx.float32)
+        return q, k, v.astype(mx.float32).reshape(n, self.nv, self.dv), g, beta
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata, state: RecurrentState) -> mx.array:
+        mixed, z, b, a = self._project(x)
+        conv_w, i = self.conv1d.weight, self.state_index
+        windows, matrices = state.conv[i], state.ssm[i]
+        pieces: list[tuple[mx.array, mx.array]] = []  # (rows, output)
+        rows = meta.decode_token_idx
+        if rows is not None:
+            slots = meta.decode_state_slots
+            keep = mx.array(meta.decode_seq_lens_np > 1)  # a one-token prompt starts from zeros
+            window = windows[slots] * keep[:, None, None].astype(windows.dtype)
+            conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
+            q, k, v, g, beta = self._heads(conv, b[rows], a[rows])
+            s = matrices[slots] * keep[:, None, None, None]
+            out, matrices[slots] = gated_delta.recurrent_step(q, k, v, g, beta, s)
+            pieces.append((rows, out))
+        for p in meta.prefills:
+            span, slot = slice(p.q_start, p.q_end), p.state_slot
+            first = p.first_pos == 0
+            window = mx.zeros_like(windows[slot]) if first else windows[slot]
+            conv, windows[slot] = gated_delta.conv_chunk(mixed[span], window, conv_w)
+            q, k, v, g, beta = self._heads(conv, b[span], a[span])
+            s = mx.zeros_like(matrices[slot]) if first else matrices[slot]
+            out, matrices[slot] = gated_delta.chunked(q, k, v, g, beta, s)
+            pieces.append((mx.arange(p.q_start, p.q_end), out))
+        state.conv[i], state.ssm[i] = windows, matrices
+        out = pieces[0][1] if len(pieces) == 1 else mx.concatenate([o for _, o in pieces])
+        if meta.restore_order is not None:  # pieces are decode rows first, then each prefill
+            out = out[meta.restore_order]
+        t = x.shape[0]
+        return self.out_proj(self.norm(out.astype(x.dtype), z).reshape(t, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        kinds = cfg.linear_attn.linear_layers
+        if kinds[layer_idx]:
+            self.linear_attn = GatedDeltaNet(cfg, sum(kinds[:layer_idx]))
+        else:
+            self.self_attn = GatedAttention(cfg, layer_idx - sum(kinds[:layer_idx]))
+        self.mlp = feed_forward(cfg, layer_idx)
+        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata, state: RecurrentState) -> mx.array:
+        h = self.input_layernorm(x)
+        mixer = self.get("linear_attn")
+        h = x + (mixer(h, meta, state) if mixer is not None else self.self_attn(h, meta))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer
+    final_norm = GemmaRMSNorm
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.recurrent: RecurrentState | None = None  # (not `state`: nn.Module has a property of that name)
+
+    def allocate_state(self, slots: int, dtype: mx.Dtype) -> None:
+        self.recurrent = RecurrentState(self.cfg, slots, dtype)
+
+    def state_arrays(self) -> list[mx.array]:
+        return [] if self.recurrent is None else self.recurrent.arrays()
+
+    def layer_extras(self, meta: AttentionMetadata) -> tuple:
+        return (self.recurrent,)

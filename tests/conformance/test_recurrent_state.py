@@ -1,0 +1,93 @@
+"""Models with linear-attention layers (Qwen3-Next, Qwen3.5) keep a recurrent state per sequence
+beside the paged KV pool: batching, chunking, preemption and slot reuse must never leak one
+sequence's state into another's. Checked on both backends against each sequence run alone and
+against transformers."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from lantern.app.engine import LLM, SamplingParams
+from tests.fixtures.teacher_forcing import teacher_forced_logits
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+PROMPTS = [
+    "Continuous batching lets new requests join",
+    "def add(a, b):",
+    "Paged attention stores keys and values in blocks, while continuous batching lets new requests join",
+    "Numbers 0123456789",
+    "x",
+]
+
+
+def _alone(path: str, backend: str, prompts: list[str]) -> list[list[int]]:
+    llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=128, max_num_seqs=1)
+    return [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5"])
+def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model_dir, variant, backend, caplog):
+    path = tiny_model_dir(variant)
+    want = _alone(path, backend, PROMPTS)
+    # Chunks of 5 tokens spread prompts over steps beside other sequences' decodes; 24 blocks of 4
+    # tokens cannot hold all five sequences' 30-50 tokens, so some are preempted and recomputed.
+    with caplog.at_level(logging.INFO):
+        llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=24, prefill_chunk_size=5)
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert "prefix caching is off" in caplog.text
+    # Every slot is back, and a second round reusing them (no zeroing in between) gives the same.
+    assert sorted(llm.engine.scheduler.free_state_slots) == list(range(llm.engine.config.max_num_seqs))
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[::-1], GREEDY)] == want[::-1]
+
+
+def test_sampled_fan_out_matches_single_requests(tiny_model_dir, backend):
+    """n = 2 without a prefix cache: each sample computes the prompt itself, seeds as single requests."""
+    path = tiny_model_dir("qwen3_next")
+    llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=128)
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=7, n=2, ignore_eos=True)
+    both = [c.token_ids for c in llm.generate([PROMPTS[0]], params)[0].outputs]
+    single = [
+        llm.generate([PROMPTS[0]], SamplingParams(temperature=1.0, max_tokens=16, seed=7 + i, ignore_eos=True))[0]
+        .outputs[0]
+        .token_ids
+        for i in range(2)
+    ]
+    assert both == single and both[0] != both[1]
+
+
+@pytest.mark.parametrize("chunk", [100, 512])
+def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk):
+    """A 150-token prompt: the delta rule's 64-token chunks inside a step (chunk 512) and prefill steps
+    that end mid-chunk (100), then decodes; every position's logits equal transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_dir("qwen3_5")
+    llm = LLM(path, backend=backend, dtype="float32", block_size=16, prefill_chunk_size=chunk, num_kv_blocks=64)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(10, llm.engine.vocab_size, 150).tolist()
+    forced = rng.integers(10, llm.engine.vocab_size, 6).tolist()
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = ref(torch.tensor([prompt + forced])).logits[0].numpy()
+    rows = list(teacher_forced_logits(llm.engine, prompt, forced))
+    assert [pos for pos, _ in rows] == list(range(149, 155))
+    for pos, logits in rows:
+        np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"position {pos}")
+
+
+def test_state_memory_is_sized_and_the_kv_pool_holds_attention_layers_only(tiny_model_dir, backend, caplog):
+    path = tiny_model_dir("qwen3_next")
+    with caplog.at_level(logging.INFO):
+        llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=16, max_num_seqs=3)
+    cfg = llm.engine.model_config
+    la = cfg.linear_attn
+    assert cfg.num_kv_layers == 2 and len(llm.engine.backend.pool.k) == 2  # of 4 layers, 2 attend fully
+    conv, ssm = la.state_elements()
+    assert llm.engine.backend.state_bytes_per_seq() == 2 * (conv * 4 + ssm * 4)
+    assert "recurrent state:" in caplog.text and "for 3 sequences" in caplog.text

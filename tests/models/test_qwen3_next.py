@@ -1,0 +1,146 @@
+"""Qwen3-Next / Qwen3.5: config.json read as transformers' config classes read it, a Qwen3.5
+vision-language folder served as its language model, refusals naming the key, and the gated delta
+rule's chunked form against its token-by-token recurrence on both backends. Logits and greedy tokens
+run in tests/conformance (qwen3_next, qwen3_5 variants), the engine's state handling in
+tests/conformance/test_recurrent_state.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError
+
+SMALL = {"vocab_size": 400, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def hf(model_type: str, **extra):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **SMALL, **extra)
+
+
+@pytest.mark.parametrize(
+    "model_type,extra",
+    [
+        ("qwen3_next", {"num_hidden_layers": 8}),
+        ("qwen3_next", {"num_hidden_layers": 6, "full_attention_interval": 3, "mlp_only_layers": [0, 1]}),
+        ("qwen3_next", {"num_hidden_layers": 4, "decoder_sparse_step": 2, "num_experts": 16}),
+        ("qwen3_5_text", {"num_hidden_layers": 8}),
+        ("qwen3_5_moe_text", {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2}),
+    ],
+)
+def test_config_matches_transformers(model_type, extra):
+    ref = hf(model_type, **extra)
+    cfg = ModelConfig.from_hf(ref.to_dict())
+    la = cfg.linear_attn
+    assert [t == "linear_attention" for t in ref.layer_types] == list(la.linear_layers)
+    assert (cfg.head_dim, la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim, la.conv_kernel) == (
+        ref.head_dim,
+        ref.linear_num_key_heads,
+        ref.linear_num_value_heads,
+        ref.linear_key_head_dim,
+        ref.linear_value_head_dim,
+        ref.linear_conv_kernel_dim,
+    )
+    assert cfg.rope_scaling["partial_rotary_factor"] == ref.rope_parameters["partial_rotary_factor"] == 0.25
+    assert cfg.rope_theta == ref.rope_parameters["rope_theta"]
+    assert cfg.num_kv_layers == ref.layer_types.count("full_attention")
+    if model_type == "qwen3_5_text":
+        assert cfg.moe is None
+        return
+    # transformers' decoder-layer rule for which MLPs are sparse
+    sparse = [
+        i not in (getattr(ref, "mlp_only_layers", None) or []) and (i + 1) % getattr(ref, "decoder_sparse_step", 1) == 0
+        for i in range(ref.num_hidden_layers)
+    ]
+    assert [cfg.moe.is_sparse(i) for i in range(ref.num_hidden_layers)] == sparse
+    assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.shared_expert_size) == (
+        ref.num_experts,
+        ref.num_experts_per_tok,
+        ref.shared_expert_intermediate_size,
+    )
+
+
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"linear_num_value_heads": 24}, "linear_num_value_heads"),
+        ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
+        ({"linear_conv_kernel_dim": 1}, "linear_conv_kernel_dim"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.1}}, "partial"),
+    ],
+)
+def test_unimplemented_keys_are_refused_by_name(extra, key):
+    cfg = {"model_type": "qwen3_next", "num_hidden_layers": 4, "intermediate_size": 128, "head_dim": 16, **SMALL}
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf({**cfg, **extra})
+
+
+def test_qwen35_vision_language_folder_serves_its_language_model(tiny_model_dir, tmp_path, backend):
+    """A Qwen3_5ForConditionalGeneration folder (text_config, model.language_model.* names, a vision
+    tower and MTP weights beside) gives the text model's tokens."""
+    from lantern.app.engine import LLM, SamplingParams
+    from safetensors.torch import load_file, save_file
+
+    src = Path(tiny_model_dir("qwen3_5"))
+    text = json.loads((src / "config.json").read_text())
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    wrapped = {
+        "model_type": "qwen3_5",
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "text_config": {k: v for k, v in text.items() if k not in ("architectures", "tie_word_embeddings")},
+        "vision_config": {"depth": 1},
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(wrapped))
+    tensors = {n.replace("model.", "model.language_model.", 1): t for n, t in load_file(src / "model.safetensors").items()}
+    tensors["model.visual.blocks.0.attn.qkv.weight"] = torch.ones(3, 3)
+    tensors["mtp.fc.weight"] = torch.ones(4, 4)
+    save_file(tensors, tmp_path / "model.safetensors")
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompt = ["Continuous batching lets new requests join"]
+    ours = LLM(str(tmp_path), backend=backend, dtype="float32", num_kv_blocks=64).generate(prompt, params)
+    plain = LLM(str(src), backend=backend, dtype="float32", num_kv_blocks=64).generate(prompt, params)
+    assert ours[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+
+
+def _inputs(length: int, heads: int = 3, dk: int = 16, dv: int = 8, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    unit = lambda *s: torch.nn.functional.normalize(torch.randn(*s, generator=gen), dim=-1)
+    q, k = unit(length, heads, dk) * dk**-0.5, unit(length, heads, dk)
+    v = torch.randn(length, heads, dv, generator=gen)
+    g, beta = -torch.rand(length, heads, generator=gen) * 2, torch.rand(length, heads, generator=gen)
+    return q, k, v, g, beta, 0.3 * torch.randn(heads, dk, dv, generator=gen)
+
+
+@pytest.mark.parametrize("length", [1, 63, 64, 65, 200])
+def test_chunked_delta_rule_equals_the_recurrence(length, backend):
+    """The chunked (WY) form with repeated-squaring inverses vs the plain token loop, from a non-zero state."""
+    from lantern.backends.torch import gated_delta as reference
+
+    q, k, v, g, beta, state = _inputs(length)
+    outs, s = [], state[None]
+    for t in range(length):
+        o, s = reference.recurrent_step(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s)
+        outs.append(o)
+    want_out, want_state = torch.cat(outs).numpy(), s[0].numpy()
+    if backend == "mlx":
+        import mlx.core as mx
+
+        from lantern.backends.mlx import gated_delta
+
+        got = gated_delta.chunked(*(mx.array(t.numpy()) for t in (q, k, v, g, beta, state)))
+        got_out, got_state = (np.array(a) for a in got)
+    else:
+        got_out, got_state = (t.numpy() for t in reference.chunked(q, k, v, g, beta, state))
+    np.testing.assert_allclose(got_out, want_out, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(got_state, want_state, atol=2e-5, rtol=0)
