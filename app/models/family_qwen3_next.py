@@ -20,6 +20,7 @@ What differs from Qwen3 (transformers 5's Qwen3NextForCausalLM / Qwen3_5ForCausa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,10 @@ def text_weight_name(name: str) -> str | None:
         return None
     if name.startswith("model.language_model."):
         return "model." + name[len("model.language_model.") :]
+    if name.startswith("language_model."):  # an mlx_lm-saved Qwen3.5 folder: language_model.model.* / .lm_head
+        return name[len("language_model.") :]
+    if name.startswith("vision_tower."):
+        return None
     if name.startswith(("layers.", "embed_tokens.", "norm.")):  # a base-model checkpoint
         return "model." + name
     return name
@@ -151,3 +156,33 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if linear.num_k_heads * linear.k_dim == 0 or linear.num_v_heads * linear.v_dim == 0:
         raise _refuse("linear_num_key_heads", linear.num_k_heads, " (the linear layers need heads)")
     return out
+
+
+# Norms mlx_lm's sanitize stores as 1 + weight (its nn.RMSNorm scales by the weight alone); the gated
+# delta net's output norm is stored as is.
+_SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight")
+
+
+def stored_by_mlx_lm(files: list[Any]) -> bool:
+    """True for a folder mlx_lm converted: its convolution weights are [C, K, 1] (MLX's Conv1d layout)
+    where Hugging Face's are [C, 1, K], and then its norms were shifted by one."""
+    from safetensors import safe_open
+
+    for path in files:
+        with safe_open(str(path), framework="numpy") as f:
+            for name in f.keys():
+                if name.endswith("conv1d.weight"):
+                    shape = f.get_slice(name).get_shape()
+                    return len(shape) == 3 and shape[-1] == 1 and shape[1] > 1
+    return False
+
+
+def checkpoint_tensors(source: Iterator[tuple[str, Any]], mlx_lm_layout: bool) -> Iterator[tuple[str, Any]]:
+    """The stream in Hugging Face's layout: an mlx_lm folder's convolutions transposed back and its
+    shifted norms less one (exact in float32; in bfloat16 as mlx_lm's own +1 rounded them)."""
+    for name, value in source:
+        if mlx_lm_layout and name.endswith("conv1d.weight"):
+            value = value.swapaxes(1, 2)
+        elif mlx_lm_layout and (name.endswith(_SHIFTED_NORMS) or name == "model.norm.weight"):
+            value = value - 1.0
+        yield name, value

@@ -86,8 +86,9 @@ def test_unimplemented_keys_are_refused_by_name(extra, key):
 def test_qwen35_vision_language_folder_serves_its_language_model(tiny_model_dir, tmp_path, backend):
     """A Qwen3_5ForConditionalGeneration folder (text_config, model.language_model.* names, a vision
     tower and MTP weights beside) gives the text model's tokens."""
-    from lantern.app.engine import LLM, SamplingParams
     from safetensors.torch import load_file, save_file
+
+    from lantern.app.engine import LLM, SamplingParams
 
     src = Path(tiny_model_dir("qwen3_5"))
     text = json.loads((src / "config.json").read_text())
@@ -102,7 +103,9 @@ def test_qwen35_vision_language_folder_serves_its_language_model(tiny_model_dir,
         "tie_word_embeddings": True,
     }
     (tmp_path / "config.json").write_text(json.dumps(wrapped))
-    tensors = {n.replace("model.", "model.language_model.", 1): t for n, t in load_file(src / "model.safetensors").items()}
+    tensors = {
+        n.replace("model.", "model.language_model.", 1): t for n, t in load_file(src / "model.safetensors").items()
+    }
     tensors["model.visual.blocks.0.attn.qkv.weight"] = torch.ones(3, 3)
     tensors["mtp.fc.weight"] = torch.ones(4, 4)
     save_file(tensors, tmp_path / "model.safetensors")
