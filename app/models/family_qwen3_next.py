@@ -14,7 +14,8 @@ What differs from Qwen3 (transformers 5's Qwen3NextForCausalLM / Qwen3_5ForCausa
   g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b). Each sequence keeps the convolution's
   last inputs and S per layer: the engine gives it a recurrent-state slot (ScheduledBatch.state_slots).
 - Qwen3-Next stores q/k/v/z and b/a fused per key-head group (in_proj_qkvz, in_proj_ba); Qwen3.5
-  stores them apart (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a). The model files read both.
+  stores them apart (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a); llama.cpp's GGUFs hold Qwen3-Next
+  with q/k/v and z apart but b/a fused, and Qwen3.5's value heads tiled. The model files read all of these.
 - MoE (Qwen3-Next, Qwen3.5-MoE): Qwen2-MoE's routing with a sigmoid-gated shared expert.
 """
 
@@ -41,7 +42,11 @@ class LinearAttnConfig:
     k_dim: int
     v_dim: int
     conv_kernel: int
-    fused_projections: bool  # Qwen3-Next's in_proj_qkvz / in_proj_ba (grouped by key head)
+    fused_qkvz: bool  # Qwen3-Next's in_proj_qkvz (grouped by key head), else in_proj_qkv and in_proj_z
+    fused_ba: bool  # Qwen3-Next's in_proj_ba (grouped by key head), else in_proj_b and in_proj_a
+    # Value heads in llama.cpp's Qwen3.5 order (v head i reads key head i % key heads), not grouped
+    # by key head (i // (value heads / key heads)): its converter reorders every value-head tensor so.
+    v_heads_tiled: bool = False
 
     @property
     def conv_dim(self) -> int:
@@ -134,7 +139,11 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         k_dim=int(cfg.get("linear_key_head_dim", 128)),
         v_dim=int(cfg.get("linear_value_head_dim", 128)),
         conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
-        fused_projections=model_type == "qwen3_next",
+        # A GGUF's layout (gguf_builders._qwen3next): llama.cpp splits Qwen3-Next's qkvz, keeps its ba.
+        fused_qkvz=model_type == "qwen3_next" and not cfg.get("gguf_linear_layout"),
+        fused_ba=model_type == "qwen3_next",
+        v_heads_tiled=cfg.get("gguf_linear_layout") in ("qwen35", "qwen35moe")
+        and cfg.get("linear_num_key_heads") != cfg.get("linear_num_value_heads"),
     )
     if linear.num_v_heads % linear.num_k_heads:
         raise _refuse("linear_num_value_heads", linear.num_v_heads, " (must be a multiple of linear_num_key_heads)")
@@ -185,4 +194,20 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]], mlx_lm_layout: bool) -
             value = value.swapaxes(1, 2)
         elif mlx_lm_layout and (name.endswith(_SHIFTED_NORMS) or name == "model.norm.weight"):
             value = value - 1.0
+        yield name, value
+
+
+def gguf_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """A llama.cpp GGUF's tensors as the checkpoint held them: norms stored as 1 + w less one (not the
+    gated delta net's output norm, stored as is), A_log back from A = -exp(A_log), the convolution's
+    [C, K] kernel as [C, 1, K]. These are float32 in the files llama.cpp writes."""
+    import numpy as np
+
+    for name, value in source:
+        if name.endswith(_SHIFTED_NORMS) or name == "model.norm.weight":
+            value = np.asarray(value, dtype=np.float32) - np.float32(1.0)
+        elif name.endswith(".linear_attn.A_log"):
+            value = np.log(-np.asarray(value, dtype=np.float32))
+        elif name.endswith(".linear_attn.conv1d.weight"):
+            value = np.asarray(value, dtype=np.float32)[:, None, :]
         yield name, value

@@ -59,6 +59,22 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     # the pre-MLP norm; the sinks are a bare parameter in HF (gguf_names.hf_name drops ".weight")
     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
 }
+# Qwen3-Next / Qwen3.5 (family_qwen3_next.gguf_tensors undoes the rest: 1 + w norms, A = -exp(A_log), the
+# convolution's squeezed kernel); ssm_a has no .weight suffix in the file (hf_name maps it bare).
+_QWEN3NEXT = {
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_in": "linear_attn.in_proj_qkvz",
+    "ssm_ba": "linear_attn.in_proj_ba",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_dt": "linear_attn.dt",  # .bias -> dt_bias
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+    "post_attention_norm": "post_attention_layernorm",
+}
+ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _QWEN3NEXT})
 # Architectures whose converter stored every RMSNorm weight w as 1 + w (Gemma's norms scale by 1 + w).
 NORM_PLUS_ONE = {"gemma2", "gemma3"}
 

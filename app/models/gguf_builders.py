@@ -167,7 +167,57 @@ def _cohere2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     }
 
 
+def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (llama.cpp's Qwen3NextModel and its Qwen3_5 subclasses): the
+    linear-attention sizes under ssm.* (state_size: key head dim, group_count: key heads,
+    time_step_rank: value heads, inner_size: all value dims), which layers recur
+    (attention.recurrent_layers, else every full_attention_interval-th layer attends), rope on
+    rope.dimension_count dims of each head; gguf_linear_layout tells family_qwen3_next how the
+    converter laid the projections out (Qwen3.5's value heads tiled)."""
+    head_dim = _head_dim(meta, cfg)
+    layers, v_heads = cfg["num_hidden_layers"], int(meta.need("ssm.time_step_rank"))
+    recurrent = meta.get("attention.recurrent_layers")
+    if recurrent is not None:
+        kinds = ["linear_attention" if r else "full_attention" for r in list(recurrent)[:layers]]
+    else:
+        interval = int(meta.get("full_attention_interval") or 4)
+        kinds = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    model_type = {"qwen3next": "qwen3_next", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}[meta.arch]
+    out: dict[str, Any] = {
+        "model_type": model_type,
+        "gguf_linear_layout": meta.arch,
+        "head_dim": head_dim,
+        "layer_types": kinds,
+        "partial_rotary_factor": _rotary_fraction(meta, head_dim),
+        "linear_conv_kernel_dim": int(meta.need("ssm.conv_kernel")),
+        "linear_key_head_dim": int(meta.need("ssm.state_size")),
+        "linear_num_key_heads": int(meta.need("ssm.group_count")),
+        "linear_num_value_heads": v_heads,
+        "linear_value_head_dim": int(meta.need("ssm.inner_size")) // v_heads,
+        "attention_bias": "blk.0.attn_q.bias" in tensors or "blk.3.attn_q.bias" in tensors,  # refused
+    }
+    if meta.get("expert_count"):
+        out.update(
+            num_experts=int(meta.need("expert_count")),
+            num_experts_per_tok=int(meta.need("expert_used_count")),
+            moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
+            shared_expert_intermediate_size=int(meta.get("expert_shared_feed_forward_length") or 0),
+            norm_topk_prob=True,  # llama.cpp's graph renormalises the top-k weights for these archs
+        )
+    rope = stated_rope_scaling(meta)
+    if rope:
+        out["rope_parameters"] = {
+            **rope,
+            "rope_theta": cfg["rope_theta"],
+            "partial_rotary_factor": out["partial_rotary_factor"],
+        }
+    return out
+
+
 BUILDERS = {
+    "qwen3next": _qwen3next,
+    "qwen35": _qwen3next,
+    "qwen35moe": _qwen3next,
     "glm4moe": _glm4moe,
     "smollm3": _smollm3,
     "granite": _granite,

@@ -58,8 +58,9 @@ _LAYER = {
 # llama.cpp stacks each projection's experts in one 3-D tensor (ne2 = experts); the stream yields them
 # one expert at a time under the checkpoints' per-expert names (mlp.experts.<e>.<proj>.weight).
 _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias|scales|biases)$")
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_]+)\.(weight|bias|scales|biases)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
+_BARE_RE = re.compile(r"^blk\.(\d+)\.ssm_a$")
 
 # Architectures whose llama.cpp converter permuted q/k rows for its interleaved rotary layout.
 # mistral3 / smollm3 / granite: Ministral3Model, SmolLM3Model and GraniteModel are LlamaModels
@@ -78,7 +79,11 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         if mapped is None:
             return None
         hf = f"model.layers.{layer}.{mapped}.{kind}"
-        return hf.replace(".e_score_correction.bias", ".e_score_correction_bias").replace(".sinks.weight", ".sinks")
+        hf = hf.replace(".e_score_correction.bias", ".e_score_correction_bias").replace(".sinks.weight", ".sinks")
+        return hf.replace(".linear_attn.dt.bias", ".linear_attn.dt_bias")
+    m = _BARE_RE.match(gguf_name)  # Qwen3-Next's A (its converter names it without a suffix)
+    if m:
+        return f"model.layers.{m.group(1)}.linear_attn.A_log"
     m = _GLOBAL_RE.match(gguf_name)
     if m and m.group(1) in _GLOBAL:
         return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"

@@ -92,8 +92,8 @@ def isq_candidates(cfg: Any) -> int:
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
     linear = getattr(cfg, "linear_attn", None)
     for layer in range(cfg.num_layers):
-        if linear is not None and linear.linear_layers[layer]:  # gated DeltaNet: in_proj_qkvz, in_proj_ba, out_proj
-            total += 3 if linear.fused_projections else 5  # (or in_proj_qkv, _z, _b, _a)
+        if linear is not None and linear.linear_layers[layer]:  # gated DeltaNet: its projections and out_proj
+            total += (1 if linear.fused_qkvz else 2) + (1 if linear.fused_ba else 2) + 1
         else:
             total += attention
         moe = cfg.moe

@@ -59,10 +59,13 @@ def iter_weights(
         from lantern.app.models.family_ernie import checkpoint_tensors as ernie_tensors
 
         source = ernie_tensors(source, spec.config.moe, spec.config.num_layers)
-    if spec.config.family == "qwen3_next" and spec.weight_format != "gguf":  # mlx_lm's layout, if it is one
+    if spec.config.family == "qwen3_next":  # llama.cpp's or mlx_lm's layout, if it is one of those
         from lantern.app.models import family_qwen3_next as qwen
 
-        source = qwen.checkpoint_tensors(source, qwen.stored_by_mlx_lm(spec.weight_files))
+        if spec.weight_format == "gguf":
+            source = qwen.gguf_tensors(source)
+        else:
+            source = qwen.checkpoint_tensors(source, qwen.stored_by_mlx_lm(spec.weight_files))
     if spec.config.architecture in FUSED_CHECKPOINTS:
         source = split_fused(source, spec)
     if spec.config.architecture == "gpt_oss":  # stacked (and MXFP4) experts in the model files' layout

@@ -81,14 +81,16 @@ class GatedDeltaNet(nn.Module):
         la = cfg.linear_attn
         self.state_index = state_index
         self.nk, self.nv, self.dk, self.dv = la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim
-        self.fused = la.fused_projections
+        self.fused_qkvz, self.fused_ba, self.tiled = la.fused_qkvz, la.fused_ba, la.v_heads_tiled
         d, key, value = cfg.hidden_size, la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
-        if self.fused:  # Qwen3-Next: per key head [q, k, v..., z...] and [b..., a...]
+        if self.fused_qkvz:  # Qwen3-Next: per key head [q, k, v..., z...]
             self.in_proj_qkvz = nn.Linear(d, 2 * key + 2 * value, bias=False)
-            self.in_proj_ba = nn.Linear(d, 2 * la.num_v_heads, bias=False)
         else:
             self.in_proj_qkv = nn.Linear(d, 2 * key + value, bias=False)
             self.in_proj_z = nn.Linear(d, value, bias=False)
+        if self.fused_ba:  # Qwen3-Next: per key head [b..., a...]
+            self.in_proj_ba = nn.Linear(d, 2 * la.num_v_heads, bias=False)
+        else:
             self.in_proj_b = nn.Linear(d, la.num_v_heads, bias=False)
             self.in_proj_a = nn.Linear(d, la.num_v_heads, bias=False)
         self.conv1d = Conv(la.conv_dim, la.conv_kernel)
@@ -99,13 +101,16 @@ class GatedDeltaNet(nn.Module):
 
     def _project(self, x: mx.array) -> tuple[mx.array, ...]:
         t, r = x.shape[0], self.nv // self.nk
-        if not self.fused:
-            z = self.in_proj_z(x).reshape(t, self.nv, self.dv)
-            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
-        qkvz = self.in_proj_qkvz(x).reshape(t, self.nk, -1)
-        q, k, v, z = mx.split(qkvz, [self.dk, 2 * self.dk, 2 * self.dk + r * self.dv], axis=-1)
-        b, a = mx.split(self.in_proj_ba(x).reshape(t, self.nk, 2 * r), [r], axis=-1)
-        mixed = mx.concatenate([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], axis=-1)
+        if self.fused_qkvz:
+            qkvz = self.in_proj_qkvz(x).reshape(t, self.nk, -1)
+            q, k, v, z = mx.split(qkvz, [self.dk, 2 * self.dk, 2 * self.dk + r * self.dv], axis=-1)
+            mixed = mx.concatenate([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], axis=-1)
+        else:
+            mixed, z = self.in_proj_qkv(x), self.in_proj_z(x)
+        if self.fused_ba:
+            b, a = mx.split(self.in_proj_ba(x).reshape(t, self.nk, 2 * r), [r], axis=-1)
+        else:
+            b, a = self.in_proj_b(x), self.in_proj_a(x)
         return mixed, z.reshape(t, self.nv, self.dv), b.reshape(t, self.nv), a.reshape(t, self.nv)
 
     def _heads(self, mixed: mx.array, b: mx.array, a: mx.array) -> tuple[mx.array, ...]:
@@ -113,7 +118,9 @@ class GatedDeltaNet(nn.Module):
         q, k, v = mx.split(mixed, [key, 2 * key], axis=-1)
         q = gated_delta.l2norm(q.astype(mx.float32).reshape(n, self.nk, self.dk)) * self.dk**-0.5
         k = gated_delta.l2norm(k.astype(mx.float32).reshape(n, self.nk, self.dk))
-        if r > 1:  # each key head serves r consecutive value heads
+        if r > 1 and self.tiled:  # value head i reads key head i % key heads (llama.cpp's Qwen3.5 order)
+            q, k = mx.tile(q, (1, r, 1)), mx.tile(k, (1, r, 1))
+        elif r > 1:  # each key head serves r consecutive value heads
             q, k = mx.repeat(q, r, axis=1), mx.repeat(k, r, axis=1)
         g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a.astype(mx.float32) + self.dt_bias)
         beta = mx.sigmoid(b).astype(mx.float32)

@@ -72,14 +72,16 @@ class GatedDeltaNet(nn.Module):
         la = cfg.linear_attn
         self.state_index = state_index  # its place among the linear layers' states
         self.nk, self.nv, self.dk, self.dv = la.num_k_heads, la.num_v_heads, la.k_dim, la.v_dim
-        self.fused = la.fused_projections
+        self.fused_qkvz, self.fused_ba, self.tiled = la.fused_qkvz, la.fused_ba, la.v_heads_tiled
         d, key, value = cfg.hidden_size, la.num_k_heads * la.k_dim, la.num_v_heads * la.v_dim
-        if self.fused:  # Qwen3-Next: per key head [q, k, v..., z...] and [b..., a...]
+        if self.fused_qkvz:  # Qwen3-Next: per key head [q, k, v..., z...]
             self.in_proj_qkvz = nn.Linear(d, 2 * key + 2 * value, bias=False)
-            self.in_proj_ba = nn.Linear(d, 2 * la.num_v_heads, bias=False)
         else:
             self.in_proj_qkv = nn.Linear(d, 2 * key + value, bias=False)
             self.in_proj_z = nn.Linear(d, value, bias=False)
+        if self.fused_ba:  # Qwen3-Next: per key head [b..., a...]
+            self.in_proj_ba = nn.Linear(d, 2 * la.num_v_heads, bias=False)
+        else:
             self.in_proj_b = nn.Linear(d, la.num_v_heads, bias=False)
             self.in_proj_a = nn.Linear(d, la.num_v_heads, bias=False)
         self.conv1d = Conv(la.conv_dim, la.conv_kernel)
@@ -91,13 +93,17 @@ class GatedDeltaNet(nn.Module):
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(q/k/v for the convolution [T, conv_dim], z [T, Hv, dv], b [T, Hv], a [T, Hv])."""
         t, r = x.shape[0], self.nv // self.nk
-        if not self.fused:
-            z = self.in_proj_z(x).view(t, self.nv, self.dv)
-            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
-        qkvz = self.in_proj_qkvz(x).view(t, self.nk, -1)
-        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
-        b, a = self.in_proj_ba(x).view(t, self.nk, 2 * r).split([r, r], dim=-1)
-        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        if self.fused_qkvz:
+            q, k, v, z = (
+                self.in_proj_qkvz(x).view(t, self.nk, -1).split([self.dk, self.dk, r * self.dv, r * self.dv], -1)
+            )
+            mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        else:
+            mixed, z = self.in_proj_qkv(x), self.in_proj_z(x)
+        if self.fused_ba:
+            b, a = self.in_proj_ba(x).view(t, self.nk, 2 * r).split([r, r], dim=-1)
+        else:
+            b, a = self.in_proj_b(x), self.in_proj_a(x)
         return mixed, z.reshape(t, self.nv, self.dv), b.reshape(t, self.nv), a.reshape(t, self.nv)
 
     def _heads(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -106,7 +112,9 @@ class GatedDeltaNet(nn.Module):
         q, k, v = mixed.split([key, key, self.nv * self.dv], dim=-1)
         q = gated_delta.l2norm(q.float().view(n, self.nk, self.dk)) * self.dk**-0.5
         k = gated_delta.l2norm(k.float().view(n, self.nk, self.dk))
-        if r > 1:  # each key head serves r consecutive value heads
+        if r > 1 and self.tiled:  # value head i reads key head i % key heads (llama.cpp's Qwen3.5 order)
+            q, k = q.repeat(1, r, 1), k.repeat(1, r, 1)
+        elif r > 1:  # each key head serves r consecutive value heads
             q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         return q, k, v.float().view(n, self.nv, self.dv), g, b.sigmoid().float()
