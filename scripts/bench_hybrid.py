@@ -1,0 +1,120 @@
+"""Speed of a hybrid (gated DeltaNet + attention) model: a random Qwen3-Next-shaped checkpoint, scaled down,
+in one run on Lantern's backends against the references on the same weights: torch vs transformers'
+generate, MLX vs mlx_lm's generate. bs=1 decode tok/s greedy and sampled (temperature 1.0), and
+Lantern's N-request throughput (prefill included; MLX on a CPU spends most of it in prefill, as mlx_lm
+does: a 128-token forward of this shape takes mlx_lm ~14 s on 2 cores).
+
+  python scripts/bench_hybrid.py                       # ~0.4B params, bf16 on torch, float32 on MLX
+  python scripts/bench_hybrid.py --requests 8 --prompt-len 128 --out-len 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SHAPE = {
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "num_hidden_layers": 12,  # every 4th attends fully (3 of 12)
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "intermediate_size": 2048,
+    "linear_num_key_heads": 8,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "num_experts": 16,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "max_position_embeddings": 4096,
+}
+
+
+def prepare(out: Path) -> Path:
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.fixtures.tiny_models import build_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out)
+    config = AutoConfig.for_model("qwen3_next", **SHAPE, initializer_range=0.02, full_attention_interval=4)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(str(out))
+    cfg = json.loads((out / "config.json").read_text())  # mlx_lm reads the older key names
+    cfg.update(full_attention_interval=4, rope_theta=cfg["rope_parameters"]["rope_theta"], partial_rotary_factor=0.25)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def bench_mlx_lm(path: Path, prompt: list[int], out_len: int) -> dict[str, float]:
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    model, _ = load(str(path))
+    model.set_dtype(mx.float32)
+
+    def timed(n: int, temperature: float) -> float:
+        sampler = make_sampler(temp=temperature)
+        t = time.perf_counter()
+        for i, _ in enumerate(generate_step(mx.array(prompt), model, max_tokens=n, sampler=sampler)):
+            if i + 1 == n:
+                break
+        return time.perf_counter() - t
+
+    timed(4, 0.0)
+    return {
+        f"{p}bs1_tok_s": (out_len - 1) / (timed(out_len, temp) - timed(1, temp))
+        for p, temp in (("", 0.0), ("sampled_", 1.0))
+    }
+
+
+def main() -> None:
+    import random
+
+    import torch
+
+    from lantern.app.bench import bench_hf, bench_lantern
+    from lantern.app.models.default_model import cache_dir
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--out-len", type=int, default=64)
+    ap.add_argument("--backends", default="torch,mlx")
+    args = ap.parse_args()
+    path = prepare(cache_dir() / "bench" / "qwen3-next-hybrid")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, SHAPE["vocab_size"]) for _ in range(args.prompt_len)] for _ in range(args.requests)]
+    rows = []
+    for backend in args.backends.split(","):
+        dtype = "bfloat16" if backend == "torch" else "float32"
+        ours = bench_lantern(path, backend, dtype, prompts, args.out_len, enforce_eager=True)
+        if backend == "torch":
+            ref_name, ref = "transformers", bench_hf(path, torch.bfloat16, torch.device("cpu"), prompts, args.out_len)
+        else:
+            ref_name, ref = "mlx_lm", bench_mlx_lm(path, prompts[0], args.out_len)
+        for key in ("bs1_tok_s", "sampled_bs1_tok_s"):
+            rows.append((backend, key, ours[key], ref_name, ref[key]))
+        # (no reference figure: prefill included here, and the references run one request at a time)
+        rows.append((backend, f"throughput_{args.requests}_tok_s", ours["throughput_tok_s"], "", float("nan")))
+    print(f"{'backend':8} {'metric':28} {'lantern':>9} {'reference':>22} {'ratio':>6}")
+    for backend, key, a, name, b in rows:
+        print(f"{backend:8} {key:28} {a:9.2f} {name:>12} {b:9.2f} {a / b:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
