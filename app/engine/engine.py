@@ -23,7 +23,7 @@ from lantern.app.engine.output_processor import OutputProcessor, RequestState
 from lantern.app.engine.reasoning_budget import ThinkingBudgets
 from lantern.app.engine.request import RequestOutput
 from lantern.app.engine.sampling_params import SamplingParams, StructuredSpec
-from lantern.app.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from lantern.app.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
 from lantern.app.engine.sequence import Sequence, TokenLogprob
 from lantern.app.engine.structured import GrammarCompiler
 
@@ -82,6 +82,8 @@ class LLMEngine:
             logger.info("prefix caching is off: this model's linear-attention layers keep a recurrent state")
             self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
         plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
+        if plan.max_num_seqs != config.max_num_seqs:  # lowered: the recurrent state would not fit
+            self.config = config = dataclasses.replace(config, max_num_seqs=plan.max_num_seqs)
         self.max_model_len = plan.max_model_len
         self.backend.allocate_kv(plan.num_blocks, config.block_size, config.max_num_seqs)
         # When no layer reads past its window, blocks behind it go back to the pool as a sequence grows.
@@ -242,16 +244,14 @@ class LLMEngine:
         for item in items:
             if item.seq.is_finished:  # a sibling of a request failed just now
                 continue
-            one = SchedulerOutput(scheduled=[item])
             if len(items) > 1:
                 try:
-                    batch, result = self._execute(one)
+                    outputs += self._run_alone(item)
                 except EngineDeadError:
                     raise
                 except Exception as err:
                     exc = err
                 else:
-                    outputs += self._process(one, batch, result)
                     continue
             failures += 1
             outputs.append(self._fail(item.seq.request_id, exc))
@@ -263,6 +263,23 @@ class LLMEngine:
             self._consecutive_failures += 1
         if self._consecutive_failures >= MAX_CONSECUTIVE_FAILED_STEPS:
             raise EngineDeadError(f"the backend failed every request of {self._consecutive_failures} steps: {exc}")
+        return outputs
+
+    def _run_alone(self, item: ScheduledSeq) -> list[RequestOutput]:
+        """A failed step's sequence on its own. A recurrent state may have been advanced by the failed
+        forward pass part way (layer by layer), so such a sequence is recomputed from position 0, chunk
+        by chunk, instead (its KV blocks are rewritten with the same values)."""
+        if self.model_config.linear_attn is None:
+            one = SchedulerOutput(scheduled=[item])
+            return self._process(one, *self._execute(one))
+        seq, outputs = item.seq, []
+        end = seq.num_computed_tokens + item.num_new_tokens
+        seq.num_computed_tokens = 0
+        while seq.num_computed_tokens < end and not seq.is_finished:
+            one = SchedulerOutput(
+                scheduled=[ScheduledSeq(seq, min(end - seq.num_computed_tokens, self.config.prefill_chunk_size))]
+            )
+            outputs += self._process(one, *self._execute(one))
         return outputs
 
     def _fail(self, request_id: str, exc: Exception) -> RequestOutput:

@@ -29,6 +29,7 @@ class KVPlan:
     num_blocks: int
     max_model_len: int
     cache_budget_blocks: int = 0  # see PREFIX_CACHE_BUDGET_BYTES; 0 where the pool is not lazy
+    max_num_seqs: int = 0  # sequences that may run at once (lowered where a recurrent state takes the memory)
 
 
 def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backend: Any) -> KVPlan:
@@ -36,14 +37,9 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     check_servable(model_config, max_len)  # past the rope's positions, or dual chunk attention past a chunk
     bs = config.block_size
     per_block = backend.kv_bytes_per_block(bs)
-    state_bytes = backend.state_bytes_per_seq() * config.max_num_seqs
-    if state_bytes:
-        logger.info(
-            "recurrent state: %.1f MiB for %d sequences (%.2f MiB each, the linear-attention layers')",
-            state_bytes / 2**20,
-            config.max_num_seqs,
-            state_bytes / config.max_num_seqs / 2**20,
-        )
+    share = int(backend.available_memory_bytes() * config.gpu_memory_fraction)
+    max_seqs = state_slots(config, backend.state_bytes_per_seq(), share)
+    state_bytes = backend.state_bytes_per_seq() * max_seqs
     blocks_for = lambda tokens: -(-tokens // bs)
     held = seq_block_cap(config, model_config)
     longest = blocks_for(max_len) if held is None else min(blocks_for(max_len), held)  # one full-length sequence
@@ -59,16 +55,15 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     else:
         seq_tokens = min(max_len, DEFAULT_TOKENS_PER_SEQ)
         if held is None:
-            need = blocks_for(max(max_len, config.max_num_seqs * seq_tokens))
+            need = blocks_for(max(max_len, max_seqs * seq_tokens))
             room = f"{seq_tokens} tokens"
         else:
-            need = max(longest, config.max_num_seqs * min(blocks_for(seq_tokens), held))
+            need = max(longest, max_seqs * min(blocks_for(seq_tokens), held))
             room = f"{min(blocks_for(seq_tokens), held)} blocks"
-        share = int(backend.available_memory_bytes() * config.gpu_memory_fraction)
         cap = max(share - state_bytes, 0) // per_block  # the recurrent state is allocated beside the pool
         num = max(min(need, cap), 1)
         why = (
-            f"room for {config.max_num_seqs} sequences of {room}"
+            f"room for {max_seqs} sequences of {room}"
             if num == need
             else f"capped at {config.gpu_memory_fraction:.0%} of free memory"
         )
@@ -105,7 +100,39 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
             _step_tokens(config),
             num,
         )
-    return KVPlan(num_blocks=num, max_model_len=max_len, cache_budget_blocks=budget)
+    return KVPlan(num_blocks=num, max_model_len=max_len, cache_budget_blocks=budget, max_num_seqs=max_seqs)
+
+
+def state_slots(config: EngineConfig, per_seq: int, share: int) -> int:
+    """How many sequences may run at once when each holds `per_seq` bytes of recurrent state (models
+    with linear-attention layers): max_num_seqs, lowered so that the state takes at most half of the
+    memory share (the KV pool needs the rest); refused when not even one sequence's fits."""
+    if not per_seq:
+        return config.max_num_seqs
+    fit = share // 2 // per_seq
+    if fit < 1:
+        raise ValueError(
+            f"one sequence's recurrent state ({per_seq / 2**20:.0f} MiB, the linear-attention layers') does not "
+            f"fit in half of the {share / 2**20:.0f} MiB this engine may use; raise --gpu-memory-fraction"
+        )
+    seqs = min(config.max_num_seqs, fit)
+    if seqs < config.max_num_seqs:
+        logger.warning(
+            "max_num_seqs lowered from %d to %d: each sequence's recurrent state takes %.1f MiB and the state "
+            "may take half of the %.0f MiB this engine may use (--max-num-seqs %d to choose)",
+            config.max_num_seqs,
+            seqs,
+            per_seq / 2**20,
+            share / 2**20,
+            seqs,
+        )
+    logger.info(
+        "recurrent state: %.1f MiB for %d sequences (%.2f MiB each, the linear-attention layers')",
+        per_seq * seqs / 2**20,
+        seqs,
+        per_seq / 2**20,
+    )
+    return seqs
 
 
 def _step_tokens(config: EngineConfig) -> int:

@@ -66,7 +66,9 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """The language model's config inside a Qwen3.5 vision-language config.json."""
     text = dict(cfg.get("text_config") or {})
     text["model_type"] = _WRAPPED[cfg["model_type"]]
-    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "quantization_config", "quantization"):
+    # The wrapper's tying decides (transformers ties by the outer config; Qwen3_5Config's default: untied).
+    text["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+    for key in ("eos_token_id", "bos_token_id", "quantization_config", "quantization"):
         if key not in text and key in cfg:
             text[key] = cfg[key]
     return text
@@ -129,9 +131,12 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise UnsupportedModelError(f"{model_type!r} is not a Qwen3-Next / Qwen3.5 family model")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise _refuse("hidden_act", cfg["hidden_act"], "; this family's MLP and convolution are SiLU")
+    if cfg.get("attn_output_gate", True) is not True:  # Qwen3.5 states it; the gate is always computed
+        raise _refuse("attn_output_gate", cfg["attn_output_gate"], " (full attention without its output gate)")
     if cfg.get("attention_bias"):
         raise _refuse("attention_bias", cfg["attention_bias"], " (biases on the attention projections)")
     num_layers = fields["num_layers"]
+    layout = cfg.get("gguf_linear_layout")  # a GGUF's (gguf_builders._qwen3next)
     linear = LinearAttnConfig(
         linear_layers=_layer_kinds(cfg, num_layers),
         num_k_heads=int(cfg.get("linear_num_key_heads", 16)),
@@ -139,14 +144,16 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         k_dim=int(cfg.get("linear_key_head_dim", 128)),
         v_dim=int(cfg.get("linear_value_head_dim", 128)),
         conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
-        # A GGUF's layout (gguf_builders._qwen3next): llama.cpp splits Qwen3-Next's qkvz, keeps its ba.
-        fused_qkvz=model_type == "qwen3_next" and not cfg.get("gguf_linear_layout"),
+        # llama.cpp splits Qwen3-Next's qkvz (its first files kept it whole, as ssm_in) and keeps its ba.
+        fused_qkvz=model_type == "qwen3_next" and layout in (None, "qwen3next-ssm_in"),
         fused_ba=model_type == "qwen3_next",
-        v_heads_tiled=cfg.get("gguf_linear_layout") in ("qwen35", "qwen35moe")
+        v_heads_tiled=layout in ("qwen35", "qwen35moe")
         and cfg.get("linear_num_key_heads") != cfg.get("linear_num_value_heads"),
     )
     if linear.num_v_heads % linear.num_k_heads:
         raise _refuse("linear_num_value_heads", linear.num_v_heads, " (must be a multiple of linear_num_key_heads)")
+    if all(linear.linear_layers):  # (every real release has some; the KV pool needs one)
+        raise _refuse("layer_types", ["linear_attention"] * num_layers, " (no full_attention layer at all)")
     if linear.conv_kernel < 2:
         raise _refuse("linear_conv_kernel_dim", linear.conv_kernel, " (must be at least 2)")
     rope = {k: v for k, v in (cfg.get("rope_parameters") or {}).items() if not k.startswith("mrope_")}

@@ -185,7 +185,8 @@ def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
     model_type = {"qwen3next": "qwen3_next", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}[meta.arch]
     out: dict[str, Any] = {
         "model_type": model_type,
-        "gguf_linear_layout": meta.arch,
+        # llama.cpp's first qwen3next files kept Qwen3-Next's qkvz whole (ssm_in), as the checkpoint has it
+        "gguf_linear_layout": "qwen3next-ssm_in" if any(n.endswith(".ssm_in.weight") for n in tensors) else meta.arch,
         "head_dim": head_dim,
         "layer_types": kinds,
         "partial_rotary_factor": _rotary_fraction(meta, head_dim),

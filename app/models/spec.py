@@ -56,11 +56,22 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "exaone4": {"family": "olmo", "configure": "family_exaone"},
     # Qwen3-Next / Qwen3.5: gated DeltaNet linear-attention layers (recurrent state) among gated full attention.
     # "defaults": the config classes' values for keys released configs may omit (head_dim is 256, not d / heads).
-    "qwen3_next": {"family": "qwen3_next", "configure": "family_qwen3_next", "defaults": {"head_dim": 256}},
-    "qwen3_5_text": {"family": "qwen3_next", "configure": "family_qwen3_next", "defaults": {"head_dim": 256}},
+    "qwen3_next": {
+        "family": "qwen3_next",
+        "configure": "family_qwen3_next",
+        "own_rope": True,
+        "defaults": {"head_dim": 256},
+    },
+    "qwen3_5_text": {
+        "family": "qwen3_next",
+        "configure": "family_qwen3_next",
+        "own_rope": True,
+        "defaults": {"head_dim": 256},
+    },
     "qwen3_5_moe_text": {
         "family": "qwen3_next",
         "configure": "family_qwen3_next",
+        "own_rope": True,  # configure drops mrope's keys first (Qwen's YaRN configs keep them)
         "defaults": {"head_dim": 256, "intermediate_size": 0},  # every layer is sparse: no dense MLP
     },
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature

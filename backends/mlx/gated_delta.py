@@ -1,6 +1,6 @@
 """The gated delta rule and its causal convolution in MLX (the maths of backends/torch/gated_delta.py,
 which says how the chunked form works). Only ops MLX runs on Metal, CPU and CUDA alike: no
-triangular solve (the chunk's unit lower-triangular inverse is built by repeated squaring) and the
+triangular solve (the chunk's unit lower-triangular inverse is built block by block) and the
 depthwise convolution as a sum of K shifted products. Everything in float32.
 """
 
@@ -18,18 +18,19 @@ def l2norm(x: mx.array) -> mx.array:
 
 def conv_step(x: mx.array, window: mx.array, weight: mx.array) -> tuple[mx.array, mx.array]:
     """One token per sequence: x [B, C], window [B, C, K-1], weight [C, 1, K] -> (SiLU(conv) [B, C], window)."""
-    full = mx.concatenate([window, x[:, :, None]], axis=-1).astype(weight.dtype)
-    out = (full * weight[:, 0, :]).sum(-1)
+    full = mx.concatenate([window, x[:, :, None]], axis=-1)
+    out = (full.astype(mx.float32) * weight[:, 0, :].astype(mx.float32)).sum(-1)  # one rounding
     return nn.silu(out).astype(x.dtype), full[:, :, 1:]
 
 
 def conv_chunk(x: mx.array, window: mx.array, weight: mx.array) -> tuple[mx.array, mx.array]:
     """One sequence's chunk: x [L, C], window [C, K-1] -> (SiLU(conv) [L, C], new window)."""
     length, kernel = x.shape[0], weight.shape[-1]
-    full = mx.concatenate([window.T, x], axis=0).astype(weight.dtype)  # [K-1+L, C]
-    out = full[0:length] * weight[:, 0, 0]
+    full = mx.concatenate([window.T, x], axis=0)  # [K-1+L, C]
+    wide, w = full.astype(mx.float32), weight.astype(mx.float32)
+    out = wide[0:length] * w[:, 0, 0]
     for j in range(1, kernel):
-        out = out + full[j : j + length] * weight[:, 0, j]
+        out = out + wide[j : j + length] * w[:, 0, j]
     return nn.silu(out).astype(x.dtype), full[length:].T
 
 
@@ -44,16 +45,21 @@ def recurrent_step(
     return (state * q[..., :, None]).sum(-2), state
 
 
-def _inverse_unit_lower(n: mx.array) -> mx.array:
-    """(I - n)^-1 for strictly lower-triangular n [..., C, C]: (I + n)(I + n^2)(I + n^4)..."""
-    size = n.shape[-1]
-    inv = mx.eye(size, dtype=n.dtype) + n
-    power, reach = n, 2
-    while reach < size:
-        power = power @ power
-        inv = inv + inv @ power
-        reach *= 2
-    return inv
+def _inverse_unit_lower(m: mx.array) -> mx.array:
+    """m^-1 for unit lower-triangular m [..., C, C], C a power of two (torch's gated_delta says how)."""
+    size, lead = m.shape[-1], m.shape[:-2]
+    inv = mx.ones((*lead, size, 1, 1), dtype=m.dtype)
+    width = 1
+    while width < size:
+        pairs = size // (2 * width)
+        tiles = m.reshape(*lead, pairs, 2 * width, pairs, 2 * width)
+        blocks = mx.moveaxis(mx.diagonal(tiles, axis1=-4, axis2=-2), -1, -3)
+        upper, lower = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        corner = -(lower @ blocks[..., width:, :width] @ upper)
+        top = mx.concatenate([upper, mx.zeros_like(upper)], axis=-1)
+        inv = mx.concatenate([top, mx.concatenate([corner, lower], axis=-1)], axis=-2)
+        width *= 2
+    return inv[..., 0, :, :]
 
 
 def chunked(
@@ -74,7 +80,7 @@ def chunked(
     decay = mx.exp(mx.where(lower, diff, -mx.inf))  # exp(G_i - G_j) for j <= i
     kb = k * beta[..., None]
     strict = (kb @ k.swapaxes(-1, -2)) * mx.tril(decay, -1)
-    inv = _inverse_unit_lower(-strict)
+    inv = _inverse_unit_lower(strict + mx.eye(CHUNK, dtype=strict.dtype))
     w = inv @ (kb * mx.exp(cum)[..., None])
     u0 = inv @ (v * beta[..., None])
     scores = (q @ k.swapaxes(-1, -2)) * decay

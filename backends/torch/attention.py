@@ -27,7 +27,7 @@ from lantern.backends.torch import cpu_attention
 from lantern.backends.torch.kernels import ops, reference
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Zeros; on a CPU in an anonymous mapping of its own, which the OS backs with pages only where
     written (torch.zeros writes every byte), so an unused KV pool costs no resident memory. Not
     through malloc: once cpu_malloc has raised the mmap threshold, calloc would serve a pool below
@@ -69,11 +69,11 @@ class TorchKVPool:
         # Decode rows read this pool in place (cpu_attention's kernel) rather than gathering it.
         self.native_decode = cpu_attention.serves(dtype, device)
         self.v_is_k_prefix = v_is_k_prefix
-        self.k = [_zeros((num_slots, kv_heads, head_dim), dtype, device) for _ in range(num_layers)]
+        self.k = [lazy_zeros((num_slots, kv_heads, head_dim), dtype, device) for _ in range(num_layers)]
         if v_is_k_prefix:
             self.v = [k[..., : self.v_dim] for k in self.k]
         else:
-            self.v = [_zeros((num_slots, kv_heads, self.v_dim), dtype, device) for _ in range(num_layers)]
+            self.v = [lazy_zeros((num_slots, kv_heads, self.v_dim), dtype, device) for _ in range(num_layers)]
 
 
 @dataclass

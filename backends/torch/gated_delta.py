@@ -6,8 +6,8 @@ Per value head, with a state S [d_k, d_v], each token does
 batched over sequences. A prefill takes it `CHUNK` tokens at a time in the chunked (WY) form: within
 a chunk with cumulative log-decays G, the pseudo-values U solve (I + diag(beta) A) U = diag(beta) (V -
 diag(exp G) K S0) with A[i, j] = exp(G_i - G_j) k_i.k_j for j < i; the unit lower-triangular inverse is
-built by repeated squaring, (I - N)^-1 = (I + N)(I + N^2)(I + N^4)..., matrix products only, as the
-MLX file does (no triangular solve there on every device). Everything runs in float32.
+built from its diagonal blocks, doubled in width each round (matrix products only, as the MLX file
+does: no triangular solve there on every device). Everything runs in float32.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: x [B, C], window [B, C, K-1] (the previous inputs), weight [C, 1, K].
     Returns (SiLU(conv) [B, C], the new window)."""
-    full = torch.cat([window, x[:, :, None]], dim=-1).to(weight.dtype)
-    out = (full * weight[:, 0, :]).sum(-1)
+    full = torch.cat([window, x[:, :, None]], dim=-1)
+    out = (full.float() * weight[:, 0, :].float()).sum(-1)  # one rounding, as a convolution kernel makes
     return F.silu(out).to(x.dtype), full[:, :, 1:]
 
 
 def conv_chunk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A prefill chunk of one sequence: x [L, C], window [C, K-1]. Returns (SiLU(conv) [L, C], new window)."""
-    full = torch.cat([window, x.t()], dim=-1).to(weight.dtype)  # [C, K-1+L]
-    out = F.conv1d(full[None], weight, groups=weight.shape[0])[0]  # [C, L]
+    full = torch.cat([window, x.t()], dim=-1)  # [C, K-1+L]
+    out = F.conv1d(full[None].float(), weight.float(), groups=weight.shape[0])[0]  # [C, L]
     return F.silu(out).t().to(x.dtype), full[:, full.shape[1] - window.shape[1] :]
 
 
@@ -48,16 +48,22 @@ def recurrent_step(
     return torch.einsum("bhkv,bhk->bhv", state, q), state
 
 
-def _inverse_unit_lower(n: torch.Tensor) -> torch.Tensor:
-    """(I - n)^-1 for strictly lower-triangular n [..., C, C]: (I + n)(I + n^2)(I + n^4)..."""
-    size = n.shape[-1]
-    inv = torch.eye(size, dtype=n.dtype, device=n.device) + n
-    power, reach = n, 2
-    while reach < size:
-        power = power @ power
-        inv = inv + inv @ power
-        reach *= 2
-    return inv
+def _inverse_unit_lower(m: torch.Tensor) -> torch.Tensor:
+    """m^-1 for unit lower-triangular m [..., C, C], C a power of two: diagonal blocks of the inverse
+    doubled in width each round, [[A, 0], [X, B]]^-1 = [[A^-1, 0], [-B^-1 X A^-1, B^-1]] (what FLA's
+    solve_tril does; a power series (I + N)(I + N^2)... cancels catastrophically on similar keys)."""
+    size, lead = m.shape[-1], m.shape[:-2]
+    inv = torch.ones(*lead, size, 1, 1, dtype=m.dtype, device=m.device)  # the 1 x 1 diagonal blocks
+    width = 1
+    while width < size:
+        pairs = size // (2 * width)
+        blocks = m.reshape(*lead, pairs, 2 * width, pairs, 2 * width).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+        upper, lower = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        corner = -(lower @ blocks[..., width:, :width] @ upper)
+        top = torch.cat([upper, torch.zeros_like(upper)], dim=-1)
+        inv = torch.cat([top, torch.cat([corner, lower], dim=-1)], dim=-2)
+        width *= 2
+    return inv[..., 0, :, :]
 
 
 def chunked(
@@ -80,7 +86,7 @@ def chunked(
     decay = torch.where(lower, diff, torch.full_like(diff, -torch.inf)).exp()  # exp(G_i - G_j), j <= i
     kb = k * beta[..., None]
     strict = (kb @ k.transpose(-1, -2)) * decay.tril(-1)
-    inv = _inverse_unit_lower(-strict)
+    inv = _inverse_unit_lower(strict + torch.eye(CHUNK, dtype=strict.dtype, device=strict.device))
     w = inv @ (kb * cum.exp()[..., None])  # [H, n, C, dk]
     u0 = inv @ (v * beta[..., None])  # [H, n, C, dv]
     scores = (q @ k.transpose(-1, -2)) * decay  # [H, n, C, C]

@@ -62,6 +62,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("multi-head latent attention", cfg.mla),
         ("mixture-of-experts", cfg.moe),
         ("whole-projection q/k norm (OLMo)", True if whole_qk_norms else None),
+        ("linear-attention (gated DeltaNet)", cfg.linear_attn),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

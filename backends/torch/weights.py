@@ -188,7 +188,8 @@ class _Loader:
         tensor = _as_torch(tensor)
         if tuple(tensor.shape) != tuple(expected):
             raise ValueError(f"{path}.{kind} has shape {tuple(tensor.shape)}, the model expects {tuple(expected)}")
-        dtype = torch.float32 if getattr(module, "keep_float32", False) else self.dtype  # DeepSeek's routers
+        keep = getattr(module, "keep_float32", False)  # True: all of it (DeepSeek's routers), or some names
+        dtype = torch.float32 if keep is True or (isinstance(keep, tuple) and kind in keep) else self.dtype
         module._parameters[kind] = nn.Parameter(tensor.to(self.device, dtype), requires_grad=False)
 
     def quantized_layer(self, path: str, parts: list[Any], expert: bool = False) -> nn.Module:

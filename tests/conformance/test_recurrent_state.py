@@ -91,3 +91,24 @@ def test_state_memory_is_sized_and_the_kv_pool_holds_attention_layers_only(tiny_
     conv, ssm = la.state_elements()
     assert llm.engine.backend.state_bytes_per_seq() == 2 * (conv * 4 + ssm * 4)
     assert "recurrent state:" in caplog.text and "for 3 sequences" in caplog.text
+
+
+def test_a_step_failing_after_its_forward_pass_is_retried_from_position_0(tiny_model_dir, backend):
+    """A batch fails after the forward pass wrote its recurrent states (as a sampler or a later layer's
+    error would): the engine's one-by-one retry must not apply those tokens twice."""
+    path = tiny_model_dir("qwen3_next")
+    want = _alone(path, backend, PROMPTS[:3])
+    llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=128, prefill_chunk_size=5)
+    real, failed = llm.engine.backend.execute, []
+
+    def flaky(batch):
+        out = real(batch)
+        if not failed and batch.num_seqs > 1 and len(batch.sampling) > 1:  # sequences mid-decode
+            failed.append(batch.num_seqs)
+            raise RuntimeError("injected failure after the forward pass")
+        return out
+
+    llm.engine.backend.execute = flaky
+    outs = llm.generate(PROMPTS[:3], GREEDY)
+    assert failed, "the injected failure never ran"
+    assert [o.outputs[0].token_ids for o in outs] == want

@@ -21,11 +21,12 @@ from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 from tests.fixtures.tiny_models import build_model
 
-# kind -> (tiny variant, config overrides, --outtype)
+# kind -> (tiny variant, config overrides, --outtype, converter options)
 FILES = {
-    "qwen3next": ("qwen3_next", {"mlp_only_layers": []}, "f16"),  # llama.cpp's qwen3next: every MLP sparse
-    "qwen35": ("qwen3_5", {"linear_num_value_heads": 4}, "f32"),  # 2 key heads, 4 value heads: tiled
-    "qwen35moe": ("qwen3_5_moe", {}, "f16"),
+    "qwen3next": ("qwen3_next", {"mlp_only_layers": []}, "f16", {}),  # llama.cpp's qwen3next: every MLP sparse
+    "qwen3next_ssm_in": ("qwen3_next", {"mlp_only_layers": []}, "f32", {"ssm_in": True}),  # its first files
+    "qwen35": ("qwen3_5", {"linear_num_value_heads": 4}, "f32", {}),  # 2 key heads, 4 value heads: tiled
+    "qwen35moe": ("qwen3_5_moe", {}, "f16", {}),
 }
 
 
@@ -35,9 +36,9 @@ def gguf_file(tmp_path_factory):
 
     def get(kind: str) -> tuple[Path, Path]:
         if kind not in made:
-            variant, overrides, outtype = FILES[kind]
+            variant, overrides, outtype, options = FILES[kind]
             root = tmp_path_factory.mktemp(kind)
-            made[kind] = convert_qwen3_next(build_model(variant, root / "hf", **overrides), root, outtype)
+            made[kind] = convert_qwen3_next(build_model(variant, root / "hf", **overrides), root, outtype, **options)
         return made[kind]
 
     return get
@@ -54,7 +55,8 @@ def test_config_from_metadata_is_the_checkpoints(gguf_file, kind):
     ours = resolve_model(str(path)).spec.config
     expected = ModelConfig.from_hf(json.loads((ref / "config.json").read_text()))
     # Only the projections' layout differs: how llama.cpp stores them, which the model files read.
-    layout = {"fused_qkvz": False, "fused_ba": kind == "qwen3next", "v_heads_tiled": kind != "qwen3next"}
+    next_ = kind.startswith("qwen3next")
+    layout = {"fused_qkvz": kind == "qwen3next_ssm_in", "fused_ba": next_, "v_heads_tiled": not next_}
     expected = dataclasses.replace(expected, linear_attn=dataclasses.replace(expected.linear_attn, **layout))
     assert ours == expected
 

@@ -66,6 +66,27 @@ def test_config_matches_transformers(model_type, extra):
     )
 
 
+def test_yarn_beside_mrope_keys_reads_as_transformers(tmp_path):
+    """Qwen's long-context recipe: YaRN in rope_parameters next to Qwen3.5's mrope keys, on 25% of each head."""
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144, "rope_theta": 1e7}
+    rope.update(partial_rotary_factor=0.25, mrope_section=[11, 11, 10], mrope_interleaved=True)
+    cfg = ModelConfig.from_hf({**hf("qwen3_5_text", num_hidden_layers=4).to_dict(), "rope_parameters": rope})
+    assert cfg.rope_scaling == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 262144,
+        "partial_rotary_factor": 0.25,
+    }
+
+
+def test_tensor_parallelism_is_refused_before_any_rank_starts():
+    from lantern.backends.torch.parallel import local_config
+
+    cfg = ModelConfig.from_hf(hf("qwen3_5_text", num_hidden_layers=4).to_dict())
+    with pytest.raises(ValueError, match="linear-attention"):
+        local_config(cfg, 2)
+
+
 @pytest.mark.parametrize(
     "extra,key",
     [
@@ -74,6 +95,8 @@ def test_config_matches_transformers(model_type, extra):
         ({"linear_num_value_heads": 24}, "linear_num_value_heads"),
         ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
         ({"linear_conv_kernel_dim": 1}, "linear_conv_kernel_dim"),
+        ({"attn_output_gate": False}, "attn_output_gate"),
+        ({"layer_types": ["linear_attention"] * 4}, "layer_types"),
         ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.1}}, "partial"),
     ],
 )
@@ -98,7 +121,8 @@ def test_qwen35_vision_language_folder_serves_its_language_model(tiny_model_dir,
     wrapped = {
         "model_type": "qwen3_5",
         "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "text_config": {k: v for k, v in text.items() if k not in ("architectures", "tie_word_embeddings")},
+        # the text model is tied; text_config saying otherwise is overruled by the wrapper's key, as transformers does
+        "text_config": {**{k: v for k, v in text.items() if k != "architectures"}, "tie_word_embeddings": False},
         "vision_config": {"depth": 1},
         "tie_word_embeddings": True,
     }
@@ -116,26 +140,45 @@ def test_qwen35_vision_language_folder_serves_its_language_model(tiny_model_dir,
     assert ours[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
 
 
-def _inputs(length: int, heads: int = 3, dk: int = 16, dv: int = 8, seed: int = 0):
+def _inputs(length: int, case: str, heads: int = 2, dk: int = 128, dv: int = 64, seed: int = 0):
+    """random: independent keys, decays down to -2 per token. repeated: one key over and over with a
+    near-1 decay and beta (a run of repeated tokens through the convolution), where a power-series
+    inverse of the chunk's triangular system loses everything to cancellation."""
     gen = torch.Generator().manual_seed(seed)
-    unit = lambda *s: torch.nn.functional.normalize(torch.randn(*s, generator=gen), dim=-1)
-    q, k = unit(length, heads, dk) * dk**-0.5, unit(length, heads, dk)
+    unit = lambda t: torch.nn.functional.normalize(t, dim=-1)
+    q = unit(torch.randn(length, heads, dk, generator=gen)) * dk**-0.5
     v = torch.randn(length, heads, dv, generator=gen)
-    g, beta = -torch.rand(length, heads, generator=gen) * 2, torch.rand(length, heads, generator=gen)
+    if case == "repeated":
+        k = unit(torch.ones(length, heads, dk) + 0.05 * torch.randn(length, heads, dk, generator=gen))
+        g, beta = torch.full((length, heads), -1e-3), torch.full((length, heads), 0.999)
+    else:
+        k = unit(torch.randn(length, heads, dk, generator=gen))
+        g, beta = -torch.rand(length, heads, generator=gen) * 2, torch.rand(length, heads, generator=gen)
     return q, k, v, g, beta, 0.3 * torch.randn(heads, dk, dv, generator=gen)
 
 
-@pytest.mark.parametrize("length", [1, 63, 64, 65, 200])
-def test_chunked_delta_rule_equals_the_recurrence(length, backend):
-    """The chunked (WY) form with repeated-squaring inverses vs the plain token loop, from a non-zero state."""
+def _recurrence64(q, k, v, g, beta, state):
+    """The token-by-token rule in float64: the reference both chunked forms are held to."""
+    q, k, v, g, beta, s = (t.double() for t in (q, k, v, g, beta, state))
+    outs = []
+    for t in range(q.shape[0]):
+        s = s * g[t].exp()[:, None, None]
+        delta = (v[t] - torch.einsum("hkv,hk->hv", s, k[t])) * beta[t][:, None]
+        s = s + k[t][:, :, None] * delta[:, None, :]
+        outs.append(torch.einsum("hkv,hk->hv", s, q[t]))
+    return torch.stack(outs).numpy(), s.numpy()
+
+
+@pytest.mark.parametrize(
+    "length,case", [(1, "random"), (63, "random"), (65, "random"), (200, "random"), (256, "repeated")]
+)
+def test_chunked_delta_rule_equals_the_recurrence(length, case, backend):
+    """The chunked (WY) form with block-doubled triangular inverses vs the float64 token loop, from a
+    non-zero state; the torch token step too."""
     from lantern.backends.torch import gated_delta as reference
 
-    q, k, v, g, beta, state = _inputs(length)
-    outs, s = [], state[None]
-    for t in range(length):
-        o, s = reference.recurrent_step(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s)
-        outs.append(o)
-    want_out, want_state = torch.cat(outs).numpy(), s[0].numpy()
+    q, k, v, g, beta, state = _inputs(length, case)
+    want_out, want_state = _recurrence64(q, k, v, g, beta, state)
     if backend == "mlx":
         import mlx.core as mx
 
@@ -145,5 +188,10 @@ def test_chunked_delta_rule_equals_the_recurrence(length, backend):
         got_out, got_state = (np.array(a) for a in got)
     else:
         got_out, got_state = (t.numpy() for t in reference.chunked(q, k, v, g, beta, state))
+        s, outs = state[None], []
+        for t in range(length):
+            o, s = reference.recurrent_step(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s)
+            outs.append(o)
+        np.testing.assert_allclose(torch.cat(outs).numpy(), want_out, atol=2e-5, rtol=0)
     np.testing.assert_allclose(got_out, want_out, atol=2e-5, rtol=0)
     np.testing.assert_allclose(got_state, want_state, atol=2e-5, rtol=0)

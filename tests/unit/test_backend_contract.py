@@ -18,6 +18,7 @@ DECLARED = {
     "load",
     "kv_bytes_per_block",
     "available_memory_bytes",
+    "state_bytes_per_seq",
     "allocate_kv",
     "compute_logits",
     "execute",

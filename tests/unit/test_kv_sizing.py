@@ -3,6 +3,8 @@ where it is written."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from lantern.app.config import EngineConfig
@@ -267,3 +269,32 @@ def test_a_pool_of_one_cap_serves_the_whole_context_on_a_real_model(tiny_model_d
     big = LLM(tiny_model_dir("mistral_swa"), num_kv_blocks=256, **opts)
     assert got == [o.outputs[0].token_ids for o in big.generate(prompts, params)]
     assert all(len(t) == 120 for t in got)
+
+
+class StateBackend(FakeBackend):
+    """A model with linear-attention layers: each running sequence holds `per_seq` bytes of state."""
+
+    def __init__(self, free_bytes: int, per_seq: int):
+        super().__init__(free_bytes)
+        self.per_seq = per_seq
+
+    def state_bytes_per_seq(self) -> int:
+        return self.per_seq
+
+
+def test_recurrent_state_lowers_max_num_seqs_to_half_the_share(caplog):
+    config = EngineConfig(model="unused", max_num_seqs=256, gpu_memory_fraction=0.5)
+    # 16 GiB free, half of it the share, half of that for the state: 4 GiB / 150 MiB -> 27 sequences
+    with caplog.at_level(logging.INFO):
+        p = plan_kv_cache(config, Cfg(), 8192, StateBackend(16 * 2**30, 150 * 2**20))
+    assert p.max_num_seqs == 27
+    assert "max_num_seqs lowered from 256 to 27" in caplog.text
+    # the pool gets what the state leaves of the share
+    assert p.num_blocks * config.block_size * 1024 <= 8 * 2**30 - 27 * 150 * 2**20
+    small = plan_kv_cache(EngineConfig(model="unused", max_num_seqs=4), Cfg(), 8192, StateBackend(16 * 2**30, 2**20))
+    assert small.max_num_seqs == 4
+
+
+def test_a_state_too_big_for_one_sequence_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="gpu-memory-fraction"):
+        plan_kv_cache(EngineConfig(model="unused"), Cfg(), 8192, StateBackend(2**30, 2**30))

@@ -135,10 +135,10 @@ class GatedDeltaNet(nn.Module):
         if rows is not None:
             slots = meta.decode_state_slots
             keep = mx.array(meta.decode_seq_lens_np > 1)  # a one-token prompt starts from zeros
-            window = windows[slots] * keep[:, None, None].astype(windows.dtype)
+            window = mx.where(keep[:, None, None], windows[slots], 0)  # (not a product: 0 * NaN is NaN)
             conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
             q, k, v, g, beta = self._heads(conv, b[rows], a[rows])
-            s = matrices[slots] * keep[:, None, None, None]
+            s = mx.where(keep[:, None, None, None], matrices[slots], 0)
             out, matrices[slots] = gated_delta.recurrent_step(q, k, v, g, beta, s)
             pieces.append((rows, out))
         for p in meta.prefills:

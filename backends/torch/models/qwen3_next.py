@@ -18,7 +18,7 @@ from torch import nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch import gated_delta
-from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
+from lantern.backends.torch.attention import TorchAttentionMetadata, lazy_zeros, paged_attention
 from lantern.backends.torch.layers import Attention, apply_rotary, feed_forward
 from lantern.backends.torch.models import llama
 from lantern.backends.torch.models.gemma import GemmaRMSNorm
@@ -67,6 +67,8 @@ class GatedNorm(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
+    keep_float32 = ("A_log",)  # as the checkpoints store it (and mlx_lm, llama.cpp keep it): exp() of it decays
+
     def __init__(self, cfg: ModelConfig, state_index: int):
         super().__init__()
         la = cfg.linear_attn
@@ -150,8 +152,10 @@ class RecurrentState:
     def __init__(self, cfg: ModelConfig, slots: int, dtype: torch.dtype, device: torch.device):
         la = cfg.linear_attn
         n = sum(la.linear_layers)
-        self.conv = [torch.zeros(slots, la.conv_dim, la.conv_kernel - 1, dtype=dtype, device=device) for _ in range(n)]
-        self.ssm = [torch.zeros(slots, la.num_v_heads, la.k_dim, la.v_dim, device=device) for _ in range(n)]
+        # Committed as written on a CPU (attention.lazy_zeros): slots are handed out lowest first, so memory
+        # follows the most sequences that ran at once, not max_num_seqs.
+        self.conv = [lazy_zeros((slots, la.conv_dim, la.conv_kernel - 1), dtype, device) for _ in range(n)]
+        self.ssm = [lazy_zeros((slots, la.num_v_heads, la.k_dim, la.v_dim), torch.float32, device) for _ in range(n)]
 
 
 def state_bytes_per_seq(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -186,12 +190,7 @@ class CausalLM(llama.CausalLM):
     final_norm = GemmaRMSNorm
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
-        if tp.active:
-            raise ValueError(
-                "tensor parallelism is not implemented for linear-attention (gated DeltaNet) layers; "
-                "serve this model with --tensor-parallel-size 1"
-            )
-        super().__init__(cfg, tp)
+        super().__init__(cfg, tp)  # (tensor parallelism is refused before any rank starts: parallel.local_config)
         self.state: RecurrentState | None = None
 
     def allocate_state(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
