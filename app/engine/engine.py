@@ -75,7 +75,7 @@ class LLMEngine:
         )
         self.vocab_size = info.vocab_size
         self.num_params, self.weight_bytes = info.num_params, info.weight_bytes
-        recurrent = self.model_config.linear_attn is not None
+        recurrent = self.model_config.recurrent
         if recurrent and config.enable_prefix_caching:
             # A cached prefix would restore the attention layers' K/V but not the linear-attention
             # layers' state, which only a computation from position 0 rebuilds.
@@ -269,7 +269,7 @@ class LLMEngine:
         """A failed step's sequence on its own. A recurrent state may have been advanced by the failed
         forward pass part way (layer by layer), so such a sequence is recomputed from position 0, chunk
         by chunk, instead (its KV blocks are rewritten with the same values)."""
-        if self.model_config.linear_attn is None:
+        if not self.model_config.recurrent:
             one = SchedulerOutput(scheduled=[item])
             return self._process(one, *self._execute(one))
         seq, outputs = item.seq, []

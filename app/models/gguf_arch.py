@@ -75,6 +75,11 @@ _QWEN3NEXT = {
     "post_attention_norm": "post_attention_layernorm",
 }
 ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _QWEN3NEXT})
+# LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
+ARCH_LAYER["lfm2"] = {f"shortconv.{t}": f"conv.{t}" for t in ("conv", "in_proj", "out_proj")}
+# Global tensors whose meaning differs by architecture: LFM2's token_embd_norm is its final norm
+# (embedding_norm, applied after the last layer), not an embedding LayerNorm.
+ARCH_GLOBAL: dict[str, dict[str, str]] = {"lfm2": {"token_embd_norm": "model.norm"}}
 # Architectures whose converter stored every RMSNorm weight w as 1 + w (Gemma's norms scale by 1 + w).
 NORM_PLUS_ONE = {"gemma2", "gemma3"}
 

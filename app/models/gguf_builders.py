@@ -215,7 +215,24 @@ def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
     return out
 
 
+def _lfm2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """LFM2 (llama.cpp's LFM2Model: no q/k permutation): a layer without KV heads is a short-conv layer,
+    shortconv.l_cache its kernel, feed_forward_length the MLP's width already adjusted."""
+    kv = meta.get("attention.head_count_kv")
+    kinds = ["conv" if not h else "full_attention" for h in kv] if isinstance(kv, (list, tuple)) else None
+    return {
+        "model_type": "lfm2",
+        "head_dim": _head_dim(meta, cfg),
+        "layer_types": (kinds or ["full_attention"] * cfg["num_hidden_layers"])[: cfg["num_hidden_layers"]],
+        "conv_L_cache": int(meta.need("shortconv.l_cache")),
+        "conv_bias": any(n.endswith("shortconv.in_proj.bias") for n in tensors),
+        "block_auto_adjust_ff_dim": False,
+        "norm_eps": cfg["rms_norm_eps"],
+    }
+
+
 BUILDERS = {
+    "lfm2": _lfm2,
     "qwen3next": _qwen3next,
     "qwen35": _qwen3next,
     "qwen35moe": _qwen3next,

@@ -90,7 +90,7 @@ def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
         "intermediate_size": int(meta.scalar("feed_forward_length", 0) or 0),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": int(meta.scalar("attention.head_count_kv", heads)),
+        "num_key_value_heads": _kv_heads(meta, heads),
         "max_position_embeddings": int(meta.need("context_length")),
         "rms_norm_eps": _norm_eps(meta),
         "rope_theta": float(meta.get("rope.freq_base", 10000.0)),
@@ -101,6 +101,15 @@ def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
         "eos_token_id": list(dict.fromkeys(int(t) for t in eos if t is not None)) or None,
         "pad_token_id": md.get("tokenizer.ggml.padding_token_id"),
     }
+
+
+def _kv_heads(meta: _Meta, heads: int) -> int:
+    """KV heads; a per-layer list where 0 marks a layer without attention (LFM2's short-conv layers)
+    gives the attention layers' count."""
+    value = meta.get("attention.head_count_kv", heads)
+    if isinstance(value, (list, tuple)) and 0 in value and len({v for v in value if v}) == 1:
+        return int(next(v for v in value if v))
+    return int(meta.scalar("attention.head_count_kv", heads))
 
 
 def _norm_eps(meta: _Meta) -> float:

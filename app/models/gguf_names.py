@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.gguf_arch import (
+    ARCH_GLOBAL,
     ARCH_LAYER,
     NORM_PLUS_ONE,
     decoder_layers,
@@ -58,7 +59,7 @@ _LAYER = {
 # llama.cpp stacks each projection's experts in one 3-D tensor (ne2 = experts); the stream yields them
 # one expert at a time under the checkpoints' per-expert names (mlp.experts.<e>.<proj>.weight).
 _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_]+)\.(weight|bias|scales|biases)$")
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_.]+)\.(weight|bias|scales|biases)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
 _BARE_RE = re.compile(r"^blk\.(\d+)\.ssm_a$")
 
@@ -85,6 +86,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if m:
         return f"model.layers.{m.group(1)}.linear_attn.A_log"
     m = _GLOBAL_RE.match(gguf_name)
+    if m and m.group(1) in ARCH_GLOBAL.get(arch, {}):
+        return f"{ARCH_GLOBAL[arch][m.group(1)]}.{m.group(2)}"
     if m and m.group(1) in _GLOBAL:
         return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"
     return None

@@ -94,6 +94,8 @@ def isq_candidates(cfg: Any) -> int:
     for layer in range(cfg.num_layers):
         if linear is not None and linear.linear_layers[layer]:  # gated DeltaNet: its projections and out_proj
             total += (1 if linear.fused_qkvz else 2) + (1 if linear.fused_ba else 2) + 1
+        elif getattr(cfg, "short_conv", None) is not None and cfg.short_conv.conv_layers[layer]:
+            total += 2  # LFM2's short conv: in_proj, out_proj
         else:
             total += attention
         moe = cfg.moe

@@ -74,6 +74,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "own_rope": True,  # configure drops mrope's keys first (Qwen's YaRN configs keep them)
         "defaults": {"head_dim": 256, "intermediate_size": 0},  # every layer is sparse: no dense MLP
     },
+    # LFM2: gated short-convolution layers (a conv state per sequence) among Llama-like attention layers.
+    "lfm2": {"family": "lfm2", "configure": "family_lfm2", "defaults": {"intermediate_size": 12288}},
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)
@@ -176,6 +178,7 @@ class ModelConfig:
     rope_layers: tuple[bool, ...] | None = None  # per layer: rotates q/k (SmolLM3's NoPE layers do not); None: all
     attn_temperature: Any = None  # family_ministral.AttnTemperature: per-position query scale (Ministral 3)
     linear_attn: Any = None  # family_qwen3_next.LinearAttnConfig: gated-DeltaNet layers with recurrent state
+    short_conv: Any = None  # family_lfm2.ShortConvConfig: gated short-convolution layers with a conv state
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     # The vision-language model_type whose folder this language model came from (its tensor names
     # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
@@ -188,9 +191,15 @@ class ModelConfig:
         return max(windows) if windows else None
 
     @property
+    def recurrent(self) -> bool:
+        """Some layers keep a per-sequence state instead of K/V (the engine gives each running sequence a slot)."""
+        return self.linear_attn is not None or self.short_conv is not None
+
+    @property
     def num_kv_layers(self) -> int:
-        """Layers that keep K/V in the paged pool (a linear-attention layer keeps a recurrent state instead)."""
-        return self.num_layers if self.linear_attn is None else len(self.linear_attn.attention_layers())
+        """Layers that keep K/V in the paged pool (a linear-attention or short-conv layer keeps a state instead)."""
+        stateful = self.linear_attn or self.short_conv
+        return self.num_layers if stateful is None else len(stateful.attention_layers())
 
     @property
     def all_layers_slide(self) -> bool:

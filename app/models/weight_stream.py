@@ -59,6 +59,10 @@ def iter_weights(
         from lantern.app.models.family_ernie import checkpoint_tensors as ernie_tensors
 
         source = ernie_tensors(source, spec.config.moe, spec.config.num_layers)
+    if spec.config.family == "lfm2":  # the convolution's weight from llama.cpp's or mlx_lm's layout
+        from lantern.app.models.family_lfm2 import checkpoint_tensors as lfm2_tensors
+
+        source = lfm2_tensors(source)
     if spec.config.family == "qwen3_next":  # llama.cpp's or mlx_lm's layout, if it is one of those
         from lantern.app.models import family_qwen3_next as qwen
 
@@ -161,6 +165,10 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_gemma import text_weight_name
 
         return text_weight_name
+    if spec.config.family == "lfm2":  # its attention / MLP / norm names as Llama's
+        from lantern.app.models.family_lfm2 import checkpoint_name
+
+        return lambda name: checkpoint_name(_backbone_name(name))
     if spec.config.family == "qwen3_next":  # Qwen3.5's language_model prefix; vision and MTP tensors skipped
         from lantern.app.models.family_qwen3_next import text_weight_name as qwen_name
 

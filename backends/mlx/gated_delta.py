@@ -16,22 +16,30 @@ def l2norm(x: mx.array) -> mx.array:
     return x * mx.rsqrt((x * x).sum(-1, keepdims=True) + 1e-6)
 
 
-def conv_step(x: mx.array, window: mx.array, weight: mx.array) -> tuple[mx.array, mx.array]:
-    """One token per sequence: x [B, C], window [B, C, K-1], weight [C, 1, K] -> (SiLU(conv) [B, C], window)."""
+def conv_step(
+    x: mx.array, window: mx.array, weight: mx.array, bias: mx.array | None = None, silu: bool = True
+) -> tuple[mx.array, mx.array]:
+    """One token per sequence: x [B, C], window [B, C, K-1], weight [C, 1, K] -> (conv [B, C], window)."""
     full = mx.concatenate([window, x[:, :, None]], axis=-1)
     out = (full.astype(mx.float32) * weight[:, 0, :].astype(mx.float32)).sum(-1)  # one rounding
-    return nn.silu(out).astype(x.dtype), full[:, :, 1:]
+    if bias is not None:
+        out = out + bias.astype(mx.float32)
+    return (nn.silu(out) if silu else out).astype(x.dtype), full[:, :, 1:]
 
 
-def conv_chunk(x: mx.array, window: mx.array, weight: mx.array) -> tuple[mx.array, mx.array]:
-    """One sequence's chunk: x [L, C], window [C, K-1] -> (SiLU(conv) [L, C], new window)."""
+def conv_chunk(
+    x: mx.array, window: mx.array, weight: mx.array, bias: mx.array | None = None, silu: bool = True
+) -> tuple[mx.array, mx.array]:
+    """One sequence's chunk: x [L, C], window [C, K-1] -> (conv [L, C], SiLU'd unless silu is False, window)."""
     length, kernel = x.shape[0], weight.shape[-1]
     full = mx.concatenate([window.T, x], axis=0)  # [K-1+L, C]
     wide, w = full.astype(mx.float32), weight.astype(mx.float32)
     out = wide[0:length] * w[:, 0, 0]
     for j in range(1, kernel):
         out = out + wide[j : j + length] * w[:, 0, j]
-    return nn.silu(out).astype(x.dtype), full[length:].T
+    if bias is not None:
+        out = out + bias.astype(mx.float32)
+    return (nn.silu(out) if silu else out).astype(x.dtype), full[length:].T
 
 
 def recurrent_step(

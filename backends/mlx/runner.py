@@ -70,11 +70,7 @@ class MLXBackend:
         return self.cfg.num_kv_layers * block_size * per_token * self.dtype.size
 
     def state_bytes_per_seq(self) -> int:
-        if self.cfg.linear_attn is None:
-            return 0
-        from lantern.backends.mlx.models.qwen3_next import state_bytes_per_seq
-
-        return state_bytes_per_seq(self.cfg, self.dtype)
+        return self.model.state_bytes_per_seq(self.dtype) if self.cfg.recurrent else 0
 
     def available_memory_bytes(self) -> int:
         if platform.system() == "Darwin" and mx.metal.is_available():
@@ -86,7 +82,7 @@ class MLXBackend:
             return 4 << 30
 
     def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
-        if self.cfg.linear_attn is not None:  # one recurrent-state slot per sequence a step may hold
+        if self.cfg.recurrent:  # one recurrent-state slot per sequence a step may hold
             self.model.allocate_state(max_num_seqs, self.dtype)
         kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size

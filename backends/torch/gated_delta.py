@@ -23,19 +23,26 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def conv_step(
+    x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: x [B, C], window [B, C, K-1] (the previous inputs), weight [C, 1, K].
-    Returns (SiLU(conv) [B, C], the new window)."""
+    Returns (conv [B, C], SiLU'd unless silu is False (LFM2), the new window)."""
     full = torch.cat([window, x[:, :, None]], dim=-1)
     out = (full.float() * weight[:, 0, :].float()).sum(-1)  # one rounding, as a convolution kernel makes
-    return F.silu(out).to(x.dtype), full[:, :, 1:]
+    if bias is not None:
+        out = out + bias.float()
+    return (F.silu(out) if silu else out).to(x.dtype), full[:, :, 1:]
 
 
-def conv_chunk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A prefill chunk of one sequence: x [L, C], window [C, K-1]. Returns (SiLU(conv) [L, C], new window)."""
+def conv_chunk(
+    x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill chunk of one sequence: x [L, C], window [C, K-1]. Returns (conv [L, C], new window)."""
     full = torch.cat([window, x.t()], dim=-1)  # [C, K-1+L]
-    out = F.conv1d(full[None].float(), weight.float(), groups=weight.shape[0])[0]  # [C, L]
-    return F.silu(out).t().to(x.dtype), full[:, full.shape[1] - window.shape[1] :]
+    b = None if bias is None else bias.float()
+    out = F.conv1d(full[None].float(), weight.float(), b, groups=weight.shape[0])[0]  # [C, L]
+    return (F.silu(out) if silu else out).t().to(x.dtype), full[:, full.shape[1] - window.shape[1] :]
 
 
 def recurrent_step(

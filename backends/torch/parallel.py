@@ -63,6 +63,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("mixture-of-experts", cfg.moe),
         ("whole-projection q/k norm (OLMo)", True if whole_qk_norms else None),
         ("linear-attention (gated DeltaNet)", cfg.linear_attn),
+        ("short-convolution (LFM2)", cfg.short_conv),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

@@ -176,11 +176,7 @@ class TorchBackend:
         return self.local_cfg.num_kv_layers * block_size * per_token * self.dtype.itemsize
 
     def state_bytes_per_seq(self) -> int:
-        if self.cfg.linear_attn is None:
-            return 0
-        from lantern.backends.torch.models.qwen3_next import state_bytes_per_seq
-
-        return state_bytes_per_seq(self.cfg, self.dtype)
+        return self.model.state_bytes_per_seq(self.dtype) if self.cfg.recurrent else 0
 
     def available_memory_bytes(self) -> int:
         if self.device.type == "cuda":
@@ -206,14 +202,14 @@ class TorchBackend:
             v_dim=v_dim,
             v_is_k_prefix=v_in_k,
         )
-        if self.cfg.linear_attn is not None:  # one recurrent-state slot per sequence a step may hold
+        if self.cfg.recurrent:  # one recurrent-state slot per sequence a step may hold
             self.model.allocate_state(max_num_seqs, self.dtype, self.device)
             if self.static_decode or self.options.compile_decode:
-                logger.info("decode steps run eagerly: this model's linear-attention layers update a recurrent state")
+                logger.info("decode steps run eagerly: this model's recurrent layers update a per-sequence state")
             self.static_decode = self.capture_graphs = False
         if self.device.type == "cpu":
             keep_freed_memory()  # now, after the weights and the KV pool (cpu_malloc says why)
-        if self.options.compile_decode and self.cfg.linear_attn is None:
+        if self.options.compile_decode and not self.cfg.recurrent:
             self._compile_decode(block_size)
         if v_in_k and self.static_decode:  # the reference path MLA takes syncs with the host: no capture
             logger.info("decode steps run eagerly: this model's KV layout takes the reference attention path")

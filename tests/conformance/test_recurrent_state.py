@@ -29,7 +29,7 @@ def _alone(path: str, backend: str, prompts: list[str]) -> list[list[int]]:
     return [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
 
 
-@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "lfm2"])
 def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model_dir, variant, backend, caplog):
     path = tiny_model_dir(variant)
     want = _alone(path, backend, PROMPTS)

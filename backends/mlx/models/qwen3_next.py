@@ -185,6 +185,9 @@ class CausalLM(llama.CausalLM):
         super().__init__(cfg)
         self.recurrent: RecurrentState | None = None  # (not `state`: nn.Module has a property of that name)
 
+    def state_bytes_per_seq(self, dtype: mx.Dtype) -> int:
+        return state_bytes_per_seq(self.cfg, dtype)
+
     def allocate_state(self, slots: int, dtype: mx.Dtype) -> None:
         self.recurrent = RecurrentState(self.cfg, slots, dtype)
 

@@ -193,6 +193,9 @@ class CausalLM(llama.CausalLM):
         super().__init__(cfg, tp)  # (tensor parallelism is refused before any rank starts: parallel.local_config)
         self.state: RecurrentState | None = None
 
+    def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
+        return state_bytes_per_seq(self.cfg, dtype)
+
     def allocate_state(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
         self.state = RecurrentState(self.cfg, slots, dtype, device)
 

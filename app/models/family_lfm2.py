@@ -1,0 +1,110 @@
+"""LFM2 (Liquid AI's LFM2-350M / 700M / 1.2B / 2.6B): a hybrid of gated short-convolution layers and
+grouped-query attention layers (transformers 5's Lfm2ForCausalLM).
+
+- Short-conv layers: in_proj gives B, C and x (thirds of 3 x hidden); h = B * x goes through a causal
+  depthwise convolution (kernel conv_L_cache, optional bias, no activation) and the output is
+  out_proj(C * conv(h)). Each sequence keeps the convolution's last K-1 inputs per layer: the engine
+  gives it a state slot as for Qwen3-Next (family_qwen3_next).
+- Attention layers (`layer_types` "full_attention", or the indices in full_attn_idxs): Llama's, with
+  per-head q/k RMSNorms (q_layernorm / k_layernorm) and o_proj named out_proj.
+- Pre-norm blocks (operator_norm, ffn_norm), a SwiGLU MLP (w1 gate, w3 up, w2 down) whose width is
+  adjusted as block_auto_adjust_ff_dim says, a final norm named embedding_norm, tied embeddings.
+
+The checkpoints' names are read as Llama's (checkpoint_name), so the attention and MLP layers are the
+shared ones on both backends.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.errors import refuse as _refuse
+
+
+@dataclass(frozen=True)
+class ShortConvConfig:
+    conv_layers: tuple[bool, ...]  # per layer: True for a short-conv layer, False for attention
+    kernel: int  # conv_L_cache
+    bias: bool  # conv_bias: on in_proj, the convolution and out_proj
+
+    def attention_layers(self) -> list[int]:
+        return [i for i, conv in enumerate(self.conv_layers) if not conv]
+
+
+def mlp_width(cfg: dict[str, Any]) -> int:
+    """Lfm2MLP's intermediate size: 2/3 of the stated one, times the multiplier, rounded up to a multiple."""
+    inner = int(cfg.get("block_ff_dim", cfg.get("intermediate_size", 12288)))
+    if not cfg.get("block_auto_adjust_ff_dim", True):
+        return inner
+    inner = int(2 * inner / 3)
+    multiplier = cfg.get("block_ffn_dim_multiplier", 1.0)
+    if multiplier is not None:
+        inner = int(multiplier * inner)
+        step = int(cfg.get("block_multiple_of", 256))
+        inner = step * ((inner + step - 1) // step)
+    return inner
+
+
+def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    if model_type != "lfm2":
+        raise UnsupportedModelError(f"{model_type!r} is not an LFM2 model")
+    layers = fields["num_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        full = cfg.get("full_attn_idxs")
+        full = set(range(layers)) if full is None else {int(i) for i in full}
+        types = ["full_attention" if i in full else "conv" for i in range(layers)]
+    if len(types) != layers or any(t not in ("conv", "full_attention") for t in types):
+        raise _refuse("layer_types", types, f" (conv or full_attention for each of the {layers} layers)")
+    conv = ShortConvConfig(
+        tuple(t == "conv" for t in types), int(cfg.get("conv_L_cache", 3)), bool(cfg.get("conv_bias"))
+    )
+    if conv.kernel < 2:
+        raise _refuse("conv_L_cache", conv.kernel, " (must be at least 2)")
+    if all(conv.conv_layers):
+        raise _refuse("layer_types", types, " (no full_attention layer at all)")
+    return {
+        "short_conv": conv,
+        "intermediate_size": mlp_width(cfg),
+        "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)),
+        "qk_norm": True,
+        "attention_bias": False,
+        "tie_word_embeddings": bool(cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True))),
+        "layer_windows": None,
+    }
+
+
+_RENAMES = (
+    (re.compile(r"\.self_attn\.out_proj\."), ".self_attn.o_proj."),
+    (re.compile(r"\.self_attn\.q_layernorm\."), ".self_attn.q_norm."),
+    (re.compile(r"\.self_attn\.k_layernorm\."), ".self_attn.k_norm."),
+    (re.compile(r"\.feed_forward\.w1\."), ".mlp.gate_proj."),
+    (re.compile(r"\.feed_forward\.w3\."), ".mlp.up_proj."),
+    (re.compile(r"\.feed_forward\.w2\."), ".mlp.down_proj."),
+    (re.compile(r"\.operator_norm\."), ".input_layernorm."),
+    (re.compile(r"\.ffn_norm\."), ".post_attention_layernorm."),
+    (re.compile(r"^model\.embedding_norm\."), "model.norm."),
+)
+
+
+def checkpoint_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """The convolution's weight as Hugging Face's [C, 1, K]: llama.cpp squeezes it to [C, K], mlx_lm
+    stores MLX's [C, K, 1]."""
+    for name, value in source:
+        if name.endswith(".conv.conv.weight"):
+            if len(value.shape) == 2:
+                value = value[:, None, :]
+            elif value.shape[-1] == 1 and value.shape[1] > 1:
+                value = value.swapaxes(1, 2)
+        yield name, value
+
+
+def checkpoint_name(name: str) -> str:
+    """An LFM2 checkpoint name in the model files' (Llama's) terms; conv layers keep theirs."""
+    for pattern, replacement in _RENAMES:
+        name = pattern.sub(replacement, name)
+    return name

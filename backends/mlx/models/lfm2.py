@@ -1,0 +1,102 @@
+"""LFM2 decoder in MLX over a flattened token batch (maths in app/models/family_lfm2.py; the torch
+file has the same layout): gated short-convolution layers with a per-sequence convolution state, and
+Llama's attention with per-head q/k norms over the paged pool (attention layers only).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.mlx import gated_delta
+from lantern.backends.mlx.layers import MLP, Attention
+from lantern.backends.mlx.models import llama
+from lantern.backends.mlx.models.qwen3_next import Conv
+from lantern.backends.mlx.paged_attention import AttentionMetadata
+
+
+class ConvState:
+    """Per short-conv layer: the convolution's last K-1 inputs [slots, hidden, K-1]."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, dtype: mx.Dtype):
+        sc = cfg.short_conv
+        self.conv = [mx.zeros((slots, cfg.hidden_size, sc.kernel - 1), dtype=dtype) for _ in range(sum(sc.conv_layers))]
+
+    def arrays(self) -> list[mx.array]:
+        return self.conv
+
+
+class ShortConv(nn.Module):
+    def __init__(self, cfg: ModelConfig, state_index: int):
+        super().__init__()
+        d, sc = cfg.hidden_size, cfg.short_conv
+        self.state_index = state_index
+        self.in_proj = nn.Linear(d, 3 * d, bias=sc.bias)
+        self.conv = Conv(d, sc.kernel)
+        if sc.bias:
+            self.conv.bias = mx.zeros((d,))
+        self.out_proj = nn.Linear(d, d, bias=sc.bias)
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata, state: ConvState) -> mx.array:
+        b, c, h = mx.split(self.in_proj(x), 3, axis=-1)
+        h = b * h
+        w, bias, windows = self.conv.weight, self.conv.get("bias"), state.conv[self.state_index]
+        pieces = []
+        rows = meta.decode_token_idx
+        if rows is not None:
+            slots = meta.decode_state_slots
+            keep = mx.array(meta.decode_seq_lens_np > 1)  # a one-token prompt starts from zeros
+            window = mx.where(keep[:, None, None], windows[slots], 0)
+            out, windows[slots] = gated_delta.conv_step(h[rows], window, w, bias, silu=False)
+            pieces.append(out)
+        for p in meta.prefills:
+            span, slot = slice(p.q_start, p.q_end), p.state_slot
+            window = mx.zeros_like(windows[slot]) if p.first_pos == 0 else windows[slot]
+            out, windows[slot] = gated_delta.conv_chunk(h[span], window, w, bias, silu=False)
+            pieces.append(out)
+        state.conv[self.state_index] = windows
+        out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
+        if meta.restore_order is not None:  # pieces are decode rows first, then each prefill
+            out = out[meta.restore_order]
+        return self.out_proj(c * out)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        kinds = cfg.short_conv.conv_layers
+        if kinds[layer_idx]:
+            self.conv = ShortConv(cfg, sum(kinds[:layer_idx]))
+        else:  # layer_idx: its K/V's place in the pool (attention layers only)
+            self.self_attn = Attention(cfg, layer_idx - sum(kinds[:layer_idx]))
+        self.mlp = MLP(cfg)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, x: mx.array, meta: AttentionMetadata, state: ConvState) -> mx.array:
+        h = self.input_layernorm(x)
+        mixer = self.get("conv")
+        h = x + (mixer(h, meta, state) if mixer is not None else self.self_attn(h, meta))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.recurrent: ConvState | None = None  # (not `state`: nn.Module has a property of that name)
+
+    def state_bytes_per_seq(self, dtype: mx.Dtype) -> int:
+        sc = self.cfg.short_conv
+        return sum(sc.conv_layers) * self.cfg.hidden_size * (sc.kernel - 1) * dtype.size
+
+    def allocate_state(self, slots: int, dtype: mx.Dtype) -> None:
+        self.recurrent = ConvState(self.cfg, slots, dtype)
+
+    def state_arrays(self) -> list[mx.array]:
+        return [] if self.recurrent is None else self.recurrent.arrays()
+
+    def layer_extras(self, meta: AttentionMetadata) -> tuple:
+        return (self.recurrent,)

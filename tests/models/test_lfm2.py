@@ -1,0 +1,104 @@
+"""LFM2: config.json read as transformers' Lfm2Config reads it (layer kinds from layer_types or
+full_attn_idxs, the MLP width block_auto_adjust_ff_dim computes, tie_embedding), refusals naming the
+key; its GGUF as llama.cpp writes it (tests/fixtures/gguf_lfm2.py) and an mlx_lm-made folder compute
+what transformers computes, on both backends. Logits, greedy tokens and the short-conv state through
+batching and preemption run in tests/conformance (the lfm2 variant)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lantern.app.engine import LLM
+from lantern.app.models.loader import resolve_model
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError
+from tests.fixtures.teacher_forcing import assert_matches_reference
+
+SMALL = {"vocab_size": 400, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+PROMPT = "Paged attention stores keys and values in blocks, while continuous batching"
+
+
+def hf(**extra):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("lfm2", **SMALL, **extra)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"num_hidden_layers": 6, "full_attn_idxs": [2, 5]},
+        {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+        {"num_hidden_layers": 4, "full_attn_idxs": [3], "block_ff_dim": 1000, "block_ffn_dim_multiplier": 1.5},
+        {"num_hidden_layers": 4, "full_attn_idxs": [1], "block_auto_adjust_ff_dim": False, "intermediate_size": 96},
+        {"num_hidden_layers": 4, "full_attn_idxs": [1], "block_multiple_of": 64, "conv_L_cache": 4},
+    ],
+)
+def test_config_matches_transformers(extra):
+    from transformers.models.lfm2.modeling_lfm2 import Lfm2MLP
+
+    ref = hf(**extra)
+    cfg = ModelConfig.from_hf(ref.to_dict())
+    assert [t == "conv" for t in ref.layer_types] == list(cfg.short_conv.conv_layers)
+    assert cfg.intermediate_size == Lfm2MLP(ref).w1.out_features
+    assert (cfg.short_conv.kernel, cfg.short_conv.bias, cfg.rms_norm_eps) == (
+        ref.conv_L_cache,
+        ref.conv_bias,
+        ref.norm_eps,
+    )
+    assert cfg.tie_word_embeddings == ref.tie_word_embeddings
+    assert cfg.num_kv_layers == ref.layer_types.count("full_attention")
+
+
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        ({"layer_types": ["conv", "mamba", "conv", "full_attention"]}, "layer_types"),
+        ({"layer_types": ["conv"] * 4}, "layer_types"),
+        ({"conv_L_cache": 1}, "conv_L_cache"),
+    ],
+)
+def test_unimplemented_keys_are_refused_by_name(extra, key):
+    cfg = {"model_type": "lfm2", "num_hidden_layers": 4, **SMALL}
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf({**cfg, **extra})
+
+
+@pytest.fixture(scope="module")
+def float_folder(tmp_path_factory) -> Path:
+    from tests.fixtures.tiny_models import build_model
+
+    return build_model("lfm2", tmp_path_factory.mktemp("lfm2"), conv_bias=False)  # (llama.cpp has no conv bias)
+
+
+def test_gguf_as_llama_cpp_writes_it(float_folder, tmp_path, monkeypatch, backend):
+    from transformers import AutoModelForCausalLM
+
+    from tests.fixtures.gguf_lfm2 import convert_lfm2
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path = convert_lfm2(float_folder, tmp_path)
+    # the metadata alone gives the checkpoint's config (the MLP width stated already adjusted)
+    assert resolve_model(str(path)).spec.config == ModelConfig.from_hf(
+        json.loads((float_folder / "config.json").read_text())
+    )
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    ref = AutoModelForCausalLM.from_pretrained(float_folder, dtype=torch.float32).eval()
+    assert_matches_reference(llm, ref, PROMPT, steps=12)
+
+
+def test_mlx_lm_folder_equals_the_original_model(tmp_path, backend):
+    """mlx_lm stores the convolution as MLX's [C, K, 1]; read back, the model is the original."""
+    pytest.importorskip("mlx_lm")
+    from transformers import AutoModelForCausalLM
+
+    from tests.fixtures.mlx_lm_folders import convert
+
+    # (LFM2 configs state block_dim, and tie: mlx_lm needs the one and has no lm_head)
+    folder, _ = convert("lfm2", tmp_path, mode=None, block_dim=128, tie_word_embeddings=True)
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    ref = AutoModelForCausalLM.from_pretrained(folder.parent / "lfm2-float", dtype=torch.float32).eval()
+    assert_matches_reference(llm, ref, PROMPT, steps=8)
