@@ -67,7 +67,7 @@ class ScheduledBatch:
     block_size: int
     sample_seq_indices: list[int]  # which sequences draw a token this step
     sampling: list[SamplingRow]  # one per sampled sequence, same order
-    # [S] int32: each sequence's recurrent-state slot, for models with linear-attention layers (None
+    # [S] int32: each sequence's recurrent-state slot, for models with recurrent layers (None
     # for the others). A sequence whose chunk starts at position 0 starts from a zero state.
     state_slots: np.ndarray | None = None
 

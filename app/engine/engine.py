@@ -77,9 +77,9 @@ class LLMEngine:
         self.num_params, self.weight_bytes = info.num_params, info.weight_bytes
         recurrent = self.model_config.recurrent
         if recurrent and config.enable_prefix_caching:
-            # A cached prefix would restore the attention layers' K/V but not the linear-attention
-            # layers' state, which only a computation from position 0 rebuilds.
-            logger.info("prefix caching is off: this model's linear-attention layers keep a recurrent state")
+            # A cached prefix would restore the attention layers' K/V but not the recurrent layers'
+            # state, which only a computation from position 0 rebuilds.
+            logger.info("prefix caching is off: this model's recurrent layers keep a per-sequence state")
             self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
         plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
         if plan.max_num_seqs != config.max_num_seqs:  # lowered: the recurrent state would not fit

@@ -105,14 +105,15 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
 
 def state_slots(config: EngineConfig, per_seq: int, share: int) -> int:
     """How many sequences may run at once when each holds `per_seq` bytes of recurrent state (models
-    with linear-attention layers): max_num_seqs, lowered so that the state takes at most half of the
-    memory share (the KV pool needs the rest); refused when not even one sequence's fits."""
+    with recurrent layers: linear attention, short convolutions): max_num_seqs, lowered so that the
+    state takes at most half of the memory share (the KV pool needs the rest); refused when not even
+    one sequence's fits."""
     if not per_seq:
         return config.max_num_seqs
     fit = share // 2 // per_seq
     if fit < 1:
         raise ValueError(
-            f"one sequence's recurrent state ({per_seq / 2**20:.0f} MiB, the linear-attention layers') does not "
+            f"one sequence's recurrent state ({per_seq / 2**20:.0f} MiB, the recurrent layers') does not "
             f"fit in half of the {share / 2**20:.0f} MiB this engine may use; raise --gpu-memory-fraction"
         )
     seqs = min(config.max_num_seqs, fit)
@@ -127,7 +128,7 @@ def state_slots(config: EngineConfig, per_seq: int, share: int) -> int:
             seqs,
         )
     logger.info(
-        "recurrent state: %.1f MiB for %d sequences (%.2f MiB each, the linear-attention layers')",
+        "recurrent state: %.1f MiB for %d sequences (%.2f MiB each, the recurrent layers')",
         per_seq * seqs / 2**20,
         seqs,
         per_seq / 2**20,

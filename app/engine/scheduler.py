@@ -3,7 +3,7 @@
 One token budget per step is shared by decodes (1 token each) and prefill chunks (up to
 ``prefill_chunk_size`` each). Running sequences are served oldest first so none starves; when the
 KV pool runs dry the newest running sequence is preempted (its blocks freed, to be recomputed
-later) and put back at the head of the waiting queue (a model with linear-attention layers also
+later) and put back at the head of the waiting queue (a model with recurrent layers also
 gives back its recurrent-state slot, and recomputes the state from position 0). When every layer
 of the model slides, the blocks a sequence's future queries can no longer see are returned to the
 pool after each step (BlockManager.release_behind_window), so a long generation holds about
@@ -30,7 +30,7 @@ class SchedulerConfig:
     # A bidirectional encoder (BERT) attends over its whole input at once: each prompt runs in one
     # piece (admitted only when all of it fits this step's budget; the engine sizes both to fit).
     whole_prompts: bool = False
-    # Recurrent-state slots (models with linear-attention layers: the backend holds max_num_seqs of
+    # Recurrent-state slots (models with recurrent layers: the backend holds max_num_seqs of
     # them): a running sequence holds one from admission until it finishes or is preempted. 0: none.
     state_slots: int = 0
 

@@ -57,7 +57,7 @@ class Sequence:
     num_released_blocks: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     num_preemptions: int = 0
-    # The recurrent-state slot it holds while running (models with linear-attention layers); None otherwise.
+    # The recurrent-state slot it holds while running (models with recurrent layers); None otherwise.
     state_slot: int | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None

@@ -68,7 +68,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if all(conv.conv_layers):
         raise _refuse("layer_types", types, " (no full_attention layer at all)")
     return {
-        "short_conv": conv,
+        "short_conv": conv if any(conv.conv_layers) else None,  # every layer attends: a plain decoder
         "intermediate_size": mlp_width(cfg),
         "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)),
         "qk_norm": True,

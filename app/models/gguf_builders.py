@@ -218,6 +218,9 @@ def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
 def _lfm2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """LFM2 (llama.cpp's LFM2Model: no q/k permutation): a layer without KV heads is a short-conv layer,
     shortconv.l_cache its kernel, feed_forward_length the MLP's width already adjusted."""
+    for key, value in (("attention.sliding_window", None), ("attention.causal", True)):
+        if meta.get(key, value) != value:  # LFM2.5's audio tokenizer / the bidirectional embedding models
+            raise UnsupportedModelError(f"{meta.label}{meta.arch}.{key}={meta.get(key)} is not implemented for lfm2")
     kv = meta.get("attention.head_count_kv")
     kinds = ["conv" if not h else "full_attention" for h in kv] if isinstance(kv, (list, tuple)) else None
     return {

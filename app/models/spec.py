@@ -75,7 +75,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": {"head_dim": 256, "intermediate_size": 0},  # every layer is sparse: no dense MLP
     },
     # LFM2: gated short-convolution layers (a conv state per sequence) among Llama-like attention layers.
-    "lfm2": {"family": "lfm2", "configure": "family_lfm2", "defaults": {"intermediate_size": 12288}},
+    "lfm2": {"family": "lfm2", "configure": "family_lfm2", "defaults": {"intermediate_size": 12288, "rope_theta": 1e6}},
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)

@@ -90,6 +90,32 @@ def test_gguf_as_llama_cpp_writes_it(float_folder, tmp_path, monkeypatch, backen
     assert_matches_reference(llm, ref, PROMPT, steps=12)
 
 
+@pytest.mark.parametrize(
+    "key,write",
+    [
+        ("attention.sliding_window", lambda w: w.add_sliding_window(64)),  # LFM2.5's audio tokenizer
+        ("attention.causal", lambda w: w.add_causal_attention(False)),  # the bidirectional embedding models
+    ],
+)
+def test_lfm2_gguf_keys_not_computed_are_refused_by_name(float_folder, tmp_path, monkeypatch, key, write):
+    from tests.fixtures.gguf_lfm2 import convert_lfm2
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UnsupportedModelError, match=f"lfm2.{key}"):
+        resolve_model(str(convert_lfm2(float_folder, tmp_path, extra=write)))
+
+
+def test_all_attention_config_is_a_plain_decoder():
+    """No conv layer (neither layer_types nor full_attn_idxs: transformers makes every layer attend):
+    no state, so prefix caching and the compiled decode paths stay on."""
+    cfg = ModelConfig.from_hf({"model_type": "lfm2", "num_hidden_layers": 2, **SMALL})
+    assert (
+        cfg.short_conv is None
+        and not cfg.recurrent
+        and cfg.rope_theta == hf(num_hidden_layers=2).rope_parameters["rope_theta"]
+    )
+
+
 def test_mlx_lm_folder_equals_the_original_model(tmp_path, backend):
     """mlx_lm stores the convolution as MLX's [C, K, 1]; read back, the model is the original."""
     pytest.importorskip("mlx_lm")

@@ -65,7 +65,7 @@ class ShortConv(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        kinds = cfg.short_conv.conv_layers
+        kinds = cfg.short_conv.conv_layers if cfg.short_conv is not None else (False,) * cfg.num_layers
         if kinds[layer_idx]:
             self.conv = ShortConv(cfg, sum(kinds[:layer_idx]))
         else:  # layer_idx: its K/V's place in the pool (attention layers only)
