@@ -49,6 +49,17 @@ def mlp_width(cfg: dict[str, Any]) -> int:
     return inner
 
 
+def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config inside an LFM2-VL config.json (Lfm2VlConfig: the wrapper ties, by
+    default yes; its token ids and quantization apply when text_config lacks them)."""
+    text = {**(cfg.get("text_config") or {}), "model_type": "lfm2"}
+    text["tie_word_embeddings"] = bool(cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True)))
+    for key in ("eos_token_id", "bos_token_id", "quantization_config", "quantization"):
+        if key not in text and key in cfg:
+            text[key] = cfg[key]
+    return text
+
+
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     if model_type != "lfm2":
         raise UnsupportedModelError(f"{model_type!r} is not an LFM2 model")
@@ -103,8 +114,15 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str,
         yield name, value
 
 
-def checkpoint_name(name: str) -> str:
-    """An LFM2 checkpoint name in the model files' (Llama's) terms; conv layers keep theirs."""
+def checkpoint_name(name: str) -> str | None:
+    """An LFM2 checkpoint name in the model files' (Llama's) terms; conv layers keep theirs. An LFM2-VL
+    folder's language model under model.language_model.*; its vision tower and projector: None (skipped)."""
+    if name.startswith(
+        ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
+    ):
+        return None
+    if name.startswith("model.language_model."):
+        name = "model." + name[len("model.language_model.") :]
     for pattern, replacement in _RENAMES:
         name = pattern.sub(replacement, name)
     return name

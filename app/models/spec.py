@@ -92,6 +92,7 @@ MULTIMODAL_WRAPPERS = {
     "mistral3": _text_config("family_ministral"),
     "qwen3_5": _text_config("family_qwen3_next"),
     "qwen3_5_moe": _text_config("family_qwen3_next"),
+    "lfm2_vl": _text_config("family_lfm2"),
 }
 
 

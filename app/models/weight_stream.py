@@ -168,7 +168,7 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     if spec.config.family == "lfm2":  # its attention / MLP / norm names as Llama's
         from lantern.app.models.family_lfm2 import checkpoint_name
 
-        return lambda name: checkpoint_name(_backbone_name(name))
+        return lambda name: checkpoint_name(_backbone_name(name))  # (None: an LFM2-VL vision tensor)
     if spec.config.family == "qwen3_next":  # Qwen3.5's language_model prefix; vision and MTP tensors skipped
         from lantern.app.models.family_qwen3_next import text_weight_name as qwen_name
 
