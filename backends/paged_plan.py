@@ -26,6 +26,7 @@ class PrefillPlan:
     context_slots: np.ndarray | None  # [ctx] int32; None: no cached prefix, use the chunk's own K/V
     block_table: np.ndarray  # [blocks] int32, released (-1) entries mapped to block 0
     ctx_len: int
+    seq_index: int = -1  # which of the batch's sequences this chunk is
 
     @property
     def first_pos(self) -> int:
@@ -38,6 +39,7 @@ class AttentionPlan:
     decode_token_idx: np.ndarray | None = None  # [B] rows of the flattened batch
     decode_block_tables: np.ndarray | None = None  # [B, max_blocks] int32 (kernels read these)
     decode_seq_lens: np.ndarray | None = None  # [B] int32; each decode query sits at seq_len - 1
+    decode_seqs: np.ndarray | None = None  # [B] which of the batch's sequences each decode row is
     prefills: list[PrefillPlan] = field(default_factory=list)
     restore_order: np.ndarray | None = None  # [T] int32; None when pieces are already in order
     logits_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # last token of sampled seqs
@@ -107,12 +109,13 @@ def plan_attention(batch: ScheduledBatch) -> AttentionPlan:
         plan.decode_token_idx = starts[decode].astype(np.int32)
         plan.decode_block_tables = np.maximum(tables, 0).astype(np.int32)  # released (-1) -> block 0
         plan.decode_seq_lens = seq_lens[decode].astype(np.int32)
+        plan.decode_seqs = decode
         order.append(plan.decode_token_idx)
     for i in np.flatnonzero(q_lens > 1):
         start, end, ctx = int(starts[i]), int(starts[i + 1]), int(seq_lens[i])
         table = np.maximum(np.asarray(batch.block_tables[i], dtype=np.int64), 0)
         slots = _slots(table, ctx, bs) if ctx > end - start else None
-        plan.prefills.append(PrefillPlan(start, end, slots, table.astype(np.int32), ctx))
+        plan.prefills.append(PrefillPlan(start, end, slots, table.astype(np.int32), ctx, int(i)))
         order.append(np.arange(start, end))
     if order:
         flat = np.concatenate(order)

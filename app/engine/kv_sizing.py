@@ -38,8 +38,9 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     bs = config.block_size
     per_block = backend.kv_bytes_per_block(bs)
     share = int(backend.available_memory_bytes() * config.gpu_memory_fraction)
-    max_seqs = state_slots(config, backend.state_bytes_per_seq(), share)
-    state_bytes = backend.state_bytes_per_seq() * max_seqs
+    per_seq = backend.state_bytes_per_seq()
+    max_seqs = state_slots(config, per_seq, share)
+    state_bytes = per_seq * max_seqs
     blocks_for = lambda tokens: -(-tokens // bs)
     held = seq_block_cap(config, model_config)
     longest = blocks_for(max_len) if held is None else min(blocks_for(max_len), held)  # one full-length sequence

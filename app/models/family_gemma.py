@@ -166,7 +166,9 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def text_weight_name(name: str) -> str | None:
-    """The gemma3_text name of a multimodal checkpoint's tensor; None for vision tensors."""
+    """The language model's name of a vision-language checkpoint's tensor (gemma3, mistral3, qwen3_5,
+    qwen3_5_moe, lfm2_vl: transformers' model.language_model.*, older language_model.model.*); None
+    for the rest (the vision tower, projectors, multi-token prediction)."""
     for prefix, replacement in _TEXT_PREFIXES:
         if name.startswith(prefix):
             return replacement + name[len(prefix) :]

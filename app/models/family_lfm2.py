@@ -114,15 +114,8 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str,
         yield name, value
 
 
-def checkpoint_name(name: str) -> str | None:
-    """An LFM2 checkpoint name in the model files' (Llama's) terms; conv layers keep theirs. An LFM2-VL
-    folder's language model under model.language_model.*; its vision tower and projector: None (skipped)."""
-    if name.startswith(
-        ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
-    ):
-        return None
-    if name.startswith("model.language_model."):
-        name = "model." + name[len("model.language_model.") :]
+def checkpoint_name(name: str) -> str:
+    """An LFM2 checkpoint name in the model files' (Llama's) terms; conv layers keep theirs."""
     for pattern, replacement in _RENAMES:
         name = pattern.sub(replacement, name)
     return name

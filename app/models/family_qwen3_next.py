@@ -74,21 +74,6 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     return text
 
 
-def text_weight_name(name: str) -> str | None:
-    """A checkpoint name in the model files' terms; None for vision and multi-token-prediction tensors."""
-    if name.startswith(("mtp.", "model.visual.", "visual.", "model.mtp.")):
-        return None
-    if name.startswith("model.language_model."):
-        return "model." + name[len("model.language_model.") :]
-    if name.startswith("language_model."):  # an mlx_lm-saved Qwen3.5 folder: language_model.model.* / .lm_head
-        return name[len("language_model.") :]
-    if name.startswith("vision_tower."):
-        return None
-    if name.startswith(("layers.", "embed_tokens.", "norm.")):  # a base-model checkpoint
-        return "model." + name
-    return name
-
-
 def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[bool, ...]:
     types = cfg.get("layer_types")
     if types is None:

@@ -161,18 +161,17 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     """For a vision-language folder: its language model's tensor names (None: a vision tensor);
     for a BERT encoder: the encoder files' names (None: a tensor not loaded); else backbone names
     with their "model." prefix."""
-    if spec.config.multimodal_wrapper in ("gemma3", "mistral3"):  # the same language_model prefixes
+    base: Callable[[str], str | None] = _backbone_name
+    if spec.config.multimodal_wrapper is not None:  # every wrapper Lantern reads: the same language_model prefixes
         from lantern.app.models.family_gemma import text_weight_name
 
-        return text_weight_name
+        base = text_weight_name
     if spec.config.family == "lfm2":  # its attention / MLP / norm names as Llama's
         from lantern.app.models.family_lfm2 import checkpoint_name
 
-        return lambda name: checkpoint_name(_backbone_name(name))  # (None: an LFM2-VL vision tensor)
-    if spec.config.family == "qwen3_next":  # Qwen3.5's language_model prefix; vision and MTP tensors skipped
-        from lantern.app.models.family_qwen3_next import text_weight_name as qwen_name
-
-        return qwen_name
+        return lambda name: None if (text := base(name)) is None else checkpoint_name(text)
+    if spec.config.multimodal_wrapper is not None:
+        return base
     if spec.config.family == "bert":  # HF BERT names -> the encoder files' (pooler and MLM heads skipped)
         from lantern.app.models.family_bert import bert_weight_name
 
@@ -207,12 +206,14 @@ def _iter_safetensors(
 
 def _mtp_tensors(spec: ModelSpec) -> set[str]:
     """Multi-token-prediction weights: DeepSeek V3's and GLM-4.5's layers stored after the decoder's as
-    model.layers.{num_hidden_layers}..., ERNIE 4.5's `mtp_*` tensors. Next-token decoding does not use
-    them (a whole MoE layer in these checkpoints), so they are skipped before they are read."""
+    model.layers.{num_hidden_layers}..., ERNIE 4.5's `mtp_*` tensors, Qwen3-Next's `mtp.*`. Next-token
+    decoding does not use them (a whole MoE layer in these checkpoints), so they are skipped before they are read."""
     if spec.config.architecture in ("ernie4_5", "ernie4_5_moe"):
         from lantern.app.models.family_ernie import is_mtp_tensor
 
         wanted = is_mtp_tensor
+    elif spec.config.family == "qwen3_next":  # (a Qwen3.5 vision-language folder's name map drops them too)
+        wanted = lambda n: n.startswith(("mtp.", "model.mtp."))
     else:
         first, count = spec.config.num_layers, spec.config.mtp_layers
         if not count:

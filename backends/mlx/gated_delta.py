@@ -12,6 +12,14 @@ import mlx.nn as nn
 CHUNK = 64
 
 
+class Conv(nn.Module):
+    """A depthwise causal convolution's weight [channels, 1, kernel] (Hugging Face's layout)."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.weight = mx.zeros((channels, 1, kernel))
+
+
 def l2norm(x: mx.array) -> mx.array:
     return x * mx.rsqrt((x * x).sum(-1, keepdims=True) + 1e-6)
 

@@ -108,7 +108,10 @@ class AttentionMetadata:
     prefills: list[PrefillGroup] = field(default_factory=list)
     # Pieces are computed decode-first then prefills; this permutation restores batch order.
     restore_order: mx.array | None = None
-    decode_state_slots: mx.array | None = None  # [B]: each decode row's recurrent-state slot
+    # Models with recurrent layers: each decode row's state slot, and whether its state starts from
+    # zeros (a one-token prompt: the row is position 0).
+    decode_state_slots: mx.array | None = None  # [B]
+    decode_state_fresh: mx.array | None = None  # [B] bool
 
 
 def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan) -> AttentionMetadata:
@@ -123,15 +126,15 @@ def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan
         meta.decode_mask = mx.array((span[None, :] < plan.decode_seq_lens[:, None])[:, None, None, :])
         meta.decode_tables_np, meta.decode_seq_lens_np = tables, plan.decode_seq_lens
     held = batch.state_slots
-    q_lens = np.diff(batch.query_start_loc)
-    if held is not None and plan.decode_token_idx is not None:
-        meta.decode_state_slots = mx.array(held[q_lens == 1])
-    prefill_slots = held[q_lens > 1] if held is not None else [-1] * len(plan.prefills)
-    for g, state_slot in zip(plan.prefills, prefill_slots):
+    if held is not None and plan.decode_seqs is not None:
+        meta.decode_state_slots = mx.array(held[plan.decode_seqs])
+        meta.decode_state_fresh = mx.array(plan.decode_seq_lens == 1)
+    for g in plan.prefills:
         slots = None if g.context_slots is None else mx.array(g.context_slots)
-        group = PrefillGroup(g.q_start, g.q_end, slots, g.first_pos, g.context_slots)
-        group.state_slot = int(state_slot)
-        meta.prefills.append(group)
+        state_slot = -1 if held is None else int(held[g.seq_index])
+        meta.prefills.append(
+            PrefillGroup(g.q_start, g.q_end, slots, g.first_pos, g.context_slots, state_slot=state_slot)
+        )
     if plan.restore_order is not None:
         meta.restore_order = mx.array(plan.restore_order)
     return meta

@@ -18,7 +18,6 @@ import math
 import mmap
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from lantern.app.engine.contract import ScheduledBatch
@@ -108,7 +107,10 @@ class TorchAttentionMetadata:
     # Inside a compiled decode layer (compiled_decode.py): this layer's (K, V) pool tensors, so that
     # the graph does not index the pool by layer number (every number would be a graph of its own).
     layer_kv: tuple | None = None
-    decode_state_slots: torch.Tensor | None = None  # [B] int64: each decode row's recurrent-state slot
+    # Models with recurrent layers: each decode row's state slot, and whether its state starts from
+    # zeros (a one-token prompt: the row is position 0).
+    decode_state_slots: torch.Tensor | None = None  # [B] int64
+    decode_state_fresh: torch.Tensor | None = None  # [B] bool
 
     @property
     def rope_cache(self) -> dict | None:
@@ -135,16 +137,13 @@ def build_metadata(
         meta.decode_seq_lens = as_t(plan.decode_seq_lens, torch.int32)
         meta.decode_only = len(plan.decode_token_idx) == len(batch.positions) and plan.restore_order is None
     held = batch.state_slots
-    q_lens = np.diff(batch.query_start_loc)
-    if held is not None and plan.decode_token_idx is not None:
-        meta.decode_state_slots = as_t(held[q_lens == 1])
-    prefill_slots = held[q_lens > 1] if held is not None else [-1] * len(plan.prefills)
-    for g, slot in zip(plan.prefills, prefill_slots):
-        group = PrefillGroup(
-            g.q_start, g.q_end, as_t(g.block_table, torch.int32), g.ctx_len, g.context_slots is not None
-        )
-        group.state_slot = int(slot)
-        meta.prefills.append(group)
+    if held is not None and plan.decode_seqs is not None:
+        meta.decode_state_slots = as_t(held[plan.decode_seqs])
+        meta.decode_state_fresh = as_t(plan.decode_seq_lens == 1, torch.bool)
+    for g in plan.prefills:
+        slot = -1 if held is None else int(held[g.seq_index])
+        table = as_t(g.block_table, torch.int32)
+        meta.prefills.append(PrefillGroup(g.q_start, g.q_end, table, g.ctx_len, g.context_slots is not None, slot))
     if plan.restore_order is not None:
         meta.restore_order = as_t(plan.restore_order)
     return meta

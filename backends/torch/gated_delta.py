@@ -14,8 +14,18 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 CHUNK = 64
+
+
+class Conv(nn.Module):
+    """A depthwise causal convolution's weight [channels, 1, kernel] (Hugging Face's layout; the models
+    name it, conv_step / conv_chunk read it)."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel), requires_grad=False)
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -81,15 +81,17 @@ def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk):
         np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"position {pos}")
 
 
-def test_state_memory_is_sized_and_the_kv_pool_holds_attention_layers_only(tiny_model_dir, backend, caplog):
-    path = tiny_model_dir("qwen3_next")
+@pytest.mark.parametrize("variant", ["qwen3_next", "lfm2"])
+def test_state_memory_is_sized_and_the_kv_pool_holds_attention_layers_only(tiny_model_dir, backend, variant, caplog):
+    """What the sizing counts per sequence is what the backend allocates per slot (3 slots here)."""
     with caplog.at_level(logging.INFO):
-        llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=16, max_num_seqs=3)
-    cfg = llm.engine.model_config
-    la = cfg.linear_attn
-    assert cfg.num_kv_layers == 2 and len(llm.engine.backend.pool.k) == 2  # of 4 layers, 2 attend fully
-    conv, ssm = la.state_elements()
-    assert llm.engine.backend.state_bytes_per_seq() == 2 * (conv * 4 + ssm * 4)
+        llm = LLM(tiny_model_dir(variant), backend=backend, dtype="float32", num_kv_blocks=16, max_num_seqs=3)
+    assert llm.engine.model_config.num_kv_layers == 2 and len(llm.engine.backend.pool.k) == 2  # of 4 layers
+    model = llm.engine.backend.model
+    state = model.state if backend == "torch" else model.recurrent
+    arrays = [*state.conv, *getattr(state, "ssm", [])]
+    assert all(a.shape[0] == 3 for a in arrays)
+    assert llm.engine.backend.state_bytes_per_seq() == sum(a.nbytes for a in arrays) // 3 > 0
     assert "recurrent state:" in caplog.text and "for 3 sequences" in caplog.text
 
 

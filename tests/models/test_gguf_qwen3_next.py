@@ -9,16 +9,14 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.spec import ModelConfig
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
-from tests.fixtures.teacher_forcing import teacher_forced_logits
+from tests.fixtures.teacher_forcing import assert_matches_reference
 from tests.fixtures.tiny_models import build_model
 
 # kind -> (tiny variant, config overrides, --outtype, converter options)
@@ -65,15 +63,8 @@ def test_config_from_metadata_is_the_checkpoints(gguf_file, kind):
 def test_logits_and_greedy_match_transformers(gguf_file, kind, backend):
     path, ref = gguf_file(kind)
     llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    prompt_ids = llm.tokenizer.encode(PROMPT)
     model = hf_model(str(ref))
-    greedy = hf_greedy(model, prompt_ids, 32)
-    forced = greedy[:16]
-    with torch.no_grad():
-        expected = model(torch.tensor([prompt_ids + forced])).logits[0].numpy()
-    rows = list(teacher_forced_logits(llm.engine, prompt_ids, forced))
-    assert len(rows) == len(forced)
-    for pos, logits in rows:
-        np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"{kind} position {pos}")
+    assert_matches_reference(llm, model, PROMPT, steps=16)
+    prompt_ids = llm.tokenizer.encode(PROMPT)
     out = llm.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
-    assert out[0].outputs[0].token_ids == greedy
+    assert out[0].outputs[0].token_ids == hf_greedy(model, prompt_ids, 32)

@@ -12,7 +12,6 @@ from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx import gated_delta
 from lantern.backends.mlx.layers import MLP, Attention
 from lantern.backends.mlx.models import llama
-from lantern.backends.mlx.models.qwen3_next import Conv
 from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 
@@ -33,7 +32,7 @@ class ShortConv(nn.Module):
         d, sc = cfg.hidden_size, cfg.short_conv
         self.state_index = state_index
         self.in_proj = nn.Linear(d, 3 * d, bias=sc.bias)
-        self.conv = Conv(d, sc.kernel)
+        self.conv = gated_delta.Conv(d, sc.kernel)
         if sc.bias:
             self.conv.bias = mx.zeros((d,))
         self.out_proj = nn.Linear(d, d, bias=sc.bias)
@@ -46,8 +45,8 @@ class ShortConv(nn.Module):
         rows = meta.decode_token_idx
         if rows is not None:
             slots = meta.decode_state_slots
-            keep = mx.array(meta.decode_seq_lens_np > 1)  # a one-token prompt starts from zeros
-            window = mx.where(keep[:, None, None], windows[slots], 0)
+            fresh = meta.decode_state_fresh  # a one-token prompt starts from zeros (where, not a product: 0 * NaN)
+            window = mx.where(fresh[:, None, None], 0, windows[slots])
             out, windows[slots] = gated_delta.conv_step(h[rows], window, w, bias, silu=False)
             pieces.append(out)
         for p in meta.prefills:

@@ -35,14 +35,6 @@ class GatedAttention(Attention):
         return self.o_proj(out.reshape(t, -1) * mx.sigmoid(gate))
 
 
-class Conv(nn.Module):
-    """The depthwise causal convolution's weight [channels, 1, kernel] (Hugging Face's layout)."""
-
-    def __init__(self, channels: int, kernel: int):
-        super().__init__()
-        self.weight = mx.zeros((channels, 1, kernel))
-
-
 class GatedNorm(nn.Module):
     """RMSNorm of each head's output times its weight, then times SiLU(z) (transformers' order)."""
 
@@ -93,7 +85,7 @@ class GatedDeltaNet(nn.Module):
         else:
             self.in_proj_b = nn.Linear(d, la.num_v_heads, bias=False)
             self.in_proj_a = nn.Linear(d, la.num_v_heads, bias=False)
-        self.conv1d = Conv(la.conv_dim, la.conv_kernel)
+        self.conv1d = gated_delta.Conv(la.conv_dim, la.conv_kernel)
         self.dt_bias = mx.ones((la.num_v_heads,))
         self.A_log = mx.zeros((la.num_v_heads,))
         self.norm = GatedNorm(la.v_dim, cfg.rms_norm_eps)
@@ -134,11 +126,11 @@ class GatedDeltaNet(nn.Module):
         rows = meta.decode_token_idx
         if rows is not None:
             slots = meta.decode_state_slots
-            keep = mx.array(meta.decode_seq_lens_np > 1)  # a one-token prompt starts from zeros
-            window = mx.where(keep[:, None, None], windows[slots], 0)  # (not a product: 0 * NaN is NaN)
+            fresh = meta.decode_state_fresh  # a one-token prompt starts from zeros (where, not a product: 0 * NaN)
+            window = mx.where(fresh[:, None, None], 0, windows[slots])
             conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
             q, k, v, g, beta = self._heads(conv, b[rows], a[rows])
-            s = mx.where(keep[:, None, None, None], matrices[slots], 0)
+            s = mx.where(fresh[:, None, None, None], 0, matrices[slots])
             out, matrices[slots] = gated_delta.recurrent_step(q, k, v, g, beta, s)
             pieces.append((rows, out))
         for p in meta.prefills:

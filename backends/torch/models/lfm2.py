@@ -14,7 +14,6 @@ from lantern.backends.torch import gated_delta
 from lantern.backends.torch.attention import TorchAttentionMetadata, lazy_zeros
 from lantern.backends.torch.layers import MLP, Attention, RMSNorm
 from lantern.backends.torch.models import llama
-from lantern.backends.torch.models.qwen3_next import Conv
 from lantern.backends.torch.parallel import TPGroup
 
 
@@ -32,7 +31,7 @@ class ShortConv(nn.Module):
         d, sc = cfg.hidden_size, cfg.short_conv
         self.state_index = state_index
         self.in_proj = nn.Linear(d, 3 * d, bias=sc.bias)
-        self.conv = Conv(d, sc.kernel)
+        self.conv = gated_delta.Conv(d, sc.kernel)
         if sc.bias:
             self.conv.bias = nn.Parameter(torch.empty(d), requires_grad=False)
         self.out_proj = nn.Linear(d, d, bias=sc.bias)
@@ -45,7 +44,7 @@ class ShortConv(nn.Module):
         rows = meta.decode_token_idx
         if rows is not None:
             slots = meta.decode_state_slots
-            window = windows[slots].masked_fill((meta.decode_seq_lens == 1)[:, None, None], 0)  # a fresh prompt
+            window = windows[slots].masked_fill(meta.decode_state_fresh[:, None, None], 0)  # a one-token prompt
             out[rows], windows[slots] = gated_delta.conv_step(h[rows], window, w, bias, silu=False)
         for p in meta.prefills:
             span, slot = slice(p.q_start, p.q_end), p.state_slot

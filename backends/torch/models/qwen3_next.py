@@ -5,7 +5,7 @@ recurrent state per sequence, gated full attention over the paged pool every few
 The state lives here, allocated by the runner (allocate_state) with one slot per sequence the engine
 may run: per linear layer the convolution's last K-1 inputs (model dtype) and the [heads, d_k, d_v]
 delta-rule state (float32). A sequence's slot comes with each step (meta.decode_state_slots,
-PrefillGroup.state_slot); a chunk starting at position 0 starts from zeros, so a slot needs no
+PrefillGroup.state_slot; meta.decode_state_fresh); a chunk starting at position 0 starts from zeros, so a slot needs no
 clearing when it changes hands. The paged pool holds the full-attention layers only (kv index =
 their order among themselves).
 """
@@ -44,14 +44,6 @@ class GatedAttention(Attention):
         return self.o_proj(out.reshape(t, -1) * torch.sigmoid(gate))
 
 
-class Conv(nn.Module):
-    """The depthwise causal convolution's weight [channels, 1, kernel] (read by gated_delta)."""
-
-    def __init__(self, channels: int, kernel: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(channels, 1, kernel), requires_grad=False)
-
-
 class GatedNorm(nn.Module):
     """RMSNorm of each head's output times its weight, then times SiLU(z) (transformers' order)."""
 
@@ -86,7 +78,7 @@ class GatedDeltaNet(nn.Module):
         else:
             self.in_proj_b = nn.Linear(d, la.num_v_heads, bias=False)
             self.in_proj_a = nn.Linear(d, la.num_v_heads, bias=False)
-        self.conv1d = Conv(la.conv_dim, la.conv_kernel)
+        self.conv1d = gated_delta.Conv(la.conv_dim, la.conv_kernel)
         self.dt_bias = nn.Parameter(torch.ones(la.num_v_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(la.num_v_heads), requires_grad=False)
         self.norm = GatedNorm(la.v_dim, cfg.rms_norm_eps)
@@ -129,7 +121,7 @@ class GatedDeltaNet(nn.Module):
         rows = meta.decode_token_idx
         if rows is not None:
             slots = meta.decode_state_slots
-            fresh = (meta.decode_seq_lens == 1)[:, None, None]  # a one-token prompt starts from zeros
+            fresh = meta.decode_state_fresh[:, None, None]  # a one-token prompt starts from zeros
             window = windows[slots].masked_fill(fresh, 0)
             conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
             q, k, v, g, beta = self._heads(conv, b[rows], a[rows])
