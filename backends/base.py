@@ -41,6 +41,14 @@ def kv_layout_of(model: Any, cfg: Any) -> KVLayout:
     return KVLayout(cfg.num_kv_heads, cfg.head_dim, cfg.head_dim)
 
 
+def kv_layer_layouts(layout: KVLayout, cfg: Any) -> list[KVLayout]:
+    """Each KV-pool layer's layout: the model's one for every layer, or, where layers differ in shape
+    (cfg.kv_shapes: Gemma 4's sliding and full layers), K and V of each layer's own heads and width."""
+    if cfg.kv_shapes is None:
+        return [layout] * cfg.num_kv_layers
+    return [KVLayout(heads, dim, dim) for heads, dim in cfg.kv_shapes]
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

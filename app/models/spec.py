@@ -29,6 +29,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys.
     "gemma2": {"family": "gemma", "configure": "family_gemma"},
     "gemma3_text": {"family": "gemma", "configure": "family_gemma"},
+    # Gemma 4: layers of two shapes (sliding / full), K/V shared by the last layers, per-layer
+    # embeddings, a routed mixture beside the dense MLP (26B-A4B).
+    "gemma4_text": {"family": "gemma4", "configure": "family_gemma4", "own_rope": True},
     "mixtral": {"configure": "family_moe"},
     "qwen2_moe": {"attention_bias": True, "configure": "family_moe"},
     "qwen3_moe": {"qk_norm": True, "configure": "family_moe"},
@@ -89,6 +92,7 @@ def _text_config(module: str) -> Any:
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.
 MULTIMODAL_WRAPPERS = {
     "gemma3": _text_config("family_gemma"),
+    "gemma4": _text_config("family_gemma4"),
     "mistral3": _text_config("family_ministral"),
     "qwen3_5": _text_config("family_qwen3_next"),
     "qwen3_5_moe": _text_config("family_qwen3_next"),
@@ -181,6 +185,10 @@ class ModelConfig:
     linear_attn: Any = None  # family_qwen3_next.LinearAttnConfig: gated-DeltaNet layers with recurrent state
     short_conv: Any = None  # family_lfm2.ShortConvConfig: gated short-convolution layers with a conv state
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
+    gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
+    # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every
+    # layer is (num_kv_heads, head_dim) or the model's kv_layout.
+    kv_shapes: tuple[tuple[int, int], ...] | None = None
     # The vision-language model_type whose folder this language model came from (its tensor names
     # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
     multimodal_wrapper: str | None = None
@@ -199,6 +207,8 @@ class ModelConfig:
     @property
     def num_kv_layers(self) -> int:
         """Layers that keep K/V in the paged pool (a linear-attention or short-conv layer keeps a state instead)."""
+        if self.kv_shapes is not None:
+            return len(self.kv_shapes)
         stateful = self.linear_attn or self.short_conv
         return self.num_layers if stateful is None else len(stateful.attention_layers())
 

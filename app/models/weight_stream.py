@@ -170,6 +170,11 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_lfm2 import checkpoint_name
 
         return lambda name: None if (text := base(name)) is None else checkpoint_name(text)
+    if spec.config.family == "gemma4":  # its experts and router under `mlp`; sharing layers' K/V skipped
+        from lantern.app.models.family_gemma4 import checkpoint_name as gemma4_name
+
+        layers = spec.config.gemma4
+        return lambda name: None if (text := base(name)) is None else gemma4_name(text, layers)
     if spec.config.multimodal_wrapper is not None:
         return base
     if spec.config.family == "bert":  # HF BERT names -> the encoder files' (pooler and MLM heads skipped)

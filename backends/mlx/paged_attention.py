@@ -44,16 +44,19 @@ class PagedKVPool:
         block_size: int = 1,
         v_dim: int | None = None,
         v_is_k_prefix: bool = False,
+        layer_shapes: list[tuple[int, int]] | None = None,
     ):
         """head_dim is K's width; v_dim V's (default head_dim). v_is_k_prefix: V is K[..., :v_dim]
-        and self.v stays empty."""
+        and self.v stays empty. layer_shapes: each layer's own (kv heads, head dim) for K and V
+        alike, where layers differ (Gemma 4)."""
         self.max_slots, self.block_size, self.dtype = num_slots, block_size, dtype
         self.v_dim = head_dim if v_dim is None else v_dim
         self.v_is_k_prefix = v_is_k_prefix
         rows = min(num_slots, self.INITIAL_BLOCKS * block_size)
-        self.k = [mx.zeros((rows, kv_heads, head_dim), dtype=dtype) for _ in range(num_layers)]
-        v_layers = 0 if v_is_k_prefix else num_layers
-        self.v = [mx.zeros((rows, kv_heads, self.v_dim), dtype=dtype) for _ in range(v_layers)]
+        k_shapes = layer_shapes or [(kv_heads, head_dim)] * num_layers
+        v_shapes = layer_shapes or [(kv_heads, self.v_dim)] * (0 if v_is_k_prefix else num_layers)
+        self.k = [mx.zeros((rows, h, d), dtype=dtype) for h, d in k_shapes]
+        self.v = [mx.zeros((rows, h, d), dtype=dtype) for h, d in v_shapes]
         mx.eval(self.k, self.v)
 
     @property
@@ -239,8 +242,12 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: mx.array | None = None,
+    write: bool = True,
 ) -> mx.array:
     """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D].
+
+    write False: k/v are already in layer `layer` of the pool (a Gemma 4 layer reading the K/V of an
+    earlier one passes that layer's number and its k/v of this step).
 
     With a pool whose V lies inside K (v_is_k_prefix), v is None and the output is [T, H, v_dim].
 
@@ -248,7 +255,8 @@ def paged_attention(
     become softcap * tanh(scores / softcap) before masking; sinks [H]: one extra logit per head
     in the softmax's denominator, with no value (gpt-oss)."""
     pool = meta.pool
-    pool.write(layer, meta.slot_mapping, k, v)
+    if write:
+        pool.write(layer, meta.slot_mapping, k, v)
     v_in_k, v_dim = pool.v_is_k_prefix, pool.v_dim
     k_pool, v_pool = pool.k[layer], None if v_in_k else pool.v[layer]
     pieces = []

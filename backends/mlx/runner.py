@@ -11,7 +11,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from lantern.app.engine.contract import ModelInfo, ModelSpec, ScheduledBatch, StepOutput
-from lantern.backends.base import kv_layout_of
+from lantern.backends.base import kv_layer_layouts, kv_layout_of
 from lantern.backends.mlx import layers as _layers  # noqa: F401  (mlx_lm's rope: imported with the backend, not mid-load)
 from lantern.backends.mlx.models import build_model
 from lantern.backends.mlx.paged_attention import PagedKVPool, build_metadata
@@ -66,8 +66,8 @@ class MLXBackend:
         )
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        per_token = self.kv_layout.elements_per_token()
-        return self.cfg.num_kv_layers * block_size * per_token * self.dtype.size
+        per_token = sum(layout.elements_per_token() for layout in kv_layer_layouts(self.kv_layout, self.cfg))
+        return block_size * per_token * self.dtype.size
 
     def state_bytes_per_seq(self) -> int:
         return self.model.state_bytes_per_seq(self.dtype) if self.cfg.recurrent else 0
@@ -95,6 +95,7 @@ class MLXBackend:
             block_size=block_size,
             v_dim=v_dim,
             v_is_k_prefix=v_in_k,
+            layer_shapes=None if self.cfg.kv_shapes is None else list(self.cfg.kv_shapes),
         )
 
     def compute_logits(self, batch: ScheduledBatch) -> mx.array:

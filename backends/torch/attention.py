@@ -61,13 +61,19 @@ class TorchKVPool:
         device: torch.device,
         v_dim: int | None = None,
         v_is_k_prefix: bool = False,
+        layer_shapes: list[tuple[int, int]] | None = None,
     ):
         """head_dim is K's width, v_dim V's (default head_dim). v_is_k_prefix: V is K[..., :v_dim]
-        (self.v holds views of self.k, no memory of their own)."""
+        (self.v holds views of self.k, no memory of their own). layer_shapes: each layer's own
+        (kv heads, head dim) for K and V alike, where layers differ (Gemma 4)."""
         self.v_dim = head_dim if v_dim is None else v_dim
         # Decode rows read this pool in place (cpu_attention's kernel) rather than gathering it.
         self.native_decode = cpu_attention.serves(dtype, device)
         self.v_is_k_prefix = v_is_k_prefix
+        if layer_shapes is not None:
+            self.k = [lazy_zeros((num_slots, h, d), dtype, device) for h, d in layer_shapes]
+            self.v = [lazy_zeros((num_slots, h, d), dtype, device) for h, d in layer_shapes]
+            return
         self.k = [lazy_zeros((num_slots, kv_heads, head_dim), dtype, device) for _ in range(num_layers)]
         if v_is_k_prefix:
             self.v = [k[..., : self.v_dim] for k in self.k]
@@ -159,8 +165,12 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    write: bool = True,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D].
+
+    write False: k/v are already in layer `layer` of the pool (a Gemma 4 layer reading the K/V of an
+    earlier one passes that layer's number and its k/v of this step).
 
     window: a query at position p sees keys p - window < j <= p; softcap: scores (after scale)
     become softcap * tanh(scores / softcap) before masking; sinks [H]: one extra logit per head
@@ -170,7 +180,9 @@ def paged_attention(
     With a pool whose V lies inside K (v_is_k_prefix), v is None and the output is [T, H, v_dim]."""
     pool = meta.pool
     k_pool, v_pool = meta.layer_kv if meta.layer_kv is not None else (pool.k[layer], pool.v[layer])
-    if pool.v_is_k_prefix:
+    if not write:
+        pass
+    elif pool.v_is_k_prefix:
         ops.write_kv(k_pool, None, k, None, meta.slot_mapping, meta.may_skip_slots)
     else:
         ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping, meta.may_skip_slots)

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from lantern.app.engine.contract import BackendOptions, ModelInfo, ModelSpec, ScheduledBatch, StepOutput
 from lantern.app.engine.errors import EngineDeadError
-from lantern.backends.base import kv_layout_of
+from lantern.backends.base import kv_layer_layouts, kv_layout_of
 from lantern.backends.paged_plan import plan_attention
 from lantern.backends.torch.attention import TorchKVPool, build_metadata
 from lantern.backends.torch.cpu_malloc import keep_freed_memory
@@ -172,8 +172,8 @@ class TorchBackend:
                 raise EngineDeadError(f"tensor-parallel worker rank {rank} died (exit code {w.exitcode})")
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        per_token = self.kv_layout.elements_per_token()
-        return self.local_cfg.num_kv_layers * block_size * per_token * self.dtype.itemsize
+        per_token = sum(layout.elements_per_token() for layout in kv_layer_layouts(self.kv_layout, self.local_cfg))
+        return block_size * per_token * self.dtype.itemsize
 
     def state_bytes_per_seq(self) -> int:
         return self.model.state_bytes_per_seq(self.dtype) if self.cfg.recurrent else 0
@@ -201,6 +201,7 @@ class TorchBackend:
             self.device,
             v_dim=v_dim,
             v_is_k_prefix=v_in_k,
+            layer_shapes=None if self.local_cfg.kv_shapes is None else list(self.local_cfg.kv_shapes),
         )
         if self.cfg.recurrent:  # one recurrent-state slot per sequence a step may hold
             self.model.allocate_state(max_num_seqs, self.dtype, self.device)
