@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lantern.server.tool_parsers import harmony
 from lantern.server.tool_parsers.base import CallDelta, ParsedDelta, ToolCall, ToolParser, assemble
+from lantern.server.tool_parsers.gemma4 import Gemma4Parser
 from lantern.server.tool_parsers.glm import GlmParser
 from lantern.server.tool_parsers.harmony import HarmonyParser
 from lantern.server.tool_parsers.hermes import HermesParser
@@ -15,7 +16,16 @@ from lantern.server.tool_parsers.qwen3_coder import Qwen3CoderParser
 
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p
-    for p in (HermesParser, Llama3JsonParser, MistralParser, Qwen3CoderParser, PythonicParser, HarmonyParser, GlmParser)
+    for p in (
+        HermesParser,
+        Llama3JsonParser,
+        MistralParser,
+        Qwen3CoderParser,
+        PythonicParser,
+        HarmonyParser,
+        GlmParser,
+        Gemma4Parser,
+    )
 }
 # Other names people use for the same formats (vLLM's among them).
 ALIASES = {"qwen": "hermes", "qwen2_5": "hermes", "qwen3": "hermes", "llama3": "llama3_json", "llama": "llama3_json"}
@@ -36,6 +46,8 @@ def detect(template: str | None) -> type[ToolParser] | None:
     t = template or ""
     if harmony.detect(t):
         return HarmonyParser  # gpt-oss: the whole reply is harmony messages, calls included
+    if "<|tool_call>" in t and "call:" in t:
+        return Gemma4Parser  # Gemma 4's own notation inside <|tool_call>...<tool_call|>
     if "<arg_key>" in t and "<arg_value>" in t:
         return GlmParser  # GLM-4.5 / 4.7: <tool_call> around key-value tags, not JSON
     if "<function=" in t and "<parameter=" in t:

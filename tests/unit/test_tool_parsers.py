@@ -48,7 +48,7 @@ PING = {"name": "ping"}  # no parameters: a call without arguments
 TOOLS = [WEATHER, NOTE, PING]
 OPENAI_TOOLS = [{"type": "function", "function": t} for t in TOOLS]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-FORMATS = ["hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral", "mistral_v11", "glm45", "glm47"]
+FORMATS = ["hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral", "mistral_v11", "glm45", "glm47", "gemma4"]
 
 
 def call(name: str, args: dict, i: int = 0) -> dict:
@@ -245,8 +245,9 @@ def test_glm_types_values_by_schema_and_tolerates_a_missing_value_end():
 
 
 def test_registry_names_and_aliases():
-    formats = ("hermes", "qwen3_coder", "llama3_json", "mistral", "mistral_v11", "glm45", "glm47")
-    assert {detect(TEMPLATES[f]).name for f in formats} == {"hermes", "qwen3_coder", "llama3_json", "mistral", "glm45"}
+    formats = ("hermes", "qwen3_coder", "llama3_json", "mistral", "mistral_v11", "glm45", "glm47", "gemma4")
+    names = {"hermes", "qwen3_coder", "llama3_json", "mistral", "glm45", "gemma4"}
+    assert {detect(TEMPLATES[f]).name for f in formats} == names
     assert detect(TEMPLATES["pythonic"]) is None and detect("{{ messages }}") is None  # needs the flag
     assert parser_named("none") is None and parser_named("pythonic").name == "pythonic"
     assert all(parser_named(a) is PARSERS[t] for a, t in ALIASES.items())
@@ -350,7 +351,7 @@ def test_sampled_forced_calls_parse_with_valid_arguments(tok, fmt):
     rng = random.Random(fmt)
     cls, template = parser_for(fmt)
     # Free-text string values written raw end only when a model chooses to: enum strings here.
-    tools = [WEATHER, PING] if fmt in ("qwen3_coder", "glm45", "glm47") else TOOLS
+    tools = [WEATHER, PING] if fmt in ("qwen3_coder", "glm45", "glm47", "gemma4") else TOOLS
     grammar = grammar_for(tok, fmt, tools)
     schemas = {t["name"]: t.get("parameters", {"type": "object", "maxProperties": 0}) for t in tools}
     for _ in range(6):
