@@ -77,9 +77,29 @@ _QWEN3NEXT = {
 ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _QWEN3NEXT})
 # LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
 ARCH_LAYER["lfm2"] = {f"shortconv.{t}": f"conv.{t}" for t in ("conv", "in_proj", "out_proj")}
+# Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
+# scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in
+# gguf_names.hf_name.
+ARCH_LAYER["gemma4"] = {
+    **_GEMMA,
+    "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1",
+    "post_ffw_norm_2": "post_feedforward_layernorm_2",
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+    "layer_output_scale": "layer_scalar",  # .weight dropped: a bare parameter in HF
+}
 # Global tensors whose meaning differs by architecture: LFM2's token_embd_norm is its final norm
 # (embedding_norm, applied after the last layer), not an embedding LayerNorm.
-ARCH_GLOBAL: dict[str, dict[str, str]] = {"lfm2": {"token_embd_norm": "model.norm"}}
+ARCH_GLOBAL: dict[str, dict[str, str]] = {
+    "lfm2": {"token_embd_norm": "model.norm"},
+    "gemma4": {
+        "per_layer_token_embd": "model.embed_tokens_per_layer",
+        "per_layer_model_proj": "model.per_layer_model_projection",
+        "per_layer_proj_norm": "model.per_layer_projection_norm",
+    },
+}
 # Architectures whose converter stored every RMSNorm weight w as 1 + w (Gemma's norms scale by 1 + w).
 NORM_PLUS_ONE = {"gemma2", "gemma3"}
 

@@ -234,7 +234,83 @@ def _lfm2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
+def _gemma4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4 (llama.cpp's Gemma4Model: no q/k permutation, norms as stored). The sliding layers' shape
+    is key_length_swa and the first sliding layer's KV heads, the full layers' key_length and theirs (a
+    per-layer head_count_kv); V is K's projection on the full layers when they have no attn_v. The full
+    layers' proportional rope is rope_freqs: divisor 1 for the pairs that turn, 1e30 for the rest."""
+    layers = cfg["num_hidden_layers"]
+    pattern = meta.get("attention.sliding_window_pattern")
+    sliding = [bool(x) for x in pattern][:layers] if isinstance(pattern, (list, tuple)) else [True] * layers
+    sliding[-1] = False
+    types = ["sliding_attention" if s else "full_attention" for s in sliding]
+    full = [i for i, s in enumerate(sliding) if not s]
+    kv = meta.get("attention.head_count_kv")
+    kv_full = int(kv[full[0]]) if isinstance(kv, (list, tuple)) else cfg["num_key_value_heads"]
+    kv_swa = int(kv[sliding.index(True)]) if isinstance(kv, (list, tuple)) and True in sliding else kv_full
+    global_dim = int(meta.need("attention.key_length"))
+    if int(meta.get("attention.value_length") or global_dim) != global_dim:
+        raise UnsupportedModelError(f"{meta.label}gemma4.attention.value_length differs from its key_length")
+    widths = meta.get("feed_forward_length")
+    shared = int(meta.get("attention.shared_kv_layers") or 0)
+    double = isinstance(widths, (list, tuple)) and len(set(widths)) > 1
+    inner = cfg["intermediate_size"]
+    if double and any(int(w) != (2 if i >= layers - shared else 1) * inner for i, w in enumerate(widths)):
+        raise UnsupportedModelError(f"{meta.label}gemma4.feed_forward_length={list(widths)} is not implemented")
+    out: dict[str, Any] = {
+        "model_type": "gemma4_text",
+        "num_key_value_heads": kv_swa,
+        "head_dim": int(meta.get("attention.key_length_swa") or global_dim),
+        "layer_types": types,
+        "per_layer_config": {str(i): {"head_dim": global_dim, "num_key_value_heads": kv_full} for i in full},
+        "attention_k_eq_v": f"blk.{full[0]}.attn_v.weight" not in tensors,
+        "sliding_window": int(meta.get("attention.sliding_window") or 512),
+        "num_kv_shared_layers": shared,
+        "use_double_wide_mlp": double,
+        "hidden_size_per_layer_input": int(meta.get("embedding_length_per_layer_input") or 0),
+        "final_logit_softcapping": meta.get("final_logit_softcapping"),
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base_swa", 10000.0))},
+            "full_attention": {
+                "rope_type": "proportional",
+                "rope_theta": cfg["rope_theta"],
+                "partial_rotary_factor": _turning_fraction(meta, tensors, global_dim),
+            },
+        },
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": cfg["tie_word_embeddings"],
+    }
+    ple = tensors.get("per_layer_token_embd.weight")
+    if ple is not None:
+        out["vocab_size_per_layer_input"] = int(ple.shape[1])
+    if meta.get("expert_count"):
+        out.update(
+            enable_moe_block=True,
+            num_experts=int(meta.need("expert_count")),
+            top_k_experts=int(meta.need("expert_used_count")),
+            moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
+        )
+    return out
+
+
+def _turning_fraction(meta: _Meta, tensors: dict[str, Any], head_dim: int) -> float:
+    """The share of the full layers' rope pairs that turn, from rope_freqs (1 = turns, 1e30 = still)."""
+    t = tensors.get("rope_freqs.weight")
+    if t is None:
+        return 1.0
+    import numpy as np
+
+    divisors = np.asarray(t.data, dtype=np.float64).reshape(-1)
+    turning = int((divisors == 1.0).sum())
+    if divisors.size != head_dim // 2 or not (divisors[:turning] == 1.0).all() or (divisors[turning:] < 1e29).any():
+        raise UnsupportedModelError(
+            f"{meta.label}tensor rope_freqs.weight is not a proportional rope (1 then 1e30 per pair); not implemented"
+        )
+    return 2 * turning / head_dim
+
+
 BUILDERS = {
+    "gemma4": _gemma4,
     "lfm2": _lfm2,
     "qwen3next": _qwen3next,
     "qwen35": _qwen3next,

@@ -68,7 +68,7 @@ def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name:
     builder = _BUILDERS.get(meta.arch) or BUILDERS.get(meta.arch)
     if builder is None:
         return None
-    if meta.arch not in ("exaone4",):  # (its builder reads the tensor)
+    if meta.arch not in ("exaone4", "gemma4"):  # (their builders read the tensor)
         rope_freqs_scaling(meta, tensors, None)  # refuses a rope_freqs tensor: no other family here has one
     if meta.arch != "mistral3":
         _temperature(meta, refuse=True)
@@ -87,7 +87,7 @@ def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
         # The embedding's rows, not the token list: llama.cpp trims Gemma 3's unused rows.
         "vocab_size": int(embd.shape[1]) if embd is not None else int(meta.need("vocab_size")),
         "hidden_size": int(meta.need("embedding_length")),
-        "intermediate_size": int(meta.scalar("feed_forward_length", 0) or 0),
+        "intermediate_size": _per_layer_min(meta, "feed_forward_length"),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": _kv_heads(meta, heads),
@@ -105,11 +105,23 @@ def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
 
 def _kv_heads(meta: _Meta, heads: int) -> int:
     """KV heads; a per-layer list where 0 marks a layer without attention (LFM2's short-conv layers)
-    gives the attention layers' count."""
+    gives the attention layers' count; Gemma 4's list (sliding and full layers differ) gives the first
+    layer's, its builder states the rest."""
     value = meta.get("attention.head_count_kv", heads)
     if isinstance(value, (list, tuple)) and 0 in value and len({v for v in value if v}) == 1:
         return int(next(v for v in value if v))
+    if isinstance(value, (list, tuple)) and meta.arch == "gemma4" and value:
+        return int(value[0])
     return int(meta.scalar("attention.head_count_kv", heads))
+
+
+def _per_layer_min(meta: _Meta, key: str) -> int:
+    """A width llama.cpp may state per layer: Gemma 4's MLP (its KV-sharing layers twice as wide: its
+    builder says so) takes the narrowest; elsewhere one value for every layer."""
+    value = meta.get(key)
+    if isinstance(value, (list, tuple)) and meta.arch == "gemma4" and value:
+        return int(min(value))
+    return int(meta.scalar(key, 0) or 0)
 
 
 def _norm_eps(meta: _Meta) -> float:

@@ -60,6 +60,10 @@ _LAYER = {
 # one expert at a time under the checkpoints' per-expert names (mlp.experts.<e>.<proj>.weight).
 _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_.]+)\.(weight|bias|scales|biases)$")
+# Gemma 4's router scales, named `.scale` by its converter: HF's router.scale and router.per_expert_scale
+# (family_gemma4 names them mlp.router_scale / mlp.per_expert_scale)
+_SCALE_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate_inp|ffn_down_exps)\.scale$")
+_SCALES = {"ffn_gate_inp": "mlp.router_scale", "ffn_down_exps": "mlp.per_expert_scale"}
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
 _BARE_RE = re.compile(r"^blk\.(\d+)\.ssm_a$")
 
@@ -76,12 +80,18 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         layer, part, kind = m.groups()
         if part in _EXPERTS:
             return f"model.layers.{layer}.mlp.experts.{_EXPERTS[part]}.{kind}"
+        if part == "ffn_gate_up_exps":  # Gemma 4's experts, gate and up rows in one tensor (split while read)
+            return f"model.layers.{layer}.mlp.experts.gate_up_proj.{kind}"
         mapped = ARCH_LAYER.get(arch, {}).get(part) or _LAYER.get(part)
         if mapped is None:
             return None
         hf = f"model.layers.{layer}.{mapped}.{kind}"
         hf = hf.replace(".e_score_correction.bias", ".e_score_correction_bias").replace(".sinks.weight", ".sinks")
+        hf = hf.replace(".layer_scalar.weight", ".layer_scalar")
         return hf.replace(".linear_attn.dt.bias", ".linear_attn.dt_bias")
+    m = _SCALE_RE.match(gguf_name)
+    if m:
+        return f"model.layers.{m.group(1)}.{_SCALES[m.group(2)]}"
     m = _BARE_RE.match(gguf_name)  # Qwen3-Next's A (its converter names it without a suffix)
     if m:
         return f"model.layers.{m.group(1)}.linear_attn.A_log"
@@ -399,4 +409,14 @@ def _split_experts(t: GGUFTensor, name: str) -> Iterator[tuple[str, Any]]:
     cols, rows, experts = t.shape
     stem, proj, kind = name.rsplit(".", 2)  # "model.layers.N.mlp.experts", "gate_proj", "weight"
     for e in range(experts):
-        yield f"{stem}.{e}.{proj}.{kind}", gguf_to_weight(t.tensor_type.name, t.data[e], rows, cols)
+        w = gguf_to_weight(t.tensor_type.name, t.data[e], rows, cols)
+        if proj == "gate_up_proj":  # gate rows first (Gemma 4's ffn_gate_up_exps)
+            half = rows // 2
+            yield f"{stem}.{e}.gate_proj.{kind}", _row_slice(w, 0, half)
+            yield f"{stem}.{e}.up_proj.{kind}", _row_slice(w, half, rows)
+        else:
+            yield f"{stem}.{e}.{proj}.{kind}", w
+
+
+def _row_slice(w: Any, start: int, end: int) -> Any:
+    return w.rows(start, end) if hasattr(w, "rows") else w[start:end]
