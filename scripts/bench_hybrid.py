@@ -1,11 +1,15 @@
-"""Speed of a hybrid (gated DeltaNet + attention) model: a random Qwen3-Next-shaped checkpoint, scaled down,
-in one run on Lantern's backends against the references on the same weights: torch vs transformers'
+"""Speed of an architecture with layers of its own kind: a random checkpoint of its shape, scaled down, in
+one run on Lantern's backends against the references on the same weights: torch vs transformers'
 generate, MLX vs mlx_lm's generate. bs=1 decode tok/s greedy and sampled (temperature 1.0), and
 Lantern's N-request throughput (prefill included; MLX on a CPU spends most of it in prefill, as mlx_lm
-does: a 128-token forward of this shape takes mlx_lm ~14 s on 2 cores).
+does: a 128-token forward of the Qwen3-Next shape takes mlx_lm ~14 s on 2 cores).
 
-  python scripts/bench_hybrid.py                       # ~0.4B params, bf16 on torch, float32 on MLX
-  python scripts/bench_hybrid.py --requests 8 --prompt-len 128 --out-len 64
+--arch qwen3_next (default): a hybrid of gated DeltaNet and attention layers with experts, ~0.4B params;
+--arch gemma4: Gemma 4's sliding / full layers of two head sizes, shared K/V in the last layers and
+per-layer embeddings, ~0.35B params.
+
+  python scripts/bench_hybrid.py                       # bf16 on torch, float32 on MLX
+  python scripts/bench_hybrid.py --arch gemma4 --requests 8 --prompt-len 128 --out-len 64
 """
 
 from __future__ import annotations
@@ -38,7 +42,30 @@ SHAPE = {
 }
 
 
-def prepare(out: Path) -> Path:
+GEMMA4_SHAPE = {
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "num_hidden_layers": 12,  # five sliding layers to one full, the last 4 reading earlier K/V
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "global_head_dim": 256,
+    "attention_k_eq_v": True,
+    "num_global_key_value_heads": 1,
+    "num_kv_shared_layers": 4,
+    "sliding_window": 512,
+    "intermediate_size": 4096,
+    "use_double_wide_mlp": True,
+    "hidden_size_per_layer_input": 64,
+    "vocab_size_per_layer_input": 32000,
+    "final_logit_softcapping": 30.0,
+    "max_position_embeddings": 4096,
+}
+SHAPES = {"qwen3_next": SHAPE, "gemma4": GEMMA4_SHAPE}
+
+
+def prepare(out: Path, arch: str = "qwen3_next") -> Path:
     if (out / "config.json").exists():
         return out
     import torch
@@ -48,12 +75,19 @@ def prepare(out: Path) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out)
-    config = AutoConfig.for_model("qwen3_next", **SHAPE, initializer_range=0.02, full_attention_interval=4)
+    if arch == "gemma4":
+        config = AutoConfig.for_model("gemma4_text", **GEMMA4_SHAPE, initializer_range=0.02)
+    else:
+        config = AutoConfig.for_model("qwen3_next", **SHAPE, initializer_range=0.02, full_attention_interval=4)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(str(out))
     cfg = json.loads((out / "config.json").read_text())  # mlx_lm reads the older key names
-    cfg.update(full_attention_interval=4, rope_theta=cfg["rope_parameters"]["rope_theta"], partial_rotary_factor=0.25)
+    if arch == "gemma4":
+        cfg.update(global_head_dim=256, num_global_key_value_heads=1)
+    else:
+        rope = cfg["rope_parameters"]["rope_theta"]
+        cfg.update(full_attention_interval=4, rope_theta=rope, partial_rotary_factor=0.25)
     (out / "config.json").write_text(json.dumps(cfg))
     return out
 
@@ -95,10 +129,13 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--out-len", type=int, default=64)
     ap.add_argument("--backends", default="torch,mlx")
+    ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3_next")
     args = ap.parse_args()
-    path = prepare(cache_dir() / "bench" / "qwen3-next-hybrid")
+    folder = "qwen3-next-hybrid" if args.arch == "qwen3_next" else args.arch
+    path = prepare(cache_dir() / "bench" / folder, args.arch)
     rng = random.Random(0)
-    prompts = [[rng.randrange(10, SHAPE["vocab_size"]) for _ in range(args.prompt_len)] for _ in range(args.requests)]
+    vocab = SHAPES[args.arch]["vocab_size"]
+    prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt_len)] for _ in range(args.requests)]
     rows = []
     for backend in args.backends.split(","):
         dtype = "bfloat16" if backend == "torch" else "float32"

@@ -87,6 +87,8 @@ def isq_candidates(cfg: Any) -> int:
     if getattr(cfg, "encoder", None) is not None:  # BERT: 3 embeddings; q, k, v, o and 2 MLP linears
         return 3 + 6 * cfg.num_layers
     total = 1 if cfg.tie_word_embeddings else 2  # embedding (+ lm_head)
+    if getattr(cfg, "gemma4", None) is not None:
+        return total + _gemma4_candidates(cfg)
     mla = cfg.mla
     # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
@@ -104,6 +106,19 @@ def isq_candidates(cfg: Any) -> int:
         else:  # stacked experts (gpt-oss) count one by one too: quantize_stream splits them
             shared = moe.shared_expert_size or getattr(moe, "shared_size", 0)  # Qwen2-MoE / DeepSeek
             total += 3 * moe.num_experts + (3 if shared else 0)
+    return total
+
+
+def _gemma4_candidates(cfg: Any) -> int:
+    """Gemma 4's matrices past the embedding: q and o everywhere, k (and v, unless V is K's projection on a
+    full layer) where a layer computes K/V; the per-layer-embedding table, projection and each layer's
+    gate and projection; the dense MLP, and the experts one by one."""
+    g4, moe = cfg.gemma4, cfg.moe
+    total = 2 if g4.ple_dim else 0
+    for layer in range(cfg.num_layers):
+        total += 2 + (2 if g4.ple_dim else 0) + 3 + (3 * moe.num_experts if moe is not None else 0)
+        if g4.kv_writers[layer]:
+            total += 1 if g4.k_eq_v and not g4.is_sliding(layer) else 2
     return total
 
 

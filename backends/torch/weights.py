@@ -43,6 +43,7 @@ from lantern.backends.torch.quant_linear import INT8PACK_COLS
 
 logger = logging.getLogger(__name__)
 
+EMBEDDINGS = ("embed_tokens", "embed_tokens_per_layer")  # tables looked up by id (Gemma 4's per-layer one too)
 _FUSED = {
     "q_proj": ("qkv_proj", 0, 3),
     "k_proj": ("qkv_proj", 1, 3),
@@ -159,7 +160,7 @@ class _Loader:
             bias = torch.cat([_as_torch(p) for p in parts]).to(self.device, self.dtype)
             _set_module(self.model, path, BiasAdded(self.model.get_submodule(path), bias))
             return
-        if path.endswith("embed_tokens") and isinstance(parts[0], Fp8Weight):
+        if path.endswith(EMBEDDINGS) and isinstance(parts[0], Fp8Weight):
             self.fp8 = True  # no FP8 gather: the table is float (an FP8 embedding is rare)
             parts = [_as_torch(parts[0].dequantize())]
         if kind == "weight" and path.endswith(".kv_b_proj") and _densified(self.model, path):
@@ -198,7 +199,7 @@ class _Loader:
         from lantern.backends.torch.quant_linear import quantized_embedding, quantized_linear, stacked_linear
         from lantern.backends.torch.triton_linear import fp8_groups
 
-        if path.endswith("embed_tokens"):
+        if path.endswith(EMBEDDINGS):
             return quantized_embedding(parts[0], self.device, self.dtype, self.errors)
         if all(isinstance(p, AffineWeight) for p in parts) and len({p.mode for p in parts}) == 1 and same_perm(parts):
             return quantized_linear(concat_rows(parts), None, self.device, self.dtype, self.errors)

@@ -229,3 +229,20 @@ def test_4bit_mlx_lm_folder_computes_what_mlx_lm_computes(converted, variant, ba
     scale = float(np.abs(expected).max())
     print(f"{variant} {backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
     assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale  # torch: activations in bf16 in its int4 kernel
+
+
+@pytest.mark.parametrize("variant", ["gemma4", "gemma4_moe"])
+def test_isq_q8_keeps_every_table_quantized_and_close(tiny_model_dir, variant, backend):
+    """--isq q8 quantizes the per-layer embedding table too (looked up by id, not multiplied) and the experts;
+    the logits stay as near the float model's as this tiny model allows: its logits spread little (soft-capped,
+    small weights), so the bound is set by what running it in bfloat16 alone costs (as quant_logits.tolerance)."""
+    from tests.models.quant_logits import logits_error
+
+    path = tiny_model_dir(variant)
+    err = logits_error(path, path, backend, quantization="q8")
+    bf16 = logits_error(path, path, backend, dtype="bfloat16")
+    assert err <= max(0.15, 5 * bf16), f"{variant} {backend}: {err:.4f} of the logits' spread (bfloat16: {bf16:.4f})"
+    llm = LLM(tiny_model_dir(variant), backend=backend, dtype="float32", num_kv_blocks=16, quantization="q8")
+    model = llm.engine.backend.model.model
+    tables = [model.embed_tokens] + ([model.embed_tokens_per_layer] if "embed_tokens_per_layer" in dir(model) else [])
+    assert all(type(t).__name__ not in ("Embedding",) for t in tables), [type(t).__name__ for t in tables]
