@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,3 +257,27 @@ def checkpoint_name(name: str, layers: Gemma4Layers) -> str | None:
     for pattern, replacement in _RENAMES:
         name = pattern.sub(replacement, name)
     return name
+
+
+def gguf_tensors(source: Iterator[tuple[str, Any]], cfg: Any) -> Iterator[tuple[str, Any]]:
+    """A Gemma 4 GGUF's stream in the model files' terms: the K/V tensors of KV-sharing layers (llama.cpp's
+    converter keeps what the checkpoint holds) dropped, and a --fuse-qkv file's attn_qkv split into q, k and
+    v by that layer's shape (a sharing layer keeps its q rows only)."""
+    layers = cfg.gemma4
+    for name, value in source:
+        if name.endswith(".self_attn.qkv_proj.weight"):
+            layer = int(name.split(".")[2])
+            sliding = layers.is_sliding(layer)
+            dim = cfg.head_dim if sliding else layers.global_head_dim
+            kv = (cfg.num_kv_heads if sliding else layers.global_kv_heads) * dim
+            q = cfg.num_heads * dim
+            if value.shape[0] != q + 2 * kv:
+                raise ValueError(f"{name} has {value.shape[0]} rows; layer {layer}'s q, k and v take {q + 2 * kv}")
+            base = name.removesuffix("qkv_proj.weight")
+            for part, start, end in (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv)):
+                sliced = f"{base}{part}.weight"
+                if checkpoint_name(sliced, layers) is not None:
+                    yield sliced, value.rows(start, end) if hasattr(value, "rows") else value[start:end]
+            continue
+        if checkpoint_name(name, layers) is not None:
+            yield name, value

@@ -89,6 +89,7 @@ ARCH_LAYER["gemma4"] = {
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
     "layer_output_scale": "layer_scalar",  # .weight dropped: a bare parameter in HF
+    "attn_qkv": "self_attn.qkv_proj",  # --fuse-qkv files: split per layer by family_gemma4.gguf_tensors
 }
 # Global tensors whose meaning differs by architecture: LFM2's token_embd_norm is its final norm
 # (embedding_norm, applied after the last layer), not an embedding LayerNorm.

@@ -263,7 +263,8 @@ def _gemma4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
         "head_dim": int(meta.get("attention.key_length_swa") or global_dim),
         "layer_types": types,
         "per_layer_config": {str(i): {"head_dim": global_dim, "num_key_value_heads": kv_full} for i in full},
-        "attention_k_eq_v": f"blk.{full[0]}.attn_v.weight" not in tensors,
+        # (a --fuse-qkv file has attn_qkv wherever a layer has q, k and v)
+        "attention_k_eq_v": not {f"blk.{full[0]}.attn_v.weight", f"blk.{full[0]}.attn_qkv.weight"} & set(tensors),
         "sliding_window": int(meta.get("attention.sliding_window") or 512),
         "num_kv_shared_layers": shared,
         "use_double_wide_mlp": double,

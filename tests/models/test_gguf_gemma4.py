@@ -67,3 +67,48 @@ def test_a_rope_freqs_tensor_that_is_not_proportional_is_refused(tiny_model_dir,
     path, _ = gguf_gemma4.convert_gemma4(Path(tiny_model_dir("gemma4")), tmp_path)
     with pytest.raises(UnsupportedModelError, match="rope_freqs"):
         resolve_model(str(path))
+
+
+def _with_shared_layers_kv(src, out):
+    """A copy of the tiny gemma4 folder whose KV-sharing layers (4: sliding, 5: full) carry K/V projections
+    and norms, as the released E2B / E4B checkpoints do (transformers ignores them)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    for layer, dim in ((4, 16), (5, 32)):
+        for proj in ("k_proj", "v_proj"):
+            tensors[f"model.layers.{layer}.self_attn.{proj}.weight"] = torch.full((2 * dim, 64), 9.0)
+        tensors[f"model.layers.{layer}.self_attn.k_norm.weight"] = torch.full((dim,), 9.0)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize("fuse_qkv", [False, True], ids=["separate", "fuse_qkv"])
+@pytest.mark.parametrize("variant", ["gemma4", "gemma4_moe"])
+def test_shared_layers_kv_and_fused_qkv_files(tiny_model_dir, tmp_path, monkeypatch, variant, fuse_qkv, backend):
+    """llama.cpp's converter keeps the sharing layers' K/V tensors a checkpoint holds (skipped here), and
+    --fuse-qkv writes attn_qkv wherever a layer has q, k and v: split by each layer's own shape (V = K's
+    projection still read from the missing attn_v on the full layers of gemma4_moe)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from tests.fixtures.gguf_gemma4 import convert_gemma4
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    src = Path(tiny_model_dir(variant))
+    if variant == "gemma4":
+        src = _with_shared_layers_kv(src, tmp_path / "with-kv")
+    path, ref = convert_gemma4(src, tmp_path / "gguf", fuse_qkv=fuse_qkv)
+    from gguf import GGUFReader
+
+    names = {t.name for t in GGUFReader(str(path)).tensors}
+    assert ("blk.0.attn_qkv.weight" in names) == fuse_qkv
+    want = ModelConfig.from_hf(json.loads((src / "config.json").read_text()))
+    assert resolve_model(str(path)).spec.config.gemma4 == want.gemma4
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    reference = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).eval()
+    assert_matches_reference(llm, reference, PROMPT, steps=6, atol=1e-4)

@@ -5,7 +5,7 @@ K/V shared by the last layers, per-layer embeddings, and the 26B-A4B's experts b
 A KV-sharing layer reads the pool layer of its source (kv_sources) and this step's K/V that layer
 computed (handed on per layer type through the forward pass), and writes nothing. The sliding layers
 rotate with the runner's table (meta.cos / sin: ModelConfig's head_dim and rope_theta are theirs);
-the full layers with their own proportional table, built on first use.
+the full layers with their own proportional rope, computed from each step's positions.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class CausalLM(llama.CausalLM):
             m.embed_tokens_per_layer = nn.Embedding(g4.ple_vocab, width, _weight=torch.empty(g4.ple_vocab, width))
             m.per_layer_model_projection = nn.Linear(cfg.hidden_size, width, bias=False)
             m.per_layer_projection_norm = RMSNorm(g4.ple_dim, cfg.rms_norm_eps)
-        self._global_table: Rope | None = None  # built on first use, on the weights' device
+        self._global_inv_freq: torch.Tensor | None = None  # on the weights' device, from the first step
 
     def hidden_states(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
         h = parallel_embed(self._embed, input_ids, self.tp, self.cfg.vocab_size)
@@ -200,13 +200,12 @@ class CausalLM(llama.CausalLM):
         return (proj + own.to(proj.dtype)) * (2.0**-0.5)
 
     def _global_rope(self, meta: TorchAttentionMetadata) -> Rope:
-        """(cos, sin) of the full layers at each token's position: the proportional rope over the whole head."""
+        """(cos, sin) of the full layers at each token's position: the proportional rope over the whole head,
+        computed per step from the positions (a table for a 262144-token context would take 1 GiB)."""
         device = meta.cos.device
-        # Built outside CUDA-graph capture: the graph runner's warm-up steps come first.
-        if self._global_table is None or self._global_table[0].device != device:
-            inv = torch.from_numpy(self.cfg.gemma4.global_inv_freq())
-            freqs = torch.outer(torch.arange(self.cfg.max_context, dtype=torch.float32), inv)
-            emb = torch.cat([freqs, freqs], dim=-1)
-            self._global_table = (emb.cos().to(device), emb.sin().to(device))
-        cos, sin = self._global_table
-        return cos[meta.positions].to(meta.cos.dtype), sin[meta.positions].to(meta.sin.dtype)
+        if self._global_inv_freq is None or self._global_inv_freq.device != device:
+            # Made outside CUDA-graph capture: the graph runner's warm-up steps come first.
+            self._global_inv_freq = torch.from_numpy(self.cfg.gemma4.global_inv_freq()).to(device)
+        freqs = meta.positions.float()[:, None] * self._global_inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(meta.cos.dtype), emb.sin().to(meta.sin.dtype)
