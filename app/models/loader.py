@@ -63,9 +63,17 @@ def _download(repo_id: str) -> Path:
         ) from None
 
 
+# Special tokens that end a turn whatever a file's eos ids say, by family (llama.cpp's end-of-generation set
+# takes them by text too): Gemma 4's end of turn and its hand-over to a tool after a call.
+_TURN_ENDS = {"gemma4": ("<turn|>", "<|tool_response>")}
+
+
 def _collect_eos(config: ModelConfig, tokenizer: Any, gen_cfg: dict[str, Any]) -> list[int]:
     ids: list[int] = []
-    for source in (gen_cfg.get("eos_token_id"), config.eos_token_ids, tokenizer.eos_token_id):
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = {str(getattr(t, "content", t)): i for i, t in added.items() if getattr(t, "special", False)}
+    turn_ends = [special[t] for t in _TURN_ENDS.get(config.family, ()) if t in special]
+    for source in (gen_cfg.get("eos_token_id"), config.eos_token_ids, tokenizer.eos_token_id, turn_ends):
         for t in [source] if isinstance(source, int) else list(source or []):
             if t not in ids:
                 ids.append(t)

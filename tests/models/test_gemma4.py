@@ -246,3 +246,24 @@ def test_isq_q8_keeps_every_table_quantized_and_close(tiny_model_dir, variant, b
     model = llm.engine.backend.model.model
     tables = [model.embed_tokens] + ([model.embed_tokens_per_layer] if "embed_tokens_per_layer" in dir(model) else [])
     assert all(type(t).__name__ not in ("Embedding",) for t in tables), [type(t).__name__ for t in tables]
+
+
+def test_turn_end_and_tool_hand_over_stop_generation(tiny_model_dir, tmp_path):
+    """Gemma 4's `<turn|>` and `<|tool_response>` end a reply whatever the folder's eos ids say (llama.cpp
+    takes them into its end-of-generation set by text too)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from lantern.app.models.loader import resolve_model
+
+    folder = tmp_path / "gemma4"
+    shutil.copytree(tiny_model_dir("gemma4"), folder)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok.add_special_tokens({"additional_special_tokens": ["<turn|>", "<|tool_response>", "<|turn>"]})
+    tok.save_pretrained(str(folder))
+    loaded = resolve_model(str(folder))
+    ends = [tok.convert_tokens_to_ids(t) for t in ("<turn|>", "<|tool_response>")]
+    assert set(ends) <= set(loaded.eos_token_ids)
+    assert tok.convert_tokens_to_ids("<|turn>") not in loaded.eos_token_ids
+    assert tok.eos_token_id in loaded.eos_token_ids
