@@ -13,7 +13,7 @@ import pytest
 
 from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
-from tests.fixtures.teacher_forcing import assert_matches_reference, teacher_forced_logits
+from tests.fixtures.teacher_forcing import assert_matches_reference, mlx_lm_error
 
 PROMPT = "Paged attention stores keys and values in blocks, while continuous batching"
 
@@ -214,19 +214,9 @@ def test_float_mlx_lm_folder_equals_the_original_model(converted, backend):
 def test_4bit_mlx_lm_folder_computes_what_mlx_lm_computes(converted, variant, backend):
     """mlx-community's layout (per-layer embeddings and experts quantized too, experts in switch_glu)."""
     pytest.importorskip("mlx_lm")
-    import mlx.core as mx
-    from mlx_lm import load
-
     folder, _ = converted(variant, "affine")
-    model, _ = load(str(folder))
     llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    prompt = llm.tokenizer.encode(PROMPT)
-    forced = [5, 17, 42, 99, 7, 3]
-    expected = np.array(model(mx.array([prompt + forced])).astype(mx.float32))[0]
-    rows = list(teacher_forced_logits(llm.engine, prompt, forced))
-    assert len(rows) == len(forced)
-    worst = max(float(np.abs(logits - expected[pos]).max()) for pos, logits in rows)
-    scale = float(np.abs(expected).max())
+    worst, scale = mlx_lm_error(llm, folder, PROMPT, [5, 17, 42, 99, 7, 3])
     print(f"{variant} {backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
     assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale  # torch: activations in bf16 in its int4 kernel
 

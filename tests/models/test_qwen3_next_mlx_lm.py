@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from lantern.app.engine import LLM
-from tests.fixtures.teacher_forcing import assert_matches_reference, teacher_forced_logits
+from tests.fixtures.teacher_forcing import assert_matches_reference, mlx_lm_error
 
 pytest.importorskip("mlx_lm")
 
@@ -45,18 +44,8 @@ def test_float_mlx_lm_folder_equals_the_original_model(converted, backend):
 
 
 def test_4bit_mlx_lm_folder_computes_what_mlx_lm_computes(converted, backend):
-    import mlx.core as mx
-    from mlx_lm import load
-
     folder, _ = converted("affine")
-    model, _ = load(str(folder))
     llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    prompt = llm.tokenizer.encode(PROMPT)
-    forced = [5, 17, 42, 99, 7, 3]
-    expected = np.array(model(mx.array([prompt + forced])).astype(mx.float32))[0]
-    rows = list(teacher_forced_logits(llm.engine, prompt, forced))
-    assert len(rows) == len(forced)
-    worst = max(float(np.abs(logits - expected[pos]).max()) for pos, logits in rows)
-    scale = float(np.abs(expected).max())
+    worst, scale = mlx_lm_error(llm, folder, PROMPT, [5, 17, 42, 99, 7, 3])
     print(f"{backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
     assert worst < (2e-3 if backend == "mlx" else 2e-2) * scale  # torch: activations in bf16 in its int4 kernel

@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import json
 
-import jsonschema
 import openai
 import pytest
 
 from tests.fixtures.tool_templates import GEMMA4, render
-from tests.server.conftest import start_server
-from tests.server.test_tool_calls import ASK, SCHEMAS, TOOLS, reassemble
+from tests.server.test_tool_calls import ASK, TOOLS, calls_of, reassemble, tool_model_server
 
 
 @pytest.fixture(scope="module")
 def gemma_server(tmp_path_factory, backend):
-    from tests.fixtures.tiny_models import build_model
-
-    model = build_model("llama2", tmp_path_factory.mktemp("gemma4_tools"), max_position_embeddings=4096)
-    threads = {"num_threads": 1} if backend == "torch" else {}
-    srv = start_server(str(model), backend=backend, chat_template=GEMMA4, **threads)
+    srv = tool_model_server(tmp_path_factory, backend, GEMMA4)
     yield srv
     srv.stop()
 
@@ -31,15 +25,6 @@ def gemma_server(tmp_path_factory, backend):
 @pytest.fixture(scope="module")
 def client(gemma_server):
     return openai.OpenAI(base_url=f"{gemma_server.base_url}/v1", api_key="unused", max_retries=0)
-
-
-def calls_of(message) -> list[tuple[str, dict]]:
-    out = []
-    for c in message.tool_calls or []:
-        args = json.loads(c.function.arguments)
-        jsonschema.validate(args, SCHEMAS[c.function.name])
-        out.append((c.function.name, args))
-    return out
 
 
 def test_required_call_in_gemma_notation_streams_alike(client):

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 
-import jsonschema
 import openai
 import pytest
 
 from tests.fixtures.tool_templates import GLM_45, render
-from tests.server.conftest import start_server
-from tests.server.test_tool_calls import ASK, SCHEMAS, TOOLS, reassemble
+from tests.server.test_tool_calls import ASK, TOOLS, calls_of, reassemble, tool_model_server
 
 # GLM-4.5's generation prompt: thinking on, or an empty closed block when enable_thinking is false.
 GLM_THINKING = GLM_45.replace(
@@ -27,11 +25,7 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 @pytest.fixture(scope="module")
 def glm_server(tmp_path_factory, backend):
-    from tests.fixtures.tiny_models import build_model
-
-    model = build_model("llama2", tmp_path_factory.mktemp("glm_tools"), max_position_embeddings=4096)
-    threads = {"num_threads": 1} if backend == "torch" else {}
-    srv = start_server(str(model), backend=backend, chat_template=GLM_THINKING, **threads)
+    srv = tool_model_server(tmp_path_factory, backend, GLM_THINKING)
     yield srv
     srv.stop()
 
@@ -39,15 +33,6 @@ def glm_server(tmp_path_factory, backend):
 @pytest.fixture(scope="module")
 def client(glm_server):
     return openai.OpenAI(base_url=f"{glm_server.base_url}/v1", api_key="unused", max_retries=0)
-
-
-def calls_of(message) -> list[tuple[str, dict]]:
-    out = []
-    for c in message.tool_calls or []:
-        args = json.loads(c.function.arguments)
-        jsonschema.validate(args, SCHEMAS[c.function.name])
-        out.append((c.function.name, args))
-    return out
 
 
 def test_required_call_in_glm_markup_streams_alike(client):

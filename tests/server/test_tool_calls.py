@@ -74,6 +74,26 @@ def check_calls(calls, names=None) -> list[tuple[str, dict]]:
     return out
 
 
+def tool_model_server(tmp_path_factory, backend: str, template: str):
+    """A server of the tiny llama with room for a tools system prompt, speaking through `template` (the
+    format tests of other model families: GLM, Gemma 4)."""
+    from tests.fixtures.tiny_models import build_model
+
+    model = build_model("llama2", tmp_path_factory.mktemp("tool_format"), max_position_embeddings=4096)
+    threads = {"num_threads": 1} if backend == "torch" else {}
+    return start_server(str(model), backend=backend, chat_template=template, **threads)
+
+
+def calls_of(message) -> list[tuple[str, dict]]:
+    """A reply's calls as (name, arguments), each checked against its function's schema."""
+    out = []
+    for c in message.tool_calls or []:
+        args = json.loads(c.function.arguments)
+        jsonschema.validate(args, SCHEMAS[c.function.name])
+        out.append((c.function.name, args))
+    return out
+
+
 def reassemble(chunks) -> tuple[str, list[tuple[str, str, str]], str | None]:
     """Content, [(id, name, arguments)] and finish reason from streamed chunks, as a client
     accumulates them: a call's first delta brings id and name, later ones argument text."""
