@@ -135,34 +135,25 @@ _TEXT_PREFIXES = (
 
 
 def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The gemma3_text config inside a multimodal gemma3 config.json (as Gemma3Config builds it:
-    the wrapper's tie_word_embeddings and token ids apply when text_config lacks them)."""
-    text = dict(cfg.get("text_config") or {})
-    text["model_type"] = "gemma3_text"
-    # The wrapper decides tying (Gemma3Config's default: tied), whatever text_config says.
-    text["tie_word_embeddings"] = cfg.get("tie_word_embeddings", True)
-    # Gemma3ForConditionalGeneration never soft-caps its logits (shipped configs say null anyway).
+    """The gemma3_text config inside a multimodal gemma3 config.json, as Gemma3Config builds it (the
+    wrapper ties, by default yes); Gemma3ForConditionalGeneration never soft-caps its logits (shipped
+    configs say null anyway)."""
+    from lantern.app.models.spec import wrapped_text_config
+
+    text = wrapped_text_config(cfg, "gemma3_text", cfg.get("tie_word_embeddings", True), _GEMMA3_TEXT_DEFAULTS)
     text["final_logit_softcapping"] = None
-    for key in (
-        "eos_token_id",
-        "bos_token_id",
-        "pad_token_id",
-        "quantization_config",
-        "quantization",
-    ):
-        if key not in text and key in cfg:
-            text[key] = cfg[key]
-    # Gemma3TextConfig's defaults for the keys ModelConfig.from_hf requires (shipped text_configs omit some).
-    for key, value in (
-        ("vocab_size", 262_208),
-        ("hidden_size", 2304),
-        ("intermediate_size", 9216),
-        ("num_hidden_layers", 26),
-        ("num_attention_heads", 8),
-        ("num_key_value_heads", 4),
-    ):
-        text.setdefault(key, value)
     return text
+
+
+# Gemma3TextConfig's defaults for the keys ModelConfig.from_hf requires (shipped text_configs omit some).
+_GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+}
 
 
 def text_weight_name(name: str) -> str | None:

@@ -23,7 +23,6 @@ What differs from Gemma 3 (the maths both backends implement, transformers 5's G
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,13 +31,10 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.errors import refuse as _refuse
 
 _LAYER_TYPES = ("sliding_attention", "full_attention")
 _ROPES = ("default", "proportional")
-
-
-def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
 
 
 @dataclass(frozen=True)
@@ -47,8 +43,7 @@ class Gemma4Layers:
     global_head_dim: int  # full-attention layers' head_dim (sliding ones: ModelConfig.head_dim)
     global_kv_heads: int
     k_eq_v: bool  # full layers take V from K's projection (no v_proj)
-    kv_sources: tuple[int, ...]  # per layer: the KV-pool layer its attention reads
-    kv_writers: tuple[bool, ...]  # per layer: it computes K/V and writes them (False: reads another's)
+    kv_sources: tuple[int, ...]  # per layer: the KV-pool layer its attention reads (its own, or an earlier one)
     mlp_widths: tuple[int, ...]
     ple_dim: int  # hidden_size_per_layer_input; 0: no per-layer embeddings
     ple_vocab: int
@@ -59,6 +54,10 @@ class Gemma4Layers:
     def is_sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == "sliding_attention"
 
+    def writes_kv(self, layer: int) -> bool:
+        """The layer computes K/V and writes its own pool layer (False: it reads an earlier layer's)."""
+        return self.kv_sources[layer] == layer
+
     def global_inv_freq(self) -> np.ndarray:
         """The full layers' inverse frequencies over the whole head (transformers' proportional rope)."""
         dim = self.global_head_dim
@@ -68,25 +67,23 @@ class Gemma4Layers:
         return (inv / np.float32(self.global_rope_factor)).astype(np.float32)
 
 
-def _kv_sharing(types: list[str], shared: int) -> tuple[tuple[int, ...], tuple[bool, ...]]:
-    """Each layer's KV-pool layer and whether it writes it (Gemma4TextConfig.kv_sharing_modes): the last
-    `shared` layers read the last earlier layer of their type; the pool holds the writing layers only."""
+def _kv_sharing(types: list[str], shared: int) -> tuple[int, ...]:
+    """Each layer's KV-pool layer (Gemma4TextConfig.kv_sharing_modes): its own, or for the last `shared`
+    layers the last earlier layer of their type; the pool holds the writing layers only."""
     n = len(types)
     first = n - shared
     if shared and first <= 0:
         raise _refuse("num_kv_shared_layers", shared, f" (every one of the {n} layers would share K/V)")
-    sources, writers = [], []
+    sources = []
     for i in range(n):
         if i < first:
             sources.append(i)
-            writers.append(True)
             continue
         producers = [j for j in range(first) if types[j] == types[i]]
         if not producers:
             raise _refuse("num_kv_shared_layers", shared, f" (layer {i}'s type {types[i]} has no earlier layer)")
         sources.append(producers[-1])
-        writers.append(False)
-    return tuple(sources), tuple(writers)
+    return tuple(sources)
 
 
 def _shapes_by_type(
@@ -168,10 +165,10 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     kv_heads, head_dim = shapes_by_type.get("sliding_attention", (kv_heads, head_dim))
     if fields["num_heads"] % global_kv or fields["num_heads"] % kv_heads:
         raise _refuse("num_global_key_value_heads", global_kv, " (query heads must be a multiple of the KV heads)")
-    sources, writers = _kv_sharing(types, int(cfg.get("num_kv_shared_layers", 0) or 0))
+    sources = _kv_sharing(types, int(cfg.get("num_kv_shared_layers", 0) or 0))
     inner = int(cfg["intermediate_size"])
     double = bool(cfg.get("use_double_wide_mlp", False))
-    widths = tuple(inner * (2 if double and not w else 1) for w in writers)
+    widths = tuple(inner * (2 if double and s != i else 1) for i, s in enumerate(sources))
     moe = None
     if cfg.get("enable_moe_block"):  # the routed mixture beside every layer's dense MLP
         from lantern.app.models.family_moe import MoEConfig
@@ -187,7 +184,6 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         global_kv_heads=global_kv,
         k_eq_v=k_eq_v,
         kv_sources=sources,
-        kv_writers=writers,
         mlp_widths=widths,
         ple_dim=int(cfg.get("hidden_size_per_layer_input", 256) or 0),
         ple_vocab=int(cfg.get("vocab_size_per_layer_input", cfg["vocab_size"])),
@@ -195,7 +191,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         global_rope_fraction=rope["global_rope_fraction"],
         global_rope_factor=rope["global_rope_factor"],
     )
-    shapes = tuple(shapes_by_type[t] for t, w in zip(types, writers) if w)
+    shapes = tuple(shapes_by_type[t] for i, t in enumerate(types) if sources[i] == i)
     cap = cfg.get("final_logit_softcapping")
     return {
         "gemma4": layers,
@@ -217,23 +213,22 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 
 
 def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The gemma4_text config inside a vision-language gemma4 config.json (Gemma4Config: the wrapper
-    decides tying; its token ids and quantization apply where text_config lacks them)."""
-    text = {**(cfg.get("text_config") or {}), "model_type": "gemma4_text"}
-    text["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
-    for key in ("eos_token_id", "bos_token_id", "pad_token_id", "quantization_config", "quantization"):
-        if key not in text and key in cfg:
-            text[key] = cfg[key]
-    for key, value in (  # Gemma4TextConfig's defaults for the keys ModelConfig.from_hf requires
-        ("vocab_size", 262_144),
-        ("hidden_size", 2304),
-        ("intermediate_size", 9216),
-        ("num_hidden_layers", 30),
-        ("num_attention_heads", 8),
-        ("num_key_value_heads", 4),
-    ):
-        text.setdefault(key, value)
-    return text
+    """The gemma4_text config inside a vision-language gemma4 config.json (Gemma4Config: the wrapper ties,
+    by default yes)."""
+    from lantern.app.models.spec import wrapped_text_config
+
+    return wrapped_text_config(cfg, "gemma4_text", cfg.get("tie_word_embeddings", True), _TEXT_DEFAULTS)
+
+
+# Gemma4TextConfig's defaults for the keys ModelConfig.from_hf requires.
+_TEXT_DEFAULTS = {
+    "vocab_size": 262_144,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+}
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -252,7 +247,7 @@ def checkpoint_name(name: str, layers: Gemma4Layers) -> str | None:
     `mlp` (beside the dense MLP's projections); None for the K/V projections and norms a KV-sharing
     layer's checkpoint may still carry (transformers ignores them too)."""
     m = _LAYER.match(name)
-    if m and not layers.kv_writers[int(m.group(1))] and _SHARED_KV.search(name):
+    if m and not layers.writes_kv(int(m.group(1))) and _SHARED_KV.search(name):
         return None
     for pattern, replacement in _RENAMES:
         name = pattern.sub(replacement, name)

@@ -52,12 +52,9 @@ def mlp_width(cfg: dict[str, Any]) -> int:
 def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """The language model's config inside an LFM2-VL config.json (Lfm2VlConfig: the wrapper ties, by
     default yes; its token ids and quantization apply when text_config lacks them)."""
-    text = {**(cfg.get("text_config") or {}), "model_type": "lfm2"}
-    text["tie_word_embeddings"] = bool(cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True)))
-    for key in ("eos_token_id", "bos_token_id", "quantization_config", "quantization"):
-        if key not in text and key in cfg:
-            text[key] = cfg[key]
-    return text
+    from lantern.app.models.spec import wrapped_text_config
+
+    return wrapped_text_config(cfg, "lfm2", cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True)))
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:

@@ -140,13 +140,9 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     (Mistral3ForConditionalGeneration ties lm_head to the embedding by the wrapper's
     tie_word_embeddings, default true, whatever text_config says) and its token ids and
     quantization where text_config lacks them."""
-    text = dict(cfg.get("text_config") or {})
-    text.setdefault("model_type", "mistral")  # Mistral3Config's default text model
-    text["tie_word_embeddings"] = cfg.get("tie_word_embeddings", True)
-    for key in ("eos_token_id", "bos_token_id", "pad_token_id", "quantization_config", "quantization"):
-        if key not in text and key in cfg:
-            text[key] = cfg[key]
-    if text["model_type"] == "ministral3":  # the keys ModelConfig.from_hf requires, as Ministral3Config fills them
-        for key, value in _DEFAULTS.items():
-            text.setdefault(key, value)
-    return text
+    from lantern.app.models.spec import wrapped_text_config
+
+    model_type = (cfg.get("text_config") or {}).get("model_type", "mistral")  # Mistral3Config's default text model
+    # the keys ModelConfig.from_hf requires, as Ministral3Config fills them
+    defaults = _DEFAULTS if model_type == "ministral3" else None
+    return wrapped_text_config(cfg, model_type, cfg.get("tie_word_embeddings", True), defaults)

@@ -64,14 +64,10 @@ class LinearAttnConfig:
 
 def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """The language model's config inside a Qwen3.5 vision-language config.json."""
-    text = dict(cfg.get("text_config") or {})
-    text["model_type"] = _WRAPPED[cfg["model_type"]]
-    # The wrapper's tying decides (transformers ties by the outer config; Qwen3_5Config's default: untied).
-    text["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-    for key in ("eos_token_id", "bos_token_id", "quantization_config", "quantization"):
-        if key not in text and key in cfg:
-            text[key] = cfg[key]
-    return text
+    from lantern.app.models.spec import wrapped_text_config
+
+    # The wrapper's tying decides (Qwen3_5Config's default: untied).
+    return wrapped_text_config(cfg, _WRAPPED[cfg["model_type"]], cfg.get("tie_word_embeddings", False))
 
 
 def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[bool, ...]:

@@ -117,7 +117,7 @@ def _gemma4_candidates(cfg: Any) -> int:
     total = 2 if g4.ple_dim else 0
     for layer in range(cfg.num_layers):
         total += 2 + (2 if g4.ple_dim else 0) + 3 + (3 * moe.num_experts if moe is not None else 0)
-        if g4.kv_writers[layer]:
+        if g4.writes_kv(layer):
             total += 1 if g4.k_eq_v and not g4.is_sliding(layer) else 2
     return total
 

@@ -85,6 +85,24 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 
 
+_WRAPPER_KEYS = ("eos_token_id", "bos_token_id", "pad_token_id", "quantization_config", "quantization")
+
+
+def wrapped_text_config(
+    cfg: dict[str, Any], model_type: str, tie: bool, defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The language model's config inside a vision-language config.json: its text_config as `model_type`,
+    tied as the wrapper decides (`tie`: transformers ties by the outer config), the wrapper's token ids and
+    quantization where text_config lacks them, and the text config class's `defaults` for keys it omits."""
+    text = {**(cfg.get("text_config") or {}), "model_type": model_type, "tie_word_embeddings": bool(tie)}
+    for key in _WRAPPER_KEYS:
+        if key not in text and key in cfg:
+            text[key] = cfg[key]
+    for key, value in (defaults or {}).items():
+        text.setdefault(key, value)
+    return text
+
+
 def _text_config(module: str) -> Any:
     return lambda cfg: importlib.import_module(f"lantern.app.models.{module}").text_config_of(cfg)
 

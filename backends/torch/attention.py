@@ -180,11 +180,9 @@ def paged_attention(
     With a pool whose V lies inside K (v_is_k_prefix), v is None and the output is [T, H, v_dim]."""
     pool = meta.pool
     k_pool, v_pool = meta.layer_kv if meta.layer_kv is not None else (pool.k[layer], pool.v[layer])
-    if not write:
-        pass
-    elif pool.v_is_k_prefix:
+    if write and pool.v_is_k_prefix:
         ops.write_kv(k_pool, None, k, None, meta.slot_mapping, meta.may_skip_slots)
-    else:
+    elif write:
         ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping, meta.may_skip_slots)
     extras = dict(window=window, softcap=softcap, sinks=sinks)
     pieces = []

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lantern.app.engine import LLM, SamplingParams
+from lantern.app.engine import LLM
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
-from tests.fixtures.teacher_forcing import assert_matches_reference, mlx_lm_error
+from tests.fixtures.teacher_forcing import assert_matches_reference, assert_same_greedy, mlx_lm_error
 
 PROMPT = "Paged attention stores keys and values in blocks, while continuous batching"
 
@@ -139,36 +139,25 @@ def test_vision_language_folder_serves_its_language_model(tiny_model_dir, tmp_pa
     towers beside, and K/V projections of the sharing layers as released checkpoints carry them) gives the
     text model's tokens."""
     import torch
-    from safetensors.torch import load_file, save_file
+
+    from tests.fixtures.tiny_models import vision_language_folder
 
     src = Path(tiny_model_dir("gemma4"))
-    text = json.loads((src / "config.json").read_text())
-    for f in src.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            (tmp_path / f.name).write_bytes(f.read_bytes())
-    wrapped = {
+    wrapper = {
         "model_type": "gemma4",
         "architectures": ["Gemma4ForConditionalGeneration"],
-        "text_config": {k: v for k, v in text.items() if k != "architectures"},
         "vision_config": {"hidden_size": 8},
         "tie_word_embeddings": True,
     }
-    (tmp_path / "config.json").write_text(json.dumps(wrapped))
-    tensors = {
-        n.replace("model.", "model.language_model.", 1): t for n, t in load_file(src / "model.safetensors").items()
+    extra = {
+        "model.vision_tower.encoder.layers.0.mlp.weight": torch.ones(3, 3),
+        "model.embed_vision.embedding_projection.weight": torch.ones(4, 4),
+        "model.audio_tower.conv.weight": torch.ones(2, 2),
     }
-    tensors["model.vision_tower.encoder.layers.0.mlp.weight"] = torch.ones(3, 3)
-    tensors["model.embed_vision.embedding_projection.weight"] = torch.ones(4, 4)
-    tensors["model.audio_tower.conv.weight"] = torch.ones(2, 2)
     for layer in (4, 5):  # sharing layers: transformers ignores their K/V projections
-        tensors[f"model.language_model.layers.{layer}.self_attn.k_proj.weight"] = torch.full((32, 64), 9.0)
-        tensors[f"model.language_model.layers.{layer}.self_attn.k_norm.weight"] = torch.full((32,), 9.0)
-    save_file(tensors, tmp_path / "model.safetensors")
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    prompt = ["Continuous batching lets new requests join"]
-    ours = LLM(str(tmp_path), backend=backend, dtype="float32", num_kv_blocks=64).generate(prompt, params)
-    plain = LLM(str(src), backend=backend, dtype="float32", num_kv_blocks=64).generate(prompt, params)
-    assert ours[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+        extra[f"model.language_model.layers.{layer}.self_attn.k_proj.weight"] = torch.full((32, 64), 9.0)
+        extra[f"model.language_model.layers.{layer}.self_attn.k_norm.weight"] = torch.full((32,), 9.0)
+    assert_same_greedy(vision_language_folder(src, tmp_path, wrapper, extra), src, backend)
 
 
 def test_kv_pool_holds_each_layer_in_its_shape(tiny_model_dir, backend):

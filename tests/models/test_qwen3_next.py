@@ -6,7 +6,6 @@ tests/conformance/test_recurrent_state.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -109,35 +108,20 @@ def test_unimplemented_keys_are_refused_by_name(extra, key):
 def test_qwen35_vision_language_folder_serves_its_language_model(tiny_model_dir, tmp_path, backend):
     """A Qwen3_5ForConditionalGeneration folder (text_config, model.language_model.* names, a vision
     tower and MTP weights beside) gives the text model's tokens."""
-    from safetensors.torch import load_file, save_file
-
-    from lantern.app.engine import LLM, SamplingParams
+    from tests.fixtures.teacher_forcing import assert_same_greedy
+    from tests.fixtures.tiny_models import vision_language_folder
 
     src = Path(tiny_model_dir("qwen3_5"))
-    text = json.loads((src / "config.json").read_text())
-    for f in src.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            (tmp_path / f.name).write_bytes(f.read_bytes())
-    wrapped = {
+    wrapper = {
         "model_type": "qwen3_5",
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         # the text model is tied; text_config saying otherwise is overruled by the wrapper's key, as transformers does
-        "text_config": {**{k: v for k, v in text.items() if k != "architectures"}, "tie_word_embeddings": False},
+        "text_config": {"tie_word_embeddings": False},
         "vision_config": {"depth": 1},
         "tie_word_embeddings": True,
     }
-    (tmp_path / "config.json").write_text(json.dumps(wrapped))
-    tensors = {
-        n.replace("model.", "model.language_model.", 1): t for n, t in load_file(src / "model.safetensors").items()
-    }
-    tensors["model.visual.blocks.0.attn.qkv.weight"] = torch.ones(3, 3)
-    tensors["mtp.fc.weight"] = torch.ones(4, 4)
-    save_file(tensors, tmp_path / "model.safetensors")
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    prompt = ["Continuous batching lets new requests join"]
-    ours = LLM(str(tmp_path), backend=backend, dtype="float32", num_kv_blocks=64).generate(prompt, params)
-    plain = LLM(str(src), backend=backend, dtype="float32", num_kv_blocks=64).generate(prompt, params)
-    assert ours[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+    extra = {"model.visual.blocks.0.attn.qkv.weight": torch.ones(3, 3), "mtp.fc.weight": torch.ones(4, 4)}
+    assert_same_greedy(vision_language_folder(src, tmp_path, wrapper, extra), src, backend)
 
 
 def _inputs(length: int, case: str, heads: int = 2, dk: int = 128, dv: int = 64, seed: int = 0):

@@ -47,7 +47,7 @@ class Attention(nn.Module):
         g4 = cfg.gemma4
         self.sliding = g4.is_sliding(layer_idx)
         self.layer_type = g4.layer_types[layer_idx]
-        self.kv_index, self.writes = g4.kv_sources[layer_idx], g4.kv_writers[layer_idx]
+        self.kv_index, self.writes = g4.kv_sources[layer_idx], g4.writes_kv(layer_idx)
         self.window = cfg.layer_windows[layer_idx] if cfg.layer_windows else None
         d, eps, heads = cfg.hidden_size, cfg.rms_norm_eps, cfg.num_heads
         self.n_heads = heads
