@@ -156,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--reasoning-parser",
         default=None,
         metavar="NAME",
-        help="split <think> reasoning into reasoning_content: think (alias qwen3, deepseek_r1) or none "
-        "(default: on when the chat template has <think>)",
+        help="split reasoning into reasoning_content: think (<think> blocks; alias qwen3, deepseek_r1), gemma4 "
+        "(<|channel>thought...<channel|>) or none (default: read from the chat template)",
     )
     serve.add_argument(
         "--mcp-config",

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lantern.app.engine import InvalidRequestError, SamplingParams, StructuredSpec
-from lantern.app.engine.reasoning import THINK_END, THINK_START
+from lantern.app.engine.reasoning import ReasoningMarkup
 from lantern.app.engine.structured import DEFAULT_JSON_WHITESPACE
 from lantern.server.tool_parsers.grammar import reasoning_then
 
@@ -181,15 +181,17 @@ def _answer_rule(spec: StructuredSpec) -> str:
     return "answer: %lark {\n" + text + "\n}"  # a nested grammar: its rule names stay its own
 
 
-def after_reasoning(spec: StructuredSpec, lit: Callable[[str], str], in_think: bool) -> StructuredSpec:
-    """`spec` applied after the model's `<think>` block (`lit`: the tokenizer's marker literals,
+def after_reasoning(
+    spec: StructuredSpec, lit: Callable[[str], str], markup: ReasoningMarkup, in_think: bool
+) -> StructuredSpec:
+    """`spec` applied after the model's reasoning block (`markup`: its markers; `lit`: the tokenizer's marker literals,
     server/tool_parsers/grammar.py literal_maker; `in_think`: the prompt opened the block). The
     block's end is allowed anywhere in it, so a thinking_token_budget can always close it. A choice
     list whose every option writes a reasoning marker (opens the block, or closes the one the prompt
     opened) scripts the reasoning itself: it applies as given, from the first token."""
-    if spec.kind == "choice" and all(THINK_START in c or THINK_END in c for c in spec.value):
+    if spec.kind == "choice" and all(markup.start in c or markup.end in c for c in spec.value):
         return spec
-    rules = ["%llguidance {}", *reasoning_then("answer", lit, (THINK_START, THINK_END), in_think), _answer_rule(spec)]
+    rules = ["%llguidance {}", *reasoning_then("answer", lit, markup, in_think), _answer_rule(spec)]
     return StructuredSpec("lark", "\n".join(rules) + "\n", param=spec.param)
 
 

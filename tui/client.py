@@ -89,16 +89,17 @@ class EngineClient:
             raise ChatError(f"{exc}; restart `lantern chat` to go on") from None
 
     def _reasoner(self, ids: list[int], params: SamplingParams) -> reasoning.ReasoningParser | None:
-        """A `<think>` splitter when the chat template writes reasoning blocks, started inside one
+        """A reasoning splitter when the chat template writes reasoning blocks, started inside one
         when the rendered prompt opened it (the same rule as the server's chat route)."""
-        if not reasoning.detect(self.engine.chat_template):
+        markup = reasoning.detect(self.engine.chat_template)
+        if markup is None:
             return None
-        state = reasoning.prompt_state(self.engine.tokenizer, ids)
+        state = reasoning.prompt_state(self.engine.tokenizer, ids, markup)
         if state == "closed":  # thinking switched off by the template: all answer
             return None
-        if reasoning.markers_are_special(self.engine.tokenizer):
+        if reasoning.markers_are_special(self.engine.tokenizer, markup):
             params.skip_special_tokens = False  # else the markers vanish from the decoded text
-        return reasoning.ReasoningParser(in_reasoning=state == "open")
+        return reasoning.ReasoningParser(in_reasoning=state == "open", markup=markup)
 
     def _visible(self, out: CompletionOutput, params: SamplingParams) -> str:
         """The text delta without the end-of-turn token's text, which shows once special tokens

@@ -20,6 +20,7 @@ from lantern.app.engine.errors import EngineDeadError, InvalidRequestError
 from lantern.app.engine.kv_sizing import plan_kv_cache
 from lantern.app.engine.metrics import EngineStats
 from lantern.app.engine.output_processor import OutputProcessor, RequestState
+from lantern.app.engine.reasoning import THINK, detect
 from lantern.app.engine.reasoning_budget import ThinkingBudgets
 from lantern.app.engine.request import RequestOutput
 from lantern.app.engine.sampling_params import SamplingParams, StructuredSpec
@@ -107,7 +108,8 @@ class LLMEngine:
         )
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        self.budgets = ThinkingBudgets(self.tokenizer, self.grammars.vocab)  # thinking_token_budget
+        # thinking_token_budget, counted in the reasoning markup the chat template shows (<think> when none)
+        self.budgets = ThinkingBudgets(self.tokenizer, self.grammars.vocab, detect(self.chat_template) or THINK)
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
         self._consecutive_failures = 0

@@ -1,4 +1,5 @@
-"""Reasoning split from the answer: `<think>…</think>` (Qwen3, QwQ, DeepSeek-R1 and its distills).
+"""Reasoning split from the answer: `<think>…</think>` (Qwen3, QwQ, DeepSeek-R1 and its distills) and
+Gemma 4's thought channel, `<|channel>thought\n…<channel|>` (ReasoningMarkup names a model's markers).
 
 The reasoning block may open in the output (`<think>` first, Qwen3) or in the prompt (the
 template ends the generation prompt with `<think>`: R1 distills, Qwen3 thinking-2507), so the
@@ -12,10 +13,35 @@ same way: the OpenAI routes, and the terminal chat running the engine in-process
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 THINK_START, THINK_END = "<think>", "</think>"
-NAMES = {"think": "think", "qwen3": "think", "deepseek_r1": "think", "qwq": "think"}
+
+
+@dataclass(frozen=True)
+class ReasoningMarkup:
+    """How a model marks its reasoning block. `label` follows the opener as ordinary text (Gemma 4
+    opens with the special token `<|channel>` then the channel's name, "thought"), so `start`, the
+    text that opens a block, is opener + label; `markers` are the texts that may be special tokens."""
+
+    name: str
+    opener: str
+    end: str
+    label: str = ""
+
+    @property
+    def start(self) -> str:
+        return self.opener + self.label
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        return (self.opener, self.end)
+
+
+THINK = ReasoningMarkup("think", THINK_START, THINK_END)
+GEMMA4 = ReasoningMarkup("gemma4", "<|channel>", "<channel|>", "thought")
+NAMES = {"think": THINK, "qwen3": THINK, "deepseek_r1": THINK, "qwq": THINK, "gemma4": GEMMA4}
 CHOICES = sorted([*NAMES, "none"])
 
 
@@ -31,37 +57,43 @@ def _split_at(text: str, marker: str) -> tuple[str, str | None]:
     return text, None
 
 
-def detect(template: str | None) -> bool:
-    """Whether a chat template belongs to a model that writes `<think>` blocks."""
-    return THINK_END in (template or "") or THINK_START in (template or "")
+def detect(template: str | None) -> ReasoningMarkup | None:
+    """The reasoning markup of the model a chat template belongs to, None when it writes none.
+    Gemma 4's templates name its channel opener (the generation prompt closes an empty thought
+    channel when thinking is off; earlier turns' thoughts are stripped); harmony's `<|channel|>`
+    is a different marker and is not matched."""
+    text = template or ""
+    if GEMMA4.opener in text:
+        return GEMMA4
+    return THINK if THINK_END in text or THINK_START in text else None
 
 
-def prompt_state(tokenizer: Any, prompt_ids: list[int]) -> str | None:
-    """The prompt's end: "open" when it ends inside a `<think>` block (the output starts reasoning),
+def prompt_state(tokenizer: Any, prompt_ids: list[int], markup: ReasoningMarkup = THINK) -> str | None:
+    """The prompt's end: "open" when it ends inside a reasoning block (the output starts reasoning),
     "closed" when it ends right after one (thinking switched off: the output is the answer),
     None when the output may or may not open one."""
     tail = tokenizer.decode(prompt_ids[-16:], skip_special_tokens=False).rstrip()
-    if tail.endswith(THINK_START):
+    if tail.endswith(markup.start):
         return "open"
-    return "closed" if tail.endswith(THINK_END) else None
+    return "closed" if tail.endswith(markup.end) else None
 
 
-def markers_are_special(tokenizer: Any) -> bool:
-    """Whether the tokenizer has `<think>`/`</think>` as special tokens, which decoding with
+def markers_are_special(tokenizer: Any, markup: ReasoningMarkup = THINK) -> bool:
+    """Whether the tokenizer has the markup's markers as special tokens, which decoding with
     skip_special_tokens would drop (the split then needs them decoded)."""
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     special = {str(getattr(t, "content", t)) for t in added.values() if getattr(t, "special", False)}
-    return THINK_START in special or THINK_END in special
+    return any(m in special for m in markup.markers)
 
 
-def prompt_opens_reasoning(tokenizer: Any, prompt_ids: list[int]) -> bool:
-    return prompt_state(tokenizer, prompt_ids) == "open"
+def prompt_opens_reasoning(tokenizer: Any, prompt_ids: list[int], markup: ReasoningMarkup = THINK) -> bool:
+    return prompt_state(tokenizer, prompt_ids, markup) == "open"
 
 
 class ReasoningParser:
-    markers = (THINK_START, THINK_END)
-
-    def __init__(self, in_reasoning: bool = False) -> None:
+    def __init__(self, in_reasoning: bool = False, markup: ReasoningMarkup = THINK) -> None:
+        self.markup = markup
+        self.markers = markup.markers
         self.state = "reasoning" if in_reasoning else "start"
         self.buf = ""
         self.lead = True  # whitespace at the start of the current part is layout
@@ -77,11 +109,11 @@ class ReasoningParser:
         reasoning = content = ""
         while True:
             if self.state == "start":
-                body = self.buf.lstrip()
-                if not final and (not body or (len(body) < len(THINK_START) and THINK_START.startswith(body))):
+                body, start = self.buf.lstrip(), self.markup.start
+                if not final and (not body or (len(body) < len(start) and start.startswith(body))):
                     break  # cannot tell yet whether the output opens a block
-                if body.startswith(THINK_START):
-                    self.buf, self.state, self.lead = body[len(THINK_START) :], "reasoning", True
+                if body.startswith(start):
+                    self.buf, self.state, self.lead = body[len(start) :], "reasoning", True
                 else:
                     self.state, self.lead = "content", False  # no block: the text is the answer as is
                 continue
@@ -95,7 +127,7 @@ class ReasoningParser:
                 content += self.buf
                 self.buf = ""
                 break
-            before, after = _split_at(self.buf, THINK_END)
+            before, after = _split_at(self.buf, self.markup.end)
             if after is not None:
                 reasoning += before.rstrip()
                 self.buf, self.state, self.lead = after, "content", True

@@ -1,6 +1,7 @@
 """A thinking-token budget (vLLM's `thinking_token_budget`, sglang's `thinking_budget`, llama.cpp's
-`--reasoning-budget`): once a sequence has written `budget` tokens inside its `<think>` block, the
-end marker `</think>` is forced, token by token, so the model goes on to its answer.
+`--reasoning-budget`): once a sequence has written `budget` tokens inside its reasoning block
+(`<think>`, or Gemma 4's thought channel: the engine's reasoning.ReasoningMarkup), the block's end
+marker (`</think>`, `<channel|>`) is forced, token by token, so the model goes on to its answer.
 
 Where the block is follows the reasoning split (app/engine/reasoning.py), so that what is counted
 is what front ends show as reasoning: a prompt that ends inside `<think>` starts the output in
@@ -35,14 +36,12 @@ from typing import Any
 import numpy as np
 
 from lantern.app.engine.errors import InvalidRequestError
-from lantern.app.engine.reasoning import THINK_END, THINK_START, prompt_state
+from lantern.app.engine.reasoning import THINK, ReasoningMarkup, prompt_state
 from lantern.app.engine.structured import pack_allowed
 
 logger = logging.getLogger(__name__)
 
 START, REASONING, FORCING, DONE = "start", "reasoning", "forcing", "done"
-# Reasoning text kept to spot the end marker: enough for the marker split over any tokens.
-_TAIL_CHARS = 4 * len(THINK_END)
 
 
 class ThinkingBudget:
@@ -50,8 +49,17 @@ class ThinkingBudget:
 
     `opened`: reasoning.prompt_state of the prompt ("open", "closed" or None)."""
 
-    def __init__(self, budget: int, end_ids: list[int], decode: Callable[[int], str], opened: str | None = None):
+    def __init__(
+        self,
+        budget: int,
+        end_ids: list[int],
+        decode: Callable[[int], str],
+        opened: str | None = None,
+        markup: ReasoningMarkup = THINK,
+    ):
         self.budget = budget
+        self.markup = markup
+        self.tail_chars = 4 * len(markup.end)  # enough to spot the end marker split over any tokens
         self.end_ids = end_ids
         self.decode = decode
         self.count = 0  # reasoning tokens so far
@@ -65,7 +73,7 @@ class ThinkingBudget:
     def _reason(self, after: str) -> None:
         """The block is open; `after` is text that came with the opening token."""
         self.phase, self.text = REASONING, after
-        if THINK_END in after:
+        if self.markup.end in after:
             self.phase = DONE
         elif self.count >= self.budget:  # a budget of 0
             self.phase = FORCING
@@ -82,16 +90,16 @@ class ThinkingBudget:
     def feed(self, token: int) -> None:
         self.seen += 1
         if self.phase == START:
-            body = (self.text + self.decode(token)).lstrip()
-            if body.startswith(THINK_START):
-                self._reason(body[len(THINK_START) :])
-            elif THINK_START.startswith(body):  # nothing but whitespace yet, or part of the marker
+            body, start = (self.text + self.decode(token)).lstrip(), self.markup.start
+            if body.startswith(start):
+                self._reason(body[len(start) :])
+            elif start.startswith(body):  # nothing but whitespace yet, or part of the marker
                 self.text = body
             else:
                 self.phase = DONE  # the output is the answer: no block to budget
         elif self.phase == REASONING:
-            self.text = (self.text + self.decode(token))[-_TAIL_CHARS:]
-            if THINK_END in self.text:
+            self.text = (self.text + self.decode(token))[-self.tail_chars :]
+            if self.markup.end in self.text:
                 self.phase = DONE  # closed by the model before the budget ran out
                 return
             self.count += 1
@@ -113,16 +121,17 @@ class ThinkingBudgets:
     `vocab`: the width of the token masks (GrammarCompiler.vocab), so a forced token's mask and a
     grammar's combine word for word."""
 
-    def __init__(self, tokenizer: Any, vocab: int):
+    def __init__(self, tokenizer: Any, vocab: int, markup: ReasoningMarkup = THINK):
         self.tokenizer = tokenizer
         self.vocab = vocab
+        self.markup = markup
         self.states: dict[int, tuple[Any, ThinkingBudget]] = {}  # seq_id -> (Sequence, its budget)
         self._end_ids: list[int] | None = None
         self._masks: dict[int, np.ndarray] = {}
 
     def end_ids(self) -> list[int]:
         if self._end_ids is None:
-            self._end_ids = list(self.tokenizer.encode(THINK_END, add_special_tokens=False))
+            self._end_ids = list(self.tokenizer.encode(self.markup.end, add_special_tokens=False))
         return self._end_ids
 
     def _decode(self, token: int) -> str:
@@ -135,9 +144,9 @@ class ThinkingBudgets:
             return
         for seq_id in [k for k, (seq, _) in self.states.items() if seq.is_finished]:
             del self.states[seq_id]  # finished or aborted since: nothing else removes them
-        opened = prompt_state(self.tokenizer, seqs[0].prompt_token_ids)
+        opened = prompt_state(self.tokenizer, seqs[0].prompt_token_ids, self.markup)
         for seq in seqs:
-            state = ThinkingBudget(budget, self.end_ids(), self._decode, opened)
+            state = ThinkingBudget(budget, self.end_ids(), self._decode, opened, self.markup)
             if state.phase != DONE:
                 self.states[seq.seq_id] = (seq, state)
 
@@ -162,7 +171,7 @@ class ThinkingBudgets:
                 mask = np.bitwise_and(mask, row.token_bitmask)
                 if not mask.any():
                     raise InvalidRequestError(
-                        f"thinking_token_budget: the reasoning block must end here ({THINK_END!r}), but the "
+                        f"thinking_token_budget: the reasoning block must end here ({self.markup.end!r}), but the "
                         "request's output constraint does not allow that token; the two cannot be combined",
                         param="thinking_token_budget",
                     )

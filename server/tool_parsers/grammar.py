@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lantern.app.engine import InvalidRequestError
+from lantern.app.engine.reasoning import ReasoningMarkup
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -192,19 +193,19 @@ def text_or_calls(lit: Callable[[str], str], open_marker: str = "", anchor: str 
 
 
 def reasoning_then(
-    body: str, lit: Callable[[str], str], think: tuple[str, str] | None, in_think: bool = False
+    body: str, lit: Callable[[str], str], think: ReasoningMarkup | None, in_think: bool = False
 ) -> list[str]:
     """The `start` rule: `body` (a rule), after the model's reasoning block when it has one
-    (`think` = its start and end markers; `in_think`: the prompt already opened it). Shared by
-    the forced-call grammars and structured output (server/structured.py after_reasoning)."""
+    (`think`: its markup; `in_think`: the prompt already opened it). Shared by the forced-call
+    grammars and structured output (server/structured.py after_reasoning)."""
     if think is None:
         return [f"start: {body}"]
-    start, end = think
-    lazy = lazy_until(end, lit)
+    start = lit(think.opener) + (f" {lit(think.label)}" if think.label else "")  # Gemma 4: <|channel> "thought"
+    lazy = lazy_until(think.end, lit)
     rest = f"think_rest[lazy]: {lazy}" if not lazy.startswith("/(.|\\n)*/ <[") else f"think_rest: {lazy}"
     return [
         # (layout before the block too: GLM-4.5 writes "\n<think>" after its generation prompt)
-        f"start: think_rest LAYOUT {body}" if in_think else f"start: (LAYOUT {lit(start)} think_rest LAYOUT)? {body}",
+        f"start: think_rest LAYOUT {body}" if in_think else f"start: (LAYOUT {start} think_rest LAYOUT)? {body}",
         rest,
         # Bounded, as JSON whitespace is (app/engine/structured.py): a weak model pads forever otherwise.
         "LAYOUT: /[ \\t\\r\\n]{0,8}/",
@@ -214,7 +215,7 @@ def reasoning_then(
 def tool_grammar(
     calls_rules: str,
     lit: Callable[[str], str],
-    think: tuple[str, str] | None = None,
+    think: ReasoningMarkup | None = None,
     in_think: bool = False,
     reply: str = "",
 ) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lantern.app.engine import InvalidRequestError, SamplingParams, StructuredSpec, reasoning
-from lantern.app.engine.reasoning import THINK_END, THINK_START, ReasoningParser
+from lantern.app.engine.reasoning import ReasoningMarkup, ReasoningParser
 from lantern.server.structured import after_reasoning
 from lantern.server.tool_parsers import detect, parser_named
 from lantern.server.tool_parsers.base import CallDelta, ToolParser, assemble
@@ -26,7 +26,7 @@ class ChatFormats:
     """Per server: the tool-call format and reasoning markup of the served model."""
 
     tool_parser: type[ToolParser] | None
-    reasoning: bool
+    reasoning: ReasoningMarkup | None  # the model's reasoning block markers; None: it writes none
     template: str
     lit: Callable[[str], str]
     special: frozenset[str]  # special-token texts of the tokenizer
@@ -39,14 +39,17 @@ class ChatFormats:
         """Flags win; otherwise the chat template says (see tool_parsers.detect, reasoning.detect)."""
         template = getattr(engine, "chat_template", None) or ""
         parser = parser_named(tool_parser) if tool_parser else detect(template)
-        thinks = reasoning_parser != "none" if reasoning_parser else reasoning.detect(template)
+        if reasoning_parser:
+            thinks = None if reasoning_parser == "none" else reasoning.NAMES[reasoning_parser]
+        else:
+            thinks = reasoning.detect(template)
         tok = engine.tokenizer
         added = getattr(tok, "added_tokens_decoder", {}) or {}
         special = frozenset(str(getattr(t, "content", t)) for t in added.values() if getattr(t, "special", False))
         logger.info(
             "chat formats: tool calls %s, reasoning %s",
             parser.name if parser else "off",
-            "<think> blocks" if thinks else "off",
+            f"{thinks.start!r} blocks" if thinks else "off",
         )
         harmony = parser is HarmonyParser or (tool_parser in (None, "none") and harmony_detect(template))
         if harmony:
@@ -75,9 +78,9 @@ class ChatSetup:
         """What depends on the rendered prompt: whether the output starts inside reasoning, the
         forcing grammar, and decoding special tokens when a marker is one."""
         f = self.formats
-        state = reasoning.prompt_state(tokenizer, prompt_ids) if f.reasoning else "closed"
+        state = reasoning.prompt_state(tokenizer, prompt_ids, f.reasoning) if f.reasoning else "closed"
         self.in_reasoning = state == "open"
-        markers = (*(self.parser.markers if self.parser else ()), *(ReasoningParser.markers if f.reasoning else ()))
+        markers = (*(self.parser.markers if self.parser else ()), *(f.reasoning.markers if f.reasoning else ()))
         markers += f.channels.markers if f.channels else ()
         if params.skip_special_tokens and any(m in f.special for m in markers):
             params.skip_special_tokens = False
@@ -86,7 +89,7 @@ class ChatSetup:
             if params.structured is not None and f.reasoning and f.channels is None and state != "closed":
                 # response_format etc. shape the answer, not the reasoning: the block comes first
                 self.answer_spec = params.structured
-                params.structured = after_reasoning(params.structured, f.lit, self.in_reasoning)
+                params.structured = after_reasoning(params.structured, f.lit, f.reasoning, self.in_reasoning)
             return
         if params.structured is not None:
             why = "tool_choice forces a tool call" if self.forced is not None else "strict functions shape the reply"
@@ -101,7 +104,7 @@ class ChatSetup:
             reply = (
                 own(f.lit) if own else text_or_calls(f.lit, getattr(self.parser, "open_marker", ""), self.parser.anchor)
             )
-        think = (THINK_START, THINK_END) if state != "closed" else None  # room to reason first
+        think = f.reasoning if state != "closed" else None  # room to reason first
         try:
             rules = self.parser.grammar(tools, self.parallel, f.lit, f.template)
             grammar = tool_grammar(rules, f.lit, think, in_think=self.in_reasoning, reply=reply)
@@ -179,7 +182,8 @@ class ChoiceOutput:
 
     def __init__(self, setup: ChatSetup) -> None:
         self.setup = setup
-        self.reasoner = ReasoningParser(setup.in_reasoning) if setup.formats.reasoning else None
+        markup = setup.formats.reasoning
+        self.reasoner = ReasoningParser(setup.in_reasoning, markup) if markup else None
         self.tools = setup.parser(setup.tools, setup.formats.template) if setup.parser else None
         if self.tools is None and setup.formats.channels is not None:  # no tools: still split the channels
             self.tools = setup.formats.channels(None, setup.formats.template, calls=False)

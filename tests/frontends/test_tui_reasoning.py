@@ -18,7 +18,7 @@ from lantern.app.engine import AsyncEngine, SamplingParams, StructuredSpec
 from lantern.app.engine.reasoning import ReasoningParser
 from lantern.tui.app import ChatApp, Message
 from lantern.tui.client import ChatSettings, EngineClient, HTTPClient
-from tests.fixtures.tool_templates import QWEN3, R1_STYLE
+from tests.fixtures.tool_templates import GEMMA4, QWEN3, R1_STYLE
 from tests.frontends.tui_helpers import BACKENDS, PublicSurface, wait_for
 
 THOUGHT = "The user adds 2 and 2.\nThat makes [b]4[/b]."  # brackets: text, not Textual markup
@@ -107,6 +107,23 @@ def test_in_process_reply_is_split_and_reasoning_not_sent_back(engine, backend):
     asyncio.run(chat_twice(ChatApp(client, SETTINGS, stats_interval=3600)))
     # The second request carried the first answer without its reasoning.
     assert surface.sent[-1] == [*ask, {"role": "assistant", "content": ANSWER}, {"role": "user", "content": "And 3+3?"}]
+
+
+# Gemma 4's thought channel, opened by the generation prompt (as the R1-style template opens <think>).
+OPEN_CHANNEL = GEMMA4.replace(
+    "{%- if not enable_thinking %}{{ '<|channel>thought\\n<channel|>' }}{%- endif %}", "<|channel>thought\n"
+)
+
+
+def test_in_process_gemma4_thought_channel_is_split(tiny_model_dir, backend):
+    assert OPEN_CHANNEL != GEMMA4
+    eng = AsyncEngine(model=tiny_model_dir("llama2"), backend=backend, dtype="float32", chat_template=OPEN_CHANNEL)
+    try:
+        client = SharedEngineClient(ForcedReply(eng, f"{THOUGHT}\n<channel|>{ANSWER}"), model_name="tiny")  # type: ignore[arg-type]
+        thoughts, answer, _ = asyncio.run(collect(client, [{"role": "user", "content": "What is 2+2?"}]))
+        assert (thoughts, answer) == (THOUGHT, ANSWER)
+    finally:
+        eng.shutdown()
 
 
 def test_in_process_unforced_reasoning_matches_the_engine_text(engine):

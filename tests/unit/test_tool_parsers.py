@@ -13,6 +13,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from lantern.app.engine.reasoning import THINK
 from lantern.server.tool_parsers import ALIASES, PARSERS, assemble, detect, parser_named
 from lantern.server.tool_parsers.base import ParsedDelta
 from lantern.server.tool_parsers.grammar import check_grammar, literal_maker, text_or_calls, tool_grammar
@@ -228,7 +229,7 @@ def test_raw_string_formats_force_nullable_strings_raw(tok, fmt):
 def test_glm45_forced_call_may_reason_first(tok):
     """GLM-4.5 writes "\n<think>" after its generation prompt: a forced call may still reason first."""
     one = reply_text(tok, "glm45", "", REPLIES["one call"][1])
-    g = grammar_for(tok, "glm45", TOOLS, think=("<think>", "</think>"))
+    g = grammar_for(tok, "glm45", TOOLS, think=THINK)
     assert accepts(tok, g, "\n<think>hmm</think>" + one) and accepts(tok, g, one)
 
 
@@ -323,7 +324,7 @@ def test_grammar_accepts_what_the_template_renders(tok, fmt):
     assert not accepts(tok, grammar_for(tok, fmt, [NOTE]), one)  # named: another function is refused
     if fmt not in SINGLE_ONLY:
         assert not accepts(tok, grammar_for(tok, fmt, TOOLS, parallel=False), reply_text(tok, fmt, "", two))
-    think = ("<think>", "</think>")
+    think = THINK
     assert accepts(tok, grammar_for(tok, fmt, TOOLS, think=think), "<think>\nhmm </b>\n</think>\n\n" + one)
     assert accepts(tok, grammar_for(tok, fmt, TOOLS, think=think, in_think=True), "hmm\n</think>\n\n" + one)
     assert accepts(tok, grammar_for(tok, fmt, TOOLS, think=think), one)
