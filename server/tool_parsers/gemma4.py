@@ -196,7 +196,9 @@ class Gemma4Parser(MarkedParser):
     @classmethod
     def grammar(cls, tools: list[dict[str, Any]], parallel: bool, lit: Callable[[str], str], template: str = "") -> str:
         """Each tool's name and its arguments in Gemma's notation, typed by the schema (enums, integers
-        in a small range and booleans exactly; strings free up to their closing quote)."""
+        in a small range and booleans exactly; strings free up to their closing quote; anyOf / oneOf /
+        type lists as alternatives; an object without properties or an untyped value as any value of
+        the notation)."""
         rules: list[str] = []
         calls = []
         for i, t in enumerate(tools):
@@ -209,9 +211,36 @@ class Gemma4Parser(MarkedParser):
 _INTEGER, _NUMBER = "/-?[0-9]{1,15}/", "/-?[0-9]{1,15}(\\.[0-9]{1,15})?/"
 
 
+_ANY = "gemma_any"  # the rule for any value of the notation, added once per grammar
+
+
+def _any_value(lit: Callable[[str], str], rules: list[str]) -> str:
+    """Any value Gemma's notation writes: a string, number, true / false / null, an object with bare or
+    quoted keys, a list. Nesting is bounded by the model's output, as JSON's is."""
+    if not any(r.startswith(f"{_ANY}:") for r in rules):
+        quote = lit(QUOTE)
+        pair = f'{_ANY}_key ":" {_ANY}'
+        rules += [
+            f'{_ANY}: {quote} {_ANY}_text | {_NUMBER} | "true" | "false" | "null" | {_ANY}_object '
+            f'| "[" ({_ANY} ("," {_ANY})*)? "]"',
+            f'{_ANY}_object: "{{" ({pair} ("," {pair})*)? "}}"',
+            f"{_ANY}_key: /[A-Za-z_][A-Za-z0-9_.-]{{0,63}}/ | {quote} {_ANY}_text",
+            f"{_ANY}_text[lazy]: {lazy_until(QUOTE, lit)}",
+        ]
+    return _ANY
+
+
 def _notation_rule(schema: dict[str, Any], lit: Callable[[str], str], name: str, rules: list[str]) -> str:
     """A Lark expression for one value of `schema` as Gemma's notation writes it (extra rules go to `rules`)."""
     quote = lit(QUOTE)
+    union = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(union, list) and union:
+        base = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}  # siblings apply to each branch
+        branches = [_notation_rule({**base, **b}, lit, f"{name}u{j}", rules) for j, b in enumerate(union)]
+        return "(" + " | ".join(branches) + ")"
+    if isinstance(schema.get("type"), list) and len(schema["type"]) > 1:
+        kinds = [_notation_rule({**schema, "type": k}, lit, f"{name}t{j}", rules) for j, k in enumerate(schema["type"])]
+        return "(" + " | ".join(kinds) + ")"
     choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if choices is not None:
         spelt = [
@@ -233,8 +262,17 @@ def _notation_rule(schema: dict[str, Any], lit: Callable[[str], str], name: str,
     if kind == "null":
         return '"null"'
     if kind == "array":
-        item = _notation_rule(schema.get("items") or {"type": "string"}, lit, f"{name}i", rules)
+        items = schema.get("items")
+        item = (
+            _notation_rule(items, lit, f"{name}i", rules)
+            if isinstance(items, dict) and items
+            else _any_value(lit, rules)
+        )
         return f'"[" ({item} ("," {item})*)? "]"'
+    if kind == "object" and "properties" not in schema:  # a free-form object: any keys, any values
+        return _any_value(lit, rules) + "_object"
+    if kind is None and "properties" not in schema:
+        return _any_value(lit, rules)  # no type said: what the model writes is taken as it is
     if kind == "object" or "properties" in schema:
         props = schema.get("properties") or {}
         required = set(schema.get("required") or [])

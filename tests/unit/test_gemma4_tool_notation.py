@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
+import pytest
+
 from lantern.server.tool_parsers import detect
 from lantern.server.tool_parsers.base import ParsedDelta, assemble
 from lantern.server.tool_parsers.gemma4 import Gemma4Parser, read_arguments
+from lantern.server.tool_parsers.grammar import check_grammar, literal_maker, tool_grammar
 from tests.fixtures.tool_templates import GEMMA4
+from tests.unit.test_tool_parsers import accepts, tok  # noqa: F401
 
 SCHEMA = {"type": "object", "properties": {"zip": {"type": "string"}, "flag": {"type": "string"}}}
 
@@ -50,3 +55,63 @@ def test_markup_that_is_no_call_stays_content():
     for text in ("<|tool_call>nonsense{x}<tool_call|> after", "text <|tool_call>call:"):
         assert _streamed(text) == (text, [])
     assert detect(GEMMA4) is Gemma4Parser
+
+
+# -- the forcing grammar: values typed by the schema, in Gemma's notation ---------------------------------
+
+LOOSE = {
+    "type": "object",
+    "properties": {
+        "filters": {"type": "object", "description": "free-form: any keys"},
+        "target": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 3}, {"type": "string", "enum": ["all"]}]},
+        "limit": {"type": ["integer", "null"]},
+        "extra": {"description": "no type said"},
+        "tags": {"type": "array"},
+    },
+    "required": ["filters", "target"],
+}
+
+
+@pytest.fixture(scope="module")
+def forced(tok):  # noqa: F811
+    tools = [{"name": "search", "parameters": LOOSE}]
+    lit = literal_maker(tok)
+    grammar = tool_grammar(Gemma4Parser.grammar(tools, False, lit, GEMMA4), lit)
+    check_grammar(grammar)
+    return lambda args: accepts(tok, grammar, f"<|tool_call>call:search{args}<tool_call|>")
+
+
+@pytest.mark.parametrize(
+    "args, want",
+    [
+        ("{filters:{},target:2}", {"filters": {}, "target": 2}),
+        (
+            '{filters:{lang:<|"|>fr<|"|>,max:-1.5,deep:{ok:true,list:[1,null]}},target:<|"|>all<|"|>}',
+            {"filters": {"lang": "fr", "max": -1.5, "deep": {"ok": True, "list": [1, None]}}, "target": "all"},
+        ),
+        (
+            '{extra:[<|"|>a<|"|>,{k:1}],filters:{<|"|>quoted key<|"|>:3},limit:null,tags:[1,<|"|>x<|"|>],target:0}',
+            {"extra": ["a", {"k": 1}], "filters": {"quoted key": 3}, "limit": None, "tags": [1, "x"], "target": 0},
+        ),
+        ("{filters:{},limit:12,target:3}", {"filters": {}, "limit": 12, "target": 3}),
+    ],
+)
+def test_loose_schemas_take_any_value_of_their_kind(forced, args, want):
+    assert forced(args), args
+    got = read_arguments(args, LOOSE)
+    assert got == want
+    jsonschema.validate(got, LOOSE)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "{filters:{},target:7}",  # outside the integer branch, and not the enum
+        '{filters:{},target:<|"|>some<|"|>}',  # a string, but not the enum's
+        "{filters:[],target:1}",  # a list is not an object
+        '{filters:{},limit:<|"|>9<|"|>,target:1}',  # integer or null, not a string
+        "{target:1}",  # filters is required
+    ],
+)
+def test_values_outside_the_schema_are_refused(forced, args):
+    assert not forced(args), args
