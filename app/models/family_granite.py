@@ -13,6 +13,13 @@ GraniteMoE: the same scalars over Mixtral's experts (each intermediate_size wide
 whose weights are a softmax over the top-k logits; its checkpoints store each layer's experts fused
 (`block_sparse_moe.input_linear` [E, 2I, H], gate rows first; `output_linear` [E, H, I]) and the router
 as `block_sparse_moe.router.layer` (granitemoe_name gives them the names the models load).
+
+Granite 4.0-H ("granitemoehybrid": granite-4.0-h-micro / tiny / small): the same scalars over a hybrid
+of Mamba-2 mixer layers (family_mamba2) and attention layers, rope only when position_embedding_type
+is "rope" (the released models use none). Every layer's MLP is a dense `shared_mlp` (SwiGLU,
+shared_intermediate_size wide, gate rows first in `input_linear`), plus GraniteMoE's routed experts
+beside it when num_local_experts > 0 (tiny, small). The dense MLP is the model's MLP (intermediate_size
+becomes shared_intermediate_size) and the experts keep their own width in moe.intermediate_size.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ def _scalar(cfg: dict[str, Any], key: str) -> float:
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides for a granite config.json (spec.ModelConfig.from_hf skips its
     Llama-family checks for configure families: the keys are checked here)."""
-    if model_type not in ("granite", "granitemoe"):
+    if model_type not in ("granite", "granitemoe", "granitemoehybrid"):
         raise UnsupportedModelError(f"family_granite does not configure model_type {model_type!r}")
+    if model_type == "granitemoehybrid":
+        return _hybrid(cfg, fields)
     check_silu(cfg, "Granite")
     for key in ("attention_bias", "mlp_bias"):
         if cfg.get(key):
@@ -48,6 +57,33 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "max_position_embeddings": int(cfg.get("max_position_embeddings", 2048)),
         "hidden_act": "silu",
         **({"moe": _moe(cfg)} if model_type == "granitemoe" else {}),
+    }
+
+
+def _hybrid(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    from lantern.app.models.family_mamba2 import granite_mamba
+
+    check_silu(cfg, "Granite")
+    if cfg.get("attention_bias"):
+        raise _refuse("attention_bias", cfg["attention_bias"], " for granite (biases on the projections)")
+    rope = cfg.get("position_embedding_type")
+    if rope not in (None, "rope", "nope"):
+        raise _refuse("position_embedding_type", rope, " (rope or none)")
+    layers, experts = fields["num_layers"], int(cfg.get("num_local_experts", 8) or 0)
+    mamba = granite_mamba(cfg, layers, fields["hidden_size"])
+    if all(mamba.mamba_layers):
+        raise _refuse("layer_types", cfg.get("layer_types"), " (no attention layer at all)")
+    return {
+        "attn_scale": _scalar(cfg, "attention_multiplier"),
+        "embed_multiplier": _scalar(cfg, "embedding_multiplier"),
+        "residual_multiplier": _scalar(cfg, "residual_multiplier"),
+        "logits_divisor": _scalar(cfg, "logits_scaling"),
+        "max_position_embeddings": int(cfg.get("max_position_embeddings", 2048)),
+        "hidden_act": "silu",
+        "intermediate_size": int(cfg.get("shared_intermediate_size", 1024)),  # the dense shared_mlp
+        "rope_layers": None if rope == "rope" else (False,) * layers,
+        "mamba": mamba,
+        **({"moe": _moe(cfg)} if experts > 0 else {}),
     }
 
 
@@ -76,4 +112,17 @@ def granitemoe_name(name: str) -> str:
     for old, new in _MOE_NAMES.items():
         if name.endswith(old):
             return name.removesuffix(old) + new
+    return name
+
+
+def hybrid_name(name: str) -> str:
+    """A Granite 4.0-H checkpoint name in the model files' terms: the experts as GraniteMoE's, the dense
+    shared_mlp's fused input_linear as one gate_up_proj (split by hybrid_tensors), output_linear as down_proj."""
+    name = granitemoe_name(name)
+    for old, new in (
+        (".shared_mlp.input_linear.", ".shared_mlp.gate_up_proj."),
+        (".shared_mlp.output_linear.", ".shared_mlp.down_proj."),
+    ):
+        if old in name:
+            return name.replace(old, new)
     return name

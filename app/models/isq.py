@@ -98,6 +98,8 @@ def isq_candidates(cfg: Any) -> int:
             total += (1 if linear.fused_qkvz else 2) + (1 if linear.fused_ba else 2) + 1
         elif getattr(cfg, "short_conv", None) is not None and cfg.short_conv.conv_layers[layer]:
             total += 2  # LFM2's short conv: in_proj, out_proj
+        elif getattr(cfg, "mamba", None) is not None and cfg.mamba.mamba_layers[layer]:
+            total += 2  # Mamba-2: in_proj, out_proj
         else:
             total += attention
         moe = cfg.moe
@@ -105,6 +107,7 @@ def isq_candidates(cfg: Any) -> int:
             total += 3  # gate, up, down
         else:  # stacked experts (gpt-oss) count one by one too: quantize_stream splits them
             shared = moe.shared_expert_size or getattr(moe, "shared_size", 0)  # Qwen2-MoE / DeepSeek
+            shared = shared or getattr(cfg, "mamba", None) is not None  # Granite 4.0-H's dense shared_mlp
             total += 3 * moe.num_experts + (3 if shared else 0)
     return total
 

@@ -47,6 +47,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)
     "granite": {"configure": "family_granite"},  # Llama's layer with embedding / residual / logit scalars
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
+    # Granite 4.0-H: Mamba-2 mixer layers (recurrent state) among attention layers, a dense MLP beside the experts.
+    "granitemoehybrid": {"family": "granite_hybrid", "configure": "family_granite"},
     # ERNIE 4.5: Llama's layer with pair-wise rope (GLM-4's); the MoE's router is DeepSeek-V3's with a softmax.
     "ernie4_5": {"family": "ernie", "configure": "family_ernie"},
     "ernie4_5_moe": {"family": "ernie", "configure": "family_ernie"},
@@ -202,6 +204,7 @@ class ModelConfig:
     attn_temperature: Any = None  # family_ministral.AttnTemperature: per-position query scale (Ministral 3)
     linear_attn: Any = None  # family_qwen3_next.LinearAttnConfig: gated-DeltaNet layers with recurrent state
     short_conv: Any = None  # family_lfm2.ShortConvConfig: gated short-convolution layers with a conv state
+    mamba: Any = None  # family_mamba2.Mamba2Config: Mamba-2 mixer layers with a conv and SSM state
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every
@@ -220,14 +223,14 @@ class ModelConfig:
     @property
     def recurrent(self) -> bool:
         """Some layers keep a per-sequence state instead of K/V (the engine gives each running sequence a slot)."""
-        return self.linear_attn is not None or self.short_conv is not None
+        return self.linear_attn is not None or self.short_conv is not None or self.mamba is not None
 
     @property
     def num_kv_layers(self) -> int:
         """Layers that keep K/V in the paged pool (a linear-attention or short-conv layer keeps a state instead)."""
         if self.kv_shapes is not None:
             return len(self.kv_shapes)
-        stateful = self.linear_attn or self.short_conv
+        stateful = self.linear_attn or self.short_conv or self.mamba
         return self.num_layers if stateful is None else len(stateful.attention_layers())
 
     @property

@@ -115,8 +115,9 @@ def release_freed_memory() -> None:
 _TRIM: Any = None
 
 
-# q/k/v in one qkv_proj and/or gate/up in one gate_up_proj (GLM-4 fuses only gate/up)
-FUSED_CHECKPOINTS = {"phi3", "glm4"}
+# q/k/v in one qkv_proj and/or gate/up in one gate_up_proj (GLM-4 fuses only gate/up; Granite 4.0-H its
+# shared_mlp's, named so by family_granite.hybrid_name)
+FUSED_CHECKPOINTS = {"phi3", "glm4", "granitemoehybrid"}
 
 
 def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[tuple[str, Any]]:
@@ -126,6 +127,10 @@ def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[
     cfg = spec.config
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     splits = {
+        "shared_mlp.gate_up_proj": [
+            ("shared_mlp.gate_proj", 0, cfg.intermediate_size),
+            ("shared_mlp.up_proj", cfg.intermediate_size, 2 * cfg.intermediate_size),
+        ],
         "self_attn.qkv_proj": [
             ("self_attn.q_proj", 0, q),
             ("self_attn.k_proj", q, q + kv),
@@ -189,6 +194,10 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_granite import granitemoe_name
 
         return lambda name: granitemoe_name(_backbone_name(name))
+    if spec.config.architecture == "granitemoehybrid":  # the same, and its dense shared_mlp
+        from lantern.app.models.family_granite import hybrid_name
+
+        return lambda name: hybrid_name(_backbone_name(name))
     return _backbone_name
 
 

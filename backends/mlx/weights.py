@@ -159,7 +159,7 @@ def _dequantized(item: tuple) -> mx.array:
 def _placed_dtype(model: Any, name: str, dtype: Any) -> Any:
     """float32 for the tensors of routers that keep it (DeepSeek's: models/deepseek.Router) and for a gated
     delta net's A_log (as its checkpoints store it), else dtype."""
-    if name.endswith(".linear_attn.A_log"):
+    if name.endswith((".linear_attn.A_log", ".mamba.A_log")):
         return mx.float32
     if not name.endswith((".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")):
         return dtype

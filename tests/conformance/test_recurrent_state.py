@@ -1,4 +1,5 @@
-"""Models with linear-attention layers (Qwen3-Next, Qwen3.5) keep a recurrent state per sequence
+"""Models with recurrent layers (Qwen3-Next / Qwen3.5's linear attention, LFM2's short convolutions,
+Granite 4.0-H's Mamba-2 mixers) keep a state per sequence
 beside the paged KV pool: batching, chunking, preemption and slot reuse must never leak one
 sequence's state into another's. Checked on both backends against each sequence run alone and
 against transformers."""
@@ -29,7 +30,7 @@ def _alone(path: str, backend: str, prompts: list[str]) -> list[list[int]]:
     return [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
 
 
-@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "lfm2"])
+@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "lfm2", "granite_hybrid", "granite_hybrid_moe"])
 def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model_dir, variant, backend, caplog):
     path = tiny_model_dir(variant)
     want = _alone(path, backend, PROMPTS)
@@ -61,13 +62,14 @@ def test_sampled_fan_out_matches_single_requests(tiny_model_dir, backend):
     assert both == single and both[0] != both[1]
 
 
+@pytest.mark.parametrize("variant", ["qwen3_5", "granite_hybrid"])
 @pytest.mark.parametrize("chunk", [100, 512])
-def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk):
-    """A 150-token prompt: the delta rule's 64-token chunks inside a step (chunk 512) and prefill steps
+def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk, variant):
+    """A 150-token prompt: the scans' 64-token chunks inside a step (chunk 512) and prefill steps
     that end mid-chunk (100), then decodes; every position's logits equal transformers'."""
     from transformers import AutoModelForCausalLM
 
-    path = tiny_model_dir("qwen3_5")
+    path = tiny_model_dir(variant)
     llm = LLM(path, backend=backend, dtype="float32", block_size=16, prefill_chunk_size=chunk, num_kv_blocks=64)
     rng = np.random.default_rng(0)
     prompt = rng.integers(10, llm.engine.vocab_size, 150).tolist()
@@ -81,7 +83,7 @@ def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk):
         np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"position {pos}")
 
 
-@pytest.mark.parametrize("variant", ["qwen3_next", "lfm2"])
+@pytest.mark.parametrize("variant", ["qwen3_next", "lfm2", "granite_hybrid"])
 def test_state_memory_is_sized_and_the_kv_pool_holds_attention_layers_only(tiny_model_dir, backend, variant, caplog):
     """What the sizing counts per sequence is what the backend allocates per slot (3 slots here)."""
     with caplog.at_level(logging.INFO):

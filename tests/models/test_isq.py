@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
 import pytest
 
+from lantern.app.models.family_granite import granitemoe_name
 from lantern.app.models.family_moe import is_router, moe_name
 from lantern.app.models.isq import MLA_FLOAT, IsqMode
 from lantern.app.models.quant.affine import AffineWeight, quantize_affine
@@ -108,7 +110,10 @@ def isq_reference(backend: str, scheme: str):
     unit = COLUMN_UNIT.get((backend, scheme), 1)
 
     def transform(name, w):
-        if w.ndim != 2 or is_router(moe_name(name)) or name.endswith(MLA_FLOAT):
+        router = is_router(moe_name(granitemoe_name(name)))  # (GraniteMoE's router: block_sparse_moe.router.layer)
+        if w.ndim == 3 and not router:  # experts stacked [E, out, in] (GraniteMoE): one by one
+            return np.stack([transform(name, e) for e in w])
+        if w.ndim != 2 or router or name.endswith(MLA_FLOAT):
             return w
         if w.shape[1] % math.lcm(group or 1, unit):
             return w
@@ -118,7 +123,8 @@ def isq_reference(backend: str, scheme: str):
 
 
 @pytest.mark.parametrize("scheme", ["q4", "q8"])
-@pytest.mark.parametrize("variant", ["mixtral", "deepseek_v3"])  # more MoE: tests/unit/test_moe_loading.py
+# more MoE: tests/unit/test_moe_loading.py
+@pytest.mark.parametrize("variant", ["mixtral", "deepseek_v3", "granite_hybrid_moe"])
 def test_isq_of_experts_and_latent_attention_matches_the_dequantized_reference(
     tiny_model_dir, tmp_path, backend, variant, scheme
 ):

@@ -1,7 +1,7 @@
-"""A model with linear-attention layers (Qwen3-Next: a recurrent state per sequence beside the paged
-KV cache) served through the real server and the official openai client, on both backends: concurrent
-streams, more of them than state slots, give what each request gives alone; a client that leaves
-mid-stream gives its slot back and leaves nothing behind for the next request."""
+"""Models with recurrent layers (Qwen3-Next's linear attention, Granite 4.0-H's Mamba-2 mixers: a state
+per sequence beside the paged KV cache) served through the real server and the official openai client,
+on both backends: concurrent streams, more of them than state slots, give what each request gives
+alone; a client that leaves mid-stream gives its slot back and leaves nothing behind for the next request."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hybrid_server(tiny_model_dir, backend):
+@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe"])
+def hybrid_server(tiny_model_dir, backend, request):
     threads = {"num_threads": 1} if backend == "torch" else {}
     # 4 slots for 6 concurrent requests: some wait, then take a slot another sequence just gave back.
-    srv = start_server(tiny_model_dir("qwen3_next"), backend=backend, max_num_seqs=4, prefill_chunk_size=8, **threads)
+    srv = start_server(tiny_model_dir(request.param), backend=backend, max_num_seqs=4, prefill_chunk_size=8, **threads)
     yield srv
     srv.stop()
 

@@ -1,0 +1,94 @@
+"""Mamba-2 mixer layers (state-space duality, SSD) as hybrid models place them among attention layers:
+IBM's Granite 4.0-H (model_type "granitemoehybrid"); the same mixer serves NVIDIA's Nemotron-H and TII's
+Falcon-H1, whose configs name its sizes their own way.
+
+The maths (transformers' GraniteMoeHybridMambaLayer, the torch path that runs without the mamba_ssm
+kernels): in_proj gives [z (d_inner) | xBC (d_inner + 2 G N) | dt (H)]; xBC goes through a causal
+depthwise convolution (kernel conv_kernel, bias) and SiLU, then splits into x [H, P], B and C [G, N]
+(head h reads group h // (H / G)). Per head, with A = -exp(A_log) and dt = softplus(dt + dt_bias)
+clamped to dt_limit, each token does
+
+    S <- exp(dt A) S + dt x B^T;  y = S C + D x          (S: [P, N] per head)
+
+and the output is out_proj(RMSNorm_G(y * silu(z))), the norm taken over each of the G groups of
+d_inner / G channels (its weight spans d_inner). Each sequence keeps the convolution's last K-1 inputs
+and every head's S: a state slot, as the gated DeltaNet layers (family_qwen3_next) have.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from lantern.app.models.errors import refuse
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    mamba_layers: tuple[bool, ...]  # per layer: True for a Mamba-2 mixer, False for attention
+    num_heads: int  # H
+    head_dim: int  # P
+    state_size: int  # N
+    groups: int  # G: heads share B and C in groups
+    conv_kernel: int  # K
+    conv_bias: bool
+    proj_bias: bool  # on in_proj and out_proj
+    dt_limit: tuple[float, float]  # dt clamped to this range in the chunked form (transformers' time_step_limit)
+    norm_eps: float
+
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.groups * self.state_size
+
+    def attention_layers(self) -> list[int]:
+        return [i for i, mamba in enumerate(self.mamba_layers) if not mamba]
+
+
+_MAMBA_TYPES = ("mamba", "linear_attention")  # released configs / transformers 5's saved name
+_ATTENTION_TYPES = ("attention", "full_attention")
+
+
+def _json_float(value: Any) -> float:
+    """A float from config.json: transformers 5 writes infinity as {"__float__": "Infinity"}."""
+    if isinstance(value, dict) and "__float__" in value:
+        value = value["__float__"]
+    return float(value)
+
+
+def granite_mamba(cfg: dict[str, Any], layers: int, hidden: int) -> Mamba2Config:
+    """Granite 4.0-H's Mamba-2 sizes from its config.json (GraniteMoeHybridConfig's keys and defaults)."""
+    types = cfg.get("layer_types") or cfg.get("layers_block_type") or ["mamba"] * layers
+    if len(types) != layers or any(t not in (*_MAMBA_TYPES, *_ATTENTION_TYPES) for t in types):
+        raise refuse("layer_types", types, f" (mamba or attention for each of the {layers} layers)")
+    heads = int(cfg.get("mamba_n_heads", 128))
+    inner = int(cfg.get("mamba_expand", 2)) * hidden
+    head_dim = cfg.get("mamba_d_head", "auto")
+    head_dim = inner // heads if head_dim in (None, "auto") else int(head_dim)
+    if heads * head_dim != inner:
+        raise refuse("mamba_d_head", head_dim, f" (mamba_n_heads x mamba_d_head must be mamba_expand x {hidden})")
+    groups = int(cfg.get("mamba_n_groups", 1))
+    if groups < 1 or heads % groups:
+        raise refuse("mamba_n_groups", groups, f" (must divide the {heads} heads)")
+    limit = [_json_float(v) for v in cfg.get("time_step_limit") or (0.0, math.inf)]
+    out = Mamba2Config(
+        mamba_layers=tuple(t in _MAMBA_TYPES for t in types),
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=int(cfg.get("mamba_d_state", 256)),
+        groups=groups,
+        conv_kernel=int(cfg.get("mamba_d_conv", 4)),
+        conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+        proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+        dt_limit=(limit[0], limit[1]),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+    )
+    if out.conv_kernel < 2:
+        raise refuse("mamba_d_conv", out.conv_kernel, " (must be at least 2)")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise refuse("hidden_act", cfg.get("hidden_act"), " for a Mamba-2 hybrid (SiLU)")
+    return out
