@@ -5,6 +5,7 @@ Lantern's N-request throughput (prefill included; MLX on a CPU spends most of it
 does: a 128-token forward of the Qwen3-Next shape takes mlx_lm ~14 s on 2 cores).
 
 --arch qwen3_next (default): a hybrid of gated DeltaNet and attention layers with experts, ~0.4B params;
+--arch granite_hybrid: Granite 4.0-H's Mamba-2 mixers with one attention layer in six, dense, ~0.3B params;
 --arch gemma4: Gemma 4's sliding / full layers of two head sizes, shared K/V in the last layers and
 per-layer embeddings, ~0.35B params.
 
@@ -62,7 +63,22 @@ GEMMA4_SHAPE = {
     "final_logit_softcapping": 30.0,
     "max_position_embeddings": 4096,
 }
-SHAPES = {"qwen3_next": SHAPE, "gemma4": GEMMA4_SHAPE}
+GRANITE_HYBRID_SHAPE = {  # granite-4.0-h-micro's kind (dense), scaled down: one attention layer in six
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "num_hidden_layers": 12,
+    "layer_types": (["mamba"] * 5 + ["attention"]) * 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "mamba_n_heads": 32,
+    "mamba_d_head": 64,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 128,
+    "num_local_experts": 0,
+    "shared_intermediate_size": 4096,
+    "max_position_embeddings": 4096,
+}
+SHAPES = {"qwen3_next": SHAPE, "gemma4": GEMMA4_SHAPE, "granite_hybrid": GRANITE_HYBRID_SHAPE}
 
 
 def prepare(out: Path, arch: str = "qwen3_next") -> Path:
@@ -77,6 +93,8 @@ def prepare(out: Path, arch: str = "qwen3_next") -> Path:
     build_tokenizer(out)
     if arch == "gemma4":
         config = AutoConfig.for_model("gemma4_text", **GEMMA4_SHAPE, initializer_range=0.02)
+    elif arch == "granite_hybrid":
+        config = AutoConfig.for_model("granitemoehybrid", **GRANITE_HYBRID_SHAPE, initializer_range=0.02)
     else:
         config = AutoConfig.for_model("qwen3_next", **SHAPE, initializer_range=0.02, full_attention_interval=4)
     torch.manual_seed(0)
@@ -85,6 +103,8 @@ def prepare(out: Path, arch: str = "qwen3_next") -> Path:
     cfg = json.loads((out / "config.json").read_text())  # mlx_lm reads the older key names
     if arch == "gemma4":
         cfg.update(global_head_dim=256, num_global_key_value_heads=1)
+    elif arch == "granite_hybrid":  # the released key values (transformers 5 saves others)
+        cfg.update(layer_types=GRANITE_HYBRID_SHAPE["layer_types"], time_step_limit=[0.0, float("inf")])
     else:
         rope = cfg["rope_parameters"]["rope_theta"]
         cfg.update(full_attention_interval=4, rope_theta=rope, partial_rotary_factor=0.25)

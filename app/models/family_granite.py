@@ -49,6 +49,11 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     for key in ("attention_bias", "mlp_bias"):
         if cfg.get(key):
             raise _refuse(key, cfg[key], " for granite (biases on the projections)")
+    return {**_scalars(cfg), **({"moe": _moe(cfg)} if model_type == "granitemoe" else {})}
+
+
+def _scalars(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Granite's four scalars (and what every Granite shares) as ModelConfig fields."""
     return {
         "attn_scale": _scalar(cfg, "attention_multiplier"),
         "embed_multiplier": _scalar(cfg, "embedding_multiplier"),
@@ -56,7 +61,6 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "logits_divisor": _scalar(cfg, "logits_scaling"),
         "max_position_embeddings": int(cfg.get("max_position_embeddings", 2048)),
         "hidden_act": "silu",
-        **({"moe": _moe(cfg)} if model_type == "granitemoe" else {}),
     }
 
 
@@ -73,13 +77,10 @@ def _hybrid(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     mamba = granite_mamba(cfg, layers, fields["hidden_size"])
     if all(mamba.mamba_layers):
         raise _refuse("layer_types", cfg.get("layer_types"), " (no attention layer at all)")
+    if not any(mamba.mamba_layers):  # granite-4.0-micro (not -h): attention only, no state to keep
+        mamba = None
     return {
-        "attn_scale": _scalar(cfg, "attention_multiplier"),
-        "embed_multiplier": _scalar(cfg, "embedding_multiplier"),
-        "residual_multiplier": _scalar(cfg, "residual_multiplier"),
-        "logits_divisor": _scalar(cfg, "logits_scaling"),
-        "max_position_embeddings": int(cfg.get("max_position_embeddings", 2048)),
-        "hidden_act": "silu",
+        **_scalars(cfg),
         "intermediate_size": int(cfg.get("shared_intermediate_size", 1024)),  # the dense shared_mlp
         "rope_layers": None if rope == "rope" else (False,) * layers,
         "mamba": mamba,

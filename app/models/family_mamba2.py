@@ -66,7 +66,7 @@ def granite_mamba(cfg: dict[str, Any], layers: int, hidden: int) -> Mamba2Config
     if len(types) != layers or any(t not in (*_MAMBA_TYPES, *_ATTENTION_TYPES) for t in types):
         raise refuse("layer_types", types, f" (mamba or attention for each of the {layers} layers)")
     heads = int(cfg.get("mamba_n_heads", 128))
-    inner = int(cfg.get("mamba_expand", 2)) * hidden
+    inner = int(float(cfg.get("mamba_expand", 2)) * hidden)  # (transformers' int(expand * hidden))
     head_dim = cfg.get("mamba_d_head", "auto")
     head_dim = inner // heads if head_dim in (None, "auto") else int(head_dim)
     if heads * head_dim != inner:

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from lantern.app.engine import InvalidRequestError
+from lantern.app.engine import InvalidRequestError, reasoning
 from lantern.server.errors import APIError
 from lantern.server.generation import (
     ServerState,
@@ -82,6 +82,13 @@ async def prepare_chat(
         raise InvalidRequestError(  # the engine budgets <think> blocks; harmony reasons in a channel
             "thinking_token_budget cannot be enforced on this model: it reasons in harmony's analysis channel, "
             "not in a <think> block",
+            param="thinking_token_budget",
+        )
+    counted = reasoning.detect(state.engine.chat_template) or reasoning.THINK  # what the engine budgets (engine.py)
+    if params.thinking_token_budget is not None and setup.formats.reasoning not in (None, counted):
+        raise InvalidRequestError(
+            f"thinking_token_budget cannot be enforced here: the engine counts {counted.start!r} blocks (read from the "
+            f"chat template) but --reasoning-parser names {setup.formats.reasoning.start!r} ones",
             param="thinking_token_budget",
         )
     user_kwargs = effort_template_kwargs(state.engine.chat_template, body.reasoning_effort, body.chat_template_kwargs)

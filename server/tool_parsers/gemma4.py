@@ -100,9 +100,20 @@ def read_arguments(text: str, schema: dict[str, Any] | None = None) -> dict[str,
     props = (schema or {}).get("properties") or {}
     for key, value in args.items():
         kind = (props.get(key) or {}).get("type")
-        if (kind == "string" or (isinstance(kind, list) and "string" in kind)) and not isinstance(value, str):
-            args[key] = _as_text(value)
+        kinds = set(kind) if isinstance(kind, list) else {kind}
+        if "string" in kinds and not isinstance(value, str) and _json_type(value) not in kinds:
+            args[key] = _as_text(value)  # a bare word where only a string fits: the text the model wrote
     return args
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return {float: "number", dict: "object", list: "array"}.get(type(value), "string")
 
 
 def _as_text(value: Any) -> str:
@@ -269,7 +280,14 @@ def _notation_rule(schema: dict[str, Any], lit: Callable[[str], str], name: str,
             else _any_value(lit, rules)
         )
         return f'"[" ({item} ("," {item})*)? "]"'
-    if kind == "object" and "properties" not in schema:  # a free-form object: any keys, any values
+    if kind == "object" and "properties" not in schema:  # a free-form object: any keys (and values)
+        extra = schema.get("additionalProperties", True)
+        if extra is False:
+            return '"{" "}"'
+        if isinstance(extra, dict) and extra:  # every value of that schema
+            value = _notation_rule(extra, lit, f"{name}v", rules)
+            pair = f'{_any_value(lit, rules)}_key ":" {value}'
+            return f'"{{" ({pair} ("," {pair})*)? "}}"'
         return _any_value(lit, rules) + "_object"
     if kind is None and "properties" not in schema:
         return _any_value(lit, rules)  # no type said: what the model writes is taken as it is

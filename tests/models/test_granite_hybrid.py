@@ -137,3 +137,23 @@ def test_chunked_scan_and_step_equal_the_recurrence(length):
             one_y, one_s = _recurrence(x[i : i + 1], dt[i : i + 1], a, b[i : i + 1], c[i : i + 1], d, states[i])
             np.testing.assert_allclose(y[i], one_y[0], atol=2e-5, rtol=1e-5)
             np.testing.assert_allclose(s[i], one_s, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_an_attention_only_config_is_granite_4_micro_without_state(tmp_path_factory, backend):
+    """granite-4.0-micro (not -h) ships as granitemoehybrid with every layer attention: no Mamba layer,
+    so no state slots (prefix caching stays on); its greedy tokens equal transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    from lantern.app.engine import LLM, SamplingParams
+    from tests.fixtures.tiny_models import build_model
+
+    path = build_model("granite_hybrid", tmp_path_factory.mktemp("micro"), layer_types=["full_attention"] * 4)
+    llm = LLM(str(path), backend=backend, dtype="float32", num_kv_blocks=64)
+    cfg = llm.engine.model_config
+    assert cfg.mamba is None and not cfg.recurrent and cfg.num_kv_layers == 4
+    ids = list(range(5, 40))
+    got = llm.generate([ids], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].outputs[0].token_ids
+    ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    want = ref.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)[0, len(ids) :]
+    assert got == want.tolist()

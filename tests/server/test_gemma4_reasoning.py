@@ -16,6 +16,7 @@ import pytest
 from lantern.app.engine.reasoning import GEMMA4
 from tests.fixtures.tool_templates import GEMMA4 as GEMMA4_TEMPLATE
 from tests.server.conftest import start_server
+from tests.server.test_thinking_budget import llama_with_special_tokens
 from tests.server.test_tool_calls import ASK, SCHEMAS, TOOLS, calls_of
 
 THINKING = {"chat_template_kwargs": {"enable_thinking": True}}
@@ -23,18 +24,7 @@ THINKING = {"chat_template_kwargs": {"enable_thinking": True}}
 
 @pytest.fixture(scope="module")
 def channel_model(tmp_path_factory) -> str:
-    from tokenizers import AddedToken
-    from transformers import AutoTokenizer
-
-    from tests.fixtures.tiny_models import build_model, build_tokenizer
-
-    base = len(build_tokenizer(tmp_path_factory.mktemp("channel-tok")))
-    out = tmp_path_factory.mktemp("channel")
-    build_model("llama2", out, vocab_size=base + 2, max_position_embeddings=4096)
-    tok = AutoTokenizer.from_pretrained(str(out))
-    tok.add_tokens([AddedToken(GEMMA4.opener, special=True), AddedToken(GEMMA4.end, special=True)], special_tokens=True)
-    tok.save_pretrained(str(out))
-    return str(out)
+    return llama_with_special_tokens(tmp_path_factory, list(GEMMA4.markers), positions=4096)
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +92,23 @@ def test_the_budget_closes_the_channel_then_the_forced_call_follows(srv, client,
     _, thought = thought_of([t.token for t in got.logprobs.content], budget)
     assert got.finish_reason == "tool_calls" and calls_of(got.message)
     assert not got.message.content and (got.message.reasoning_content or "") == thought
+
+
+def test_a_budget_in_another_markup_than_the_engine_counts_is_refused(channel_model):
+    """--reasoning-parser gemma4 over a template without the channel: the split follows the flag, but the
+    engine counts the template's markup (<think>), so a budget could not be enforced: a 400 naming it."""
+    import httpx
+
+    from lantern.server.app import ServerSettings
+    from tests.fixtures.tool_templates import QWEN3
+
+    settings = ServerSettings(served_model_name="tiny", reasoning_parser="gemma4")
+    srv = start_server(channel_model, settings, backend="torch", chat_template=QWEN3, num_threads=1)
+    try:
+        body = {"model": "tiny", "messages": ASK, "max_tokens": 4, "thinking_token_budget": 3}
+        r = httpx.post(f"{srv.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget", r.text
+        del body["thinking_token_budget"]
+        assert httpx.post(f"{srv.base_url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    finally:
+        srv.stop()

@@ -37,20 +37,25 @@ WEATHER = {
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}}]
 
 
-@pytest.fixture(scope="module")
-def think_model(tmp_path_factory) -> str:
-    """The tiny llama plus two special tokens, `<think>` and `</think>`, with rows in the model."""
+def llama_with_special_tokens(tmp_path_factory, tokens: list[str], positions: int = 2048) -> str:
+    """The tiny llama plus `tokens` as special tokens, with rows in the model (the last ids)."""
     from tokenizers import AddedToken
     from transformers import AutoTokenizer
 
-    base = len(build_tokenizer(tmp_path_factory.mktemp("think-tok")))
-    out = tmp_path_factory.mktemp("think")
-    build_model("llama2", out, vocab_size=base + 2, max_position_embeddings=2048)
+    base = len(build_tokenizer(tmp_path_factory.mktemp("special-tok")))
+    out = tmp_path_factory.mktemp("special")
+    build_model("llama2", out, vocab_size=base + len(tokens), max_position_embeddings=positions)
     tok = AutoTokenizer.from_pretrained(str(out))
-    tok.add_tokens([AddedToken(THINK_START, special=True), AddedToken(THINK_END, special=True)], special_tokens=True)
-    assert tok.convert_tokens_to_ids([THINK_START, THINK_END]) == [base, base + 1]
+    tok.add_tokens([AddedToken(t, special=True) for t in tokens], special_tokens=True)
+    assert tok.convert_tokens_to_ids(tokens) == list(range(base, base + len(tokens)))
     tok.save_pretrained(str(out))
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def think_model(tmp_path_factory) -> str:
+    """The tiny llama plus two special tokens, `<think>` and `</think>`, with rows in the model."""
+    return llama_with_special_tokens(tmp_path_factory, [THINK_START, THINK_END])
 
 
 @pytest.fixture(scope="module")

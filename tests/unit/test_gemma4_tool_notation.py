@@ -67,6 +67,9 @@ LOOSE = {
         "limit": {"type": ["integer", "null"]},
         "extra": {"description": "no type said"},
         "tags": {"type": "array"},
+        "note": {"type": ["string", "null"]},
+        "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "none": {"type": "object", "additionalProperties": False},
     },
     "required": ["filters", "target"],
 }
@@ -94,6 +97,12 @@ def forced(tok):  # noqa: F811
             {"extra": ["a", {"k": 1}], "filters": {"quoted key": 3}, "limit": None, "tags": [1, "x"], "target": 0},
         ),
         ("{filters:{},limit:12,target:3}", {"filters": {}, "limit": 12, "target": 3}),
+        # an optional string stays null, not the text "null"; typed map values; a closed empty object
+        (
+            "{counts:{a:1,b:-2},filters:{},none:{},note:null,target:1}",
+            {"counts": {"a": 1, "b": -2}, "filters": {}, "none": {}, "note": None, "target": 1},
+        ),
+        ('{filters:{},note:<|"|>hi<|"|>,target:1}', {"filters": {}, "note": "hi", "target": 1}),
     ],
 )
 def test_loose_schemas_take_any_value_of_their_kind(forced, args, want):
@@ -111,6 +120,8 @@ def test_loose_schemas_take_any_value_of_their_kind(forced, args, want):
         "{filters:[],target:1}",  # a list is not an object
         '{filters:{},limit:<|"|>9<|"|>,target:1}',  # integer or null, not a string
         "{target:1}",  # filters is required
+        '{counts:{a:<|"|>x<|"|>},filters:{},target:1}',  # map values must be integers
+        "{filters:{},none:{k:1},target:1}",  # no keys allowed there
     ],
 )
 def test_values_outside_the_schema_are_refused(forced, args):

@@ -97,7 +97,7 @@ class Mamba2Mixer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
-        kinds = cfg.mamba.mamba_layers
+        kinds = cfg.mamba.mamba_layers if cfg.mamba is not None else (False,) * cfg.num_layers  # (granite-4.0-micro)
         if kinds[layer_idx]:
             self.mamba = Mamba2Mixer(cfg, sum(kinds[:layer_idx]))
         else:  # layer_idx: its K/V's place in the pool (attention layers only)
