@@ -70,6 +70,11 @@ class AsyncEngine:
         return self._engine.chat_template
 
     @property
+    def reasoning_markup(self) -> Any:
+        """The reasoning markup thinking_token_budget counts in (reasoning.ReasoningMarkup, from the template)."""
+        return self._engine.budgets.markup
+
+    @property
     def backend_name(self) -> str:
         return self._engine.backend.name
 

@@ -118,7 +118,8 @@ def granitemoe_name(name: str) -> str:
 
 def hybrid_name(name: str) -> str:
     """A Granite 4.0-H checkpoint name in the model files' terms: the experts as GraniteMoE's, the dense
-    shared_mlp's fused input_linear as one gate_up_proj (split by hybrid_tensors), output_linear as down_proj."""
+    shared_mlp's fused input_linear as one gate_up_proj (split by weight_stream.split_fused), output_linear
+    as down_proj."""
     name = granitemoe_name(name)
     for old, new in (
         (".shared_mlp.input_linear.", ".shared_mlp.gate_up_proj."),

@@ -45,6 +45,10 @@ class Mamba2Config:
     def conv_dim(self) -> int:
         return self.inner + 2 * self.groups * self.state_size
 
+    def state_elements(self) -> tuple[int, int]:
+        """Per Mamba layer and sequence: (convolution window values, SSM state values)."""
+        return self.conv_dim * (self.conv_kernel - 1), self.num_heads * self.head_dim * self.state_size
+
     def attention_layers(self) -> list[int]:
         return [i for i, mamba in enumerate(self.mamba_layers) if not mamba]
 

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from lantern.app.engine import InvalidRequestError, reasoning
+from lantern.app.engine import InvalidRequestError
 from lantern.server.errors import APIError
 from lantern.server.generation import (
     ServerState,
@@ -84,8 +84,8 @@ async def prepare_chat(
             "not in a <think> block",
             param="thinking_token_budget",
         )
-    counted = reasoning.detect(state.engine.chat_template) or reasoning.THINK  # what the engine budgets (engine.py)
-    if params.thinking_token_budget is not None and setup.formats.reasoning not in (None, counted):
+    counted = state.engine.reasoning_markup if params.thinking_token_budget is not None else None
+    if counted is not None and setup.formats.reasoning not in (None, counted):
         raise InvalidRequestError(
             f"thinking_token_budget cannot be enforced here: the engine counts {counted.start!r} blocks (read from the "
             f"chat template) but --reasoning-parser names {setup.formats.reasoning.start!r} ones",

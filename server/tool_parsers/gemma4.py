@@ -101,6 +101,8 @@ def read_arguments(text: str, schema: dict[str, Any] | None = None) -> dict[str,
     for key, value in args.items():
         kind = (props.get(key) or {}).get("type")
         kinds = set(kind) if isinstance(kind, list) else {kind}
+        if "integer" in kinds:
+            kinds.add("number")  # (an integer is a number: _json_type says "number" for both)
         if "string" in kinds and not isinstance(value, str) and _json_type(value) not in kinds:
             args[key] = _as_text(value)  # a bare word where only a string fits: the text the model wrote
     return args
@@ -111,9 +113,7 @@ def _json_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    return {float: "number", dict: "object", list: "array"}.get(type(value), "string")
+    return {int: "number", float: "number", dict: "object", list: "array"}.get(type(value), "string")
 
 
 def _as_text(value: Any) -> str:
@@ -222,23 +222,28 @@ class Gemma4Parser(MarkedParser):
 _INTEGER, _NUMBER = "/-?[0-9]{1,15}/", "/-?[0-9]{1,15}(\\.[0-9]{1,15})?/"
 
 
-_ANY = "gemma_any"  # the rule for any value of the notation, added once per grammar
+# Rules for any value of the notation, its objects and its keys (added once per grammar by _any_rules).
+_ANY, _ANY_OBJECT, _ANY_KEY = "gemma_any", "gemma_any_object", "gemma_any_key"
 
 
-def _any_value(lit: Callable[[str], str], rules: list[str]) -> str:
+def _object_of(value: str) -> str:
+    """An object of bare or quoted keys, each holding `value` (a rule or expression)."""
+    pair = f'{_ANY_KEY} ":" {value}'
+    return f'"{{" ({pair} ("," {pair})*)? "}}"'
+
+
+def _any_rules(lit: Callable[[str], str], rules: list[str]) -> None:
     """Any value Gemma's notation writes: a string, number, true / false / null, an object with bare or
     quoted keys, a list. Nesting is bounded by the model's output, as JSON's is."""
     if not any(r.startswith(f"{_ANY}:") for r in rules):
         quote = lit(QUOTE)
-        pair = f'{_ANY}_key ":" {_ANY}'
         rules += [
-            f'{_ANY}: {quote} {_ANY}_text | {_NUMBER} | "true" | "false" | "null" | {_ANY}_object '
+            f'{_ANY}: {quote} {_ANY}_text | {_NUMBER} | "true" | "false" | "null" | {_ANY_OBJECT} '
             f'| "[" ({_ANY} ("," {_ANY})*)? "]"',
-            f'{_ANY}_object: "{{" ({pair} ("," {pair})*)? "}}"',
-            f"{_ANY}_key: /[A-Za-z_][A-Za-z0-9_.-]{{0,63}}/ | {quote} {_ANY}_text",
+            f"{_ANY_OBJECT}: {_object_of(_ANY)}",
+            f"{_ANY_KEY}: /[A-Za-z_][A-Za-z0-9_.-]{{0,63}}/ | {quote} {_ANY}_text",
             f"{_ANY}_text[lazy]: {lazy_until(QUOTE, lit)}",
         ]
-    return _ANY
 
 
 def _notation_rule(schema: dict[str, Any], lit: Callable[[str], str], name: str, rules: list[str]) -> str:
@@ -274,23 +279,23 @@ def _notation_rule(schema: dict[str, Any], lit: Callable[[str], str], name: str,
         return '"null"'
     if kind == "array":
         items = schema.get("items")
-        item = (
-            _notation_rule(items, lit, f"{name}i", rules)
-            if isinstance(items, dict) and items
-            else _any_value(lit, rules)
-        )
+        if isinstance(items, dict) and items:
+            item = _notation_rule(items, lit, f"{name}i", rules)
+        else:
+            _any_rules(lit, rules)
+            item = _ANY
         return f'"[" ({item} ("," {item})*)? "]"'
     if kind == "object" and "properties" not in schema:  # a free-form object: any keys (and values)
         extra = schema.get("additionalProperties", True)
         if extra is False:
             return '"{" "}"'
+        _any_rules(lit, rules)
         if isinstance(extra, dict) and extra:  # every value of that schema
-            value = _notation_rule(extra, lit, f"{name}v", rules)
-            pair = f'{_any_value(lit, rules)}_key ":" {value}'
-            return f'"{{" ({pair} ("," {pair})*)? "}}"'
-        return _any_value(lit, rules) + "_object"
+            return _object_of(_notation_rule(extra, lit, f"{name}v", rules))
+        return _ANY_OBJECT
     if kind is None and "properties" not in schema:
-        return _any_value(lit, rules)  # no type said: what the model writes is taken as it is
+        _any_rules(lit, rules)
+        return _ANY  # no type said: what the model writes is taken as it is
     if kind == "object" or "properties" in schema:
         props = schema.get("properties") or {}
         required = set(schema.get("required") or [])

@@ -68,6 +68,7 @@ LOOSE = {
         "extra": {"description": "no type said"},
         "tags": {"type": "array"},
         "note": {"type": ["string", "null"]},
+        "size": {"type": ["string", "number"]},
         "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
         "none": {"type": "object", "additionalProperties": False},
     },
@@ -103,6 +104,7 @@ def forced(tok):  # noqa: F811
             {"counts": {"a": 1, "b": -2}, "filters": {}, "none": {}, "note": None, "target": 1},
         ),
         ('{filters:{},note:<|"|>hi<|"|>,target:1}', {"filters": {}, "note": "hi", "target": 1}),
+        ("{filters:{},size:3,target:1}", {"filters": {}, "size": 3, "target": 1}),  # an integer is a number
     ],
 )
 def test_loose_schemas_take_any_value_of_their_kind(forced, args, want):

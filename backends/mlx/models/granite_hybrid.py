@@ -134,9 +134,8 @@ class CausalLM(llama.CausalLM):
         self.recurrent: MambaState | None = None  # (not `state`: nn.Module has a property of that name)
 
     def state_bytes_per_seq(self, dtype: mx.Dtype) -> int:
-        m = self.cfg.mamba
-        conv, ssm = m.conv_dim * (m.conv_kernel - 1), m.num_heads * m.head_dim * m.state_size  # ssm in float32
-        return sum(m.mamba_layers) * (conv * dtype.size + ssm * 4)
+        conv, ssm = self.cfg.mamba.state_elements()  # the SSM state in float32
+        return sum(self.cfg.mamba.mamba_layers) * (conv * dtype.size + ssm * 4)
 
     def allocate_state(self, slots: int, dtype: mx.Dtype) -> None:
         self.recurrent = MambaState(self.cfg, slots, dtype)

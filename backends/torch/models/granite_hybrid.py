@@ -131,9 +131,8 @@ class CausalLM(llama.CausalLM):
         self.state: MambaState | None = None
 
     def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
-        m = self.cfg.mamba
-        conv, ssm = m.conv_dim * (m.conv_kernel - 1), m.num_heads * m.head_dim * m.state_size  # ssm in float32
-        return sum(m.mamba_layers) * (conv * dtype.itemsize + ssm * 4)
+        conv, ssm = self.cfg.mamba.state_elements()  # the SSM state in float32
+        return sum(self.cfg.mamba.mamba_layers) * (conv * dtype.itemsize + ssm * 4)
 
     def allocate_state(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
         self.state = MambaState(self.cfg, slots, dtype, device)
