@@ -116,10 +116,10 @@ def granitemoe_name(name: str) -> str:
     return name
 
 
-def hybrid_name(name: str) -> str:
+def hybrid_name(name: str, dense: bool = False) -> str:
     """A Granite 4.0-H checkpoint name in the model files' terms: the experts as GraniteMoE's, the dense
     shared_mlp's fused input_linear as one gate_up_proj (split by weight_stream.split_fused), output_linear
-    as down_proj."""
+    as down_proj. dense (a model without experts): an `mlp` is the shared_mlp, as mlx_lm names it there."""
     name = granitemoe_name(name)
     for old, new in (
         (".shared_mlp.input_linear.", ".shared_mlp.gate_up_proj."),
@@ -127,4 +127,4 @@ def hybrid_name(name: str) -> str:
     ):
         if old in name:
             return name.replace(old, new)
-    return name
+    return name.replace(".mlp.", ".shared_mlp.") if dense else name

@@ -18,6 +18,7 @@ and every head's S: a state slot, as the gated DeltaNet layers (family_qwen3_nex
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,3 +97,31 @@ def granite_mamba(cfg: dict[str, Any], layers: int, hidden: int) -> Mamba2Config
     if cfg.get("hidden_act", "silu") != "silu":
         raise refuse("hidden_act", cfg.get("hidden_act"), " for a Mamba-2 hybrid (SiLU)")
     return out
+
+
+# ---- stored layouts ------------------------------------------------------------------------------------
+# The mixer's tensors as the model files load them (transformers' names and shapes): conv1d.weight
+# [C, 1, K], A_log / D / dt_bias [H], norm.weight [inner].
+def checkpoint_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """An mlx_lm folder's convolution kernel [C, K, 1] (MLX's Conv1d layout) as the checkpoint's [C, 1, K];
+    other tensors and layouts pass as they are."""
+    for name, value in source:
+        if name.endswith(".mamba.conv1d.weight") and len(value.shape) == 3 and value.shape[-1] == 1:
+            value = value.swapaxes(1, 2)
+        yield name, value
+
+
+def gguf_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """llama.cpp's Mamba-2 tensors (convert_hf_to_gguf's Mamba2Model) as the checkpoint held them: A_log
+    back from ssm_a = -exp(A_log) stored [H, 1], D from [H, 1], the group norm's weight from [G, inner / G],
+    the convolution's squeezed [C, K] kernel as [C, 1, K]. The converter writes these in F32."""
+    import numpy as np
+
+    for name, value in source:
+        if name.endswith(".mamba.A_log"):
+            value = np.log(-np.asarray(value, dtype=np.float32).reshape(-1))
+        elif name.endswith((".mamba.D", ".mamba.norm.weight")):
+            value = np.asarray(value).reshape(-1)
+        elif name.endswith(".mamba.conv1d.weight") and len(value.shape) == 2:
+            value = np.asarray(value)[:, None, :]
+        yield name, value

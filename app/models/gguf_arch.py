@@ -77,6 +77,21 @@ _QWEN3NEXT = {
 ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _QWEN3NEXT})
 # LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
 ARCH_LAYER["lfm2"] = {f"shortconv.{t}": f"conv.{t}" for t in ("conv", "in_proj", "out_proj")}
+# Granite 4.0-H (llama.cpp's GraniteHybridModel): the Mamba-2 mixer's tensors (family_mamba2.gguf_tensors
+# undoes their shapes; ssm_a and ssm_d have no suffix: hf_name maps them bare), the dense shared_mlp written
+# as ffn_gate / ffn_up / ffn_down, or as the _shexp tensors beside routed experts.
+ARCH_LAYER["granitehybrid"] = {
+    "ssm_in": "mamba.in_proj",
+    "ssm_conv1d": "mamba.conv1d",
+    "ssm_dt": "mamba.dt",  # .bias -> dt_bias
+    "ssm_norm": "mamba.norm",
+    "ssm_out": "mamba.out_proj",
+    **{f"ffn_{p}{s}": f"shared_mlp.{p}_proj" for p in ("gate", "up", "down") for s in ("", "_shexp")},
+}
+# Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, Granite 4.0-H's A and D.
+ARCH_BARE: dict[str, dict[str, str]] = {
+    "granitehybrid": {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"},
+}
 # Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
 # scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in
 # gguf_names.hf_name.

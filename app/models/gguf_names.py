@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.gguf_arch import (
+    ARCH_BARE,
     ARCH_GLOBAL,
     ARCH_LAYER,
     NORM_PLUS_ONE,
@@ -65,11 +66,12 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_.]+)\.(weight|bias|scales|biases)
 _SCALE_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate_inp|ffn_down_exps)\.scale$")
 _SCALES = {"ffn_gate_inp": "mlp.router_scale", "ffn_down_exps": "mlp.per_expert_scale"}
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
-_BARE_RE = re.compile(r"^blk\.(\d+)\.ssm_a$")
+_BARE_RE = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d)$")
 
 # Architectures whose llama.cpp converter permuted q/k rows for its interleaved rotary layout.
-# mistral3 / smollm3 / granite: Ministral3Model, SmolLM3Model and GraniteModel are LlamaModels
-PERMUTED_ARCHITECTURES = {"llama", "mistral", "mistral3", "smollm3", "granite"}
+# mistral3 / smollm3 / granite / granitemoe: Ministral3Model, SmolLM3Model, GraniteModel and GraniteMoeModel
+# are LlamaModels; GraniteHybridModel sets undo_permute too (its NoPE attention is the same either way)
+PERMUTED_ARCHITECTURES = {"llama", "mistral", "mistral3", "smollm3", "granite", "granitemoe", "granitehybrid"}
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
@@ -88,13 +90,14 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         hf = f"model.layers.{layer}.{mapped}.{kind}"
         hf = hf.replace(".e_score_correction.bias", ".e_score_correction_bias").replace(".sinks.weight", ".sinks")
         hf = hf.replace(".layer_scalar.weight", ".layer_scalar")
-        return hf.replace(".linear_attn.dt.bias", ".linear_attn.dt_bias")
+        return hf.replace(".linear_attn.dt.bias", ".linear_attn.dt_bias").replace(".mamba.dt.bias", ".mamba.dt_bias")
     m = _SCALE_RE.match(gguf_name)
     if m:
         return f"model.layers.{m.group(1)}.{_SCALES[m.group(2)]}"
-    m = _BARE_RE.match(gguf_name)  # Qwen3-Next's A (its converter names it without a suffix)
+    m = _BARE_RE.match(gguf_name)  # Qwen3-Next's A, Granite 4.0-H's A and D (converters name them without a suffix)
     if m:
-        return f"model.layers.{m.group(1)}.linear_attn.A_log"
+        bare = ARCH_BARE.get(arch, {"ssm_a": "linear_attn.A_log"}).get(m.group(2))
+        return None if bare is None else f"model.layers.{m.group(1)}.{bare}"
     m = _GLOBAL_RE.match(gguf_name)
     if m and m.group(1) in ARCH_GLOBAL.get(arch, {}):
         return f"{ARCH_GLOBAL[arch][m.group(1)]}.{m.group(2)}"

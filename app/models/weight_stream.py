@@ -74,6 +74,12 @@ def iter_weights(
             source = qwen.gguf_tensors(source)
         else:
             source = qwen.checkpoint_tensors(source, qwen.stored_by_mlx_lm(spec.weight_files))
+    if spec.config.mamba is not None:  # llama.cpp's or mlx_lm's layout of the Mamba-2 mixer's tensors
+        from lantern.app.models import family_mamba2
+
+        source = (family_mamba2.gguf_tensors if spec.weight_format == "gguf" else family_mamba2.checkpoint_tensors)(
+            source
+        )
     if spec.config.architecture in FUSED_CHECKPOINTS:
         source = split_fused(source, spec)
     if spec.config.architecture == "gpt_oss":  # stacked (and MXFP4) experts in the model files' layout
@@ -197,7 +203,8 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     if spec.config.architecture == "granitemoehybrid":  # the same, and its dense shared_mlp
         from lantern.app.models.family_granite import hybrid_name
 
-        return lambda name: hybrid_name(_backbone_name(name))
+        dense = spec.config.moe is None
+        return lambda name: hybrid_name(_backbone_name(name), dense)
     return _backbone_name
 
 
