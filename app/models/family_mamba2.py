@@ -1,6 +1,6 @@
 """Mamba-2 mixer layers (state-space duality, SSD) as hybrid models place them among attention layers:
-IBM's Granite 4.0-H (model_type "granitemoehybrid"); the same mixer serves NVIDIA's Nemotron-H and TII's
-Falcon-H1, whose configs name its sizes their own way.
+IBM's Granite 4.0-H (model_type "granitemoehybrid") and NVIDIA's Nemotron-H (family_nemotron_h), whose configs
+name its sizes their own way; TII's Falcon-H1 has the same mixer.
 
 The maths (transformers' GraniteMoeHybridMambaLayer, the torch path that runs without the mamba_ssm
 kernels): in_proj gives [z (d_inner) | xBC (d_inner + 2 G N) | dt (H)]; xBC goes through a causal
@@ -37,6 +37,9 @@ class Mamba2Config:
     proj_bias: bool  # on in_proj and out_proj
     dt_limit: tuple[float, float]  # dt clamped to this range in the chunked form (transformers' time_step_limit)
     norm_eps: float
+    # Nemotron-H's layers, one letter each: M a mixer, * attention, - an MLP, E experts (its pattern's letters,
+    # family_nemotron_h); empty: Granite's, each layer a mixer or attention, then an MLP.
+    layer_kinds: str = ""
 
     @property
     def inner(self) -> int:
@@ -51,6 +54,8 @@ class Mamba2Config:
         return self.conv_dim * (self.conv_kernel - 1), self.num_heads * self.head_dim * self.state_size
 
     def attention_layers(self) -> list[int]:
+        if self.layer_kinds:
+            return [i for i, kind in enumerate(self.layer_kinds) if kind == "*"]
         return [i for i, mamba in enumerate(self.mamba_layers) if not mamba]
 
 

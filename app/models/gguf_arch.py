@@ -88,10 +88,14 @@ ARCH_LAYER["granitehybrid"] = {
     "ssm_out": "mamba.out_proj",
     **{f"ffn_{p}{s}": f"shared_mlp.{p}_proj" for p in ("gate", "up", "down") for s in ("", "_shexp")},
 }
-# Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, Granite 4.0-H's A and D.
-ARCH_BARE: dict[str, dict[str, str]] = {
-    "granitehybrid": {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"},
+# Nemotron-H (llama.cpp's NemotronHModel, a GraniteHybridModel): the same mixer tensors; its relu^2 MLP is
+# Llama's ffn_up / ffn_down, each block's one norm attn_norm.
+ARCH_LAYER["nemotron_h"] = {
+    p: ARCH_LAYER["granitehybrid"][p] for p in ("ssm_in", "ssm_conv1d", "ssm_dt", "ssm_norm", "ssm_out")
 }
+# Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, the Mamba-2 mixers' A and D.
+_MAMBA_BARE = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
+ARCH_BARE: dict[str, dict[str, str]] = {"granitehybrid": _MAMBA_BARE, "nemotron_h": _MAMBA_BARE}
 # Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
 # scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in
 # gguf_names.hf_name.

@@ -1,7 +1,7 @@
 """GGUF config builders of the families added after gemma / phi3 / glm4 / deepseek2 / gpt-oss / mistral3
 (gguf_config.py holds those, the metadata reader and the helpers used here): GLM-4.5, SmolLM3, Granite 3
-(dense, MoE) and 4.0-H, OLMo 2 / 3, ERNIE 4.5, EXAONE 4 and Command R7B, each as llama.cpp's converter
-writes it.
+(dense, MoE) and 4.0-H, Nemotron-H, OLMo 2 / 3, ERNIE 4.5, EXAONE 4 and Command R7B, each as llama.cpp's
+converter writes it.
 """
 
 from __future__ import annotations
@@ -137,6 +137,36 @@ def _granite_hybrid(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -
     if rope:
         out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
     return out
+
+
+def _nemotron_h(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H (llama.cpp's NemotronHModel): a layer with KV heads attends, one with a feed_forward_length
+    is a relu^2 MLP, the rest are Mamba-2 mixers (ssm.* as Granite 4.0-H's); no rope, no scalars. llama.cpp's
+    scan clamps no dt: time_step_min 0."""
+    layers = cfg["num_hidden_layers"]
+    kv, ff = meta.get("attention.head_count_kv"), meta.get("feed_forward_length")
+    if not isinstance(kv, (list, tuple)) or not isinstance(ff, (list, tuple)) or meta.get("expert_count"):
+        raise UnsupportedModelError(
+            f"{meta.label}nemotron_h without per-layer KV heads and MLP widths (or with experts)"
+        )
+    kinds = "".join("*" if h else "-" if f else "M" for h, f in zip(kv[:layers], ff[:layers]))
+    heads, inner = int(meta.need("ssm.time_step_rank")), int(meta.need("ssm.inner_size"))
+    first = f"blk.{kinds.find('M')}."
+    return {
+        "model_type": "nemotron_h",
+        "hybrid_override_pattern": kinds,
+        "head_dim": _head_dim(meta, cfg),
+        "mamba_num_heads": heads,
+        "mamba_head_dim": inner // heads,
+        "ssm_state_size": int(meta.need("ssm.state_size")),
+        "n_groups": int(meta.need("ssm.group_count")),
+        "conv_kernel": int(meta.need("ssm.conv_kernel")),
+        "use_conv_bias": f"{first}ssm_conv1d.bias" in tensors,
+        "use_bias": f"{first}ssm_in.bias" in tensors,
+        "time_step_min": 0.0,
+        "layer_norm_epsilon": cfg["rms_norm_eps"],
+        "attention_bias": f"blk.{kinds.find('*')}.attn_q.bias" in tensors,  # refused by family_nemotron_h
+    }
 
 
 def _olmo2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
@@ -380,6 +410,7 @@ BUILDERS = {
     "granite": _granite,
     "granitemoe": _granite,
     "granitehybrid": _granite_hybrid,
+    "nemotron_h": _nemotron_h,
     "olmo2": _olmo2,
     "ernie4_5": _ernie,
     "ernie4_5-moe": _ernie,

@@ -57,7 +57,8 @@ class _Meta:
 def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name: str = "") -> dict[str, Any] | None:
     """The config.json dict of a GGUF whose architecture transformers' reader does not serve (gemma2 /
     gemma3 / phi3 / glm4 / glm4moe / deepseek2 / gpt-oss / mistral3 / smollm3 / granite / granitemoe /
-    granitehybrid / olmo2 / ernie4_5 / exaone4 / cohere2 / lfm2 / qwen3next / qwen35 / gemma4); None for the
+    granitehybrid / nemotron_h / olmo2 / ernie4_5 / exaone4 / cohere2 / lfm2 / qwen3next / qwen35 / gemma4); None
+    for the
     others. `tensors`: GGUF name -> GGUFTensor of every
     part (which tensors exist says what keys cannot: tying, biases, q LoRA; Phi-3's LongRoPE
     factors are tensors)."""
@@ -120,6 +121,8 @@ def _per_layer_min(meta: _Meta, key: str) -> int:
     value = meta.get(key)
     if isinstance(value, (list, tuple)) and meta.arch == "gemma4" and value:
         return int(min(value))
+    if isinstance(value, (list, tuple)) and meta.arch == "nemotron_h" and value:  # 0 where a layer has no MLP
+        return int(max(value))
     return int(meta.scalar(key, 0) or 0)
 
 

@@ -70,8 +70,18 @@ _BARE_RE = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d)$")
 
 # Architectures whose llama.cpp converter permuted q/k rows for its interleaved rotary layout.
 # mistral3 / smollm3 / granite / granitemoe: Ministral3Model, SmolLM3Model, GraniteModel and GraniteMoeModel
-# are LlamaModels; GraniteHybridModel sets undo_permute too (its NoPE attention is the same either way)
-PERMUTED_ARCHITECTURES = {"llama", "mistral", "mistral3", "smollm3", "granite", "granitemoe", "granitehybrid"}
+# are LlamaModels; GraniteHybridModel and its NemotronHModel set undo_permute too (NoPE attention computes the
+# same either way; the tensors are the checkpoint's again)
+PERMUTED_ARCHITECTURES = {
+    "llama",
+    "mistral",
+    "mistral3",
+    "smollm3",
+    "granite",
+    "granitemoe",
+    "granitehybrid",
+    "nemotron_h",
+}
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:

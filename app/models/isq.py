@@ -89,6 +89,9 @@ def isq_candidates(cfg: Any) -> int:
     total = 1 if cfg.tie_word_embeddings else 2  # embedding (+ lm_head)
     if getattr(cfg, "gemma4", None) is not None:
         return total + _gemma4_candidates(cfg)
+    kinds = cfg.mamba.layer_kinds if getattr(cfg, "mamba", None) is not None else ""
+    if kinds:  # Nemotron-H: one mixer per layer; a Mamba-2 mixer's in_proj and out_proj, q, k, v and o, up and down
+        return total + sum({"M": 2, "*": 4, "-": 2}[kind] for kind in kinds)
     mla = cfg.mla
     # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4

@@ -49,6 +49,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
     # Granite 4.0-H: Mamba-2 mixer layers (recurrent state) among attention layers, a dense MLP beside the experts.
     "granitemoehybrid": {"family": "granite_hybrid", "configure": "family_granite"},
+    # Nemotron-H: one mixer per block (Mamba-2, NoPE attention or a relu^2 MLP); "prepare" fills in what
+    # transformers 5's saved configs leave out.
+    "nemotron_h": {"family": "nemotron_h", "configure": "family_nemotron_h", "own_rope": True, "prepare": True},
     # ERNIE 4.5: Llama's layer with pair-wise rope (GLM-4's); the MoE's router is DeepSeek-V3's with a softmax.
     "ernie4_5": {"family": "ernie", "configure": "family_ernie"},
     "ernie4_5_moe": {"family": "ernie", "configure": "family_ernie"},
@@ -279,6 +282,8 @@ class ModelConfig:
             )
         traits = ARCHITECTURES[model_type]
         cfg = {**traits.get("defaults", {}), **cfg}
+        if traits.get("prepare"):  # the configure module's prepare(cfg) states keys the others read
+            cfg = importlib.import_module(f"lantern.app.models.{traits['configure']}").prepare(cfg)
         if "configure" not in traits or model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
             _check_unimplemented(model_type, cfg)
         # Imported here: hf_formats raises this module's UnsupportedModelError (no import cycle).

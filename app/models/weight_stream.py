@@ -200,6 +200,11 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_granite import granitemoe_name
 
         return lambda name: granitemoe_name(_backbone_name(name))
+    if spec.config.family == "nemotron_h":  # backbone.*, each block's `mixer` under its kind's name
+        from lantern.app.models.family_nemotron_h import checkpoint_name as nemotron_name
+
+        kinds = spec.config.mamba.layer_kinds
+        return lambda name: nemotron_name(name, kinds)
     if spec.config.architecture == "granitemoehybrid":  # the same, and its dense shared_mlp
         from lantern.app.models.family_granite import hybrid_name
 

@@ -30,7 +30,9 @@ def _alone(path: str, backend: str, prompts: list[str]) -> list[list[int]]:
     return [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
 
 
-@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "lfm2", "granite_hybrid", "granite_hybrid_moe"])
+@pytest.mark.parametrize(
+    "variant", ["qwen3_next", "qwen3_5", "lfm2", "granite_hybrid", "granite_hybrid_moe", "nemotron_h"]
+)
 def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model_dir, variant, backend, caplog):
     path = tiny_model_dir(variant)
     want = _alone(path, backend, PROMPTS)
@@ -62,7 +64,7 @@ def test_sampled_fan_out_matches_single_requests(tiny_model_dir, backend):
     assert both == single and both[0] != both[1]
 
 
-@pytest.mark.parametrize("variant", ["qwen3_5", "granite_hybrid"])
+@pytest.mark.parametrize("variant", ["qwen3_5", "granite_hybrid", "nemotron_h"])
 @pytest.mark.parametrize("chunk", [100, 512])
 def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk, variant):
     """A 150-token prompt: the scans' 64-token chunks inside a step (chunk 512) and prefill steps

@@ -2,13 +2,15 @@
 layers marked by no KV heads, A as -exp(A_log), the squeezed convolution, q/k permuted, the dense shared_mlp
 as ffn_* or as the _shexp tensors beside experts) and the same models as mlx_lm folders load on both backends
 and compute what transformers computes on the values the file holds; the config read from the metadata
-alone is the checkpoint's. Granite 3 MoE (granitemoe) GGUF rides on the same converter class."""
+alone is the checkpoint's. Granite 3 MoE (granitemoe) and Nemotron-H (nemotron_h) GGUFs ride on the same
+converter classes."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,7 @@ FILES = {
     "moe": ("granite_hybrid_moe", {}, "f16"),  # rope, experts beside the shared_mlp (ffn_*_shexp)
     # every matrix Q8_0 (rows of whole 32-blocks): the mixer's projections stay quantized too
     "granitemoe": ("granitemoe", {}, "f16"),  # Granite 3 MoE: GraniteMoeModel's file, q/k permuted
+    "nemotron_h": ("nemotron_h", {}, "f16"),  # NemotronHModel's: a mixer, attention or a relu^2 MLP per layer
     "moe_q8_0": ("granite_hybrid_moe", {"mamba_d_head": 32, "hidden_size": 64, "shared_intermediate_size": 64}, "q8_0"),
 }
 
@@ -55,7 +58,7 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe", "granitemoe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "granitemoe", "nemotron_h"])
 def test_config_and_tensors_from_the_file_are_the_checkpoints(gguf_file, kind):
     path, ref = gguf_file(kind)
     spec = resolve_model(str(path)).spec
@@ -63,6 +66,9 @@ def test_config_and_tensors_from_the_file_are_the_checkpoints(gguf_file, kind):
     expected = ModelConfig.from_hf(raw)
     if raw.get("position_embedding_type", "rope") != "rope":  # the converter states 2**20 positions for NoPE models
         expected = dataclasses.replace(expected, max_position_embeddings=2**20)
+    if kind == "nemotron_h":  # NoPE too, and dt unclamped as llama.cpp's scan computes it (no key states a clamp)
+        mamba = dataclasses.replace(expected.mamba, dt_limit=(0.0, math.inf))
+        expected = dataclasses.replace(expected, max_position_embeddings=2**20, mamba=mamba)
     assert spec.config == expected
     # What the weight stream hands the models from the file is what it hands them from the checkpoint.
     streamed = {n: np.asarray(v, dtype=np.float32) for n, v in iter_weights(spec, "pt", progress=False)}
@@ -72,7 +78,7 @@ def test_config_and_tensors_from_the_file_are_the_checkpoints(gguf_file, kind):
         np.testing.assert_allclose(value, held[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe", "granitemoe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "granitemoe", "nemotron_h"])
 def test_logits_and_greedy_match_transformers(gguf_file, kind, backend):
     path, ref = gguf_file(kind)
     llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)

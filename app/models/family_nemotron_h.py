@@ -1,0 +1,118 @@
+"""NVIDIA Nemotron-H (model_type "nemotron_h": Nemotron-H 4B / 8B / 47B / 56B, Nemotron-Nano-9B-v2 / 12B-v2):
+what its config.json means, as transformers' NemotronHConfig and modeling_nemotron_h read it.
+
+The maths: a stack of blocks, each `x + mixer(RMSNorm(x))` with ONE mixer per block, named by its pattern
+letter — M a Mamba-2 mixer (family_mamba2: mamba_num_heads x mamba_head_dim channels, ssm_state_size, n_groups
+of B/C and of the gated norm, dt clamped below at time_step_min), * attention without any positional encoding
+(NoPE, head_dim per head), - an MLP down(relu(up(x))^2) without a gate. No final scalars; the final norm is
+norm_f. Released configs state the pattern as `hybrid_override_pattern` ("M-M-M-MM*-..."); transformers 5 saves
+`layers_block_type` (linear_attention / full_attention / mlp / moe) and no num_hidden_layers.
+
+E layers (Nemotron 3's routed relu^2 experts under a sigmoid router) are refused for now, naming the key.
+Checkpoints name every block's mixer `mixer` under `backbone.`; checkpoint_name gives the model files' names.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from lantern.app.models.errors import UnsupportedModelError, refuse
+from lantern.app.models.family_mamba2 import Mamba2Config, _json_float
+
+_LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json with its layer count stated (transformers 5 saves only layers_block_type)."""
+    kinds = layer_kinds(cfg)
+    return {**cfg, "num_hidden_layers": len(kinds)} if kinds else cfg
+
+
+def layer_kinds(cfg: dict[str, Any]) -> str:
+    """One pattern letter per layer, from layers_block_type or hybrid_override_pattern."""
+    types = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or any(t not in _LETTERS for t in types):
+            raise refuse("layers_block_type", types, " (linear_attention, full_attention, mlp or moe per layer)")
+        return "".join(_LETTERS[t] for t in types)
+    pattern = cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set("M*-E"):
+        raise refuse("hybrid_override_pattern", pattern, " (one of M, *, - and E per layer)")
+    return pattern
+
+
+def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    if model_type != "nemotron_h":
+        raise UnsupportedModelError(f"{model_type!r} is not a Nemotron-H model")
+    kinds = layer_kinds(cfg)
+    if "E" in kinds:
+        raise refuse("hybrid_override_pattern", kinds, " (its E layers: routed experts, Nemotron 3)")
+    if "*" not in kinds:
+        raise refuse("hybrid_override_pattern", kinds, " (no attention layer at all)")
+    for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
+        if cfg.get(key, want) != want:
+            raise refuse(key, cfg[key], f" ({want})")
+    for key in ("attention_bias", "mlp_bias"):
+        if cfg.get(key):
+            raise refuse(key, cfg[key], " (biases on the projections)")
+    if cfg.get("sliding_window"):
+        raise refuse("sliding_window", cfg["sliding_window"], " (Nemotron-H's attention layers attend to all)")
+    eps = float(cfg.get("layer_norm_epsilon", 1e-5))
+    return {
+        "rms_norm_eps": eps,
+        "hidden_act": "relu2",
+        "rope_layers": (False,) * len(kinds),  # NoPE
+        "rope_scaling": None,
+        "mamba": _mamba(cfg, kinds, eps),
+        "mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0),
+        "layer_windows": None,
+    }
+
+
+def _mamba(cfg: dict[str, Any], kinds: str, eps: float) -> Mamba2Config:
+    heads, head_dim = int(cfg.get("mamba_num_heads", 128)), int(cfg.get("mamba_head_dim", 64))
+    groups = int(cfg.get("n_groups", 8))
+    if groups < 1 or heads % groups:
+        raise refuse("n_groups", groups, f" (must divide the {heads} mamba_num_heads)")
+    conv = int(cfg.get("conv_kernel", 4))
+    if conv < 2:
+        raise refuse("conv_kernel", conv, " (must be at least 2)")
+    # transformers' mixer clamps dt at time_step_min from below and never above (whatever time_step_limit says)
+    low = _json_float(cfg.get("time_step_min", 0.001))
+    return Mamba2Config(
+        mamba_layers=tuple(k == "M" for k in kinds),
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=int(cfg.get("ssm_state_size", 128)),
+        groups=groups,
+        conv_kernel=conv,
+        conv_bias=bool(cfg.get("use_conv_bias", True)),
+        proj_bias=bool(cfg.get("use_bias", False)),
+        dt_limit=(low, math.inf),
+        norm_eps=eps,
+        layer_kinds=kinds,
+    )
+
+
+_BLOCK = re.compile(r"^(?:backbone|model)\.layers\.(\d+)\.(mixer|norm)\.(.*)$")
+_MIXER_NAMES = {"M": "mamba", "*": "self_attn", "-": "mlp", "E": "mlp"}
+
+
+def checkpoint_name(name: str, kinds: str) -> str:
+    """A Nemotron-H checkpoint name in the model files' terms: backbone.* as model.*, the embedding and final
+    norm as Llama's, each block's norm as input_layernorm and its mixer under its kind's name (mamba,
+    self_attn, mlp)."""
+    m = _BLOCK.match(name)
+    if m is not None:
+        layer, part, rest = m.groups()
+        if int(layer) >= len(kinds):  # (a layer past the stack: the stream skips it)
+            return name
+        if part == "norm":
+            return f"model.layers.{layer}.input_layernorm.{rest}"
+        return f"model.layers.{layer}.{_MIXER_NAMES[kinds[int(layer)]]}.{rest}"
+    for old, new in (("backbone.embeddings.", "model.embed_tokens."), ("backbone.norm_f.", "model.norm.")):
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return name.replace("backbone.", "model.", 1) if name.startswith("backbone.") else name

@@ -1,0 +1,64 @@
+"""Nemotron-H decoder in torch over a flattened token batch (maths in app/models/family_nemotron_h.py; the same
+layout as the MLX file): each block is `x + mixer(RMSNorm(x))` with one mixer, by its pattern letter a Mamba-2
+mixer keeping a state per sequence (granite_hybrid's Mamba2Mixer and slots), NoPE attention over the paged pool
+(which holds the attention layers only), or a relu^2 MLP without a gate.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.torch.attention import TorchAttentionMetadata
+from lantern.backends.torch.layers import Attention, RMSNorm
+from lantern.backends.torch.models import granite_hybrid
+from lantern.backends.torch.parallel import TPGroup
+
+
+class Relu2MLP(nn.Module):
+    """down(relu(up(x)) ** 2): Nemotron's MLP, no gate."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
+        super().__init__()
+        self.tp = tp
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.down_proj(F.relu(self.up_proj(x)).square_()))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
+        super().__init__()
+        kinds = cfg.mamba.layer_kinds
+        self.kind = kinds[layer_idx]
+        if self.kind == "M":  # its place among the Mamba layers' states
+            self.mamba = granite_hybrid.Mamba2Mixer(cfg, kinds[:layer_idx].count("M"))
+        elif self.kind == "*":  # its K/V's place in the pool (attention layers only)
+            self.self_attn = Attention(cfg, kinds[:layer_idx].count("*"), tp)
+        else:
+            self.mlp = Relu2MLP(cfg, tp)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        meta: TorchAttentionMetadata,
+        state: granite_hybrid.MambaState,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.input_layernorm(x, residual)
+        if self.kind == "M":
+            return self.mamba(h, meta, state), residual
+        if self.kind == "*":
+            return self.self_attn(h, meta), residual
+        return self.mlp(h), residual
+
+
+class CausalLM(granite_hybrid.CausalLM):
+    """Granite 4.0-H's shell: the same Mamba state, sized by the same Mamba2Config."""
+
+    decoder_layer = Block

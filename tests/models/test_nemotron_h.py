@@ -1,0 +1,106 @@
+"""Nemotron-H ("nemotron_h"): its config.json read as transformers' NemotronHConfig and its modules read it (the
+released form: hybrid_override_pattern, num_hidden_layers, time_step_limit with an Infinity; transformers 5's
+saved form: layers_block_type and no layer count), refusals in one line naming the key. Logits and greedy
+tokens against transformers run in tests/conformance (nemotron_h), state through batching and preemption in
+tests/conformance/test_recurrent_state.py, an mlx_lm folder in tests/models/test_mlx_moe_folders.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.spec import ModelConfig
+
+RELEASED = {  # Nemotron-Nano-9B-v2's shape, scaled down
+    "model_type": "nemotron_h",
+    "architectures": ["NemotronHForCausalLM"],
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 7,
+    "hybrid_override_pattern": "M-M*-M-",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 20,  # heads x head dim (160) is not 2 x hidden: the mixer's width is its own
+    "n_groups": 2,
+    "ssm_state_size": 16,
+    "conv_kernel": 4,
+    "expand": 2,
+    "chunk_size": 128,
+    "mlp_hidden_act": "relu2",
+    "mamba_hidden_act": "silu",
+    "use_conv_bias": True,
+    "use_bias": False,
+    "layer_norm_epsilon": 1e-5,
+    "time_step_limit": [0.0, math.inf],
+    "time_step_min": 0.001,
+    "residual_in_fp32": False,
+}
+
+
+def test_released_and_saved_configs_read_as_transformers_does():
+    from transformers import NemotronHConfig
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer, NemotronHMLP
+
+    raw = json.loads(json.dumps(RELEASED))  # (json writes the limit as Infinity, as released files hold it)
+    cfg = ModelConfig.from_hf(raw)
+    hf = NemotronHConfig(**raw)
+    mixer, mlp = NemotronHMamba2Mixer(hf, 0), NemotronHMLP(hf)
+    m = cfg.mamba
+    assert m.layer_kinds == hf.hybrid_override_pattern and cfg.num_layers == hf.num_hidden_layers == 7
+    assert m.mamba_layers == tuple(t == "linear_attention" for t in hf.layers_block_type)
+    assert cfg.num_kv_layers == 1 and cfg.recurrent and cfg.rope_layers == (False,) * 7  # NoPE
+    assert (m.num_heads, m.head_dim, m.state_size, m.groups) == (8, mixer.head_dim, 16, mixer.n_groups)
+    assert (m.inner, m.conv_dim, m.conv_kernel) == (mixer.intermediate_size, mixer.conv_dim, mixer.conv_kernel_size)
+    assert m.inner + m.conv_dim + m.num_heads == mixer.in_proj.out_features
+    assert m.dt_limit == mixer.time_step_limit == (0.001, math.inf)  # clamped below at time_step_min
+    assert (m.conv_bias, m.proj_bias, m.norm_eps) == (mixer.use_conv_bias, False, mixer.norm.variance_epsilon)
+    assert cfg.intermediate_size == mlp.up_proj.out_features and cfg.rms_norm_eps == hf.layer_norm_epsilon
+    assert (cfg.head_dim, cfg.num_kv_heads) == (hf.head_dim, hf.num_key_value_heads)
+    # transformers 5's saved form: the list of block types, no layer count
+    saved = {k: v for k, v in RELEASED.items() if k not in ("hybrid_override_pattern", "num_hidden_layers")}
+    saved["layers_block_type"] = hf.layers_block_type
+    saved["time_step_limit"] = [0.0, {"__float__": "Infinity"}]
+    assert ModelConfig.from_hf(saved) == cfg
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"hybrid_override_pattern": "M-M*-ME"}, "hybrid_override_pattern"),  # Nemotron 3's experts
+        ({"hybrid_override_pattern": "M-M+-M-"}, "hybrid_override_pattern"),
+        ({"hybrid_override_pattern": "M-M--M-"}, "hybrid_override_pattern"),  # no attention layer
+        ({"layers_block_type": ["mamba", "conv"]}, "layers_block_type"),
+        ({"mlp_hidden_act": "silu"}, "mlp_hidden_act"),
+        ({"n_groups": 3}, "n_groups"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"sliding_window": 64}, "sliding_window"),
+        ({"conv_kernel": 1}, "conv_kernel"),
+    ],
+)
+def test_what_is_not_computed_is_refused_naming_the_key(change, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf({**RELEASED, **change})
+
+
+def test_checkpoint_names_reach_the_model_files(tiny_model_dir):
+    """backbone.* as model.*, each block's norm as input_layernorm, its mixer under its kind's name; every
+    tensor the checkpoint holds is a parameter of the model (MLX's: torch fuses q/k/v as it loads)."""
+    from mlx.utils import tree_flatten
+
+    from lantern.app.models.loader import resolve_model
+    from lantern.app.models.weight_stream import iter_weights
+    from lantern.backends.mlx.models.nemotron_h import CausalLM
+
+    spec = resolve_model(tiny_model_dir("nemotron_h")).spec
+    names = {n for n, _ in iter_weights(spec, "pt", progress=False)}
+    assert {"model.embed_tokens.weight", "model.norm.weight", "model.layers.0.mamba.A_log"} <= names
+    assert {"model.layers.1.mlp.up_proj.weight", "model.layers.3.self_attn.q_proj.weight"} <= names
+    assert "model.layers.3.input_layernorm.weight" in names and not any("backbone" in n for n in names)
+    params = {n for n, _ in tree_flatten(CausalLM(spec.config).parameters())}
+    assert names == params
