@@ -76,6 +76,7 @@ GRANITE_HYBRID_SHAPE = {  # granite-4.0-h-micro's kind (dense), scaled down: one
     "mamba_d_state": 128,
     "num_local_experts": 0,
     "shared_intermediate_size": 4096,
+    "intermediate_size": 4096,  # (as released: mlx_lm sizes a dense model's MLP by this key)
     "max_position_embeddings": 4096,
 }
 SHAPES = {"qwen3_next": SHAPE, "gemma4": GEMMA4_SHAPE, "granite_hybrid": GRANITE_HYBRID_SHAPE}
@@ -156,8 +157,9 @@ def main() -> None:
     rng = random.Random(0)
     vocab = SHAPES[args.arch]["vocab_size"]
     prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt_len)] for _ in range(args.requests)]
-    rows = []
+    print(f"{'backend':8} {'metric':28} {'lantern':>9} {'reference':>22} {'ratio':>6}", flush=True)
     for backend in args.backends.split(","):
+        rows = []
         dtype = "bfloat16" if backend == "torch" else "float32"
         ours = bench_lantern(path, backend, dtype, prompts, args.out_len, enforce_eager=True)
         if backend == "torch":
@@ -168,9 +170,8 @@ def main() -> None:
             rows.append((backend, key, ours[key], ref_name, ref[key]))
         # (no reference figure: prefill included here, and the references run one request at a time)
         rows.append((backend, f"throughput_{args.requests}_tok_s", ours["throughput_tok_s"], "", float("nan")))
-    print(f"{'backend':8} {'metric':28} {'lantern':>9} {'reference':>22} {'ratio':>6}")
-    for backend, key, a, name, b in rows:
-        print(f"{backend:8} {key:28} {a:9.2f} {name:>12} {b:9.2f} {a / b:6.2f}")
+        for _, key, a, name, b in rows:  # each backend's rows as soon as they are measured
+            print(f"{backend:8} {key:28} {a:9.2f} {name:>12} {b:9.2f} {a / b:6.2f}", flush=True)
 
 
 if __name__ == "__main__":

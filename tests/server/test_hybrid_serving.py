@@ -1,5 +1,5 @@
-"""Models with recurrent layers (Qwen3-Next's linear attention, Granite 4.0-H's Mamba-2 mixers: a state
-per sequence beside the paged KV cache) served through the real server and the official openai client,
+"""Models with recurrent layers (Qwen3-Next's linear attention, Granite 4.0-H's and Nemotron-H's Mamba-2 mixers:
+a state per sequence beside the paged KV cache) served through the real server and the official openai client,
 on both backends: concurrent streams, more of them than state slots, give what each request gives
 alone; a client that leaves mid-stream gives its slot back and leaves nothing behind for the next request."""
 
@@ -23,7 +23,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe"])
+@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h"])
 def hybrid_server(tiny_model_dir, backend, request):
     threads = {"num_threads": 1} if backend == "torch" else {}
     # 4 slots for 6 concurrent requests: some wait, then take a slot another sequence just gave back.
