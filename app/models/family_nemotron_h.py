@@ -3,7 +3,7 @@ what its config.json means, as transformers' NemotronHConfig and modeling_nemotr
 
 The maths: a stack of blocks, each `x + mixer(RMSNorm(x))` with ONE mixer per block, named by its pattern
 letter — M a Mamba-2 mixer (family_mamba2: mamba_num_heads x mamba_head_dim channels, ssm_state_size, n_groups
-of B/C and of the gated norm, dt clamped below at time_step_min), * attention without any positional encoding
+of B/C and of the gated norm, dt clamped to time_step_limit), * attention without any positional encoding
 (NoPE, head_dim per head), - an MLP down(relu(up(x))^2) without a gate. No final scalars; the final norm is
 norm_f. Released configs state the pattern as `hybrid_override_pattern` ("M-M-M-MM*-..."); transformers 5 saves
 `layers_block_type` (linear_attention / full_attention / mlp / moe) and no num_hidden_layers.
@@ -25,32 +25,42 @@ _LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "atten
 
 
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
-    """config.json with its layer count stated (transformers 5 saves only layers_block_type)."""
-    kinds = layer_kinds(cfg)
-    return {**cfg, "num_hidden_layers": len(kinds)} if kinds else cfg
+    """config.json with its layer count (transformers 5 saves only layers_block_type) and head_dim stated: the
+    first Nemotron-H configs name it attention_head_dim (Nemotron-H-4B: 128, not hidden / heads = 96), and
+    NemotronHConfig's default is 128."""
+    head_dim = cfg.get("head_dim") or cfg.get("attention_head_dim") or 128
+    return {**cfg, "num_hidden_layers": len(layer_kinds(cfg)), "head_dim": head_dim}
+
+
+def _kinds_key(cfg: dict[str, Any]) -> str:
+    """The config key the layer pattern is read from."""
+    if cfg.get("layers_block_type") is not None:
+        return "layers_block_type"
+    return "layer_types" if cfg.get("layer_types") is not None else "hybrid_override_pattern"
 
 
 def layer_kinds(cfg: dict[str, Any]) -> str:
     """One pattern letter per layer, from layers_block_type or hybrid_override_pattern."""
-    types = cfg.get("layers_block_type") or cfg.get("layer_types")
-    if types is not None:
+    key = _kinds_key(cfg)
+    if key != "hybrid_override_pattern":
+        types = cfg[key]
         if not isinstance(types, list) or any(t not in _LETTERS for t in types):
-            raise refuse("layers_block_type", types, " (linear_attention, full_attention, mlp or moe per layer)")
+            raise refuse(key, types, " (linear_attention, full_attention, mlp or moe per layer)")
         return "".join(_LETTERS[t] for t in types)
-    pattern = cfg.get("hybrid_override_pattern")
+    pattern = cfg.get(key)
     if not isinstance(pattern, str) or not pattern or set(pattern) - set("M*-E"):
-        raise refuse("hybrid_override_pattern", pattern, " (one of M, *, - and E per layer)")
+        raise refuse(key, pattern, " (one of M, *, - and E per layer)")
     return pattern
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     if model_type != "nemotron_h":
         raise UnsupportedModelError(f"{model_type!r} is not a Nemotron-H model")
-    kinds = layer_kinds(cfg)
+    kinds, key = layer_kinds(cfg), _kinds_key(cfg)
     if "E" in kinds:
-        raise refuse("hybrid_override_pattern", kinds, " (its E layers: routed experts, Nemotron 3)")
+        raise refuse(key, cfg[key], " (its moe / E layers: routed experts, Nemotron 3)")
     if "*" not in kinds:
-        raise refuse("hybrid_override_pattern", kinds, " (no attention layer at all)")
+        raise refuse(key, cfg[key], " (no attention layer at all)")
     for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
         if cfg.get(key, want) != want:
             raise refuse(key, cfg[key], f" ({want})")
@@ -79,8 +89,9 @@ def _mamba(cfg: dict[str, Any], kinds: str, eps: float) -> Mamba2Config:
     conv = int(cfg.get("conv_kernel", 4))
     if conv < 2:
         raise refuse("conv_kernel", conv, " (must be at least 2)")
-    # transformers' mixer clamps dt at time_step_min from below and never above (whatever time_step_limit says)
-    low = _json_float(cfg.get("time_step_min", 0.001))
+    # dt clamped to time_step_limit as mlx_lm computes it (the released [0, Infinity]: no clamp, as llama.cpp and
+    # transformers' decode step); transformers' prefill alone clamps below at time_step_min instead.
+    low, high = (_json_float(v) for v in cfg.get("time_step_limit") or (0.0, math.inf))
     return Mamba2Config(
         mamba_layers=tuple(k == "M" for k in kinds),
         num_heads=heads,
@@ -90,7 +101,7 @@ def _mamba(cfg: dict[str, Any], kinds: str, eps: float) -> Mamba2Config:
         conv_kernel=conv,
         conv_bias=bool(cfg.get("use_conv_bias", True)),
         proj_bias=bool(cfg.get("use_bias", False)),
-        dt_limit=(low, math.inf),
+        dt_limit=(low, high),
         norm_eps=eps,
         layer_kinds=kinds,
     )

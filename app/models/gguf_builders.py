@@ -1,7 +1,7 @@
 """GGUF config builders of the families added after gemma / phi3 / glm4 / deepseek2 / gpt-oss / mistral3
 (gguf_config.py holds those, the metadata reader and the helpers used here): GLM-4.5, SmolLM3, Granite 3
-(dense, MoE) and 4.0-H, Nemotron-H, OLMo 2 / 3, ERNIE 4.5, EXAONE 4 and Command R7B, each as llama.cpp's
-converter writes it.
+(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4 and Command R7B, each as llama.cpp's converter writes it; the
+Mamba-2 hybrids' are in gguf_mamba_builders.py.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from lantern.app.models.gguf_config import _head_dim, _layer_types, _Meta, _rotary_fraction
+from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS, granite_scalars
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -65,11 +66,11 @@ def _smollm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
 
 def _granite(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Granite 3 dense and MoE (llama.cpp's GraniteModel / GraniteMoeModel, LlamaModels: q/k permuted as
-    Llama's): its four scalars (_granite_scalars), GraniteMoE's experts each feed_forward_length wide."""
+    Llama's): its four scalars (granite_scalars), GraniteMoE's experts each feed_forward_length wide."""
     rope = stated_rope_scaling(meta)
     out = {
         "model_type": meta.arch,
-        **_granite_scalars(meta, cfg),
+        **granite_scalars(meta, cfg),
         "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_granite
         **({"rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]}} if rope else {}),
     }
@@ -81,92 +82,6 @@ def _granite(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
         out["num_local_experts"] = int(meta.need("expert_count"))
         out["num_experts_per_tok"] = int(meta.need("expert_used_count"))
     return out
-
-
-def _granite_scalars(meta: _Meta, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Granite's four scalars, each 1 where the file has none (or 0, as llama.cpp's graph reads it), but the
-    query scale, which is then head_dim ** -0.5 as in llama.cpp's graph (GraniteConfig's default of 1.0
-    would be another model)."""
-    head_dim = _head_dim(meta, cfg)
-    return {
-        "head_dim": head_dim,
-        "attention_multiplier": float(meta.get("attention.scale") or head_dim**-0.5),
-        "embedding_multiplier": float(meta.get("embedding_scale") or 1.0),
-        "residual_multiplier": float(meta.get("residual_scale") or 1.0),
-        "logits_scaling": float(meta.get("logit_scale") or 1.0),
-    }
-
-
-def _granite_hybrid(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Granite 4.0-H (llama.cpp's GraniteHybridModel): a layer without KV heads is a Mamba-2 mixer, sized by
-    ssm.inner_size, ssm.time_step_rank (its heads), ssm.state_size, ssm.group_count and ssm.conv_kernel;
-    rope only where rope.scaling.finetuned says so (the released models have none); the dense shared_mlp
-    (ffn_gate, or ffn_gate_shexp beside experts) and the experts sized by their tensors."""
-    kv = meta.get("attention.head_count_kv")
-    layers = cfg["num_hidden_layers"]
-    kinds = ["mamba" if not h else "attention" for h in kv][:layers] if isinstance(kv, (list, tuple)) else None
-    kinds = kinds or ["attention"] * layers
-    heads, inner, hidden = int(meta.need("ssm.time_step_rank")), int(meta.need("ssm.inner_size")), cfg["hidden_size"]
-    first = f"blk.{kinds.index('mamba')}." if "mamba" in kinds else "blk.0."
-    attn = f"blk.{kinds.index('attention')}." if "attention" in kinds else "blk.0."
-    experts = int(meta.get("expert_count") or 0)
-    shared = tensors.get(f"{attn}ffn_gate{'_shexp' if experts else ''}.weight")
-    out: dict[str, Any] = {
-        "model_type": "granitemoehybrid",
-        **_granite_scalars(meta, cfg),
-        "layer_types": kinds,
-        "position_embedding_type": "rope" if meta.get("rope.scaling.finetuned", True) else "nope",
-        "mamba_n_heads": heads,
-        "mamba_d_head": inner // heads,
-        "mamba_expand": inner // hidden if inner % hidden == 0 else inner / hidden,
-        "mamba_d_state": int(meta.need("ssm.state_size")),
-        "mamba_n_groups": int(meta.need("ssm.group_count")),
-        "mamba_d_conv": int(meta.need("ssm.conv_kernel")),
-        "mamba_conv_bias": f"{first}ssm_conv1d.bias" in tensors,
-        "mamba_proj_bias": f"{first}ssm_in.bias" in tensors,
-        "time_step_limit": [0.0, float("inf")],  # llama.cpp's scan clamps nothing
-        "shared_intermediate_size": int(shared.shape[1]) if shared is not None else cfg["intermediate_size"],
-        "num_local_experts": experts,
-        "attention_bias": f"{attn}attn_q.bias" in tensors,  # refused by family_granite
-    }
-    if experts:
-        gate = tensors.get(f"{attn}ffn_gate_exps.weight")  # [hidden, expert width, experts] in ggml's order
-        out["num_experts_per_tok"] = int(meta.need("expert_used_count"))
-        out["intermediate_size"] = int(gate.shape[1]) if gate is not None else cfg["intermediate_size"]
-    rope = stated_rope_scaling(meta)
-    if rope:
-        out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
-    return out
-
-
-def _nemotron_h(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Nemotron-H (llama.cpp's NemotronHModel): a layer with KV heads attends, one with a feed_forward_length
-    is a relu^2 MLP, the rest are Mamba-2 mixers (ssm.* as Granite 4.0-H's); no rope, no scalars. llama.cpp's
-    scan clamps no dt: time_step_min 0."""
-    layers = cfg["num_hidden_layers"]
-    kv, ff = meta.get("attention.head_count_kv"), meta.get("feed_forward_length")
-    if not isinstance(kv, (list, tuple)) or not isinstance(ff, (list, tuple)) or meta.get("expert_count"):
-        raise UnsupportedModelError(
-            f"{meta.label}nemotron_h without per-layer KV heads and MLP widths (or with experts)"
-        )
-    kinds = "".join("*" if h else "-" if f else "M" for h, f in zip(kv[:layers], ff[:layers]))
-    heads, inner = int(meta.need("ssm.time_step_rank")), int(meta.need("ssm.inner_size"))
-    first = f"blk.{kinds.find('M')}."
-    return {
-        "model_type": "nemotron_h",
-        "hybrid_override_pattern": kinds,
-        "head_dim": _head_dim(meta, cfg),
-        "mamba_num_heads": heads,
-        "mamba_head_dim": inner // heads,
-        "ssm_state_size": int(meta.need("ssm.state_size")),
-        "n_groups": int(meta.need("ssm.group_count")),
-        "conv_kernel": int(meta.need("ssm.conv_kernel")),
-        "use_conv_bias": f"{first}ssm_conv1d.bias" in tensors,
-        "use_bias": f"{first}ssm_in.bias" in tensors,
-        "time_step_min": 0.0,
-        "layer_norm_epsilon": cfg["rms_norm_eps"],
-        "attention_bias": f"blk.{kinds.find('*')}.attn_q.bias" in tensors,  # refused by family_nemotron_h
-    }
 
 
 def _olmo2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
@@ -409,8 +324,7 @@ BUILDERS = {
     "smollm3": _smollm3,
     "granite": _granite,
     "granitemoe": _granite,
-    "granitehybrid": _granite_hybrid,
-    "nemotron_h": _nemotron_h,
+    **MAMBA_BUILDERS,
     "olmo2": _olmo2,
     "ernie4_5": _ernie,
     "ernie4_5-moe": _ernie,

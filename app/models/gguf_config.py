@@ -87,7 +87,7 @@ def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
         # The embedding's rows, not the token list: llama.cpp trims Gemma 3's unused rows.
         "vocab_size": int(embd.shape[1]) if embd is not None else int(meta.need("vocab_size")),
         "hidden_size": int(meta.need("embedding_length")),
-        "intermediate_size": _per_layer_min(meta, "feed_forward_length"),
+        "intermediate_size": _per_layer_width(meta, "feed_forward_length"),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": _kv_heads(meta, heads),
@@ -115,13 +115,14 @@ def _kv_heads(meta: _Meta, heads: int) -> int:
     return int(meta.scalar("attention.head_count_kv", heads))
 
 
-def _per_layer_min(meta: _Meta, key: str) -> int:
-    """A width llama.cpp may state per layer: Gemma 4's MLP (its KV-sharing layers twice as wide: its
-    builder says so) takes the narrowest; elsewhere one value for every layer."""
+def _per_layer_width(meta: _Meta, key: str) -> int:
+    """A width llama.cpp may state per layer: Gemma 4's MLP (its KV-sharing layers twice as wide: its builder
+    says so) takes the narrowest; Nemotron-H's (0 on the layers without an MLP) the widest; elsewhere one
+    value for every layer."""
     value = meta.get(key)
     if isinstance(value, (list, tuple)) and meta.arch == "gemma4" and value:
         return int(min(value))
-    if isinstance(value, (list, tuple)) and meta.arch == "nemotron_h" and value:  # 0 where a layer has no MLP
+    if isinstance(value, (list, tuple)) and meta.arch in ("nemotron_h", "nemotron_h_moe") and value:
         return int(max(value))
     return int(meta.scalar(key, 0) or 0)
 

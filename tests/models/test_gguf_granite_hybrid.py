@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +30,10 @@ from tests.models.quant_logits import logits_error, reference_folder, tolerance,
 # kind -> (tiny variant, config overrides, --outtype)
 FILES = {
     "dense": ("granite_hybrid", {}, "f16"),  # NoPE attention, two B/C groups, shared_mlp as ffn_*
-    "moe": ("granite_hybrid_moe", {}, "f16"),  # rope, experts beside the shared_mlp (ffn_*_shexp)
-    # every matrix Q8_0 (rows of whole 32-blocks): the mixer's projections stay quantized too
+    "moe": ("granite_hybrid_moe", {}, "f16"),  # rope (as Bamba's files), experts beside the shared_mlp (_shexp)
     "granitemoe": ("granitemoe", {}, "f16"),  # Granite 3 MoE: GraniteMoeModel's file, q/k permuted
     "nemotron_h": ("nemotron_h", {}, "f16"),  # NemotronHModel's: a mixer, attention or a relu^2 MLP per layer
+    # every matrix Q8_0 (rows of whole 32-blocks): the mixer's projections stay quantized too
     "moe_q8_0": ("granite_hybrid_moe", {"mamba_d_head": 32, "hidden_size": 64, "shared_intermediate_size": 64}, "q8_0"),
 }
 
@@ -66,9 +65,8 @@ def test_config_and_tensors_from_the_file_are_the_checkpoints(gguf_file, kind):
     expected = ModelConfig.from_hf(raw)
     if raw.get("position_embedding_type", "rope") != "rope":  # the converter states 2**20 positions for NoPE models
         expected = dataclasses.replace(expected, max_position_embeddings=2**20)
-    if kind == "nemotron_h":  # NoPE too, and dt unclamped as llama.cpp's scan computes it (no key states a clamp)
-        mamba = dataclasses.replace(expected.mamba, dt_limit=(0.0, math.inf))
-        expected = dataclasses.replace(expected, max_position_embeddings=2**20, mamba=mamba)
+    if kind == "nemotron_h":  # NoPE too
+        expected = dataclasses.replace(expected, max_position_embeddings=2**20)
     assert spec.config == expected
     # What the weight stream hands the models from the file is what it hands them from the checkpoint.
     streamed = {n: np.asarray(v, dtype=np.float32) for n, v in iter_weights(spec, "pt", progress=False)}
@@ -90,6 +88,20 @@ def test_logits_and_greedy_match_transformers(gguf_file, kind, backend):
         assert out[0].outputs[0].token_ids == hf_greedy(model, ids, 24)
     finally:
         llm.engine.shutdown()
+
+
+def test_partial_rope_is_refused_naming_the_key(gguf_file, tmp_path):
+    """A granitehybrid file whose attention rotates part of each head (Bamba's attn_rotary_emb) is refused."""
+    from lantern.app.models.gguf_config import hf_config_from_gguf
+    from lantern.app.models.gguf_names import read_gguf_index
+    from lantern.app.models.spec import UnsupportedModelError
+
+    index = read_gguf_index(str(gguf_file("moe")[0]))
+    tensors = {t.name: t for t in index.tensors}
+    assert hf_config_from_gguf(index.metadata, tensors)["position_embedding_type"] == "rope"
+    partial = {**index.metadata, "granitehybrid.rope.dimension_count": 8}
+    with pytest.raises(UnsupportedModelError, match=r"rope\.dimension_count"):
+        hf_config_from_gguf(partial, tensors)
 
 
 def test_q8_0_file_stays_quantized_and_matches_what_the_backend_holds(gguf_file, backend, tmp_path, caplog):

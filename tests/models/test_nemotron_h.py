@@ -58,7 +58,8 @@ def test_released_and_saved_configs_read_as_transformers_does():
     assert (m.num_heads, m.head_dim, m.state_size, m.groups) == (8, mixer.head_dim, 16, mixer.n_groups)
     assert (m.inner, m.conv_dim, m.conv_kernel) == (mixer.intermediate_size, mixer.conv_dim, mixer.conv_kernel_size)
     assert m.inner + m.conv_dim + m.num_heads == mixer.in_proj.out_features
-    assert m.dt_limit == mixer.time_step_limit == (0.001, math.inf)  # clamped below at time_step_min
+    # time_step_limit, as mlx_lm reads it (transformers' prefill alone clamps below at time_step_min instead)
+    assert m.dt_limit == tuple(hf.time_step_limit) == (0.0, math.inf)
     assert (m.conv_bias, m.proj_bias, m.norm_eps) == (mixer.use_conv_bias, False, mixer.norm.variance_epsilon)
     assert cfg.intermediate_size == mlp.up_proj.out_features and cfg.rms_norm_eps == hf.layer_norm_epsilon
     assert (cfg.head_dim, cfg.num_kv_heads) == (hf.head_dim, hf.num_key_value_heads)
@@ -67,12 +68,18 @@ def test_released_and_saved_configs_read_as_transformers_does():
     saved["layers_block_type"] = hf.layers_block_type
     saved["time_step_limit"] = [0.0, {"__float__": "Infinity"}]
     assert ModelConfig.from_hf(saved) == cfg
+    # The first configs name the head size attention_head_dim (Nemotron-H-4B: 128 where hidden / heads is 96);
+    # without either key it is NemotronHConfig's 128.
+    first = {k: v for k, v in RELEASED.items() if k != "head_dim"} | {"hidden_size": 96, "num_attention_heads": 8}
+    assert ModelConfig.from_hf({**first, "attention_head_dim": 32}).head_dim == 32
+    assert ModelConfig.from_hf(first).head_dim == NemotronHConfig(**first).head_dim == 128
 
 
 @pytest.mark.parametrize(
     ("change", "key"),
     [
         ({"hybrid_override_pattern": "M-M*-ME"}, "hybrid_override_pattern"),  # Nemotron 3's experts
+        ({"layers_block_type": ["linear_attention", "full_attention", "moe"]}, "layers_block_type"),
         ({"hybrid_override_pattern": "M-M+-M-"}, "hybrid_override_pattern"),
         ({"hybrid_override_pattern": "M-M--M-"}, "hybrid_override_pattern"),  # no attention layer
         ({"layers_block_type": ["mamba", "conv"]}, "layers_block_type"),
