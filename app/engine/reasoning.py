@@ -93,7 +93,6 @@ def prompt_opens_reasoning(tokenizer: Any, prompt_ids: list[int], markup: Reason
 class ReasoningParser:
     def __init__(self, in_reasoning: bool = False, markup: ReasoningMarkup = THINK) -> None:
         self.markup = markup
-        self.markers = markup.markers
         self.state = "reasoning" if in_reasoning else "start"
         self.buf = ""
         self.lead = True  # whitespace at the start of the current part is layout

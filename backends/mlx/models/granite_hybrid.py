@@ -126,22 +126,10 @@ class DecoderLayer(nn.Module):
         return h + (out if routed is None else routed(normed) + out) * self.residual_multiplier
 
 
-class CausalLM(llama.CausalLM):
+class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        self.recurrent: MambaState | None = None  # (not `state`: nn.Module has a property of that name)
+    state_cls = MambaState
 
     def state_bytes_per_seq(self, dtype: mx.Dtype) -> int:
         conv, ssm = self.cfg.mamba.state_elements()  # the SSM state in float32
         return sum(self.cfg.mamba.mamba_layers) * (conv * dtype.size + ssm * 4)
-
-    def allocate_state(self, slots: int, dtype: mx.Dtype) -> None:
-        self.recurrent = MambaState(self.cfg, slots, dtype)
-
-    def state_arrays(self) -> list[mx.array]:
-        return [] if self.recurrent is None else self.recurrent.arrays()
-
-    def layer_extras(self, meta: AttentionMetadata) -> tuple:
-        return (self.recurrent,)

@@ -80,22 +80,10 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class CausalLM(llama.CausalLM):
+class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        self.recurrent: ConvState | None = None  # (not `state`: nn.Module has a property of that name)
+    state_cls = ConvState
 
     def state_bytes_per_seq(self, dtype: mx.Dtype) -> int:
         sc = self.cfg.short_conv
         return sum(sc.conv_layers) * self.cfg.hidden_size * (sc.kernel - 1) * dtype.size
-
-    def allocate_state(self, slots: int, dtype: mx.Dtype) -> None:
-        self.recurrent = ConvState(self.cfg, slots, dtype)
-
-    def state_arrays(self) -> list[mx.array]:
-        return [] if self.recurrent is None else self.recurrent.arrays()
-
-    def layer_extras(self, meta: AttentionMetadata) -> tuple:
-        return (self.recurrent,)

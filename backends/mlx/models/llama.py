@@ -87,3 +87,27 @@ class CausalLM(nn.Module):
             logits = logits / self.cfg.logits_divisor
         cap = self.cfg.final_softcap
         return logits if cap is None else mx.tanh(logits / cap) * cap
+
+
+class RecurrentCausalLM(CausalLM):
+    """The shell of the hybrids whose layers keep a state per sequence beside the paged pool (LFM2, Qwen3-Next,
+    Granite 4.0-H, Nemotron-H): the runner allocates `state_cls(cfg, slots, dtype)` (its arrays(): what an
+    evaluation must materialise) and every layer takes it after (x, meta). Each family sizes its state."""
+
+    state_cls: type
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.recurrent = None  # (not `state`: nn.Module has a property of that name)
+
+    def state_bytes_per_seq(self, dtype: mx.Dtype) -> int:
+        raise NotImplementedError
+
+    def allocate_state(self, slots: int, dtype: mx.Dtype) -> None:
+        self.recurrent = self.state_cls(self.cfg, slots, dtype)
+
+    def state_arrays(self) -> list[mx.array]:
+        return [] if self.recurrent is None else self.recurrent.arrays()
+
+    def layer_extras(self, meta: AttentionMetadata) -> tuple:
+        return (self.recurrent,)

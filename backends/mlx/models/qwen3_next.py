@@ -169,22 +169,10 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class CausalLM(llama.CausalLM):
+class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
+    state_cls = RecurrentState
     final_norm = GemmaRMSNorm
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        self.recurrent: RecurrentState | None = None  # (not `state`: nn.Module has a property of that name)
 
     def state_bytes_per_seq(self, dtype: mx.Dtype) -> int:
         return state_bytes_per_seq(self.cfg, dtype)
-
-    def allocate_state(self, slots: int, dtype: mx.Dtype) -> None:
-        self.recurrent = RecurrentState(self.cfg, slots, dtype)
-
-    def state_arrays(self) -> list[mx.array]:
-        return [] if self.recurrent is None else self.recurrent.arrays()
-
-    def layer_extras(self, meta: AttentionMetadata) -> tuple:
-        return (self.recurrent,)

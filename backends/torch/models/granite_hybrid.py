@@ -123,19 +123,10 @@ class DecoderLayer(nn.Module):
         return (out if routed is None else routed(h) + out) * self.residual_multiplier, residual
 
 
-class CausalLM(llama.CausalLM):
+class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
-
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
-        super().__init__(cfg, tp)  # (tensor parallelism is refused before any rank starts: parallel.local_config)
-        self.state: MambaState | None = None
+    state_cls = MambaState
 
     def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
         conv, ssm = self.cfg.mamba.state_elements()  # the SSM state in float32
         return sum(self.cfg.mamba.mamba_layers) * (conv * dtype.itemsize + ssm * 4)
-
-    def allocate_state(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.state = MambaState(self.cfg, slots, dtype, device)
-
-    def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
-        return (self.state,)

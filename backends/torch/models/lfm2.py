@@ -76,19 +76,10 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class CausalLM(llama.CausalLM):
+class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
-
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
-        super().__init__(cfg, tp)  # (tensor parallelism is refused before any rank starts: parallel.local_config)
-        self.state: ConvState | None = None
+    state_cls = ConvState
 
     def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
         sc = self.cfg.short_conv
         return sum(sc.conv_layers) * self.cfg.hidden_size * (sc.kernel - 1) * dtype.itemsize
-
-    def allocate_state(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.state = ConvState(self.cfg, slots, dtype, device)
-
-    def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
-        return (self.state,)

@@ -130,6 +130,28 @@ class CausalLM(nn.Module):
         return head.logits(h) if tied else head(h)
 
 
+class RecurrentCausalLM(CausalLM):
+    """The shell of the hybrids whose layers keep a state per sequence beside the paged pool (LFM2, Qwen3-Next,
+    Granite 4.0-H, Nemotron-H): the runner allocates `state_cls(cfg, slots, dtype, device)` and every layer
+    takes it after (x, residual, meta). Each family sizes its state. (Tensor parallelism is refused for these
+    before any rank starts: parallel.local_config.)"""
+
+    state_cls: type
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
+        super().__init__(cfg, tp)
+        self.state = None
+
+    def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
+        raise NotImplementedError
+
+    def allocate_state(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.state = self.state_cls(self.cfg, slots, dtype, device)
+
+    def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
+        return (self.state,)
+
+
 def rounded(value: float, dtype: torch.dtype) -> float:
     """value as the dtype holds it (transformers multiplies by a tensor of the embedding's dtype)."""
     return float(torch.tensor(value, dtype=dtype))

@@ -177,19 +177,10 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class CausalLM(llama.CausalLM):
+class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
+    state_cls = RecurrentState
     final_norm = GemmaRMSNorm
-
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
-        super().__init__(cfg, tp)  # (tensor parallelism is refused before any rank starts: parallel.local_config)
-        self.state: RecurrentState | None = None
 
     def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
         return state_bytes_per_seq(self.cfg, dtype)
-
-    def allocate_state(self, slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.state = RecurrentState(self.cfg, slots, dtype, device)
-
-    def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
-        return (self.state,)
