@@ -40,6 +40,8 @@ class MoEConfig:
     sparse_step: int = 1  # Qwen: every sparse_step-th layer is sparse ((i + 1) % step == 0)
     dense_layers: tuple[int, ...] = ()  # plain MLPs whatever else says (Qwen's mlp_only_layers, GLM's mlp_layer_types)
     softmax_after_topk: bool = False  # GraniteMoE: weights are a softmax over the k chosen logits
+    gated: bool = True  # False: each expert is down(act(up(x))), no gate_proj (Nemotron 3's relu^2 experts)
+    latent_size: int | None = None  # Nemotron 3's LatentMoE: the experts work on fc1_latent_proj(x), this wide
 
     def is_sparse(self, layer_idx: int) -> bool:
         """True where the layer's MLP is the mixture of experts (transformers' decoder-layer rule)."""

@@ -8,7 +8,14 @@ of B/C and of the gated norm, dt clamped to time_step_limit), * attention withou
 norm_f. Released configs state the pattern as `hybrid_override_pattern` ("M-M-M-MM*-..."); transformers 5 saves
 `layers_block_type` (linear_attention / full_attention / mlp / moe) and no num_hidden_layers.
 
-E layers (Nemotron 3's routed relu^2 experts under a sigmoid router) are refused for now, naming the key.
+E (Nemotron 3 Nano / Super / Ultra) is a mixture of experts: DeepSeek-V3's router (family_deepseek: a sigmoid in
+float32, the choice biased by e_score_correction_bias within the topk_group best of n_group groups, weights the
+unbiased scores renormalised when norm_topk_prob, times routed_scaling_factor) over n_routed_experts ungated experts
+down(relu(up(x))^2) of moe_intermediate_size, plus one relu^2 shared expert of moe_shared_expert_intermediate_size on
+the block's input (transformers and mlx_lm build one whatever n_shared_experts says). LatentMoE models (Super,
+Ultra: moe_latent_size) run the routed experts on fc1_latent_proj(x), moe_latent_size wide, and add
+fc2_latent_proj of their sum; the router and shared expert read x itself. Multi-token-prediction layers (`mtp.*`)
+are skipped unread.
 Checkpoints name every block's mixer `mixer` under `backbone.`; checkpoint_name gives the model files' names.
 """
 
@@ -19,6 +26,7 @@ import re
 from typing import Any
 
 from lantern.app.models.errors import UnsupportedModelError, refuse
+from lantern.app.models.family_deepseek import DeepSeekMoEConfig
 from lantern.app.models.family_mamba2 import Mamba2Config, _json_float
 
 _LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}
@@ -57,8 +65,6 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if model_type != "nemotron_h":
         raise UnsupportedModelError(f"{model_type!r} is not a Nemotron-H model")
     kinds, key = layer_kinds(cfg), _kinds_key(cfg)
-    if "E" in kinds:
-        raise refuse(key, cfg[key], " (its moe / E layers: routed experts, Nemotron 3)")
     if "*" not in kinds:
         raise refuse(key, cfg[key], " (no attention layer at all)")
     for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
@@ -76,9 +82,38 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "rope_layers": (False,) * len(kinds),  # NoPE
         "rope_scaling": None,
         "mamba": _mamba(cfg, kinds, eps),
-        "mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0),
         "layer_windows": None,
+        "moe": _experts(cfg, kinds) if "E" in kinds else None,
     }
+
+
+def _experts(cfg: dict[str, Any], kinds: str) -> DeepSeekMoEConfig:
+    """The E layers' experts and router, with NemotronHConfig's defaults for absent keys."""
+    experts, top_k = int(cfg.get("n_routed_experts", 8)), int(cfg.get("num_experts_per_tok", 2))
+    n_group, topk_group = int(cfg.get("n_group") or 1), int(cfg.get("topk_group") or 1)
+    if n_group < 1 or experts % n_group or experts // n_group < 2 or not 1 <= topk_group <= n_group:
+        # (groups are ranked by their two best scores)
+        raise refuse("n_group", n_group, f" with topk_group={topk_group} and {experts} n_routed_experts")
+    if not 1 <= top_k <= topk_group * experts // n_group:
+        raise refuse("num_experts_per_tok", top_k, f" (the routable experts are {topk_group * experts // n_group})")
+    latent = cfg.get("moe_latent_size")
+    return DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=int(cfg.get("moe_intermediate_size", 7688)),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        router_weights_fp32=True,  # each expert's output scaled by its float32 weight
+        dense_layers=tuple(i for i, kind in enumerate(kinds) if kind != "E"),
+        gated=False,
+        latent_size=int(latent) if latent else None,
+        scoring="sigmoid",
+        topk_method="noaux_tc",
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        shared_size=int(cfg.get("moe_shared_expert_intermediate_size", 7688)),
+        correction_bias=True,
+    )
 
 
 def _mamba(cfg: dict[str, Any], kinds: str, eps: float) -> Mamba2Config:
@@ -122,6 +157,8 @@ def checkpoint_name(name: str, kinds: str) -> str:
             return name
         if part == "norm":
             return f"model.layers.{layer}.input_layernorm.{rest}"
+        for old, new in (("switch_mlp.fc1.", "switch_mlp.up_proj."), ("switch_mlp.fc2.", "switch_mlp.down_proj.")):
+            rest = rest.replace(old, new)  # mlx_lm's stacked experts
         return f"model.layers.{layer}.{_MIXER_NAMES[kinds[int(layer)]]}.{rest}"
     for old, new in (("backbone.embeddings.", "model.embed_tokens."), ("backbone.norm_f.", "model.norm.")):
         if name.startswith(old):

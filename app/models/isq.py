@@ -90,8 +90,10 @@ def isq_candidates(cfg: Any) -> int:
     if getattr(cfg, "gemma4", None) is not None:
         return total + _gemma4_candidates(cfg)
     kinds = cfg.mamba.layer_kinds if getattr(cfg, "mamba", None) is not None else ""
-    if kinds:  # Nemotron-H: one mixer per layer; a Mamba-2 mixer's in_proj and out_proj, q, k, v and o, up and down
-        return total + sum({"M": 2, "*": 4, "-": 2}[kind] for kind in kinds)
+    if kinds:  # Nemotron-H: one mixer per layer; a Mamba-2 mixer's in_proj and out_proj, q, k, v and o, up and down;
+        moe = cfg.moe  # Nemotron 3's experts: up and down each, the shared expert's, the latent projections
+        experts = 0 if moe is None else 2 * moe.num_experts + 2 + (2 if moe.latent_size else 0)
+        return total + sum({"M": 2, "*": 4, "-": 2, "E": experts}[kind] for kind in kinds)
     mla = cfg.mla
     # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4

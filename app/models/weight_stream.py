@@ -236,14 +236,14 @@ def _iter_safetensors(
 
 def _mtp_tensors(spec: ModelSpec) -> set[str]:
     """Multi-token-prediction weights: DeepSeek V3's and GLM-4.5's layers stored after the decoder's as
-    model.layers.{num_hidden_layers}..., ERNIE 4.5's `mtp_*` tensors, Qwen3-Next's `mtp.*`. Next-token
+    model.layers.{num_hidden_layers}..., ERNIE 4.5's `mtp_*` tensors, Qwen3-Next's and Nemotron 3's `mtp.*`. Next-token
     decoding does not use them (a whole MoE layer in these checkpoints), so they are skipped before they are read."""
     if spec.config.architecture in ("ernie4_5", "ernie4_5_moe"):
         from lantern.app.models.family_ernie import is_mtp_tensor
 
         wanted = is_mtp_tensor
-    elif spec.config.family == "qwen3_next":  # (a Qwen3.5 vision-language folder's name map drops them too)
-        wanted = lambda n: n.startswith(("mtp.", "model.mtp."))
+    elif spec.config.family == "qwen3_next" or spec.config.architecture == "nemotron_h":
+        wanted = lambda n: n.startswith(("mtp.", "model.mtp."))  # (Qwen3.5 vision-language name maps drop them too)
     else:
         first, count = spec.config.num_layers, spec.config.mtp_layers
         if not count:
@@ -315,7 +315,7 @@ def _portable(weight: Any) -> Any:
 _SWITCH_MLP = re.compile(r"^(.*)\.(switch_mlp|experts)\.(gate_proj|up_proj|down_proj)\.(weight|bias)$")
 
 
-_FUSED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_FUSED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|up_proj|down_proj)$")
 _FUSED_SCALES = re.compile(r"^.*\.mlp\.experts\.(gate_up_proj|down_proj)_(scale_inv|scale|activation_scale)$")
 
 
@@ -326,7 +326,8 @@ def split_switch_mlp(source: Iterator[tuple[str, Any]], fused: bool = True) -> I
 
     fused: also transformers 5's own expert layout, which checkpoints without a conversion to
     per-expert names ship (Mistral 4): `<moe>.experts.gate_up_proj` [E, 2 * inner, hidden], gate rows
-    first, and `<moe>.experts.down_proj` [E, hidden, inner], without a `.weight` suffix."""
+    first (ungated experts: `<moe>.experts.up_proj` [E, inner, hidden]), and `<moe>.experts.down_proj`
+    [E, hidden, inner], without a `.weight` suffix."""
     for name, value in source:
         f = _FUSED_EXPERTS.match(name) if fused else None
         if fused and (_FUSED_SCALES.match(name) or (f is not None and "float8" in str(value.dtype))):
@@ -336,8 +337,8 @@ def split_switch_mlp(source: Iterator[tuple[str, Any]], fused: bool = True) -> I
             )
         if f is not None and getattr(value, "ndim", 0) == 3:
             for e in range(len(value)):
-                if f.group(2) == "down_proj":
-                    yield f"{f.group(1)}.{e}.down_proj.weight", value[e]
+                if f.group(2) != "gate_up_proj":  # (up_proj: ungated experts, Nemotron 3)
+                    yield f"{f.group(1)}.{e}.{f.group(2)}.weight", value[e]
                 else:
                     inner = value.shape[1] // 2
                     yield f"{f.group(1)}.{e}.gate_proj.weight", value[e][:inner]

@@ -104,7 +104,9 @@ class QuantExpertLinear(nn.Module):
 
 
 class Experts(nn.Module):
-    """The routed experts' gated MLPs, stacked: gate_proj / up_proj [E, I, H], down_proj [E, H, I].
+    """The routed experts' gated MLPs, stacked: gate_proj / up_proj [E, I, H], down_proj [E, H, I]; ungated
+    experts (MoEConfig.gated false, Nemotron 3) have no gate_proj and compute down(act(up(x))). H is the
+    MoE's latent_size where it has one.
 
     bias: each projection adds a per-expert bias; glu: how gate and up combine (default
     act(gate) * up)."""
@@ -113,10 +115,13 @@ class Experts(nn.Module):
         self, cfg: ModelConfig, bias: bool = False, glu: Callable[[mx.array, mx.array], mx.array] | None = None
     ):
         super().__init__()
-        e, d, inner = cfg.moe.num_experts, cfg.hidden_size, cfg.moe.intermediate_size
+        moe = cfg.moe
+        e, d, inner = moe.num_experts, moe.latent_size or cfg.hidden_size, moe.intermediate_size
         act = ACTIVATIONS[cfg.hidden_act]
+        self.act, self.gated = act, moe.gated
         self.glu = glu or (lambda gate, up: act(gate) * up)
-        self.gate_proj = ExpertLinear(e, d, inner, bias)
+        if moe.gated:
+            self.gate_proj = ExpertLinear(e, d, inner, bias)
         self.up_proj = ExpertLinear(e, d, inner, bias)
         self.down_proj = ExpertLinear(e, inner, d, bias)
 
@@ -133,7 +138,8 @@ class Experts(nn.Module):
         else:
             xs = x[:, None, None, :]  # [T, 1, 1, H]: broadcast against [T, k] indices
             ids = indices
-        h = self.glu(self.gate_proj(xs, ids, sort), self.up_proj(xs, ids, sort))
+        up = self.up_proj(xs, ids, sort)
+        h = self.glu(self.gate_proj(xs, ids, sort), up) if self.gated else self.act(up)
         y = self.down_proj(h, ids, sort)
         if sort:
             return y[inverse].reshape(t, k, -1)

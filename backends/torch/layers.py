@@ -20,7 +20,11 @@ from lantern.backends.torch.attention import TorchAttentionMetadata, paged_atten
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.parallel import TPGroup
 
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu2": lambda x: F.relu(x).square(),  # Nemotron's
+}
 
 
 def rotary_dim(cfg: ModelConfig) -> int:

@@ -5,7 +5,8 @@ clamped SwiGLU: `BiasedExperts`).
 Routing (app/models/family_moe.py): softmax over all experts in float32, top-k, renormalised when
 the config says so. The experts are one of:
 
-- `StackedExperts` (float): gate_up_proj [E, 2I, H] (gate rows, then up) and down_proj [E, H, I].
+- `StackedExperts` (float): gate_up_proj [E, 2I, H] (gate rows, then up) and down_proj [E, H, I]; ungated
+  experts (MoEConfig.gated false, Nemotron 3: down(act(up(x)))) hold up's [E, I, H] as gate_up_proj.
   On CUDA the Triton fused-MoE kernel (kernels/triton_moe.py); elsewhere the (token, expert) pairs
   are sorted by expert and each projection is one grouped matmul over the experts' row groups
   (torch._grouped_mm, or a loop over the experts hit where that op is missing), with no per-token
@@ -43,10 +44,13 @@ logger = logging.getLogger(__name__)
 
 
 class StackedExperts(nn.Module):
-    def __init__(self, num_experts: int, hidden: int, inner: int):
+    """gated=False (Nemotron 3's down(act(up(x))) experts): gate_up_proj holds up's inner rows alone."""
+
+    def __init__(self, num_experts: int, hidden: int, inner: int, gated: bool = True):
         super().__init__()
+        self.gated = gated
         # An explicit empty tensor: on the meta device while the model is built, filled by weights.py.
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, hidden), requires_grad=False)
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, (1 + gated) * inner, hidden), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inner), requires_grad=False)
 
 
@@ -54,6 +58,8 @@ class BiasedExperts(nn.Module):
     """StackedExperts' two projections plus a bias per expert and output row (gpt-oss). A class of
     its own: its checkpoints store the four tensors stacked, so the loader fills them by name
     rather than expert by expert."""
+
+    gated = True
 
     def __init__(self, num_experts: int, hidden: int, inner: int):
         super().__init__()
@@ -80,8 +86,11 @@ class Unset(nn.Module):
 
 
 class QuantExperts(nn.Module):
-    def __init__(self, num_experts: int):
+    """gated=False: each gate_up_proj layer is the expert's up projection alone."""
+
+    def __init__(self, num_experts: int, gated: bool = True):
         super().__init__()
+        self.gated = gated
         self.gate_up_proj = nn.ModuleList([Unset() for _ in range(num_experts)])
         self.down_proj = nn.ModuleList([Unset() for _ in range(num_experts)])
         self.packed: tuple | None = None  # (gate_up, down) PackedExperts for the CUDA kernel
@@ -93,7 +102,7 @@ class QuantExperts(nn.Module):
         """Quantized experts taking the place of float ones (StackedExperts / BiasedExperts) when
         the checkpoint's first expert arrives quantized; BiasedExperts' stacked biases (float, filled
         by name before or after the swap) move over as they are."""
-        new = cls(module.gate_up_proj.shape[0])
+        new = cls(module.gate_up_proj.shape[0], module.gated)
         if isinstance(module, BiasedExperts):
             new.gate_up_proj_bias, new.down_proj_bias = module.gate_up_proj_bias, module.down_proj_bias
         return new
@@ -153,8 +162,12 @@ class SparseMoE(nn.Module):
         self.glu = glu or (lambda gate, up: act(gate) * up)
         self.softmax_after_topk = softmax_after_topk
         self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=router_bias)  # the router
-        experts_cls = BiasedExperts if expert_bias else StackedExperts
-        self.experts: nn.Module = experts_cls(moe.num_experts, cfg.hidden_size, moe.intermediate_size)
+        self.gated = moe.gated
+        hidden = moe.latent_size or cfg.hidden_size  # (Nemotron 3's LatentMoE: the caller projects in and out)
+        if expert_bias:
+            self.experts: nn.Module = BiasedExperts(moe.num_experts, hidden, moe.intermediate_size)
+        else:
+            self.experts = StackedExperts(moe.num_experts, hidden, moe.intermediate_size, moe.gated)
         self.shared_expert: nn.Module | None = None
         if moe.shared_expert_size:
             self.shared_expert = MLP(cfg, tp, moe.shared_expert_size)
@@ -195,7 +208,9 @@ class SparseMoE(nn.Module):
 
                 biases = {"gate_up_bias": getattr(experts, "gate_up_proj_bias", None)}
                 biases["down_bias"] = getattr(experts, "down_proj_bias", None)
-                return fused_moe(x, *kernel_weights, ids, weights, self.act_name, glu=self.glu, **biases)
+                return fused_moe(
+                    x, *kernel_weights, ids, weights, self.act_name, glu=self.glu, gated=self.gated, **biases
+                )
         if x.is_cuda and torch.cuda.is_current_stream_capturing() and not self._capturable_grouped_mm(x):
             return self._dense(x, ids, weights)  # the per-expert loop reads counts on the host
         k = self.top_k
@@ -222,7 +237,7 @@ class SparseMoE(nn.Module):
 
     def _grouped(self, xs: torch.Tensor, counts: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         """Rows of xs grouped by expert (counts[e] rows each; expert_ids: each row's) through their
-        experts' gated MLPs."""
+        experts' MLPs."""
         experts = self.experts
         biased = isinstance(experts, BiasedExperts)
         if self._grouped_mm_usable():
@@ -231,8 +246,7 @@ class SparseMoE(nn.Module):
                 h = torch._grouped_mm(xs, experts.gate_up_proj.transpose(1, 2), offs=offsets)
                 if biased:
                     h = h + experts.gate_up_proj_bias[expert_ids]
-                gate, up = h.chunk(2, dim=-1)
-                y = torch._grouped_mm(self.glu(gate, up), experts.down_proj.transpose(1, 2), offs=offsets)
+                y = torch._grouped_mm(self.activate(h), experts.down_proj.transpose(1, 2), offs=offsets)
                 return y + experts.down_proj_bias[expert_ids] if biased else y
             except (RuntimeError, NotImplementedError) as exc:  # no kernel for this device / dtype
                 logger.info("torch._grouped_mm unavailable (%s); one matmul per expert instead", exc)
@@ -246,20 +260,25 @@ class SparseMoE(nn.Module):
             start += n
         return torch.cat(outs)
 
+    def activate(self, h: torch.Tensor) -> torch.Tensor:
+        """The experts' first projection's output [.., 2I] (gate, then up) -> glu(gate, up) [.., I]; for
+        ungated experts ([.., I], up alone) act(up)."""
+        return self.glu(*h.chunk(2, dim=-1)) if self.gated else self.act(h)
+
     def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
-        """Expert e's gated MLP over rows."""
+        """Expert e's MLP over rows."""
         experts = self.experts
         if isinstance(experts, (StackedExperts, BiasedExperts)):
             biased = isinstance(experts, BiasedExperts)
             gate_up_bias = experts.gate_up_proj_bias[e] if biased else None
-            gate, up = F.linear(rows, experts.gate_up_proj[e], gate_up_bias).chunk(2, dim=-1)
+            h = F.linear(rows, experts.gate_up_proj[e], gate_up_bias)
             down_bias = experts.down_proj_bias[e] if biased else None
-            return F.linear(self.glu(gate, up), experts.down_proj[e], down_bias)
+            return F.linear(self.activate(h), experts.down_proj[e], down_bias)
         # QuantExperts: one quantized matmul per expert, its stacked biases added (gpt-oss)
         h = experts.gate_up_proj[e](rows)
         if experts.gate_up_proj_bias is not None:
             h = h + experts.gate_up_proj_bias[e]
-        y = experts.down_proj[e](self.glu(*h.chunk(2, dim=-1)))
+        y = experts.down_proj[e](self.activate(h))
         return y if experts.down_proj_bias is None else y + experts.down_proj_bias[e]
 
     def _dense(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -241,6 +241,8 @@ class _Loader:
         num_experts, hidden, inner = self.expert_shapes[path]
         if not 0 <= index < num_experts:
             raise ValueError(f"{path}.{index}: the config has {num_experts} experts")
+        if proj == "gate_proj" and not module.gated:
+            raise ValueError(f"{path}.{index}.gate_proj: this model's experts have no gate projection")
         expected = (hidden, inner) if proj == "down_proj" else (inner, hidden)
         if tuple(value.shape) != expected:
             raise ValueError(f"{path}.{index}.{proj}.weight has shape {tuple(value.shape)}, expected {expected}")
@@ -249,9 +251,9 @@ class _Loader:
             return
         slot = self.parts.setdefault((f"{path}.{index}.gate_up_proj", kind), {})
         slot[0 if proj == "gate_proj" else 1] = value
-        if len(slot) == 2:
+        if len(slot) == 1 + module.gated:  # ungated experts: up alone
             del self.parts[(f"{path}.{index}.gate_up_proj", kind)]
-            parts = [slot[0], slot[1]]
+            parts = [slot[i] for i in sorted(slot)]
             module.gate_up_proj[index] = self.quantized_layer(f"{path}.{index}.gate_up_proj", parts, expert=True)
 
     def place_float_expert(self, path: str, module: nn.Module, index: int, proj: str, value: Any) -> None:
@@ -263,7 +265,10 @@ class _Loader:
         if not 0 <= index < param.shape[0]:
             raise ValueError(f"{path}.{index}: the config has {param.shape[0]} experts")
         inner = module.down_proj.shape[2]
-        rows = {"gate_proj": slice(0, inner), "up_proj": slice(inner, 2 * inner), "down_proj": slice(None)}[proj]
+        if proj == "gate_proj" and not module.gated:
+            raise ValueError(f"{path}.{index}.gate_proj: this model's experts have no gate projection")
+        up = slice(inner, 2 * inner) if module.gated else slice(0, inner)
+        rows = {"gate_proj": slice(0, inner), "up_proj": up, "down_proj": slice(None)}[proj]
         target = param.data[index, rows]
         tensor = _as_torch(value)
         if tuple(tensor.shape) != tuple(target.shape):
@@ -279,7 +284,7 @@ class _Loader:
         for path, module in self.model.named_modules():
             if isinstance(module, StackedExperts):
                 placed = self.experts_placed.get(path, set())
-                if len(placed) != 3 * module.gate_up_proj.shape[0]:
+                if len(placed) != (2 + module.gated) * module.gate_up_proj.shape[0]:
                     raise ValueError(f"checkpoint has {len(placed)} of the {path} expert projections")
             elif isinstance(module, QuantExperts):
                 missing = [i for i, m in enumerate(module.down_proj) if isinstance(m, Unset)]

@@ -98,6 +98,22 @@ def test_fused_moe_on_quantized_experts_matches_reference(bits, group, dtype):
     assert_matches(out, mr.fused_moe_reference(x, gate_up, down, ids, weights), dtype)
 
 
+@pytest.mark.parametrize("quantized", [False, True])
+def test_fused_moe_on_ungated_experts_matches_reference(quantized):
+    """Nemotron 3's experts: gate_up holds the up rows alone and the activation is relu(up)^2; the reference is
+    checked against the per-token sum in test_reference_is_the_per_token_sum."""
+    dtype, tokens, experts, k, hidden, inner = torch.float32, 7, 6, 3, 64, 96
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(8)).to(DEVICE, dtype)
+    if quantized:
+        up = packed_experts(experts, inner, hidden, 4, 32, dtype, 9)
+        down = packed_experts(experts, hidden, inner, 8, 32, dtype, 10)
+    else:
+        up, down = float_experts(experts, inner, hidden, dtype, 9), float_experts(experts, hidden, inner, dtype, 10)
+    ids, weights = routing(tokens, experts, k, seed=11)
+    out = tm.fused_moe(x, up, down, ids, weights, "relu2", gated=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    assert_matches(out, mr.fused_moe_reference(x, up, down, ids, weights, "relu2", gated=False), dtype)
+
+
 def test_reference_is_the_per_token_sum():
     """The reference itself, on one token: sum over its experts of w * down(act(gate) * up)."""
     x = torch.randn(1, 8)
@@ -108,6 +124,11 @@ def test_reference_is_the_per_token_sum():
         h = gate_up[e] @ x[0]
         want += w * (down[e] @ (torch.nn.functional.silu(h[:5]) * h[5:]))
     torch.testing.assert_close(mr.fused_moe_reference(x, gate_up, down, ids, weights)[0], want, atol=1e-5, rtol=1e-5)
+    # ungated (Nemotron 3): w * down(relu(up)^2) with gate_up holding up's rows alone
+    up = gate_up[:, :5]
+    want = sum(w * (down[e] @ torch.relu(up[e] @ x[0]).square()) for e, w in zip(ids[0].tolist(), weights[0].tolist()))
+    got = mr.fused_moe_reference(x, up, down, ids, weights, "relu2", gated=False)[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_kernel_on_a_layers_weights_matches_its_cpu_path():

@@ -124,7 +124,7 @@ def isq_reference(backend: str, scheme: str):
 
 @pytest.mark.parametrize("scheme", ["q4", "q8"])
 # more MoE: tests/unit/test_moe_loading.py
-@pytest.mark.parametrize("variant", ["mixtral", "deepseek_v3", "granite_hybrid_moe"])
+@pytest.mark.parametrize("variant", ["mixtral", "deepseek_v3", "granite_hybrid_moe", "nemotron_h_latent"])
 def test_isq_of_experts_and_latent_attention_matches_the_dequantized_reference(
     tiny_model_dir, tmp_path, backend, variant, scheme
 ):

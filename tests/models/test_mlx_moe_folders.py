@@ -45,6 +45,11 @@ CASES = {
     "granite_hybrid-4bit": ("granite_hybrid", {"mode": "affine", "mamba_d_head": 32, "intermediate_size": 96}),
     "granite_hybrid_moe-4bit": ("granite_hybrid_moe", {"mode": "affine", "mamba_d_head": 64, "intermediate_size": 64}),
     "nemotron_h-4bit": ("nemotron_h", {"mode": "affine", "mamba_head_dim": 32}),  # backbone.* names, one mixer each
+    # Nemotron 3: ungated experts stacked as switch_mlp.fc1 / fc2, the router's correction bias kept in float
+    "nemotron_h_moe-4bit": (
+        "nemotron_h_moe",
+        {"mode": "affine", "mamba_head_dim": 32, "moe_shared_expert_intermediate_size": 64},
+    ),
     "olmo3-4bit": ("olmo3", {"mode": "affine"}),  # q/k norms over whole projections, sliding layers
     "cohere2-4bit": ("cohere2", {"mode": "affine", "tie_word_embeddings": True}),  # parallel block, NoPE globals
     # per-head q/k norms, NoPE global layers; the pattern as EXAONE's configs state it (mlx_lm reads it)

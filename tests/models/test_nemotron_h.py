@@ -42,6 +42,21 @@ RELEASED = {  # Nemotron-Nano-9B-v2's shape, scaled down
     "residual_in_fp32": False,
 }
 
+# Nemotron 3 Nano's keys (NVIDIA-Nemotron-3-Nano-30B-A3B), scaled down
+MOE = {
+    "hybrid_override_pattern": "M-EM*E-",
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "moe_shared_expert_intermediate_size": 48,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "num_nextn_predict_layers": 0,
+}
+
 
 def test_released_and_saved_configs_read_as_transformers_does():
     from transformers import NemotronHConfig
@@ -78,8 +93,6 @@ def test_released_and_saved_configs_read_as_transformers_does():
 @pytest.mark.parametrize(
     ("change", "key"),
     [
-        ({"hybrid_override_pattern": "M-M*-ME"}, "hybrid_override_pattern"),  # Nemotron 3's experts
-        ({"layers_block_type": ["linear_attention", "full_attention", "moe"]}, "layers_block_type"),
         ({"hybrid_override_pattern": "M-M+-M-"}, "hybrid_override_pattern"),
         ({"hybrid_override_pattern": "M-M--M-"}, "hybrid_override_pattern"),  # no attention layer
         ({"layers_block_type": ["mamba", "conv"]}, "layers_block_type"),
@@ -88,6 +101,11 @@ def test_released_and_saved_configs_read_as_transformers_does():
         ({"attention_bias": True}, "attention_bias"),
         ({"sliding_window": 64}, "sliding_window"),
         ({"conv_kernel": 1}, "conv_kernel"),
+        # Nemotron 3's experts: groups must split them, at least two to a group (ranked by their best two)
+        ({**MOE, "n_group": 3}, "n_group"),
+        ({**MOE, "n_group": 8}, "n_group"),
+        ({**MOE, "n_group": 2, "topk_group": 3}, "n_group"),
+        ({**MOE, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 5}, "num_experts_per_tok"),
     ],
 )
 def test_what_is_not_computed_is_refused_naming_the_key(change, key):
@@ -111,3 +129,47 @@ def test_checkpoint_names_reach_the_model_files(tiny_model_dir):
     assert "model.layers.3.input_layernorm.weight" in names and not any("backbone" in n for n in names)
     params = {n for n, _ in tree_flatten(CausalLM(spec.config).parameters())}
     assert names == params
+
+
+@pytest.mark.parametrize("latent", [None, 24])
+def test_expert_layers_read_as_transformers_builds_them(latent):
+    """E layers: DeepSeek-V3's sigmoid router (biased choice, groups, scaled weights) over ungated relu^2 experts,
+    one relu^2 shared expert, and LatentMoE's projections; the other layers have no experts."""
+    from transformers import NemotronHConfig
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMoE
+
+    raw = {**RELEASED, **MOE, "moe_latent_size": latent}
+    cfg, hf = ModelConfig.from_hf(raw), NemotronHConfig(**raw)
+    ref = NemotronHMoE(hf)
+    moe = cfg.moe
+    assert cfg.mamba.layer_kinds == hf.hybrid_override_pattern == "M-EM*E-"
+    assert [moe.is_sparse(i) for i in range(7)] == [t == "moe" for t in hf.layers_block_type]
+    assert (moe.num_experts, moe.top_k) == (ref.experts.num_experts, ref.gate.top_k) == (8, 2)
+    width = latent or hf.hidden_size
+    assert ref.experts.up_proj.shape == (8, moe.intermediate_size, width) and not moe.gated
+    assert ref.experts.down_proj.shape == (8, width, moe.intermediate_size)
+    assert moe.latent_size == latent and ref.shared_experts.up_proj.out_features == moe.shared_size == 48
+    assert (moe.scoring, moe.topk_method, moe.correction_bias) == ("sigmoid", "noaux_tc", True)
+    assert (moe.n_group, moe.topk_group) == (ref.gate.num_group, ref.gate.topk_group)
+    assert (moe.norm_topk_prob, moe.routed_scaling_factor) == (ref.gate.norm_topk_prob, 2.5)
+    assert ref.gate.e_score_correction_bias.shape == (8,) and moe.router_weights_fp32
+
+
+def test_expert_checkpoint_names_reach_the_model_files(tiny_model_dir):
+    """The E layers' experts, router (with its correction bias) and shared expert under `mlp`; the latent
+    projections too; every tensor a parameter of the MLX model, and each expert kept apart for the loaders."""
+    from mlx.utils import tree_flatten
+
+    from lantern.app.models.loader import resolve_model
+    from lantern.app.models.weight_stream import iter_weights
+    from lantern.backends.mlx.models.nemotron_h import CausalLM
+
+    spec = resolve_model(tiny_model_dir("nemotron_h_latent")).spec
+    names = {n for n, _ in iter_weights(spec, "pt", progress=False)}
+    layer = "model.layers.2.mlp"
+    assert {f"{layer}.gate.weight", f"{layer}.gate.e_score_correction_bias", f"{layer}.fc1_latent_proj.weight"} <= names
+    assert {f"{layer}.experts.5.up_proj.weight", f"{layer}.shared_experts.down_proj.weight"} <= names
+    assert not any(".gate_proj." in n for n in names)  # ungated
+    params = {n for n, _ in tree_flatten(CausalLM(spec.config).parameters())}
+    stacked = {n for n in names if ".experts." in n}
+    assert (names - stacked) | {f"{layer}.experts.up_proj.weight", f"{layer}.experts.down_proj.weight"} == params

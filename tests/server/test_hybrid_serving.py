@@ -23,7 +23,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h"])
+@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h_moe"])
 def hybrid_server(tiny_model_dir, backend, request):
     threads = {"num_threads": 1} if backend == "torch" else {}
     # 4 slots for 6 concurrent requests: some wait, then take a slot another sequence just gave back.

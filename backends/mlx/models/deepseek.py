@@ -138,14 +138,17 @@ def _top_k(x: mx.array, k: int) -> mx.array:
 
 
 class DeepSeekMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shared_experts: nn.Module | None = None):
+        """shared_experts: the always-on MLP, when not DeepSeek's (a gated MLP of shared_size)."""
         super().__init__()
         moe = cfg.moe
         self.moe = moe
         self.gate = Router(moe.num_experts, cfg.hidden_size, bias=moe.correction_bias, keep_float32=moe.router_fp32)
         self.experts = Experts(cfg)
-        if moe.shared_size:
-            self.shared_experts = MLP(cfg, moe.shared_size)
+        if shared_experts is None and moe.shared_size:
+            shared_experts = MLP(cfg, moe.shared_size)
+        if shared_experts is not None:
+            self.shared_experts = shared_experts
 
     def _group_mask(self, group_scores: mx.array, num_experts: int) -> mx.array:
         """[T, E] bool: experts in each token's topk_group best groups."""

@@ -4,6 +4,7 @@ For each token t and each of its k experts e = topk_ids[t, j] with weight w = to
 
     h = x[t] @ gate_up[e].T (+ b1[e])   ([2I]: gate rows first, then up; float32 accumulation, stored in x's dtype)
     a = glu(h[:I], h[I:])               (default act(gate) * up; in x's dtype)
+                                        (ungated experts, gated=False: gate_up holds up's I rows, a = act(h))
     y[t] += w * (a @ down[e].T (+ b2[e]))  (float32, rounded to x's dtype per pair; the k pairs summed in float32)
 
 b1 / b2 are optional per-expert output biases (gpt-oss). Experts are float tensors [E, N, K] or,
@@ -22,7 +23,11 @@ import torch.nn.functional as F
 
 from lantern.backends.torch.kernels.quant_reference import dequantize_e2m1, dequantize_e4m3, dequantize_packed
 
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu2": lambda x: F.relu(x).square(),  # Nemotron 3's ungated experts
+}
 
 
 @dataclass
@@ -70,13 +75,17 @@ def fused_moe_reference(
     glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
+    gated: bool = True,
 ) -> torch.Tensor:
     """x [T, H], gate_up [E, 2I, H], down [E, H, I], topk_ids / topk_weights [T, k] -> [T, H] in x's dtype.
-    glu(gate, up) replaces act(gate) * up; biases [E, 2I] / [E, H] are added to each expert's outputs."""
+    glu(gate, up) replaces act(gate) * up; biases [E, 2I] / [E, H] are added to each expert's outputs.
+    gated=False: gate_up is up alone [E, I, H], and the activation is act(up)."""
     t, h = x.shape
     num_experts = gate_up.shape[0]
     inner = gate_up.shape[1] // 2
     combine = glu or (lambda gate, up: ACTIVATIONS[act](gate) * up)
+    if not gated:
+        inner, combine = 0, lambda _, up: ACTIVATIONS[act](up)
     out = torch.zeros(t, h, dtype=torch.float32, device=x.device)
     for e in range(num_experts):
         tokens, slots = torch.nonzero(topk_ids == e, as_tuple=True)

@@ -129,12 +129,15 @@ class Router(nn.Module):
 class DeepSeekMoE(SparseMoE):
     """Routed experts (SparseMoE's StackedExperts and grouped computation) + ungated shared experts."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPGroup):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, shared_experts: nn.Module | None = None):
+        """shared_experts: the always-on MLP, when not DeepSeek's (a gated MLP of shared_size)."""
         super().__init__(cfg, tp)
         moe = cfg.moe
         self.moe = moe
         self.gate = Router(moe.num_experts, cfg.hidden_size, bias=moe.correction_bias, keep_float32=moe.router_fp32)
-        self.shared_experts = MLP(cfg, tp, moe.shared_size) if moe.shared_size else None
+        if shared_experts is None and moe.shared_size:
+            shared_experts = MLP(cfg, tp, moe.shared_size)
+        self.shared_experts = shared_experts
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k], float32 weights [T, k]) as transformers' DeepSeek routers pick them."""
