@@ -93,9 +93,22 @@ ARCH_LAYER["granitehybrid"] = {
 ARCH_LAYER["nemotron_h"] = {
     p: ARCH_LAYER["granitehybrid"][p] for p in ("ssm_in", "ssm_conv1d", "ssm_dt", "ssm_norm", "ssm_out")
 }
+# Nemotron 3 (nemotron_h_moe): DeepSeek's router bias, its relu^2 shared expert, LatentMoE's projections.
+ARCH_LAYER["nemotron_h_moe"] = {
+    **ARCH_LAYER["nemotron_h"],
+    "exp_probs_b": "mlp.gate.e_score_correction",  # .bias -> e_score_correction_bias
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+    "ffn_latent_down": "mlp.fc1_latent_proj",
+    "ffn_latent_up": "mlp.fc2_latent_proj",
+}
 # Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, the Mamba-2 mixers' A and D.
 _MAMBA_BARE = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
-ARCH_BARE: dict[str, dict[str, str]] = {"granitehybrid": _MAMBA_BARE, "nemotron_h": _MAMBA_BARE}
+ARCH_BARE: dict[str, dict[str, str]] = {
+    "granitehybrid": _MAMBA_BARE,
+    "nemotron_h": _MAMBA_BARE,
+    "nemotron_h_moe": _MAMBA_BARE,
+}
 # Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
 # scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in
 # gguf_names.hf_name.

@@ -1,6 +1,6 @@
-"""GGUF config builders of the Mamba-2 hybrids (family_mamba2's mixer among attention layers): Granite 4.0-H and
-Nemotron-H as llama.cpp's GraniteHybridModel and NemotronHModel write them, and Nemotron 3's file refused in
-one line. Granite's scalars, which Granite 3's builder (gguf_builders.py) shares, live here too.
+"""GGUF config builders of the Mamba-2 hybrids (family_mamba2's mixer among attention layers): Granite 4.0-H,
+Nemotron-H and Nemotron 3 as llama.cpp's GraniteHybridModel and NemotronHModel write them. Granite's scalars,
+which Granite 3's builder (gguf_builders.py) shares, live here too.
 """
 
 from __future__ import annotations
@@ -84,6 +84,10 @@ def _nemotron_h(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
             f"{meta.label}nemotron_h without per-layer KV heads and MLP widths (or with experts)"
         )
     kinds = "".join("*" if h else "-" if f else "M" for h, f in zip(kv[:layers], ff[:layers]))
+    return _nemotron_fields(meta, tensors, cfg, kinds)
+
+
+def _nemotron_fields(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any], kinds: str) -> dict[str, Any]:
     heads, inner = int(meta.need("ssm.time_step_rank")), int(meta.need("ssm.inner_size"))
     first = f"blk.{kinds.find('M')}."
     return {
@@ -102,10 +106,44 @@ def _nemotron_h(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
     }
 
 
+# A Nemotron 3 layer's kind by the tensor only it has (its feed_forward_length is 0 on a dense MLP layer too).
+_KIND_TENSORS = (("ffn_gate_inp", "E"), ("attn_q", "*"), ("ssm_in", "M"), ("ffn_up", "-"))
+
+
+def _layer_kind(meta: _Meta, tensors: dict[str, Any], layer: int) -> str:
+    for stem, kind in _KIND_TENSORS:
+        if f"blk.{layer}.{stem}.weight" in tensors:
+            return kind
+    raise UnsupportedModelError(f"{meta.label}nemotron_h_moe layer {layer} is neither Mamba, attention nor an MLP")
+
+
 def _nemotron_h_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    raise UnsupportedModelError(
-        f"{meta.label}GGUF architecture nemotron_h_moe (Nemotron 3: routed relu^2 experts) is not implemented yet"
-    )
+    """Nemotron 3 Nano / Super / Ultra (llama.cpp's NemotronHModel with experts): each layer's kind from its
+    tensors; the experts from the expert_* keys (the group count without a used-group count is ambiguous:
+    refused), LatentMoE's width from moe_latent_size; multi-token-prediction blocks past the stack unread."""
+    kinds = "".join(_layer_kind(meta, tensors, i) for i in range(cfg["num_hidden_layers"]))
+    groups = int(meta.get("expert_group_count") or 1)
+    used = meta.get("expert_group_used_count")
+    if groups > 1 and used is None:
+        raise UnsupportedModelError(
+            f"{meta.label}{meta.arch}.expert_group_count={groups} without expert_group_used_count is not implemented"
+        )
+    latent = meta.get("moe_latent_size")
+    out = {
+        **_nemotron_fields(meta, tensors, cfg, kinds),
+        "n_routed_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
+        "moe_shared_expert_intermediate_size": int(meta.need("expert_shared_feed_forward_length")),
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),  # (llama.cpp's default)
+        "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
+        "n_group": groups,
+        "topk_group": int(used or 1),
+        "moe_latent_size": int(latent) if latent else None,
+    }
+    if "-" in kinds:  # a dense MLP layer: its width from its tensor ([hidden, width] in ggml's order)
+        out["intermediate_size"] = int(tensors[f"blk.{kinds.find('-')}.ffn_up.weight"].shape[1])
+    return out
 
 
 MAMBA_BUILDERS = {"granitehybrid": _granite_hybrid, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h_moe}

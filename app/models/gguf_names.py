@@ -81,6 +81,7 @@ PERMUTED_ARCHITECTURES = {
     "granitemoe",
     "granitehybrid",
     "nemotron_h",
+    "nemotron_h_moe",
 }
 
 

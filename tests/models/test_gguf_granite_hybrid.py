@@ -33,6 +33,9 @@ FILES = {
     "moe": ("granite_hybrid_moe", {}, "f16"),  # rope (as Bamba's files), experts beside the shared_mlp (_shexp)
     "granitemoe": ("granitemoe", {}, "f16"),  # Granite 3 MoE: GraniteMoeModel's file, q/k permuted
     "nemotron_h": ("nemotron_h", {}, "f16"),  # NemotronHModel's: a mixer, attention or a relu^2 MLP per layer
+    # Nemotron 3 (nemotron_h_moe): stacked ungated experts under grouped sigmoid routing, a dense layer among them
+    "nemotron_h_moe": ("nemotron_h_moe", {"n_group": 1}, "f16"),  # (the converter writes no used-group count)
+    "nemotron_h_latent": ("nemotron_h_latent", {}, "f16"),  # LatentMoE: ffn_latent_down / ffn_latent_up
     # every matrix Q8_0 (rows of whole 32-blocks): the mixer's projections stay quantized too
     "moe_q8_0": ("granite_hybrid_moe", {"mamba_d_head": 32, "hidden_size": 64, "shared_intermediate_size": 64}, "q8_0"),
 }
@@ -57,7 +60,7 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe", "granitemoe", "nemotron_h"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "granitemoe", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent"])
 def test_config_and_tensors_from_the_file_are_the_checkpoints(gguf_file, kind):
     path, ref = gguf_file(kind)
     spec = resolve_model(str(path)).spec
@@ -65,7 +68,7 @@ def test_config_and_tensors_from_the_file_are_the_checkpoints(gguf_file, kind):
     expected = ModelConfig.from_hf(raw)
     if raw.get("position_embedding_type", "rope") != "rope":  # the converter states 2**20 positions for NoPE models
         expected = dataclasses.replace(expected, max_position_embeddings=2**20)
-    if kind == "nemotron_h":  # NoPE too
+    if kind.startswith("nemotron_h"):  # NoPE too
         expected = dataclasses.replace(expected, max_position_embeddings=2**20)
     assert spec.config == expected
     # What the weight stream hands the models from the file is what it hands them from the checkpoint.
@@ -76,7 +79,7 @@ def test_config_and_tensors_from_the_file_are_the_checkpoints(gguf_file, kind):
         np.testing.assert_allclose(value, held[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe", "granitemoe", "nemotron_h"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "granitemoe", "nemotron_h", "nemotron_h_moe", "nemotron_h_latent"])
 def test_logits_and_greedy_match_transformers(gguf_file, kind, backend):
     path, ref = gguf_file(kind)
     llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
@@ -102,6 +105,24 @@ def test_partial_rope_is_refused_naming_the_key(gguf_file, tmp_path):
     partial = {**index.metadata, "granitehybrid.rope.dimension_count": 8}
     with pytest.raises(UnsupportedModelError, match=r"rope\.dimension_count"):
         hf_config_from_gguf(partial, tensors)
+
+
+def test_nemotron_3_expert_groups_need_their_used_count(gguf_file):
+    """NemotronHModel writes expert_group_count but not how many groups a token may use: with more than one
+    group that is refused, naming the key; with the used count stated, both reach the config."""
+    from lantern.app.models.gguf_config import hf_config_from_gguf
+    from lantern.app.models.gguf_names import read_gguf_index
+    from lantern.app.models.spec import UnsupportedModelError
+
+    index = read_gguf_index(str(gguf_file("nemotron_h_moe")[0]))
+    tensors = {t.name: t for t in index.tensors}
+    cfg = hf_config_from_gguf(index.metadata, tensors)
+    assert (cfg["hybrid_override_pattern"], cfg["n_group"], cfg["routed_scaling_factor"]) == ("M-EM*E", 1, 2.5)
+    grouped = {**index.metadata, "nemotron_h_moe.expert_group_count": 2}
+    with pytest.raises(UnsupportedModelError, match=r"expert_group_used_count"):
+        hf_config_from_gguf(grouped, tensors)
+    stated = hf_config_from_gguf({**grouped, "nemotron_h_moe.expert_group_used_count": 1}, tensors)
+    assert (stated["n_group"], stated["topk_group"]) == (2, 1)
 
 
 def test_q8_0_file_stays_quantized_and_matches_what_the_backend_holds(gguf_file, backend, tmp_path, caplog):
