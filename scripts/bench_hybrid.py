@@ -6,6 +6,7 @@ does: a 128-token forward of the Qwen3-Next shape takes mlx_lm ~14 s on 2 cores)
 
 --arch qwen3_next (default): a hybrid of gated DeltaNet and attention layers with experts, ~0.4B params;
 --arch granite_hybrid: Granite 4.0-H's Mamba-2 mixers with one attention layer in six, dense, ~0.3B params;
+--arch nemotron_h_moe: Nemotron 3's Mamba-2 mixers and relu^2 expert layers (top 4 of 32), two attending;
 --arch gemma4: Gemma 4's sliding / full layers of two head sizes, shared K/V in the last layers and
 per-layer embeddings, ~0.35B params.
 
@@ -79,7 +80,30 @@ GRANITE_HYBRID_SHAPE = {  # granite-4.0-h-micro's kind (dense), scaled down: one
     "intermediate_size": 4096,  # (as released: mlx_lm sizes a dense model's MLP by this key)
     "max_position_embeddings": 4096,
 }
-SHAPES = {"qwen3_next": SHAPE, "gemma4": GEMMA4_SHAPE, "granite_hybrid": GRANITE_HYBRID_SHAPE}
+NEMOTRON_H_MOE_SHAPE = {  # Nemotron 3 Nano's kind, scaled down: Mamba-2 and expert layers in turn, two attending
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "hybrid_override_pattern": "MEMEM*EMEME*",
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "mamba_num_heads": 32,
+    "mamba_head_dim": 64,
+    "n_groups": 8,
+    "ssm_state_size": 128,
+    "n_routed_experts": 32,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 512,
+    "moe_shared_expert_intermediate_size": 1024,
+    "routed_scaling_factor": 2.5,
+    "max_position_embeddings": 4096,
+}
+SHAPES = {
+    "qwen3_next": SHAPE,
+    "gemma4": GEMMA4_SHAPE,
+    "granite_hybrid": GRANITE_HYBRID_SHAPE,
+    "nemotron_h_moe": NEMOTRON_H_MOE_SHAPE,
+}
 
 
 def prepare(out: Path, arch: str = "qwen3_next") -> Path:
@@ -96,6 +120,8 @@ def prepare(out: Path, arch: str = "qwen3_next") -> Path:
         config = AutoConfig.for_model("gemma4_text", **GEMMA4_SHAPE, initializer_range=0.02)
     elif arch == "granite_hybrid":
         config = AutoConfig.for_model("granitemoehybrid", **GRANITE_HYBRID_SHAPE, initializer_range=0.02)
+    elif arch == "nemotron_h_moe":
+        config = AutoConfig.for_model("nemotron_h", **NEMOTRON_H_MOE_SHAPE, initializer_range=0.02)
     else:
         config = AutoConfig.for_model("qwen3_next", **SHAPE, initializer_range=0.02, full_attention_interval=4)
     torch.manual_seed(0)
@@ -106,7 +132,7 @@ def prepare(out: Path, arch: str = "qwen3_next") -> Path:
         cfg.update(global_head_dim=256, num_global_key_value_heads=1)
     elif arch == "granite_hybrid":  # the released key values (transformers 5 saves others)
         cfg.update(layer_types=GRANITE_HYBRID_SHAPE["layer_types"], time_step_limit=[0.0, float("inf")])
-    else:
+    elif arch != "nemotron_h_moe":
         rope = cfg["rope_parameters"]["rope_theta"]
         cfg.update(full_attention_interval=4, rope_theta=rope, partial_rotary_factor=0.25)
     (out / "config.json").write_text(json.dumps(cfg))

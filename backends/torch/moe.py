@@ -240,7 +240,10 @@ class SparseMoE(nn.Module):
         experts' MLPs."""
         experts = self.experts
         biased = isinstance(experts, BiasedExperts)
-        if self._grouped_mm_usable():
+        # On CPU torch._grouped_mm is a loop of matmuls over every expert, empty ones too: when few are hit
+        # (decode: a few tokens times top-k) the loop below over the hit ones alone is cheaper.
+        few = not xs.is_cuda and xs.shape[0] < 4 * self.num_experts
+        if self._grouped_mm_usable() and not few:
             offsets = torch.cumsum(counts, 0).to(torch.int32)
             try:
                 h = torch._grouped_mm(xs, experts.gate_up_proj.transpose(1, 2), offs=offsets)
