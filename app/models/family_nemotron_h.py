@@ -12,10 +12,10 @@ E (Nemotron 3 Nano / Super / Ultra) is a mixture of experts: DeepSeek-V3's route
 float32, the choice biased by e_score_correction_bias within the topk_group best of n_group groups, weights the
 unbiased scores renormalised when norm_topk_prob, times routed_scaling_factor) over n_routed_experts ungated experts
 down(relu(up(x))^2) of moe_intermediate_size, plus one relu^2 shared expert of moe_shared_expert_intermediate_size on
-the block's input (transformers and mlx_lm build one whatever n_shared_experts says). LatentMoE models (Super,
-Ultra: moe_latent_size) run the routed experts on fc1_latent_proj(x), moe_latent_size wide, and add
-fc2_latent_proj of their sum; the router and shared expert read x itself. Multi-token-prediction layers (`mtp.*`)
-are skipped unread.
+the block's input (transformers builds one whatever n_shared_experts says; other counts are refused). LatentMoE
+models (Super, Ultra: moe_latent_size) run the routed experts on fc1_latent_proj(x), moe_latent_size wide, and add
+fc2_latent_proj of their sum (summed in float32); the router and shared expert read x itself.
+Multi-token-prediction layers (`mtp.*`) are skipped unread.
 Checkpoints name every block's mixer `mixer` under `backbone.`; checkpoint_name gives the model files' names.
 """
 
@@ -96,6 +96,8 @@ def _experts(cfg: dict[str, Any], kinds: str) -> DeepSeekMoEConfig:
         raise refuse("n_group", n_group, f" with topk_group={topk_group} and {experts} n_routed_experts")
     if not 1 <= top_k <= topk_group * experts // n_group:
         raise refuse("num_experts_per_tok", top_k, f" (the routable experts are {topk_group * experts // n_group})")
+    if cfg.get("n_shared_experts", 1) not in (None, 1):  # (mlx_lm builds none for None, transformers one)
+        raise refuse("n_shared_experts", cfg["n_shared_experts"], " (one shared expert of its intermediate size)")
     latent = cfg.get("moe_latent_size")
     return DeepSeekMoEConfig(
         num_experts=experts,

@@ -316,7 +316,7 @@ _SWITCH_MLP = re.compile(r"^(.*)\.(switch_mlp|experts)\.(gate_proj|up_proj|down_
 
 
 _FUSED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|up_proj|down_proj)$")
-_FUSED_SCALES = re.compile(r"^.*\.mlp\.experts\.(gate_up_proj|down_proj)_(scale_inv|scale|activation_scale)$")
+_FUSED_SCALES = re.compile(r"^.*\.mlp\.experts\.(gate_up_proj|up_proj|down_proj)_(scale_inv|scale|activation_scale)$")
 
 
 def split_switch_mlp(source: Iterator[tuple[str, Any]], fused: bool = True) -> Iterator[tuple[str, Any]]:

@@ -135,6 +135,8 @@ class QuantExperts(nn.Module):
 
 
 class SparseMoE(nn.Module):
+    sum_float32 = False  # True: each token's k expert outputs summed in float32 (Nemotron 3, as transformers)
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -224,7 +226,8 @@ class SparseMoE(nn.Module):
         )
         y = self._grouped(x[token], counts, flat[order])
         y = y * weights.reshape(-1)[order, None]  # float32 weights: the product in float32 (Mixtral)
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+        acc = torch.float32 if self.sum_float32 else x.dtype  # (the k shares rounded to x's dtype, as Mixtral's)
+        return torch.zeros(x.shape, dtype=acc, device=x.device).index_add_(0, token, y.to(acc)).to(x.dtype)
 
     def _grouped_mm_usable(self) -> bool:
         """False once torch._grouped_mm failed here (settled by the eager warm-up before a capture)."""

@@ -106,6 +106,7 @@ def test_released_and_saved_configs_read_as_transformers_does():
         ({**MOE, "n_group": 8}, "n_group"),
         ({**MOE, "n_group": 2, "topk_group": 3}, "n_group"),
         ({**MOE, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 5}, "num_experts_per_tok"),
+        ({**MOE, "n_shared_experts": 2}, "n_shared_experts"),
     ],
 )
 def test_what_is_not_computed_is_refused_naming_the_key(change, key):

@@ -43,7 +43,7 @@ class NemotronMoE(deepseek.DeepSeekMoE):
         ids, weights = self.route(x)
         latent = self.moe.latent_size
         y = self.experts(self.fc1_latent_proj(x) if latent else x, ids)  # [T, k, H or latent]
-        y = (y * weights[..., None]).astype(x.dtype).sum(axis=1)  # each expert's share in float32
+        y = (y * weights[..., None]).sum(axis=1).astype(x.dtype)  # summed in float32 (transformers' NemotronHExperts)
         return (self.fc2_latent_proj(y) if latent else y) + self.shared_experts(x)
 
 

@@ -34,7 +34,10 @@ class Relu2MLP(nn.Module):
 class NemotronMoE(deepseek.DeepSeekMoE):
     """Nemotron 3's E mixer: DeepSeek-V3's sigmoid router (e_score_correction_bias, groups, scaled weights) over
     ungated relu^2 experts (MoEConfig.gated false), which LatentMoE models run in a narrower space between
-    fc1_latent_proj and fc2_latent_proj; a relu^2 shared expert on the block's input."""
+    fc1_latent_proj and fc2_latent_proj; a relu^2 shared expert on the block's input. The k weighted expert
+    outputs are summed in float32 (transformers' NemotronHExperts)."""
+
+    sum_float32 = True
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__(cfg, tp, shared_experts=Relu2MLP(cfg, tp, cfg.moe.shared_size))
