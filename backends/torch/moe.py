@@ -18,9 +18,9 @@ the config says so. The experts are one of:
   in registers. gpt-oss's quantized experts (MXFP4, exact: family_gptoss; --isq) are QuantExperts
   too, holding BiasedExperts' stacked biases (`QuantExperts.replacing`).
 
-On CUDA every kind takes the fused kernel, with the experts' biases and the model's `glu` (gpt-oss's
-clamped SwiGLU runs in torch between its two GEMMs); so a decode step under a CUDA graph reads only
-the chosen experts' weights. Quantized experts that could not be stacked take the grouped path
+On CUDA every kind takes the fused kernel, with the experts' biases and the layer's `activate` (act(gate) * up,
+gpt-oss's clamped SwiGLU or an ungated act(up), run in torch between its two GEMMs); so a decode step under a
+CUDA graph reads only the chosen experts' weights. Quantized experts that could not be stacked take the grouped path
 (eagerly) or, under capture, every expert (`_dense`).
 
 Tensor parallelism is not implemented for MoE layers (refused at construction).
@@ -158,7 +158,6 @@ class SparseMoE(nn.Module):
         moe = cfg.moe
         self.num_experts, self.top_k = moe.num_experts, moe.top_k
         self.norm_topk_prob, self.fp32_weights = moe.norm_topk_prob, moe.router_weights_fp32
-        self.act_name = cfg.hidden_act
         self.act = ACTIVATIONS[cfg.hidden_act]
         act = self.act
         self.glu = glu or (lambda gate, up: act(gate) * up)
@@ -210,9 +209,7 @@ class SparseMoE(nn.Module):
 
                 biases = {"gate_up_bias": getattr(experts, "gate_up_proj_bias", None)}
                 biases["down_bias"] = getattr(experts, "down_proj_bias", None)
-                return fused_moe(
-                    x, *kernel_weights, ids, weights, self.act_name, glu=self.glu, gated=self.gated, **biases
-                )
+                return fused_moe(x, *kernel_weights, ids, weights, activate=self.activate, **biases)
         if x.is_cuda and torch.cuda.is_current_stream_capturing() and not self._capturable_grouped_mm(x):
             return self._dense(x, ids, weights)  # the per-expert loop reads counts on the host
         k = self.top_k

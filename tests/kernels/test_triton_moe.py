@@ -110,7 +110,8 @@ def test_fused_moe_on_ungated_experts_matches_reference(quantized):
     else:
         up, down = float_experts(experts, inner, hidden, dtype, 9), float_experts(experts, hidden, inner, dtype, 10)
     ids, weights = routing(tokens, experts, k, seed=11)
-    out = tm.fused_moe(x, up, down, ids, weights, "relu2", gated=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    relu2 = mr.ACTIVATIONS["relu2"]
+    out = tm.fused_moe(x, up, down, ids, weights, activate=relu2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
     assert_matches(out, mr.fused_moe_reference(x, up, down, ids, weights, "relu2", gated=False), dtype)
 
 
@@ -142,7 +143,9 @@ def test_kernel_on_a_layers_weights_matches_its_cpu_path():
     with torch.no_grad():
         ids, weights = moe.route(x)
         want = moe.routed(x, ids, weights)
-        got = tm.fused_moe(x, moe.experts.gate_up_proj, moe.experts.down_proj, ids, weights, **SMALL)
+        got = tm.fused_moe(
+            x, moe.experts.gate_up_proj, moe.experts.down_proj, ids, weights, activate=moe.activate, **SMALL
+        )
     assert_matches(got, want, torch.float32)
 
 
@@ -202,7 +205,8 @@ def test_fused_moe_on_e2m1_experts_with_biases_and_a_glu(group, dtype):
     biases["down_bias"] = torch.randn(experts, hidden, generator=g).to(DEVICE, dtype) * 0.3
     glu = clamped_swiglu(1.702, 1.0)
     ids, weights = routing(tokens, experts, k, seed=9)
-    out = tm.fused_moe(x, gate_up, down, ids, weights, glu=glu, **biases, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    activate = lambda h: glu(*h.chunk(2, dim=-1))  # (SparseMoE.activate's gated form)
+    out = tm.fused_moe(x, gate_up, down, ids, weights, activate=activate, **biases, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
     ref = mr.fused_moe_reference(x, gate_up, down, ids, weights, glu=glu, **biases)
     assert_matches(out, ref, dtype)
     unbiased = mr.fused_moe_reference(x, gate_up, down, ids, weights, glu=glu)
@@ -281,7 +285,7 @@ def test_gpt_oss_experts_take_the_fused_kernel(quantized, monkeypatch):
         want = moe.routed(x, ids, weights)
         monkeypatch.setattr(ops, "use_triton", lambda t: True)
         got = moe.routed(x, ids, weights)
-    assert len(calls) == 1 and calls[0]["glu"] is moe.glu and calls[0]["down_bias"] is not None
+    assert len(calls) == 1 and calls[0]["activate"] == moe.activate and calls[0]["down_bias"] is not None
     assert_matches(got, want, torch.float32)
 
 

@@ -84,8 +84,6 @@ def fused_moe_reference(
     num_experts = gate_up.shape[0]
     inner = gate_up.shape[1] // 2
     combine = glu or (lambda gate, up: ACTIVATIONS[act](gate) * up)
-    if not gated:
-        inner, combine = 0, lambda _, up: ACTIVATIONS[act](up)
     out = torch.zeros(t, h, dtype=torch.float32, device=x.device)
     for e in range(num_experts):
         tokens, slots = torch.nonzero(topk_ids == e, as_tuple=True)
@@ -95,7 +93,7 @@ def fused_moe_reference(
         if gate_up_bias is not None:
             hidden = hidden + gate_up_bias[e].float()
         hidden = hidden.to(x.dtype)
-        a = combine(hidden[:, :inner], hidden[:, inner:])
+        a = combine(hidden[:, :inner], hidden[:, inner:]) if gated else ACTIVATIONS[act](hidden)
         y = a.float() @ expert_weight(down, e).T
         if down_bias is not None:
             y = y + down_bias[e].float()

@@ -8,7 +8,7 @@
    from T, k and E alone (no host sync): decode steps run inside CUDA graphs.
 2. `_moe_gemm_kernel` (gate_up): each program takes one block of pairs and BLOCK_N output columns,
    gathers the pairs' token rows of x, and multiplies by its expert's matrix -> [T*k, 2I].
-3. act(gate) * up in torch ([T*k, I]), or the model's own `glu` (gpt-oss's clamped SwiGLU); for ungated
+3. the layer's activation in torch ([T*k, I]): act(gate) * up, gpt-oss's clamped SwiGLU, or for ungated
    experts (Nemotron 3: gate_up holds the I up rows alone) act(up).
 4. `_moe_gemm_kernel` (down) on those rows, each multiplied by its routing weight in float32 before
    the store -> [T*k, H]; the k rows of each token are summed in float32.
@@ -208,17 +208,15 @@ def fused_moe(
     down: Experts,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    act: str = "silu",
     *,
-    glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    activate: Callable[[torch.Tensor], torch.Tensor] | None = None,
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
-    gated: bool = True,
     **config,
 ) -> torch.Tensor:
-    """x [T, H] through each token's k experts, weighted and summed -> [T, H] in x's dtype. `glu(gate, up)`
-    replaces act(gate) * up; the biases ([E, 2I], [E, H]) are added to each expert's outputs. gated=False:
-    gate_up is up alone ([E, I, H]) and the activation act(up).
+    """x [T, H] through each token's k experts, weighted and summed -> [T, H] in x's dtype. `activate` maps the
+    first GEMM's rows to the second's input (the layer's own: SparseMoE.activate; default silu(gate) * up, gate
+    rows first); the biases ([E, 2I], [E, H]) are added to each expert's outputs.
     `config` overrides the block sizes (the interpreter tests use tiny ones)."""
     t, k = topk_ids.shape
     pairs = t * k
@@ -226,13 +224,11 @@ def fused_moe(
     sorted_ids, block_expert = align_by_expert(topk_ids, gate_up.shape[0], block_m)
     cfg = {**config, "BLOCK_M": block_m}
     h = moe_gemm(x, gate_up, sorted_ids, block_expert, pairs, k, out_bias=gate_up_bias, **cfg)
-    inner = h.shape[1] // 2
-    if not gated:
-        a = ACTIVATIONS[act](h)
-    elif glu is not None:
-        a = glu(h[:, :inner], h[:, inner:])
+    if activate is None:
+        gate, up = h.chunk(2, dim=-1)
+        a = ACTIVATIONS["silu"](gate) * up
     else:
-        a = ACTIVATIONS[act](h[:, :inner]) * h[:, inner:]
+        a = activate(h)
     routing = topk_weights.reshape(-1)
     y = moe_gemm(a, down, sorted_ids, block_expert, pairs, 1, routing=routing, out_bias=down_bias, **cfg)
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
