@@ -34,6 +34,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="turn automatic prefix caching off")
     p.add_argument(
+        "--prefix-cache-states",
+        type=int,
+        default=None,
+        metavar="N",
+        help="models with recurrent layers (Qwen3.5, Granite 4.0-H, LFM2, Nemotron-H): snapshots of their state "
+        "kept for the prefix cache (default: as many as 512 MiB holds, at least 2; 0: no prefix caching for them)",
+    )
+    p.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=None,

@@ -33,6 +33,8 @@ def check_engine_args(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--max-model-len must be at least 2 (a prompt token and a generated one), got {args.max_model_len}"
         )
+    if args.prefix_cache_states is not None and args.prefix_cache_states < 0:
+        raise UsageError(f"--prefix-cache-states must be 0 or more, got {args.prefix_cache_states}")
     if not 0.0 < args.gpu_memory_fraction <= 1.0:
         raise UsageError(f"--gpu-memory-fraction must be in (0, 1], got {args.gpu_memory_fraction}")
 
@@ -59,6 +61,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "prefill_chunk_size": args.prefill_chunk_size,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "enable_prefix_caching": not args.no_prefix_cache,
+        "prefix_cache_states": args.prefix_cache_states,
         "enforce_eager": args.enforce_eager,
         "num_threads": args.threads,
         "compile_decode": args.compile_decode,

@@ -40,6 +40,9 @@ class EngineConfig:
     gpu_memory_fraction: float = 0.25  # else: this share of the memory free after loading weights
     num_kv_blocks: int | None = None  # exact block count (tests); overrides the memory budget
     enable_prefix_caching: bool = True
+    # Models with recurrent layers: snapshots of their state kept for the prefix cache (None: by memory;
+    # 0: no prefix caching for such models). app/engine/state_cache.py says where they are taken.
+    prefix_cache_states: int | None = None
     chat_template: str | None = None  # overrides the model's template
     quantization: str | None = None  # "q4" | "q8": in-situ quantization of float weights (--isq)
     task: str = "auto"  # "generate" | "embed" | "auto": the model folder's (app/models/pooling.py)
@@ -65,6 +68,7 @@ class EngineConfig:
             "max_model_len": self.max_model_len is None or self.max_model_len >= 2,
             "kv_cache_memory_mb": self.kv_cache_memory_mb is None or self.kv_cache_memory_mb >= 1,
             "num_kv_blocks": self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+            "prefix_cache_states": self.prefix_cache_states is None or self.prefix_cache_states >= 0,
         }
         for name, ok in checks.items():
             if not ok:

@@ -69,11 +69,16 @@ class Backend(Protocol):
     def available_memory_bytes(self) -> int:
         """Memory the KV cache may still take on this device (after weights)."""
 
-    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
         """Create the paged pools for num_blocks blocks of block_size tokens. max_num_seqs: the most
         sequences one step holds; a backend may prepare its decode step for them here, before the
         first request (the torch backend captures its CUDA graphs). A model with recurrent state
-        gets max_num_seqs state slots too (ScheduledBatch.state_slots index them)."""
+        gets `state_slots` state slots too: one per running sequence (ScheduledBatch.state_slots
+        index them), then the prefix cache's snapshots."""
+
+    def copy_state_slots(self, pairs: list[tuple[int, int]]) -> None:
+        """For each (src, dst): every recurrent layer's state of slot src copied into slot dst, before
+        the next forward pass (a snapshot taken for the prefix cache, or restored from it)."""
 
     def compute_logits(self, batch: ScheduledBatch) -> Any:
         """The forward pass alone: float32 logits [sampled sequences, vocab] (tests read them)."""

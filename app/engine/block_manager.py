@@ -109,6 +109,11 @@ class BlockManager:
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             seq.block_hashes.append(hash_block(parent, seq.tokens_range(i * bs, (i + 1) * bs), seq.cache_salt))
 
+    def digest(self, seq: Sequence, index: int) -> bytes:
+        """The chained digest of seq's full block `index`."""
+        self._update_hashes(seq)
+        return seq.block_hashes[index]
+
     def first_needed_block(self, num_computed: int) -> int:
         """Index of the first block that queries at positions >= num_computed can still read."""
         if self.release_window is None:

@@ -77,16 +77,23 @@ class LLMEngine:
         self.vocab_size = info.vocab_size
         self.num_params, self.weight_bytes = info.num_params, info.weight_bytes
         recurrent = self.model_config.recurrent
-        if recurrent and config.enable_prefix_caching:
-            # A cached prefix would restore the attention layers' K/V but not the recurrent layers'
-            # state, which only a computation from position 0 rebuilds.
-            logger.info("prefix caching is off: this model's recurrent layers keep a per-sequence state")
-            self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
         plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
         if plan.max_num_seqs != config.max_num_seqs:  # lowered: the recurrent state would not fit
             self.config = config = dataclasses.replace(config, max_num_seqs=plan.max_num_seqs)
+        if recurrent and config.enable_prefix_caching:
+            # A cached prefix restores the attention layers' K/V from the pool and the recurrent layers'
+            # state from a snapshot taken at a block boundary (app/engine/state_cache.py); without room
+            # for one, only a computation from position 0 rebuilds the state.
+            if plan.state_snapshots:
+                kept = plan.state_snapshots
+                logger.info("prefix caching: the recurrent state is kept at block boundaries in %d snapshots", kept)
+            else:
+                logger.info("prefix caching is off: no room for a snapshot of this model's recurrent state")
+                self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
         self.max_model_len = plan.max_model_len
-        self.backend.allocate_kv(plan.num_blocks, config.block_size, config.max_num_seqs)
+        snapshots = plan.state_snapshots if config.enable_prefix_caching else 0
+        state_slots = config.max_num_seqs + snapshots if recurrent else 0
+        self.backend.allocate_kv(plan.num_blocks, config.block_size, config.max_num_seqs, state_slots)
         # When no layer reads past its window, blocks behind it go back to the pool as a sequence grows.
         release_window = self.model_config.sliding_window if self.model_config.all_layers_slide else None
         self.block_manager = BlockManager(
@@ -103,6 +110,7 @@ class LLMEngine:
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 prefill_chunk_size=config.prefill_chunk_size,
                 state_slots=config.max_num_seqs if recurrent else 0,
+                state_snapshots=snapshots if recurrent else 0,
             ),
             self.block_manager,
         )
@@ -228,6 +236,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
+        if sched.state_restores:  # sequences starting from a cached prefix take its recurrent state
+            self.backend.copy_state_slots(sched.state_restores)
         try:
             batch, result = self._execute(sched)
         except EngineDeadError:
@@ -270,13 +280,18 @@ class LLMEngine:
     def _run_alone(self, item: ScheduledSeq) -> list[RequestOutput]:
         """A failed step's sequence on its own. A recurrent state may have been advanced by the failed
         forward pass part way (layer by layer), so such a sequence is recomputed from position 0, chunk
-        by chunk, instead (its KV blocks are rewritten with the same values)."""
+        by chunk, instead (its KV blocks are rewritten with the same values), or from the snapshot it
+        started from while the prefix cache still holds that."""
         if not self.model_config.recurrent:
             one = SchedulerOutput(scheduled=[item])
             return self._process(one, *self._execute(one))
         seq, outputs = item.seq, []
         end = seq.num_computed_tokens + item.num_new_tokens
         seq.num_computed_tokens = 0
+        states, restore = self.scheduler.states, seq.state_restore
+        if restore is not None and states is not None and seq.state_slot is not None and states.holds(*restore[:2]):
+            self.backend.copy_state_slots([(restore[1], seq.state_slot)])
+            seq.num_computed_tokens = restore[2]
         while seq.num_computed_tokens < end and not seq.is_finished:
             one = SchedulerOutput(
                 scheduled=[ScheduledSeq(seq, min(end - seq.num_computed_tokens, self.config.prefill_chunk_size))]
@@ -311,7 +326,9 @@ class LLMEngine:
         """Advance the sequences and hand out the new tokens; a failure here fails only its request."""
         if self.embedder is not None:
             return self.embedder.process(sched, batch, result)  # type: ignore[return-value]  # EmbeddingOutputs
-        self.scheduler.after_step(sched)
+        saves = self.scheduler.after_step(sched)
+        if saves:  # recurrent states at a snapshot point, before the next step moves them on
+            self.backend.copy_state_slots(saves)
         self.stats.steps += 1
         touched: dict[str, RequestState] = {}
         failed: list[RequestOutput] = []

@@ -22,6 +22,10 @@ DEFAULT_TOKENS_PER_SEQ = 2048
 # On a lazily committed pool, free blocks kept only for their cached prefix may hold this much
 # memory (beyond it the oldest is evicted instead of a new block being touched).
 PREFIX_CACHE_BUDGET_BYTES = 256 * 2**20
+# Recurrent-state snapshots for prefix caching (app/engine/state_cache.py) take up to this much by default,
+# and at least two (one conversation's latest turn and a shared system prompt) where one is larger.
+PREFIX_STATE_BUDGET_BYTES = 512 * 2**20
+MIN_STATE_SNAPSHOTS = 2
 
 
 @dataclass
@@ -30,6 +34,7 @@ class KVPlan:
     max_model_len: int
     cache_budget_blocks: int = 0  # see PREFIX_CACHE_BUDGET_BYTES; 0 where the pool is not lazy
     max_num_seqs: int = 0  # sequences that may run at once (lowered where a recurrent state takes the memory)
+    state_snapshots: int = 0  # recurrent-state snapshot slots for prefix caching (0: none, or no recurrent state)
 
 
 def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backend: Any) -> KVPlan:
@@ -39,8 +44,8 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     per_block = backend.kv_bytes_per_block(bs)
     share = int(backend.available_memory_bytes() * config.gpu_memory_fraction)
     per_seq = backend.state_bytes_per_seq()
-    max_seqs = state_slots(config, per_seq, share)
-    state_bytes = per_seq * max_seqs
+    max_seqs, snapshots = state_slots(config, per_seq, share)
+    state_bytes = per_seq * (max_seqs + snapshots)
     blocks_for = lambda tokens: -(-tokens // bs)
     held = seq_block_cap(config, model_config)
     longest = blocks_for(max_len) if held is None else min(blocks_for(max_len), held)  # one full-length sequence
@@ -101,23 +106,45 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
             _step_tokens(config),
             num,
         )
-    return KVPlan(num_blocks=num, max_model_len=max_len, cache_budget_blocks=budget, max_num_seqs=max_seqs)
+    return KVPlan(
+        num_blocks=num,
+        max_model_len=max_len,
+        cache_budget_blocks=budget,
+        max_num_seqs=max_seqs,
+        state_snapshots=snapshots,
+    )
 
 
-def state_slots(config: EngineConfig, per_seq: int, share: int) -> int:
-    """How many sequences may run at once when each holds `per_seq` bytes of recurrent state (models
-    with recurrent layers: linear attention, short convolutions): max_num_seqs, lowered so that the
-    state takes at most half of the memory share (the KV pool needs the rest); refused when not even
-    one sequence's fits."""
+def state_slots(config: EngineConfig, per_seq: int, share: int) -> tuple[int, int]:
+    """(sequences, snapshots) for a model whose sequences each hold `per_seq` bytes of recurrent state
+    (linear attention, short convolutions, Mamba mixers): max_num_seqs running sequences and, with prefix
+    caching, --prefix-cache-states snapshots of that state (by default as many as PREFIX_STATE_BUDGET_BYTES
+    holds, at least MIN_STATE_SNAPSHOTS, at most max_num_seqs), lowered so that all of it takes at most half
+    of the memory share (the KV pool needs the rest; where both do not fit, the snapshots get at most half
+    of the room); refused when not even one sequence's state fits. (max_num_seqs, 0) without such a state."""
     if not per_seq:
-        return config.max_num_seqs
+        return config.max_num_seqs, 0
     fit = share // 2 // per_seq
     if fit < 1:
         raise ValueError(
             f"one sequence's recurrent state ({per_seq / 2**20:.0f} MiB, the recurrent layers') does not "
             f"fit in half of the {share / 2**20:.0f} MiB this engine may use; raise --gpu-memory-fraction"
         )
-    seqs = min(config.max_num_seqs, fit)
+    snapshots = 0
+    if config.enable_prefix_caching:
+        want = config.prefix_cache_states
+        if want is None:
+            want = min(config.max_num_seqs, max(MIN_STATE_SNAPSHOTS, PREFIX_STATE_BUDGET_BYTES // per_seq))
+        snapshots = want if config.max_num_seqs + want <= fit else min(want, fit // 2)
+        if snapshots < want and config.prefix_cache_states is not None:
+            logger.warning(
+                "--prefix-cache-states lowered from %d to %d: the recurrent state may take half of the %.0f MiB "
+                "this engine may use",
+                want,
+                snapshots,
+                share / 2**20,
+            )
+    seqs = min(config.max_num_seqs, fit - snapshots)
     if seqs < config.max_num_seqs:
         logger.warning(
             "max_num_seqs lowered from %d to %d: each sequence's recurrent state takes %.1f MiB and the state "
@@ -129,12 +156,15 @@ def state_slots(config: EngineConfig, per_seq: int, share: int) -> int:
             seqs,
         )
     logger.info(
-        "recurrent state: %.1f MiB for %d sequences (%.2f MiB each, the recurrent layers')",
+        "recurrent state: %.1f MiB for %d sequences (%.2f MiB each, the recurrent layers')%s",
         per_seq * seqs / 2**20,
         seqs,
         per_seq / 2**20,
+        f", and {per_seq * snapshots / 2**20:.1f} MiB for {snapshots} prefix-cache snapshots of it"
+        if snapshots
+        else "",
     )
-    return seqs
+    return seqs, snapshots
 
 
 def _step_tokens(config: EngineConfig) -> int:

@@ -4,7 +4,8 @@ One token budget per step is shared by decodes (1 token each) and prefill chunks
 ``prefill_chunk_size`` each). Running sequences are served oldest first so none starves; when the
 KV pool runs dry the newest running sequence is preempted (its blocks freed, to be recomputed
 later) and put back at the head of the waiting queue (a model with recurrent layers also
-gives back its recurrent-state slot, and recomputes the state from position 0). When every layer
+gives back its recurrent-state slot, and recomputes the state from position 0, or from a snapshot
+of it: app/engine/state_cache.py). When every layer
 of the model slides, the blocks a sequence's future queries can no longer see are returned to the
 pool after each step (BlockManager.release_behind_window), so a long generation holds about
 window / block_size blocks.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.sequence import Sequence, SequenceStatus
+from lantern.app.engine.state_cache import StateCache, checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ class SchedulerConfig:
     # Recurrent-state slots (models with recurrent layers: the backend holds max_num_seqs of
     # them): a running sequence holds one from admission until it finishes or is preempted. 0: none.
     state_slots: int = 0
+    # Snapshot slots of that state for prefix caching, numbered after the running sequences' (StateCache); 0: none.
+    state_snapshots: int = 0
 
 
 @dataclass
@@ -50,6 +54,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # (snapshot slot, sequence's slot): recurrent states to copy before this step's forward pass.
+    state_restores: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -67,6 +73,7 @@ class Scheduler:
         # before anyone has to be preempted.
         self.admission_reserve = max(1, block_manager.num_blocks // 100)
         self.free_state_slots = list(range(config.state_slots - 1, -1, -1))  # popped lowest first
+        self.states = StateCache(config.state_slots, config.state_snapshots) if config.state_snapshots else None
 
     # ---- queue management ----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -133,8 +140,14 @@ class Scheduler:
                 break
             seq = self.waiting[0]
             cached = self.bm.find_cached_prefix(seq) if seq.num_computed_tokens == 0 and seq.cacheable else []
+            snapshot: int | None = None
+            cuts: list[int] = []
+            if self.states is not None and seq.cacheable:
+                cached, snapshot, cuts = self._recurrent_prefix(seq, cached)
             computed = len(cached) * self.bm.block_size
             n = min(seq.num_tokens - computed, self.config.prefill_chunk_size, budget)
+            if cuts:  # the first chunk ends at the first snapshot point
+                n = min(n, cuts[0] - computed)
             if self.config.whole_prompts and n < seq.num_tokens - computed:
                 break
             need = self.bm.blocks_needed(seq, computed + n, cached)
@@ -151,9 +164,13 @@ class Scheduler:
                 seq.num_cached_tokens = computed
             self.bm.allocate(seq, computed + n, cached)
             if self.config.state_slots:
-                # No prefix cache with recurrent state (the engine turns it off): computed is 0 here,
-                # and the backend starts the state from zero at position 0.
+                # From position 0 the backend starts the state from zero; from a cached prefix, from its snapshot.
                 seq.state_slot = self.free_state_slots.pop()
+                seq.state_checkpoints, seq.state_restore = cuts, None
+                if snapshot is not None and self.states is not None:
+                    seq.state_restore = (seq.block_hashes[len(cached) - 1], snapshot, computed)
+                    out.state_restores.append((snapshot, seq.state_slot))
+                    self.states.restores += 1
             seq.num_computed_tokens = computed
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -161,10 +178,20 @@ class Scheduler:
             budget -= n
         return out
 
+    def _recurrent_prefix(self, seq: Sequence, cached: list[int]) -> tuple[list[int], int | None, list[int]]:
+        """The cached blocks a sequence with recurrent state can use (only up to the last cached block
+        boundary with a state snapshot), that snapshot's slot, and where its prefill is cut for new ones."""
+        assert self.states is not None
+        bs = self.bm.block_size
+        k, snapshot = self.states.longest(seq.block_hashes[: len(cached)])
+        return cached[:k], snapshot, checkpoints(seq.num_prompt_tokens, k * bs, len(cached) * bs, bs)
+
     def _num_new_tokens(self, seq: Sequence, budget: int) -> int:
         remaining = seq.num_tokens - seq.num_computed_tokens
         if remaining > 1:
             remaining = min(remaining, self.config.prefill_chunk_size)
+        if seq.state_checkpoints:  # a chunk ends where the recurrent state is to be snapshotted
+            remaining = min(remaining, seq.state_checkpoints[0] - seq.num_computed_tokens)
         return max(min(remaining, budget), 0)
 
     def _blocks_to_write(self, seq: Sequence, end: int) -> int:
@@ -178,6 +205,7 @@ class Scheduler:
         self.bm.free_seq(seq)
         self._release_state(seq)
         seq.num_computed_tokens = 0
+        seq.state_checkpoints = []  # set again at its next admission
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
@@ -189,9 +217,12 @@ class Scheduler:
             self.free_state_slots.append(seq.state_slot)
             seq.state_slot = None
 
-    def after_step(self, out: SchedulerOutput) -> None:
+    def after_step(self, out: SchedulerOutput) -> list[tuple[int, int]]:
         """Advance progress of the sequences that ran, publish newly full blocks, then release
-        the blocks now behind every layer's window (published first, so they stay revivable)."""
+        the blocks now behind every layer's window (published first, so they stay revivable).
+        Returns the recurrent-state snapshots to take now, before the next forward pass:
+        (sequence's slot, snapshot slot) for each sequence that just reached a checkpoint."""
+        saves: list[tuple[int, int]] = []
         for item in out.scheduled:
             seq = item.seq
             if seq.status is not SequenceStatus.RUNNING:
@@ -200,3 +231,10 @@ class Scheduler:
             if seq.cacheable:
                 self.bm.register_computed(seq)
             self.bm.release_behind_window(seq)
+            while seq.state_checkpoints and seq.state_checkpoints[0] <= seq.num_computed_tokens:
+                at = seq.state_checkpoints.pop(0)
+                if at == seq.num_computed_tokens and self.states is not None and seq.state_slot is not None:
+                    slot = self.states.store(self.bm.digest(seq, at // self.bm.block_size - 1))
+                    if slot is not None:
+                        saves.append((seq.state_slot, slot))
+        return saves

@@ -59,6 +59,11 @@ class Sequence:
     num_preemptions: int = 0
     # The recurrent-state slot it holds while running (models with recurrent layers); None otherwise.
     state_slot: int | None = None
+    # Prefix caching of recurrent state (app/engine/state_cache.py): token counts at which a prefill
+    # chunk ends so the state there is snapshotted, and the snapshot this sequence started from
+    # (its digest, slot and token count), if any.
+    state_checkpoints: list[int] = field(default_factory=list)
+    state_restore: tuple[bytes, int, int] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 

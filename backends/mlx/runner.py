@@ -81,9 +81,9 @@ class MLXBackend:
         except (ValueError, OSError):
             return 4 << 30
 
-    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
-        if self.cfg.recurrent:  # one recurrent-state slot per sequence a step may hold
-            self.model.allocate_state(max_num_seqs, self.dtype)
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
+        if self.cfg.recurrent:  # a recurrent-state slot per sequence a step may hold, then the snapshots
+            self.model.allocate_state(max(state_slots, max_num_seqs), self.dtype)
         kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = PagedKVPool(
@@ -97,6 +97,11 @@ class MLXBackend:
             v_is_k_prefix=v_in_k,
             layer_shapes=None if self.cfg.kv_shapes is None else list(self.cfg.kv_shapes),
         )
+
+    def copy_state_slots(self, pairs: list[tuple[int, int]]) -> None:
+        src, dst = mx.array([p[0] for p in pairs]), mx.array([p[1] for p in pairs])
+        for a in self.model.state_arrays():
+            a[dst] = a[src]
 
     def compute_logits(self, batch: ScheduledBatch) -> mx.array:
         """Forward pass; logits [num sampled seqs, vocab] (float32) for the sampled sequences."""

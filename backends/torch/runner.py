@@ -184,12 +184,18 @@ class TorchBackend:
             return int(free)
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // self.world
 
-    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
-        if self.workers:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
+        if self.workers:  # (tensor parallelism refuses models with recurrent state: no state slots there)
             broadcast_command(self.tp, ("allocate", (num_blocks, block_size, max_num_seqs)), self.commands)
-        self._allocate_local(num_blocks, block_size, max_num_seqs)
+        self._allocate_local(num_blocks, block_size, max_num_seqs, state_slots)
 
-    def _allocate_local(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
+    def copy_state_slots(self, pairs: list[tuple[int, int]]) -> None:
+        src = torch.tensor([p[0] for p in pairs], device=self.device)
+        dst = torch.tensor([p[1] for p in pairs], device=self.device)
+        for t in self.model.state_tensors():
+            t[dst] = t[src]
+
+    def _allocate_local(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
         kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = TorchKVPool(
@@ -203,8 +209,8 @@ class TorchBackend:
             v_is_k_prefix=v_in_k,
             layer_shapes=None if self.local_cfg.kv_shapes is None else list(self.local_cfg.kv_shapes),
         )
-        if self.cfg.recurrent:  # one recurrent-state slot per sequence a step may hold
-            self.model.allocate_state(max_num_seqs, self.dtype, self.device)
+        if self.cfg.recurrent:  # a recurrent-state slot per sequence a step may hold, then the snapshots
+            self.model.allocate_state(max(state_slots, max_num_seqs), self.dtype, self.device)
             if self.static_decode or self.options.compile_decode:
                 logger.info("decode steps run eagerly: this model's recurrent layers update a per-sequence state")
             self.static_decode = self.capture_graphs = False

@@ -43,18 +43,23 @@ def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == want
     assert llm.engine.scheduler.num_preemptions > 0
-    assert "prefix caching is off" in caplog.text
+    assert "the recurrent state is kept at block boundaries" in caplog.text  # preempted ones restart from snapshots
     # Every slot is back, and a second round reusing them (no zeroing in between) gives the same.
     assert sorted(llm.engine.scheduler.free_state_slots) == list(range(llm.engine.config.max_num_seqs))
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[::-1], GREEDY)] == want[::-1]
 
 
-def test_sampled_fan_out_matches_single_requests(tiny_model_dir, backend):
-    """n = 2 without a prefix cache: each sample computes the prompt itself, seeds as single requests."""
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_sampled_fan_out_matches_single_requests(tiny_model_dir, backend, prefix_cache):
+    """n = 2, seeds as single requests: the second sample starts from the first's snapshot of the state at
+    the prompt's last block boundary, or, without a prefix cache, computes the prompt itself."""
     path = tiny_model_dir("qwen3_next")
-    llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=128)
+    opts = dict(dtype="float32", block_size=4, num_kv_blocks=128, enable_prefix_caching=prefix_cache)
+    llm = LLM(path, backend=backend, **opts)
     params = SamplingParams(temperature=1.0, max_tokens=16, seed=7, n=2, ignore_eos=True)
-    both = [c.token_ids for c in llm.generate([PROMPTS[0]], params)[0].outputs]
+    out = llm.generate([PROMPTS[0]], params)[0]
+    both = [c.token_ids for c in out.outputs]
+    assert (llm.engine.scheduler.states is not None and llm.engine.scheduler.states.restores == 1) == prefix_cache
     single = [
         llm.generate([PROMPTS[0]], SamplingParams(temperature=1.0, max_tokens=16, seed=7 + i, ignore_eos=True))[0]
         .outputs[0]
@@ -87,16 +92,26 @@ def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk, v
 
 @pytest.mark.parametrize("variant", ["qwen3_next", "lfm2", "granite_hybrid"])
 def test_state_memory_is_sized_and_the_kv_pool_holds_attention_layers_only(tiny_model_dir, backend, variant, caplog):
-    """What the sizing counts per sequence is what the backend allocates per slot (3 slots here)."""
+    """What the sizing counts per sequence is what the backend allocates per slot (3 running sequences' slots
+    and the prefix cache's 2 snapshots here)."""
     with caplog.at_level(logging.INFO):
-        llm = LLM(tiny_model_dir(variant), backend=backend, dtype="float32", num_kv_blocks=16, max_num_seqs=3)
+        llm = LLM(
+            tiny_model_dir(variant),
+            backend=backend,
+            dtype="float32",
+            num_kv_blocks=16,
+            max_num_seqs=3,
+            prefix_cache_states=2,
+        )
     assert llm.engine.model_config.num_kv_layers == 2 and len(llm.engine.backend.pool.k) == 2  # of 4 layers
     model = llm.engine.backend.model
     state = model.state if backend == "torch" else model.recurrent
     arrays = [*state.conv, *getattr(state, "ssm", [])]
-    assert all(a.shape[0] == 3 for a in arrays)
-    assert llm.engine.backend.state_bytes_per_seq() == sum(a.nbytes for a in arrays) // 3 > 0
+    assert all(a.shape[0] == 5 for a in arrays)
+    assert llm.engine.backend.state_bytes_per_seq() == sum(a.nbytes for a in arrays) // 5 > 0
     assert "recurrent state:" in caplog.text and "for 3 sequences" in caplog.text
+    assert "for 2 prefix-cache snapshots" in caplog.text
+    assert llm.engine.scheduler.states is not None and llm.engine.scheduler.states.first == 3
 
 
 def test_a_step_failing_after_its_forward_pass_is_retried_from_position_0(tiny_model_dir, backend):

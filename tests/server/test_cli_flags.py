@@ -28,6 +28,7 @@ NONSENSE = [
     (["--allowed-origins", "localhost:3000"], "--allowed-origins"),
     (["--gpu-memory-fraction", "0"], "--gpu-memory-fraction"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (["--prefix-cache-states", "-1"], "--prefix-cache-states"),
 ]
 
 
@@ -94,13 +95,16 @@ def test_server_and_engine_flags_reach_their_settings(monkeypatch):
         "64",
         "--max-num-batched-tokens",
         "512",
+        "--prefix-cache-states",
+        "6",
     )
     settings = server_settings(args)
     assert settings.allowed_origins == ["http://a.test", "http://b.test", "http://c.test"]
     assert (settings.max_request_bytes, settings.max_n, settings.api_keys) == (1000, 7, [])
     options = engine_options(args)
     assert (options["num_threads"], options["kv_cache_memory_mb"], options["model"]) == (3, 64, "/models/x")
-    assert options["max_num_batched_tokens"] == 512
+    assert (options["max_num_batched_tokens"], options["prefix_cache_states"]) == (512, 6)
     assert engine_options(parse("--w", "/models/x"))["max_num_batched_tokens"] == 2048
+    assert engine_options(parse("--w", "/models/x"))["prefix_cache_states"] is None  # sized by memory
     defaults = server_settings(parse("--w", "/models/x"))
     assert (defaults.max_request_bytes, defaults.max_n, defaults.allowed_origins) == (4 * 2**20, 128, [])

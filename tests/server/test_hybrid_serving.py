@@ -1,7 +1,8 @@
 """Models with recurrent layers (Qwen3-Next's linear attention, Granite 4.0-H's and Nemotron-H's Mamba-2 mixers:
 a state per sequence beside the paged KV cache) served through the real server and the official openai client,
 on both backends: concurrent streams, more of them than state slots, give what each request gives
-alone; a client that leaves mid-stream gives its slot back and leaves nothing behind for the next request."""
+alone; a client that leaves mid-stream gives its slot back and leaves nothing behind for the next request;
+a follow-up turn starts from the prefix cache's snapshot of the state and answers as if computed afresh."""
 
 from __future__ import annotations
 
@@ -74,3 +75,20 @@ def test_a_client_leaving_mid_stream_gives_its_state_slot_back(client, hybrid_se
     stream.close()
     assert _slots_back(hybrid_server), "the abandoned request still holds its recurrent-state slot"
     assert _alone(client, PROMPTS[0]) == before
+
+
+def test_a_follow_up_turn_is_served_from_the_prefix_cache_and_answers_as_computed_afresh(client):
+    """Turn 2 extends turn 1's prompt and reply; the server reports the cached prompt tokens (the recurrent
+    state restored from the snapshot at turn 1's last block boundary), and its answer is the one a request
+    under another cache_salt gets, which no cached prefix serves."""
+    first = "Paged attention stores keys and values in blocks, so continuous batching lets new requests join"
+    reply = client.completions.create(model="tiny", prompt=first, max_tokens=12, temperature=0)
+    n = reply.usage.prompt_tokens
+    follow_up = first + reply.choices[0].text + " and then"
+    cached = client.completions.create(model="tiny", prompt=follow_up, max_tokens=12, temperature=0)
+    afresh = client.completions.create(
+        model="tiny", prompt=follow_up, max_tokens=12, temperature=0, extra_body={"cache_salt": "afresh"}
+    )
+    assert cached.usage.prompt_tokens_details.cached_tokens >= (n - 1) // 4 * 4 > 0
+    assert afresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert cached.choices[0].text == afresh.choices[0].text

@@ -20,6 +20,7 @@ DECLARED = {
     "available_memory_bytes",
     "state_bytes_per_seq",
     "allocate_kv",
+    "copy_state_slots",
     "compute_logits",
     "execute",
     "shutdown",
@@ -46,8 +47,11 @@ class CountingBackend:
     def state_bytes_per_seq(self) -> int:
         return 0
 
-    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
         self.slots = np.full(num_blocks * block_size, -1, dtype=np.int64)  # token id held by each slot
+
+    def copy_state_slots(self, pairs: list[tuple[int, int]]) -> None:
+        raise AssertionError("a model without recurrent state has no state slots to copy")
 
     def compute_logits(self, batch: ScheduledBatch) -> np.ndarray:
         self.slots[batch.slot_mapping] = batch.input_ids

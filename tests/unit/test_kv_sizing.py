@@ -283,16 +283,44 @@ class StateBackend(FakeBackend):
 
 
 def test_recurrent_state_lowers_max_num_seqs_to_half_the_share(caplog):
-    config = EngineConfig(model="unused", max_num_seqs=256, gpu_memory_fraction=0.5)
+    config = EngineConfig(model="unused", max_num_seqs=256, gpu_memory_fraction=0.5, enable_prefix_caching=False)
     # 16 GiB free, half of it the share, half of that for the state: 4 GiB / 150 MiB -> 27 sequences
     with caplog.at_level(logging.INFO):
         p = plan_kv_cache(config, Cfg(), 8192, StateBackend(16 * 2**30, 150 * 2**20))
-    assert p.max_num_seqs == 27
+    assert (p.max_num_seqs, p.state_snapshots) == (27, 0)
     assert "max_num_seqs lowered from 256 to 27" in caplog.text
     # the pool gets what the state leaves of the share
     assert p.num_blocks * config.block_size * 1024 <= 8 * 2**30 - 27 * 150 * 2**20
+    no_cache = EngineConfig(model="unused", max_num_seqs=4, enable_prefix_caching=False)
+    small = plan_kv_cache(no_cache, Cfg(), 8192, StateBackend(16 * 2**30, 2**20))
+    assert (small.max_num_seqs, small.state_snapshots) == (4, 0)
+
+
+def test_prefix_cache_snapshots_of_the_state_are_sized_within_the_same_half(caplog):
+    config = EngineConfig(model="unused", max_num_seqs=256, gpu_memory_fraction=0.5)
+    # 27 states fit; the default snapshots are what 512 MiB holds (3 of 150 MiB), the running sequences the rest
+    with caplog.at_level(logging.INFO):
+        p = plan_kv_cache(config, Cfg(), 8192, StateBackend(16 * 2**30, 150 * 2**20))
+    assert (p.max_num_seqs, p.state_snapshots) == (24, 3)
+    assert "450.0 MiB for 3 prefix-cache snapshots" in caplog.text
+    assert p.num_blocks * config.block_size * 1024 <= 8 * 2**30 - 27 * 150 * 2**20
+    # a small state: as many snapshots as sequences (the budget would hold more); a huge one: at least 2
     small = plan_kv_cache(EngineConfig(model="unused", max_num_seqs=4), Cfg(), 8192, StateBackend(16 * 2**30, 2**20))
-    assert small.max_num_seqs == 4
+    assert (small.max_num_seqs, small.state_snapshots) == (4, 4)
+    big = plan_kv_cache(EngineConfig(model="unused", max_num_seqs=4), Cfg(), 8192, StateBackend(64 * 2**30, 2**30))
+    assert (big.max_num_seqs, big.state_snapshots) == (4, 2)
+    # asked for: kept while everything fits, else cut to half of the room with a warning
+    asked = EngineConfig(model="unused", max_num_seqs=8, prefix_cache_states=20, gpu_memory_fraction=0.5)
+    assert plan_kv_cache(asked, Cfg(), 8192, StateBackend(16 * 2**30, 100 * 2**20)).state_snapshots == 20
+    with caplog.at_level(logging.WARNING):
+        cut = plan_kv_cache(asked, Cfg(), 8192, StateBackend(16 * 2**30, 150 * 2**20))
+    assert (cut.max_num_seqs, cut.state_snapshots) == (8, 13)
+    assert "--prefix-cache-states lowered from 20 to 13" in caplog.text
+    # one state's room only: the running sequence keeps it, no snapshot
+    one = plan_kv_cache(EngineConfig(model="unused"), Cfg(), 8192, StateBackend(4 * 2**30, 2**29))
+    assert (one.max_num_seqs, one.state_snapshots) == (1, 0)
+    off = EngineConfig(model="unused", max_num_seqs=8, prefix_cache_states=0)
+    assert plan_kv_cache(off, Cfg(), 8192, StateBackend(16 * 2**30, 2**20)).state_snapshots == 0
 
 
 def test_a_state_too_big_for_one_sequence_is_refused_naming_the_flag():

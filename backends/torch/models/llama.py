@@ -151,6 +151,11 @@ class RecurrentCausalLM(CausalLM):
     def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
         return (self.state,)
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the state, each indexed by slot first (its lists of per-layer tensors)."""
+        held = [] if self.state is None else vars(self.state).values()
+        return [t for v in held if isinstance(v, list) for t in v]
+
 
 def rounded(value: float, dtype: torch.dtype) -> float:
     """value as the dtype holds it (transformers multiplies by a tensor of the embedding's dtype)."""

@@ -1,0 +1,93 @@
+"""The prefix cache's recurrent-state snapshots (app/engine/state_cache.py) as the scheduler uses them: where
+prefills are cut, which copies a step asks of the backend, and least-recently-used eviction. No model: the
+conformance suite (tests/conformance/test_recurrent_prefix_cache.py) checks what the restored states compute."""
+
+from __future__ import annotations
+
+from lantern.app.engine import SamplingParams
+from lantern.app.engine.block_manager import BlockManager
+from lantern.app.engine.scheduler import Scheduler, SchedulerConfig
+from lantern.app.engine.sequence import Sequence
+from lantern.app.engine.state_cache import StateCache, checkpoints
+
+PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+def test_snapshot_slots_are_handed_out_lowest_first_and_evicted_least_recently_used_first():
+    cache = StateCache(first=3, count=2)
+    assert cache.store(b"a") == 3 and cache.store(b"b") == 4
+    assert cache.store(b"a") is None  # taken already: nothing to copy, but now the most recently used
+    assert cache.store(b"c") == 4  # evicts b
+    assert cache.longest([b"x", b"b"]) == (0, None)
+    assert cache.longest([b"a", b"x", b"c"]) == (3, 4)  # the longest prefix with a snapshot
+    assert cache.longest([b"a"]) == (1, 3)  # a is now the most recent ...
+    assert cache.store(b"d") == 4 and not cache.holds(b"c", 4) and cache.holds(b"a", 3)  # ... so c goes
+    assert cache.saves == 4
+
+
+def test_checkpoints_are_the_shared_blocks_end_and_the_last_boundary_short_of_the_prompt_end():
+    assert checkpoints(30, 0, 0, 4) == [28]
+    assert checkpoints(28, 0, 0, 4) == [24]  # a prompt of whole blocks: its last token is always computed
+    assert checkpoints(30, 0, 20, 4) == [20, 28]
+    assert checkpoints(30, 20, 20, 4) == [28]  # restored there already
+    assert checkpoints(30, 28, 28, 4) == []
+    assert checkpoints(4, 0, 0, 4) == []  # no boundary before the last token
+
+
+def _engine_parts(snapshots: int = 2, chunk: int = 64) -> Scheduler:
+    bm = BlockManager(64, 4)
+    config = SchedulerConfig(max_num_seqs=2, prefill_chunk_size=chunk, state_slots=2, state_snapshots=snapshots)
+    return Scheduler(config, bm)
+
+
+def _run(sched: Scheduler, seq: Sequence) -> list[tuple[list[int], list[tuple[int, int]], list[tuple[int, int]]]]:
+    """Schedule seq to the end of its prompt plus one decode: per step (chunk sizes, restores, saves)."""
+    sched.add(seq)
+    steps = []
+    while seq.num_computed_tokens < seq.num_tokens:
+        out = sched.schedule()
+        saves = sched.after_step(out)
+        steps.append(([s.num_new_tokens for s in out.scheduled], out.state_restores, saves))
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.append_token(7)  # the token the step drew
+            if len(seq.output_token_ids) == 2:
+                break
+    sched.finish(seq, "length")
+    return steps
+
+
+def test_a_prefill_is_cut_at_its_snapshot_point_and_a_follow_up_starts_there():
+    sched = _engine_parts()
+    prompt = list(range(10, 20))  # 10 tokens: the snapshot lands at 8
+    steps = _run(sched, Sequence("a", prompt, PARAMS))
+    assert steps[0] == ([8], [], [(0, 2)])  # running slot 0 copied into snapshot slot 2 (after slots 0-1)
+    assert [s[0] for s in steps[1:]] == [[2], [1]]
+    follow = Sequence("b", prompt + [7, 30, 31, 32, 33], PARAMS)
+    steps = _run(sched, follow)
+    assert follow.num_cached_tokens == 8
+    assert steps[0][1] == [(2, 0)]  # the snapshot restored into the slot it runs in
+    assert steps[0][0] == [4] and steps[0][2] == [(0, 3)]  # cut again at its own last boundary, 12
+    assert sched.states is not None and sched.states.restores == 1
+
+
+def test_a_prompt_that_parts_from_cached_blocks_leaves_a_snapshot_where_it_parts():
+    sched = _engine_parts(chunk=5)
+    system = list(range(100, 109))  # 9 tokens: 2 whole blocks shared
+    _run(sched, Sequence("a", system + [1, 2, 3, 4, 5, 6, 7], PARAMS))  # its snapshot: at 12
+    second = Sequence("b", system + [4, 5, 6], PARAMS)
+    steps = _run(sched, second)
+    assert second.num_cached_tokens == 0  # cached blocks, but no state at their end
+    assert [s[0] for s in steps[:3]] == [[5], [3], [4]]  # chunks of 5, cut at 8 (the shared blocks' end)
+    assert steps[1][2] == [(0, 3)]
+    third = Sequence("c", system + [9, 9, 9, 9], PARAMS)
+    _run(sched, third)
+    assert third.num_cached_tokens == 8
+
+
+def test_another_salt_never_sees_a_snapshot():
+    sched = _engine_parts()
+    prompt = list(range(10, 20))
+    _run(sched, Sequence("a", prompt, PARAMS))
+    other = Sequence("b", prompt, PARAMS, cache_salt=b"tenant-2")
+    steps = _run(sched, other)
+    assert other.num_cached_tokens == 0 and steps[0][1] == []
