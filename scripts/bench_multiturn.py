@@ -88,6 +88,23 @@ def mlx_lm_ttfts(path: Path, prompts: list[list[int]], carry: bool) -> list[floa
     return out
 
 
+def ttfts(path: Path, backend: str, dtype: str, prompts: list[list[int]]) -> None:
+    """Each turn's TTFT, cached against uncached (and mlx_lm on MLX), printed as rows."""
+    rows = {
+        "lantern cached": lantern_ttfts(path, backend, dtype, prompts, True),
+        "lantern uncached": lantern_ttfts(path, backend, dtype, prompts, False),
+    }
+    if backend == "mlx":
+        rows["mlx_lm carried cache"] = mlx_lm_ttfts(path, prompts, carry=True)
+        rows["mlx_lm no cache"] = mlx_lm_ttfts(path, prompts, carry=False)
+    for name, times in rows.items():
+        turns = " ".join(f"{t:7.3f}" for t in times)
+        print(f"{backend:6} {name:22} {turns}   later turns {sum(times[1:]):7.3f}", flush=True)
+    base = sum(rows["lantern cached"][1:])
+    for name, times in rows.items():
+        print(f"{backend:6} later turns: {name} / lantern cached = {sum(times[1:]) / base:5.2f}", flush=True)
+
+
 def main() -> None:
     from lantern.app.models.default_model import cache_dir
     from scripts.bench_hybrid import SHAPES, prepare
@@ -99,6 +116,8 @@ def main() -> None:
     ap.add_argument("--message-len", type=int, default=48)
     ap.add_argument("--reply-len", type=int, default=48)
     ap.add_argument("--out-len", type=int, default=32, help="tokens of the decode measurement")
+    ap.add_argument("--decode-prompt-len", type=int, default=64, help="prompt of the decode measurement")
+    ap.add_argument("--skip-ttft", action="store_true", help="only the decode measurement")
     ap.add_argument("--backends", default="torch,mlx")
     args = ap.parse_args()
     folder = "qwen3-next-hybrid" if args.arch == "qwen3_next" else args.arch
@@ -108,21 +127,11 @@ def main() -> None:
     print(f"{args.arch}: prompts of {[len(p) for p in prompts]} tokens; TTFT in seconds per turn", flush=True)
     for backend in args.backends.split(","):
         dtype = "bfloat16" if backend == "torch" else "float32"
-        rows = {
-            "lantern cached": lantern_ttfts(path, backend, dtype, prompts, True),
-            "lantern uncached": lantern_ttfts(path, backend, dtype, prompts, False),
-        }
-        if backend == "mlx":
-            rows["mlx_lm carried cache"] = mlx_lm_ttfts(path, prompts, carry=True)
-            rows["mlx_lm no cache"] = mlx_lm_ttfts(path, prompts, carry=False)
-        for name, times in rows.items():
-            turns = " ".join(f"{t:7.3f}" for t in times)
-            print(f"{backend:6} {name:22} {turns}   later turns {sum(times[1:]):7.3f}", flush=True)
-        base = sum(rows["lantern cached"][1:])
-        for name, times in rows.items():
-            print(f"{backend:6} later turns: {name} / lantern cached = {sum(times[1:]) / base:5.2f}", flush=True)
-        on = lantern_decode(path, backend, dtype, prompts[0], args.out_len, True)
-        off = lantern_decode(path, backend, dtype, prompts[0], args.out_len, False)
+        if not args.skip_ttft:
+            ttfts(path, backend, dtype, prompts)
+        short = prompts[0][: args.decode_prompt_len]
+        on = lantern_decode(path, backend, dtype, short, args.out_len, True)
+        off = lantern_decode(path, backend, dtype, short, args.out_len, False)
         print(f"{backend:6} bs=1 sampled decode tok/s: cached {on:.2f}, uncached {off:.2f}, ratio {on / off:.2f}")
 
 

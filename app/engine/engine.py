@@ -77,7 +77,14 @@ class LLMEngine:
         self.vocab_size = info.vocab_size
         self.num_params, self.weight_bytes = info.num_params, info.weight_bytes
         recurrent = self.model_config.recurrent
-        plan = plan_kv_cache(config, self.model_config, info.max_model_len, self.backend)
+        # When no layer reads past its window, blocks behind it go back to the pool as a sequence grows.
+        release_window = self.model_config.sliding_window if self.model_config.all_layers_slide else None
+        plan_config = config
+        if recurrent and (pooling is not None or release_window is not None):
+            # No state snapshots: embedding inputs are never cached, and a snapshot's boundary would need
+            # the blocks its window reads (released ones too) checked again (no such hybrid exists yet).
+            plan_config = dataclasses.replace(config, prefix_cache_states=0)
+        plan = plan_kv_cache(plan_config, self.model_config, info.max_model_len, self.backend)
         if plan.max_num_seqs != config.max_num_seqs:  # lowered: the recurrent state would not fit
             self.config = config = dataclasses.replace(config, max_num_seqs=plan.max_num_seqs)
         if recurrent and config.enable_prefix_caching:
@@ -88,14 +95,12 @@ class LLMEngine:
                 kept = plan.state_snapshots
                 logger.info("prefix caching: the recurrent state is kept at block boundaries in %d snapshots", kept)
             else:
-                logger.info("prefix caching is off: no room for a snapshot of this model's recurrent state")
+                logger.info("prefix caching is off: no snapshot of this model's recurrent state can be kept")
                 self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
         self.max_model_len = plan.max_model_len
         snapshots = plan.state_snapshots if config.enable_prefix_caching else 0
         state_slots = config.max_num_seqs + snapshots if recurrent else 0
         self.backend.allocate_kv(plan.num_blocks, config.block_size, config.max_num_seqs, state_slots)
-        # When no layer reads past its window, blocks behind it go back to the pool as a sequence grows.
-        release_window = self.model_config.sliding_window if self.model_config.all_layers_slide else None
         self.block_manager = BlockManager(
             plan.num_blocks,
             config.block_size,
@@ -293,9 +298,10 @@ class LLMEngine:
             self.backend.copy_state_slots([(restore[1], seq.state_slot)])
             seq.num_computed_tokens = restore[2]
         while seq.num_computed_tokens < end and not seq.is_finished:
-            one = SchedulerOutput(
-                scheduled=[ScheduledSeq(seq, min(end - seq.num_computed_tokens, self.config.prefill_chunk_size))]
-            )
+            n = min(end - seq.num_computed_tokens, self.config.prefill_chunk_size)
+            if seq.state_checkpoints:  # chunks end where snapshots are still to be taken, as scheduled ones do
+                n = min(n, max(seq.state_checkpoints[0] - seq.num_computed_tokens, 1))
+            one = SchedulerOutput(scheduled=[ScheduledSeq(seq, n)])
             outputs += self._process(one, *self._execute(one))
         return outputs
 

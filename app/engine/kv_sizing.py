@@ -147,11 +147,12 @@ def state_slots(config: EngineConfig, per_seq: int, share: int) -> tuple[int, in
     seqs = min(config.max_num_seqs, fit - snapshots)
     if seqs < config.max_num_seqs:
         logger.warning(
-            "max_num_seqs lowered from %d to %d: each sequence's recurrent state takes %.1f MiB and the state "
+            "max_num_seqs lowered from %d to %d: each sequence's recurrent state takes %.1f MiB and the state%s "
             "may take half of the %.0f MiB this engine may use (--max-num-seqs %d to choose)",
             config.max_num_seqs,
             seqs,
             per_seq / 2**20,
+            f" (with {snapshots} prefix-cache snapshots of it: --prefix-cache-states)" if snapshots else "",
             share / 2**20,
             seqs,
         )

@@ -221,8 +221,11 @@ class Scheduler:
         """Advance progress of the sequences that ran, publish newly full blocks, then release
         the blocks now behind every layer's window (published first, so they stay revivable).
         Returns the recurrent-state snapshots to take now, before the next forward pass:
-        (sequence's slot, snapshot slot) for each sequence that just reached a checkpoint."""
-        saves: list[tuple[int, int]] = []
+        (sequence's slot, snapshot slot) for each sequence that just reached a checkpoint. When more
+        reach one than there are snapshot slots, a slot stored earlier in the step is evicted again and
+        only its last owner's copy is kept (one copy per destination: a scatter with a repeated
+        destination leaves either source there)."""
+        saves: dict[int, int] = {}  # snapshot slot -> sequence's slot
         for item in out.scheduled:
             seq = item.seq
             if seq.status is not SequenceStatus.RUNNING:
@@ -236,5 +239,5 @@ class Scheduler:
                 if at == seq.num_computed_tokens and self.states is not None and seq.state_slot is not None:
                     slot = self.states.store(self.bm.digest(seq, at // self.bm.block_size - 1))
                     if slot is not None:
-                        saves.append((seq.state_slot, slot))
-        return saves
+                        saves[slot] = seq.state_slot
+        return [(src, dst) for dst, src in saves.items()]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lantern.app.engine import LLM, SamplingParams
+from tests.fixtures.failures import fail_once_after_forward
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 
 BS = 4  # block size: snapshots land every 4 tokens, so the prompts below cross many boundaries
@@ -69,6 +70,15 @@ def test_a_follow_up_turn_starts_from_the_snapshot_and_matches_transformers(tiny
     _assert_forced_logits_match_transformers(llm, path, follow_up, rng)
     assert bm.prefix_hits - hits == 28  # (30 - 1) // 4 * 4: the snapshot's boundary, not the 36 cached tokens
     assert states.restores == 1
+    # Through LLMEngine.step too: the same tokens and log-probabilities as an engine without a prefix cache.
+    with_logprobs = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    cached = llm.generate([follow_up], with_logprobs)[0]
+    afresh = _llm(path, backend, enable_prefix_caching=False).generate([follow_up], with_logprobs)[0]
+    assert cached.num_cached_tokens == 40 and states.restores == 2  # the forced run's snapshot at (43 - 1) // 4 * 4
+    assert cached.outputs[0].token_ids == afresh.outputs[0].token_ids
+    np.testing.assert_allclose(
+        [lp.logprob for lp in cached.outputs[0].logprobs], [lp.logprob for lp in afresh.outputs[0].logprobs], atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("variant", ["qwen3_5", "lfm2", "granite_hybrid"])
@@ -126,17 +136,18 @@ def test_a_failed_step_is_retried_from_the_snapshot_the_sequence_started_from(ti
     alone = _llm(path, backend, enable_prefix_caching=False)
     want = [alone.generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
     llm.generate([base], GREEDY)  # a snapshot at 20
-    real, failed = llm.engine.backend.execute, []
+    failed = fail_once_after_forward(llm.engine.backend)
+    copy, copies_after_failure = llm.engine.backend.copy_state_slots, []
 
-    def flaky(batch):
-        out = real(batch)
-        if not failed and batch.num_seqs > 1 and len(batch.sampling) > 1:  # both mid-decode
-            failed.append(batch.num_seqs)
-            raise RuntimeError("injected failure after the forward pass")
-        return out
+    def watched_copy(pairs):
+        if failed:
+            copies_after_failure.extend(pairs)
+        copy(pairs)
 
-    llm.engine.backend.execute = flaky
+    llm.engine.backend.copy_state_slots = watched_copy
     outs = llm.generate(prompts, GREEDY)
     assert failed, "the injected failure never ran"
     assert outs[0].num_cached_tokens == 20
     assert [o.outputs[0].token_ids for o in outs] == want
+    first = llm.engine.scheduler.states.first  # snapshot slots are numbered from here
+    assert any(src >= first > dst for src, dst in copies_after_failure), "the retry did not restore the snapshot"

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lantern.app.engine import LLM, SamplingParams
+from tests.fixtures.failures import fail_once_after_forward
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -120,16 +121,7 @@ def test_a_step_failing_after_its_forward_pass_is_retried_from_position_0(tiny_m
     path = tiny_model_dir("qwen3_next")
     want = _alone(path, backend, PROMPTS[:3])
     llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=128, prefill_chunk_size=5)
-    real, failed = llm.engine.backend.execute, []
-
-    def flaky(batch):
-        out = real(batch)
-        if not failed and batch.num_seqs > 1 and len(batch.sampling) > 1:  # sequences mid-decode
-            failed.append(batch.num_seqs)
-            raise RuntimeError("injected failure after the forward pass")
-        return out
-
-    llm.engine.backend.execute = flaky
+    failed = fail_once_after_forward(llm.engine.backend)
     outs = llm.generate(PROMPTS[:3], GREEDY)
     assert failed, "the injected failure never ran"
     assert [o.outputs[0].token_ids for o in outs] == want

@@ -34,9 +34,9 @@ def test_checkpoints_are_the_shared_blocks_end_and_the_last_boundary_short_of_th
     assert checkpoints(4, 0, 0, 4) == []  # no boundary before the last token
 
 
-def _engine_parts(snapshots: int = 2, chunk: int = 64) -> Scheduler:
+def _engine_parts(snapshots: int = 2, chunk: int = 64, seqs: int = 2) -> Scheduler:
     bm = BlockManager(64, 4)
-    config = SchedulerConfig(max_num_seqs=2, prefill_chunk_size=chunk, state_slots=2, state_snapshots=snapshots)
+    config = SchedulerConfig(max_num_seqs=seqs, prefill_chunk_size=chunk, state_slots=seqs, state_snapshots=snapshots)
     return Scheduler(config, bm)
 
 
@@ -91,3 +91,20 @@ def test_another_salt_never_sees_a_snapshot():
     other = Sequence("b", prompt, PARAMS, cache_salt=b"tenant-2")
     steps = _run(sched, other)
     assert other.num_cached_tokens == 0 and steps[0][1] == []
+
+
+def test_more_snapshots_in_one_step_than_slots_copy_once_into_each_slot_from_its_owner():
+    """Three prompts reach their snapshot point in one step with two slots: the first one's is evicted
+    by the third's within the step; each slot is copied into once, from the sequence its digest names."""
+    sched = _engine_parts(snapshots=2, seqs=3)
+    seqs = [Sequence(f"r{i}", list(range(10 * i + 10, 10 * i + 20)), PARAMS) for i in range(3)]
+    for seq in seqs:
+        sched.add(seq)
+    saves = sched.after_step(sched.schedule())
+    assert sorted(dst for _, dst in saves) == [3, 4]
+    assert sched.states is not None
+    owner = {slot: digest for digest, slot in sched.states.slots.items()}
+    by_slot = {s.state_slot: s for s in seqs}
+    for src, dst in saves:
+        assert owner[dst] == by_slot[src].block_hashes[1]  # the digest of its blocks [0, 8)
+    assert {by_slot[src].request_id for src, _ in saves} == {"r1", "r2"}
