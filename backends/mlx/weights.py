@@ -95,6 +95,9 @@ class _ExpertStacker:
             raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
         if not 0 <= index < self.num_experts:
             raise ValueError(f"{path}.{index}.{proj}: the config has {self.num_experts} experts")
+        if not hasattr(get_module(self.model, path), proj):  # e.g. a gate for Nemotron 3's ungated experts
+            what = proj.removesuffix("_proj")
+            raise ValueError(f"{path}.{index}.{proj}: this model's experts have no {what} projection")
         if isinstance(value, MxWeight):  # as stored: gather_qmm takes the microscaled modes
             packed, scales = mx.array(value.packed), mx.array(value.scales)
             glob = mx.array(value.global_scale, dtype=mx.float32) if value.global_scale != 1.0 else None

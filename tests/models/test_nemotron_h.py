@@ -174,3 +174,24 @@ def test_expert_checkpoint_names_reach_the_model_files(tiny_model_dir):
     params = {n for n, _ in tree_flatten(CausalLM(spec.config).parameters())}
     stacked = {n for n in names if ".experts." in n}
     assert (names - stacked) | {f"{layer}.experts.up_proj.weight", f"{layer}.experts.down_proj.weight"} == params
+
+
+def test_a_gate_projection_on_ungated_experts_is_refused_naming_it(tiny_model_dir, backend, tmp_path):
+    """Nemotron 3's experts compute down(relu(up(x))^2): a checkpoint that also carries an expert's gate_proj
+    is some other model under this config, refused on both backends naming the tensor (not loaded with the
+    gate ignored)."""
+    import shutil
+    from pathlib import Path
+
+    from safetensors.numpy import load_file, save_file
+
+    from lantern.app.engine import LLM
+
+    folder = tmp_path / "with_gate"
+    shutil.copytree(Path(tiny_model_dir("nemotron_h_moe")), folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    up = weights["backbone.layers.2.mixer.experts.0.up_proj.weight"]
+    weights["backbone.layers.2.mixer.experts.0.gate_proj.weight"] = up.copy()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"experts\.0\.gate_proj: this model's experts have no gate projection"):
+        LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=16)
