@@ -95,7 +95,11 @@ class _ExpertStacker:
             raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
         if not 0 <= index < self.num_experts:
             raise ValueError(f"{path}.{index}.{proj}: the config has {self.num_experts} experts")
-        if not hasattr(get_module(self.model, path), proj):  # e.g. a gate for Nemotron 3's ungated experts
+        try:
+            experts = get_module(self.model, path)
+        except (AttributeError, IndexError, KeyError):  # no such layer: the strict load names the tensor
+            experts = None
+        if experts is not None and not hasattr(experts, proj):  # e.g. a gate for Nemotron 3's ungated experts
             what = proj.removesuffix("_proj")
             raise ValueError(f"{path}.{index}.{proj}: this model's experts have no {what} projection")
         if isinstance(value, MxWeight):  # as stored: gather_qmm takes the microscaled modes
