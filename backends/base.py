@@ -69,7 +69,7 @@ class Backend(Protocol):
     def available_memory_bytes(self) -> int:
         """Memory the KV cache may still take on this device (after weights)."""
 
-    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int) -> None:
         """Create the paged pools for num_blocks blocks of block_size tokens. max_num_seqs: the most
         sequences one step holds; a backend may prepare its decode step for them here, before the
         first request (the torch backend captures its CUDA graphs). A model with recurrent state

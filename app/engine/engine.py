@@ -98,7 +98,7 @@ class LLMEngine:
                 logger.info("prefix caching is off: no snapshot of this model's recurrent state can be kept")
                 self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
         self.max_model_len = plan.max_model_len
-        snapshots = plan.state_snapshots if config.enable_prefix_caching else 0
+        snapshots = plan.state_snapshots  # 0 without recurrent state, a prefix cache or room for one
         state_slots = config.max_num_seqs + snapshots if recurrent else 0
         self.backend.allocate_kv(plan.num_blocks, config.block_size, config.max_num_seqs, state_slots)
         self.block_manager = BlockManager(
@@ -115,7 +115,7 @@ class LLMEngine:
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 prefill_chunk_size=config.prefill_chunk_size,
                 state_slots=config.max_num_seqs if recurrent else 0,
-                state_snapshots=snapshots if recurrent else 0,
+                state_snapshots=snapshots,
             ),
             self.block_manager,
         )
@@ -293,14 +293,12 @@ class LLMEngine:
         seq, outputs = item.seq, []
         end = seq.num_computed_tokens + item.num_new_tokens
         seq.num_computed_tokens = 0
-        states, restore = self.scheduler.states, seq.state_restore
-        if restore is not None and states is not None and seq.state_slot is not None and states.holds(*restore[:2]):
-            self.backend.copy_state_slots([(restore[1], seq.state_slot)])
-            seq.num_computed_tokens = restore[2]
+        states, snap = self.scheduler.states, seq.state_restore
+        if snap is not None and states is not None and seq.state_slot is not None and states.holds(snap):
+            self.backend.copy_state_slots([(snap.slot, seq.state_slot)])
+            seq.num_computed_tokens = snap.tokens
         while seq.num_computed_tokens < end and not seq.is_finished:
-            n = min(end - seq.num_computed_tokens, self.config.prefill_chunk_size)
-            if seq.state_checkpoints:  # chunks end where snapshots are still to be taken, as scheduled ones do
-                n = min(n, max(seq.state_checkpoints[0] - seq.num_computed_tokens, 1))
+            n = self.scheduler.chunk_tokens(seq, end - seq.num_computed_tokens)  # cut at snapshot points too
             one = SchedulerOutput(scheduled=[ScheduledSeq(seq, n)])
             outputs += self._process(one, *self._execute(one))
         return outputs

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.sequence import Sequence, SequenceStatus
-from lantern.app.engine.state_cache import StateCache, checkpoints
+from lantern.app.engine.state_cache import Snapshot, StateCache, checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class Scheduler:
         kept: list[Sequence] = []
         while queue:
             seq = queue.pop(0)
-            n = self._num_new_tokens(seq, budget)
+            n = self.chunk_tokens(seq, budget)
             if n == 0:
                 kept.append(seq)
                 continue
@@ -168,7 +168,7 @@ class Scheduler:
                 seq.state_slot = self.free_state_slots.pop()
                 seq.state_checkpoints, seq.state_restore = cuts, None
                 if snapshot is not None and self.states is not None:
-                    seq.state_restore = (seq.block_hashes[len(cached) - 1], snapshot, computed)
+                    seq.state_restore = Snapshot(seq.block_hashes[len(cached) - 1], snapshot, computed)
                     out.state_restores.append((snapshot, seq.state_slot))
                     self.states.restores += 1
             seq.num_computed_tokens = computed
@@ -186,7 +186,9 @@ class Scheduler:
         k, snapshot = self.states.longest(seq.block_hashes[: len(cached)])
         return cached[:k], snapshot, checkpoints(seq.num_prompt_tokens, k * bs, len(cached) * bs, bs)
 
-    def _num_new_tokens(self, seq: Sequence, budget: int) -> int:
+    def chunk_tokens(self, seq: Sequence, budget: int) -> int:
+        """Tokens a running sequence computes next within `budget`: a prefill chunk, cut at its next snapshot
+        point, or one decode token."""
         remaining = seq.num_tokens - seq.num_computed_tokens
         if remaining > 1:
             remaining = min(remaining, self.config.prefill_chunk_size)

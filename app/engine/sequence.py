@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lantern.app.engine.sampling_params import SamplingParams
+from lantern.app.engine.state_cache import Snapshot
 
 _seq_counter = itertools.count()
 
@@ -63,7 +64,7 @@ class Sequence:
     # chunk ends so the state there is snapshotted, and the snapshot this sequence started from
     # (its digest, slot and token count), if any.
     state_checkpoints: list[int] = field(default_factory=list)
-    state_restore: tuple[bytes, int, int] | None = None
+    state_restore: Snapshot | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 

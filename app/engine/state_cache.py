@@ -21,6 +21,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
+from typing import NamedTuple
+
+
+class Snapshot(NamedTuple):
+    """A snapshot a sequence started from: its block digest, its slot and the tokens it covers."""
+
+    digest: bytes
+    slot: int
+    tokens: int
 
 
 class StateCache:
@@ -45,8 +54,9 @@ class StateCache:
                 return k, slot
         return 0, None
 
-    def holds(self, digest: bytes, slot: int) -> bool:
-        return self.slots.get(digest) == slot
+    def holds(self, snapshot: Snapshot) -> bool:
+        """Whether that snapshot is still in its slot (not evicted)."""
+        return self.slots.get(snapshot.digest) == snapshot.slot
 
     def store(self, digest: bytes) -> int | None:
         """The slot to copy the state ending at `digest` into (evicting the least recently used
@@ -58,10 +68,6 @@ class StateCache:
         self.slots[digest] = slot
         self.saves += 1
         return slot
-
-    def clear(self) -> None:
-        self.fresh = list(range(self.first + self.count - 1, self.first - 1, -1))
-        self.slots.clear()
 
 
 def checkpoints(num_prompt_tokens: int, start: int, shared: int, block_size: int) -> list[int]:

@@ -81,9 +81,9 @@ class MLXBackend:
         except (ValueError, OSError):
             return 4 << 30
 
-    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int) -> None:
         if self.cfg.recurrent:  # a recurrent-state slot per sequence a step may hold, then the snapshots
-            self.model.allocate_state(max(state_slots, max_num_seqs), self.dtype)
+            self.model.allocate_state(state_slots, self.dtype)
         kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = PagedKVPool(

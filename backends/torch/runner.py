@@ -184,9 +184,9 @@ class TorchBackend:
             return int(free)
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // self.world
 
-    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int) -> None:
         if self.workers:  # (tensor parallelism refuses models with recurrent state: no state slots there)
-            broadcast_command(self.tp, ("allocate", (num_blocks, block_size, max_num_seqs)), self.commands)
+            broadcast_command(self.tp, ("allocate", (num_blocks, block_size, max_num_seqs, state_slots)), self.commands)
         self._allocate_local(num_blocks, block_size, max_num_seqs, state_slots)
 
     def copy_state_slots(self, pairs: list[tuple[int, int]]) -> None:
@@ -195,7 +195,7 @@ class TorchBackend:
         for t in self.model.state_tensors():
             t[dst] = t[src]
 
-    def _allocate_local(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
+    def _allocate_local(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int) -> None:
         kvh, k_dim, v_dim, v_in_k = self.kv_layout
         self.block_size = block_size
         self.pool = TorchKVPool(
@@ -210,7 +210,7 @@ class TorchBackend:
             layer_shapes=None if self.local_cfg.kv_shapes is None else list(self.local_cfg.kv_shapes),
         )
         if self.cfg.recurrent:  # a recurrent-state slot per sequence a step may hold, then the snapshots
-            self.model.allocate_state(max(state_slots, max_num_seqs), self.dtype, self.device)
+            self.model.allocate_state(state_slots, self.dtype, self.device)
             if self.static_decode or self.options.compile_decode:
                 logger.info("decode steps run eagerly: this model's recurrent layers update a per-sequence state")
             self.static_decode = self.capture_graphs = False

@@ -47,7 +47,7 @@ class CountingBackend:
     def state_bytes_per_seq(self) -> int:
         return 0
 
-    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int = 0) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, max_num_seqs: int, state_slots: int) -> None:
         self.slots = np.full(num_blocks * block_size, -1, dtype=np.int64)  # token id held by each slot
 
     def copy_state_slots(self, pairs: list[tuple[int, int]]) -> None:

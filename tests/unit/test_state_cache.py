@@ -8,7 +8,7 @@ from lantern.app.engine import SamplingParams
 from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.scheduler import Scheduler, SchedulerConfig
 from lantern.app.engine.sequence import Sequence
-from lantern.app.engine.state_cache import StateCache, checkpoints
+from lantern.app.engine.state_cache import Snapshot, StateCache, checkpoints
 
 PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -21,7 +21,8 @@ def test_snapshot_slots_are_handed_out_lowest_first_and_evicted_least_recently_u
     assert cache.longest([b"x", b"b"]) == (0, None)
     assert cache.longest([b"a", b"x", b"c"]) == (3, 4)  # the longest prefix with a snapshot
     assert cache.longest([b"a"]) == (1, 3)  # a is now the most recent ...
-    assert cache.store(b"d") == 4 and not cache.holds(b"c", 4) and cache.holds(b"a", 3)  # ... so c goes
+    assert cache.store(b"d") == 4  # ... so c goes
+    assert not cache.holds(Snapshot(b"c", 4, 8)) and cache.holds(Snapshot(b"a", 3, 8))
     assert cache.saves == 4
 
 
