@@ -1,6 +1,6 @@
 """GGUF config builders of the families added after gemma / phi3 / glm4 / deepseek2 / gpt-oss / mistral3
 (gguf_config.py holds those, the metadata reader and the helpers used here): GLM-4.5, SmolLM3, Granite 3
-(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4 and Command R7B, each as llama.cpp's converter writes it; the
+(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B and Qwen3-VL, each as llama.cpp's converter writes it; the
 Mamba-2 hybrids' are in gguf_mamba_builders.py.
 """
 
@@ -298,6 +298,29 @@ def _gemma4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     return out
 
 
+def _qwen3vl(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-VL's language model (llama.cpp's Qwen3VLTextModel / Qwen3VLMoeTextModel: Qwen3's tensors
+    unpermuted and keys, plus n_deepstack_layers and the rope's dimension_sections, which are Qwen3's rope
+    for text); the MoE renormalises its top-k always (transformers' router, llama.cpp's graph)."""
+    if "blk.0.attn_q.bias" in tensors:
+        raise UnsupportedModelError(f"{meta.label}q/k/v biases in a {meta.arch} file are not implemented")
+    out: dict[str, Any] = {
+        "model_type": "qwen3_vl_text",
+        "head_dim": _head_dim(meta, cfg),
+        "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
+    }
+    if meta.arch == "qwen3vlmoe":
+        out.update(
+            model_type="qwen3_vl_moe_text",
+            num_experts=int(meta.need("expert_count")),
+            num_experts_per_tok=int(meta.need("expert_used_count")),
+            moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
+        )
+        if not cfg["intermediate_size"]:  # every layer a mixture: the dense width is never used
+            out["intermediate_size"] = out["moe_intermediate_size"]
+    return out
+
+
 def _turning_fraction(meta: _Meta, tensors: dict[str, Any], head_dim: int) -> float:
     """The share of the full layers' rope pairs that turn, from rope_freqs (1 = turns, 1e30 = still)."""
     t = tensors.get("rope_freqs.weight")
@@ -320,6 +343,8 @@ BUILDERS = {
     "qwen3next": _qwen3next,
     "qwen35": _qwen3next,
     "qwen35moe": _qwen3next,
+    "qwen3vl": _qwen3vl,
+    "qwen3vlmoe": _qwen3vl,
     "glm4moe": _glm4moe,
     "smollm3": _smollm3,
     "granite": _granite,

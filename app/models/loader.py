@@ -96,7 +96,22 @@ def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
     gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     spec = ModelSpec(name=name, config=config, weight_format="safetensors", weight_files=files, dtype=dtype)
-    return LoadedModel(spec, tokenizer, _collect_eos(config, tokenizer, gen_cfg), tokenizer.chat_template)
+    template = tokenizer.chat_template or _processor_chat_template(path)
+    return LoadedModel(spec, tokenizer, _collect_eos(config, tokenizer, gen_cfg), template)
+
+
+def _processor_chat_template(path: Path) -> str | None:
+    """The template a vision-language folder may keep only for its processor (chat_template.json: Qwen2.5-VL,
+    Qwen3-VL), which tokenizers do not read."""
+    file = path / "chat_template.json"
+    if not file.is_file():
+        return None
+    try:
+        template = json.loads(file.read_text()).get("chat_template")
+    except (ValueError, AttributeError):
+        logger.warning("%s is not a JSON object with a chat_template; ignored", file)
+        return None
+    return template if isinstance(template, str) else None
 
 
 def _load_gguf(path: Path, dtype: str) -> LoadedModel:

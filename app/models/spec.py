@@ -84,6 +84,10 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     },
     # LFM2: gated short-convolution layers (a conv state per sequence) among Llama-like attention layers.
     "lfm2": {"family": "lfm2", "configure": "family_lfm2", "defaults": {"intermediate_size": 12288, "rope_theta": 1e6}},
+    # Qwen3-VL's language model: Qwen3 (or Qwen3-MoE with fused experts) under a multimodal rope that is
+    # Qwen3's for text. "defaults": Qwen3VLTextConfig's rope base (default_theta).
+    "qwen3_vl_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": {"rope_theta": 500000.0}},
+    "qwen3_vl_moe_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": {"rope_theta": 500000.0}},
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)
@@ -120,6 +124,8 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_5": _text_config("family_qwen3_next"),
     "qwen3_5_moe": _text_config("family_qwen3_next"),
     "lfm2_vl": _text_config("family_lfm2"),
+    "qwen3_vl": _text_config("family_qwen3_vl"),
+    "qwen3_vl_moe": _text_config("family_qwen3_vl"),
 }
 
 
@@ -147,6 +153,10 @@ def _layer_windows(model_type: str, cfg: dict[str, Any], num_layers: int) -> lis
     if not window or not any(slides):
         return None  # llama has no sliding window in transformers either
     return [int(window) if s else None for s in slides]
+
+
+# Families with a configure module whose keys are otherwise Llama's, checked by _check_unimplemented too.
+_LLAMA_CHECKED = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text")
 
 
 def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
@@ -284,7 +294,7 @@ class ModelConfig:
         cfg = {**traits.get("defaults", {}), **cfg}
         if traits.get("prepare"):  # the configure module's prepare(cfg) states keys the others read
             cfg = importlib.import_module(f"lantern.app.models.{traits['configure']}").prepare(cfg)
-        if "configure" not in traits or model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        if "configure" not in traits or model_type in _LLAMA_CHECKED:
             _check_unimplemented(model_type, cfg)
         # Imported here: hf_formats raises this module's UnsupportedModelError (no import cycle).
         from lantern.app.models.quant.hf_formats import parse_quant_scheme

@@ -50,7 +50,12 @@ def iter_weights(
         )
     else:
         fused = spec.config.architecture != "gpt_oss"  # gpt-oss's fused experts: family_gptoss reads them
-        source = split_switch_mlp(_iter_safetensors(spec, framework, _text_name_map(spec)), fused)
+        source = _iter_safetensors(spec, framework, _text_name_map(spec))
+        if spec.config.architecture == "qwen3_vl_moe_text":  # Qwen's fused experts as transformers lays them out
+            from lantern.app.models.family_qwen3_vl import checkpoint_tensors as qwen3_vl_tensors
+
+            source = qwen3_vl_tensors(source, spec.config.hidden_size)
+        source = split_switch_mlp(source, fused)
         if spec.config.mla is not None:  # mlx_lm's DeepSeek-V3 conversions split kv_b_proj per head
             from lantern.app.models.family_deepseek import join_mla_heads
 
