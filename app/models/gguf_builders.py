@@ -1,7 +1,7 @@
 """GGUF config builders of the families added after gemma / phi3 / glm4 / deepseek2 / gpt-oss / mistral3
 (gguf_config.py holds those, the metadata reader and the helpers used here): GLM-4.5, SmolLM3, Granite 3
-(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B and Qwen3-VL, each as llama.cpp's converter writes it; the
-Mamba-2 hybrids' are in gguf_mamba_builders.py.
+(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B, Qwen3-VL and MiniMax-M2, each as llama.cpp's
+converter writes it; the Mamba-2 hybrids' are in gguf_mamba_builders.py.
 """
 
 from __future__ import annotations
@@ -321,6 +321,25 @@ def _qwen3vl(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     return out
 
 
+def _minimax_m2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """MiniMax-M2 (llama.cpp's MiniMaxM2Model): Llama's tensors unpermuted, the whole-projection q/k norms,
+    rope.dimension_count as rotary_dim, every layer's experts under a sigmoid router with its bias
+    (exp_probs_b), which llama.cpp's graph always renormalises."""
+    gating = meta.get("expert_gating_func")
+    if gating not in (None, 2):  # llama.cpp's ExpertGatingFuncType: 1 softmax, 2 sigmoid
+        raise UnsupportedModelError(f"{meta.label}{meta.arch}.expert_gating_func={gating}: only sigmoid (2) is")
+    head_dim = _head_dim(meta, cfg)
+    return {
+        "model_type": "minimax_m2",
+        "head_dim": head_dim,
+        "rotary_dim": int(meta.get("rope.dimension_count") or head_dim),
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg["rope_theta"]},
+        "num_local_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "intermediate_size": int(meta.get("expert_feed_forward_length") or cfg["intermediate_size"]),
+    }
+
+
 def _turning_fraction(meta: _Meta, tensors: dict[str, Any], head_dim: int) -> float:
     """The share of the full layers' rope pairs that turn, from rope_freqs (1 = turns, 1e30 = still)."""
     t = tensors.get("rope_freqs.weight")
@@ -345,6 +364,7 @@ BUILDERS = {
     "qwen35moe": _qwen3next,
     "qwen3vl": _qwen3vl,
     "qwen3vlmoe": _qwen3vl,
+    "minimax-m2": _minimax_m2,
     "glm4moe": _glm4moe,
     "smollm3": _smollm3,
     "granite": _granite,

@@ -52,7 +52,8 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
         heads = cfg.get("num_attention_heads")
         head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads if heads else 0)
         if (
-            model_type not in ("glm4", "glm4_moe", "phi3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+            model_type
+            not in ("glm4", "glm4_moe", "phi3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "minimax_m2")
             or not 0 < partial < 1
             or int(head_dim * partial) % 2
         ):

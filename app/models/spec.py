@@ -88,6 +88,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Qwen3's for text. "defaults": Qwen3VLTextConfig's rope base (default_theta).
     "qwen3_vl_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": {"rope_theta": 500000.0}},
     "qwen3_vl_moe_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": {"rope_theta": 500000.0}},
+    # MiniMax-M2 / M2.1: OLMo 2's whole-projection q/k norms, a partial rope, DeepSeek-V3's sigmoid router
+    # in every layer. "defaults" names the module whose DEFAULTS are MiniMaxM2Config's.
+    "minimax_m2": {
+        "family": "minimax_m2",
+        "configure": "family_minimax",
+        "own_rope": True,
+        "defaults": "family_minimax",
+    },
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)
@@ -291,7 +299,10 @@ class ModelConfig:
                 f"supported: {', '.join(sorted(ARCHITECTURES))}"
             )
         traits = ARCHITECTURES[model_type]
-        cfg = {**traits.get("defaults", {}), **cfg}
+        defaults = traits.get("defaults", {})
+        if isinstance(defaults, str):  # a configure module's DEFAULTS
+            defaults = importlib.import_module(f"lantern.app.models.{defaults}").DEFAULTS
+        cfg = {**defaults, **cfg}
         if traits.get("prepare"):  # the configure module's prepare(cfg) states keys the others read
             cfg = importlib.import_module(f"lantern.app.models.{traits['configure']}").prepare(cfg)
         if "configure" not in traits or model_type in _LLAMA_CHECKED:

@@ -201,6 +201,10 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_bert import bert_weight_name
 
         return bert_weight_name
+    if spec.config.architecture == "minimax_m2":  # the router's bias beside the router
+        from lantern.app.models.family_minimax import checkpoint_name as minimax_name
+
+        return lambda name: minimax_name(_backbone_name(name))
     if spec.config.architecture == "granitemoe":  # its fused experts and router under the models' names
         from lantern.app.models.family_granite import granitemoe_name
 

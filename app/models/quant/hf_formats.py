@@ -258,7 +258,7 @@ def _parse_fbgemm_fp8(q: dict[str, Any]) -> QuantScheme:
 
 def _parse_fp8(q: dict[str, Any]) -> QuantScheme:
     fmt = str(q.get("fmt", "e4m3")).lower()
-    if fmt != "e4m3":
+    if fmt not in ("e4m3", "float8_e4m3fn"):  # (MiniMax-M2's config names torch's dtype)
         raise _refuse("quantization_config.fmt", fmt, " for fp8")
     scheme = str(q.get("activation_scheme", "dynamic")).lower()
     if scheme not in ("dynamic", "static"):

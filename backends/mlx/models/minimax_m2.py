@@ -1,0 +1,20 @@
+"""MiniMax-M2 decoder for MLX over a flattened token batch (maths in app/models/family_minimax.py; the torch
+file has the same layout): Llama's decoder layer with OLMo 2's whole-projection q/k norms before a partial
+rope (models/olmo.OlmoAttention), every MLP DeepSeek-V3's sigmoid-routed experts (models/deepseek.DeepSeekMoE).
+"""
+
+from __future__ import annotations
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.mlx.models import llama
+from lantern.backends.mlx.models.deepseek import DeepSeekMoE
+from lantern.backends.mlx.models.olmo import OlmoAttention
+
+
+class DecoderLayer(llama.DecoderLayer):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__(cfg, layer_idx, attn=OlmoAttention(cfg, layer_idx), mlp=DeepSeekMoE(cfg))
+
+
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer
