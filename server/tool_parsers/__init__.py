@@ -10,6 +10,7 @@ from lantern.server.tool_parsers.glm import GlmParser
 from lantern.server.tool_parsers.harmony import HarmonyParser
 from lantern.server.tool_parsers.hermes import HermesParser
 from lantern.server.tool_parsers.llama3_json import Llama3JsonParser
+from lantern.server.tool_parsers.minimax import MiniMaxParser
 from lantern.server.tool_parsers.mistral import MistralParser
 from lantern.server.tool_parsers.pythonic import PythonicParser
 from lantern.server.tool_parsers.qwen3_coder import Qwen3CoderParser
@@ -25,12 +26,13 @@ PARSERS: dict[str, type[ToolParser]] = {
         HarmonyParser,
         GlmParser,
         Gemma4Parser,
+        MiniMaxParser,
     )
 }
 # Other names people use for the same formats (vLLM's among them).
 ALIASES = {"qwen": "hermes", "qwen2_5": "hermes", "qwen3": "hermes", "llama3": "llama3_json", "llama": "llama3_json"}
 ALIASES |= {"qwen3_xml": "qwen3_coder", "llama4_pythonic": "pythonic", "openai": "harmony", "gpt_oss": "harmony"}
-ALIASES |= {"glm47": "glm45", "glm4_moe": "glm45", "glm": "glm45"}
+ALIASES |= {"glm47": "glm45", "glm4_moe": "glm45", "glm": "glm45", "minimax": "minimax_m2", "minimax-m2": "minimax_m2"}
 CHOICES = sorted([*PARSERS, *ALIASES, "none"])
 
 
@@ -46,6 +48,8 @@ def detect(template: str | None) -> type[ToolParser] | None:
     t = template or ""
     if harmony.detect(t):
         return HarmonyParser  # gpt-oss: the whole reply is harmony messages, calls included
+    if "<minimax:tool_call>" in t:
+        return MiniMaxParser  # MiniMax-M2: <invoke> / <parameter> tags inside one block per turn
     if "<|tool_call>" in t and "call:" in t:
         return Gemma4Parser  # Gemma 4's own notation inside <|tool_call>...<tool_call|>
     if "<arg_key>" in t and "<arg_value>" in t:

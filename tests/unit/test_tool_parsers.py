@@ -50,6 +50,7 @@ TOOLS = [WEATHER, NOTE, PING]
 OPENAI_TOOLS = [{"type": "function", "function": t} for t in TOOLS]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 FORMATS = ["hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral", "mistral_v11", "glm45", "glm47", "gemma4"]
+FORMATS += ["minimax_m2"]
 
 
 def call(name: str, args: dict, i: int = 0) -> dict:
@@ -146,6 +147,12 @@ MALFORMED = {
     "pythonic": ["[1, 2, 3]", "[get_weather(x + 1)]", "[open('f').read()]", "[unfinished(city='Par"],
     "mistral": ["Hi [TOOL_CALLS] some text", '[TOOL_CALLS] [{"nam": 1}]', "[TOOL_CALLS]bad name[ARGS]{}"],
     "glm45": ["<tool_call>not a name</tool_call>", 'x <tool_call>\n{"name": "p"}\n</tool_call>', "<tool_call>get_wea"],
+    "minimax_m2": [
+        "<minimax:tool_call>\nhello</minimax:tool_call>",
+        'See <minimax:tool_call><invoke name="bad name">',
+        "<minimax:tool_call>\n<inv",
+        '<minimax:tool_call>{"name": "ping"}</minimax:tool_call>',
+    ],
 }
 
 
@@ -208,12 +215,40 @@ def test_glm_missing_end_tags_end_at_the_next_tag_at_every_split(text, calls):
         assert run(PARSERS["glm45"], "", [text[:i], text[i:]])[:2] == ("", calls), i
 
 
+MINIMAX_SLOPPY = [  # (text, calls): end tags a model left out; each value and call still ends at the next tag
+    (
+        '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Oslo\n<parameter name="days">2'
+        '</parameter>\n<invoke name="ping">\n</minimax:tool_call>',
+        [("get_weather", {"city": "Oslo", "days": 2}), ("ping", {})],
+    ),
+    (  # one call per block, two blocks; text after the last block's end is content
+        '<minimax:tool_call><invoke name="ping"></invoke></minimax:tool_call>\n<minimax:tool_call>'
+        "<invoke name='save_note'><parameter name='tags'>[\"a\"]</parameter><parameter name='text'>7</parameter>"
+        "</invoke></minimax:tool_call>",
+        [("ping", {}), ("save_note", {"tags": ["a"], "text": "7"})],
+    ),
+]
+
+
+@pytest.mark.parametrize("text, calls", MINIMAX_SLOPPY)
+def test_minimax_missing_end_tags_end_at_the_next_tag_at_every_split(text, calls):
+    for i in range(len(text) + 1):
+        assert run(PARSERS["minimax_m2"], "", [text[:i], text[i:]])[:2] == ("", calls), i
+
+
+def test_minimax_stray_markup_in_a_block_after_a_call_ends_it():
+    """After a call, markup that is no <invoke> ends the block; what follows the block is content again."""
+    text = '<minimax:tool_call>\n<invoke name="ping">\n</invoke>\noops\n</minimax:tool_call>\nDone.'
+    for i in range(len(text) + 1):
+        assert run(PARSERS["minimax_m2"], "", [text[:i], text[i:]])[:2] == ("Done.", [("ping", {})]), i
+
+
 def test_glm_json_in_tool_call_is_no_call():
     text = '<tool_call>{"name":"ping"}</tool_call>'
     assert run(PARSERS["glm45"], "", [text])[:2] == (text, [])
 
 
-@pytest.mark.parametrize("fmt", ["glm45", "glm47", "qwen3_coder"])
+@pytest.mark.parametrize("fmt", ["glm45", "glm47", "qwen3_coder", "minimax_m2"])
 def test_raw_string_formats_force_nullable_strings_raw(tok, fmt):
     """A string-or-null parameter is written raw by these templates (a string's text, or null's JSON):
     the forcing grammar takes that text, and the parser reads it back as the string."""
@@ -247,7 +282,8 @@ def test_glm_types_values_by_schema_and_tolerates_a_missing_value_end():
 
 def test_registry_names_and_aliases():
     formats = ("hermes", "qwen3_coder", "llama3_json", "mistral", "mistral_v11", "glm45", "glm47", "gemma4")
-    names = {"hermes", "qwen3_coder", "llama3_json", "mistral", "glm45", "gemma4"}
+    formats += ("minimax_m2",)
+    names = {"hermes", "qwen3_coder", "llama3_json", "mistral", "glm45", "gemma4", "minimax_m2"}
     assert {detect(TEMPLATES[f]).name for f in formats} == names
     assert detect(TEMPLATES["pythonic"]) is None and detect("{{ messages }}") is None  # needs the flag
     assert parser_named("none") is None and parser_named("pythonic").name == "pythonic"
@@ -352,8 +388,10 @@ def test_sampled_forced_calls_parse_with_valid_arguments(tok, fmt):
     rng = random.Random(fmt)
     cls, template = parser_for(fmt)
     # Free-text string values written raw end only when a model chooses to: enum strings here.
-    tools = [WEATHER, PING] if fmt in ("qwen3_coder", "glm45", "glm47", "gemma4") else TOOLS
-    grammar = grammar_for(tok, fmt, tools)
+    tools = [WEATHER, PING] if fmt in ("qwen3_coder", "glm45", "glm47", "gemma4", "minimax_m2") else TOOLS
+    # MiniMax's calls share one block: a sampler uniform over tokens rarely picks its end over another call
+    # (the parallel grammar is checked on rendered replies above), so single calls are sampled.
+    grammar = grammar_for(tok, fmt, tools, parallel=fmt != "minimax_m2")
     schemas = {t["name"]: t.get("parameters", {"type": "object", "maxProperties": 0}) for t in tools}
     for _ in range(6):
         text = sample(tok, grammar, rng)
