@@ -56,6 +56,7 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     },
     "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
     "minimax-m2": {"exp_probs_b": "mlp.gate.e_score_correction"},  # .bias -> e_score_correction_bias
+    "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (the pre-MLP norm, Llama's ffn_norm)
     "exaone4": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
     # the pre-MLP norm; the sinks are a bare parameter in HF (gguf_names.hf_name drops ".weight")
     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},

@@ -1,6 +1,6 @@
 """GGUF config builders of the families added after gemma / phi3 / glm4 / deepseek2 / gpt-oss / mistral3
 (gguf_config.py holds those, the metadata reader and the helpers used here): GLM-4.5, SmolLM3, Granite 3
-(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B, Qwen3-VL and MiniMax-M2, each as llama.cpp's
+(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B, Qwen3-VL, MiniMax-M2 and Seed-OSS, each as llama.cpp's
 converter writes it; the Mamba-2 hybrids' are in gguf_mamba_builders.py.
 """
 
@@ -340,6 +340,17 @@ def _minimax_m2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
     }
 
 
+def _seed_oss(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Seed-OSS (llama.cpp's SeedOssModel, a plain TextModel: q/k unpermuted); biases where their tensors are."""
+    return {
+        "model_type": "seed_oss",
+        "head_dim": _head_dim(meta, cfg),
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "attention_out_bias": "blk.0.attn_output.bias" in tensors,  # refused by spec (an o_proj bias)
+        "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
+    }
+
+
 def _turning_fraction(meta: _Meta, tensors: dict[str, Any], head_dim: int) -> float:
     """The share of the full layers' rope pairs that turn, from rope_freqs (1 = turns, 1e30 = still)."""
     t = tensors.get("rope_freqs.weight")
@@ -365,6 +376,7 @@ BUILDERS = {
     "qwen3vl": _qwen3vl,
     "qwen3vlmoe": _qwen3vl,
     "minimax-m2": _minimax_m2,
+    "seed_oss": _seed_oss,
     "glm4moe": _glm4moe,
     "smollm3": _smollm3,
     "granite": _granite,

@@ -25,6 +25,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
     # loading: weight_stream.split_fused); partial rotary (Phi-4-mini) and LongRoPE (the 128k variants).
     "phi3": {},
+    # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's
+    # defaults for the keys a config.json may omit.
+    "seed_oss": {"attention_bias": True, "defaults": {"head_dim": 128, "max_position_embeddings": 524288}},
     # Other families: "family" names the model file both backends build (backends/*/models/),
     # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys.
     "gemma2": {"family": "gemma", "configure": "family_gemma"},
@@ -175,6 +178,8 @@ def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
         raise _refuse("hidden_act", act, "; Lantern's MLP is SiLU-gated")
     if cfg.get("mlp_bias"):
         raise _refuse("mlp_bias", cfg["mlp_bias"], " (biases on the MLP projections)")
+    if model_type == "seed_oss" and cfg.get("attention_out_bias"):
+        raise _refuse("attention_out_bias", cfg["attention_out_bias"], " (a bias on o_proj)")
     if model_type in ("llama", "qwen3") and cfg.get("attention_bias"):
         raise _refuse("attention_bias", cfg["attention_bias"], " (the o_proj bias it adds)")
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):

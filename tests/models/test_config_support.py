@@ -132,6 +132,7 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
         ("llama", {"mlp_bias": True}, "mlp_bias=true"),
         ("llama", {"attention_bias": True}, "attention_bias=true"),  # adds an o_proj bias Lantern lacks
         ("qwen3", {"attention_bias": True}, "attention_bias=true"),
+        ("seed_oss", {"attention_out_bias": True}, "attention_out_bias=true"),
         ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu"'),
         (
             "qwen2",
@@ -185,6 +186,8 @@ def test_unimplemented_maths_is_refused_in_one_line_naming_the_key(model_type, e
         ("mistral", {"attention_bias": True}),
         ("qwen2", {}),
         ("qwen3", {"head_dim": 32}),
+        ("seed_oss", {"head_dim": 16}),  # q/k/v biases by default, none on o_proj
+        ("seed_oss", {"head_dim": 16, "attention_bias": False}),
         ("llama", {"hidden_act": "silu", "pretraining_tp": 2}),
         (
             "llama",

@@ -56,6 +56,7 @@ FILES = {
     "qwen2_moe": ("qwen2_moe", {}, "f16", {}),
     "qwen3_moe": ("qwen3_moe", {"mlp_only_layers": []}, "f32", {}),  # llama.cpp's qwen3moe: every layer sparse
     "qwen3": ("qwen3", {}, "f16", {}),  # head_dim 32 != hidden / heads: transformers' reader drops it
+    "seed_oss": ("seed_oss", {}, "f16", {}),  # q/k/v biases, head_dim 32
 }
 
 
