@@ -124,6 +124,7 @@ class DeepSeekMoEConfig(MoEConfig):
     # router weight and bias held in float32 whatever the model dtype (transformers' _keep_in_fp32_modules_strict:
     # a bias near 7 in bfloat16 is off by 0.03, enough to change most choices); Mistral 4 keeps none
     router_fp32: bool = True
+    norm_eps: float = 1e-20  # added to the top-k sum before renormalising (LFM2-MoE: 1e-6)
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Sparse from first_k_dense_replace on, except MoEConfig.dense_layers (glm4_moe_lite's mlp_layer_types)."""

@@ -58,7 +58,7 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    if model_type != "lfm2":
+    if model_type not in ("lfm2", "lfm2_moe"):
         raise UnsupportedModelError(f"{model_type!r} is not an LFM2 model")
     layers = fields["num_layers"]
     types = cfg.get("layer_types")
@@ -75,9 +75,12 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise _refuse("conv_L_cache", conv.kernel, " (must be at least 2)")
     if all(conv.conv_layers):
         raise _refuse("layer_types", types, " (no full_attention layer at all)")
+    moe = _experts(cfg, layers) if model_type == "lfm2_moe" else None
     return {
         "short_conv": conv if any(conv.conv_layers) else None,  # every layer attends: a plain decoder
-        "intermediate_size": mlp_width(cfg),
+        # (LFM2-MoE's dense MLPs are as wide as stated: Lfm2MoeMLP adjusts nothing)
+        "intermediate_size": int(cfg["intermediate_size"]) if model_type == "lfm2_moe" else mlp_width(cfg),
+        "moe": moe,
         "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)),
         "qk_norm": True,
         "attention_bias": False,
@@ -86,13 +89,46 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     }
 
 
+def _experts(cfg: dict[str, Any], layers: int) -> Any:
+    """LFM2-MoE's experts past the first num_dense_layers: a sigmoid router whose choice adds expert_bias
+    (use_expert_bias), the chosen scores renormalised with 1e-6 in the sum (norm_topk_prob) and scaled by
+    routed_scaling_factor, cast to the model dtype (Lfm2MoeTopKRouter) - DeepSeek-V3's router without groups."""
+    from lantern.app.models.family_deepseek import DeepSeekMoEConfig
+
+    experts, top_k = int(cfg.get("num_experts", 32)), int(cfg.get("num_experts_per_tok", 4))
+    if not 1 <= top_k <= experts:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
+    dense = int(cfg.get("num_dense_layers", 2))
+    if dense >= layers:
+        return None  # every layer a dense MLP
+    return DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=int(cfg.get("moe_intermediate_size", 1792)),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        scoring="sigmoid",
+        topk_method="noaux_tc",  # one group: the top-k of the (biased) scores
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        first_dense=dense,
+        correction_bias=bool(cfg.get("use_expert_bias", True)),
+        norm_eps=1e-6,
+    )
+
+
 _RENAMES = (
     (re.compile(r"\.self_attn\.out_proj\."), ".self_attn.o_proj."),
     (re.compile(r"\.self_attn\.q_layernorm\."), ".self_attn.q_norm."),
     (re.compile(r"\.self_attn\.k_layernorm\."), ".self_attn.k_norm."),
+    # LFM2-MoE's experts, router and its bias
+    (re.compile(r"\.feed_forward\.experts\.(\d+)\.w1\."), r".mlp.experts.\1.gate_proj."),
+    (re.compile(r"\.feed_forward\.experts\.(\d+)\.w3\."), r".mlp.experts.\1.up_proj."),
+    (re.compile(r"\.feed_forward\.experts\.(\d+)\.w2\."), r".mlp.experts.\1.down_proj."),
+    (re.compile(r"\.feed_forward\.expert_bias$"), ".mlp.gate.e_score_correction_bias"),
     (re.compile(r"\.feed_forward\.w1\."), ".mlp.gate_proj."),
     (re.compile(r"\.feed_forward\.w3\."), ".mlp.up_proj."),
     (re.compile(r"\.feed_forward\.w2\."), ".mlp.down_proj."),
+    # the router, mlx_lm's switch_mlp and its gate/up/down_proj names for w1/w3/w2
+    (re.compile(r"\.feed_forward\."), ".mlp."),
     (re.compile(r"\.operator_norm\."), ".input_layernorm."),
     (re.compile(r"\.ffn_norm\."), ".post_attention_layernorm."),
     (re.compile(r"^model\.embedding_norm\."), "model.norm."),

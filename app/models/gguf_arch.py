@@ -79,6 +79,8 @@ _QWEN3NEXT = {
 ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _QWEN3NEXT})
 # LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
 ARCH_LAYER["lfm2"] = {f"shortconv.{t}": f"conv.{t}" for t in ("conv", "in_proj", "out_proj")}
+# LFM2-MoE: the same, and its router's bias (.bias -> e_score_correction_bias)
+ARCH_LAYER["lfm2moe"] = {**ARCH_LAYER["lfm2"], "exp_probs_b": "mlp.gate.e_score_correction"}
 # Granite 4.0-H (llama.cpp's GraniteHybridModel): the Mamba-2 mixer's tensors (family_mamba2.gguf_tensors
 # undoes their shapes; ssm_a and ssm_d have no suffix: hf_name maps them bare), the dense shared_mlp written
 # as ffn_gate / ffn_up / ffn_down, or as the _shexp tensors beside routed experts.
@@ -129,6 +131,7 @@ ARCH_LAYER["gemma4"] = {
 # (embedding_norm, applied after the last layer), not an embedding LayerNorm.
 ARCH_GLOBAL: dict[str, dict[str, str]] = {
     "lfm2": {"token_embd_norm": "model.norm"},
+    "lfm2moe": {"token_embd_norm": "model.norm"},
     "gemma4": {
         "per_layer_token_embd": "model.embed_tokens_per_layer",
         "per_layer_model_proj": "model.per_layer_model_projection",

@@ -221,12 +221,28 @@ def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
 
 def _lfm2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """LFM2 (llama.cpp's LFM2Model: no q/k permutation): a layer without KV heads is a short-conv layer,
-    shortconv.l_cache its kernel, feed_forward_length the MLP's width already adjusted."""
+    shortconv.l_cache its kernel, feed_forward_length the MLP's width already adjusted; LFM2-MoE's expert
+    keys (LFM2MoeModel)."""
     for key, value in (("attention.sliding_window", None), ("attention.causal", True)):
         if meta.get(key, value) != value:  # LFM2.5's audio tokenizer / the bidirectional embedding models
             raise UnsupportedModelError(f"{meta.label}{meta.arch}.{key}={meta.get(key)} is not implemented for lfm2")
     kv = meta.get("attention.head_count_kv")
     kinds = ["conv" if not h else "full_attention" for h in kv] if isinstance(kv, (list, tuple)) else None
+    moe: dict[str, Any] = {}
+    if meta.arch == "lfm2moe":  # llama.cpp's LFM2MoeModel: a sigmoid router, the top-k renormalised
+        gating = meta.get("expert_gating_func")
+        if gating not in (None, 2):
+            raise UnsupportedModelError(f"{meta.label}{meta.arch}.expert_gating_func={gating}: only sigmoid (2) is")
+        moe = {
+            "model_type": "lfm2_moe",
+            "num_experts": int(meta.need("expert_count")),
+            "num_experts_per_tok": int(meta.need("expert_used_count")),
+            "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
+            "num_dense_layers": int(meta.get("leading_dense_block_count") or 0),
+            "use_expert_bias": any(n.endswith("exp_probs_b.bias") for n in tensors),
+            "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
+            "norm_topk_prob": True,
+        }
     return {
         "model_type": "lfm2",
         "head_dim": _head_dim(meta, cfg),
@@ -235,6 +251,7 @@ def _lfm2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
         "conv_bias": any(n.endswith("shortconv.in_proj.bias") for n in tensors),
         "block_auto_adjust_ff_dim": False,
         "norm_eps": cfg["rms_norm_eps"],
+        **moe,
     }
 
 
@@ -370,6 +387,7 @@ def _turning_fraction(meta: _Meta, tensors: dict[str, Any], head_dim: int) -> fl
 BUILDERS = {
     "gemma4": _gemma4,
     "lfm2": _lfm2,
+    "lfm2moe": _lfm2,
     "qwen3next": _qwen3next,
     "qwen35": _qwen3next,
     "qwen35moe": _qwen3next,

@@ -87,6 +87,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     },
     # LFM2: gated short-convolution layers (a conv state per sequence) among Llama-like attention layers.
     "lfm2": {"family": "lfm2", "configure": "family_lfm2", "defaults": {"intermediate_size": 12288, "rope_theta": 1e6}},
+    # LFM2-MoE (LFM2-8B-A1B): the same layers, sigmoid-routed experts past the first num_dense_layers.
+    "lfm2_moe": {
+        "family": "lfm2",
+        "configure": "family_lfm2",
+        "defaults": {"intermediate_size": 7168, "rope_theta": 1e6, "max_position_embeddings": 128000},
+    },
     # Qwen3-VL's language model: Qwen3 (or Qwen3-MoE with fused experts) under a multimodal rope that is
     # Qwen3's for text. "defaults": Qwen3VLTextConfig's rope base (default_theta).
     "qwen3_vl_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": {"rope_theta": 500000.0}},

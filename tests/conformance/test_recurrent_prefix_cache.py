@@ -54,7 +54,7 @@ def _cached_tokens(llm: LLM, prompt: list[int], **add) -> int:
     return final.num_cached_tokens
 
 
-@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "lfm2", "granite_hybrid", "nemotron_h"])
+@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "lfm2", "lfm2_moe", "granite_hybrid", "nemotron_h"])
 def test_a_follow_up_turn_starts_from_the_snapshot_and_matches_transformers(tiny_model_dir, backend, variant):
     """Turn 2 = turn 1's prompt + its reply + a new message: its state is restored at turn 1's last block
     boundary (28 of 30 tokens) and everything after it equals transformers over the whole prompt."""

@@ -159,3 +159,59 @@ def test_lfm2_vl_folder_serves_its_language_model(float_folder, tmp_path, backen
     ours = LLM(str(tmp_path), backend=backend, dtype="float32", num_kv_blocks=64).generate([PROMPT], params)
     plain = LLM(str(float_folder), backend=backend, dtype="float32", num_kv_blocks=64).generate([PROMPT], params)
     assert ours[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+
+
+# ---- LFM2-MoE (LFM2-8B-A1B): its logits and state through batching run in tests/conformance (lfm2_moe) -----
+def test_moe_config_matches_transformers():
+    from transformers import AutoConfig, Lfm2MoeForCausalLM
+
+    ref = AutoConfig.for_model(
+        "lfm2_moe", **SMALL, num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2, intermediate_size=96,
+        moe_intermediate_size=32, num_dense_layers=2, num_experts=6, num_experts_per_tok=3, use_expert_bias=False,
+    )  # fmt: skip
+    cfg = ModelConfig.from_hf(ref.to_dict())
+    model = Lfm2MoeForCausalLM(ref)
+    sparse = [hasattr(layer.feed_forward, "experts") for layer in model.model.layers]
+    assert [cfg.moe.is_sparse(i) for i in range(4)] == sparse == [False, False, True, True]
+    assert cfg.intermediate_size == model.model.layers[0].feed_forward.w1.out_features  # not adjusted
+    assert cfg.moe.intermediate_size == model.model.layers[2].feed_forward.experts.down_proj.shape[-1]
+    assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.correction_bias, cfg.moe.scoring) == (6, 3, False, "sigmoid")
+    assert cfg.moe.norm_topk_prob and cfg.moe.norm_eps == 1e-6 and cfg.tie_word_embeddings
+    with pytest.raises(UnsupportedModelError, match="num_experts_per_tok"):
+        ModelConfig.from_hf({**ref.to_dict(), "num_experts_per_tok": 7})
+
+
+def test_moe_gguf_as_llama_cpp_writes_it(tiny_model_dir, tmp_path, monkeypatch, backend):
+    """LFM2MoeModel's keys and merged experts, the router's bias as exp_probs_b; the metadata gives the config."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.fixtures.gguf_lfm2 import convert_lfm2
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    src = Path(tiny_model_dir("lfm2_moe"))
+    path = convert_lfm2(src, tmp_path)
+    assert resolve_model(str(path)).spec.config == ModelConfig.from_hf(json.loads((src / "config.json").read_text()))
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+        assert_matches_reference(llm, ref, PROMPT, steps=12)
+    finally:
+        llm.engine.shutdown()
+
+
+def test_moe_mlx_lm_folder_equals_the_original_model(tmp_path, backend):
+    """mlx_lm's LFM2-MoE folder (mlx-community's LFM2-8B-A1B kind): experts stacked as switch_mlp, w1/w3/w2 as
+    gate/up/down_proj; read back in float, the model is the original."""
+    pytest.importorskip("mlx_lm")
+    from transformers import AutoModelForCausalLM
+
+    from tests.fixtures.mlx_lm_folders import convert
+    from tests.fixtures.tiny_hybrid_variants import HYBRID_VARIANTS
+
+    folder, _ = convert("lfm2_moe", tmp_path, mode=None, **HYBRID_VARIANTS["lfm2_moe"][1])
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        ref = AutoModelForCausalLM.from_pretrained(folder.parent / "lfm2_moe-float", dtype=torch.float32).eval()
+        assert_matches_reference(llm, ref, PROMPT, steps=8)
+    finally:
+        llm.engine.shutdown()

@@ -51,6 +51,11 @@ CASES = {
         {"mode": "affine", "mamba_head_dim": 32, "moe_shared_expert_intermediate_size": 64},
     ),
     "olmo3-4bit": ("olmo3", {"mode": "affine"}),  # q/k norms over whole projections, sliding layers
+    # block_sparse_moe.switch_mlp, the bias beside the gate (mlx_lm reads the released shared_intermediate_size)
+    "minimax_m2-4bit": ("minimax_m2", {"mode": "affine", "shared_intermediate_size": 0}),
+    "seed_oss-4bit": ("seed_oss", {"mode": "affine"}),  # q/k/v biases
+    # LFM2-MoE (LFM2-8B-A1B-4bit's layout): feed_forward.switch_mlp, gate_proj/up/down for w1/w3/w2, expert_bias
+    "lfm2_moe-4bit": ("lfm2_moe", {"mode": "affine", "intermediate_size": 128, "moe_intermediate_size": 64}),
     "cohere2-4bit": ("cohere2", {"mode": "affine", "tie_word_embeddings": True}),  # parallel block, NoPE globals
     # per-head q/k norms, NoPE global layers; the pattern as EXAONE's configs state it (mlx_lm reads it)
     "exaone4-4bit": (

@@ -171,7 +171,7 @@ class DeepSeekMoE(nn.Module):
             ids = _top_k(choice, moe.top_k)
             weights = mx.take_along_axis(scores, ids, axis=-1)
             if moe.norm_topk_prob:
-                weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+                weights = weights / (weights.sum(axis=-1, keepdims=True) + moe.norm_eps)
         else:  # V2
             if moe.topk_method == "group_limited_greedy":
                 group_scores = scores.reshape(t, g, e // g).max(axis=-1)

@@ -12,6 +12,7 @@ from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx import gated_delta
 from lantern.backends.mlx.layers import MLP, Attention
 from lantern.backends.mlx.models import llama
+from lantern.backends.mlx.models.deepseek import DeepSeekMoE
 from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 
@@ -69,7 +70,8 @@ class DecoderLayer(nn.Module):
             self.conv = ShortConv(cfg, sum(kinds[:layer_idx]))
         else:  # layer_idx: its K/V's place in the pool (attention layers only)
             self.self_attn = Attention(cfg, layer_idx - sum(kinds[:layer_idx]))
-        self.mlp = MLP(cfg)
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)  # LFM2-MoE: layers past the dense ones
+        self.mlp = DeepSeekMoE(cfg) if sparse else MLP(cfg)
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 

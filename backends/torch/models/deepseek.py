@@ -153,7 +153,7 @@ class DeepSeekMoE(SparseMoE):
             ids = choice.topk(moe.top_k, dim=-1).indices
             weights = scores.gather(1, ids)
             if moe.norm_topk_prob:
-                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + moe.norm_eps)
         else:  # V2
             if moe.topk_method == "group_limited_greedy":
                 group_scores = scores.view(t, g, e // g).amax(dim=-1)

@@ -14,6 +14,7 @@ from lantern.backends.torch import gated_delta
 from lantern.backends.torch.attention import TorchAttentionMetadata, lazy_zeros
 from lantern.backends.torch.layers import MLP, Attention, RMSNorm
 from lantern.backends.torch.models import llama
+from lantern.backends.torch.models.deepseek import DeepSeekMoE
 from lantern.backends.torch.parallel import TPGroup
 
 
@@ -62,7 +63,8 @@ class DecoderLayer(nn.Module):
             self.conv = ShortConv(cfg, sum(kinds[:layer_idx]))
         else:  # layer_idx: its K/V's place in the pool (attention layers only)
             self.self_attn = Attention(cfg, layer_idx - sum(kinds[:layer_idx]), tp)
-        self.mlp = MLP(cfg, tp)
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)  # LFM2-MoE: layers past the dense ones
+        self.mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
