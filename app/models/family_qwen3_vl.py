@@ -46,9 +46,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     rope = _without_mrope(cfg.get("rope_parameters"))
     max_pos = fields["max_position_embeddings"]
     out: dict[str, Any] = {"qk_norm": True, "rope_scaling": rope_scaling(plain, rope, max_pos)}
-    if model_type == "qwen3_vl_moe_text":
-        if cfg.get("norm_topk_prob") is False:
-            raise _refuse("norm_topk_prob", False, " for qwen3_vl_moe (its router always renormalises)")
+    if model_type == "qwen3_vl_moe_text":  # (its router renormalises whatever a norm_topk_prob key says)
         out.update(family_moe.configure("qwen3_moe", {**cfg, "norm_topk_prob": True}, fields))
     return out
 

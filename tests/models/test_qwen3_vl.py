@@ -206,7 +206,6 @@ def test_configs_are_qwen3s():
     "extra, key",
     [
         ({"attention_bias": True}, "attention_bias"),
-        ({"num_experts": 6, "moe_intermediate_size": 8, "norm_topk_prob": False}, "norm_topk_prob"),
         ({"rope_parameters": {**MROPE, "rope_type": "longrope"}}, "rope_type"),
     ],
 )
@@ -231,3 +230,33 @@ def test_a_template_kept_for_the_processor_is_the_models(folders, tmp_path):
         assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     finally:
         llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe-shipped"])
+def test_mlx_lm_4bit_folder_computes_what_mlx_lm_computes(kind, backend, folders, tmp_path):
+    """mlx_lm's own conversion of a Qwen3-VL folder (mlx-community's *-4bit kind: language_model.model.* names,
+    the MoE's experts split from Qwen's stored layout into switch_mlp): Lantern computes what mlx_lm computes."""
+    pytest.importorskip("mlx_lm")
+    from mlx_lm.utils import load, quantize_model, save
+
+    from tests.fixtures.teacher_forcing import mlx_lm_error
+
+    src = shutil.copytree(folders[kind], tmp_path / "released")
+    cfg = json.loads((src / "config.json").read_text())
+    text = cfg["text_config"]  # the keys Qwen's released configs state, which mlx_lm reads
+    rope = text.pop("rope_parameters")
+    text.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope, tie_word_embeddings=False)
+    if "num_local_experts" in text:
+        text.update(num_experts=text["num_local_experts"], norm_topk_prob=True)
+    (src / "config.json").write_text(json.dumps(cfg))
+    model, tokenizer, config = load(str(src), return_config=True, lazy=True)
+    model, config = quantize_model(model, config, 32, 4, mode="affine")
+    out = tmp_path / "mlx-4bit"
+    save(out, str(src), model, tokenizer, config)
+    llm = LLM(str(out), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        assert llm.engine.model_config.multimodal_wrapper is not None
+        worst, scale = mlx_lm_error(llm, out, PROMPT, [5, 17, 42, 99, 7, 3])
+    finally:
+        llm.engine.shutdown()
+    assert worst < (2e-3 if backend == "mlx" else 2e-2) * scale  # torch: activations in bf16 in its int4 kernel
