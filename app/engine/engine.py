@@ -285,18 +285,20 @@ class LLMEngine:
     def _run_alone(self, item: ScheduledSeq) -> list[RequestOutput]:
         """A failed step's sequence on its own. A recurrent state may have been advanced by the failed
         forward pass part way (layer by layer), so such a sequence is recomputed from position 0, chunk
-        by chunk, instead (its KV blocks are rewritten with the same values), or from the snapshot it
-        started from while the prefix cache still holds that."""
+        by chunk, instead (its KV blocks are rewritten with the same values), or from the furthest snapshot
+        of it the prefix cache still holds: its own decode snapshot, else the one it started from."""
         if not self.model_config.recurrent:
             one = SchedulerOutput(scheduled=[item])
             return self._process(one, *self._execute(one))
         seq, outputs = item.seq, []
         end = seq.num_computed_tokens + item.num_new_tokens
         seq.num_computed_tokens = 0
-        states, snap = self.scheduler.states, seq.state_restore
-        if snap is not None and states is not None and seq.state_slot is not None and states.holds(snap):
-            self.backend.copy_state_slots([(snap.slot, seq.state_slot)])
-            seq.num_computed_tokens = snap.tokens
+        states = self.scheduler.states
+        for snap in (seq.decode_snapshot, seq.state_restore):
+            if snap is not None and states is not None and seq.state_slot is not None and states.holds(snap):
+                self.backend.copy_state_slots([(snap.slot, seq.state_slot)])
+                seq.num_computed_tokens = snap.tokens
+                break
         while seq.num_computed_tokens < end and not seq.is_finished:
             n = self.scheduler.chunk_tokens(seq, end - seq.num_computed_tokens)  # cut at snapshot points too
             one = SchedulerOutput(scheduled=[ScheduledSeq(seq, n)])

@@ -218,6 +218,7 @@ class Scheduler:
         if seq.state_slot is not None:
             self.free_state_slots.append(seq.state_slot)
             seq.state_slot = None
+        seq.decode_snapshot = None  # (its last one stays cached, no longer moved)
 
     def after_step(self, out: SchedulerOutput) -> list[tuple[int, int]]:
         """Advance progress of the sequences that ran, publish newly full blocks, then release
@@ -242,4 +243,30 @@ class Scheduler:
                     slot = self.states.store(self.bm.digest(seq, at // self.bm.block_size - 1))
                     if slot is not None:
                         saves[slot] = seq.state_slot
+            if item.num_new_tokens == 1 and self.states is not None:
+                self._decode_snapshot(seq, saves)
         return [(src, dst) for dst, src in saves.items()]
+
+    def _decode_snapshot(self, seq: Sequence, saves: dict[int, int]) -> None:
+        """A decoding sequence that just reached a block boundary past its prompt moves its own snapshot there
+        (taking a slot first, while running sequences hold fewer than half of them): `saves` gets the copy."""
+        assert self.states is not None
+        n, bs = seq.num_computed_tokens, self.bm.block_size
+        if n % bs or n < seq.num_prompt_tokens or not seq.cacheable or seq.state_slot is None:
+            return
+        digest = self.bm.digest(seq, n // bs - 1)
+        own = seq.decode_snapshot
+        if own is not None and self.states.holds(own):
+            moved = self.states.move(own, digest, n)
+            if moved is not None:  # (None: another sequence holds this very state already; keep the old one)
+                seq.decode_snapshot = moved
+                saves[moved.slot] = seq.state_slot
+            return
+        held = sum(1 for s in self.running if s.decode_snapshot is not None and self.states.holds(s.decode_snapshot))
+        if held >= self.states.count // 2:
+            seq.decode_snapshot = None
+            return
+        slot = self.states.store(digest)
+        if slot is not None:
+            seq.decode_snapshot = Snapshot(digest, slot, n)
+            saves[slot] = seq.state_slot

@@ -65,6 +65,9 @@ class Sequence:
     # (its digest, slot and token count), if any.
     state_checkpoints: list[int] = field(default_factory=list)
     state_restore: Snapshot | None = None
+    # The snapshot it keeps of its own state at its last block boundary while decoding (moved forward a block
+    # at a time, so a follow-up turn that repeats the reply starts near its end); None when it has none.
+    decode_snapshot: Snapshot | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 

@@ -14,6 +14,11 @@ Where snapshots are taken (`checkpoints`): a prompt's chunked prefill is cut so 
  - the end of the cached blocks it shares with an earlier prompt, where no snapshot was yet (two
    conversations over one long system prompt: the second one leaves a snapshot at the point where
    they part, and every later one starts there).
+While a sequence decodes, it keeps one more snapshot of its own, moved to each block boundary it reaches
+(`StateCache.move`: the same slot under the new block's digest), so a follow-up turn whose prompt repeats the
+reply (a chat turn, an agent's tool call) starts at most a block short of the reply's end instead of
+recomputing it. At most half the snapshot slots are held so by running sequences at once (the others keep
+the prompt snapshots); a finished sequence's last one stays in the cache like any other.
 Snapshots are evicted least recently used first; one whose blocks were evicted simply stops matching.
 """
 
@@ -57,6 +62,16 @@ class StateCache:
     def holds(self, snapshot: Snapshot) -> bool:
         """Whether that snapshot is still in its slot (not evicted)."""
         return self.slots.get(snapshot.digest) == snapshot.slot
+
+    def move(self, snapshot: Snapshot, digest: bytes, tokens: int) -> Snapshot | None:
+        """A snapshot held in `snapshot`'s slot moved to `digest` (the state now copied there covers `tokens`),
+        the most recently used; None when that slot has been evicted, or `digest` has a snapshot already."""
+        if not self.holds(snapshot) or digest in self.slots:
+            return None
+        del self.slots[snapshot.digest]
+        self.slots[digest] = snapshot.slot
+        self.saves += 1
+        return Snapshot(digest, snapshot.slot, tokens)
 
     def store(self, digest: bytes) -> int | None:
         """The slot to copy the state ending at `digest` into (evicting the least recently used

@@ -56,8 +56,10 @@ def _cached_tokens(llm: LLM, prompt: list[int], **add) -> int:
 
 @pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "lfm2", "lfm2_moe", "granite_hybrid", "nemotron_h"])
 def test_a_follow_up_turn_starts_from_the_snapshot_and_matches_transformers(tiny_model_dir, backend, variant):
-    """Turn 2 = turn 1's prompt + its reply + a new message: its state is restored at turn 1's last block
-    boundary (28 of 30 tokens) and everything after it equals transformers over the whole prompt."""
+    """Turn 2 = turn 1's prompt + its reply + a new message: its state is restored at the last block boundary of
+    turn 1's reply (32: 30 prompt tokens and 5 of the 6 reply tokens were computed) and everything after it
+    equals transformers over the whole prompt. A turn 2 whose reply differs (a template that rewrites it)
+    starts from turn 1's prompt snapshot (28 of 30 tokens) instead."""
     path = tiny_model_dir(variant)
     llm = _llm(path, backend)
     rng = np.random.default_rng(1)
@@ -67,14 +69,18 @@ def test_a_follow_up_turn_starts_from_the_snapshot_and_matches_transformers(tiny
     bm, states = llm.engine.block_manager, llm.engine.scheduler.states
     assert states is not None and llm.engine.config.enable_prefix_caching
     hits = bm.prefix_hits
+    rewritten = first + [(reply[0] + 1) % llm.engine.vocab_size] + reply[1:] + _tokens(llm, rng, 7)
+    _assert_forced_logits_match_transformers(llm, path, rewritten, rng, "rewritten")
+    assert bm.prefix_hits - hits == 28  # (30 - 1) // 4 * 4: the prompt snapshot's boundary
+    hits = bm.prefix_hits
     _assert_forced_logits_match_transformers(llm, path, follow_up, rng)
-    assert bm.prefix_hits - hits == 28  # (30 - 1) // 4 * 4: the snapshot's boundary, not the 36 cached tokens
-    assert states.restores == 1
+    assert bm.prefix_hits - hits == 32  # the reply's last boundary (not the 36 cached tokens)
+    assert states.restores == 2
     # Through LLMEngine.step too: the same tokens and log-probabilities as an engine without a prefix cache.
     with_logprobs = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
     cached = llm.generate([follow_up], with_logprobs)[0]
     afresh = _llm(path, backend, enable_prefix_caching=False).generate([follow_up], with_logprobs)[0]
-    assert cached.num_cached_tokens == 40 and states.restores == 2  # the forced run's snapshot at (43 - 1) // 4 * 4
+    assert cached.num_cached_tokens == 40 and states.restores == 3  # the forced run's snapshot at (43 - 1) // 4 * 4
     assert cached.outputs[0].token_ids == afresh.outputs[0].token_ids
     np.testing.assert_allclose(
         [lp.logprob for lp in cached.outputs[0].logprobs], [lp.logprob for lp in afresh.outputs[0].logprobs], atol=1e-4
@@ -122,6 +128,33 @@ def test_no_room_for_a_snapshot_turns_prefix_caching_off(tiny_model_dir, backend
         llm = _llm(tiny_model_dir("lfm2"), backend, prefix_cache_states=0)
     assert not llm.engine.config.enable_prefix_caching and llm.engine.scheduler.states is None
     assert "prefix caching is off" in caplog.text
+
+
+def test_a_failed_decode_step_is_retried_from_the_sequences_own_decode_snapshot(tiny_model_dir, backend):
+    """A batch fails 8 tokens into decoding, past a block boundary where each sequence holding a decode snapshot
+    moved it: the retry copies that snapshot back into its slot and recomputes only from there (neither
+    prompt was cached at admission, so without it the retry starts from 0), and the answers do not change."""
+    path = tiny_model_dir("lfm2")
+    rng = np.random.default_rng(5)
+    llm = _llm(path, backend)
+    prompts = [_tokens(llm, rng, 9), _tokens(llm, rng, 13)]
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in _llm(path, backend, enable_prefix_caching=False).generate(prompts, params)]
+    failed = fail_once_after_forward(llm.engine.backend, skip=8)
+    copy, copies_after_failure = llm.engine.backend.copy_state_slots, []
+
+    def watched_copy(pairs):
+        if failed:
+            copies_after_failure.extend(pairs)
+        copy(pairs)
+
+    llm.engine.backend.copy_state_slots = watched_copy
+    outs = llm.generate(prompts, params)
+    assert failed, "the injected failure never ran"
+    assert [o.outputs[0].token_ids for o in outs] == want and all(o.num_cached_tokens == 0 for o in outs)
+    first = llm.engine.scheduler.states.first
+    restored = [(src, dst) for src, dst in copies_after_failure if src >= first > dst]
+    assert restored, "the retry did not restore a decode snapshot"
 
 
 def test_a_failed_step_is_retried_from_the_snapshot_the_sequence_started_from(tiny_model_dir, backend):

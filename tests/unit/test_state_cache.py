@@ -109,3 +109,55 @@ def test_more_snapshots_in_one_step_than_slots_copy_once_into_each_slot_from_its
     for src, dst in saves:
         assert owner[dst] == by_slot[src].block_hashes[1]  # the digest of its blocks [0, 8)
     assert {by_slot[src].request_id for src, _ in saves} == {"r1", "r2"}
+
+
+def test_a_snapshot_moves_to_a_new_digest_in_its_slot():
+    cache = StateCache(first=2, count=2)
+    own = Snapshot(b"a", cache.store(b"a"), 8)
+    cache.store(b"b")
+    moved = cache.move(own, b"c", 12)
+    assert moved == Snapshot(b"c", 2, 12) and not cache.holds(own) and cache.holds(moved)
+    assert cache.longest([b"c"]) == (1, 2) and cache.longest([b"a"]) == (0, None)
+    assert cache.move(moved, b"b", 16) is None and cache.holds(moved)  # b has a snapshot of its own already
+    assert cache.store(b"d") == 3  # b was least recently used (c moved after it)
+    assert cache.move(Snapshot(b"b", 3, 4), b"e", 8) is None  # evicted: nothing to move
+
+
+def _decode(sched: Scheduler, seqs: list[Sequence], tokens: int) -> list[list[tuple[int, int]]]:
+    """Admit seqs and run them `tokens` tokens past their prompts: the saves of each step."""
+    for seq in seqs:
+        sched.add(seq)
+    saves = []
+    while any(len(s.output_token_ids) < tokens for s in seqs):
+        out = sched.schedule()
+        drew = [item.seq for item in out.scheduled if item.samples]
+        saves.append(sched.after_step(out))
+        for seq in drew:
+            seq.append_token(50 + len(seq.output_token_ids))
+    return saves
+
+
+def test_a_decoding_sequence_moves_its_own_snapshot_a_block_at_a_time():
+    sched = _engine_parts(snapshots=4)
+    seq = Sequence("a", list(range(10, 20)), PARAMS)  # 10 tokens: a prefill snapshot at 8
+    saves = _decode(sched, [seq], 8)  # computes up to 17: boundaries 12 and 16 while decoding
+    assert saves[0] == [(0, 2)]  # the prompt's snapshot
+    taken = [s for step in saves[1:] for s in step]
+    assert taken == [(0, 3), (0, 3)]  # its decode snapshot: one slot, moved from 12 to 16
+    assert seq.decode_snapshot == Snapshot(sched.bm.digest(seq, 3), 3, 16)
+    states = sched.states
+    assert states is not None and states.longest(seq.block_hashes[:4]) == (4, 3)
+    assert states.longest(seq.block_hashes[:3]) == (2, 2)  # 12 moved on; the prompt's at 8 stays
+    sched.finish(seq, "length")
+    assert seq.decode_snapshot is None and states.holds(Snapshot(seq.block_hashes[3], 3, 16))  # stays cached
+
+
+def test_running_sequences_hold_at_most_half_the_snapshot_slots_for_decoding():
+    sched = _engine_parts(snapshots=2, seqs=2)
+    a, b = Sequence("a", list(range(10, 20)), PARAMS), Sequence("b", list(range(30, 40)), PARAMS)
+    _decode(sched, [a, b], 4)  # both reach 12 while decoding: one slot for the two
+    assert [s.decode_snapshot is not None for s in (a, b)] == [True, False]
+    one = _engine_parts(snapshots=1, seqs=1)
+    c = Sequence("c", list(range(10, 20)), PARAMS)
+    _decode(one, [c], 4)
+    assert c.decode_snapshot is None  # a single slot stays the prompts'
