@@ -161,3 +161,13 @@ def test_running_sequences_hold_at_most_half_the_snapshot_slots_for_decoding():
     c = Sequence("c", list(range(10, 20)), PARAMS)
     _decode(one, [c], 4)
     assert c.decode_snapshot is None  # a single slot stays the prompts'
+
+
+def test_a_preempted_sequence_restarts_from_its_own_decode_snapshot():
+    sched = _engine_parts(snapshots=4)
+    seq = Sequence("a", list(range(10, 20)), PARAMS)
+    _decode(sched, [seq], 8)  # its decode snapshot at 16, in slot 3
+    sched._preempt(seq)
+    assert seq.decode_snapshot is None and seq.num_computed_tokens == 0
+    out = sched.schedule()
+    assert out.state_restores == [(3, seq.state_slot)] and seq.num_computed_tokens == 16
