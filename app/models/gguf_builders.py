@@ -1,7 +1,7 @@
 """GGUF config builders of the families added after gemma / phi3 / glm4 / deepseek2 / gpt-oss / mistral3
 (gguf_config.py holds those, the metadata reader and the helpers used here): GLM-4.5, SmolLM3, Granite 3
-(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B, Qwen3-VL, MiniMax-M2 and Seed-OSS, each as llama.cpp's
-converter writes it; the Mamba-2 hybrids' are in gguf_mamba_builders.py.
+(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B, Qwen2-VL, Qwen3-VL, MiniMax-M2 and Seed-OSS, each
+as llama.cpp's converter writes it; the Mamba-2 hybrids' are in gguf_mamba_builders.py.
 """
 
 from __future__ import annotations
@@ -338,6 +338,12 @@ def _qwen3vl(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     return out
 
 
+def _qwen2vl(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2-VL / Qwen2.5-VL's language model (llama.cpp's Qwen2VLModel: Qwen2's tensors unpermuted and keys,
+    plus the rope's dimension_sections, which are Qwen2's rope for text)."""
+    return {"model_type": "qwen2", "head_dim": _head_dim(meta, cfg)}
+
+
 def _minimax_m2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """MiniMax-M2 (llama.cpp's MiniMaxM2Model): Llama's tensors unpermuted, the whole-projection q/k norms,
     rope.dimension_count as rotary_dim, every layer's experts under a sigmoid router with its bias
@@ -391,6 +397,7 @@ BUILDERS = {
     "qwen3next": _qwen3next,
     "qwen35": _qwen3next,
     "qwen35moe": _qwen3next,
+    "qwen2vl": _qwen2vl,
     "qwen3vl": _qwen3vl,
     "qwen3vlmoe": _qwen3vl,
     "minimax-m2": _minimax_m2,

@@ -141,6 +141,8 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_5": _text_config("family_qwen3_next"),
     "qwen3_5_moe": _text_config("family_qwen3_next"),
     "lfm2_vl": _text_config("family_lfm2"),
+    "qwen2_vl": _text_config("family_qwen2_vl"),
+    "qwen2_5_vl": _text_config("family_qwen2_vl"),
     "qwen3_vl": _text_config("family_qwen3_vl"),
     "qwen3_vl_moe": _text_config("family_qwen3_vl"),
 }
@@ -300,7 +302,8 @@ class ModelConfig:
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         model_type = cfg.get("model_type", "")
         wrapper = None
-        if model_type in MULTIMODAL_WRAPPERS and cfg.get("text_config") is not None:
+        # (Qwen2-VL's released configs are flat: the text keys beside vision_config)
+        if model_type in MULTIMODAL_WRAPPERS and (cfg.get("text_config") is not None or "vision_config" in cfg):
             # A vision-language folder: serve its language model (the vision tower is not loaded).
             wrapper, cfg = model_type, MULTIMODAL_WRAPPERS[model_type](cfg)
             model_type = cfg["model_type"]

@@ -182,7 +182,11 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     for a BERT encoder: the encoder files' names (None: a tensor not loaded); else backbone names
     with their "model." prefix."""
     base: Callable[[str], str | None] = _backbone_name
-    if spec.config.multimodal_wrapper is not None:  # every wrapper Lantern reads: the same language_model prefixes
+    if spec.config.multimodal_wrapper in ("qwen2_vl", "qwen2_5_vl"):  # also the released layout: model.layers.*
+        from lantern.app.models.family_qwen2_vl import text_weight_name as qwen2_vl_name
+
+        base = qwen2_vl_name
+    elif spec.config.multimodal_wrapper is not None:  # the other wrappers: the same language_model prefixes
         from lantern.app.models.family_gemma import text_weight_name
 
         base = text_weight_name
