@@ -358,6 +358,17 @@ class MarkedParser(ToolParser):
         self.buf, self.state, self.after_call = after, "text", True
         return True
 
+    def _typed_argument(self, out: ParsedDelta, fn: str, key: str, value: str, first: bool) -> None:
+        """One argument of a format that writes strings raw and anything else as JSON (Qwen3-Coder, GLM,
+        MiniMax-M2), typed by the function's schema, streamed as the next piece of the call's JSON object."""
+        from lantern.server.tool_parsers.grammar import params_schema
+
+        schema = (params_schema(self.tools.get(fn, {})).get("properties") or {}).get(key)
+        pair = (
+            json.dumps(key, ensure_ascii=False) + ": " + json.dumps(typed_by_schema(value, schema), ensure_ascii=False)
+        )
+        out.calls.append(CallDelta(self.num_calls, arguments=("{" if first else ", ") + pair))
+
     def _text(self, out: ParsedDelta, final: bool) -> bool:
         buf = self.buf
         if self.after_call:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at, typed_by_schema
+from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at
 from lantern.server.tool_parsers.grammar import marked_calls, params_schema, raw_value
 
 KEY, END_KEY, VALUE, END_VALUE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
@@ -109,10 +109,7 @@ class GlmParser(MarkedParser):
         after: str | None = self.buf[cut + len(marker) :] if marker == END_VALUE else self.buf[cut:] if marker else None
         if marker != END_VALUE:
             value = value.removesuffix("\n")  # GLM-4.5's layout before the next tag
-        schema = (params_schema(self.tools.get(self.fn, {})).get("properties") or {}).get(self.key)
-        typed = typed_by_schema(value, schema)
-        pair = json.dumps(self.key, ensure_ascii=False) + ": " + json.dumps(typed, ensure_ascii=False)
-        self._emit(out, ("{" if self.first else ", ") + pair)
+        self._typed_argument(out, self.fn, self.key, value, self.first)
         self.first = False
         self.buf, self.state = after or "", "body"
         if after is None:  # final, value cut short

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at, typed_by_schema
+from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at
 from lantern.server.tool_parsers.grammar import params_schema, raw_value
 
 INVOKE, END_INVOKE, PARAM, END_PARAM = "<invoke", "</invoke>", "<parameter", "</parameter>"
@@ -119,10 +119,7 @@ class MiniMaxParser(MarkedParser):
         cut, marker = min(ends) if ends else (len(self.buf), "")
         value = self.buf[:cut]
         after = self.buf[cut + len(marker) :] if marker == END_PARAM else self.buf[cut + 1 :] if marker else None
-        schema = (params_schema(self.tools.get(self.fn, {})).get("properties") or {}).get(self.param)
-        pair = json.dumps(self.param, ensure_ascii=False) + ": "
-        pair += json.dumps(typed_by_schema(value, schema), ensure_ascii=False)
-        self._emit(out, ("{" if self.first else ", ") + pair)
+        self._typed_argument(out, self.fn, self.param, value, self.first)
         self.first = False
         self.buf, self.state = after or "", "body"
         if after is None:  # final, value cut short

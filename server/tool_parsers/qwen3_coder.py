@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at, typed_by_schema
+from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at
 from lantern.server.tool_parsers.grammar import marked_calls, params_schema, raw_value
 
 FUNC, PARAM, END_PARAM, END_FUNC = "<function=", "<parameter=", "</parameter>", "</function>"
@@ -100,10 +100,7 @@ class Qwen3CoderParser(MarkedParser):
         if after is None and not final:
             return False
         value = value.removeprefix("\n").removesuffix("\n")
-        schema = (params_schema(self.tools.get(self.fn, {})).get("properties") or {}).get(self.param)
-        pair = json.dumps(self.param, ensure_ascii=False) + ": "
-        pair += json.dumps(typed_by_schema(value, schema), ensure_ascii=False)
-        self._emit(out, ("{" if self.first else ", ") + pair)
+        self._typed_argument(out, self.fn, self.param, value, self.first)
         self.first = False
         self.buf, self.state = after or "", "body"
         if after is None:  # final, value cut short

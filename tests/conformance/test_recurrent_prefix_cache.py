@@ -42,6 +42,19 @@ def _assert_forced_logits_match_transformers(llm: LLM, path: str, prompt: list[i
         np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"position {pos}")
 
 
+def _copies_after(failed: list[int], backend) -> list[tuple[int, int]]:
+    """The state copies the backend is asked for once `failed` (fail_once_after_forward's record) is set."""
+    copy, copies = backend.copy_state_slots, []
+
+    def watched_copy(pairs):
+        if failed:
+            copies.extend(pairs)
+        copy(pairs)
+
+    backend.copy_state_slots = watched_copy
+    return copies
+
+
 def _cached_tokens(llm: LLM, prompt: list[int], **add) -> int:
     """Run one request to the end; the prompt tokens the prefix cache served it."""
     engine = llm.engine
@@ -141,14 +154,7 @@ def test_a_failed_decode_step_is_retried_from_the_sequences_own_decode_snapshot(
     params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in _llm(path, backend, enable_prefix_caching=False).generate(prompts, params)]
     failed = fail_once_after_forward(llm.engine.backend, skip=8)
-    copy, copies_after_failure = llm.engine.backend.copy_state_slots, []
-
-    def watched_copy(pairs):
-        if failed:
-            copies_after_failure.extend(pairs)
-        copy(pairs)
-
-    llm.engine.backend.copy_state_slots = watched_copy
+    copies_after_failure = _copies_after(failed, llm.engine.backend)
     outs = llm.generate(prompts, params)
     assert failed, "the injected failure never ran"
     assert [o.outputs[0].token_ids for o in outs] == want and all(o.num_cached_tokens == 0 for o in outs)
@@ -170,14 +176,7 @@ def test_a_failed_step_is_retried_from_the_snapshot_the_sequence_started_from(ti
     want = [alone.generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
     llm.generate([base], GREEDY)  # a snapshot at 20
     failed = fail_once_after_forward(llm.engine.backend)
-    copy, copies_after_failure = llm.engine.backend.copy_state_slots, []
-
-    def watched_copy(pairs):
-        if failed:
-            copies_after_failure.extend(pairs)
-        copy(pairs)
-
-    llm.engine.backend.copy_state_slots = watched_copy
+    copies_after_failure = _copies_after(failed, llm.engine.backend)
     outs = llm.generate(prompts, GREEDY)
     assert failed, "the injected failure never ran"
     assert outs[0].num_cached_tokens == 20

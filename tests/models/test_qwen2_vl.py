@@ -21,7 +21,7 @@ import torch
 from lantern.app.engine import LLM
 from lantern.app.models.spec import ModelConfig
 from tests.fixtures.teacher_forcing import assert_matches_reference
-from tests.fixtures.tiny_models import build_tokenizer
+from tests.fixtures.tiny_models import build_tokenizer, tiny_text_config
 
 PROMPT = "Paged attention stores keys and values in blocks, while continuous batching"
 MROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]}
@@ -40,20 +40,8 @@ def _build(root: Path, kind: str) -> Path:
         Qwen2VLForConditionalGeneration,
     )
 
-    tokenizer = build_tokenizer(root)
-    text = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        initializer_range=0.2,
-        rope_parameters=MROPE,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    text = {**tiny_text_config(build_tokenizer(root)), "intermediate_size": 96, "rope_parameters": MROPE}
+    text.pop("tie_word_embeddings")  # (the wrapper's key decides)
     if kind == "qwen2_5_vl":
         vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
         vision["fullatt_block_indexes"] = [0]
