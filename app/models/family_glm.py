@@ -38,6 +38,34 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+# GLM-4.1V / GLM-4.6V-Flash (glm4v) and GLM-4.5V / GLM-4.6V (glm4v_moe) folders: their language models are
+# GLM-4's and GLM-4.5's under a multimodal rope (mrope_section) that is theirs for text (all three position
+# ids are the token's), so the keys are dropped. Their text config classes' defaults differ from GLM-4's and
+# GLM-4.5's (Glm4vTextConfig / Glm4vMoeTextConfig), and GLM-4.1V's attention always has q/k/v biases.
+_WRAPPED = {"glm4v": "glm4", "glm4v_moe": "glm4_moe"}
+_TEXT_DEFAULTS = {
+    "glm4v": {"rms_norm_eps": 1e-5, "max_position_embeddings": 32768},
+    "glm4v_moe": {"attention_bias": True, "max_position_embeddings": 65536},
+}
+
+
+def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config inside a GLM-4.xV config.json (the wrapper ties, by default no)."""
+    from lantern.app.models.spec import wrapped_text_config
+
+    kind = cfg["model_type"]
+    text = wrapped_text_config(cfg, _WRAPPED[kind], cfg.get("tie_word_embeddings", False), _TEXT_DEFAULTS[kind])
+    for key in ("rope_parameters", "rope_scaling"):
+        if isinstance(text.get(key), dict):
+            text[key] = {k: v for k, v in text[key].items() if not k.startswith("mrope_")}
+    if kind == "glm4v":
+        text["attention_bias"] = True
+        text.setdefault("head_dim", text["hidden_size"] // text["num_attention_heads"])  # (GLM-4's default: 128)
+        stated = (text.get("rope_parameters") or {}).get("partial_rotary_factor", text.get("partial_rotary_factor"))
+        text["partial_rotary_factor"] = 1.0 if stated is None else stated  # (GLM-4's default: 0.5)
+    return text
+
+
 def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
 

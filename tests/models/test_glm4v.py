@@ -1,0 +1,99 @@
+"""GLM-4.1V / GLM-4.6V-Flash (glm4v) and GLM-4.5V / GLM-4.6V (glm4v_moe) folders serve their language model.
+
+Tiny random Glm4vForConditionalGeneration / Glm4vMoeForConditionalGeneration models (vision tower included) are
+saved by transformers; the reference is transformers' own vision-language model run on text: Lantern's logits
+through the paged cache must equal its logits at the prompt's end and at 8 teacher-forced greedy tokens, on both
+backends. The text config classes' defaults (which differ from GLM-4's and GLM-4.5's) are what a config.json
+that omits them means.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lantern.app.engine import LLM
+from lantern.app.models.spec import ModelConfig
+from tests.fixtures.teacher_forcing import assert_matches_reference
+from tests.fixtures.tiny_models import build_tokenizer, tiny_text_config
+
+PROMPT = "Paged attention stores keys and values in blocks, while continuous batching"
+VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
+MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5}
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+
+
+def _classes(moe: bool):
+    from transformers import (
+        Glm4vConfig,
+        Glm4vForConditionalGeneration,
+        Glm4vMoeConfig,
+        Glm4vMoeForConditionalGeneration,
+    )
+
+    return (Glm4vMoeConfig, Glm4vMoeForConditionalGeneration) if moe else (Glm4vConfig, Glm4vForConditionalGeneration)
+
+
+@pytest.fixture(scope="module", params=["glm4v", "glm4v_moe"])
+def folder(request, tmp_path_factory) -> Path:
+    moe = request.param == "glm4v_moe"
+    root = tmp_path_factory.mktemp(request.param)
+    text = {**tiny_text_config(build_tokenizer(root)), "intermediate_size": 96, "head_dim": 16}
+    text["rope_parameters"] = MROPE
+    text.pop("tie_word_embeddings")  # (the wrapper's key decides)
+    if moe:  # layer 0 dense, layer 1 the routed experts beside a shared one
+        text.update(n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1)
+    config_cls, model_cls = _classes(moe)
+    torch.manual_seed(0)
+    model = model_cls(config_cls(text_config=text, vision_config=VISION))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "language_model" in name and "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "language_model" in name and name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn_like(p))  # q/k/v biases (zeros at init)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn_like(b))
+    model.save_pretrained(str(root))
+    return root
+
+
+def test_logits_match_transformers_vision_language_model(folder, backend):
+    from transformers import AutoModelForImageTextToText
+
+    ref = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32).eval()
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        config = llm.engine.model_config
+        assert config.architecture == ("glm4_moe" if "moe" in folder.name else "glm4") and config.attention_bias
+        assert config.rope_scaling["partial_rotary_factor"] == 0.5
+        assert_matches_reference(llm, ref, PROMPT, steps=8, atol=1e-4)
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_omitted_keys_take_the_text_config_classes_defaults(moe):
+    """A config.json stating only the shape: head_dim, the rotated width, eps, biases and context are what
+    transformers builds (not GLM-4's / GLM-4.5's defaults)."""
+    config_cls, model_cls = _classes(moe)
+    text = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+    text |= {"vocab_size": 300, "intermediate_size": 96}
+    if moe:
+        text |= {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    ref = config_cls(text_config=text, vision_config=VISION)
+    model = model_cls(ref).model.language_model
+    cfg = ModelConfig.from_hf({"model_type": "glm4v_moe" if moe else "glm4v", "text_config": text})
+    attn = model.layers[0].self_attn
+    assert cfg.head_dim == attn.head_dim and cfg.attention_bias == (attn.q_proj.bias is not None)
+    rotated = 2 * model.rotary_emb.inv_freq.numel()
+    assert int(cfg.head_dim * (cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)) == rotated
+    assert cfg.rms_norm_eps == ref.text_config.rms_norm_eps
+    assert cfg.max_position_embeddings == ref.text_config.max_position_embeddings
