@@ -47,6 +47,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "glm4_moe_lite": {"family": "deepseek", "configure": "family_deepseek"},
     # Mistral 4: DeepSeek-V3's attention and experts, a softmax router, YaRN and Llama 4's query temperature.
     "mistral4": {"family": "deepseek", "configure": "family_deepseek", "own_rope": True},
+    # Hunyuan dense: Llama's layer with per-head q/k norms after the rope, NTK-alpha rope (family_hunyuan)
+    "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True},
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)
     "granite": {"configure": "family_granite"},  # Llama's layer with embedding / residual / logit scalars
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
@@ -214,6 +216,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     qk_norm: bool = False
+    qk_norm_after_rope: bool = False  # Hunyuan: the per-head q/k norms follow the rope
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     quantization: QuantScheme | None = None  # how a quantized HF folder stores its linears (hf_formats.py)

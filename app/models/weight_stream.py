@@ -205,6 +205,10 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_bert import bert_weight_name
 
         return bert_weight_name
+    if spec.config.architecture == "hunyuan_v1_dense":  # query_layernorm / key_layernorm
+        from lantern.app.models.family_hunyuan import checkpoint_name as hunyuan_name
+
+        return lambda name: hunyuan_name(_backbone_name(name))
     if spec.config.architecture == "minimax_m2":  # the router's bias beside the router
         from lantern.app.models.family_minimax import checkpoint_name as minimax_name
 

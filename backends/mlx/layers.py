@@ -54,6 +54,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.norm_after_rope = cfg.qk_norm_after_rope
         theta, scaling = cfg.rope_theta, cfg.rope_scaling
         if self.window is not None and cfg.local_rope_theta is not None:
             theta, scaling = cfg.local_rope_theta, None
@@ -66,13 +67,16 @@ class Attention(nn.Module):
         q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
         v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
-        if hasattr(self, "q_norm"):
+        norm_after = self.norm_after_rope
+        if hasattr(self, "q_norm") and not norm_after:
             q, k = self.q_norm(q), self.k_norm(k)
         # Every token has its own position: treat tokens as a batch of length-1 sequences so
         # rope takes one offset per token.
         if self.rotates:
             q = self.rope(q[:, :, None, :], offset=meta.positions)[:, :, 0, :]
             k = self.rope(k[:, :, None, :], offset=meta.positions)[:, :, 0, :]
+        if hasattr(self, "q_norm") and norm_after:  # (Hunyuan)
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.temperature is not None:
             q = q * query_temperature(self.temperature, meta.positions, q.dtype)
         sinks = self.get("sinks")

@@ -128,6 +128,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
         self.sinks = nn.Parameter(torch.empty(self.n_heads), requires_grad=False) if sinks else None
         self.qk_norm = cfg.qk_norm
+        self.norm_after_rope = cfg.qk_norm_after_rope  # (Hunyuan)
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, cfg.rms_norm_eps)
@@ -143,7 +144,13 @@ class Attention(nn.Module):
         q, k, v = qkv.split(self.splits, dim=-1)
         v = v.view(t, self.n_kv, self.head_dim)
         cos, sin = rope if rope is not None else (meta.cos, meta.sin)
-        if self.qk_norm:
+        if self.qk_norm and self.norm_after_rope:
+            q, k = q.view(t, self.n_heads, self.head_dim), k.view(t, self.n_kv, self.head_dim)
+            if self.rotates:
+                q = apply_rotary(q, cos, sin, self.rope_interleaved, meta.rope_cache)
+                k = apply_rotary(k, cos, sin, self.rope_interleaved, meta.rope_cache)
+            q, k = self.q_norm(q.contiguous())[0], self.k_norm(k.contiguous())[0]
+        elif self.qk_norm:
             q = self.q_norm(q.view(t, self.n_heads, self.head_dim))[0]
             k = self.k_norm(k.view(t, self.n_kv, self.head_dim))[0]
             if self.rotates:

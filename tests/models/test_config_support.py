@@ -133,6 +133,8 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
         ("llama", {"attention_bias": True}, "attention_bias=true"),  # adds an o_proj bias Lantern lacks
         ("qwen3", {"attention_bias": True}, "attention_bias=true"),
         ("seed_oss", {"attention_out_bias": True}, "attention_out_bias=true"),
+        ("hunyuan_v1_dense", {"attention_bias": True}, "attention_bias=true"),  # o_proj's too
+        ("hunyuan_v1_dense", {"use_cla": True}, "use_cla=true"),
         ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu"'),
         (
             "qwen2",

@@ -54,6 +54,8 @@ CASES = {
     # block_sparse_moe.switch_mlp, the bias beside the gate (mlx_lm reads the released shared_intermediate_size)
     "minimax_m2-4bit": ("minimax_m2", {"mode": "affine", "shared_intermediate_size": 0}),
     "seed_oss-4bit": ("seed_oss", {"mode": "affine"}),  # q/k/v biases
+    # q/k norms after the rope (query_layernorm / key_layernorm), the NTK-alpha rope mlx_lm reads as rope_scaling
+    "hunyuan_dense-4bit": ("hunyuan_dense", {"mode": "affine", "head_dim": 32}),
     # LFM2-MoE (LFM2-8B-A1B-4bit's layout): feed_forward.switch_mlp, gate_proj/up/down for w1/w3/w2, expert_bias
     "lfm2_moe-4bit": ("lfm2_moe", {"mode": "affine", "intermediate_size": 128, "moe_intermediate_size": 64}),
     "cohere2-4bit": ("cohere2", {"mode": "affine", "tie_word_embeddings": True}),  # parallel block, NoPE globals
