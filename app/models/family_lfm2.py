@@ -54,7 +54,8 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     default yes; its token ids and quantization apply when text_config lacks them)."""
     from lantern.app.models.spec import wrapped_text_config
 
-    return wrapped_text_config(cfg, "lfm2", cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True)))
+    kind = "lfm2_moe" if (cfg.get("text_config") or {}).get("model_type") == "lfm2_moe" else "lfm2"
+    return wrapped_text_config(cfg, kind, cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True)))
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +93,9 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 def _experts(cfg: dict[str, Any], layers: int) -> Any:
     """LFM2-MoE's experts past the first num_dense_layers: a sigmoid router whose choice adds expert_bias
     (use_expert_bias), the chosen scores renormalised with 1e-6 in the sum (norm_topk_prob) and scaled by
-    routed_scaling_factor, cast to the model dtype (Lfm2MoeTopKRouter) - DeepSeek-V3's router without groups."""
+    routed_scaling_factor, cast to the model dtype (Lfm2MoeTopKRouter) - DeepSeek-V3's router without groups.
+    The router's logits are computed in float32 (transformers: in the model dtype; llama.cpp: float32), so
+    in bfloat16 a near tie may choose another expert than transformers does."""
     from lantern.app.models.family_deepseek import DeepSeekMoEConfig
 
     experts, top_k = int(cfg.get("num_experts", 32)), int(cfg.get("num_experts_per_tok", 4))

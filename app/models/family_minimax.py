@@ -66,16 +66,19 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     head_dim = fields["head_dim"]
     rope = dict(cfg.get("rope_parameters") or {})
     rotary = cfg.get("rotary_dim")
-    # the released configs state rotary_dim; transformers reads it as the partial factor unless rope_parameters has one
-    if rotary is not None and "partial_rotary_factor" not in rope:
-        rope["partial_rotary_factor"] = int(rotary) / head_dim
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    # the released configs state rotary_dim; transformers reads it as the partial factor unless rope_parameters has
+    # one. Handed to rope_scaling at the top level too, which a rope_scaling dict (YaRN added for context) lacks.
+    if rotary is not None and partial is None:
+        partial = int(rotary) / head_dim
     max_pos = fields["max_position_embeddings"]
-    mtp = int(cfg.get("num_mtp_modules") or 0) if cfg.get("use_mtp") else 0
+    # prediction modules stored after the decoder's layers are skipped whether or not use_mtp is on
+    mtp = int(cfg.get("num_mtp_modules") or 0)
     return {
         "attention_bias": False,
         "qk_norm": False,  # the whole-projection norms are the model file's own
         "hidden_act": "silu",
-        "rope_scaling": rope_scaling({**cfg, "head_dim": head_dim}, rope, max_pos),
+        "rope_scaling": rope_scaling({**cfg, "head_dim": head_dim, "partial_rotary_factor": partial}, rope, max_pos),
         "mtp_layers": mtp,
         "moe": DeepSeekMoEConfig(
             num_experts=experts,

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_QWEN3_VL_DEFAULTS = {"rope_theta": 500000.0, "head_dim": 128}  # Qwen3VLTextConfig's (default_theta)
+
 # model_type -> what differs from plain Llama. One table instead of a class per architecture.
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": {},
@@ -96,9 +98,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": {"intermediate_size": 7168, "rope_theta": 1e6, "max_position_embeddings": 128000},
     },
     # Qwen3-VL's language model: Qwen3 (or Qwen3-MoE with fused experts) under a multimodal rope that is
-    # Qwen3's for text. "defaults": Qwen3VLTextConfig's rope base (default_theta).
-    "qwen3_vl_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": {"rope_theta": 500000.0}},
-    "qwen3_vl_moe_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": {"rope_theta": 500000.0}},
+    # Qwen3's for text. "defaults": Qwen3VLTextConfig's rope base (default_theta) and head_dim.
+    "qwen3_vl_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": _QWEN3_VL_DEFAULTS},
+    "qwen3_vl_moe_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": _QWEN3_VL_DEFAULTS},
     # MiniMax-M2 / M2.1: OLMo 2's whole-projection q/k norms, a partial rope, DeepSeek-V3's sigmoid router
     # in every layer. "defaults" names the module whose DEFAULTS are MiniMaxM2Config's.
     "minimax_m2": {
@@ -308,7 +310,8 @@ class ModelConfig:
         model_type = cfg.get("model_type", "")
         wrapper = None
         # (Qwen2-VL's released configs are flat: the text keys beside vision_config)
-        if model_type in MULTIMODAL_WRAPPERS and (cfg.get("text_config") is not None or "vision_config" in cfg):
+        flat = model_type in ("qwen2_vl", "qwen2_5_vl") and "vision_config" in cfg
+        if model_type in MULTIMODAL_WRAPPERS and (cfg.get("text_config") is not None or flat):
             # A vision-language folder: serve its language model (the vision tower is not loaded).
             wrapper, cfg = model_type, MULTIMODAL_WRAPPERS[model_type](cfg)
             model_type = cfg["model_type"]

@@ -28,7 +28,8 @@ INVOKE, END_INVOKE, PARAM, END_PARAM = "<invoke", "</invoke>", "<parameter", "</
 # the attribute of an <invoke ...> / <parameter ...> head: name="..." (quotes as the template writes them)
 _ATTR = re.compile(r"""\s+name\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))\s*""")
 _NAME = re.compile(r"[^\s<>\"']{1,128}")
-_NEXT_TAGS = ("\n" + PARAM, "\n" + END_INVOKE, "\n" + INVOKE, "\n</minimax:tool_call>")
+# where a value whose </parameter> never came ends: the next tag on a new line, whole enough to be no text
+_NEXT_TAGS = ("\n<parameter name=", "\n" + END_INVOKE, "\n<invoke name=", "\n</minimax:tool_call>")
 
 
 def _name_of(head: str) -> str | None:
@@ -48,6 +49,7 @@ class MiniMaxParser(MarkedParser):
     fn = ""
     param = ""
     first = True
+    whole = False  # the arguments came as one JSON object inside the invoke (no <parameter> tags)
     in_block = 0  # calls read in the current block (a later <invoke> that is no call ends the block)
 
     def _open(self, out: ParsedDelta, final: bool) -> bool:
@@ -66,7 +68,7 @@ class MiniMaxParser(MarkedParser):
         if name is None:
             return self._no_call(out)
         out.calls.append(CallDelta(self.num_calls, self.new_id(), name))
-        self.pending, self.fn, self.first = "", name, True
+        self.pending, self.fn, self.first, self.whole = "", name, True, False
         self.buf, self.state = after, "body"
         return True
 
@@ -96,9 +98,27 @@ class MiniMaxParser(MarkedParser):
             return False
         if any(m.startswith(body) for m in (PARAM, END_INVOKE, INVOKE, self.close_marker)):
             return False  # a tag still arriving
+        if self.first and not self.whole and body.startswith("{"):
+            return self._json_arguments(out, body)
         cut = body.find("<", 1)  # stray text between parameters is layout
         self.buf = body[cut:] if cut > 0 else ""
         return bool(self.buf)
+
+    def _json_arguments(self, out: ParsedDelta, body: str) -> bool:
+        """Arguments written as one JSON object instead of <parameter> tags (a model's slip): taken whole once
+        the invoke ends; anything else there is layout, dropped."""
+        ends = [i for m in (END_INVOKE, INVOKE, self.close_marker) if (i := body.find(m)) >= 0]
+        if not ends:
+            return False
+        text, self.buf = body[: min(ends)], body[min(ends) :]
+        try:
+            args = json.loads(text)
+        except ValueError:
+            args = None
+        if isinstance(args, dict):
+            self._emit(out, json.dumps(args, ensure_ascii=False))
+            self.first, self.whole = False, True
+        return True
 
     def _pname(self, out: ParsedDelta, final: bool) -> bool:
         head, after, _ = split_at(self.buf, ">")
@@ -117,7 +137,7 @@ class MiniMaxParser(MarkedParser):
         if not ends and not final:
             return False
         cut, marker = min(ends) if ends else (len(self.buf), "")
-        value = self.buf[:cut]
+        value = self.buf[:cut].removeprefix("\n").removesuffix("\n")  # (one newline each side is layout)
         after = self.buf[cut + len(marker) :] if marker == END_PARAM else self.buf[cut + 1 :] if marker else None
         self._typed_argument(out, self.fn, self.param, value, self.first)
         self.first = False
@@ -128,12 +148,19 @@ class MiniMaxParser(MarkedParser):
         return after is not None
 
     def _end_call(self, out: ParsedDelta) -> None:
-        self._emit(out, "{}" if self.first else "}")
+        if not self.whole:
+            self._emit(out, "{}" if self.first else "}")
         self.num_calls += 1
         self.in_block += 1
 
     def _close(self, out: ParsedDelta, final: bool) -> bool:
         self.in_block = 0
+        if self.close_marker not in self.buf and self.open_marker not in self.buf:
+            if not final:
+                return False  # held whole until the closer comes (text inside the block is markup) or the end
+            out.content += self.buf.lstrip()  # a block its model never closed: the text after its calls is content
+            self.buf, self.state = "", "text"
+            return False
         return super()._close(out, final)
 
     @classmethod

@@ -215,3 +215,10 @@ def test_moe_mlx_lm_folder_equals_the_original_model(tmp_path, backend):
         assert_matches_reference(llm, ref, PROMPT, steps=8)
     finally:
         llm.engine.shutdown()
+
+
+def test_an_lfm2_vl_folder_around_lfm2_moe_reads_its_experts():
+    text = {"model_type": "lfm2_moe", **SMALL, "num_hidden_layers": 4, "layer_types": ["conv", "full_attention"] * 2}
+    text |= {"intermediate_size": 96, "moe_intermediate_size": 32, "num_dense_layers": 1, "num_experts": 4}
+    cfg = ModelConfig.from_hf({"model_type": "lfm2_vl", "text_config": text})
+    assert cfg.architecture == "lfm2_moe" and cfg.moe is not None and cfg.multimodal_wrapper == "lfm2_vl"

@@ -236,3 +236,18 @@ def test_defaults_are_minimax_m2_configs():
     assert cfg.rope_scaling is None and (cfg.moe.num_experts, cfg.moe.top_k) == (256, 8)
     released = ModelConfig.from_hf({"model_type": "minimax_m2", **_config(300), "attn_type_list": [1, 1]})
     assert released.rope_scaling["partial_rotary_factor"] == 0.5 and released.mtp_layers == 0
+
+
+def test_rotary_dim_holds_beside_a_rope_scaling_and_prediction_modules_are_skipped_by_count():
+    """YaRN added for context (a rope_scaling dict) keeps the partial rope rotary_dim states, as transformers reads
+    it; the prediction modules' layers are skipped whether or not use_mtp is on."""
+    from transformers import MiniMaxM2Config
+
+    yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128}
+    extra = {"rope_scaling": yarn, "rope_theta": 5000000.0, "max_position_embeddings": 256}
+    ref = MiniMaxM2Config(**_config(300), **{k: v for k, v in extra.items() if k != "max_position_embeddings"})
+    cfg = ModelConfig.from_hf({"model_type": "minimax_m2", **_config(300), **extra})
+    assert cfg.rope_scaling["rope_type"] == "yarn"
+    assert cfg.rope_scaling["partial_rotary_factor"] == ref.rope_parameters["partial_rotary_factor"] == 0.5
+    off = ModelConfig.from_hf({"model_type": "minimax_m2", **_config(300), "use_mtp": False, "num_mtp_modules": 3})
+    assert off.mtp_layers == 3

@@ -236,6 +236,31 @@ def test_minimax_missing_end_tags_end_at_the_next_tag_at_every_split(text, calls
         assert run(PARSERS["minimax_m2"], "", [text[:i], text[i:]])[:2] == ("", calls), i
 
 
+def test_minimax_values_arguments_as_json_and_an_unclosed_block():
+    """One newline around a value is layout; a `\n<parameters>` inside a string is text, not the next tag; arguments
+    written as one JSON object inside the invoke are taken whole; text after the calls of a block never closed is
+    content - the same at every split."""
+    p = PARSERS["minimax_m2"]
+    cases = [
+        (
+            '<minimax:tool_call>\n<invoke name="save_note">\n<parameter name="text">\nx\n<parameters>y\n</parameter>\n'
+            "</invoke>\n</minimax:tool_call>",
+            "",
+            [("save_note", {"text": "x\n<parameters>y"})],
+        ),
+        (
+            '<minimax:tool_call>\n<invoke name="get_weather">\n{"city": "Oslo", "days": 2}\n</invoke>\n'
+            "</minimax:tool_call>",
+            "",
+            [("get_weather", {"city": "Oslo", "days": 2})],
+        ),
+        ('<minimax:tool_call>\n<invoke name="ping">\n</invoke>\nAnd some text', "And some text", [("ping", {})]),
+    ]
+    for text, content, calls in cases:
+        for i in range(len(text) + 1):
+            assert run(p, "", [text[:i], text[i:]])[:2] == (content, calls), (i, text)
+
+
 def test_minimax_stray_markup_in_a_block_after_a_call_ends_it():
     """After a call, markup that is no <invoke> ends the block; what follows the block is content again."""
     text = '<minimax:tool_call>\n<invoke name="ping">\n</invoke>\noops\n</minimax:tool_call>\nDone.'
