@@ -239,3 +239,23 @@ def join_kv_b(halves: dict[str, Any], name: str, t: GGUFTensor) -> tuple[str, An
     if layer_of(key) == 0:
         logger.info("GGUF attn_k_b / attn_v_b joined into kv_b_proj per layer, dense (the key half is transposed)")
     return key, np.ascontiguousarray(joined.reshape(-1, joined.shape[2]))
+
+
+def glm4v_rotary(metadata: dict[str, Any], arch: str) -> int:
+    """Dims per head whose q/k rows llama.cpp's converter reordered for M-RoPE (GLM-4.1V / GLM-4.6V-Flash:
+    conversion/glm.py's normal_to_neox, consecutive pairs moved to halves); 0 for every other file."""
+    if arch != "glm4" or metadata.get("glm4.rope.dimension_sections") is None:
+        return 0
+    return int(metadata.get("glm4.rope.dimension_count") or 0)
+
+
+def pairs_from_halves(a: Any, n_heads: int, rotary: int) -> Any:
+    """Rows (or a bias) of n_heads heads whose first `rotary` dims hold the even then the odd ones, back in
+    pair order (x0, x1, x2, ...) as the checkpoint's: the inverse of that reordering."""
+    rows = np.asarray(a)
+    heads = rows.reshape(n_heads, rows.shape[0] // n_heads, -1)
+    out = heads.copy()
+    half = rotary // 2
+    out[:, 0:rotary:2] = heads[:, :half]
+    out[:, 1:rotary:2] = heads[:, half:rotary]
+    return out.reshape(rows.shape)

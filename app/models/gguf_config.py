@@ -233,12 +233,10 @@ def _phi3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
 
 
 def _glm4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """GLM-4-0414: partial rotary (rope.dimension_count of head_dim), q/k/v biases where the file has them."""
-    if meta.get("rope.dimension_sections") is not None:
-        # GLM-4V: M-RoPE, and the converter permuted q/k rows to NeoX order for it
-        raise UnsupportedModelError(
-            f"{meta.label}GLM-4V ({meta.arch}.rope.dimension_sections, M-RoPE) is not implemented"
-        )
+    """GLM-4-0414: partial rotary (rope.dimension_count of head_dim), q/k/v biases where the file has them.
+    GLM-4.1V / GLM-4.6V-Flash files state rope.dimension_sections (M-RoPE, GLM-4's rope for text); the
+    converter moved their q/k rows to halves order for it, which the weight stream undoes
+    (gguf_arch.pairs_from_halves)."""
     head_dim = _head_dim(meta, cfg)
     return {
         "model_type": "glm4",

@@ -24,10 +24,12 @@ from lantern.app.models.gguf_arch import (
     ARCH_LAYER,
     NORM_PLUS_ONE,
     decoder_layers,
+    glm4v_rotary,
     gptoss_expert_tensor,
     gptoss_experts,
     join_kv_b,
     layer_of,
+    pairs_from_halves,
 )
 from lantern.app.models.gguf_config import moe_config_from_gguf  # noqa: F401  (re-exported: its old home)
 
@@ -380,6 +382,7 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     if widened:
         logger.warning("%s: %s", Path(path).name, widening_note(dict(widened)))
     permuted = arch in PERMUTED_ARCHITECTURES
+    neox_rotary = glm4v_rotary(indexes[0].metadata, arch)
     halves: dict[str, Any] = {}  # a layer's attn_k_b until its attn_v_b is read (gpt-oss: gate until up)
     for index, t, name in used:
         if gptoss_expert_tensor(arch, name, t):  # MXFP4 projections and biases, gate and up joined
@@ -405,6 +408,12 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
                 w = w.map_rows(lambda a, n=n: unpermute_rows(a, n))
             else:
                 w = unpermute_rows(w, n)
+        if neox_rotary and (which := needs_unpermute(name)):  # GLM-4V's q/k rows (and biases) in pair order again
+            n = num_heads if which == "q" else num_kv_heads
+            if isinstance(w, AffineWeight):
+                w = w.map_rows(lambda a, n=n: pairs_from_halves(a, n, neox_rotary))
+            else:
+                w = pairs_from_halves(w, n, neox_rotary)
         if name.endswith("shared_expert_gate.weight") and len(w.shape) == 1:
             w = w.reshape(1, -1)  # llama.cpp stores the shared expert's gate as a vector
         if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):

@@ -366,9 +366,9 @@ def test_sliding_window_pattern_key_is_honoured(tmp_path):
     assert cfg["layer_types"] == ["sliding_attention" if f else "full_attention" for f in flags]
 
 
-def test_glm4v_mrope_file_is_refused_naming_the_key(tmp_path):
-    """Through the loader: the refusal names the file and the key, before any tokenizer work."""
-    from lantern.app.models.spec import UnsupportedModelError
+def test_glm4v_mrope_file_reads_as_glm4(tmp_path):
+    """A GLM-4.1V file (M-RoPE sections beside GLM-4's keys) is GLM-4's language model, its rope on the
+    dimension_count of each head (its q/k rows reordered by the converter: tests/models/test_glm4v.py)."""
 
     def write(w) -> None:
         _base(w, 40, 65536, 4096, 13696, 32, 2, 1e-5, 10000.0)
@@ -376,10 +376,8 @@ def test_glm4v_mrope_file_is_refused_naming_the_key(tmp_path):
         w.add_rope_dimension_count(64)
         w.add_rope_dimension_sections([8, 12, 12, 0])
 
-    with pytest.raises(UnsupportedModelError, match=r"glm4\.gguf: GLM-4V \(glm4\.rope\.dimension_sections"):
-        _metadata(tmp_path, "glm4", write)
-    with pytest.raises(UnsupportedModelError, match=r"glm4\.gguf: GLM-4V \(glm4\.rope\.dimension_sections"):
-        resolve_model(str(tmp_path / "glm4.gguf"))
+    cfg = _metadata(tmp_path, "glm4", write)
+    assert cfg["model_type"] == "glm4" and cfg["partial_rotary_factor"] == 0.5 and cfg["head_dim"] == 128
 
 
 def test_unimplemented_key_is_refused_naming_the_file(gguf_file, tmp_path):

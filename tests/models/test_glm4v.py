@@ -42,8 +42,15 @@ def _classes(moe: bool):
 
 @pytest.fixture(scope="module", params=["glm4v", "glm4v_moe"])
 def folder(request, tmp_path_factory) -> Path:
-    moe = request.param == "glm4v_moe"
-    root = tmp_path_factory.mktemp(request.param)
+    return _build(tmp_path_factory.mktemp(request.param), moe=request.param == "glm4v_moe")
+
+
+def _build_glm4v(root: Path) -> Path:
+    root.mkdir(parents=True)
+    return _build(root, moe=False)
+
+
+def _build(root: Path, moe: bool) -> Path:
     text = {**tiny_text_config(build_tokenizer(root)), "intermediate_size": 96, "head_dim": 16}
     text["rope_parameters"] = MROPE
     text.pop("tie_word_embeddings")  # (the wrapper's key decides)
@@ -97,3 +104,45 @@ def test_omitted_keys_take_the_text_config_classes_defaults(moe):
     assert int(cfg.head_dim * (cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)) == rotated
     assert cfg.rms_norm_eps == ref.text_config.rms_norm_eps
     assert cfg.max_position_embeddings == ref.text_config.max_position_embeddings
+
+
+def test_glm4v_gguf_as_llama_cpp_writes_it(tmp_path, backend):
+    """llama.cpp's Glm4Model writes GLM-4.1V as arch glm4 with rope.dimension_sections, its q/k rows (and
+    biases) reordered per head for M-RoPE: the rotated dims' even ones first, then the odd ones
+    (conversion/glm.py normal_to_neox). Read back, the file computes what transformers' model computes."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForImageTextToText
+
+    from tests.fixtures.gguf_families import convert_to_gguf
+
+    src = _build_glm4v(tmp_path / "glm4v")
+    cfg = json.loads((src / "config.json").read_text())
+    text = shutil.copytree(src, tmp_path / "text", ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+    (text / "config.json").write_text(
+        json.dumps({**cfg["text_config"], "model_type": "glm4", "tie_word_embeddings": False})
+    )
+    heads, kv, head_dim = cfg["text_config"]["num_attention_heads"], cfg["text_config"]["num_key_value_heads"], 16
+    rotary = int(head_dim * MROPE["partial_rotary_factor"])
+    tensors = {}
+    for name, t in load_file(src / "model.safetensors").items():
+        if name.startswith("model.visual."):
+            continue
+        name = name.replace("model.language_model.", "model.")
+        for proj, n in (("q_proj", heads), ("k_proj", kv)):
+            if f".self_attn.{proj}." in name:  # the converter's reordering, per head
+                rows = t.reshape(n, head_dim, -1)
+                rot = rows[:, :rotary]
+                t = torch.cat([rot[:, ::2], rot[:, 1::2], rows[:, rotary:]], dim=1).reshape(t.shape)
+        tensors[name] = t.contiguous()
+    save_file(tensors, text / "model.safetensors", metadata={"format": "pt"})
+    path, _ = convert_to_gguf(text, tmp_path / "gguf")
+    ref = AutoModelForImageTextToText.from_pretrained(str(src), dtype=torch.float32).eval()
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        assert llm.engine.model_config.architecture == "glm4"
+        assert_matches_reference(llm, ref, PROMPT, steps=8, atol=1e-4)
+    finally:
+        llm.engine.shutdown()
