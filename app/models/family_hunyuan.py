@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+
 from lantern.app.models.errors import check_silu
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
@@ -38,7 +40,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     head_dim = fields["head_dim"]
     out: dict[str, Any] = {"qk_norm": True, "qk_norm_after_rope": True}
     if kind == "dynamic" and rope.get("alpha"):
-        out["rope_theta"] = theta * float(rope["alpha"]) ** (head_dim / (head_dim - 2))
+        # in float32, as transformers' rope uses it (a Python float against a float32 tensor) and GGUF stores it
+        out["rope_theta"] = float(np.float32(theta * float(rope["alpha"]) ** (head_dim / (head_dim - 2))))
         out["rope_scaling"] = None
     else:
         out["rope_scaling"] = rope_scaling({**cfg, "rope_scaling": None}, rope, fields["max_position_embeddings"])

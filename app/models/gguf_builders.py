@@ -1,7 +1,7 @@
 """GGUF config builders of the families added after gemma / phi3 / glm4 / deepseek2 / gpt-oss / mistral3
 (gguf_config.py holds those, the metadata reader and the helpers used here): GLM-4.5, SmolLM3, Granite 3
-(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B, Qwen2-VL, Qwen3-VL, MiniMax-M2 and Seed-OSS, each
-as llama.cpp's converter writes it; the Mamba-2 hybrids' are in gguf_mamba_builders.py.
+(dense, MoE), OLMo 2 / 3, ERNIE 4.5, EXAONE 4, Command R7B, Qwen2-VL, Qwen3-VL, MiniMax-M2, Seed-OSS and
+Hunyuan dense, each as llama.cpp's converter writes it; the Mamba-2 hybrids' are in gguf_mamba_builders.py.
 """
 
 from __future__ import annotations
@@ -363,6 +363,18 @@ def _minimax_m2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
     }
 
 
+def _hunyuan_dense(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Hunyuan dense (llama.cpp's HunYuanModel, a plain TextModel: q/k unpermuted). Its converter writes the
+    NTK-alpha base already stretched (rope.freq_base = theta * alpha ** (d / (d - 2)), scaling type none), so
+    the rope is plain; the q/k norms after the rope are the architecture's (family_hunyuan)."""
+    return {
+        "model_type": "hunyuan_v1_dense",
+        "head_dim": _head_dim(meta, cfg),
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_hunyuan (o_proj's too)
+        "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
+    }
+
+
 def _seed_oss(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Seed-OSS (llama.cpp's SeedOssModel, a plain TextModel: q/k unpermuted); biases where their tensors are."""
     return {
@@ -402,6 +414,7 @@ BUILDERS = {
     "qwen3vlmoe": _qwen3vl,
     "minimax-m2": _minimax_m2,
     "seed_oss": _seed_oss,
+    "hunyuan-dense": _hunyuan_dense,
     "glm4moe": _glm4moe,
     "smollm3": _smollm3,
     "granite": _granite,

@@ -60,6 +60,10 @@ def iter_weights(
             from lantern.app.models.family_deepseek import join_mla_heads
 
             source = join_mla_heads(source, spec.config.mla, spec.config.num_heads)
+    if spec.config.architecture == "hunyuan_v1_dense" and spec.weight_format == "gguf":  # (a folder's: _text_name_map)
+        from lantern.app.models.family_hunyuan import checkpoint_name as hunyuan_name
+
+        source = ((hunyuan_name(name), value) for name, value in source)
     if spec.config.architecture == "ernie4_5_moe" and spec.config.moe is not None:  # its router bias, renamed
         from lantern.app.models.family_ernie import checkpoint_tensors as ernie_tensors
 

@@ -57,6 +57,7 @@ FILES = {
     "qwen3_moe": ("qwen3_moe", {"mlp_only_layers": []}, "f32", {}),  # llama.cpp's qwen3moe: every layer sparse
     "qwen3": ("qwen3", {}, "f16", {}),  # head_dim 32 != hidden / heads: transformers' reader drops it
     "seed_oss": ("seed_oss", {}, "f16", {}),  # q/k/v biases, head_dim 32
+    "hunyuan_dense": ("hunyuan_dense", {}, "f16", {}),  # q/k norms after the rope, the NTK-alpha base stretched
 }
 
 
