@@ -51,6 +51,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "mistral4": {"family": "deepseek", "configure": "family_deepseek", "own_rope": True},
     # Hunyuan dense: Llama's layer with per-head q/k norms after the rope, NTK-alpha rope (family_hunyuan)
     "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True},
+    # Apertus: Llama's layer with per-head q/k norms and an ungated xIELU MLP (two trained scalars per layer)
+    "apertus": {"family": "apertus", "configure": "family_apertus", "own_rope": True, "defaults": "family_apertus"},
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)
     "granite": {"configure": "family_granite"},  # Llama's layer with embedding / residual / logit scalars
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)

@@ -64,6 +64,10 @@ def iter_weights(
         from lantern.app.models.family_hunyuan import checkpoint_name as hunyuan_name
 
         source = ((hunyuan_name(name), value) for name, value in source)
+    if spec.config.architecture == "apertus":  # xIELU's constants checked, its scalars as vectors
+        from lantern.app.models.family_apertus import checkpoint_tensors as apertus_tensors
+
+        source = apertus_tensors(source)
     if spec.config.architecture == "ernie4_5_moe" and spec.config.moe is not None:  # its router bias, renamed
         from lantern.app.models.family_ernie import checkpoint_tensors as ernie_tensors
 
@@ -209,6 +213,10 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_bert import bert_weight_name
 
         return bert_weight_name
+    if spec.config.architecture == "apertus":  # its norms' names
+        from lantern.app.models.family_apertus import checkpoint_name as apertus_name
+
+        return lambda name: apertus_name(_backbone_name(name))
     if spec.config.architecture == "hunyuan_v1_dense":  # query_layernorm / key_layernorm
         from lantern.app.models.family_hunyuan import checkpoint_name as hunyuan_name
 

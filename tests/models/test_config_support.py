@@ -135,6 +135,8 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
         ("seed_oss", {"attention_out_bias": True}, "attention_out_bias=true"),
         ("hunyuan_v1_dense", {"attention_bias": True}, "attention_bias=true"),  # o_proj's too
         ("hunyuan_v1_dense", {"use_cla": True}, "use_cla=true"),
+        ("apertus", {"hidden_act": "silu"}, 'hidden_act="silu"'),
+        ("apertus", {"attention_bias": True}, "attention_bias=true"),
         ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu"'),
         (
             "qwen2",

@@ -56,6 +56,8 @@ CASES = {
     "seed_oss-4bit": ("seed_oss", {"mode": "affine"}),  # q/k/v biases
     # q/k norms after the rope (query_layernorm / key_layernorm), the NTK-alpha rope mlx_lm reads as rope_scaling
     "hunyuan_dense-4bit": ("hunyuan_dense", {"mode": "affine", "head_dim": 32}),
+    # xIELU's scalars squeezed by mlx_lm, its norms' own names; the released configs' keys mlx_lm reads
+    "apertus-4bit": ("apertus", {"mode": "affine", "mlp_bias": False, "post_norm": False, "qk_norm": True}),
     # LFM2-MoE (LFM2-8B-A1B-4bit's layout): feed_forward.switch_mlp, gate_proj/up/down for w1/w3/w2, expert_bias
     "lfm2_moe-4bit": ("lfm2_moe", {"mode": "affine", "intermediate_size": 128, "moe_intermediate_size": 64}),
     "cohere2-4bit": ("cohere2", {"mode": "affine", "tie_word_embeddings": True}),  # parallel block, NoPE globals
