@@ -12,12 +12,12 @@ constants, which checkpoints store too). The rope defaults to llama3 scaling of 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -32,10 +32,6 @@ _ROPE = {
     "high_freq_factor": 4.0,
 }
 DEFAULTS: dict[str, Any] = {"max_position_embeddings": 65536, "rms_norm_eps": 1e-5}
-
-
-def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:

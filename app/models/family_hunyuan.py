@@ -10,18 +10,14 @@ plain rope of that base. Without alpha, "dynamic" is the usual dynamic NTK (rope
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 
 from lantern.app.models.errors import check_silu
+from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
-
-
-def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from lantern.app.models.errors import check_silu
+from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.family_deepseek import DeepSeekMoEConfig
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
@@ -32,10 +33,6 @@ DEFAULTS: dict[str, Any] = {
     "max_position_embeddings": 196608,
     "rope_theta": 5000000.0,  # default_theta
 }
-
-
-def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"{key}={json.dumps(value)} in config.json is not implemented{why}")
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
