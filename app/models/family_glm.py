@@ -54,7 +54,11 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     from lantern.app.models.spec import wrapped_text_config
 
     kind = cfg["model_type"]
-    text = wrapped_text_config(cfg, _WRAPPED[kind], cfg.get("tie_word_embeddings", False), _TEXT_DEFAULTS[kind])
+    # tied by the wrapper's key, or by text_config's when the wrapper's is off (Glm4vConfig.__post_init__)
+    tie = cfg.get("tie_word_embeddings") or (cfg.get("text_config") or {}).get("tie_word_embeddings", False)
+    text = wrapped_text_config(cfg, _WRAPPED[kind], tie, _TEXT_DEFAULTS[kind])
+    if kind == "glm4v_moe":
+        text.pop("use_qk_norm", None)  # Glm4vMoeTextConfig has none: its attention never norms q/k
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(text.get(key), dict):
             text[key] = {k: v for k, v in text[key].items() if not k.startswith("mrope_")}

@@ -19,11 +19,15 @@ from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
+# HunYuanDenseV1Config's defaults for keys ModelConfig.from_hf defaults otherwise (spec.ARCHITECTURES "defaults")
+DEFAULTS: dict[str, Any] = {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048}
+
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     if model_type != "hunyuan_v1_dense":
         raise UnsupportedModelError(f"family_hunyuan does not configure model_type {model_type!r}")
     check_silu(cfg, "Hunyuan")
+    # (mlp_bias: transformers' MLP has none whatever the key says; refused rather than computed without it)
     for key, why in (("attention_bias", " (biases on q/k/v and o_proj)"), ("mlp_bias", " (MLP biases)")):
         if cfg.get(key):
             raise _refuse(key, cfg[key], why)

@@ -237,6 +237,10 @@ def _glm4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     GLM-4.1V / GLM-4.6V-Flash files state rope.dimension_sections (M-RoPE, GLM-4's rope for text); the
     converter moved their q/k rows to halves order for it, which the weight stream undoes
     (gguf_arch.pairs_from_halves)."""
+    if meta.get("rope.dimension_sections") is not None:
+        if "blk.0.attn_qkv.weight" in tensors:  # (--fuse-qkv: its q/k blocks reordered inside the fused rows)
+            raise UnsupportedModelError(f"{meta.label}a GLM-4V file with fused attn_qkv is not implemented")
+        meta.need("rope.dimension_count")  # the reordered width
     head_dim = _head_dim(meta, cfg)
     return {
         "model_type": "glm4",

@@ -50,7 +50,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Mistral 4: DeepSeek-V3's attention and experts, a softmax router, YaRN and Llama 4's query temperature.
     "mistral4": {"family": "deepseek", "configure": "family_deepseek", "own_rope": True},
     # Hunyuan dense: Llama's layer with per-head q/k norms after the rope, NTK-alpha rope (family_hunyuan)
-    "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True},
+    "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True, "defaults": "family_hunyuan"},
     # Apertus: Llama's layer with per-head q/k norms and an ungated xIELU MLP (two trained scalars per layer)
     "apertus": {"family": "apertus", "configure": "family_apertus", "own_rope": True, "defaults": "family_apertus"},
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)

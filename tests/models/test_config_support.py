@@ -232,3 +232,25 @@ def test_engine_serves_a_sliding_window_model_past_its_window(backend, tmp_path)
         full = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)[0]
     assert out.token_ids == ref[len(prompt) :].tolist()
     assert ref.tolist() != full.tolist()  # the window matters here: ignoring it would fail
+
+
+def test_hunyuan_and_apertus_defaults_and_variants():
+    """Keys a config.json omits take the config classes' values; Apertus's released variant keys are refused
+    where they would mean maths nobody computes; bfloat16 xIELU constants are read as Apertus's."""
+    import torch
+
+    from lantern.app.models.family_apertus import checkpoint_tensors
+
+    hunyuan = ModelConfig.from_hf(cfg("hunyuan_v1_dense"))
+    ref = hf_config("hunyuan_v1_dense")
+    assert (hunyuan.rms_norm_eps, hunyuan.max_position_embeddings) == (ref.rms_norm_eps, ref.max_position_embeddings)
+    for key, value in (("post_norm", True), ("qk_norm", False)):
+        with pytest.raises(UnsupportedModelError, match=key):
+            ModelConfig.from_hf(cfg("apertus", **{key: value}))
+    stored = [
+        ("m.act_fn.beta", torch.tensor(0.5, dtype=torch.bfloat16)),
+        ("m.act_fn.eps", torch.tensor(-1e-6).bfloat16()),
+    ]
+    assert list(checkpoint_tensors(iter(stored))) == []
+    with pytest.raises(UnsupportedModelError, match="xIELU constant"):
+        list(checkpoint_tensors(iter([("m.act_fn.beta", torch.tensor(0.7))])))

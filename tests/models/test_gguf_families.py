@@ -413,3 +413,18 @@ def test_unimplemented_key_is_refused_naming_the_file(gguf_file, tmp_path):
         UnsupportedModelError, match=r"renormalised\.gguf \(GGUF metadata read as config\.json\).*norm_topk_prob"
     ):
         resolve_model(str(tmp_path / "renormalised.gguf"))
+
+
+def test_glm4v_file_with_fused_qkv_is_refused_naming_it(tmp_path):
+    """--fuse-qkv reorders GLM-4V's q/k blocks inside attn_qkv: refused rather than read in the wrong order."""
+    from lantern.app.models.spec import UnsupportedModelError
+
+    def write(w) -> None:
+        _base(w, 2, 4096, 64, 96, 4, 2, 1e-5, 10000.0)
+        w.add_vocab_size(300)
+        w.add_rope_dimension_count(8)
+        w.add_rope_dimension_sections([2, 1, 1, 0])
+
+    qkv = {"blk.0.attn_qkv.weight": np.zeros((128, 64), np.float32)}
+    with pytest.raises(UnsupportedModelError, match="fused attn_qkv"):
+        _metadata(tmp_path, "glm4", write, tensors=qkv)

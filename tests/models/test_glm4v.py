@@ -146,3 +146,15 @@ def test_glm4v_gguf_as_llama_cpp_writes_it(tmp_path, backend):
         assert_matches_reference(llm, ref, PROMPT, steps=8, atol=1e-4)
     finally:
         llm.engine.shutdown()
+
+
+def test_text_config_tying_and_keys_transformers_ignores():
+    """A text_config that ties while the wrapper's key is off ties (Glm4vConfig forwards it); GLM-4.5V's
+    text config has no use_qk_norm (its attention never norms q/k), so the key is ignored."""
+    text = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+    text |= {"vocab_size": 300, "intermediate_size": 96, "tie_word_embeddings": True}
+    for kind, config_cls in (("glm4v", _classes(False)[0]), ("glm4v_moe", _classes(True)[0])):
+        extra = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32} if "moe" in kind else {}
+        ref = config_cls(text_config={**text, **extra}, vision_config=VISION)
+        cfg = ModelConfig.from_hf({"model_type": kind, "text_config": {**text, **extra, "use_qk_norm": True}})
+        assert cfg.tie_word_embeddings is ref.tie_word_embeddings is True and not cfg.qk_norm
