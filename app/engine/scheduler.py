@@ -229,6 +229,7 @@ class Scheduler:
         only its last owner's copy is kept (one copy per destination: a scatter with a repeated
         destination leaves either source there)."""
         saves: dict[int, int] = {}  # snapshot slot -> sequence's slot
+        boundary: list[Sequence] = []  # decoding sequences at a block boundary: their own snapshots move there
         for item in out.scheduled:
             seq = item.seq
             if seq.status is not SequenceStatus.RUNNING:
@@ -243,30 +244,42 @@ class Scheduler:
                     slot = self.states.store(self.bm.digest(seq, at // self.bm.block_size - 1))
                     if slot is not None:
                         saves[slot] = seq.state_slot
-            if item.num_new_tokens == 1 and self.states is not None:
-                self._decode_snapshot(seq, saves)
+            if item.num_new_tokens == 1 and self.states is not None and self._at_decode_boundary(seq):
+                boundary.append(seq)
+        if boundary:
+            self._decode_snapshots(boundary, saves)
         return [(src, dst) for dst, src in saves.items()]
 
-    def _decode_snapshot(self, seq: Sequence, saves: dict[int, int]) -> None:
-        """A decoding sequence that just reached a block boundary past its prompt moves its own snapshot there
-        (taking a slot first, while running sequences hold fewer than half of them): `saves` gets the copy."""
+    def _at_decode_boundary(self, seq: Sequence) -> bool:
+        n = seq.num_computed_tokens
+        return (
+            not n % self.bm.block_size and n >= seq.num_prompt_tokens and seq.cacheable and seq.state_slot is not None
+        )
+
+    def _decode_snapshots(self, seqs: list[Sequence], saves: dict[int, int]) -> None:
+        """Decoding sequences that just reached a block boundary past their prompts move their own snapshots
+        there; one without a snapshot takes a slot while running sequences hold fewer than half of them (counted
+        once a step, only when one asks). `saves` gets the copies."""
         assert self.states is not None
-        n, bs = seq.num_computed_tokens, self.bm.block_size
-        if n % bs or n < seq.num_prompt_tokens or not seq.cacheable or seq.state_slot is None:
-            return
-        digest = self.bm.digest(seq, n // bs - 1)
-        own = seq.decode_snapshot
-        if own is not None and self.states.holds(own):
-            moved = self.states.move(own, digest, n)
-            if moved is not None:  # (None: another sequence holds this very state already; keep the old one)
-                seq.decode_snapshot = moved
-                saves[moved.slot] = seq.state_slot
-            return
-        held = sum(1 for s in self.running if s.decode_snapshot is not None and self.states.holds(s.decode_snapshot))
-        if held >= self.states.count // 2:
+        held: int | None = None
+        for seq in seqs:
+            n, src = seq.num_computed_tokens, seq.state_slot
+            assert src is not None  # (_at_decode_boundary)
+            digest = self.bm.digest(seq, n // self.bm.block_size - 1)
+            own = seq.decode_snapshot
+            if own is not None and self.states.holds(own):
+                moved = self.states.move(own, digest, n)
+                if moved is not None:  # (None: another sequence holds this very state already; keep the old one)
+                    seq.decode_snapshot = moved
+                    saves[moved.slot] = src
+                continue
+            if held is None:
+                held = sum(1 for s in self.running if s.decode_snapshot and self.states.holds(s.decode_snapshot))
             seq.decode_snapshot = None
-            return
-        slot = self.states.store(digest)
-        if slot is not None:
-            seq.decode_snapshot = Snapshot(digest, slot, n)
-            saves[slot] = seq.state_slot
+            if held >= self.states.count // 2:
+                continue
+            slot = self.states.store(digest)
+            if slot is not None:
+                seq.decode_snapshot = Snapshot(digest, slot, n)
+                saves[slot] = src
+                held += 1

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 
 class Snapshot(NamedTuple):
-    """A snapshot a sequence started from: its block digest, its slot and the tokens it covers."""
+    """A snapshot of a recurrent state: the digest of the block it ends with, its slot, the tokens it covers."""
 
     digest: bytes
     slot: int

@@ -31,7 +31,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # defaults for the keys a config.json may omit.
     "seed_oss": {"attention_bias": True, "defaults": {"head_dim": 128, "max_position_embeddings": 524288}},
     # Other families: "family" names the model file both backends build (backends/*/models/),
-    # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys.
+    # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys; "names": that
+    # module's checkpoint_name(name) gives the model files' name of a checkpoint's tensor (weight_stream).
     "gemma2": {"family": "gemma", "configure": "family_gemma"},
     "gemma3_text": {"family": "gemma", "configure": "family_gemma"},
     # Gemma 4: layers of two shapes (sliding / full), K/V shared by the last layers, per-layer
@@ -50,9 +51,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Mistral 4: DeepSeek-V3's attention and experts, a softmax router, YaRN and Llama 4's query temperature.
     "mistral4": {"family": "deepseek", "configure": "family_deepseek", "own_rope": True},
     # Hunyuan dense: Llama's layer with per-head q/k norms after the rope, NTK-alpha rope (family_hunyuan)
-    "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True, "defaults": "family_hunyuan"},
+    "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True, "defaults": "family_hunyuan", "names": True},
     # Apertus: Llama's layer with per-head q/k norms and an ungated xIELU MLP (two trained scalars per layer)
-    "apertus": {"family": "apertus", "configure": "family_apertus", "own_rope": True, "defaults": "family_apertus"},
+    "apertus": {
+        "family": "apertus",
+        "configure": "family_apertus",
+        "own_rope": True,
+        "defaults": "family_apertus",
+        "names": True,
+    },
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)
     "granite": {"configure": "family_granite"},  # Llama's layer with embedding / residual / logit scalars
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
@@ -110,6 +117,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "configure": "family_minimax",
         "own_rope": True,
         "defaults": "family_minimax",
+        "names": True,
     },
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},

@@ -12,6 +12,7 @@ the backend's quantized copy plus one tensor.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import mmap
@@ -30,6 +31,7 @@ from lantern.app.models.quant.affine import AffineWeight, Fp8Weight
 from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.quant.mlx_packed import MlxPacked
 from lantern.app.models.quant.stacked import StackedWeights
+from lantern.app.models.spec import ARCHITECTURES
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +62,10 @@ def iter_weights(
             from lantern.app.models.family_deepseek import join_mla_heads
 
             source = join_mla_heads(source, spec.config.mla, spec.config.num_heads)
-    if spec.config.architecture == "hunyuan_v1_dense" and spec.weight_format == "gguf":  # (a folder's: _text_name_map)
-        from lantern.app.models.family_hunyuan import checkpoint_name as hunyuan_name
-
-        source = ((hunyuan_name(name), value) for name, value in source)
+    traits = ARCHITECTURES[spec.config.architecture]
+    if traits.get("names"):  # its checkpoint's names as the model files' (folders and GGUF alike)
+        rename = importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
+        source = ((rename(name), value) for name, value in source)
     if spec.config.architecture == "apertus":  # xIELU's constants checked, its scalars as vectors
         from lantern.app.models.family_apertus import checkpoint_tensors as apertus_tensors
 
@@ -213,18 +215,6 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_bert import bert_weight_name
 
         return bert_weight_name
-    if spec.config.architecture == "apertus":  # its norms' names
-        from lantern.app.models.family_apertus import checkpoint_name as apertus_name
-
-        return lambda name: apertus_name(_backbone_name(name))
-    if spec.config.architecture == "hunyuan_v1_dense":  # query_layernorm / key_layernorm
-        from lantern.app.models.family_hunyuan import checkpoint_name as hunyuan_name
-
-        return lambda name: hunyuan_name(_backbone_name(name))
-    if spec.config.architecture == "minimax_m2":  # the router's bias beside the router
-        from lantern.app.models.family_minimax import checkpoint_name as minimax_name
-
-        return lambda name: minimax_name(_backbone_name(name))
     if spec.config.architecture == "granitemoe":  # its fused experts and router under the models' names
         from lantern.app.models.family_granite import granitemoe_name
 

@@ -358,17 +358,6 @@ class MarkedParser(ToolParser):
         self.buf, self.state, self.after_call = after, "text", True
         return True
 
-    def _typed_argument(self, out: ParsedDelta, fn: str, key: str, value: str, first: bool) -> None:
-        """One argument of a format that writes strings raw and anything else as JSON (Qwen3-Coder, GLM,
-        MiniMax-M2), typed by the function's schema, streamed as the next piece of the call's JSON object."""
-        from lantern.server.tool_parsers.grammar import params_schema
-
-        schema = (params_schema(self.tools.get(fn, {})).get("properties") or {}).get(key)
-        pair = (
-            json.dumps(key, ensure_ascii=False) + ": " + json.dumps(typed_by_schema(value, schema), ensure_ascii=False)
-        )
-        out.calls.append(CallDelta(self.num_calls, arguments=("{" if first else ", ") + pair))
-
     def _text(self, out: ParsedDelta, final: bool) -> bool:
         buf = self.buf
         if self.after_call:
@@ -388,3 +377,35 @@ class MarkedParser(ToolParser):
         out.content += safe
         self.buf = buf[len(safe) :]
         return False
+
+
+class RawArgumentsParser(MarkedParser):
+    """Formats that write each argument as its own tagged value, strings raw and anything else as JSON
+    (Qwen3-Coder, GLM-4.5, MiniMax-M2): the call's JSON object streams one argument at a time, each typed by
+    the function's schema (strings stay text, anything else is read as JSON, else a Python literal)."""
+
+    fn = ""  # the function of the call being read
+    first = True  # no argument of it streamed yet
+
+    def _emit(self, out: ParsedDelta, text: str) -> None:
+        out.calls.append(CallDelta(self.num_calls, arguments=text))
+
+    def _end_call(self, out: ParsedDelta) -> None:
+        self._emit(out, "{}" if self.first else "}")
+        self.num_calls += 1
+        self.after_call = True
+
+    def _argument(self, out: ParsedDelta, key: str, value: str, after: str | None) -> bool:
+        """Stream `key`: `value` and go on with `after`, the text past the value's end tag (None: the output
+        ended inside the value, which ends the call too). True while there is more to read."""
+        from lantern.server.tool_parsers.grammar import params_schema
+
+        schema = (params_schema(self.tools.get(self.fn, {})).get("properties") or {}).get(key)
+        typed = json.dumps(typed_by_schema(value, schema), ensure_ascii=False)
+        self._emit(out, ("{" if self.first else ", ") + json.dumps(key, ensure_ascii=False) + ": " + typed)
+        self.first = False
+        self.buf, self.state = after or "", "body"
+        if after is None:
+            self._end_call(out)
+            self.state = "text"
+        return after is not None

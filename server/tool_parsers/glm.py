@@ -18,22 +18,20 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at
+from lantern.server.tool_parsers.base import CallDelta, ParsedDelta, RawArgumentsParser, split_at
 from lantern.server.tool_parsers.grammar import marked_calls, params_schema, raw_value
 
 KEY, END_KEY, VALUE, END_VALUE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 _NAME = re.compile(r"[\w.:-]{1,128}")  # a function name (the server refuses others), never JSON
 
 
-class GlmParser(MarkedParser):
+class GlmParser(RawArgumentsParser):
     name = "glm45"
     open_marker = "<tool_call>"
     close_marker = "</tool_call>"
     markers = (open_marker, close_marker, KEY, END_KEY, VALUE, END_VALUE)  # added tokens in GLM's vocabularies
 
-    fn = ""
     key = ""
-    first = True
 
     def _open(self, out: ParsedDelta, final: bool) -> bool:
         """The name: the text up to the first tag (`<arg_key>`, or `</tool_call>` for no arguments)."""
@@ -50,9 +48,6 @@ class GlmParser(MarkedParser):
         self.pending, self.fn, self.first = "", name, True
         self.buf, self.state = self.buf[cut:], "body"
         return True
-
-    def _emit(self, out: ParsedDelta, text: str) -> None:
-        out.calls.append(CallDelta(self.num_calls, arguments=text))
 
     def _body(self, out: ParsedDelta, final: bool) -> bool:
         """Between arguments: the next `<arg_key>`, or `</tool_call>`; other text is layout."""
@@ -109,18 +104,7 @@ class GlmParser(MarkedParser):
         after: str | None = self.buf[cut + len(marker) :] if marker == END_VALUE else self.buf[cut:] if marker else None
         if marker != END_VALUE:
             value = value.removesuffix("\n")  # GLM-4.5's layout before the next tag
-        self._typed_argument(out, self.fn, self.key, value, self.first)
-        self.first = False
-        self.buf, self.state = after or "", "body"
-        if after is None:  # final, value cut short
-            self._end_call(out)
-            self.state = "text"
-        return after is not None
-
-    def _end_call(self, out: ParsedDelta) -> None:
-        self._emit(out, "{}" if self.first else "}")
-        self.num_calls += 1
-        self.after_call = True
+        return self._argument(out, self.key, value, after)
 
     @classmethod
     def grammar(cls, tools: list[dict[str, Any]], parallel: bool, lit: Callable[[str], str], template: str = "") -> str:

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at
+from lantern.server.tool_parsers.base import CallDelta, ParsedDelta, RawArgumentsParser, split_at
 from lantern.server.tool_parsers.grammar import params_schema, raw_value
 
 INVOKE, END_INVOKE, PARAM, END_PARAM = "<invoke", "</invoke>", "<parameter", "</parameter>"
@@ -40,15 +40,13 @@ def _name_of(head: str) -> str | None:
     return name if _NAME.fullmatch(name) else None
 
 
-class MiniMaxParser(MarkedParser):
+class MiniMaxParser(RawArgumentsParser):
     name = "minimax_m2"
     open_marker = "<minimax:tool_call>"
     close_marker = "</minimax:tool_call>"
     markers = (open_marker, close_marker)
 
-    fn = ""
     param = ""
-    first = True
     whole = False  # the arguments came as one JSON object inside the invoke (no <parameter> tags)
     in_block = 0  # calls read in the current block (a later <invoke> that is no call ends the block)
 
@@ -78,9 +76,6 @@ class MiniMaxParser(MarkedParser):
             self.state = "close"
             return True
         return self._malformed(out)
-
-    def _emit(self, out: ParsedDelta, text: str) -> None:
-        out.calls.append(CallDelta(self.num_calls, arguments=text))
 
     def _body(self, out: ParsedDelta, final: bool) -> bool:
         """Inside an invoke: parameters until `</invoke>` (or a missing one's next invoke or block end)."""
@@ -139,13 +134,7 @@ class MiniMaxParser(MarkedParser):
         cut, marker = min(ends) if ends else (len(self.buf), "")
         value = self.buf[:cut].removeprefix("\n").removesuffix("\n")  # (one newline each side is layout)
         after = self.buf[cut + len(marker) :] if marker == END_PARAM else self.buf[cut + 1 :] if marker else None
-        self._typed_argument(out, self.fn, self.param, value, self.first)
-        self.first = False
-        self.buf, self.state = after or "", "body"
-        if after is None:  # final, value cut short
-            self._end_call(out)
-            self.state = "text"
-        return after is not None
+        return self._argument(out, self.param, value, after)
 
     def _end_call(self, out: ParsedDelta) -> None:
         if not self.whole:

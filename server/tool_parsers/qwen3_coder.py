@@ -19,22 +19,20 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from lantern.server.tool_parsers.base import CallDelta, MarkedParser, ParsedDelta, split_at
+from lantern.server.tool_parsers.base import CallDelta, ParsedDelta, RawArgumentsParser, split_at
 from lantern.server.tool_parsers.grammar import marked_calls, params_schema, raw_value
 
 FUNC, PARAM, END_PARAM, END_FUNC = "<function=", "<parameter=", "</parameter>", "</function>"
 _NAME = re.compile(r"[^\s<>=]{1,128}")
 
 
-class Qwen3CoderParser(MarkedParser):
+class Qwen3CoderParser(RawArgumentsParser):
     name = "qwen3_coder"
     open_marker = "<tool_call>"
     close_marker = "</tool_call>"
     markers = (open_marker, close_marker)
 
-    fn = ""
     param = ""
-    first = True
 
     def _open(self, out: ParsedDelta, final: bool) -> bool:
         body = self.buf.lstrip()
@@ -54,9 +52,6 @@ class Qwen3CoderParser(MarkedParser):
         self.pending, self.fn, self.first = "", name, True
         self.buf, self.state = after, "body"
         return True
-
-    def _emit(self, out: ParsedDelta, text: str) -> None:
-        out.calls.append(CallDelta(self.num_calls, arguments=text))
 
     def _body(self, out: ParsedDelta, final: bool) -> bool:
         """Inside <function=...>: parameters until </function> (or a missing one's </tool_call>)."""
@@ -100,17 +95,11 @@ class Qwen3CoderParser(MarkedParser):
         if after is None and not final:
             return False
         value = value.removeprefix("\n").removesuffix("\n")
-        self._typed_argument(out, self.fn, self.param, value, self.first)
-        self.first = False
-        self.buf, self.state = after or "", "body"
-        if after is None:  # final, value cut short
-            self._end_call(out, closed=True)
-            self.state = "text"
-        return after is not None
+        return self._argument(out, self.param, value, after)
 
-    def _end_call(self, out: ParsedDelta, closed: bool) -> None:
-        self._emit(out, "{}" if self.first else "}")
-        self.num_calls += 1
+    def _end_call(self, out: ParsedDelta, closed: bool = True) -> None:
+        """closed: false while the </tool_call> after the call is still to come."""
+        super()._end_call(out)
         self.after_call = closed
 
     @classmethod
