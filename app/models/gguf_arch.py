@@ -108,12 +108,16 @@ ARCH_LAYER["nemotron_h_moe"] = {
     "ffn_latent_down": "mlp.fc1_latent_proj",
     "ffn_latent_up": "mlp.fc2_latent_proj",
 }
+# Falcon-H1 (llama.cpp's FalconH1Model): the same mixer tensors beside Llama's (its MLP and pre-MLP norm under
+# Llama's GGUF names, which are the model files').
+ARCH_LAYER["falcon-h1"] = ARCH_LAYER["nemotron_h"]
 # Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, the Mamba-2 mixers' A and D.
 _MAMBA_BARE = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
 ARCH_BARE: dict[str, dict[str, str]] = {
     "granitehybrid": _MAMBA_BARE,
     "nemotron_h": _MAMBA_BARE,
     "nemotron_h_moe": _MAMBA_BARE,
+    "falcon-h1": _MAMBA_BARE,
 }
 # Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
 # scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in

@@ -1,6 +1,6 @@
 """GGUF config builders of the Mamba-2 hybrids (family_mamba2's mixer among attention layers): Granite 4.0-H,
-Nemotron-H and Nemotron 3 as llama.cpp's GraniteHybridModel and NemotronHModel write them. Granite's scalars,
-which Granite 3's builder (gguf_builders.py) shares, live here too.
+Nemotron-H, Nemotron 3 and Falcon-H1 as llama.cpp's GraniteHybridModel, NemotronHModel and FalconH1Model write
+them. Granite's scalars, which Granite 3's builder (gguf_builders.py) shares, live here too.
 """
 
 from __future__ import annotations
@@ -146,4 +146,33 @@ def _nemotron_h_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -
     return out
 
 
-MAMBA_BUILDERS = {"granitehybrid": _granite_hybrid, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h_moe}
+def _falcon_h1(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Falcon-H1 (llama.cpp's FalconH1Model, a Mamba2Model): every layer a mixer beside attention. Its converter
+    folds every μP multiplier into the weights, so none is stated (FalconH1Config's defaults are 1); the mixer's
+    norm is there when ssm_norm is, after the gate as llama.cpp's graph computes it."""
+    heads, inner = int(meta.need("ssm.time_step_rank")), int(meta.need("ssm.inner_size"))
+    return {
+        "model_type": "falcon_h1",
+        "head_dim": _head_dim(meta, cfg),
+        "mamba_d_ssm": inner,
+        "mamba_n_heads": heads,
+        "mamba_d_head": inner // heads,
+        "mamba_d_state": int(meta.need("ssm.state_size")),
+        "mamba_n_groups": int(meta.need("ssm.group_count")),
+        "mamba_d_conv": int(meta.need("ssm.conv_kernel")),
+        "mamba_conv_bias": "blk.0.ssm_conv1d.bias" in tensors,
+        "mamba_proj_bias": "blk.0.ssm_in.bias" in tensors,
+        "projectors_bias": "blk.0.ssm_out.bias" in tensors,  # (refused unless equal to mamba_proj_bias)
+        "mamba_rms_norm": "blk.0.ssm_norm.weight" in tensors,
+        "mamba_norm_before_gate": False,
+        "time_step_limit": [0.0, float("inf")],  # llama.cpp's scan clamps nothing
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_falcon_h1
+    }
+
+
+MAMBA_BUILDERS = {
+    "granitehybrid": _granite_hybrid,
+    "nemotron_h": _nemotron_h,
+    "nemotron_h_moe": _nemotron_h_moe,
+    "falcon-h1": _falcon_h1,
+}

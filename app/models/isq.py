@@ -104,7 +104,7 @@ def isq_candidates(cfg: Any) -> int:
         elif getattr(cfg, "short_conv", None) is not None and cfg.short_conv.conv_layers[layer]:
             total += 2  # LFM2's short conv: in_proj, out_proj
         elif getattr(cfg, "mamba", None) is not None and cfg.mamba.mamba_layers[layer]:
-            total += 2  # Mamba-2: in_proj, out_proj
+            total += 2 + (attention if cfg.mamba.parallel else 0)  # Mamba-2: in_proj, out_proj (Falcon-H1: attention)
         else:
             total += attention
         moe = cfg.moe

@@ -86,9 +86,10 @@ def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ModelNotFoundError(f"{path} has no config.json")
+    from lantern.app.models.family_falcon_h1 import folded_by_mlx_lm
     from lantern.app.models.quant.modelopt import config_from_folder
 
-    config = ModelConfig.from_hf(config_from_folder(json.loads(cfg_file.read_text()), path))
+    config = ModelConfig.from_hf(folded_by_mlx_lm(config_from_folder(json.loads(cfg_file.read_text()), path), path))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelNotFoundError(f"{path} has no *.safetensors weights")

@@ -68,6 +68,13 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Nemotron-H: one mixer per block (Mamba-2, NoPE attention or a relu^2 MLP); "prepare" fills in what
     # transformers 5's saved configs leave out.
     "nemotron_h": {"family": "nemotron_h", "configure": "family_nemotron_h", "own_rope": True, "prepare": True},
+    # Falcon-H1: a Mamba-2 mixer beside attention in every layer, μP multipliers (family_falcon_h1).
+    "falcon_h1": {
+        "family": "falcon_h1",
+        "configure": "family_falcon_h1",
+        "defaults": "family_falcon_h1",
+        "names": True,
+    },
     # ERNIE 4.5: Llama's layer with pair-wise rope (GLM-4's); the MoE's router is DeepSeek-V3's with a softmax.
     "ernie4_5": {"family": "ernie", "configure": "family_ernie"},
     "ernie4_5_moe": {"family": "ernie", "configure": "family_ernie"},
@@ -256,6 +263,7 @@ class ModelConfig:
     linear_attn: Any = None  # family_qwen3_next.LinearAttnConfig: gated-DeltaNet layers with recurrent state
     short_conv: Any = None  # family_lfm2.ShortConvConfig: gated short-convolution layers with a conv state
     mamba: Any = None  # family_mamba2.Mamba2Config: Mamba-2 mixer layers with a conv and SSM state
+    falcon_h1: Any = None  # family_falcon_h1.FalconH1Scalars: Falcon-H1's per-layer multipliers
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every

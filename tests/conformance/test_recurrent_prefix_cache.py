@@ -67,7 +67,9 @@ def _cached_tokens(llm: LLM, prompt: list[int], **add) -> int:
     return final.num_cached_tokens
 
 
-@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5", "lfm2", "lfm2_moe", "granite_hybrid", "nemotron_h"])
+@pytest.mark.parametrize(
+    "variant", ["qwen3_next", "qwen3_5", "lfm2", "lfm2_moe", "granite_hybrid", "nemotron_h", "falcon_h1"]
+)
 def test_a_follow_up_turn_starts_from_the_snapshot_and_matches_transformers(tiny_model_dir, backend, variant):
     """Turn 2 = turn 1's prompt + its reply + a new message: its state is restored at the last block boundary of
     turn 1's reply (32: 30 prompt tokens and 5 of the 6 reply tokens were computed) and everything after it

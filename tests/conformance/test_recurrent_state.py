@@ -32,7 +32,8 @@ def _alone(path: str, backend: str, prompts: list[str]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    "variant", ["qwen3_next", "qwen3_5", "lfm2", "lfm2_moe", "granite_hybrid", "granite_hybrid_moe", "nemotron_h"]
+    "variant",
+    ["qwen3_next", "qwen3_5", "lfm2", "lfm2_moe", "granite_hybrid", "granite_hybrid_moe", "nemotron_h", "falcon_h1"],
 )
 def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model_dir, variant, backend, caplog):
     path = tiny_model_dir(variant)

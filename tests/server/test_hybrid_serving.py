@@ -1,6 +1,6 @@
-"""Models with recurrent layers (Qwen3-Next's linear attention, Granite 4.0-H's and Nemotron-H's Mamba-2 mixers:
-a state per sequence beside the paged KV cache) served through the real server and the official openai client,
-on both backends: concurrent streams, more of them than state slots, give what each request gives
+"""Models with recurrent layers (Qwen3-Next's linear attention, Granite 4.0-H's, Nemotron-H's and Falcon-H1's
+Mamba-2 mixers: a state per sequence beside the paged KV cache) served through the real server and the official
+openai client, on both backends: concurrent streams, more of them than state slots, give what each request gives
 alone; a client that leaves mid-stream gives its slot back and leaves nothing behind for the next request;
 a follow-up turn starts from the prefix cache's snapshot of the state and answers as if computed afresh."""
 
@@ -24,7 +24,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h_moe"])
+@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h_moe", "falcon_h1"])
 def hybrid_server(tiny_model_dir, backend, request):
     threads = {"num_threads": 1} if backend == "torch" else {}
     # 4 slots for 6 concurrent requests: some wait, then take a slot another sequence just gave back.

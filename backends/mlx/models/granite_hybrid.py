@@ -30,17 +30,20 @@ class MambaState:
 
 
 class GroupedGatedNorm(nn.Module):
-    """RMSNorm of y * SiLU(z) over each of `groups` channel groups, times the weight (float32 inside)."""
+    """RMSNorm of y * SiLU(z) over each of `groups` channel groups, times the weight (float32 inside); with
+    before_gate (Falcon-H1's mamba_norm_before_gate) RMSNorm(y) * SiLU(z)."""
 
-    def __init__(self, dim: int, groups: int, eps: float):
+    def __init__(self, dim: int, groups: int, eps: float, before_gate: bool = False):
         super().__init__()
         self.weight = mx.ones((dim,))
-        self.groups, self.eps = groups, eps
+        self.groups, self.eps, self.before_gate = groups, eps, before_gate
 
     def __call__(self, y: mx.array, z: mx.array, dtype: mx.Dtype) -> mx.array:
-        h = (y.astype(mx.float32) * nn.silu(z.astype(mx.float32))).reshape(y.shape[0], self.groups, -1)
+        gate, y = nn.silu(z.astype(mx.float32)), y.astype(mx.float32)
+        h = (y if self.before_gate else y * gate).reshape(y.shape[0], self.groups, -1)
         h = h * mx.rsqrt((h * h).mean(-1, keepdims=True) + self.eps)
-        return (self.weight.astype(mx.float32) * h.reshape(y.shape[0], -1)).astype(dtype)
+        h = self.weight.astype(mx.float32) * h.reshape(y.shape[0], -1)
+        return (h * gate if self.before_gate else h).astype(dtype)
 
 
 class Mamba2Mixer(nn.Module):
@@ -55,8 +58,13 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = mx.ones((m.num_heads,))
         self.A_log = mx.zeros((m.num_heads,))
         self.D = mx.ones((m.num_heads,))
-        self.norm = GroupedGatedNorm(m.inner, m.groups, m.norm_eps)
+        if m.norm != "none":  # (Falcon-H1 without mamba_rms_norm: y * SiLU(z), no weight)
+            self.norm = GroupedGatedNorm(m.inner, m.groups, m.norm_eps, before_gate=m.norm == "before_gate")
         self.out_proj = nn.Linear(m.inner, cfg.hidden_size, bias=m.proj_bias)
+        scale = [1.0] * (m.inner + m.conv_dim + m.num_heads)  # Falcon-H1's μP multipliers of in_proj's parts
+        for start, end, value in m.in_spans():
+            scale[start:end] = [value] * (end - start)
+        self._in_scale = mx.array(scale) if m.in_spans() else None  # (a leading _: not a parameter)
 
     def _ssm_inputs(self, xbc: mx.array, dt: mx.array) -> tuple[mx.array, ...]:
         """Convolved xBC [L, conv_dim] and raw dt [L, H] -> x [L, H, P], dt (softplus'd, clamped), B, C [L, G, N]."""
@@ -68,7 +76,10 @@ class Mamba2Mixer(nn.Module):
 
     def __call__(self, h: mx.array, meta: AttentionMetadata, state: MambaState) -> mx.array:
         m, t, i = self.m, h.shape[0], self.state_index
-        z, xbc, dt = mx.split(self.in_proj(h), [m.inner, m.inner + m.conv_dim], axis=-1)
+        projected = self.in_proj(h)
+        if self._in_scale is not None:
+            projected = projected * self._in_scale.astype(projected.dtype)
+        z, xbc, dt = mx.split(projected, [m.inner, m.inner + m.conv_dim], axis=-1)
         w, bias = self.conv1d.weight, self.conv1d.get("bias")
         windows, ssm = state.conv[i], state.ssm[i]
         a, d = -mx.exp(self.A_log.astype(mx.float32)), self.D.astype(mx.float32)
@@ -96,7 +107,10 @@ class Mamba2Mixer(nn.Module):
         y = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
         if meta.restore_order is not None:  # pieces are decode rows first, then each prefill
             y = y[meta.restore_order]
-        return self.out_proj(self.norm(y.reshape(t, -1), z, h.dtype))
+        y, norm = y.reshape(t, -1), self.get("norm")
+        if norm is None:
+            return self.out_proj((y.astype(mx.float32) * nn.silu(z.astype(mx.float32))).astype(h.dtype))
+        return self.out_proj(norm(y, z, h.dtype))
 
 
 class DecoderLayer(nn.Module):

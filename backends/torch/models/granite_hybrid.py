@@ -31,17 +31,19 @@ class MambaState:
 
 
 class GroupedGatedNorm(nn.Module):
-    """RMSNorm of y * SiLU(z) over each of `groups` channel groups, times the weight (float32 inside)."""
+    """RMSNorm of y * SiLU(z) over each of `groups` channel groups, times the weight (float32 inside); with
+    before_gate (Falcon-H1's mamba_norm_before_gate) RMSNorm(y) * SiLU(z)."""
 
-    def __init__(self, dim: int, groups: int, eps: float):
+    def __init__(self, dim: int, groups: int, eps: float, before_gate: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.groups, self.eps = groups, eps
+        self.groups, self.eps, self.before_gate = groups, eps, before_gate
 
     def forward(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        h = (y.float() * F.silu(z.float())).view(y.shape[0], self.groups, -1)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h.reshape(y.shape[0], -1)).to(dtype)
+        gate = F.silu(z.float())
+        h = (y.float() if self.before_gate else y.float() * gate).view(y.shape[0], self.groups, -1)
+        h = self.weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).reshape(y.shape[0], -1)
+        return (h * gate if self.before_gate else h).to(dtype)
 
 
 class Mamba2Mixer(nn.Module):
@@ -58,8 +60,10 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(m.num_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(m.num_heads), requires_grad=False)
         self.D = nn.Parameter(torch.ones(m.num_heads), requires_grad=False)
-        self.norm = GroupedGatedNorm(m.inner, m.groups, m.norm_eps)
+        if m.norm != "none":  # (Falcon-H1 without mamba_rms_norm: y * SiLU(z), no weight)
+            self.norm = GroupedGatedNorm(m.inner, m.groups, m.norm_eps, before_gate=m.norm == "before_gate")
         self.out_proj = nn.Linear(m.inner, cfg.hidden_size, bias=m.proj_bias)
+        self.in_spans = m.in_spans()  # Falcon-H1's μP multipliers of in_proj's parts
 
     def _ssm_inputs(self, xbc: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Convolved xBC [L, conv_dim] and raw dt [L, H] -> x [L, H, P], dt (softplus'd, clamped), B, C [L, G, N]."""
@@ -71,7 +75,10 @@ class Mamba2Mixer(nn.Module):
 
     def forward(self, h: torch.Tensor, meta: TorchAttentionMetadata, state: MambaState) -> torch.Tensor:
         m, t = self.m, h.shape[0]
-        z, xbc, dt = self.in_proj(h).split([m.inner, m.conv_dim, m.num_heads], dim=-1)
+        projected = self.in_proj(h)
+        for start, end, multiplier in self.in_spans:  # (in place: a fresh tensor)
+            projected[:, start:end].mul_(multiplier)
+        z, xbc, dt = projected.split([m.inner, m.conv_dim, m.num_heads], dim=-1)
         w, bias = self.conv1d.weight, getattr(self.conv1d, "bias", None)
         windows, ssm = state.conv[self.state_index], state.ssm[self.state_index]
         a, d = -self.A_log.float().exp(), self.D.float()
@@ -91,7 +98,9 @@ class Mamba2Mixer(nn.Module):
             x, chunk_dt, b, c = self._ssm_inputs(conv, dt[span])
             s = torch.zeros_like(ssm[slot]) if first else ssm[slot]
             y[span], ssm[slot] = mamba2.chunked(x, chunk_dt, a, b, c, d, s)
-        return self.out_proj(self.norm(y.reshape(t, -1), z, h.dtype))
+        norm = getattr(self, "norm", None)
+        y = y.reshape(t, -1)
+        return self.out_proj(norm(y, z, h.dtype) if norm is not None else (y * F.silu(z.float())).to(h.dtype))
 
 
 class DecoderLayer(nn.Module):
