@@ -205,20 +205,27 @@ def converted(tmp_path_factory):
 
     made: dict[tuple, tuple[Path, Path]] = {}
 
-    def get(mode: str | None, **config: object) -> tuple[Path, Path]:
-        key = (mode, *sorted(config.items()))
+    def get(variant: str, mode: str | None, **config: object) -> tuple[Path, Path]:
+        key = (variant, mode, *sorted(config.items()))
         if key not in made:
-            made[key] = convert("falcon_h1", tmp_path_factory.mktemp(f"fh1-{mode}"), mode=mode, **config)
+            made[key] = convert(variant, tmp_path_factory.mktemp(f"{variant}-{mode}"), mode=mode, **config)
         return made[key]
 
     return get
 
 
-@pytest.mark.parametrize("mode", [None, "affine"])
-def test_mlx_lm_folder_computes_what_mlx_lm_computes(converted, backend, mode):
+@pytest.mark.parametrize(
+    ("variant", "mode", "config"),
+    [
+        ("falcon_h1", None, {}),
+        ("falcon_h1", "affine", {}),
+        ("falcon_h1_norm", None, {"mamba_n_groups": 1}),  # tied: the head's multiplier over the embedding's
+    ],
+)
+def test_mlx_lm_folder_computes_what_mlx_lm_computes(converted, backend, variant, mode, config):
     """mlx_lm's sanitize folds most multipliers into the weights (and drops key_multiplier): the folder is read as
     mlx_lm reads it, float or 4-bit."""
-    folder, _ = converted(mode)
+    folder, _ = converted(variant, mode, **config)
     assert resolve_model(str(folder)).spec.config.falcon_h1.ssm_out == 1.0  # (folded)
     llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     worst, scale = mlx_lm_error(llm, folder, PROMPT, [5, 17, 42, 99, 7, 3])
@@ -229,7 +236,15 @@ def test_mlx_lm_folder_computes_what_mlx_lm_computes(converted, backend, mode):
 def test_float_mlx_lm_folder_equals_the_original_where_mlx_lm_folds_everything(converted, backend):
     """With key_multiplier and attention_in_multiplier at 1 (what mlx_lm leaves out or folds into q and k only
     then changes nothing) the folder is the original model: every other multiplier was folded, none twice."""
-    folder, _ = converted(None, key_multiplier=1.0, attention_in_multiplier=1.0)
+    folder, _ = converted("falcon_h1", None, key_multiplier=1.0, attention_in_multiplier=1.0)
     original = folder.parent / "falcon_h1-float"
     llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     assert_matches_reference(llm, hf_model(str(original)), PROMPT, steps=8, atol=1e-4)
+
+
+def test_mlx_lm_folder_with_grouped_norm_is_refused(converted):
+    """mlx_lm norms the mixer's output over its whole width, whatever mamba_n_groups says: such a folder
+    holds neither model, so it is refused naming the key."""
+    folder, _ = converted("falcon_h1_norm", None)
+    with pytest.raises(UnsupportedModelError, match="mamba_n_groups"):
+        resolve_model(str(folder))
