@@ -9,6 +9,10 @@ projection (all heads at once, weights [heads * head_dim]), applied before the r
 sliding-window layers (layer_types; default three sliding, then one full, window 4096) with a rope of
 their own: rope_parameters nested by layer type, the full layers' possibly scaled (YaRN for the long
 context), the sliding layers' plain (Gemma 3's arrangement: ModelConfig.local_rope_theta).
+
+OLMoE (model_type "olmoe": allenai/OLMoE-1B-7B-*): Llama's pre-norm layer with those whole-projection q/k
+norms, every MLP a mixture of experts (each intermediate_size wide) under Qwen2-MoE's softmax router: the
+top-k probabilities, renormalised only with norm_topk_prob (family_moe's routing).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from lantern.app.models.errors import UnsupportedModelError, check_silu
 from lantern.app.models.errors import refuse as _refuse
+from lantern.app.models.family_moe import MoEConfig
 from lantern.app.models.rope_config import rope_scaling
 
 _LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -26,9 +31,11 @@ _OLMO3_THETA = 500000.0  # Olmo3Config.default_theta
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides for an olmo2 / olmo3 config.json (spec.ModelConfig.from_hf skips its
     Llama-family checks for configure families: the keys are checked here)."""
-    if model_type not in ("olmo2", "olmo3"):
+    if model_type not in ("olmo2", "olmo3", "olmoe"):
         raise UnsupportedModelError(f"family_olmo does not configure model_type {model_type!r}")
     check_silu(cfg, "OLMo")
+    if model_type == "olmoe" and cfg.get("clip_qkv") is not None:  # OlmoeAttention clamps q, k and v
+        raise _refuse("clip_qkv", cfg["clip_qkv"], " for olmoe (q/k/v clamped)")
     # (clip_qkv, OLMo 1's, is no Olmo2Config key: transformers ignores it, so does Lantern)
     for key in ("attention_bias", "mlp_bias"):
         if cfg.get(key):
@@ -39,6 +46,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "max_position_embeddings": int(cfg.get("max_position_embeddings", 2048)),  # Olmo3Config inherits it
         "hidden_act": "silu",
     }
+    if model_type == "olmoe":
+        out["moe"] = _olmoe_experts(cfg)
     if model_type == "olmo3":
         num_layers = fields["num_layers"]
         out["layer_windows"] = _olmo3_windows(cfg, num_layers)
@@ -46,6 +55,18 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         if out["layer_windows"] is None:
             out["local_rope_theta"] = None  # no sliding layer: one rope
     return out
+
+
+def _olmoe_experts(cfg: dict[str, Any]) -> MoEConfig:
+    experts, top_k = int(cfg.get("num_experts", 64)), int(cfg.get("num_experts_per_tok", 8))
+    if not 1 <= top_k <= experts:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
+    return MoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=int(cfg.get("intermediate_size", 2048)),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+    )
 
 
 def _olmo3_windows(cfg: dict[str, Any], num_layers: int) -> list[int | None] | None:

@@ -104,6 +104,19 @@ def _olmo2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     return out
 
 
+def _olmoe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """OLMoE (llama.cpp's OlmoeModel: q/k not permuted, the experts stacked; its graph routes by the softmax's
+    top-k without renormalising, as the released norm_topk_prob false)."""
+    return {
+        "model_type": "olmoe",
+        "head_dim": _head_dim(meta, cfg),
+        "num_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "norm_topk_prob": False,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_olmo
+    }
+
+
 def _ernie(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """ERNIE 4.5 (llama.cpp's Ernie4_5Model / Ernie4_5MoeModel: q/k not permuted, its rope rotating pairs
     as transformers' does). The mixture: sparse from leading_dense_block_count on, every
@@ -421,6 +434,7 @@ BUILDERS = {
     "granitemoe": _granite,
     **MAMBA_BUILDERS,
     "olmo2": _olmo2,
+    "olmoe": _olmoe,
     "ernie4_5": _ernie,
     "ernie4_5-moe": _ernie,
     "exaone4": _exaone4,

@@ -81,6 +81,18 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # OLMo 2 / 3: post-sublayer norms only, q/k norms over whole projections; OLMo 3's sliding layers.
     "olmo2": {"family": "olmo", "configure": "family_olmo"},
     "olmo3": {"family": "olmo", "configure": "family_olmo"},
+    # OLMoE: Llama's layer with OLMo 2's q/k norms, Qwen2-MoE's softmax router over Mixtral-wide experts.
+    "olmoe": {
+        "family": "olmoe",
+        "configure": "family_olmo",
+        "defaults": {
+            "vocab_size": 50304,
+            "hidden_size": 2048,
+            "intermediate_size": 2048,
+            "num_hidden_layers": 16,
+            "max_position_embeddings": 4096,
+        },
+    },
     # Command R7B / A: a parallel block under one LayerNorm, pair-wise rope on sliding layers only.
     "cohere2": {"family": "cohere", "configure": "family_cohere"},
     # EXAONE 4: OLMo 2's post-sublayer norms with per-head q/k norms; global layers without rope (NoPE).

@@ -46,6 +46,7 @@ FILES = {
     "glm4_moe": ("glm4_moe", {}, "f16", {"mtp_layers": 1}),  # GLM-4.5's prediction layer after the stack
     "olmo2": ("olmo2", {}, "f16", {}),
     "olmo3": ("olmo3", {}, "f32", {}),  # sliding layers on their own base, YaRN full layers
+    "olmoe": ("olmoe", {"num_key_value_heads": 4}, "f16", {}),  # llama.cpp's olmoe: k_norm as wide as q_norm
     "ernie4_5": ("ernie4_5", {}, "f16", {}),
     "ernie4_5_moe": ("ernie4_5_moe", {}, "f32", {}),
     # no expert_shared_count (a config.json without moe_num_shared_experts): the shared width from its tensors

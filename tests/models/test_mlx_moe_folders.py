@@ -51,6 +51,7 @@ CASES = {
         {"mode": "affine", "mamba_head_dim": 32, "moe_shared_expert_intermediate_size": 64},
     ),
     "olmo3-4bit": ("olmo3", {"mode": "affine"}),  # q/k norms over whole projections, sliding layers
+    "olmoe-4bit": ("olmoe", {"mode": "affine", "intermediate_size": 64}),  # switch_mlp experts, whole q/k norms
     # block_sparse_moe.switch_mlp, the bias beside the gate (mlx_lm reads the released shared_intermediate_size)
     "minimax_m2-4bit": ("minimax_m2", {"mode": "affine", "shared_intermediate_size": 0}),
     "seed_oss-4bit": ("seed_oss", {"mode": "affine"}),  # q/k/v biases

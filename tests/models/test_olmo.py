@@ -1,7 +1,7 @@
-"""OLMo 2 / OLMo 3: config.json read as transformers' Olmo2Config / Olmo3Config read it (defaults included:
-OLMo 3's layer pattern, window and per-layer-type rope), refusals naming the key, and tensor parallelism
-refused. Logits and greedy tokens run in tests/conformance (olmo2, olmo3), GGUF files in
-test_gguf_families.py, an MLX-format folder in test_mlx_moe_folders.py."""
+"""OLMo 2 / OLMo 3 / OLMoE: config.json read as transformers' Olmo2Config / Olmo3Config / OlmoeConfig read it
+(defaults included: OLMo 3's layer pattern, window and per-layer-type rope; OLMoE's experts), refusals naming
+the key, and tensor parallelism refused. Logits and greedy tokens run in tests/conformance (olmo2, olmo3,
+olmoe), GGUF files in test_gguf_families.py, MLX-format folders in test_mlx_moe_folders.py."""
 
 from __future__ import annotations
 
@@ -77,6 +77,29 @@ def test_config_matches_transformers(model_type, extra):
 def test_unimplemented_keys_are_refused_by_name(model_type, extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ours(model_type, **extra)
+
+
+@pytest.mark.parametrize("extra", [{}, {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True}])
+def test_olmoe_config_matches_transformers(extra):
+    from transformers.models.olmoe.modeling_olmoe import OlmoeSparseMoeBlock
+
+    cfg, ref = ours("olmoe", **extra), hf("olmoe", **extra)
+    block = OlmoeSparseMoeBlock(ref)
+    moe = cfg.moe
+    assert (moe.num_experts, moe.top_k, moe.norm_topk_prob) == (
+        ref.num_experts,
+        ref.num_experts_per_tok,
+        ref.norm_topk_prob,
+    )
+    assert moe.intermediate_size == block.experts.down_proj.shape[-1] == ref.intermediate_size
+    assert moe.is_sparse(0) and cfg.family == "olmoe" and not cfg.qk_norm  # whole-projection q/k norms
+    assert (cfg.rope_theta, cfg.max_position_embeddings, cfg.rms_norm_eps) == (
+        ref.rope_parameters["rope_theta"],
+        ref.max_position_embeddings,
+        ref.rms_norm_eps,
+    )
+    with pytest.raises(UnsupportedModelError, match="clip_qkv"):
+        ours("olmoe", clip_qkv=8.0)
 
 
 def test_tensor_parallelism_is_refused_before_any_worker_starts():
