@@ -64,6 +64,19 @@ def _smollm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     return out
 
 
+def _arcee(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Arcee AFM (llama.cpp's ArceeModel, a LlamaModel: q/k permuted, its YaRN keys; the MLP ffn_up / ffn_down)."""
+    out: dict[str, Any] = {
+        "model_type": "arcee",
+        "head_dim": _head_dim(meta, cfg),
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_arcee
+    }
+    rope = stated_rope_scaling(meta)
+    if rope:
+        out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
+    return out
+
+
 def _granite(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Granite 3 dense and MoE (llama.cpp's GraniteModel / GraniteMoeModel, LlamaModels: q/k permuted as
     Llama's): its four scalars (granite_scalars), GraniteMoE's experts each feed_forward_length wide."""
@@ -430,6 +443,7 @@ BUILDERS = {
     "hunyuan-dense": _hunyuan_dense,
     "glm4moe": _glm4moe,
     "smollm3": _smollm3,
+    "arcee": _arcee,
     "granite": _granite,
     "granitemoe": _granite,
     **MAMBA_BUILDERS,

@@ -71,11 +71,12 @@ _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
 _BARE_RE = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d)$")
 
 # Architectures whose llama.cpp converter permuted q/k rows for its interleaved rotary layout.
-# mistral3 / smollm3 / granite / granitemoe: Ministral3Model, SmolLM3Model, GraniteModel and GraniteMoeModel
-# are LlamaModels; GraniteHybridModel and its NemotronHModel set undo_permute too (NoPE attention computes the
-# same either way; the tensors are the checkpoint's again)
+# mistral3 / smollm3 / arcee / granite / granitemoe: Ministral3Model, SmolLM3Model, ArceeModel, GraniteModel and
+# GraniteMoeModel are LlamaModels; GraniteHybridModel and its NemotronHModel set undo_permute too (NoPE attention
+# computes the same either way; the tensors are the checkpoint's again)
 PERMUTED_ARCHITECTURES = {
     "llama",
+    "arcee",
     "mistral",
     "mistral3",
     "smollm3",

@@ -60,6 +60,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_apertus",
         "names": True,
     },
+    # Arcee AFM: Llama's layer with Nemotron's ungated relu^2 MLP
+    "arcee": {"family": "arcee", "configure": "family_arcee", "defaults": "family_arcee"},
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)
     "granite": {"configure": "family_granite"},  # Llama's layer with embedding / residual / logit scalars
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
@@ -253,7 +255,7 @@ class ModelConfig:
     quantization: QuantScheme | None = None  # how a quantized HF folder stores its linears (hf_formats.py)
     dual_chunk_size: int | None = None  # Qwen's dual chunk attention: full attention up to this length
     family: str = "llama"  # the model file both backends build: backends/*/models/<family>.py
-    hidden_act: str = "silu"  # of the gated MLP: "silu" or "gelu_tanh"
+    hidden_act: str = "silu"  # of the gated MLP: "silu" or "gelu_tanh"; "relu2": an ungated relu^2 MLP (Arcee)
     # Per layer: the keys a query attends to (itself included), None for full attention; the
     # whole list is None when no layer slides.
     layer_windows: list[int | None] | None = None

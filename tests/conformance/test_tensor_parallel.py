@@ -9,7 +9,7 @@ from lantern.app.engine import LLM, SamplingParams
 pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("variant", ["llama2", "qwen2", "qwen3", "exaone4"])
+@pytest.mark.parametrize("variant", ["llama2", "qwen2", "qwen3", "exaone4", "arcee"])
 def test_two_ranks_match_one(tiny_model_dir, variant):
     path = tiny_model_dir(variant)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -1,0 +1,91 @@
+"""Arcee AFM ("arcee"): config.json read as transformers' ArceeConfig reads it, refusals naming the key, and an
+`arcee` GGUF written as llama.cpp's ArceeModel (a LlamaModel: q/k permuted, its YaRN keys, ffn_up / ffn_down
+only) answering as transformers on both backends. The folder's logits and greedy tokens run in
+tests/conformance (arcee), two ranks in test_tensor_parallel.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lantern.app.engine import LLM
+from lantern.app.models.loader import resolve_model
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError
+from tests.conformance.test_parity import PROMPT, hf_model
+from tests.fixtures.teacher_forcing import assert_matches_reference
+from tests.fixtures.tiny_models import build_model
+
+BASE = {"model_type": "arcee", "vocab_size": 400, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+YARN = {"rope_type": "yarn", "factor": 20.0, "original_max_position_embeddings": 4096, "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("extra", [{}, {"num_attention_heads": 4, "num_key_value_heads": 2, "rope_parameters": YARN}])
+def test_config_matches_transformers(extra):
+    from transformers import ArceeConfig
+
+    cfg, ref = ModelConfig.from_hf({**BASE, **extra}), ArceeConfig(**{**BASE, **extra})
+    assert cfg.hidden_act == "relu2" and cfg.family == "arcee"
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.max_position_embeddings) == (
+        ref.num_attention_heads,
+        ref.num_key_value_heads,
+        ref.hidden_size // ref.num_attention_heads,
+        ref.rms_norm_eps,
+        ref.max_position_embeddings,
+    )
+    assert (cfg.rope_scaling or {}).get("rope_type", "default") == ref.rope_parameters["rope_type"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"hidden_act": "silu"}, "hidden_act"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"mlp_bias": True}, "mlp_bias"),
+    ],
+)
+def test_unimplemented_keys_are_refused_by_name(extra, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf({**BASE, **extra})
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_model("arcee", tmp_path_factory.mktemp("arcee"))
+
+
+@pytest.fixture(scope="module")
+def gguf_file(folder, tmp_path_factory):
+    """`folder` as an F32 GGUF the way convert_hf_to_gguf.py's ArceeModel writes it."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    from tests.fixtures.gguf_writer import write_llama_hparams, write_llama_tensors, write_tokenizer
+
+    cfg = json.loads((folder / "config.json").read_text())
+    heads, kv, rope = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rope_parameters"]
+    path = tmp_path_factory.mktemp("arcee-gguf") / "tiny-arcee.gguf"
+    w = gguf.GGUFWriter(path, "arcee")
+    write_llama_hparams(w, cfg, rope["rope_theta"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    write_tokenizer(w, AutoTokenizer.from_pretrained(str(folder)))
+    write_llama_tensors(w, folder, gguf.MODEL_ARCH.ARCEE, heads, kv)
+    return path
+
+
+def test_gguf_config_is_the_checkpoints(folder, gguf_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    assert resolve_model(str(gguf_file)).spec.config == resolve_model(str(folder)).spec.config
+
+
+def test_gguf_logits_match_transformers(folder, gguf_file, backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    llm = LLM(str(gguf_file), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        assert_matches_reference(llm, hf_model(str(folder)), PROMPT)
+    finally:
+        llm.engine.shutdown()
