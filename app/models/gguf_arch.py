@@ -59,6 +59,12 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (the pre-MLP norm, Llama's ffn_norm)
     # the checkpoint's names (weight_stream renames them for the model files, as a folder's)
     "hunyuan-dense": {"attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"},
+    "hunyuan-moe": {
+        "attn_q_norm": "self_attn.query_layernorm",
+        "attn_k_norm": "self_attn.key_layernorm",
+        "ffn_gate_inp": "mlp.gate.wg",
+        **{f"ffn_{p}_shexp": f"mlp.shared_mlp.{p}_proj" for p in ("gate", "up", "down")},
+    },
     "exaone4": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
     # the pre-MLP norm; the sinks are a bare parameter in HF (gguf_names.hf_name drops ".weight")
     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},

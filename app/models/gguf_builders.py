@@ -401,6 +401,22 @@ def _hunyuan_dense(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) ->
     }
 
 
+def _hunyuan_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Hunyuan MoE (llama.cpp's HunYuanMoEModel: Hunyuan dense's attention and rope keys, the experts stacked, the
+    shared MLP as ffn_*_shexp; its graph renormalises the softmax's top-k as transformers does)."""
+    shared = int(meta.get("expert_shared_count") or 1)
+    if shared != 1:
+        raise UnsupportedModelError(f"{meta.label}hunyuan-moe.expert_shared_count={shared} is not implemented")
+    return {
+        **_hunyuan_dense(meta, tensors, cfg),
+        "model_type": "hunyuan_v1_moe",
+        "num_experts": int(meta.need("expert_count")),
+        "moe_topk": int(meta.need("expert_used_count")),
+        "intermediate_size": int(meta.need("expert_shared_feed_forward_length")),
+        "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),  # (refused unless the same)
+    }
+
+
 def _seed_oss(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Seed-OSS (llama.cpp's SeedOssModel, a plain TextModel: q/k unpermuted); biases where their tensors are."""
     return {
@@ -441,6 +457,7 @@ BUILDERS = {
     "minimax-m2": _minimax_m2,
     "seed_oss": _seed_oss,
     "hunyuan-dense": _hunyuan_dense,
+    "hunyuan-moe": _hunyuan_moe,
     "glm4moe": _glm4moe,
     "smollm3": _smollm3,
     "arcee": _arcee,

@@ -52,6 +52,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "mistral4": {"family": "deepseek", "configure": "family_deepseek", "own_rope": True},
     # Hunyuan dense: Llama's layer with per-head q/k norms after the rope, NTK-alpha rope (family_hunyuan)
     "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True, "defaults": "family_hunyuan", "names": True},
+    # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
+    "hunyuan_v1_moe": {
+        "family": "hunyuan_moe",
+        "configure": "family_hunyuan",
+        "own_rope": True,
+        "defaults": "family_hunyuan",
+        "names": True,
+    },
     # Apertus: Llama's layer with per-head q/k norms and an ungated xIELU MLP (two trained scalars per layer)
     "apertus": {
         "family": "apertus",

@@ -135,6 +135,9 @@ def test_normalized_rope_scaling_matches_transformers_defaults():
         ("seed_oss", {"attention_out_bias": True}, "attention_out_bias=true"),
         ("hunyuan_v1_dense", {"attention_bias": True}, "attention_bias=true"),  # o_proj's too
         ("hunyuan_v1_dense", {"use_cla": True}, "use_cla=true"),
+        ("hunyuan_v1_moe", {"moe_topk": [2, 4]}, "moe_topk=[2, 4]"),  # per-layer widths Lantern does not vary
+        ("hunyuan_v1_moe", {"moe_intermediate_size": 96}, "moe_intermediate_size=96"),  # transformers ignores it
+        ("hunyuan_v1_moe", {"num_shared_expert": 2}, "num_shared_expert=2"),
         ("apertus", {"hidden_act": "silu"}, 'hidden_act="silu"'),
         ("apertus", {"attention_bias": True}, "attention_bias=true"),
         ("llama", {"hidden_act": "gelu"}, 'hidden_act="gelu"'),
@@ -244,6 +247,15 @@ def test_hunyuan_and_apertus_defaults_and_variants():
     hunyuan = ModelConfig.from_hf(cfg("hunyuan_v1_dense"))
     ref = hf_config("hunyuan_v1_dense")
     assert (hunyuan.rms_norm_eps, hunyuan.max_position_embeddings) == (ref.rms_norm_eps, ref.max_position_embeddings)
+    # Hunyuan MoE: transformers' gate, experts and shared MLP sizes (its defaults: one expert, top 1)
+    from transformers.models.hunyuan_v1_moe.modeling_hunyuan_v1_moe import HunYuanMoEV1Moe
+
+    for extra in ({}, {"num_experts": 8, "moe_topk": [2, 2], "moe_intermediate_size": [128, 128]}):
+        moe, ref = ModelConfig.from_hf(cfg("hunyuan_v1_moe", **extra)).moe, hf_config("hunyuan_v1_moe", **extra)
+        block = HunYuanMoEV1Moe(ref, layer_idx=0)
+        assert (moe.num_experts, moe.top_k) == (block.gate.num_experts, block.gate.top_k)
+        assert moe.intermediate_size == moe.shared_size == block.shared_mlp.intermediate_size
+        assert moe.norm_topk_prob and moe.router_fp32 and block.gate.wg.weight.dtype == torch.float32
     for key, value in (("post_norm", True), ("qk_norm", False)):
         with pytest.raises(UnsupportedModelError, match=key):
             ModelConfig.from_hf(cfg("apertus", **{key: value}))

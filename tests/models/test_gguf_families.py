@@ -59,6 +59,7 @@ FILES = {
     "qwen3": ("qwen3", {}, "f16", {}),  # head_dim 32 != hidden / heads: transformers' reader drops it
     "seed_oss": ("seed_oss", {}, "f16", {}),  # q/k/v biases, head_dim 32
     "hunyuan_dense": ("hunyuan_dense", {}, "f16", {}),  # q/k norms after the rope, the NTK-alpha base stretched
+    "hunyuan_moe": ("hunyuan_moe", {}, "f16", {}),  # the router as ffn_gate_inp, the shared MLP as ffn_*_shexp
 }
 
 

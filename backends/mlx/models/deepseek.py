@@ -178,6 +178,8 @@ class DeepSeekMoE(nn.Module):
                 scores = mx.where(self._group_mask(group_scores, e), scores, 0.0)
             ids = _top_k(scores, moe.top_k)
             weights = mx.take_along_axis(scores, ids, axis=-1)
+            if moe.norm_topk_prob:  # (Hunyuan MoE; DeepSeek-V2's configs never ask: family_deepseek refuses it)
+                weights = weights / (weights.sum(axis=-1, keepdims=True) + moe.norm_eps)
         return ids, weights * moe.routed_scaling_factor
 
     def __call__(self, x: mx.array) -> mx.array:

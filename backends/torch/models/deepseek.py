@@ -159,6 +159,8 @@ class DeepSeekMoE(SparseMoE):
                 group_scores = scores.view(t, g, e // g).amax(dim=-1)
                 scores = scores.masked_fill(~self._group_mask(group_scores, e), 0.0)
             weights, ids = scores.topk(moe.top_k, dim=-1)
+            if moe.norm_topk_prob:  # (Hunyuan MoE; DeepSeek-V2's configs never ask: family_deepseek refuses it)
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + moe.norm_eps)
         return ids, weights * moe.routed_scaling_factor
 
     def _group_mask(self, group_scores: torch.Tensor, num_experts: int) -> torch.Tensor:
