@@ -53,10 +53,11 @@ _ACTIVATIONS = {"silu", "swish"}  # one function under two names in transformers
 
 @dataclass(frozen=True)
 class AttnTemperature:
-    """Llama 4's per-position query scale: q * (1 + beta * log(1 + floor(position / length)))."""
+    """Llama 4's per-position query scale: q * (1 + beta * log(1 + floor((position + offset) / length)))."""
 
     beta: float
     length: int  # YaRN's original_max_position_embeddings: the scale steps up at each multiple
+    offset: int = 0  # Llama 4's own layers count positions from one
 
 
 def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:

@@ -66,6 +66,8 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]], hidden_size: int) -> I
             ours = value.shape[2] == hidden_size if gate_up else value.shape[1] == hidden_size
             if not ours:
                 if not hasattr(value, "swapaxes"):
-                    raise UnsupportedModelError(f"{name}: quantized fused experts of Qwen3-VL are not implemented")
+                    raise UnsupportedModelError(
+                        f"{name}: quantized fused experts stored [E, in, out] are not implemented"
+                    )
                 value = value.swapaxes(1, 2)
         yield name, value

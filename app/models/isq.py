@@ -112,7 +112,7 @@ def isq_candidates(cfg: Any) -> int:
             total += 2 if cfg.family in ("apertus", "arcee") else 3  # gate, up, down (Apertus's, Arcee's: no gate)
         else:  # stacked experts (gpt-oss) count one by one too: quantize_stream splits them
             shared = moe.shared_expert_size or getattr(moe, "shared_size", 0)  # Qwen2-MoE / DeepSeek
-            shared = shared or cfg.family == "granite_hybrid"  # Granite 4.0-H's dense shared_mlp
+            shared = shared or cfg.family in ("granite_hybrid", "llama4")  # Granite 4.0-H's shared_mlp, Llama 4's
             total += 3 * moe.num_experts + (3 if shared else 0)
     return total
 

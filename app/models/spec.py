@@ -148,6 +148,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_minimax",
         "names": True,
     },
+    # Llama 4 (Scout / Maverick): pair-wise rope, NoPE layers with a query temperature, L2 q/k norms, sigmoid-routed
+    # top-1 experts beside a shared expert, chunked attention (served within one chunk)
+    "llama4_text": {"family": "llama4", "configure": "family_llama4", "defaults": "family_llama4"},
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)
@@ -190,6 +193,7 @@ MULTIMODAL_WRAPPERS = {
     "qwen2_5_vl": _text_config("family_qwen2_vl"),
     "qwen3_vl": _text_config("family_qwen3_vl"),
     "qwen3_vl_moe": _text_config("family_qwen3_vl"),
+    "llama4": _text_config("family_llama4"),
 }
 
 
@@ -291,6 +295,8 @@ class ModelConfig:
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every
     # layer is (num_kv_heads, head_dim) or the model's kv_layout.
     kv_shapes: tuple[tuple[int, int], ...] | None = None
+    # Llama 4: its rope layers attend within chunks of this many tokens; served within one (check_servable)
+    attention_chunk: int | None = None
     # The vision-language model_type whose folder this language model came from (its tensor names
     # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
     multimodal_wrapper: str | None = None
@@ -338,6 +344,11 @@ class ModelConfig:
         ):
             return int(self.max_position_embeddings * float(s.get("factor") or 1.0))
         return self.max_position_embeddings
+
+    @property
+    def servable_context(self) -> int:
+        """The longest context Lantern computes exactly: max_context, within one attention chunk (Llama 4)."""
+        return min(self.max_context, self.attention_chunk or self.max_context)
 
     def serve_context(self, max_model_len: int | None) -> None:
         """Called before the weights load with the user's --max-model-len: LongRoPE models served
@@ -436,6 +447,12 @@ def check_servable(config: ModelConfig, max_model_len: int) -> None:
         raise ValueError(
             f"max_model_len {max_model_len} is beyond the {config.max_context} positions this model's rope "
             f"serves; serve with --max-model-len {config.max_context} (or less)"
+        )
+    chunk = config.attention_chunk
+    if chunk is not None and max_model_len > chunk:
+        raise ValueError(
+            f"attention_chunk_size={chunk} in config.json (chunked attention) is implemented within one chunk; "
+            f"serve with --max-model-len {chunk} (or less)"
         )
     limit = config.dual_chunk_size
     if limit is not None and max_model_len > limit:

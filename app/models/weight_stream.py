@@ -57,6 +57,10 @@ def iter_weights(
             from lantern.app.models.family_qwen3_vl import checkpoint_tensors as qwen3_vl_tensors
 
             source = qwen3_vl_tensors(source, spec.config.hidden_size)
+        if spec.config.family == "llama4":  # its fused experts [E, in, out] as [E, out, in]
+            from lantern.app.models.family_llama4 import checkpoint_tensors as llama4_tensors
+
+            source = llama4_tensors(source)
         source = split_switch_mlp(source, fused)
         if spec.config.mla is not None:  # mlx_lm's DeepSeek-V3 conversions split kv_b_proj per head
             from lantern.app.models.family_deepseek import join_mla_heads
@@ -209,6 +213,10 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
 
         layers = spec.config.gemma4
         return lambda name: None if (text := base(name)) is None else gemma4_name(text, layers)
+    if spec.config.family == "llama4":  # its MLP `feed_forward`, the router and shared expert under `mlp`
+        from lantern.app.models.family_llama4 import checkpoint_name as llama4_name
+
+        return lambda name: None if (text := base(name)) is None else llama4_name(text)
     if spec.config.multimodal_wrapper is not None:
         return base
     if spec.config.family == "bert":  # HF BERT names -> the encoder files' (pooler and MLM heads skipped)

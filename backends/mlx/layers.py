@@ -88,10 +88,10 @@ class Attention(nn.Module):
 
 def query_temperature(temp: Any, positions: mx.array, dtype: mx.Dtype) -> mx.array:
     """Llama 4's query scale at each token's position, [T, 1, 1] in the queries' dtype: float32
-    1 + beta * log(1 + floor(position / length)) as transformers computes it, then cast (temp:
+    1 + beta * log(1 + floor((position + offset) / length)) as transformers computes it, then cast (temp:
     family_ministral.AttnTemperature). A few lazy ops on [T] per layer: MLX's metadata has no
     per-step cache to share them through."""
-    steps = mx.floor(positions.astype(mx.float32) / temp.length)
+    steps = mx.floor((positions.astype(mx.float32) + temp.offset) / temp.length)
     return (1 + temp.beta * mx.log(1 + steps)).astype(dtype)[:, None, None]
 
 

@@ -61,7 +61,7 @@ class MLXBackend:
         return ModelInfo(
             num_params=num_params,
             weight_bytes=self.weight_bytes,
-            max_model_len=spec.config.max_context,
+            max_model_len=spec.config.servable_context,
             vocab_size=spec.config.vocab_size,
         )
 

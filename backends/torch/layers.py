@@ -172,12 +172,12 @@ class Attention(nn.Module):
 
 def query_temperature(temp: Any, meta: TorchAttentionMetadata, dtype: torch.dtype) -> torch.Tensor:
     """Llama 4's query scale at each token's position, [T, 1, 1] in the queries' dtype: computed in
-    float32 as transformers does (1 + beta * log(1 + floor(position / length))), then cast; made
+    float32 as transformers does (1 + beta * log(1 + floor((position + offset) / length))), then cast; made
     once per step and shared by every layer (temp: family_ministral.AttnTemperature)."""
     key = ("attn_temperature", dtype)
     scale = meta.step_cache.get(key)
     if scale is None:
-        steps = torch.floor(meta.positions / temp.length)
+        steps = torch.floor((meta.positions + temp.offset) / temp.length)
         scale = meta.step_cache[key] = (1 + temp.beta * torch.log(1 + steps)).to(dtype)[:, None, None]
     return scale
 

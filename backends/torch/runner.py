@@ -125,7 +125,7 @@ class TorchBackend:
         return ModelInfo(
             num_params=num_params,
             weight_bytes=weight_bytes,
-            max_model_len=self.max_context,
+            max_model_len=spec.config.servable_context,
             vocab_size=spec.config.vocab_size,
         )
 
