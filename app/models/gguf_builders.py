@@ -77,6 +77,32 @@ def _arcee(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     return out
 
 
+def _llama4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Llama 4 (llama.cpp's Llama4Model: q/k unpermuted; the dense MLP's width as feed_forward_length, the experts'
+    as expert_feed_forward_length; the llama3 rope as rope_freqs). llama.cpp's graph fixes what no key states:
+    every 4th layer rope-less and attending to all (the others in chunks of 8192), the query temperature's floor
+    8192 and scale 0.1, q/k norms except on the 128-expert model (Maverick) -- Llama4TextConfig's defaults, and
+    Maverick's use_qk_norm false. A file stating sliding_window 0 (rope everywhere but on the last layer) is refused."""
+    if meta.get("attention.sliding_window") == 0:
+        raise UnsupportedModelError(f"{meta.label}llama4.attention.sliding_window=0 is not implemented")
+    experts = int(meta.need("expert_count"))
+    out: dict[str, Any] = {
+        "model_type": "llama4_text",
+        "head_dim": _head_dim(meta, cfg),
+        "num_local_experts": experts,
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "interleave_moe_layer_step": int(meta.need("interleave_moe_layer_step")),
+        "intermediate_size": int(meta.need("expert_feed_forward_length")),
+        "intermediate_size_mlp": cfg["intermediate_size"],
+        "use_qk_norm": experts != 128,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_llama4
+    }
+    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta))
+    if rope:
+        out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
+    return out
+
+
 def _granite(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Granite 3 dense and MoE (llama.cpp's GraniteModel / GraniteMoeModel, LlamaModels: q/k permuted as
     Llama's): its four scalars (granite_scalars), GraniteMoE's experts each feed_forward_length wide."""
@@ -461,6 +487,7 @@ BUILDERS = {
     "glm4moe": _glm4moe,
     "smollm3": _smollm3,
     "arcee": _arcee,
+    "llama4": _llama4,
     "granite": _granite,
     "granitemoe": _granite,
     **MAMBA_BUILDERS,

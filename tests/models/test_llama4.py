@@ -7,6 +7,7 @@ in tests/conformance."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -107,3 +108,39 @@ def test_vision_language_folder_serves_its_text_model(tiny_model_dir, tmp_path, 
     folder = vision_language_folder(text, tmp_path / "vl", wrapper, extra)
     assert ModelConfig.from_hf(json.loads((folder / "config.json").read_text())).multimodal_wrapper == "llama4"
     assert_same_greedy(str(text), str(folder), backend)
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_shaped(tmp_path_factory):
+    """(float folder, its GGUF): the tiny model with the values llama.cpp's graph fixes (every 4th layer rope-less)."""
+    from tests.fixtures.gguf_llama4 import LLAMA_CPP_FIXED, convert_llama4
+    from tests.fixtures.tiny_models import build_model
+
+    root = tmp_path_factory.mktemp("llama4-gguf")
+    src = build_model("llama4", root / "hf", **LLAMA_CPP_FIXED)
+    return src, convert_llama4(src, root / "tiny-llama4.gguf")
+
+
+def test_gguf_config_is_the_checkpoints(llama_cpp_shaped, tmp_path, monkeypatch):
+    from lantern.app.models.loader import resolve_model
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    src, path = llama_cpp_shaped
+    got, want = resolve_model(str(path)).spec.config, resolve_model(str(src)).spec.config
+    # (the llama3 rope comes back from rope_freqs as an equivalent set of keys: the logits below check it)
+    assert dataclasses.replace(got, rope_scaling=None) == dataclasses.replace(want, rope_scaling=None)
+    assert got.rope_layers == (True, True, True, False) and got.rope_scaling["factor"] == want.rope_scaling["factor"]
+
+
+def test_gguf_logits_match_transformers(llama_cpp_shaped, backend, tmp_path, monkeypatch):
+    from lantern.app.engine import LLM
+    from tests.conformance.test_parity import PROMPT, hf_model
+    from tests.fixtures.teacher_forcing import assert_matches_reference
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    src, path = llama_cpp_shaped
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        assert_matches_reference(llm, hf_model(str(src)), PROMPT)
+    finally:
+        llm.engine.shutdown()
