@@ -58,10 +58,7 @@ def _smollm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
         "no_rope_layer_interval": 4,
         "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_smollm3
     }
-    rope = stated_rope_scaling(meta)
-    if rope:
-        out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
-    return out
+    return _with_rope(out, stated_rope_scaling(meta), cfg)
 
 
 def _arcee(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
@@ -71,10 +68,7 @@ def _arcee(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
         "head_dim": _head_dim(meta, cfg),
         "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_arcee
     }
-    rope = stated_rope_scaling(meta)
-    if rope:
-        out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
-    return out
+    return _with_rope(out, stated_rope_scaling(meta), cfg)
 
 
 def _llama4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
@@ -97,10 +91,12 @@ def _llama4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
         "use_qk_norm": experts != 128,
         "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_llama4
     }
-    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta))
-    if rope:
-        out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
-    return out
+    return _with_rope(out, rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)), cfg)
+
+
+def _with_rope(out: dict[str, Any], rope: dict[str, Any] | None, cfg: dict[str, Any]) -> dict[str, Any]:
+    """`out` with the file's rope scaling as rope_parameters (at the file's base), where it has one."""
+    return {**out, "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]}} if rope else out
 
 
 def _granite(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
@@ -175,10 +171,7 @@ def _ernie(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
             moe_intermediate_size=int(meta.need("expert_feed_forward_length")),
             moe_num_shared_experts=_ernie_shared(meta, tensors),
         )
-    rope = stated_rope_scaling(meta)
-    if rope:
-        out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
-    return out
+    return _with_rope(out, stated_rope_scaling(meta), cfg)
 
 
 def _ernie_shared(meta: _Meta, tensors: dict[str, Any]) -> int:
@@ -201,10 +194,7 @@ def _exaone4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
         out["layer_types"] = _layer_types(meta, cfg["num_hidden_layers"], 4, True)
     else:
         out["layer_types"] = ["full_attention"] * cfg["num_hidden_layers"]
-    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta))
-    if rope:
-        out["rope_parameters"] = {**rope, "rope_theta": cfg["rope_theta"]}
-    return out
+    return _with_rope(out, rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)), cfg)
 
 
 def _cohere2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
