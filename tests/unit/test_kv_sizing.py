@@ -36,6 +36,7 @@ class FakeBackend:
 class Cfg:
     sliding_window = None
     dual_chunk_size = None
+    attention_chunk = None
     max_context = 8192
     max_position_embeddings = 8192
     rope_scaling = None
