@@ -73,3 +73,28 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str,
         if name.endswith((".act_fn.alpha_p", ".act_fn.alpha_n")):
             value = value.reshape(1)
         yield name, value
+
+
+def gguf_tensors(source: Iterator[tuple[str, Any]], metadata: dict[str, Any], layers: int) -> Iterator[tuple[str, Any]]:
+    """An `apertus` GGUF's stream (llama.cpp's ApertusModel keeps xIELU's scalars as per-layer metadata arrays,
+    xielu.alpha_p / alpha_n / beta / eps, the trained ones as stored): the file's tensors, then each layer's two
+    trained scalars as the checkpoint's one-element tensors; the constants checked as checkpoint_tensors does."""
+    import numpy as np
+
+    yield from source
+    values: dict[str, list[float]] = {}
+    for key in ("alpha_p", "alpha_n", "beta", "eps"):
+        stated = metadata.get(f"xielu.{key}")  # (gguf's Keys.xIELU: no architecture prefix)
+        stated = [stated] * layers if isinstance(stated, (int, float)) else list(stated or [])
+        if len(stated) != layers:
+            raise UnsupportedModelError(f"xielu.{key} holds {len(stated)} values for {layers} layers")
+        values[key] = [float(v) for v in stated]
+    for key, want in (("beta", XIELU_BETA), ("eps", XIELU_EPS)):
+        for got in values[key]:
+            if abs(got - want) > 0.05 * abs(want):
+                raise UnsupportedModelError(
+                    f"apertus.xielu.{key}={got}: an xIELU constant other than Apertus's ({want})"
+                )
+    for layer in range(layers):
+        for key in ("alpha_p", "alpha_n"):
+            yield f"model.layers.{layer}.mlp.act_fn.{key}", np.asarray([values[key][layer]], dtype=np.float32)

@@ -99,6 +99,18 @@ def _with_rope(out: dict[str, Any], rope: dict[str, Any] | None, cfg: dict[str, 
     return {**out, "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]}} if rope else out
 
 
+def _apertus(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Apertus (llama.cpp's ApertusModel, a LlamaModel with undo_permute off: q/k as stored; the llama3 rope as
+    rope_freqs, none for a plain rope; xIELU's scalars in metadata: family_apertus.gguf_tensors reads them)."""
+    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)) or {"rope_type": "default"}
+    return {
+        "model_type": "apertus",
+        "head_dim": _head_dim(meta, cfg),
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_apertus
+        "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},  # (ApertusConfig's default is llama3's)
+    }
+
+
 def _granite(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Granite 3 dense and MoE (llama.cpp's GraniteModel / GraniteMoeModel, LlamaModels: q/k permuted as
     Llama's): its four scalars (granite_scalars), GraniteMoE's experts each feed_forward_length wide."""
@@ -478,6 +490,7 @@ BUILDERS = {
     "smollm3": _smollm3,
     "arcee": _arcee,
     "llama4": _llama4,
+    "apertus": _apertus,
     "granite": _granite,
     "granitemoe": _granite,
     **MAMBA_BUILDERS,

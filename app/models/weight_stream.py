@@ -71,9 +71,15 @@ def iter_weights(
         rename = importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
         source = ((rename(name), value) for name, value in source)
     if spec.config.architecture == "apertus":  # xIELU's constants checked, its scalars as vectors
-        from lantern.app.models.family_apertus import checkpoint_tensors as apertus_tensors
+        from lantern.app.models import family_apertus
 
-        source = apertus_tensors(source)
+        if spec.weight_format == "gguf":  # (llama.cpp keeps the scalars in metadata)
+            from lantern.app.models.gguf_names import read_gguf_index
+
+            metadata = read_gguf_index(str(spec.weight_files[0])).metadata
+            source = family_apertus.gguf_tensors(source, metadata, spec.config.num_layers)
+        else:
+            source = family_apertus.checkpoint_tensors(source)
     if spec.config.architecture == "ernie4_5_moe" and spec.config.moe is not None:  # its router bias, renamed
         from lantern.app.models.family_ernie import checkpoint_tensors as ernie_tensors
 
