@@ -52,9 +52,11 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "mistral4": {"family": "deepseek", "configure": "family_deepseek", "own_rope": True},
     # Hunyuan dense: Llama's layer with per-head q/k norms after the rope, NTK-alpha rope (family_hunyuan)
     "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True, "defaults": "family_hunyuan", "names": True},
+    # dots.llm1: Qwen3's attention over DeepSeek-V3's sigmoid-routed and shared experts past the first dense layers
+    "dots1": {"family": "llama_moe", "configure": "family_dots1", "defaults": "family_dots1"},
     # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
     "hunyuan_v1_moe": {
-        "family": "hunyuan_moe",
+        "family": "llama_moe",
         "configure": "family_hunyuan",
         "own_rope": True,
         "defaults": "family_hunyuan",

@@ -247,6 +247,26 @@ def test_hunyuan_and_apertus_defaults_and_variants():
     hunyuan = ModelConfig.from_hf(cfg("hunyuan_v1_dense"))
     ref = hf_config("hunyuan_v1_dense")
     assert (hunyuan.rms_norm_eps, hunyuan.max_position_embeddings) == (ref.rms_norm_eps, ref.max_position_embeddings)
+    # dots.llm1: Dots1Config's defaults (no experts unless stated; no sliding layer below max_window_layers) and
+    # DeepSeek-V3's router as its MoE block reads the keys
+    from transformers.models.dots1.modeling_dots1 import Dots1MoE
+
+    dots = {"n_routed_experts": 8, "n_shared_experts": 2, "num_experts_per_tok": 2, "first_k_dense_replace": 1}
+    ours, ref = ModelConfig.from_hf(cfg("dots1", **dots)), hf_config("dots1", **dots)
+    block = Dots1MoE(ref)
+    assert ours.qk_norm and ours.layer_windows is None and ours.rms_norm_eps == ref.rms_norm_eps
+    assert (ours.moe.num_experts, ours.moe.top_k, ours.moe.scoring) == (
+        block.gate.num_experts,
+        block.gate.top_k,
+        "sigmoid",
+    )
+    assert ours.moe.shared_size == block.shared_experts.intermediate_size and not ours.moe.is_sparse(0)
+    assert ModelConfig.from_hf(cfg("dots1")).moe is None  # (Dots1Config: no routed experts by default)
+    sliding = ModelConfig.from_hf(cfg("dots1", **dots, max_window_layers=1, sliding_window=64))
+    assert sliding.layer_windows == [
+        None if t == "full_attention" else 64
+        for t in hf_config("dots1", **dots, max_window_layers=1, sliding_window=64).layer_types
+    ]
     # Hunyuan MoE: transformers' gate, experts and shared MLP sizes (its defaults: one expert, top 1)
     from transformers.models.hunyuan_v1_moe.modeling_hunyuan_v1_moe import HunYuanMoEV1Moe
 

@@ -1,0 +1,55 @@
+"""dots.llm1 (rednote-hilab/dots.llm1.base / .inst: model_type dots1), as transformers' Dots1Config reads its
+config.json (defaults included), turned into ModelConfig fields.
+
+The maths (transformers' modeling_dots1): Qwen3's attention (per-head q/k RMSNorms before the rope) in Llama's
+decoder layer; the MLPs from first_k_dense_replace on are DeepSeek-V3's mixture (a float32 sigmoid router whose
+choice adds e_score_correction_bias within n_group groups, weights renormalised with norm_topk_prob and scaled by
+routed_scaling_factor, n_shared_experts always-on experts: family_deepseek.routed_experts), the first layers a
+dense MLP of intermediate_size. Layers from max_window_layers on attend within sliding_window when it is set
+(the released 62-layer model has none such).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lantern.app.models.errors import check_silu
+from lantern.app.models.errors import refuse as _refuse
+from lantern.app.models.family_deepseek import routed_experts
+from lantern.app.models.spec import UnsupportedModelError
+
+# Dots1Config's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
+DEFAULTS: dict[str, Any] = {
+    "vocab_size": 152064,
+    "hidden_size": 4608,
+    "intermediate_size": 10944,
+    "num_hidden_layers": 62,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 2048,
+}
+
+
+def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig field overrides for a dots1 config; refuses, naming the key, what it does not compute."""
+    if model_type != "dots1":
+        raise UnsupportedModelError(f"family_dots1 does not configure model_type {model_type!r}")
+    check_silu(cfg, "dots.llm1")
+    if cfg.get("attention_bias"):  # (Qwen3Attention's would bias o_proj too)
+        raise _refuse("attention_bias", cfg["attention_bias"], " for dots1 (biases on the projections)")
+    layers = fields["num_layers"]
+    window, first = cfg.get("sliding_window", 4096), cfg.get("max_window_layers", 62)
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)
+    ]
+    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise _refuse("layer_types", types, f" (sliding_attention or full_attention for each of the {layers} layers)")
+    if "sliding_attention" in types and not window:
+        raise _refuse("sliding_window", window, " with sliding_attention layers")
+    windows = [int(window) if t == "sliding_attention" else None for t in types]
+    return {
+        "qk_norm": True,
+        "moe": routed_experts(model_type, cfg, layers),
+        "layer_windows": windows if any(windows) else None,
+    }
