@@ -42,9 +42,11 @@ _DEFAULTS: dict[str, Any] = {
 # GLM-4's and GLM-4.5's under a multimodal rope (mrope_section) that is theirs for text (all three position
 # ids are the token's), so the keys are dropped. Their text config classes' defaults differ from GLM-4's and
 # GLM-4.5's (Glm4vTextConfig / Glm4vMoeTextConfig), and GLM-4.1V's attention always has q/k/v biases.
-_WRAPPED = {"glm4v": "glm4", "glm4v_moe": "glm4_moe"}
+# glm46v: GLM-4.6V-Flash's own wrapper type in transformers 5 (Glm46VForConditionalGeneration is Glm4v's model)
+_WRAPPED = {"glm4v": "glm4", "glm46v": "glm4", "glm4v_moe": "glm4_moe"}
 _TEXT_DEFAULTS = {
     "glm4v": {"rms_norm_eps": 1e-5, "max_position_embeddings": 32768},
+    "glm46v": {"rms_norm_eps": 1e-5, "max_position_embeddings": 32768},  # (its text_config is Glm4vTextConfig)
     "glm4v_moe": {"attention_bias": True, "max_position_embeddings": 65536},
 }
 
@@ -62,7 +64,7 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(text.get(key), dict):
             text[key] = {k: v for k, v in text[key].items() if not k.startswith("mrope_")}
-    if kind == "glm4v":
+    if kind in ("glm4v", "glm46v"):
         text["attention_bias"] = True
         text.setdefault("head_dim", text["hidden_size"] // text["num_attention_heads"])  # (GLM-4's default: 128)
         stated = (text.get("rope_parameters") or {}).get("partial_rotary_factor", text.get("partial_rotary_factor"))

@@ -190,6 +190,7 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_5_moe": _text_config("family_qwen3_next"),
     "lfm2_vl": _text_config("family_lfm2"),
     "glm4v": _text_config("family_glm"),
+    "glm46v": _text_config("family_glm"),
     "glm4v_moe": _text_config("family_glm"),
     "qwen2_vl": _text_config("family_qwen2_vl"),
     "qwen2_5_vl": _text_config("family_qwen2_vl"),

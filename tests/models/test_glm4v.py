@@ -1,4 +1,5 @@
-"""GLM-4.1V / GLM-4.6V-Flash (glm4v) and GLM-4.5V / GLM-4.6V (glm4v_moe) folders serve their language model.
+"""GLM-4.1V / GLM-4.6V-Flash (glm4v, and glm46v: transformers 5's own type for GLM-4.6V-Flash) and GLM-4.5V /
+GLM-4.6V (glm4v_moe) folders serve their language model.
 
 Tiny random Glm4vForConditionalGeneration / Glm4vMoeForConditionalGeneration models (vision tower included) are
 saved by transformers; the reference is transformers' own vision-language model run on text: Lantern's logits
@@ -29,20 +30,19 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
 
 
-def _classes(moe: bool):
-    from transformers import (
-        Glm4vConfig,
-        Glm4vForConditionalGeneration,
-        Glm4vMoeConfig,
-        Glm4vMoeForConditionalGeneration,
-    )
+def _classes(moe: bool, kind: str = "glm4v"):
+    import transformers
 
-    return (Glm4vMoeConfig, Glm4vMoeForConditionalGeneration) if moe else (Glm4vConfig, Glm4vForConditionalGeneration)
+    if moe:
+        return transformers.Glm4vMoeConfig, transformers.Glm4vMoeForConditionalGeneration
+    if kind == "glm46v":  # GLM-4.6V-Flash's own wrapper type (transformers 5)
+        return transformers.Glm46VConfig, transformers.Glm46VForConditionalGeneration
+    return transformers.Glm4vConfig, transformers.Glm4vForConditionalGeneration
 
 
-@pytest.fixture(scope="module", params=["glm4v", "glm4v_moe"])
+@pytest.fixture(scope="module", params=["glm4v", "glm46v", "glm4v_moe"])
 def folder(request, tmp_path_factory) -> Path:
-    return _build(tmp_path_factory.mktemp(request.param), moe=request.param == "glm4v_moe")
+    return _build(tmp_path_factory.mktemp(request.param), moe=request.param == "glm4v_moe", kind=request.param)
 
 
 def _build_glm4v(root: Path) -> Path:
@@ -50,13 +50,13 @@ def _build_glm4v(root: Path) -> Path:
     return _build(root, moe=False)
 
 
-def _build(root: Path, moe: bool) -> Path:
+def _build(root: Path, moe: bool, kind: str = "glm4v") -> Path:
     text = {**tiny_text_config(build_tokenizer(root)), "intermediate_size": 96, "head_dim": 16}
     text["rope_parameters"] = MROPE
     text.pop("tie_word_embeddings")  # (the wrapper's key decides)
     if moe:  # layer 0 dense, layer 1 the routed experts beside a shared one
         text.update(n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1)
-    config_cls, model_cls = _classes(moe)
+    config_cls, model_cls = _classes(moe, kind)
     torch.manual_seed(0)
     model = model_cls(config_cls(text_config=text, vision_config=VISION))
     with torch.no_grad():
