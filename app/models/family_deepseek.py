@@ -51,7 +51,7 @@ from lantern.app.models.spec import UnsupportedModelError
 # (V3's attention and experts, a softmax router ranking groups as V3 does, Llama 4's query temperature).
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "mistral4")
 # The GLM-4.5 family (glm4_moe) shares only the routed experts (routed_experts()).
-_SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1")
+_SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "solar_open")
 # "noaux_tc": top-k within the topk_group groups whose two best scores sum highest (V3's ranking)
 _TOPK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "mistral4": ("noaux_tc",)}
 _TOPK_METHODS |= {t: ("noaux_tc",) for t in _SIGMOID_ROUTED}
@@ -85,6 +85,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         first_k_dense_replace=0, n_routed_experts=None, n_shared_experts=None, num_experts_per_tok=None,
         moe_intermediate_size=1408, routed_scaling_factor=1.0, topk_method="noaux_tc", n_group=1, topk_group=1,
         norm_topk_prob=False,
+    ),
+    "solar_open": dict(  # SolarOpenConfig (a Glm4MoeConfig): every layer sparse
+        first_k_dense_replace=0, n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8,
+        moe_intermediate_size=1280, routed_scaling_factor=1.0, topk_method="noaux_tc", n_group=1, topk_group=1,
+        norm_topk_prob=True,
     ),
     "mistral4": dict(  # Mistral4Config (no multi-token-prediction layers)
         kv_lora_rank=256, q_lora_rank=1024, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=128,

@@ -53,7 +53,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Hunyuan dense: Llama's layer with per-head q/k norms after the rope, NTK-alpha rope (family_hunyuan)
     "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True, "defaults": "family_hunyuan", "names": True},
     # dots.llm1: Qwen3's attention over DeepSeek-V3's sigmoid-routed and shared experts past the first dense layers
-    "dots1": {"family": "llama_moe", "configure": "family_dots1", "defaults": "family_dots1"},
+    "dots1": {"family": "llama_moe", "configure": "family_llama_moe", "defaults": "family_llama_moe"},
+    # Solar Open: Llama's attention over GLM-4.5's (DeepSeek-V3's) mixture in every layer
+    "solar_open": {
+        "family": "llama_moe",
+        "configure": "family_llama_moe",
+        "attention_bias": False,
+        "defaults": "family_llama_moe:SOLAR_OPEN_DEFAULTS",
+    },
     # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
     "hunyuan_v1_moe": {
         "family": "llama_moe",
@@ -376,8 +383,9 @@ class ModelConfig:
             )
         traits = ARCHITECTURES[model_type]
         defaults = traits.get("defaults", {})
-        if isinstance(defaults, str):  # a configure module's DEFAULTS
-            defaults = importlib.import_module(f"lantern.app.models.{defaults}").DEFAULTS
+        if isinstance(defaults, str):  # a configure module's DEFAULTS (or "module:NAME", another table of it)
+            module, _, name = defaults.partition(":")
+            defaults = getattr(importlib.import_module(f"lantern.app.models.{module}"), name or "DEFAULTS")
         cfg = {**defaults, **cfg}
         if traits.get("prepare"):  # the configure module's prepare(cfg) states keys the others read
             cfg = importlib.import_module(f"lantern.app.models.{traits['configure']}").prepare(cfg)

@@ -267,6 +267,18 @@ def test_hunyuan_and_apertus_defaults_and_variants():
         None if t == "full_attention" else 64
         for t in hf_config("dots1", **dots, max_window_layers=1, sliding_window=64).layer_types
     ]
+    # Solar Open: SolarOpenConfig's defaults (every layer sparse, GLM-4.5's router), refusing a partial rope
+    solar, ref = ModelConfig.from_hf(cfg("solar_open")), hf_config("solar_open")
+    assert (solar.num_heads, solar.num_kv_heads, solar.head_dim, solar.rope_theta) == (
+        ref.num_attention_heads,
+        ref.num_key_value_heads,
+        ref.head_dim,
+        ref.rope_parameters["rope_theta"],
+    )
+    assert (solar.moe.num_experts, solar.moe.top_k, solar.moe.intermediate_size) == (128, 8, ref.moe_intermediate_size)
+    assert solar.moe.is_sparse(0) and solar.moe.shared_size == ref.moe_intermediate_size and not solar.qk_norm
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor"):
+        ModelConfig.from_hf(cfg("solar_open", partial_rotary_factor=0.5))
     # Hunyuan MoE: transformers' gate, experts and shared MLP sizes (its defaults: one expert, top 1)
     from transformers.models.hunyuan_v1_moe.modeling_hunyuan_v1_moe import HunYuanMoEV1Moe
 

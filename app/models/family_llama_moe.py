@@ -1,12 +1,17 @@
-"""dots.llm1 (rednote-hilab/dots.llm1.base / .inst: model_type dots1), as transformers' Dots1Config reads its
-config.json (defaults included), turned into ModelConfig fields.
+"""Llama-attention models over DeepSeek-V3's mixture (backends/*/models/llama_moe.py), as transformers' config
+classes read their config.json (defaults included), turned into ModelConfig fields.
 
-The maths (transformers' modeling_dots1): Qwen3's attention (per-head q/k RMSNorms before the rope) in Llama's
+dots.llm1 (rednote-hilab/dots.llm1.base / .inst: model_type dots1, Dots1Config):
+transformers' modeling_dots1: Qwen3's attention (per-head q/k RMSNorms before the rope) in Llama's
 decoder layer; the MLPs from first_k_dense_replace on are DeepSeek-V3's mixture (a float32 sigmoid router whose
 choice adds e_score_correction_bias within n_group groups, weights renormalised with norm_topk_prob and scaled by
 routed_scaling_factor, n_shared_experts always-on experts: family_deepseek.routed_experts), the first layers a
 dense MLP of intermediate_size. Layers from max_window_layers on attend within sliding_window when it is set
 (the released 62-layer model has none such).
+
+Solar Open (upstage/Solar-Open-100B: model_type solar_open, SolarOpenConfig, a Glm4MoeConfig): Llama's attention
+(q/k/v biases with attention_bias, none on o_proj; no q/k norms) over GLM-4.5's mixture, which is DeepSeek-V3's,
+in every layer (no dense MLP: its config has no intermediate_size).
 """
 
 from __future__ import annotations
@@ -18,7 +23,19 @@ from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.family_deepseek import routed_experts
 from lantern.app.models.spec import UnsupportedModelError
 
-# Dots1Config's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
+# Dots1Config's / SolarOpenConfig's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
+SOLAR_OPEN_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 196608,
+    "hidden_size": 4096,
+    "intermediate_size": 0,  # (every layer a mixture)
+    "num_hidden_layers": 48,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0,  # default_theta
+}
 DEFAULTS: dict[str, Any] = {
     "vocab_size": 152064,
     "hidden_size": 4608,
@@ -32,9 +49,12 @@ DEFAULTS: dict[str, Any] = {
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig field overrides for a dots1 config; refuses, naming the key, what it does not compute."""
+    """ModelConfig field overrides for a dots1 or solar_open config; refuses, naming the key, what it does not
+    compute."""
+    if model_type == "solar_open":
+        return _solar_open(cfg, fields)
     if model_type != "dots1":
-        raise UnsupportedModelError(f"family_dots1 does not configure model_type {model_type!r}")
+        raise UnsupportedModelError(f"family_llama_moe does not configure model_type {model_type!r}")
     check_silu(cfg, "dots.llm1")
     if cfg.get("attention_bias"):  # (Qwen3Attention's would bias o_proj too)
         raise _refuse("attention_bias", cfg["attention_bias"], " for dots1 (biases on the projections)")
@@ -53,3 +73,13 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "moe": routed_experts(model_type, cfg, layers),
         "layer_windows": windows if any(windows) else None,
     }
+
+
+def _solar_open(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    check_silu(cfg, "Solar Open")
+    rope = cfg.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):  # (LlamaAttention turns every dimension)
+        raise _refuse("partial_rotary_factor", partial, " for solar_open (Llama's attention turns the whole head)")
+    moe = routed_experts("solar_open", {**cfg, "first_k_dense_replace": 0}, fields["num_layers"])
+    return {"moe": moe, "intermediate_size": moe.intermediate_size if moe is not None else fields["intermediate_size"]}
