@@ -17,8 +17,10 @@ mamba_norm_before_gate, before it.
 Converted copies hold the multipliers folded into their weights. llama.cpp's converter folds every one
 (the GGUF builder states none: its tied files' output is the scaled embedding, as llama.cpp computes it);
 mlx_lm's sanitize folds the embedding's, the head's, attention_in into q and k (not v), attention_out,
-ssm_out, the MLP's and in_proj's, and ignores key_multiplier: `folded_by_mlx_lm` rewrites such a folder's
-config to what mlx_lm then computes.
+ssm_out, the MLP's and in_proj's, and not key_multiplier (its rule names a `key_proj` no checkpoint has; mlx_lm
+then computes without it). `folded_by_mlx_lm` rewrites such a folder's config to the original model on those
+weights: key_multiplier kept, attention_in moved to the output (v lacks it; v enters the output linearly),
+the rest 1.
 """
 
 from __future__ import annotations
@@ -47,9 +49,6 @@ DEFAULTS: dict[str, Any] = {
     "max_position_embeddings": 8192,
     "mamba_d_ssm": 1024,  # (an explicit null: mamba_expand x hidden_size)
 }
-
-# The multipliers mlx_lm folds into a converted folder's weights (its key_multiplier it ignores).
-_MLX_LM_FOLDED = ("attention_in_multiplier", "attention_out_multiplier", "ssm_in_multiplier", "ssm_out_multiplier")
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     gated = bool(cfg.get("mamba_rms_norm", False))
     norm = ("before_gate" if cfg.get("mamba_norm_before_gate", True) else "gated") if gated else "none"
     ssm_in = _number(cfg, "ssm_in_multiplier")
+    if cfg.get("mamba_proj_bias") and ssm_in != 1.0:  # (transformers scales in_proj's input: its bias is not scaled)
+        raise _refuse("mamba_proj_bias", True, f" with ssm_in_multiplier={ssm_in} (the models scale in_proj's output)")
     mamba = mixer_config(
         cfg,
         fields["hidden_size"],
@@ -123,10 +124,11 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 
 
 def folded_by_mlx_lm(cfg: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """config.json of a Falcon-H1 folder as its weights mean it: for one mlx_lm converted (its convolution kernels
-    in MLX's [C, K, 1] layout) the multipliers its sanitize folded in become 1, key_multiplier too (mlx_lm
-    computes without it), and a tied head's logits take lm_head_multiplier / embedding_multiplier (the
-    embedding now holds the latter). Other folders are returned as they are."""
+    """config.json of a Falcon-H1 folder as its weights mean it. For one mlx_lm converted (its convolution kernels
+    in MLX's [C, K, 1] layout) the multipliers its sanitize folded in become 1, but for attention_in, which q and k
+    hold and v does not: the model's output then takes it (attention_out's place: o_proj holds attention_out);
+    key_multiplier stays (mlx_lm folds none); a tied head's logits take lm_head_multiplier / embedding_multiplier
+    (the embedding holds the latter). Other folders are returned as they are."""
     from lantern.app.models.family_qwen3_next import stored_by_mlx_lm
 
     if cfg.get("model_type") != "falcon_h1" or not stored_by_mlx_lm(sorted(folder.glob("*.safetensors"))):
@@ -137,7 +139,9 @@ def folded_by_mlx_lm(cfg: dict[str, Any], folder: Path) -> dict[str, Any]:
     logger.info("%s: an mlx_lm conversion (Falcon-H1's multipliers folded into its weights)", folder)
     return {
         **cfg,
-        **dict.fromkeys((*_MLX_LM_FOLDED, "key_multiplier", "embedding_multiplier"), 1.0),
+        **dict.fromkeys(("ssm_in_multiplier", "ssm_out_multiplier", "embedding_multiplier"), 1.0),
+        "attention_in_multiplier": 1.0,
+        "attention_out_multiplier": _number(cfg, "attention_in_multiplier"),
         "mlp_multipliers": [1.0, 1.0],
         "ssm_multipliers": [1.0] * 5,
         "lm_head_multiplier": lm_head if cfg.get("tie_word_embeddings") else 1.0,

@@ -67,11 +67,16 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     no_rope = _layers(cfg, "no_rope_layers", [int((i + 1) % interval != 0) for i in range(layers)], layers)
     if len(no_rope) != layers or set(no_rope) - {0, 1}:
         raise _refuse("no_rope_layers", no_rope, f" (1 or 0 for each of the {layers} layers)")
-    step = int(cfg.get("interleave_moe_layer_step", 1))
-    if step < 1:
-        raise _refuse("interleave_moe_layer_step", step, " (must be at least 1)")
-    sparse = set(_layers(cfg, "moe_layers", list(range(step - 1, layers, step)), layers))
     experts, top_k = int(cfg.get("num_local_experts", 16)), int(cfg.get("num_experts_per_tok", 1))
+    stated = cfg.get("moe_layers")  # (transformers' default only when absent: [] is a dense model, Llama Guard 4's)
+    if stated is None:
+        step = int(cfg.get("interleave_moe_layer_step", 1))
+        if step < 1:
+            raise _refuse("interleave_moe_layer_step", step, " (must be at least 1 without moe_layers)")
+        stated = list(range(step - 1, layers, step))
+    sparse = set(_layers({"moe_layers": stated}, "moe_layers", [], layers)) if experts > 0 else set()
+    if any(not 0 <= i < layers for i in sparse):
+        raise _refuse("moe_layers", stated, f" (layer indices below {layers})")
     if top_k != 1 and sparse:  # (each expert's input is scaled by its weight: one expert per token here)
         raise _refuse("num_experts_per_tok", top_k, " (Llama 4's router picks one expert)")
     rope_layers = tuple(bool(v) for v in no_rope)

@@ -118,14 +118,15 @@ class TorchBackend:
         model.eval()
         self.model = model
         self.kv_layout = kv_layout_of(model, self.local_cfg)  # what the pool holds per token and layer
-        self.max_context = spec.config.max_context
+        # The positions served: Llama 4's rope reaches 10M, its chunked attention is served within 8192.
+        self.max_context = spec.config.servable_context
         self.cos, self.sin = rope_tables(spec.config, self.max_context, self.device)
         weight_bytes = quantized_bytes(model)  # every parameter and buffer, quantized or not
         logger.info("weights: %.1f MB on %s", weight_bytes / 1e6, self.device)
         return ModelInfo(
             num_params=num_params,
             weight_bytes=weight_bytes,
-            max_model_len=spec.config.servable_context,
+            max_model_len=self.max_context,
             vocab_size=spec.config.vocab_size,
         )
 

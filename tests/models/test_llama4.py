@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,41 @@ def test_the_context_is_served_within_one_chunk():
         check_servable(cfg, 8193)
     unchunked = ModelConfig.from_hf({**SCOUT, "attention_chunk_size": None})  # every layer full attention
     assert unchunked.attention_chunk is None and unchunked.servable_context == unchunked.max_context
+
+
+def test_moe_layers_stated_empty_is_a_dense_model():
+    """transformers takes its default MoE layers only when moe_layers is absent: [] (its conversion of dense
+    Llama 4 checkpoints, with interleave_moe_layer_step 0 and no experts) is every layer dense."""
+    from transformers import Llama4TextConfig
+
+    dense = {**SCOUT, "moe_layers": [], "interleave_moe_layer_step": 0, "num_local_experts": 0}
+    assert ModelConfig.from_hf(dense).moe is None and ModelConfig.from_hf({**SCOUT, "moe_layers": []}).moe is None
+    assert (
+        Llama4TextConfig(
+            **{**{k: v for k, v in dense.items() if k != "model_type"}, "attn_temperature_tuning": True}
+        ).moe_layers
+        == []
+    )
+    assert [i for i in range(8) if ModelConfig.from_hf({**SCOUT, "moe_layers": [3, 7]}).moe.is_sparse(i)] == [3, 7]
+    with pytest.raises(UnsupportedModelError, match="moe_layers"):
+        ModelConfig.from_hf({**SCOUT, "moe_layers": [9]})
+
+
+def test_rope_tables_cover_the_served_context_not_the_rope_length(tiny_model_dir, tmp_path):
+    """Scout's rope reaches 10M positions; its chunked attention is served within 8192: the torch runner's cos /
+    sin tables (float32, [positions, head_dim] each) are sized by the latter."""
+    from lantern.app.engine import LLM
+
+    src = Path(tiny_model_dir("llama4"))
+    folder = tmp_path / "long"
+    shutil.copytree(src, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 10485760}))
+    llm = LLM(str(folder), backend="torch", dtype="float32", block_size=4, num_kv_blocks=64)
+    try:
+        assert llm.engine.backend.cos.shape[0] == 128 == llm.engine.model_config.servable_context
+    finally:
+        llm.engine.shutdown()
 
 
 @pytest.mark.parametrize(
