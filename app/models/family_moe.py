@@ -42,6 +42,9 @@ class MoEConfig:
     softmax_after_topk: bool = False  # GraniteMoE: weights are a softmax over the k chosen logits
     gated: bool = True  # False: each expert is down(act(up(x))), no gate_proj (Nemotron 3's relu^2 experts)
     latent_size: int | None = None  # Nemotron 3's LatentMoE: the experts work on fc1_latent_proj(x), this wide
+    sparsemixer_eps: float | None = (
+        None  # PhiMoE: SparseMixer's top-2 choice with this jitter margin (not softmax top-k)
+    )
 
     def is_sparse(self, layer_idx: int) -> bool:
         """True where the layer's MLP is the mixture of experts (transformers' decoder-layer rule)."""

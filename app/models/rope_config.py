@@ -42,7 +42,7 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
     model_type = cfg.get("model_type")
     if model_type == "phi3" and rope_type in ("su", "yarn"):
         rope_type = "longrope"  # Phi3Config reads its older configs' names so
-    elif rope_type == "longrope" and model_type != "phi3":
+    elif rope_type == "longrope" and model_type not in ("phi3", "phimoe"):
         # Only Phi-3 / Phi-4-mini checkpoints carry it (and only Phi-3's transformers code
         # recomputes the cache when a sequence switches factors, the rule longrope_factors follows).
         raise _refuse("rope_scaling.rope_type", rope_type, f" for {model_type or 'this family'} (Phi-3 only)")

@@ -27,6 +27,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
     # loading: weight_stream.split_fused); partial rotary (Phi-4-mini) and LongRoPE (the 128k variants).
     "phi3": {},
+    # Phi-3.5-MoE: LayerNorms with biases, biased attention and head, Mixtral's experts under SparseMixer's routing
+    "phimoe": {"family": "phimoe", "configure": "family_phimoe", "defaults": "family_phimoe", "own_rope": True},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's
     # defaults for the keys a config.json may omit.
     "seed_oss": {"attention_bias": True, "defaults": {"head_dim": 128, "max_position_embeddings": 524288}},
@@ -300,6 +302,7 @@ class ModelConfig:
     short_conv: Any = None  # family_lfm2.ShortConvConfig: gated short-convolution layers with a conv state
     mamba: Any = None  # family_mamba2.Mamba2Config: Mamba-2 mixer layers with a conv and SSM state
     falcon_h1: Any = None  # family_falcon_h1.FalconH1Scalars: Falcon-H1's per-layer multipliers
+    lm_head_bias: bool = False  # PhiMoE: the head has a bias
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every

@@ -158,6 +158,24 @@ def clamped_swiglu(alpha: float, limit: float) -> Callable[[mx.array, mx.array],
     return glu
 
 
+def sparsemixer(logits: mx.array, eps: float) -> tuple[mx.array, mx.array]:
+    """PhiMoE's SparseMixer at inference (transformers' sparsemixer, eval mode): (expert ids [T, 2], weights [T, 2]).
+    Expert one is the best logit, weighted by the softmax over the logits within 2 eps (relative to
+    max(|logit|, best)) of it; expert two the best of the others, weighted by the softmax of the others within
+    that margin of it; in the logits' dtype, not renormalised."""
+    ids, weights = [], []
+    scores = logits
+    for _ in range(2):
+        idx = mx.argmax(scores, axis=-1, keepdims=True)
+        best = mx.take_along_axis(scores, idx, axis=-1)
+        margin = (best - logits) / mx.maximum(mx.abs(logits), best) > 2 * eps
+        gates = mx.softmax(mx.where(margin, -mx.inf, scores), axis=-1, precise=True)
+        weights.append(mx.take_along_axis(gates, idx, axis=-1))
+        ids.append(idx)
+        scores = mx.put_along_axis(scores, idx, mx.array(-mx.inf, dtype=scores.dtype), axis=-1)
+    return mx.concatenate(ids, axis=-1), mx.concatenate(weights, axis=-1)
+
+
 class SparseMoE(nn.Module):
     def __init__(
         self,
@@ -174,6 +192,7 @@ class SparseMoE(nn.Module):
         moe = cfg.moe
         self.top_k, self.norm_topk_prob, self.fp32_weights = moe.top_k, moe.norm_topk_prob, moe.router_weights_fp32
         self.softmax_after_topk = softmax_after_topk
+        self.sparsemixer_eps = moe.sparsemixer_eps
         self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=router_bias)  # the router
         self.experts = Experts(cfg, expert_bias, glu)
         if moe.shared_expert_size:
@@ -185,6 +204,8 @@ class SparseMoE(nn.Module):
         top-k, renormalised when the config says so (transformers' routers); or top-k of the
         logits, then their softmax (gpt-oss)."""
         k = self.top_k
+        if self.sparsemixer_eps is not None:
+            return sparsemixer(self.gate(x), self.sparsemixer_eps)
         if self.softmax_after_topk:
             logits = self.gate(x)
             indices = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]

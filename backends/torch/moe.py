@@ -134,6 +134,22 @@ class QuantExperts(nn.Module):
                 m.biases = None if stack.biases is None else stack.biases[e]
 
 
+def sparsemixer(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PhiMoE's SparseMixer at inference (transformers' sparsemixer, eval mode): (expert ids [T, 2], weights [T, 2]).
+    Expert one is the best logit, weighted by the softmax over the logits within 2 eps (relative to
+    max(|logit|, best)) of it; expert two the best of the others, weighted by the softmax of the others within
+    that margin of it; in the logits' dtype, not renormalised."""
+    ids, weights = [], []
+    scores = logits
+    for _ in range(2):
+        best, idx = scores.max(dim=-1, keepdim=True)
+        margin = (best - logits) / logits.abs().clamp(min=best) > 2 * eps
+        weights.append(torch.softmax(scores.masked_fill(margin, float("-inf")), dim=-1).gather(-1, idx))
+        ids.append(idx)
+        scores = scores.scatter(-1, idx, float("-inf"))
+    return torch.cat(ids, dim=-1), torch.cat(weights, dim=-1)
+
+
 class SparseMoE(nn.Module):
     sum_float32 = False  # True: each token's k expert outputs summed in float32 (Nemotron 3, as transformers)
 
@@ -162,6 +178,7 @@ class SparseMoE(nn.Module):
         act = self.act
         self.glu = glu or (lambda gate, up: act(gate) * up)
         self.softmax_after_topk = softmax_after_topk
+        self.sparsemixer_eps = moe.sparsemixer_eps
         self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=router_bias)  # the router
         self.gated = moe.gated
         hidden = moe.latent_size or cfg.hidden_size  # (Nemotron 3's LatentMoE: the caller projects in and out)
@@ -181,6 +198,8 @@ class SparseMoE(nn.Module):
         if self.softmax_after_topk:
             values, ids = torch.topk(self.gate(x), self.top_k, dim=-1)
             return ids, torch.softmax(values, dim=-1, dtype=values.dtype)
+        if self.sparsemixer_eps is not None:
+            return sparsemixer(self.gate(x), self.sparsemixer_eps)
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

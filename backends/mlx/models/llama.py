@@ -53,7 +53,7 @@ class CausalLM(nn.Module):
         self.cfg = cfg
         self.model = Backbone(cfg, self.decoder_layer, self.final_norm)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=cfg.lm_head_bias)  # (PhiMoE's has one)
 
     def hidden_states(self, input_ids: mx.array, meta: AttentionMetadata, rows: mx.array) -> mx.array:
         """Every token through the layers; the final norm's output at the flattened batch's `rows`:

@@ -79,7 +79,7 @@ class CausalLM(nn.Module):
         rows = vocab_shard(cfg.vocab_size, tp)[2] if tp.active else cfg.vocab_size
         self.model = Backbone(local_config(cfg, tp.world), tp, rows, self.decoder_layer, self.final_norm)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
+            self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=cfg.lm_head_bias)  # (PhiMoE's has one)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, logits_idx: torch.Tensor) -> torch.Tensor:
