@@ -81,6 +81,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     },
     # Arcee AFM: Llama's layer with Nemotron's ungated relu^2 MLP
     "arcee": {"family": "arcee", "configure": "family_arcee", "defaults": "family_arcee"},
+    # CWM (Meta's Code World Model): Llama's layer, sliding and full layers alternating, a llama3 rope by default
+    "cwm": {"configure": "family_cwm", "own_rope": True, "defaults": "family_cwm"},
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)
     "granite": {"configure": "family_granite"},  # Llama's layer with embedding / residual / logit scalars
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)

@@ -267,6 +267,11 @@ def test_hunyuan_and_apertus_defaults_and_variants():
         None if t == "full_attention" else 64
         for t in hf_config("dots1", **dots, max_window_layers=1, sliding_window=64).layer_types
     ]
+    # CWM: CwmConfig's defaults (every 4th layer full from the first, the rest sliding; the llama3 rope)
+    cwm, ref = ModelConfig.from_hf(cfg("cwm")), hf_config("cwm")
+    assert cwm.layer_windows == [ref.sliding_window if t == "sliding_attention" else None for t in ref.layer_types]
+    assert cwm.rope_theta == ref.rope_parameters["rope_theta"] and cwm.rope_scaling["rope_type"] == "llama3"
+    assert cwm.rope_scaling["factor"] == ref.rope_parameters["factor"] and not cwm.attention_bias
     # Solar Open: SolarOpenConfig's defaults (every layer sparse, GLM-4.5's router), refusing a partial rope
     solar, ref = ModelConfig.from_hf(cfg("solar_open")), hf_config("solar_open")
     assert (solar.num_heads, solar.num_kv_heads, solar.head_dim, solar.rope_theta) == (
