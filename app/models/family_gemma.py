@@ -27,6 +27,12 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 8192,
         "sliding_pattern": 2,
     },
+    "vaultgemma": {  # VaultGemmaConfig is Gemma2Config's (its layers without the sandwich's outer norms)
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "max_position_embeddings": 8192,
+        "sliding_pattern": 2,
+    },
     "gemma3_text": {
         "attn_logit_softcapping": None,
         "final_logit_softcapping": None,
@@ -67,8 +73,9 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
         "max_position_embeddings": cfg.get("max_position_embeddings", defaults["max_position_embeddings"]),
     }
-    if model_type == "gemma2":
+    if model_type in ("gemma2", "vaultgemma"):
         out["attn_softcap"] = _cap(cfg.get("attn_logit_softcapping", defaults["attn_logit_softcapping"]))
+        out["sandwich_norms"] = model_type == "gemma2"  # VaultGemma: no norm after attention nor after the MLP
         return out
     # Gemma 3: q/k norms, no attention soft-capping (its attention never passes the cap on), and
     # one rope per layer type.

@@ -37,6 +37,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # module's checkpoint_name(name) gives the model files' name of a checkpoint's tensor (weight_stream).
     "gemma2": {"family": "gemma", "configure": "family_gemma"},
     "gemma3_text": {"family": "gemma", "configure": "family_gemma"},
+    "vaultgemma": {"family": "gemma", "configure": "family_gemma"},  # Gemma 2 without the sandwich's outer norms
     # Gemma 4: layers of two shapes (sliding / full), K/V shared by the last layers, per-layer
     # embeddings, a routed mixture beside the dense MLP (26B-A4B).
     "gemma4_text": {"family": "gemma4", "configure": "family_gemma4", "own_rope": True},

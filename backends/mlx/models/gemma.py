@@ -38,11 +38,16 @@ class DecoderLayer(nn.Module):
         self.mlp = feed_forward(cfg, layer_idx)
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(d, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(d, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(d, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
+        self.sandwich = cfg.sandwich_norms  # (VaultGemma has no norm after attention nor after the MLP)
+        if self.sandwich:
+            self.post_attention_layernorm = GemmaRMSNorm(d, eps)
+            self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
+        if not self.sandwich:
+            h = x + self.self_attn(self.input_layernorm(x), meta)
+            return h + self.mlp(self.pre_feedforward_layernorm(h))
         h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), meta))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 

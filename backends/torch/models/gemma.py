@@ -48,9 +48,11 @@ class DecoderLayer(nn.Module):
         self.mlp = feed_forward(cfg, layer_idx, tp)
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(d, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(d, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(d, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
+        self.sandwich = cfg.sandwich_norms  # (VaultGemma has no norm after attention nor after the MLP)
+        if self.sandwich:
+            self.post_attention_layernorm = GemmaRMSNorm(d, eps)
+            self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
         # Gemma 3's sliding layers rotate with a plain rope of their own base (CausalLM's table).
         self.local_rope = self.self_attn.window is not None and cfg.local_rope_theta is not None
 
@@ -60,6 +62,9 @@ class DecoderLayer(nn.Module):
         """x: the previous layer's (normed) MLP output, not yet added to the residual stream."""
         h, residual = self.input_layernorm(x, residual)
         attn = self.self_attn(h, meta, local_rope if self.local_rope else None)
+        if not self.sandwich:
+            h, residual = self.pre_feedforward_layernorm(attn, residual)
+            return self.mlp(h), residual
         h, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(attn)[0], residual)
         return self.post_feedforward_layernorm(self.mlp(h))[0], residual
 
