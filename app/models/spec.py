@@ -48,7 +48,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
     "glm4": {"family": "glm4", "configure": "family_glm"},
     # GLM-4.5 / 4.6 / 4.7: Llama's layer, partial rotary (halves), DeepSeek-V3's routed + shared experts.
-    "glm4_moe": {"family": "glm4_moe", "configure": "family_glm"},
+    "glm4_moe": {"family": "llama_moe", "configure": "family_glm"},
     # GLM-4.7-Flash: DeepSeek-V3's attention and experts under other defaults (family_deepseek).
     "glm4_moe_lite": {"family": "deepseek", "configure": "family_deepseek"},
     # Mistral 4: DeepSeek-V3's attention and experts, a softmax router, YaRN and Llama 4's query temperature.

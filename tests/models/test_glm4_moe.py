@@ -75,7 +75,7 @@ def test_glm4_moe_config_matches_transformers(extra):
     assert moe.shared_size == ref.moe_intermediate_size * ref.n_shared_experts
     assert [moe.is_sparse(i) for i in range(4)] == [i >= ref.first_k_dense_replace for i in range(4)]
     assert cfg.mtp_layers == ref.num_mtp_layers  # skipped while loading
-    assert cfg.family == "glm4_moe" and cfg.mla is None
+    assert cfg.family == "llama_moe" and cfg.mla is None
 
 
 LITE_CONFIGS = [

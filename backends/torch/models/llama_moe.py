@@ -1,7 +1,8 @@
-"""Llama's decoder layer (its attention as the config makes it: q/k norms before or after the rope) over
-DeepSeek's mixture where a layer is sparse and a dense MLP elsewhere, in torch over a flattened token batch (the
-MLX file has the same layout): Hunyuan MoE (family_hunyuan: softmax routing renormalised, a shared MLP; every
-layer sparse) and dots.llm1 (family_dots1: DeepSeek-V3's sigmoid router, shared experts, the first layers dense).
+"""Llama's decoder layer (its attention as the config makes it: biases, q/k norms before or after the rope, a
+partial rope) over DeepSeek's mixture where a layer is sparse and a dense MLP elsewhere, in torch over a flattened
+token batch (the MLX file has the same layout): GLM-4.5 / 4.6 / 4.7 (family_glm: q/k/v biases, the rope on part
+of each head, V3's router past first_k_dense_replace), Hunyuan MoE (family_hunyuan: softmax routing renormalised,
+a shared MLP; every layer sparse), dots.llm1 and Solar Open (family_llama_moe: V3's router).
 """
 
 from __future__ import annotations
