@@ -50,6 +50,11 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
         "exp_probs_b": "mlp.gate.e_score_correction",
         **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
     },
+    # dots.llm1 (llama.cpp's Dots1Model): DeepSeek's router bias and shared experts under Llama's other names
+    "dots1": {
+        "exp_probs_b": "mlp.gate.e_score_correction",
+        **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
+    },
     "ernie4_5-moe": {  # the router bias under ERNIE's own name (family_ernie.checkpoint_tensors renames it)
         "exp_probs_b": "mlp.moe_statics.e_score_correction",  # .bias -> e_score_correction_bias
         **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},

@@ -48,6 +48,33 @@ def _glm4moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     return out
 
 
+def _dots1(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """dots.llm1 (llama.cpp's Dots1Model, a Qwen2MoeModel: q/k unpermuted, per-head q/k norms; the router's keys as
+    DeepSeek's). Its graph routes without expert groups and attends to all on every layer; a file that does not
+    state the sigmoid gating (the converter writes it from config.json's scoring_func) is refused."""
+    if int(meta.get("expert_gating_func") or 0) != 2:
+        raise UnsupportedModelError(f"{meta.label}dots1.expert_gating_func other than sigmoid (2) is not implemented")
+    if int(meta.get("expert_group_count") or 1) != 1:
+        raise UnsupportedModelError(f"{meta.label}dots1.expert_group_count other than 1 is not implemented")
+    return _with_rope(
+        {
+            "model_type": "dots1",
+            "head_dim": _head_dim(meta, cfg),
+            "first_k_dense_replace": int(meta.get("leading_dense_block_count") or 0),
+            "n_routed_experts": int(meta.need("expert_count")),
+            "n_shared_experts": int(meta.get("expert_shared_count") or 0),
+            "num_experts_per_tok": int(meta.need("expert_used_count")),
+            "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
+            "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
+            "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+            "sliding_window": None,  # (llama.cpp's dots1 graph: full attention on every layer)
+            "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_llama_moe
+        },
+        stated_rope_scaling(meta),
+        cfg,
+    )
+
+
 def _smollm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """SmolLM3 (llama.cpp's SmolLM3Model, a LlamaModel: q/k permuted as Llama's). llama.cpp's graph
     skips the rope on every 4th layer (its n_no_rope_layer_step, fixed: no key states it), which is
@@ -487,6 +514,7 @@ BUILDERS = {
     "hunyuan-dense": _hunyuan_dense,
     "hunyuan-moe": _hunyuan_moe,
     "glm4moe": _glm4moe,
+    "dots1": _dots1,
     "smollm3": _smollm3,
     "arcee": _arcee,
     "llama4": _llama4,

@@ -47,6 +47,8 @@ FILES = {
     "olmo2": ("olmo2", {}, "f16", {}),
     "olmo3": ("olmo3", {}, "f32", {}),  # sliding layers on their own base, YaRN full layers
     "olmoe": ("olmoe", {"num_key_value_heads": 4}, "f16", {}),  # llama.cpp's olmoe: k_norm as wide as q_norm
+    # dots.llm1: llama.cpp's graph routes without groups and attends to all: a checkpoint with one group, no window
+    "dots1": ("dots1", {"n_group": 1, "topk_group": 1}, "f16", {}),
     "ernie4_5": ("ernie4_5", {}, "f16", {}),
     "ernie4_5_moe": ("ernie4_5_moe", {}, "f32", {}),
     # no expert_shared_count (a config.json without moe_num_shared_experts): the shared width from its tensors
