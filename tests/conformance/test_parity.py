@@ -70,10 +70,13 @@ def test_greedy_matches_transformers_generate(tiny_model_dir, variant, backend):
 
 
 @pytest.mark.parametrize("dtype,atol", [("float16", 0.05), ("bfloat16", 0.25)])
-@pytest.mark.parametrize("variant", ["llama2", "qwen3"])
+# (top-1 routers, Llama 4's and PhiMoE's, flip near-ties in bfloat16 whichever way their matmul rounds: transformers'
+# own bfloat16 forward is as far from its float32 one as these bounds)
+@pytest.mark.parametrize("variant", ["llama2", "qwen3", "falcon_h1", "dots1", "hunyuan_moe"])
 def test_half_precision_logits_stay_close(tiny_model_dir, variant, dtype, atol, backend):
     path = tiny_model_dir(variant)
-    llm = LLM(path, backend=backend, dtype=dtype, block_size=4, num_kv_blocks=64)
+    # (no prefix caching: a recurrent model's prefill would stop at a snapshot point, short of the prompt's end)
+    llm = LLM(path, backend=backend, dtype=dtype, block_size=4, num_kv_blocks=64, enable_prefix_caching=False)
     engine = llm.engine
     prompt_ids = llm.tokenizer.encode(PROMPT)
     with torch.no_grad():
