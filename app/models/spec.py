@@ -80,6 +80,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_apertus",
         "names": True,
     },
+    # Jais 2: Llama's layer under LayerNorms with biases, biased attention and ungated relu^2 MLP
+    "jais2": {"family": "jais2", "configure": "family_jais2", "defaults": "family_jais2"},
     # Arcee AFM: Llama's layer with Nemotron's ungated relu^2 MLP
     "arcee": {"family": "arcee", "configure": "family_arcee", "defaults": "family_arcee"},
     # CWM (Meta's Code World Model): Llama's layer, sliding and full layers alternating, a llama3 rope by default
@@ -306,6 +308,7 @@ class ModelConfig:
     mamba: Any = None  # family_mamba2.Mamba2Config: Mamba-2 mixer layers with a conv and SSM state
     falcon_h1: Any = None  # family_falcon_h1.FalconH1Scalars: Falcon-H1's per-layer multipliers
     lm_head_bias: bool = False  # PhiMoE: the head has a bias
+    mlp_bias: bool = False  # Jais 2: its (ungated) MLP's projections have biases
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every

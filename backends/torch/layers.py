@@ -100,6 +100,20 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
+class LayerNorm(nn.Module):
+    """nn.LayerNorm's maths (weight and bias) with layers.RMSNorm's fused residual add: (normed x + r, x + r)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x if residual is None else x + residual
+        return F.layer_norm(h, (h.shape[-1],), self.weight, self.bias, self.eps), h
+
+
 class Attention(nn.Module):
     def __init__(
         self,

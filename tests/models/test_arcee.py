@@ -1,4 +1,5 @@
-"""Arcee AFM ("arcee"): config.json read as transformers' ArceeConfig reads it, refusals naming the key, and an
+"""Arcee AFM ("arcee") and Jais 2 ("jais2", the same MLP with biases under LayerNorms): config.json read as
+transformers' config classes read it, refusals naming the key, and an
 `arcee` GGUF written as llama.cpp's ArceeModel (a LlamaModel: q/k permuted, its YaRN keys, ffn_up / ffn_down
 only) answering as transformers on both backends. The folder's logits and greedy tokens run in
 tests/conformance (arcee), two ranks in test_tensor_parallel.py."""
@@ -89,3 +90,15 @@ def test_gguf_logits_match_transformers(folder, gguf_file, backend, tmp_path, mo
         assert_matches_reference(llm, hf_model(str(folder)), PROMPT)
     finally:
         llm.engine.shutdown()
+
+
+def test_jais2_config_reads_as_transformers_does():
+    """Jais2Config's defaults: biases on attention and MLP, its LayerNorms' eps under layer_norm_eps."""
+    from transformers import Jais2Config
+
+    raw = {**{k: v for k, v in BASE.items() if k != "model_type"}, "num_attention_heads": 4}
+    cfg, ref = ModelConfig.from_hf({"model_type": "jais2", **raw, "layer_norm_eps": 1e-6}), Jais2Config(**raw)
+    assert cfg.attention_bias == ref.attention_bias and cfg.mlp_bias == ref.mlp_bias and cfg.hidden_act == "relu2"
+    assert cfg.rms_norm_eps == 1e-6 and cfg.max_position_embeddings == ref.max_position_embeddings
+    with pytest.raises(UnsupportedModelError, match="hidden_act"):
+        ModelConfig.from_hf({"model_type": "jais2", **raw, "hidden_act": "silu"})

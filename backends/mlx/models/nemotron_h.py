@@ -16,13 +16,13 @@ from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 
 class Relu2MLP(nn.Module):
-    """down(relu(up(x)) ** 2): Nemotron's MLP, no gate (width: intermediate_size unless given)."""
+    """down(relu(up(x)) ** 2): Nemotron's MLP, no gate (width: intermediate_size unless given; bias: Jais 2's)."""
 
-    def __init__(self, cfg: ModelConfig, width: int | None = None):
+    def __init__(self, cfg: ModelConfig, width: int | None = None, bias: bool = False):
         super().__init__()
         width = width or cfg.intermediate_size
-        self.up_proj = nn.Linear(cfg.hidden_size, width, bias=False)
-        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, width, bias=bias)
+        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(mx.square(nn.relu(self.up_proj(x))))

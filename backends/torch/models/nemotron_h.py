@@ -18,14 +18,14 @@ from lantern.backends.torch.parallel import TPGroup
 
 
 class Relu2MLP(nn.Module):
-    """down(relu(up(x)) ** 2): Nemotron's MLP, no gate (width: intermediate_size unless given)."""
+    """down(relu(up(x)) ** 2): Nemotron's MLP, no gate (width: intermediate_size unless given; bias: Jais 2's)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPGroup, width: int | None = None):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, width: int | None = None, bias: bool = False):
         super().__init__()
         self.tp = tp
         width = width or cfg.intermediate_size
-        self.up_proj = nn.Linear(cfg.hidden_size, width, bias=False)
-        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, width, bias=bias)
+        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.down_proj(F.relu(self.up_proj(x)).square_()))

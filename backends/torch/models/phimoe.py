@@ -5,28 +5,10 @@ and o_proj, Mixtral's experts routed by SparseMixer (moe.sparsemixer); the head'
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
 from lantern.app.models.spec import ModelConfig
-from lantern.backends.torch.layers import Attention
+from lantern.backends.torch.layers import Attention, LayerNorm
 from lantern.backends.torch.models import llama
 from lantern.backends.torch.parallel import TPGroup
-
-
-class LayerNorm(nn.Module):
-    """nn.LayerNorm's maths (weight and bias) with layers.RMSNorm's fused residual add: (normed x + r, x + r)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(dim), requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        h = x if residual is None else x + residual
-        return F.layer_norm(h, (h.shape[-1],), self.weight, self.bias, self.eps), h
 
 
 class DecoderLayer(llama.DecoderLayer):
