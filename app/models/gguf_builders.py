@@ -28,13 +28,7 @@ def _glm4moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
         "partial_rotary_factor": _rotary_fraction(meta, head_dim),
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
-        "first_k_dense_replace": int(meta.get("leading_dense_block_count") or 0),
-        "n_routed_experts": int(meta.need("expert_count")),
-        "n_shared_experts": int(meta.get("expert_shared_count") or 0),
-        "num_experts_per_tok": int(meta.need("expert_used_count")),
-        "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
-        "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
-        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+        **_v3_router_keys(meta),
         "n_group": int(meta.get("expert_group_count") or 1),
         "topk_group": int(meta.get("expert_group_used_count") or 1),
         "hidden_act": "silu",
@@ -60,19 +54,26 @@ def _dots1(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
         {
             "model_type": "dots1",
             "head_dim": _head_dim(meta, cfg),
-            "first_k_dense_replace": int(meta.get("leading_dense_block_count") or 0),
-            "n_routed_experts": int(meta.need("expert_count")),
-            "n_shared_experts": int(meta.get("expert_shared_count") or 0),
-            "num_experts_per_tok": int(meta.need("expert_used_count")),
-            "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
-            "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
-            "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+            **_v3_router_keys(meta),
             "sliding_window": None,  # (llama.cpp's dots1 graph: full attention on every layer)
             "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_llama_moe
         },
         stated_rope_scaling(meta),
         cfg,
     )
+
+
+def _v3_router_keys(meta: _Meta) -> dict[str, Any]:
+    """The config.json keys of DeepSeek-V3's router as llama.cpp's converters state them (GLM-4.5, dots.llm1)."""
+    return {
+        "first_k_dense_replace": int(meta.get("leading_dense_block_count") or 0),
+        "n_routed_experts": int(meta.need("expert_count")),
+        "n_shared_experts": int(meta.get("expert_shared_count") or 0),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
+        "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+    }
 
 
 def _smollm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
