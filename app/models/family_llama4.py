@@ -48,8 +48,7 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     return wrapped_text_config(cfg, "llama4_text", bool(cfg.get("tie_word_embeddings", False)))
 
 
-def _layers(cfg: dict[str, Any], key: str, default: list[int], layers: int) -> list[int]:
-    value = cfg.get(key) or default
+def _int_list(key: str, value: Any) -> list[int]:
     if not isinstance(value, list) or any(not isinstance(v, int) or isinstance(v, bool) for v in value):
         raise _refuse(key, value, " (a list of integers)")
     return value
@@ -64,7 +63,10 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise _refuse("attention_bias", cfg["attention_bias"], " for Llama 4 (biases on the projections)")
     layers = fields["num_layers"]
     interval = int(cfg.get("no_rope_layer_interval", 4))
-    no_rope = _layers(cfg, "no_rope_layers", [int((i + 1) % interval != 0) for i in range(layers)], layers)
+    # (transformers' default when the list is absent or empty)
+    no_rope = _int_list(
+        "no_rope_layers", cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+    )
     if len(no_rope) != layers or set(no_rope) - {0, 1}:
         raise _refuse("no_rope_layers", no_rope, f" (1 or 0 for each of the {layers} layers)")
     experts, top_k = int(cfg.get("num_local_experts", 16)), int(cfg.get("num_experts_per_tok", 1))
@@ -74,7 +76,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         if step < 1:
             raise _refuse("interleave_moe_layer_step", step, " (must be at least 1 without moe_layers)")
         stated = list(range(step - 1, layers, step))
-    sparse = set(_layers({"moe_layers": stated}, "moe_layers", [], layers)) if experts > 0 else set()
+    sparse = set(_int_list("moe_layers", stated)) if experts > 0 else set()
     if any(not 0 <= i < layers for i in sparse):
         raise _refuse("moe_layers", stated, f" (layer indices below {layers})")
     if top_k != 1 and sparse:  # (each expert's input is scaled by its weight: one expert per token here)

@@ -61,7 +61,6 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "solar_open": {
         "family": "llama_moe",
         "configure": "family_llama_moe",
-        "attention_bias": False,
         "defaults": "family_llama_moe:SOLAR_OPEN_DEFAULTS",
     },
     # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
