@@ -29,7 +29,7 @@ from lantern.backends.torch.layers import rope_tables
 from lantern.backends.torch.models import build_model
 from lantern.backends.torch.parallel import TPGroup, broadcast_command, local_config
 from lantern.backends.torch.quant_linear import quantized_bytes
-from lantern.backends.torch.sampler import sample
+from lantern.backends.torch.sampler import sample, use_native_cpu_ops
 from lantern.backends.torch.weights import load_weights
 
 logger = logging.getLogger(__name__)
@@ -121,6 +121,8 @@ class TorchBackend:
         # The positions served: Llama 4's rope reaches 10M, its chunked attention is served within 8192.
         self.max_context = spec.config.servable_context
         self.cos, self.sin = rope_tables(spec.config, self.max_context, self.device)
+        if self.device.type == "cpu":
+            use_native_cpu_ops()  # one-pass sampling: its op library is built now, not in a request
         weight_bytes = quantized_bytes(model)  # every parameter and buffer, quantized or not
         logger.info("weights: %.1f MB on %s", weight_bytes / 1e6, self.device)
         return ModelInfo(

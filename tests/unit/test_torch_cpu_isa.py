@@ -3,6 +3,7 @@
 - kernels/cpu_vnni_gemm_avx2.c (AVX2, with or without AVX-VNNI's dot products) must give what the
   AVX-512 build gives, bit for bit: the same quantization of x and the same integer sums and float
   steps, on every tile shape, 4- and 8-bit codes, codebooks, both I/O dtypes and the prefill decoder.
+- The sampler's native pass (kernels/cpu_sampling.c) draws the same tokens on either build.
 - aten lays int4pack weights out by its own CPU capability; where that is not the AVX-512 layout the
   decoders read (and no native kernel serves), 4-bit weights must still load (as int8 per channel).
 """
@@ -36,6 +37,17 @@ for name, w in weights.items():
             x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m)).to(dtype)
             out[f"{name} {dtype} {m} rows"] = layer(x)
         out[f"{name} {dtype} decoded"] = layer._decoded_rows(16, w.shape[0], dtype)
+from lantern.backends.torch import sampler
+assert sampler.use_native_cpu_ops()
+for rows, cols in ((1, 5003), (3, 49152), (32, 300)):
+    g = torch.Generator().manual_seed(rows * cols)
+    scores = torch.randn(rows, cols, generator=g) * 3
+    keys = torch.randint(0, 2**32, (rows, 1), generator=g)
+    temps = torch.rand(rows, 1, generator=g) + 0.2
+    hashes = sampler.column_hashes(cols, cpu)
+    out[f"draw {rows}x{cols}"] = sampler._argmax_with_noise(scores, keys, hashes, temps)
+    out[f"draw {rows}x{cols} T=1"] = sampler._argmax_with_noise(scores, keys, hashes)
+    out[f"argmax {rows}x{cols}"] = sampler.row_argmax(scores)
 torch.save(out, sys.argv[1])
 """
 

@@ -1,4 +1,5 @@
-// Lantern's native CPU ops as a torch library: torch.ops.lantern.vnni_mm (and vnni_decode). Built by
+// Lantern's native CPU ops as a torch library: torch.ops.lantern.vnni_mm (and vnni_decode), and the
+// sampler's noisy_argmax and row_argmax. Built by
 // native_build.load_ops (torch.utils.cpp_extension) and loaded into the process, so a call goes
 // from the dispatcher straight to the kernel: ~1-2 us, where a Python op that reaches a C kernel
 // through ctypes costs ~10-15 us (a one-row SmolLM2 step makes ~120 such calls).
@@ -12,6 +13,7 @@
 #else
 #include "cpu_vnni_gemm.c"
 #endif
+#include "cpu_sampling.c"
 
 namespace {
 
@@ -105,6 +107,49 @@ at::Tensor vnni_decode_plain(const at::Tensor &codes, const at::Tensor &scales, 
     return vnni_decode(codes, scales, out_scale, k, group_size, bits, first_block, num_blocks, dtype);
 }
 
+// Each row's first maximum of scores - T * log(-log(u)) (cpu_sampling.c): scores float32 [R, C] with
+// unit column stride, hashes int32 [C] or [R, C], keys16 int32 [R] (or [R, 1]), temps float32 [R]
+// (or [R, 1]), or empty for T = 1; mix1, mix2 the hash's multipliers as int32 values.
+at::Tensor noisy_argmax(const at::Tensor &scores, const at::Tensor &hashes, const at::Tensor &keys16,
+                        const at::Tensor &temps, int64_t mix1, int64_t mix2) {
+    TORCH_CHECK_VALUE(scores.scalar_type() == at::kFloat && scores.dim() == 2 && scores.stride(1) == 1 &&
+                          scores.device().is_cpu(),
+                      "noisy_argmax: scores must be a float32 CPU [rows, cols] tensor with unit column stride");
+    const int64_t rows = scores.size(0), cols = scores.size(1);
+    bool shared = hashes.dim() == 1 && hashes.size(0) == cols;
+    bool per_row = hashes.dim() == 2 && hashes.size(0) == rows && hashes.size(1) == cols;
+    TORCH_CHECK_VALUE(hashes.scalar_type() == at::kInt && hashes.is_contiguous() && hashes.device().is_cpu() &&
+                          (shared || per_row),
+                      "noisy_argmax: hashes must be int32 [", cols, "] or [", rows, ", ", cols, "], not ",
+                      hashes.sizes());
+    TORCH_CHECK_VALUE(keys16.scalar_type() == at::kInt && keys16.is_contiguous() && keys16.numel() == rows &&
+                          keys16.device().is_cpu(),
+                      "noisy_argmax: keys16 must be ", rows, " int32 values");
+    TORCH_CHECK_VALUE(temps.numel() == 0 || (temps.scalar_type() == at::kFloat && temps.is_contiguous() &&
+                                             temps.numel() == rows && temps.device().is_cpu()),
+                      "noisy_argmax: temps must be ", rows, " float32 values or empty");
+    at::Tensor out = at::empty({rows}, scores.options().dtype(at::kLong));
+    if (rows == 0) return out;
+    TORCH_CHECK_VALUE(cols > 0, "noisy_argmax: a row needs a column");
+    lantern_noisy_argmax(scores.data_ptr<float>(), rows, cols, scores.stride(0), hashes.data_ptr<int32_t>(),
+                         shared ? 0 : cols, keys16.data_ptr<int32_t>(),
+                         temps.numel() ? temps.data_ptr<float>() : nullptr, 1, (int32_t)mix1, (int32_t)mix2,
+                         out.data_ptr<int64_t>(), at::get_num_threads());
+    return out;
+}
+
+// torch.argmax(scores, -1) of a float32 CPU [rows, cols] tensor with unit column stride, in one pass.
+at::Tensor row_argmax(const at::Tensor &scores) {
+    TORCH_CHECK_VALUE(scores.scalar_type() == at::kFloat && scores.dim() == 2 && scores.stride(1) == 1 &&
+                          scores.device().is_cpu() && scores.size(1) > 0,
+                      "row_argmax: scores must be a float32 CPU [rows, cols > 0] tensor with unit column stride");
+    at::Tensor out = at::empty({scores.size(0)}, scores.options().dtype(at::kLong));
+    if (scores.size(0) == 0) return out;
+    lantern_noisy_argmax(scores.data_ptr<float>(), scores.size(0), scores.size(1), scores.stride(0), nullptr, 0,
+                         nullptr, nullptr, 0, 0, 0, out.data_ptr<int64_t>(), at::get_num_threads());
+    return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lantern, m) {
@@ -112,6 +157,8 @@ TORCH_LIBRARY_FRAGMENT(lantern, m) {
     m.def(
         "vnni_mm_codebook(Tensor x, Tensor codes, Tensor scales, Tensor out_scale, int group_size, int n, int bits, "
         "Tensor table) -> Tensor");
+    m.def("noisy_argmax(Tensor scores, Tensor hashes, Tensor keys16, Tensor temps, int mix1, int mix2) -> Tensor");
+    m.def("row_argmax(Tensor scores) -> Tensor");
     m.def(
         "vnni_decode(Tensor codes, Tensor scales, Tensor out_scale, int k, int group_size, int bits, int first_block, "
         "int num_blocks, ScalarType dtype) -> Tensor");
@@ -124,5 +171,7 @@ TORCH_LIBRARY_IMPL(lantern, CPU, m) {
     m.impl("vnni_mm", vnni_mm_plain);
     m.impl("vnni_mm_codebook", vnni_mm_codebook);
     m.impl("vnni_decode", vnni_decode_plain);
+    m.impl("noisy_argmax", noisy_argmax);
+    m.impl("row_argmax", row_argmax);
     m.impl("vnni_decode_codebook", vnni_decode_codebook);
 }

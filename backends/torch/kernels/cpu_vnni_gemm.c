@@ -25,6 +25,7 @@
 // bfloat16 (io_bf16: x widened exactly, y rounded to nearest even once).
 // Compiled as C++ inside the torch op library (cpu_ops.cpp), so it is written in the common subset.
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +101,8 @@ typedef struct {
     const uint16_t *sz;
     long g;
     const uint8_t *lut;  // the codebook's 16 codes (NIB 2 only)
+    const char *pf[2];  // cache lines of the next tile's codes and scales, requested along the way
+    long pf_lines[2], pf_per_group[2];
 } tile_args;
 
 // R rows x C vectors of outputs. NIB: 1 4-bit codes (two columns per byte), 2 4-bit codebook
@@ -114,6 +117,9 @@ typedef struct {
         for (int i = 0; i < R; i++)                                                                   \
             for (int j = 0; j < C; j++) facc[i][j] = _mm512_setzero_ps();                             \
         for (long gq = 0; gq < groups; gq++) {                                                        \
+            for (int p = 0; p < 2; p++)                                                               \
+                for (long l = gq * a->pf_per_group[p], e = l + a->pf_per_group[p]; l < e && l < a->pf_lines[p]; l++) \
+                    _mm_prefetch(a->pf[p] + 64 * l, _MM_HINT_T2);                                     \
             __m512i s1[R][C], s2[R][C];                                                               \
             for (int i = 0; i < R; i++)                                                               \
                 for (int j = 0; j < C; j++) s1[i][j] = s2[i][j] = _mm512_setzero_si512();             \
@@ -171,6 +177,17 @@ static const tile_t TILES8[MR + 1][NC + 1] = {
 static const tile_t TILESLUT[MR + 1][NC + 1] = {
     {0}, {0, tile2_1x1, tile2_1x2}, {0, tile2_2x1, tile2_2x2}, {0, tile2_3x1, tile2_3x2}, {0, tile2_4x1, tile2_4x2}};
 
+// The tile requests these bytes of codes and of scales (the lines that hold them), a few per group of K.
+static void prefetch_plan(tile_args *a, const uint8_t *w, long w_bytes, const uint16_t *s, long s_bytes, long groups) {
+    const char *from[2] = {(const char *)w, (const char *)s};
+    long bytes[2] = {w_bytes, s_bytes};
+    for (int p = 0; p < 2; p++) {
+        if (bytes[p] <= 0) continue;
+        long first = (long)((uintptr_t)from[p] & 63), lines = (first + bytes[p] + 63) / 64;
+        a->pf[p] = from[p] - first, a->pf_lines[p] = lines, a->pf_per_group[p] = (lines + groups - 1) / groups;
+    }
+}
+
 // bits 4 or 8 (lut: 4-bit codebook indices, else NULL); K a multiple of 32 and of g, g a multiple of 32.
 // Returns 0, or -1 when out of memory.
 int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint16_t *sz, long g,
@@ -192,15 +209,26 @@ int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint1
 #pragma omp for schedule(static)
             for (long m = 0; m < M; m++) quantize_rows(x, io_bf16, m, m + 1, K, out_scale, xq, dx, sx);
         }
-#pragma omp for schedule(static)
-        for (long t = 0; t < tiles; t++) {
+        // Each thread takes a contiguous run of tiles and requests the lines of its next tile while it
+        // computes one: a core alone keeps too few misses in flight to stream at the memory's rate.
+        // One-row SmolLM2 Q4_1 matmuls on 2 EPYC cores: ~6.6 -> ~5.3 ms per token, 4 rows ~10.0 ->
+        // ~8.1 ms; 32 rows (compute-bound) within noise. The start of the next weight was tried
+        // too (requested during the last tile): no gain.
+        long nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        long t0 = tiles * tid / nt, t1 = tiles * (tid + 1) / nt;
+        for (long t = t0; t < t1; t++) {
             long b0 = t * NC, cols = blocks - b0 < NC ? blocks - b0 : NC;
+            tile_args a = {xq, dx, sx, K, w + b0 * wblock, sz + b0 * sblock, g, lut, {0, 0}, {0, 0}, {0, 0}};
+            if (t + 1 < t1) {
+                long bn = b0 + NC, nb = blocks - bn < NC ? blocks - bn : NC;
+                prefetch_plan(&a, w + bn * wblock, nb * wblock, sz + bn * sblock, nb * sblock * 2, groups);
+            }
             for (long m0 = 0; m0 < M; m0 += MR) {
                 long rows = M - m0 < MR ? M - m0 : MR;
-                tile_args a = {xq + 2 * m0 * K, dx + m0 * groups, sx + m0 * groups, K, w + b0 * wblock, sz + b0 * sblock, g,
-                               lut};
+                a.xq = xq + 2 * m0 * K, a.dx = dx + m0 * groups, a.sx = sx + m0 * groups;
                 char *yr = (char *)y + m0 * N * (io_bf16 ? 2 : 4);
                 table[rows][cols](&a, yr, N, b0 * 16, N, io_bf16);
+                a.pf_lines[0] = a.pf_lines[1] = 0;  // requested once, with the tile's first rows
             }
         }
     }

@@ -13,6 +13,7 @@
 //
 // Compiled into the torch op library in place of cpu_vnni_gemm.c (cpu_ops.cpp, LANTERN_AVX2).
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,8 @@ typedef struct {
     const uint16_t *sz;  // the block's scales
     long g;
     const uint8_t *lut;
+    const char *pf[2];  // cache lines of the next block's codes and scales, requested along the way
+    long pf_lines[2], pf_per_group[2];
 } tile_args;
 
 // R rows x 16 outputs. NIB: 1 4-bit codes, 2 4-bit codebook indices, 0 8-bit codes (as cpu_vnni_gemm.c).
@@ -167,6 +170,9 @@ typedef struct {
         for (int h = 0; h < 2; h++)                                                                   \
             for (int i = 0; i < R; i++) facc[h][i] = _mm256_setzero_ps();                             \
         for (long gq = 0; gq < groups; gq++) {                                                        \
+            for (int q = 0; q < 2; q++)                                                               \
+                for (long l = gq * a->pf_per_group[q], e = l + a->pf_per_group[q]; l < e && l < a->pf_lines[q]; l++) \
+                    _mm_prefetch(a->pf[q] + 64 * l, _MM_HINT_T2);                                     \
             const uint16_t *p = a->sz + (gq * XG / a->g) * 32;                                        \
             for (int h = 0; h < 2; h++) {                                                             \
                 acc_t s1[R], s2[R];                                                                   \
@@ -248,16 +254,28 @@ int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint1
 #pragma omp for schedule(static)
             for (long m = 0; m < M; m++) quantize_rows(x, io_bf16, m, m + 1, K, out_scale, xq, dx, sx);
         }
-#pragma omp for schedule(static)
-        for (long b = 0; b < blocks; b++) {
+        // As in cpu_vnni_gemm.c: a contiguous run of blocks per thread, each requesting the next one's lines
+        // (this build on the same EPYC, one-row SmolLM2 matmuls: ~8.3 -> ~7.6 ms per token; 8 and 32 rows: the same).
+        long nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        long b0 = blocks * tid / nt, b1 = blocks * (tid + 1) / nt;
+        for (long b = b0; b < b1; b++) {
             long n0 = 16 * b;
             int n = N - n0 < 16 ? (int)(N - n0) : 16;
+            tile_args a = {xq, dx, sx, K, w + b * wblock, sz + b * sblock, g, lut, {0, 0}, {0, 0}, {0, 0}};
+            if (b + 1 < b1) {
+                const char *from[2] = {(const char *)(w + (b + 1) * wblock), (const char *)(sz + (b + 1) * sblock)};
+                long bytes[2] = {wblock, 2 * sblock};
+                for (int q = 0; q < 2; q++) {
+                    long first = (long)((uintptr_t)from[q] & 63), lines = (first + bytes[q] + 63) / 64;
+                    a.pf[q] = from[q] - first, a.pf_lines[q] = lines, a.pf_per_group[q] = (lines + groups - 1) / groups;
+                }
+            }
             for (long m0 = 0; m0 < M; m0 += MR) {
                 long rows = M - m0 < MR ? M - m0 : MR;
-                tile_args a = {xq + 2 * m0 * K, dx + m0 * groups, sx + m0 * groups, K, w + b * wblock, sz + b * sblock,
-                               g, lut};
+                a.xq = xq + 2 * m0 * K, a.dx = dx + m0 * groups, a.sx = sx + m0 * groups;
                 char *yr = (char *)y + m0 * N * (io_bf16 ? 2 : 4);
                 table[rows](&a, yr, N, n0, n, io_bf16);
+                a.pf_lines[0] = a.pf_lines[1] = 0;  // requested once, with the block's first rows
             }
         }
     }

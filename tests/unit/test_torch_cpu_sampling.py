@@ -1,0 +1,137 @@
+"""The sampler's native CPU pass (kernels/cpu_sampling.c) against the torch code it replaces, bit for
+bit: the Gumbel-max draw's tokens (the same hash, the same logarithm, the same two roundings) and
+torch.argmax's rule (the first maximum, NaN counting as the maximum), on ragged widths, one row split
+over the threads and many rows, shared and gathered column hashes, with and without temperatures."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from lantern.app.engine.contract import SamplingRow
+from lantern.app.engine.sampling_params import SamplingParams
+from lantern.backends.sampling_prep import draw_seed
+from lantern.backends.torch import sampler
+
+pytestmark = pytest.mark.skipif(not sampler.use_native_cpu_ops(), reason="no native CPU ops on this machine")
+
+CPU = torch.device("cpu")
+COLS = [1, 7, 15, 16, 17, 255, 256, 300, 4095, 4096, 5003, 49152, 151936]
+
+
+def torch_path():
+    """Calls made inside `with torch_path():` take the torch code (the reference)."""
+    return mock.patch.object(sampler, "_native", False)
+
+
+def edits(cols: int) -> list:
+    """The rows argmax gets wrong most easily: ties, infinities, NaNs (each edits one row in place)."""
+    return [
+        lambda r: r.fill_(0.0),  # all tied: column 0
+        lambda r: r.fill_(-float("inf")),  # all -inf: column 0
+        lambda r: r[cols // 2 - 1 :].fill_(100.0),  # tied maxima on both sides of a split: the first
+        lambda r: r.__setitem__(-1, 100.0),  # the maximum in the last (ragged) chunk
+        lambda r: r.__setitem__(cols // 3, float("nan")),  # NaN counts as the maximum
+        lambda r: (r.__setitem__(-1, float("nan")), r.__setitem__(0, float("inf"))),
+        lambda r: r[cols // 2 :].fill_(float("nan")),  # the first NaN wins
+        lambda r: r.__setitem__(cols - 1 - cols // 4, float("inf")),
+    ]
+
+
+def nasty(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Random scores, their first rows edited as `edits` says."""
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * 3
+    for i, edit in enumerate(edits(cols)[: max(0, rows - 2)]):
+        edit(x[i])
+    return x
+
+
+@pytest.mark.parametrize("cols", [4096, 5003, 49152])
+def test_one_row_split_over_the_threads_keeps_argmax_rule(cols):
+    """One row is split over the threads: the parts' answers must merge as torch.argmax's rule says."""
+    for i, edit in enumerate(edits(cols)):
+        x = torch.randn(1, cols, generator=torch.Generator().manual_seed(i)) * 3
+        edit(x[0])
+        assert torch.equal(sampler.row_argmax(x), torch.argmax(x, dim=-1)), i
+
+
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 10])
+def test_row_argmax_is_torch_argmax(rows, cols):
+    x = nasty(rows, cols, seed=rows * 1000 + cols)
+    assert torch.equal(sampler.row_argmax(x), torch.argmax(x, dim=-1))
+    assert torch.equal(sampler.row_argmax(x[:, : max(1, cols - 3)]), torch.argmax(x[:, : max(1, cols - 3)], dim=-1))
+
+
+def keys_for(rows: int, salt: int) -> torch.Tensor:
+    return torch.tensor([[draw_seed(salt * 31 + i, i * 7)] for i in range(rows)], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("rows", [1, 3, 32])
+@pytest.mark.parametrize("temperature", [None, "mixed"])
+def test_noisy_argmax_draws_the_torch_tokens(rows, cols, temperature):
+    scores = nasty(rows, cols, seed=cols + rows) if rows > 3 else torch.randn(rows, cols) * 2
+    keys = keys_for(rows, cols)
+    hashes = sampler.column_hashes(cols, CPU)
+    temps = None if temperature is None else torch.linspace(0.3, 1.9, rows).reshape(rows, 1)
+    got = sampler._argmax_with_noise(scores, keys, hashes, temps)
+    with torch_path():
+        want = sampler._argmax_with_noise(scores, keys, hashes, temps)
+    assert torch.equal(got, want)
+
+
+def test_noisy_argmax_takes_gathered_hashes_and_column_slices():
+    """The filtered rows' path: hashes gathered per row ([rows, width]) and a prefix of sorted scores."""
+    scores = torch.randn(6, 1000) * 2
+    order = torch.argsort(torch.randn(6, 49152), dim=-1)[:, :600]
+    hashes = sampler.column_hashes(49152, CPU)[order]
+    keys = keys_for(6, 5)
+    view = scores[:, :600]  # a slice: rows 1000 apart
+    got = sampler._argmax_with_noise(view, keys, hashes)
+    with torch_path():
+        want = sampler._argmax_with_noise(view, keys, hashes)
+    assert torch.equal(got, want)
+
+
+def test_draws_are_random_and_follow_the_scores():
+    """The noise is there (different keys draw different tokens) and the scores count (a large margin wins)."""
+    scores = torch.zeros(64, 49152)
+    tokens = sampler._argmax_with_noise(scores, keys_for(64, 9), sampler.column_hashes(49152, CPU))
+    assert len(set(tokens.tolist())) > 60
+    scores[:, 1234] = 50.0
+    tokens = sampler._argmax_with_noise(scores, keys_for(64, 9), sampler.column_hashes(49152, CPU))
+    assert tokens.tolist() == [1234] * 64
+
+
+def row(seed: int, step: int, **kw) -> SamplingRow:
+    return SamplingRow(params=SamplingParams(max_tokens=None, **kw), seed=seed, step=step)
+
+
+def test_sample_gives_the_torch_tokens_with_filters_and_greedy_rows():
+    filters = [{}, {"top_k": 50}, {"top_p": 0.9}, {"top_k": 200, "top_p": 0.8}, {"min_p": 0.05}]
+    logits = torch.randn(16, 49152, generator=torch.Generator().manual_seed(4)) * 3
+    rows = [row(100 + i, i, temperature=0.4 + 0.2 * (i % 7), **filters[i % 5]) for i in range(14)]
+    rows += [row(1, 1, temperature=0.0), row(2, 2, temperature=0.0)]
+    got = sampler.sample(logits, rows).token_ids
+    with torch_path():
+        want = sampler.sample(logits, rows).token_ids
+    assert got == want
+    assert got[-2:] == torch.argmax(logits[-2:], dim=-1).tolist()
+
+
+def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
+    scores = torch.randn(2, 100)
+    with pytest.raises(ValueError, match="hashes"):
+        torch.ops.lantern.noisy_argmax(scores, torch.zeros(99, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                                       torch.empty(0), 1, 1)  # fmt: skip
+    with pytest.raises(ValueError, match="keys16"):
+        torch.ops.lantern.noisy_argmax(scores, torch.zeros(100, dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
+                                       torch.empty(0), 1, 1)  # fmt: skip
+    with pytest.raises(ValueError, match="temps"):
+        torch.ops.lantern.noisy_argmax(scores, torch.zeros(100, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                                       torch.ones(5), 1, 1)  # fmt: skip
+    with pytest.raises(ValueError, match="float32"):
+        torch.ops.lantern.row_argmax(scores.double())
