@@ -11,7 +11,9 @@ to compare). OpenMP comes from the libgomp torch has loaded (same soname): one t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import hashlib
 import logging
 import os
@@ -20,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -138,6 +141,24 @@ def load(
         return None
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """Holds an flock on build_dir while cpp_extension builds or loads there. cpp_extension's own lock
+    is a file that its holder deletes when done: a process killed inside (a tensor-parallel worker
+    killed while starting, a Ctrl-C during the first build) leaves it behind, and every later load
+    waits for it forever. The flock dies with its process, so under it a leftover file is stale."""
+    with open(build_dir / "lantern.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            stale = build_dir / "lock"
+            if stale.exists():
+                logger.warning("removing a build lock left by a process that died in it: %s", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def load_ops(
     source_name: str,
     fallback: str,
@@ -177,16 +198,17 @@ def load_ops(
 
         build_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        cpp_extension.load(
-            name=name,
-            sources=[str(source)],
-            extra_cflags=cflags,
-            extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(KERNELS)],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=False,
-        )
+        with _build_lock(build_dir):
+            cpp_extension.load(
+                name=name,
+                sources=[str(source)],
+                extra_cflags=cflags,
+                extra_ldflags=["-fopenmp"],
+                extra_include_paths=[str(KERNELS)],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
         logger.debug("native CPU ops %s ready in %.1f s", source.name, time.monotonic() - started)
         return True
     except Exception as e:  # a compiler error, no ninja, no torch headers: the torch path serves

@@ -118,3 +118,47 @@ print(json.dumps(kinds))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == '["Int8PackLinear"]'
     assert "aten packs int4 weights differently" in proc.stderr
+
+
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load(tmp_path):
+    """cpp_extension's lock is a file its holder deletes when done: a process killed while building or
+    loading (a tensor-parallel worker killed at start-up) left it behind, and every later start waited
+    for it forever. native_build holds an flock around cpp_extension (released when its holder dies)
+    and removes a leftover file under it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        assert (tmp_path / "lock").exists()
+        probe = [sys.executable, "-c", PROBE_LOCK, str(tmp_path / "lantern.lock")]
+        assert subprocess.run(probe, timeout=60).returncode == 1  # held: another process cannot enter
+    finally:
+        holder.kill()  # dies inside, as a killed worker does: cpp_extension's file stays
+        holder.wait()
+    assert (tmp_path / "lock").exists()
+    with native_build._build_lock(tmp_path):  # would block if the dead holder's flock outlived it
+        assert not (tmp_path / "lock").exists()
+        assert subprocess.run(probe, timeout=60).returncode == 1
+    assert subprocess.run(probe, timeout=60).returncode == 0
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from lantern.backends.torch import native_build
+d = Path(sys.argv[1])
+with native_build._build_lock(d):
+    (d / "lock").touch()  # what cpp_extension's FileBaton holds while it builds
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+PROBE_LOCK = """
+import fcntl, sys
+with open(sys.argv[1], "a") as f:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(1)
+"""

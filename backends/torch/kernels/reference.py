@@ -243,16 +243,20 @@ def causal_attention(
     # A chunk that is its whole context, with no window cutting into it: the plain causal mask.
     plain = n_q == n_k and (window is None or n_k <= window)
     mask = None if plain else causal_mask(n_q, n_k, window, q.device)
+    # On a CPU, bfloat16 operands in float32: torch's CPU flash kernel runs its bfloat16 path ~1.7x
+    # slower at prompt lengths (~0.59 -> ~0.34 ms for 9 heads x 128 tokens on 2 EPYC cores), and
+    # float32 loses nothing (bfloat16 values widen exactly; the kernel accumulates in float32 either way).
+    dtype = torch.float32 if q.device.type == "cpu" and q.dtype == torch.bfloat16 else q.dtype
     out = sdpa_grouped(
-        q.transpose(0, 1)[None],
-        k.to(q.dtype).transpose(0, 1)[None],
-        v.to(q.dtype).transpose(0, 1)[None],
+        q.to(dtype).transpose(0, 1)[None],
+        k.to(dtype).transpose(0, 1)[None],
+        v.to(dtype).transpose(0, 1)[None],
         scale,
         mask,
         softcap,
         sinks,
     )
-    return out[0].transpose(0, 1)
+    return out[0].transpose(0, 1).to(q.dtype)
 
 
 def paged_prefill(
