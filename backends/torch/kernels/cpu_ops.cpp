@@ -109,9 +109,10 @@ at::Tensor vnni_decode_plain(const at::Tensor &codes, const at::Tensor &scales, 
 
 // Each row's first maximum of scores - T * log(-log(u)) (cpu_sampling.c): scores float32 [R, C] with
 // unit column stride, hashes int32 [C] or [R, C], keys16 int32 [R] (or [R, 1]), temps float32 [R]
-// (or [R, 1]), or empty for T = 1; mix1, mix2 the hash's multipliers as int32 values.
-at::Tensor noisy_argmax(const at::Tensor &scores, const at::Tensor &hashes, const at::Tensor &keys16,
-                        const at::Tensor &temps, int64_t mix1, int64_t mix2) {
+// (or [R, 1]), or empty for T = 1; mix1, mix2 the hash's multipliers as int32 values. With
+// `values`, the noisy scores [R, C] instead of the argmax (noisy_scores, for the tests).
+at::Tensor noisy_pass(const at::Tensor &scores, const at::Tensor &hashes, const at::Tensor &keys16,
+                      const at::Tensor &temps, int64_t mix1, int64_t mix2, bool values) {
     TORCH_CHECK_VALUE(scores.scalar_type() == at::kFloat && scores.dim() == 2 && scores.stride(1) == 1 &&
                           scores.device().is_cpu(),
                       "noisy_argmax: scores must be a float32 CPU [rows, cols] tensor with unit column stride");
@@ -129,13 +130,24 @@ at::Tensor noisy_argmax(const at::Tensor &scores, const at::Tensor &hashes, cons
                                              temps.numel() == rows && temps.device().is_cpu()),
                       "noisy_argmax: temps must be ", rows, " float32 values or empty");
     at::Tensor out = at::empty({rows}, scores.options().dtype(at::kLong));
-    if (rows == 0) return out;
+    at::Tensor dump = values ? at::empty({rows, cols}, scores.options()) : at::Tensor();
+    if (rows == 0) return values ? dump : out;
     TORCH_CHECK_VALUE(cols > 0, "noisy_argmax: a row needs a column");
     lantern_noisy_argmax(scores.data_ptr<float>(), rows, cols, scores.stride(0), hashes.data_ptr<int32_t>(),
                          shared ? 0 : cols, keys16.data_ptr<int32_t>(),
                          temps.numel() ? temps.data_ptr<float>() : nullptr, 1, (int32_t)mix1, (int32_t)mix2,
-                         out.data_ptr<int64_t>(), at::get_num_threads());
-    return out;
+                         out.data_ptr<int64_t>(), at::get_num_threads(), values ? dump.data_ptr<float>() : nullptr);
+    return values ? dump : out;
+}
+
+at::Tensor noisy_argmax(const at::Tensor &scores, const at::Tensor &hashes, const at::Tensor &keys16,
+                        const at::Tensor &temps, int64_t mix1, int64_t mix2) {
+    return noisy_pass(scores, hashes, keys16, temps, mix1, mix2, false);
+}
+
+at::Tensor noisy_scores(const at::Tensor &scores, const at::Tensor &hashes, const at::Tensor &keys16,
+                        const at::Tensor &temps, int64_t mix1, int64_t mix2) {
+    return noisy_pass(scores, hashes, keys16, temps, mix1, mix2, true);
 }
 
 // torch.argmax(scores, -1) of a float32 CPU [rows, cols] tensor with unit column stride, in one pass.
@@ -146,7 +158,7 @@ at::Tensor row_argmax(const at::Tensor &scores) {
     at::Tensor out = at::empty({scores.size(0)}, scores.options().dtype(at::kLong));
     if (scores.size(0) == 0) return out;
     lantern_noisy_argmax(scores.data_ptr<float>(), scores.size(0), scores.size(1), scores.stride(0), nullptr, 0,
-                         nullptr, nullptr, 0, 0, 0, out.data_ptr<int64_t>(), at::get_num_threads());
+                         nullptr, nullptr, 0, 0, 0, out.data_ptr<int64_t>(), at::get_num_threads(), nullptr);
     return out;
 }
 
@@ -158,6 +170,7 @@ TORCH_LIBRARY_FRAGMENT(lantern, m) {
         "vnni_mm_codebook(Tensor x, Tensor codes, Tensor scales, Tensor out_scale, int group_size, int n, int bits, "
         "Tensor table) -> Tensor");
     m.def("noisy_argmax(Tensor scores, Tensor hashes, Tensor keys16, Tensor temps, int mix1, int mix2) -> Tensor");
+    m.def("noisy_scores(Tensor scores, Tensor hashes, Tensor keys16, Tensor temps, int mix1, int mix2) -> Tensor");
     m.def("row_argmax(Tensor scores) -> Tensor");
     m.def(
         "vnni_decode(Tensor codes, Tensor scales, Tensor out_scale, int k, int group_size, int bits, int first_block, "
@@ -172,6 +185,7 @@ TORCH_LIBRARY_IMPL(lantern, CPU, m) {
     m.impl("vnni_mm_codebook", vnni_mm_codebook);
     m.impl("vnni_decode", vnni_decode_plain);
     m.impl("noisy_argmax", noisy_argmax);
+    m.impl("noisy_scores", noisy_scores);
     m.impl("row_argmax", row_argmax);
     m.impl("vnni_decode_codebook", vnni_decode_codebook);
 }

@@ -5,9 +5,9 @@
 // SmolLM2's 49152 columns that is ~0.5 ms a row alone and ~6 ms for 32 rows on 2 cores.
 //
 // The results are torch's, bit for bit: the same integer hash, u exact in float32, the logarithm
-// torch's own (Sleef's 1-ulp logf, which torch's vectorized log calls on these CPUs), then one
-// rounded multiply by T and one rounded subtraction (never fused: the pragma below; MLX rounds both
-// too), and the first index of the maximum with NaN counting as the maximum (torch.argmax's rule).
+// torch's own (log_inplace), then one rounded multiply by T and one rounded subtraction (never fused:
+// the pragma below; MLX rounds both too), and the first index of the maximum with NaN counting as the
+// maximum (torch.argmax's rule).
 // Compiled as C++ inside the torch op library (cpu_ops.cpp), so it is written in the common subset.
 #include <immintrin.h>
 #include <math.h>
@@ -16,6 +16,14 @@
 
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
+
+#include <ATen/Config.h>
+#if AT_MKL_ENABLED()
+#define LANTERN_MKL_LOG 1
+extern "C" void vmsLn(int n, const float *a, float *r, long long mode);  // MKL, LP64 (torch's build)
+#else
+#define LANTERN_MKL_LOG 0
+#endif
 
 #ifdef LANTERN_AVX2
 #define SW 8
@@ -73,11 +81,23 @@ typedef struct {
     long idx;     // its first column
 } argmax_part;
 
+// buf[0:n) <- log(buf[0:n)), n a multiple of SW: torch's own float32 log. Where torch is built with
+// MKL (the x86 wheels) its log_ is MKL's vmsLn in high-accuracy mode, which differs from Sleef's in
+// ~14% of the 2^23 values u takes (by an ulp): so that one, same mode; elsewhere torch's vectorized
+// log, Sleef's 1-ulp logf.
+static inline void log_inplace(float *buf, long n) {
+#if LANTERN_MKL_LOG
+    vmsLn((int)n, buf, buf, 0x00000002 | 0x00000100 | 0x00140000);  // VML_HA | ERRMODE_IGNORE | FTZDAZ_OFF
+#else
+    for (long i = 0; i < n; i += SW) SV_STORE_F(buf + i, SV_LOG(SV_LOAD_F(buf + i)));
+#endif
+}
+
 // Columns [c0, c1) of one row: scores (and, with noise, that row's hash inputs) -> its first maximum.
 // mix1, mix2: sampling_prep's MIX_C1, MIX_C2 as int32; key16: the row's xorshift16(key); t: the
 // row's temperature (NULL: T = 1, no multiply).
 static argmax_part noisy_argmax_range(const float *scores, const int32_t *hashes, int noise, int32_t key16,
-                                      const float *t, int32_t mix1, int32_t mix2, long c0, long c1) {
+                                      const float *t, int32_t mix1, int32_t mix2, long c0, long c1, float *dump) {
     argmax_part out = {-INFINITY, c0};
     float buf[SCHUNK], pad_s[SCHUNK];
     int32_t pad_h[SCHUNK];
@@ -89,20 +109,27 @@ static argmax_part noisy_argmax_range(const float *scores, const int32_t *hashes
         const float *s = scores + c;
         const int32_t *h = noise ? hashes + c : NULL;
         if (padded != n) {  // the last part: read no column past the row (the padding is masked below)
-            memcpy(pad_s, s, n * sizeof(float)), s = pad_s;
-            if (noise) memcpy(pad_h, h, n * sizeof(int32_t)), h = pad_h;
+            memset(pad_s, 0, sizeof(pad_s)), memcpy(pad_s, s, n * sizeof(float)), s = pad_s;
+            if (noise) memset(pad_h, 0, sizeof(pad_h)), memcpy(pad_h, h, n * sizeof(int32_t)), h = pad_h;
+        }
+        if (noise) {  // buf <- log(-log(u)) = -gumbel, as sampler._neg_gumbel_ makes it
+            for (long i = 0; i < padded; i += SW) {
+                sv_i a = SV_MUL_I(SV_XOR(SV_LOAD_I(h + i), k), m1);  // mix32(mix32(column) ^ key)
+                a = SV_MUL_I(SV_XOR(a, SV_SRL(a, 15)), m2);
+                a = SV_SRL(a, 9);  // its top 23 bits after the last xorshift: t ^ (t >> 15), t = y >>> 9
+                a = SV_XOR(a, SV_SRL(a, 15));
+                SV_STORE_F(buf + i, SV_ADD(half, SV_MUL(SV_CVT(a), step)));  // (t + 0.5) / 2^23, exact
+            }
+            log_inplace(buf, padded);
+            for (long i = 0; i < padded; i += SW) SV_STORE_F(buf + i, SV_SUB(zero, SV_LOAD_F(buf + i)));
+            log_inplace(buf, padded);
         }
         sv_f vmax = SV_SET_F(-INFINITY);
         int nan = 0;
         for (long i = 0; i < padded; i += SW) {
             sv_f v = SV_LOAD_F(s + i);
             if (noise) {
-                sv_i a = SV_MUL_I(SV_XOR(SV_LOAD_I(h + i), k), m1);  // mix32(mix32(column) ^ key)
-                a = SV_MUL_I(SV_XOR(a, SV_SRL(a, 15)), m2);
-                a = SV_SRL(a, 9);  // its top 23 bits after the last xorshift: t ^ (t >> 15), t = y >>> 9
-                a = SV_XOR(a, SV_SRL(a, 15));
-                sv_f u = SV_ADD(half, SV_MUL(SV_CVT(a), step));  // (t + 0.5) / 2^23, exact
-                sv_f ng = SV_LOG(SV_SUB(zero, SV_LOG(u)));       // log(-log(u)) = -gumbel
+                sv_f ng = SV_LOAD_F(buf + i);
                 if (t) ng = SV_MUL(ng, temp);
                 v = SV_SUB(v, ng);
             }
@@ -114,6 +141,10 @@ static argmax_part noisy_argmax_range(const float *scores, const int32_t *hashes
             nan |= SV_HAS_NAN(v);
             vmax = SV_MAX(vmax, v);
             SV_STORE_F(buf + i, v);
+        }
+        if (dump) {  // the noisy scores themselves (lantern::noisy_scores: what the tests compare)
+            memcpy(dump + c, buf, n * sizeof(float));
+            continue;
         }
         if (nan) {  // the first NaN is the answer (torch.argmax counts NaN as the maximum)
             for (long j = 0; j < n; j++)
@@ -137,10 +168,11 @@ static argmax_part noisy_argmax_range(const float *scores, const int32_t *hashes
 // rows x cols scores (row stride ld) -> out[r], each row's first maximum of scores - T * log(-log(u))
 // (noise: hashes [cols] shared, or [rows, cols] with hash_ld = cols; keys16 [rows]; temps [rows] or
 // NULL) or of the scores themselves (noise 0). A row is split over the threads when there are
-// fewer rows than threads; each row's answer is the same however it is split.
+// fewer rows than threads; each row's answer is the same however it is split. dump (or NULL): rows x
+// cols float32 receiving the noisy scores instead (out is then meaningless).
 void lantern_noisy_argmax(const float *scores, long rows, long cols, long ld, const int32_t *hashes, long hash_ld,
                           const int32_t *keys16, const float *temps, int noise, int32_t mix1, int32_t mix2,
-                          int64_t *out, int threads) {
+                          int64_t *out, int threads, float *dump) {
     long parts = rows >= threads ? 1 : (threads + rows - 1) / rows;
     if (cols < 4096) parts = 1;  // a small row is not worth a second thread
     long units = rows * parts;
@@ -150,7 +182,8 @@ void lantern_noisy_argmax(const float *scores, long rows, long cols, long ld, co
         long r = u / parts, p = u % parts;
         long c0 = cols * p / parts, c1 = cols * (p + 1) / parts;
         found[u] = noisy_argmax_range(scores + r * ld, noise ? hashes + r * hash_ld : NULL, noise,
-                                      noise ? keys16[r] : 0, temps ? temps + r : NULL, mix1, mix2, c0, c1);
+                                      noise ? keys16[r] : 0, temps ? temps + r : NULL, mix1, mix2, c0, c1,
+                                      dump ? dump + r * cols : NULL);
     }
     for (long r = 0; r < rows; r++) {  // the parts in column order: a NaN first, else a strictly larger value
         argmax_part best = found[r * parts];

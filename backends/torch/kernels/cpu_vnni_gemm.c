@@ -182,7 +182,7 @@ static void prefetch_plan(tile_args *a, const uint8_t *w, long w_bytes, const ui
     const char *from[2] = {(const char *)w, (const char *)s};
     long bytes[2] = {w_bytes, s_bytes};
     for (int p = 0; p < 2; p++) {
-        if (bytes[p] <= 0) continue;
+        if (bytes[p] <= 0 || groups <= 0) continue;
         long first = (long)((uintptr_t)from[p] & 63), lines = (first + bytes[p] + 63) / 64;
         a->pf[p] = from[p] - first, a->pf_lines[p] = lines, a->pf_per_group[p] = (lines + groups - 1) / groups;
     }

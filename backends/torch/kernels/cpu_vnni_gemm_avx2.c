@@ -267,7 +267,7 @@ int lantern_vnni_mm(const void *x, long M, long K, const uint8_t *w, const uint1
                 long bytes[2] = {wblock, 2 * sblock};
                 for (int q = 0; q < 2; q++) {
                     long first = (long)((uintptr_t)from[q] & 63), lines = (first + bytes[q] + 63) / 64;
-                    a.pf[q] = from[q] - first, a.pf_lines[q] = lines, a.pf_per_group[q] = (lines + groups - 1) / groups;
+                    a.pf[q] = from[q] - first, a.pf_lines[q] = lines, a.pf_per_group[q] = groups ? (lines + groups - 1) / groups : 0;
                 }
             }
             for (long m0 = 0; m0 < M; m0 += MR) {
