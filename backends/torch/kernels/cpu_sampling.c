@@ -2,7 +2,8 @@
 // draw argmax(scores - T * log(-log(u))) with u from the counter hash of backends/sampling_prep.py,
 // and the plain argmax of greedy rows. torch's version of the draw makes ~15 passes over a [rows,
 // vocab] scratch (the hash's integer steps, two logs, the scaling, the subtraction, the argmax); at
-// SmolLM2's 49152 columns that is ~0.5 ms a row alone and ~6 ms for 32 rows on 2 cores.
+// SmolLM2's 49152 columns ~0.32 ms a row alone and ~5.5 ms for 32 rows on 2 cores, here ~0.10 and ~2.7
+// (the two logs, MKL's, are most of it: Sleef's ran the draw in ~0.06 / ~1.7 but is not torch's log).
 //
 // The results are torch's, bit for bit: the same integer hash, u exact in float32, the logarithm
 // torch's own (log_inplace), then one rounded multiply by T and one rounded subtraction (never fused:
@@ -74,7 +75,10 @@ extern "C" __m512 Sleef_logf16_u10(__m512);
 static inline float sv_hmax(sv_f v) { return _mm512_reduce_max_ps(v); }
 #endif
 
-#define SCHUNK 256  // columns per pass through the scratch (stays in L1)
+// Columns per pass through the scratch: few for a plain argmax (the scratch stays in L1), many with
+// noise (MKL's log pays per call: 256 -> 8192 took a 49152-column draw from ~260 to ~95 us).
+#define SCHUNK 8192
+#define SCHUNK_PLAIN 256
 
 typedef struct {
     float best;   // the largest value seen (NaN: a NaN was seen, at idx)
@@ -104,13 +108,14 @@ static argmax_part noisy_argmax_range(const float *scores, const int32_t *hashes
     const sv_i k = SV_SET_I(key16), m1 = SV_SET_I(mix1), m2 = SV_SET_I(mix2);
     const sv_f step = SV_SET_F(1.0f / 8388608.0f), half = SV_SET_F(1.0f / 16777216.0f), zero = SV_SET_F(0.0f);
     const sv_f temp = SV_SET_F(t ? *t : 1.0f);
-    for (long c = c0; c < c1; c += SCHUNK) {
-        long n = c1 - c < SCHUNK ? c1 - c : SCHUNK, padded = (n + SW - 1) / SW * SW;
+    const long chunk = noise ? SCHUNK : SCHUNK_PLAIN;
+    for (long c = c0; c < c1; c += chunk) {
+        long n = c1 - c < chunk ? c1 - c : chunk, padded = (n + SW - 1) / SW * SW;
         const float *s = scores + c;
         const int32_t *h = noise ? hashes + c : NULL;
         if (padded != n) {  // the last part: read no column past the row (the padding is masked below)
-            memset(pad_s, 0, sizeof(pad_s)), memcpy(pad_s, s, n * sizeof(float)), s = pad_s;
-            if (noise) memset(pad_h, 0, sizeof(pad_h)), memcpy(pad_h, h, n * sizeof(int32_t)), h = pad_h;
+            memset(pad_s + n, 0, (padded - n) * sizeof(float)), memcpy(pad_s, s, n * sizeof(float)), s = pad_s;
+            if (noise) memset(pad_h + n, 0, (padded - n) * sizeof(int32_t)), memcpy(pad_h, h, n * sizeof(int32_t)), h = pad_h;
         }
         if (noise) {  // buf <- log(-log(u)) = -gumbel, as sampler._neg_gumbel_ makes it
             for (long i = 0; i < padded; i += SW) {
