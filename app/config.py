@@ -33,7 +33,7 @@ class EngineConfig:
     dtype: str = "auto"  # "float32" | "float16" | "bfloat16" | "auto"
     block_size: int = 16
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # tokens per step; None: the backend's default_step_tokens
     prefill_chunk_size: int = 512
     max_model_len: int | None = None  # default: the model's context length, capped by the KV pool
     kv_cache_memory_mb: int | None = None  # explicit KV budget
@@ -62,7 +62,7 @@ class EngineConfig:
         checks = {
             "block_size": self.block_size >= 1,
             "max_num_seqs": self.max_num_seqs >= 1,
-            "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
+            "max_num_batched_tokens": self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
             "prefill_chunk_size": self.prefill_chunk_size >= 1,
             "gpu_memory_fraction": 0.0 < self.gpu_memory_fraction <= 1.0,
             "max_model_len": self.max_model_len is None or self.max_model_len >= 2,

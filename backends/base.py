@@ -55,6 +55,11 @@ class Backend(Protocol):
     # True when the KV pool takes memory only as blocks are written (a lazily committed CPU
     # allocation, or a pool that grows): the block manager then reuses written blocks first.
     kv_memory_is_lazy: bool
+    # Tokens one step computes when the user sets no max_num_batched_tokens. A step's prefill holds
+    # back every running stream's next token until it ends, and prefill rates differ ~100x between
+    # devices (a 2048-token step: ~1.7 s for a 135M model on two CPU cores, milliseconds on a GPU):
+    # a CPU backend asks for smaller steps than an accelerator.
+    default_step_tokens: int
 
     def load(self, spec: ModelSpec) -> ModelInfo:
         """Put the weights on the device; report sizes and the longest context it can compute."""

@@ -74,6 +74,13 @@ class LLMEngine:
             info.weight_bytes / 2**20,
             time.monotonic() - t0,
         )
+        budget = config.max_num_batched_tokens
+        if budget is None:
+            # Every running sequence's decode token always fits a step: a smaller budget would leave
+            # the newest ones waiting behind the oldest (vLLM refuses such a budget).
+            budget = max(self.backend.default_step_tokens, config.max_num_seqs)
+            self.config = config = dataclasses.replace(config, max_num_batched_tokens=budget)
+            logger.info("%d tokens per step at most (--max-num-batched-tokens)", budget)
         self.vocab_size = info.vocab_size
         self.num_params, self.weight_bytes = info.num_params, info.weight_bytes
         recurrent = self.model_config.recurrent
@@ -112,7 +119,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_num_batched_tokens=budget,
                 prefill_chunk_size=config.prefill_chunk_size,
                 state_slots=config.max_num_seqs if recurrent else 0,
                 state_snapshots=snapshots,

@@ -169,8 +169,9 @@ def state_slots(config: EngineConfig, per_seq: int, share: int) -> tuple[int, in
 
 
 def _step_tokens(config: EngineConfig) -> int:
-    """Most tokens one sequence computes in a step (scheduler: a prefill chunk within the budget)."""
-    return max(1, min(config.prefill_chunk_size, config.max_num_batched_tokens))
+    """Most tokens one sequence computes in a step (scheduler: a prefill chunk within the budget; the
+    engine sets the budget before it plans, an unset one bounds nothing here)."""
+    return max(1, min(config.prefill_chunk_size, config.max_num_batched_tokens or config.prefill_chunk_size))
 
 
 def seq_block_cap(config: EngineConfig, model_config: Any) -> int | None:

@@ -201,16 +201,23 @@ def paged_attention(
                 native=meta.native_decode,
             )
         )
-    for g in meta.prefills:
-        qp = q[g.q_start : g.q_end]
-        if g.has_prefix:
-            pieces.append(
-                ops.paged_prefill(qp, k_pool, v_pool, g.block_table, g.ctx_len, meta.block_size, scale, **extras)
-            )
-        else:
-            kp = k[g.q_start : g.q_end]
-            vp = kp[..., : pool.v_dim] if pool.v_is_k_prefix else v[g.q_start : g.q_end]
-            pieces.append(reference.causal_attention(qp, kp, vp, scale, **extras))
+    if meta.prefills and meta.native_decode and cpu_attention.serves_prefill(q, k_pool, v_pool):
+        # A CPU step's prefill chunks in one native call (cpu_prefill_attention.c: ~8x faster than SDPA per chunk)
+        groups = meta.step_cache.get("prefill_groups")
+        if groups is None:
+            groups = meta.step_cache["prefill_groups"] = cpu_attention.prefill_groups(meta.prefills, q.device)
+        pieces.append(cpu_attention.paged_prefill(q, k_pool, v_pool, groups, meta.block_size, scale, **extras))
+    else:
+        for g in meta.prefills:
+            qp = q[g.q_start : g.q_end]
+            if g.has_prefix:
+                pieces.append(
+                    ops.paged_prefill(qp, k_pool, v_pool, g.block_table, g.ctx_len, meta.block_size, scale, **extras)
+                )
+            else:
+                kp = k[g.q_start : g.q_end]
+                vp = kp[..., : pool.v_dim] if pool.v_is_k_prefix else v[g.q_start : g.q_end]
+                pieces.append(reference.causal_attention(qp, kp, vp, scale, **extras))
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
     if meta.restore_order is not None:
         out = out[meta.restore_order]

@@ -88,7 +88,7 @@ def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise RuntimeError("no C compiler (set CC or install gcc)")
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(KERNELS.glob("*.h")))  # what it includes
     flags = [*FLAGS, *extra_flags]
     key = hashlib.sha256(text + " ".join([compiler, *flags, *LIBS]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{source.stem}-{key}.so"
@@ -188,7 +188,7 @@ def load_ops(
         logger.warning("native CPU ops %s unavailable (no such file): %s", source_name, fallback)
         return False
     digest = hashlib.sha256(source.read_bytes())
-    for c in sorted(KERNELS.glob("*.c")):  # what the C++ file may include
+    for c in sorted([*KERNELS.glob("*.c"), *KERNELS.glob("*.h")]):  # what the C++ file may include
         digest.update(c.read_bytes())
     digest.update(" ".join([*cflags, torch.__version__]).encode())
     name = f"lantern_{source.stem}_{digest.hexdigest()[:16]}"

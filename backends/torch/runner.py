@@ -77,6 +77,7 @@ class TorchBackend:
         if options.num_threads is not None:
             torch.set_num_threads(options.num_threads)
         self.kv_memory_is_lazy = self.device.type == "cpu"
+        self.default_step_tokens = 512 if self.device.type == "cpu" else 2048  # base.Backend says why
         logger.info("torch %s on %s, %d CPU threads", torch.__version__, self.device, torch.get_num_threads())
         self.tp = TPGroup(0, self.world)
         self.pool: TorchKVPool | None = None

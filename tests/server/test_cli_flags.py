@@ -104,7 +104,7 @@ def test_server_and_engine_flags_reach_their_settings(monkeypatch):
     options = engine_options(args)
     assert (options["num_threads"], options["kv_cache_memory_mb"], options["model"]) == (3, 64, "/models/x")
     assert (options["max_num_batched_tokens"], options["prefix_cache_states"]) == (512, 6)
-    assert engine_options(parse("--w", "/models/x"))["max_num_batched_tokens"] == 2048
+    assert engine_options(parse("--w", "/models/x"))["max_num_batched_tokens"] is None  # the backend's default
     assert engine_options(parse("--w", "/models/x"))["prefix_cache_states"] is None  # sized by memory
     defaults = server_settings(parse("--w", "/models/x"))
     assert (defaults.max_request_bytes, defaults.max_n, defaults.allowed_origins) == (4 * 2**20, 128, [])

@@ -15,6 +15,7 @@ from lantern.backends.base import Backend
 DECLARED = {
     "name",
     "kv_memory_is_lazy",
+    "default_step_tokens",
     "load",
     "kv_bytes_per_block",
     "available_memory_bytes",
@@ -33,6 +34,7 @@ class CountingBackend:
 
     name = "counting"
     kv_memory_is_lazy = False
+    default_step_tokens = 64
 
     def load(self, spec: ModelSpec) -> ModelInfo:
         self.vocab = spec.config.vocab_size
