@@ -202,12 +202,17 @@ class MLP(nn.Module):
         self.tp = tp
         inner = intermediate_size or cfg.intermediate_size
         self.act = ACTIVATIONS[cfg.hidden_act]
+        self.silu = cfg.hidden_act == "silu"
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inner, bias=False)  # gate, up stacked
         self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.tp.all_reduce(self.down_proj(self.act(gate).mul_(up)))  # in place: one [T, inner] fewer
+        gate_up = self.gate_up_proj(x)
+        act = ops.silu_mul(gate_up) if self.silu else None
+        if act is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = self.act(gate).mul_(up)  # in place: one [T, inner] fewer
+        return self.tp.all_reduce(self.down_proj(act))
 
 
 def feed_forward(cfg: ModelConfig, layer_idx: int, tp: TPGroup) -> nn.Module:

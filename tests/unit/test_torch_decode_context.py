@@ -126,9 +126,13 @@ def test_static_decode_padding_rows_read_block_zero_and_stay_finite() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_signed_rope_tables_rotate_q_and_k_in_one_call(dtype) -> None:
+def test_signed_rope_tables_rotate_q_and_k_in_one_call(dtype, monkeypatch) -> None:
     """rotary_signed on a view of q and k side by side in a fused qkv row (as layers.Attention
-    passes them) equals reference.rotary on q and on k alone; the step cache keys by table."""
+    passes them) equals reference.rotary on q and on k alone; the step cache keys by table. (The
+    torch path: bf16 on an AVX-512 CPU otherwise takes cpu_elementwise's rope, tested on its own.)"""
+    from lantern.backends.torch import cpu_elementwise
+
+    monkeypatch.setattr(cpu_elementwise, "serves", lambda x: False)
     t, h, kvh, d = 5, 4, 2, 8
     qkv = torch.randn(t, (h + 2 * kvh) * d).to(dtype)
     qk = qkv[:, : (h + kvh) * d].view(t, h + kvh, d)  # rows strided by the whole qkv width

@@ -1,4 +1,5 @@
-"""Ops of the torch backend: Triton kernels on CUDA, their plain-torch references elsewhere."""
+"""Ops of the torch backend: Triton kernels on CUDA, native ones for bf16 norms, rope and SiLU on an
+AVX-512 CPU (cpu_elementwise), their plain-torch references elsewhere."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 import torch
 
+from lantern.backends.torch import cpu_elementwise
 from lantern.backends.torch.kernels import reference
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -87,7 +89,17 @@ def rms_norm(x, weight, eps: float, residual=None):
         from lantern.backends.torch.kernels import triton_fused
 
         return triton_fused.rms_norm(x, weight, eps, residual)
+    if cpu_elementwise.serves(x):
+        fused = cpu_elementwise.rms_norm(x, weight, eps, residual)
+        if fused is not None:
+            return fused
     return reference.rms_norm(x, weight, eps, residual)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """SiLU(gate) * up of gate_up [T, 2n] (gate first) in one pass where a native kernel takes it (bf16
+    on a CPU, eager); None: the caller computes it with torch ops."""
+    return cpu_elementwise.silu_mul(gate_up) if cpu_elementwise.serves(gate_up) else None
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step_cache: dict | None = None) -> torch.Tensor:
@@ -97,6 +109,10 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step_cache: di
         from lantern.backends.torch.kernels import triton_fused
 
         return triton_fused.rotary(x, cos, sin)
+    if cpu_elementwise.serves(x):
+        fused = cpu_elementwise.rope(x, cos, sin)
+        if fused is not None:
+            return fused
     if step_cache is None:
         return reference.rotary(x, cos, sin)
     key = ("rope", id(cos), id(sin))
