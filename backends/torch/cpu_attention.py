@@ -207,10 +207,21 @@ def paged_prefill(
     _, h, d = q.shape
     slots, kvh, dk = k_pool.shape
     dv = v_pool.shape[-1]
-    if dk != d or v_pool.shape[:2] != (slots, kvh) or h % kvh or slots % block_size or tables.dim() != 2:
+    if (
+        not serves_prefill(q, k_pool, v_pool)
+        or dk != d
+        or v_pool.shape[:2] != (slots, kvh)
+        or h % kvh
+        or slots % block_size
+        or tables.dim() != 2
+        or tables.dtype != torch.int32
+        or not tables.is_contiguous()
+        or any(x.dtype != torch.int64 or x.shape != (tables.shape[0],) for x in (q_start, q_len, ctx_len))
+        or (sinks is not None and sinks.numel() != h)
+    ):
         raise ValueError(
-            f"paged_prefill: q {tuple(q.shape)}, pools {tuple(k_pool.shape)} / {tuple(v_pool.shape)}, "
-            f"tables {tuple(tables.shape)} do not fit"
+            f"paged_prefill: q {tuple(q.shape)} {q.dtype}, pools {tuple(k_pool.shape)} {k_pool.dtype} / "
+            f"{tuple(v_pool.shape)} {v_pool.dtype}, tables {tuple(tables.shape)} {tables.dtype} do not fit"
         )
     sink = None if sinks is None else sinks.detach().to(torch.float32).contiguous()
     out = torch.empty((int(q_len.sum()), h, dv), dtype=q.dtype)
@@ -218,7 +229,7 @@ def paged_prefill(
         q.data_ptr(), q.stride(0), q.stride(1), h, d,
         k_pool.data_ptr(), k_pool.stride(0), k_pool.stride(1), v_pool.data_ptr(), v_pool.stride(0), v_pool.stride(1),
         dv, kvh, len(q_start), q_start.data_ptr(), q_len.data_ptr(), ctx_len.data_ptr(), tables.data_ptr(),
-        tables.stride(0), tables.shape[1], block_size, slots // block_size, scale, window or 0, softcap or 0.0,
+        tables.stride(0), tables.shape[1], block_size, slots // block_size, scale, _window(window), softcap or 0.0,
         None if sink is None else sink.data_ptr(), int(q.dtype == torch.bfloat16), out.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
@@ -231,10 +242,16 @@ def paged_prefill(
     return out
 
 
+def _window(window: int | None) -> int:
+    """The kernel's window: 0 for none, and for one wider than any position (it compares int32 positions)."""
+    return window if window is not None and 0 < window < 2**31 - 1 else 0
+
+
 def prefill_groups(prefills: list, device: torch.device) -> tuple[torch.Tensor, ...]:
     """paged_prefill's `groups` for a step's attention.PrefillGroup list (made once a step)."""
     width = max(g.block_table.shape[0] for g in prefills)
-    tables = torch.zeros((len(prefills), width), dtype=torch.int32, device=device)
+    # padded with -1: a context longer than its own table is refused (-1: outside the pool), not read from block 0
+    tables = torch.full((len(prefills), width), -1, dtype=torch.int32, device=device)
     for i, g in enumerate(prefills):
         tables[i, : g.block_table.shape[0]] = g.block_table
     as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)

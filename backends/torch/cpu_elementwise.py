@@ -63,6 +63,7 @@ def rms_norm(
     rr = None if residual is None else _rows(residual)
     if (
         xr is None
+        or x.dtype != torch.bfloat16
         or weight.dtype != torch.bfloat16
         or weight.shape != (n,)
         or (residual is not None and (rr is None or residual.shape != x.shape or residual.dtype != x.dtype))
@@ -86,7 +87,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor 
     """reference.rotary for bf16 x [T, H, D] (any strides with unit last one), float32 cos/sin [T, D];
     None when the layout does not suit the kernel."""
     if (
-        x.dim() != 3
+        x.dtype != torch.bfloat16
+        or x.dim() != 3
         or x.stride(-1) != 1
         or x.shape[-1] % 2
         or cos.dtype != torch.float32
@@ -109,7 +111,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """SiLU(gate) * up for bf16 gate_up [T, 2n] (gate first), as the MLP computes it in torch; None
     when the layout does not suit the kernel."""
-    if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or gate_up.shape[-1] % 2:
+    if gate_up.dtype != torch.bfloat16 or gate_up.dim() != 2 or gate_up.stride(-1) != 1 or gate_up.shape[-1] % 2:
         return None
     lib = _library()
     assert lib is not None

@@ -76,6 +76,7 @@ CASES = {
     "odd head size, small blocks": dict(chunks=[(33, 90), (20, 20)], kvh=2, g=2, d=80, dv=80, block_size=4),
     "mla, v inside k": dict(chunks=[(40, 70)], kvh=1, g=8, d=72, dv=40, block_size=32, v_in_k=True),
     "no grouping, tiny heads": dict(chunks=[(19, 19), (5, 9)], kvh=4, g=1, d=6, dv=6, block_size=8),
+    "odd head size (bf16: no pairs to dot)": dict(chunks=[(21, 30)], kvh=1, g=3, d=7, dv=5, block_size=8),
     "long": dict(chunks=[(300, 900)], kvh=2, g=2, d=128, dv=128, block_size=16),
 }
 
@@ -140,8 +141,14 @@ def test_bad_inputs_are_refused_before_the_pool_is_read():
     short = PrefillGroup(g.q_start, g.q_end, g.block_table[:1], 40, True)
     with pytest.raises(ValueError, match="needs more than"):
         native(q, k, v, [short], 16)
+    with pytest.raises(ValueError, match="outside the KV pool"):  # padded to the wider table beside it
+        native(q, k, v, [short, PrefillGroup(g.q_start, g.q_end, g.block_table, 40, True)], 16)
     with pytest.raises(ValueError, match="do not fit"):
         native(q[..., :32], k, v, groups, 16)
+    with pytest.raises(ValueError, match="do not fit"):  # float16: not a dtype the kernel reads
+        native(q.half(), k.half(), v.half(), groups, 16)
+    with pytest.raises(ValueError, match="do not fit"):
+        native(q, k, v, groups, 16, sinks=torch.zeros(q.shape[1] + 1))
     with pytest.raises(ValueError, match="do not fit"):
         native(q[:, :3], k, v, groups, 16)  # 3 query heads over 2 KV heads
     assert not cpu_attention.serves_prefill(q.double(), k.double(), v.double())
@@ -218,8 +225,12 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["ok"]
+    # the one build is the flag-less one (this asks for it: found, not built again)
+    ask = "from lantern.backends.torch import native_build as n; "
+    ask += "print(n.build(n.KERNELS / 'cpu_prefill_attention.c').name)"
+    name = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True, timeout=300)
     built = list((tmp_path / "lantern" / "cpu_kernels").glob("cpu_prefill_attention-*.so"))
-    assert len(built) == 1
+    assert [b.name for b in built] == [name.stdout.strip()]
 
 
 def test_the_reference_path_serves_where_the_pool_is_not_native(tiny_model_dir, monkeypatch):

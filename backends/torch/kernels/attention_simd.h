@@ -9,9 +9,10 @@ static inline __mmask32 tail_mask32(long left) {
 }
 
 // e^x for x <= 0 (a score less the running max): x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor
-// polynomial to r^6 (relative error ~1e-7), times 2^n. Below -87 the result underflows to ~0.
+// polynomial to r^6 (relative error ~1e-7), times 2^n. Below -87 the result underflows to ~0; a NaN
+// stays NaN (maxps returns its second operand when either is NaN), as it does in torch's softmax.
 static inline __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts
