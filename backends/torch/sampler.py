@@ -3,7 +3,7 @@
 Logprobs are the model's raw log-probabilities (before logit_bias, penalties and temperature), as
 vLLM reports them. On a CPU with Lantern's native ops (use_native_cpu_ops), the noisy argmax and the
 greedy argmax run in one pass each (kernels/cpu_sampling.c), bit for bit the torch code below:
-SmolLM2's 49152 columns, 2 cores, T = 1: ~0.32 -> ~0.10 ms a row alone, ~5.5 -> ~2.7 ms for 32 rows;
+SmolLM2's 49152 columns, 2 cores, T = 1: ~0.32 -> ~0.04 ms a row alone, ~5.5 -> ~0.66 ms for 32 rows;
 greedy ~85 -> ~9 us a row, ~0.7 -> ~0.11 ms for 32.
 """
 

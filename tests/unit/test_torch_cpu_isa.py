@@ -48,6 +48,8 @@ for rows, cols in ((1, 5003), (3, 49152), (32, 300)):
     out[f"draw {rows}x{cols}"] = sampler._argmax_with_noise(scores, keys, hashes, temps)
     out[f"draw {rows}x{cols} T=1"] = sampler._argmax_with_noise(scores, keys, hashes)
     out[f"argmax {rows}x{cols}"] = sampler.row_argmax(scores)
+u = ((torch.arange(0, 1 << 23, 7, dtype=torch.float64) + 0.5) / 2**23).float()  # the draw's fast-pass log
+out["fast noise"] = torch.ops.lantern.fast_neg_gumbel(u)
 torch.save(out, sys.argv[1])
 """
 

@@ -103,6 +103,52 @@ def test_the_noisy_scores_are_the_torch_codes_bit_for_bit_over_16m_draws():
         assert torch.equal(got, torch.sub(scores, ng))
 
 
+def test_the_fast_pass_noise_is_within_its_bound_for_every_u():
+    """The draw's first pass takes a cheap log (kernels/cpu_sampling.c, log_fast) and keeps every column
+    within a margin of its maximum for the exact values: the tokens are torch's only if log(-log(u))
+    from that log stays within the bound the margin is built on (~2e-5; the margin is 1e-3 * max(T, 1)
+    plus a few ulps), for each of the 2^23 values u takes."""
+    u = ((torch.arange(1 << 23, dtype=torch.float64) + 0.5) / 2**23).float()
+    err = (torch.ops.lantern.fast_neg_gumbel(u).double() - u.log().neg().log().double()).abs()
+    assert err.max().item() <= 2e-5
+
+
+def exact_noise(keys: torch.Tensor, hashes: torch.Tensor, temps: torch.Tensor | None) -> torch.Tensor:
+    """T * log(-log(u)) per row and column, as the torch path makes it."""
+    rows, cols = keys.shape[0], hashes.shape[-1]
+    a, b = sampler._scratch(torch.Size([rows, cols]), CPU)
+    ng = sampler._neg_gumbel_(a, b, sampler._xorshift16_int32(keys), hashes)
+    return ng.mul_(temps) if temps is not None else ng
+
+
+@pytest.mark.parametrize("temperature", [None, "mixed"])
+def test_near_ties_of_the_noisy_scores_draw_the_torch_tokens(temperature):
+    """Columns whose noisy values tie or differ by an ulp or two (the fast pass cannot tell them apart:
+    the exact values must decide, the first column winning a tie), a few or many (more than the
+    candidates kept: the row's exact pass), in one chunk or across chunks, at large magnitudes."""
+    cols, rows = 49152, 12
+    keys, hashes = keys_for(rows, 3), sampler.column_hashes(cols, CPU)
+    temps = None if temperature is None else torch.linspace(0.5, 3.0, rows).reshape(rows, 1)
+    ng = exact_noise(keys, hashes, temps)
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(rows, cols, generator=gen) * 3 - 40.0
+    for r in range(rows):
+        many = r % 4 == 3  # 200 tied columns: more candidates than the pass keeps
+        picked = torch.randperm(cols, generator=gen)[: 200 if many else 2 + r]
+        base = [5.0, 1e4, 3e6][r % 3]
+        for i, c in enumerate(picked.tolist()):
+            target = torch.tensor(base, dtype=torch.float32)
+            for _ in range(i % 3):  # 0, 1 or 2 ulps above the base
+                target = torch.nextafter(target, torch.tensor(float("inf")))
+            scores[r, c] = target + ng[r, c]  # rounded: scores - noise lands on the base or an ulp off
+    got = sampler._argmax_with_noise(scores, keys, hashes, temps)
+    with torch_path():
+        want = sampler._argmax_with_noise(scores, keys, hashes, temps)
+    assert torch.equal(got, want)
+    noisy = scores - ng  # the exact values: the winner is a picked column at the top
+    assert torch.equal(noisy.gather(1, want.view(-1, 1)).view(-1), noisy.max(dim=1).values)
+
+
 def test_noisy_argmax_takes_gathered_hashes_and_column_slices():
     """The filtered rows' path: hashes gathered per row ([rows, width]) and a prefix of sorted scores."""
     scores = torch.randn(6, 1000) * 2

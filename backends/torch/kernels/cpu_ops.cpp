@@ -162,6 +162,21 @@ at::Tensor row_argmax(const at::Tensor &scores) {
     return out;
 }
 
+// The sampler's fast-pass noise of float32 u values in (0, 1) (cpu_sampling.c), for the test of its
+// bound against torch's u.log().neg().log().
+at::Tensor fast_neg_gumbel(const at::Tensor &u) {
+    TORCH_CHECK_VALUE(u.scalar_type() == at::kFloat && u.dim() == 1 && u.is_contiguous() && u.device().is_cpu(),
+                      "fast_neg_gumbel: u must be a contiguous float32 CPU vector");
+    const int64_t n = u.numel(), padded = (n + 15) / 16 * 16;
+    at::Tensor whole = at::empty({padded}, u.options());
+    at::Tensor noise = at::empty({padded}, u.options());
+    float *w = whole.data_ptr<float>();
+    const float *src = u.data_ptr<float>();
+    for (int64_t i = 0; i < padded; i++) w[i] = i < n ? src[i] : 0.5f;  // the tail: any u in (0, 1)
+    lantern_fast_neg_gumbel(whole.data_ptr<float>(), noise.data_ptr<float>(), padded);
+    return noise.narrow(0, 0, n);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lantern, m) {
@@ -172,6 +187,7 @@ TORCH_LIBRARY_FRAGMENT(lantern, m) {
     m.def("noisy_argmax(Tensor scores, Tensor hashes, Tensor keys16, Tensor temps, int mix1, int mix2) -> Tensor");
     m.def("noisy_scores(Tensor scores, Tensor hashes, Tensor keys16, Tensor temps, int mix1, int mix2) -> Tensor");
     m.def("row_argmax(Tensor scores) -> Tensor");
+    m.def("fast_neg_gumbel(Tensor u) -> Tensor");
     m.def(
         "vnni_decode(Tensor codes, Tensor scales, Tensor out_scale, int k, int group_size, int bits, int first_block, "
         "int num_blocks, ScalarType dtype) -> Tensor");
@@ -187,5 +203,6 @@ TORCH_LIBRARY_IMPL(lantern, CPU, m) {
     m.impl("noisy_argmax", noisy_argmax);
     m.impl("noisy_scores", noisy_scores);
     m.impl("row_argmax", row_argmax);
+    m.impl("fast_neg_gumbel", fast_neg_gumbel);
     m.impl("vnni_decode_codebook", vnni_decode_codebook);
 }
