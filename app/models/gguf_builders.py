@@ -484,6 +484,20 @@ def _seed_oss(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     }
 
 
+def _jais2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Jais 2 (llama.cpp's Jais2Model, a plain TextModel: q/k unpermuted; LayerNorms with biases, their eps as
+    attention.layer_norm_epsilon; the ungated relu^2 MLP as ffn_up / ffn_down); biases where their tensors are."""
+    return {
+        "model_type": "jais2",
+        "head_dim": _head_dim(meta, cfg),
+        "hidden_act": "relu2",
+        "layer_norm_eps": cfg["rms_norm_eps"],  # (_common's: the LayerNorm eps where no RMS eps is stated)
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensors,
+        "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
+    }
+
+
 def _turning_fraction(meta: _Meta, tensors: dict[str, Any], head_dim: int) -> float:
     """The share of the full layers' rope pairs that turn, from rope_freqs (1 = turns, 1e30 = still)."""
     t = tensors.get("rope_freqs.weight")
@@ -512,6 +526,7 @@ BUILDERS = {
     "qwen3vlmoe": _qwen3vl,
     "minimax-m2": _minimax_m2,
     "seed_oss": _seed_oss,
+    "jais2": _jais2,
     "hunyuan-dense": _hunyuan_dense,
     "hunyuan-moe": _hunyuan_moe,
     "glm4moe": _glm4moe,

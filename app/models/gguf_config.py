@@ -57,10 +57,9 @@ class _Meta:
 def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name: str = "") -> dict[str, Any] | None:
     """The config.json dict of a GGUF whose architecture transformers' reader does not serve (gemma2 /
     gemma3 / phi3 / glm4 / glm4moe / deepseek2 / gpt-oss / mistral3 / smollm3 / granite / granitemoe /
-    granitehybrid / nemotron_h / olmo2 / ernie4_5 / exaone4 / cohere2 / lfm2 / qwen3next / qwen35 / gemma4); None
-    for the
-    others. `tensors`: GGUF name -> GGUFTensor of every
-    part (which tensors exist says what keys cannot: tying, biases, q LoRA; Phi-3's LongRoPE
+    granitehybrid / nemotron_h / olmo2 / ernie4_5 / exaone4 / cohere2 / lfm2 / qwen3next / qwen35 / gemma4 /
+    jais2 / ...: _BUILDERS and gguf_builders.BUILDERS); None for the others. `tensors`: GGUF name -> GGUFTensor
+    of every part (which tensors exist says what keys cannot: tying, biases, q LoRA; Phi-3's LongRoPE
     factors are tensors)."""
     from lantern.app.models.gguf_builders import BUILDERS  # the newer families' (it imports this module)
 

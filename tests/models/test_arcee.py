@@ -1,7 +1,8 @@
 """Arcee AFM ("arcee") and Jais 2 ("jais2", the same MLP with biases under LayerNorms): config.json read as
-transformers' config classes read it, refusals naming the key, and an
-`arcee` GGUF written as llama.cpp's ArceeModel (a LlamaModel: q/k permuted, its YaRN keys, ffn_up / ffn_down
-only) answering as transformers on both backends. The folder's logits and greedy tokens run in
+transformers' config classes read it, refusals naming the key, an `arcee` GGUF written as llama.cpp's ArceeModel
+(a LlamaModel: q/k permuted, its YaRN keys, ffn_up / ffn_down only) and a `jais2` GGUF written as its Jais2Model
+(a plain TextModel: q/k as stored, the LayerNorms' eps as layer_norm_epsilon, every bias) answering as
+transformers on both backends. The folder's logits and greedy tokens run in
 tests/conformance (arcee), two ranks in test_tensor_parallel.py."""
 
 from __future__ import annotations
@@ -102,3 +103,52 @@ def test_jais2_config_reads_as_transformers_does():
     assert cfg.rms_norm_eps == 1e-6 and cfg.max_position_embeddings == ref.max_position_embeddings
     with pytest.raises(UnsupportedModelError, match="hidden_act"):
         ModelConfig.from_hf({"model_type": "jais2", **raw, "hidden_act": "silu"})
+
+
+@pytest.fixture(scope="module")
+def jais2_folder(tmp_path_factory):
+    return build_model("jais2", tmp_path_factory.mktemp("jais2"))
+
+
+@pytest.fixture(scope="module")
+def jais2_gguf(jais2_folder, tmp_path_factory):
+    """`jais2_folder` as an F32 GGUF the way convert_hf_to_gguf.py's Jais2Model writes it: TextModel's keys
+    (layer_norm_eps as attention.layer_norm_epsilon, no RMS eps), the rope's dimension count, tensors as stored."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    from tests.fixtures.gguf_writer import write_llama_tensors, write_tokenizer
+
+    cfg = json.loads((jais2_folder / "config.json").read_text())
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    path = tmp_path_factory.mktemp("jais2-gguf") / "tiny-jais2.gguf"
+    w = gguf.GGUFWriter(path, "jais2")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_eps(cfg["layer_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    write_tokenizer(w, AutoTokenizer.from_pretrained(str(jais2_folder)))
+    write_llama_tensors(w, jais2_folder, gguf.MODEL_ARCH.JAIS2, heads, kv, permute=False)
+    return path
+
+
+def test_jais2_gguf_config_is_the_checkpoints(jais2_folder, jais2_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    got = resolve_model(str(jais2_gguf)).spec.config
+    assert got == resolve_model(str(jais2_folder)).spec.config
+    assert got.attention_bias and got.mlp_bias and got.hidden_act == "relu2"
+
+
+def test_jais2_gguf_logits_match_transformers(jais2_folder, jais2_gguf, backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    llm = LLM(str(jais2_gguf), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        assert_matches_reference(llm, hf_model(str(jais2_folder)), PROMPT)
+    finally:
+        llm.engine.shutdown()
