@@ -18,7 +18,7 @@ from lantern.backends.torch import native_build
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = native_build.load("cpu_elementwise.c", "bf16 norms, rope and activations run as torch ops")
+    lib = native_build.load("cpu_elementwise.c", "bf16 norms, rope and activations run as torch ops", avx2=True)
     if lib is None:
         return None
     p, i64, f32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_float

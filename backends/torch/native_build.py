@@ -83,13 +83,13 @@ def cache_dir() -> Path:
     return Path(base) / "lantern" / "cpu_kernels"
 
 
-def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
-    """The shared library for `source`, compiled once per source and flags."""
+def build(source: Path, extra_flags: tuple[str, ...] = (), base: tuple[str, ...] | None = None) -> Path:
+    """The shared library for `source`, compiled once per source and flags (base: FLAGS when None)."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise RuntimeError("no C compiler (set CC or install gcc)")
     text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(KERNELS.glob("*.h")))  # what it includes
-    flags = [*FLAGS, *extra_flags]
+    flags = [*(FLAGS if base is None else base), *extra_flags]
     key = hashlib.sha256(text + " ".join([compiler, *flags, *LIBS]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{source.stem}-{key}.so"
     if out.exists():
@@ -126,16 +126,29 @@ def _switched_off(fallback: str, needs: tuple[str, ...], level: str = "avx512") 
 
 
 def load(
-    source_name: str, fallback: str, *, extra_flags: tuple[str, ...] = (), needs: tuple[str, ...] = ()
+    source_name: str,
+    fallback: str,
+    *,
+    extra_flags: tuple[str, ...] = (),
+    needs: tuple[str, ...] = (),
+    avx2: bool = False,
 ) -> ctypes.CDLL | None:
     """kernels/<source_name> loaded, or None with one log line saying that `fallback` serves instead.
     `extra_flags` go to the compiler, `needs` names CPU flags (/proc/cpuinfo) the code requires
-    beyond AVX-512 F/BW/VL."""
-    if _switched_off(fallback, needs):
-        return None
+    beyond AVX-512 F/BW/VL. With avx2, the file also builds for AVX2 CPUs (AVX2_FLAGS, defining
+    LANTERN_AVX2, in place of FLAGS, extra_flags and needs)."""
+    level = isa()
+    if avx2 and level in AVX2_FLAGS:
+        if _switched_off(fallback, (), level):
+            return None
+        base, extra_flags = (*AVX2_FLAGS[level], "-shared", "-fPIC"), ()
+    else:
+        if _switched_off(fallback, needs):
+            return None
+        base = tuple(FLAGS)
     torch.ones(2).add_(1)  # torch's OpenMP runtime is loaded before ours resolves against it
     try:
-        return ctypes.CDLL(str(build(KERNELS / source_name, extra_flags)))
+        return ctypes.CDLL(str(build(KERNELS / source_name, extra_flags, base)))
     except (RuntimeError, OSError) as e:
         logger.warning("native CPU kernels %s unavailable (%s): %s", source_name, e, fallback)
         return None

@@ -50,6 +50,18 @@ for rows, cols in ((1, 5003), (3, 49152), (32, 300)):
     out[f"argmax {rows}x{cols}"] = sampler.row_argmax(scores)
 u = ((torch.arange(0, 1 << 23, 7, dtype=torch.float64) + 0.5) / 2**23).float()  # the draw's fast-pass log
 out["fast noise"] = torch.ops.lantern.fast_neg_gumbel(u)
+from lantern.backends.torch import cpu_elementwise  # the bf16 norms, rope and SiLU (a ctypes library)
+g = torch.Generator().manual_seed(7)
+for n in (7, 576, 1000):
+    x, r = (torch.randn(300, n, generator=g) * 3).bfloat16(), torch.randn(300, n, generator=g).bfloat16()
+    x[0, 0], x[1, -1] = float("nan"), float("inf")
+    assert cpu_elementwise.serves(x)
+    w = (torch.rand(n, generator=g) + 0.5).bfloat16()
+    normed, h = cpu_elementwise.rms_norm(x, w, 1e-5, r)  # (bits compared: rows 0 and 1 are NaN)
+    out[f"rms {n}"], out[f"rms h {n}"] = normed.view(torch.int16), h.view(torch.int16)
+    out[f"silu {n}"] = cpu_elementwise.silu_mul((torch.randn(5, 2 * n, generator=g) * 4).bfloat16())
+x = torch.randn(4, 3, 64, generator=g).bfloat16()
+out["rope"] = cpu_elementwise.rope(x, torch.randn(4, 64, generator=g), torch.randn(4, 64, generator=g))
 torch.save(out, sys.argv[1])
 """
 
@@ -99,6 +111,12 @@ def test_the_avx2_build_has_no_avx512_instructions():
         so = next(d.glob("*.so"))
         text = subprocess.run(["objdump", "-d", str(so)], capture_output=True, text=True).stdout
         assert "zmm" not in text and "vpmaddubsw" in text, so
+    # the ctypes library built for AVX2 as native_build.load builds it there
+    so = native_build.build(
+        native_build.KERNELS / "cpu_elementwise.c", (), (*native_build.AVX2_FLAGS["avx2"], "-shared", "-fPIC")
+    )
+    text = subprocess.run(["objdump", "-d", str(so)], capture_output=True, text=True).stdout
+    assert "zmm" not in text and "ymm" in text, so
 
 
 def test_4_bit_weights_load_where_aten_packs_int4_differently(tmp_path):
