@@ -84,13 +84,18 @@ def test_gguf_config_is_the_checkpoints(folder, gguf_file, tmp_path, monkeypatch
     assert resolve_model(str(gguf_file)).spec.config == resolve_model(str(folder)).spec.config
 
 
-def test_gguf_logits_match_transformers(folder, gguf_file, backend, tmp_path, monkeypatch):
-    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
-    llm = LLM(str(gguf_file), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+def assert_gguf_answers_as_folder(gguf_path, folder, backend: str) -> None:
+    """The GGUF through the paged cache answers as transformers runs the folder (logits, greedy tokens)."""
+    llm = LLM(str(gguf_path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     try:
         assert_matches_reference(llm, hf_model(str(folder)), PROMPT)
     finally:
         llm.engine.shutdown()
+
+
+def test_gguf_logits_match_transformers(folder, gguf_file, backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    assert_gguf_answers_as_folder(gguf_file, folder, backend)
 
 
 def test_jais2_config_reads_as_transformers_does():
@@ -147,8 +152,4 @@ def test_jais2_gguf_config_is_the_checkpoints(jais2_folder, jais2_gguf, tmp_path
 
 def test_jais2_gguf_logits_match_transformers(jais2_folder, jais2_gguf, backend, tmp_path, monkeypatch):
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
-    llm = LLM(str(jais2_gguf), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    try:
-        assert_matches_reference(llm, hf_model(str(jais2_folder)), PROMPT)
-    finally:
-        llm.engine.shutdown()
+    assert_gguf_answers_as_folder(jais2_gguf, jais2_folder, backend)
