@@ -113,6 +113,30 @@ def test_the_fast_pass_noise_is_within_its_bound_for_every_u():
     assert err.max().item() <= 2e-5
 
 
+def test_the_candidates_exact_noise_is_torchs_bit_for_bit_for_every_u():
+    """The candidates' exact values come from MKL's log on a few values a call (1 to 64 here, in turn):
+    they must be the values torch's log gives the whole tensor, for each of the 2^23 values u takes."""
+    u = ((torch.arange(1 << 23, dtype=torch.float64) + 0.5) / 2**23).float()
+    assert torch.equal(torch.ops.lantern.small_batch_neg_gumbel(u), u.log().neg().log())
+
+
+@pytest.mark.parametrize("cols", [5, 20, 300])
+def test_rows_at_the_bottom_of_the_float_range_draw_the_torch_tokens(cols):
+    """A maximum within the margin of -FLT_MAX has no finite floor below it: such rows take the exact pass
+    (the fast pass once counted the padding lanes of a short row as candidates, past the row's end)."""
+    low = torch.finfo(torch.float32).min
+    scores = torch.full((4, cols), low)
+    scores[1, cols // 2] = low / 2
+    scores[2, -1] = -float("inf")
+    scores[3] = torch.linspace(low, low / 1.0001, cols)
+    keys, hashes = keys_for(4, cols), sampler.column_hashes(cols, CPU)
+    for temps in (None, torch.tensor([[0.5], [1.0], [2.0], [30.0]])):
+        got = sampler._argmax_with_noise(scores, keys, hashes, temps)
+        with torch_path():
+            want = sampler._argmax_with_noise(scores, keys, hashes, temps)
+        assert torch.equal(got, want) and bool((got < cols).all())
+
+
 def exact_noise(keys: torch.Tensor, hashes: torch.Tensor, temps: torch.Tensor | None) -> torch.Tensor:
     """T * log(-log(u)) per row and column, as the torch path makes it."""
     rows, cols = keys.shape[0], hashes.shape[-1]
@@ -147,6 +171,9 @@ def test_near_ties_of_the_noisy_scores_draw_the_torch_tokens(temperature):
     assert torch.equal(got, want)
     noisy = scores - ng  # the exact values: the winner is a picked column at the top
     assert torch.equal(noisy.gather(1, want.view(-1, 1)).view(-1), noisy.max(dim=1).values)
+    for r in range(4):  # a row alone is split over the threads: the parts' candidates, merged
+        t = None if temps is None else temps[r : r + 1]
+        assert torch.equal(sampler._argmax_with_noise(scores[r : r + 1], keys[r : r + 1], hashes, t), want[r : r + 1])
 
 
 def test_noisy_argmax_takes_gathered_hashes_and_column_slices():

@@ -177,6 +177,16 @@ at::Tensor fast_neg_gumbel(const at::Tensor &u) {
     return noise.narrow(0, 0, n);
 }
 
+// The draw's exact noise computed as its candidates get it (a few values per call), for the test that
+// it is torch's u.log().neg().log() bit for bit.
+at::Tensor small_batch_neg_gumbel(const at::Tensor &u) {
+    TORCH_CHECK_VALUE(u.scalar_type() == at::kFloat && u.dim() == 1 && u.is_contiguous() && u.device().is_cpu(),
+                      "small_batch_neg_gumbel: u must be a contiguous float32 CPU vector");
+    at::Tensor noise = at::empty({u.numel()}, u.options());
+    lantern_small_batch_neg_gumbel(u.data_ptr<float>(), noise.data_ptr<float>(), u.numel());
+    return noise;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lantern, m) {
@@ -188,6 +198,7 @@ TORCH_LIBRARY_FRAGMENT(lantern, m) {
     m.def("noisy_scores(Tensor scores, Tensor hashes, Tensor keys16, Tensor temps, int mix1, int mix2) -> Tensor");
     m.def("row_argmax(Tensor scores) -> Tensor");
     m.def("fast_neg_gumbel(Tensor u) -> Tensor");
+    m.def("small_batch_neg_gumbel(Tensor u) -> Tensor");
     m.def(
         "vnni_decode(Tensor codes, Tensor scales, Tensor out_scale, int k, int group_size, int bits, int first_block, "
         "int num_blocks, ScalarType dtype) -> Tensor");
@@ -204,5 +215,6 @@ TORCH_LIBRARY_IMPL(lantern, CPU, m) {
     m.impl("noisy_scores", noisy_scores);
     m.impl("row_argmax", row_argmax);
     m.impl("fast_neg_gumbel", fast_neg_gumbel);
+    m.impl("small_batch_neg_gumbel", small_batch_neg_gumbel);
     m.impl("vnni_decode_codebook", vnni_decode_codebook);
 }

@@ -101,16 +101,15 @@ static inline void log_inplace(float *buf, long n) {
 #endif
 }
 
-// log_inplace for any n <= NCAND (a few candidates' values).
+// log_inplace for any n <= NCAND (a few candidates' values), called as the exact pass calls it: on an
+// aligned buffer whose length is a multiple of SW (the rest 0.5), so that the values are the same
+// whatever n (tested over every u at lengths 1..NCAND: lantern_small_batch_neg_gumbel).
 static inline void log_inplace_n(float *buf, long n) {
-#if LANTERN_MKL_LOG
-    vmsLn((int)n, buf, buf, 0x00000002 | 0x00000100 | 0x00140000);
-#else
-    float pad[NCAND + SW] = {0};
-    memcpy(pad, buf, n * sizeof(float));
-    log_inplace(pad, (n + SW - 1) / SW * SW);
+    float pad[NCAND + SW] __attribute__((aligned(64)));
+    long padded = (n + SW - 1) / SW * SW;
+    for (long i = 0; i < padded; i++) pad[i] = i < n ? buf[i] : 0.5f;
+    log_inplace(pad, padded);
     memcpy(buf, pad, n * sizeof(float));
-#endif
 }
 
 // log(x) for the fast pass, x positive and normal (u and -log(u) are): x = 2^e * m with m in
@@ -263,11 +262,16 @@ static argmax_part argmax_pass(const float *scores, const int32_t *hashes, int n
             cand->n = kept;
         }
         float floor = out.best - (tmargin + (fabsf(out.best) + 1.0f) * (1.0f / 1048576.0f));
+        if (floor == -INFINITY) {  // a maximum within the margin of -FLT_MAX: the exact pass decides
+            cand->overflow = 1;
+            return out;
+        }
         if (m < floor) continue;
         const sv_f vfloor = SV_SET_F(floor);
-        for (long i = 0; i < padded; i += SW)  // (the lanes past the row hold -inf)
+        for (long i = 0; i < padded; i += SW)
             for (unsigned bits = SV_GE_BITS(SV_LOAD_F(buf + i), vfloor); bits; bits &= bits - 1) {
                 long j = i + __builtin_ctz(bits);
+                if (j >= n) break;  // (the lanes past the row hold -inf, below any finite floor)
                 if (cand->n == NCAND) {
                     cand->overflow = 1;
                     return out;
@@ -354,6 +358,18 @@ void lantern_noisy_argmax(const float *scores, long rows, long cols, long ld, co
 void lantern_fast_neg_gumbel(const float *u, float *out, long n) {
     const sv_f zero = SV_SET_F(0.0f);
     for (long i = 0; i < n; i += SW) SV_STORE_F(out + i, log_fast(SV_SUB(zero, log_fast(SV_LOAD_F(u + i)))));
+}
+
+// out[i] = log(-log(u[i])) through log_inplace_n in batches of 1, 2, ..., NCAND, 1, ... values (the
+// candidates' exact values): what the tests compare with torch's over every u.
+void lantern_small_batch_neg_gumbel(const float *u, float *out, long n) {
+    for (long i = 0, len = 1; i < n; i += len, len = len % NCAND + 1) {
+        long m = n - i < len ? n - i : len;
+        memcpy(out + i, u + i, m * sizeof(float));
+        log_inplace_n(out + i, m);
+        for (long j = 0; j < m; j++) out[i + j] = 0.0f - out[i + j];
+        log_inplace_n(out + i, m);
+    }
 }
 
 #pragma GCC pop_options
