@@ -18,16 +18,107 @@
 
 #define PAR_ELEMENTS 65536  // below this many elements a call stays on one thread
 
+// The vector helpers per ISA; the kernels below are written once over W lanes. `left` is how many
+// elements remain from p (the lanes past it read 0 and are not written).
 #ifndef LANTERN_AVX2
-#include "attention_simd.h"
+#include "attention_simd.h"  // (its exp_nonpositive, tail_mask, LOAD_BF16, store_bf16)
 
-static inline __m512 bf16_round(__m512 x) {  // x rounded to bf16 (nearest even), kept as float32
+#define W 16
+typedef __m512 vf;
+#define VSET(v) _mm512_set1_ps(v)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VDIV(a, b) _mm512_div_ps(a, b)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define VABS(a) _mm512_abs_ps(a)
+static inline vf vload_bf16(const uint16_t *p, long left) { return LOAD_BF16(tail_mask(left), p); }
+static inline vf vload_f32(const float *p, long left) { return _mm512_maskz_loadu_ps(tail_mask(left), p); }
+static inline void vstore_bf16(uint16_t *p, vf x, long left) { store_bf16(p, x, tail_mask(left)); }
+static inline vf vwhere_neg(vf x, vf if_neg, vf otherwise) {  // if_neg where x < 0, else otherwise
+    return _mm512_mask_mov_ps(otherwise, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), if_neg);
+}
+static inline vf bf16_round(vf x) {  // x rounded to bf16 (nearest even), kept as float32 (NaN as it is)
     const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
     __m512i u = _mm512_castps_si512(x);
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
     r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u));
     return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
+static inline float reduce16(const vf *acc) { return _mm512_reduce_add_ps(acc[0]); }
+
+#else  // LANTERN_AVX2: 8 lanes; tails through a zeroed copy
+
+#define W 8
+typedef __m256 vf;
+#define VSET(v) _mm256_set1_ps(v)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VDIV(a, b) _mm256_div_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VFNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define VABS(a) _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)))
+static inline vf vload_bf16(const uint16_t *p, long left) {  // a bf16 value is a float32's upper half
+    uint16_t tmp[8] = {0};
+    if (left < 8) memcpy(tmp, p, left * sizeof(uint16_t)), p = tmp;
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline vf vload_f32(const float *p, long left) {
+    float tmp[8] = {0};
+    if (left < 8) memcpy(tmp, p, left * sizeof(float)), p = tmp;
+    return _mm256_loadu_ps(p);
+}
+static inline __m256i round_bits(vf x) {  // x's bits rounded to bf16 in the upper half (NaN: a quiet NaN)
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF);
+    __m256i u = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+    __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+}
+static inline void vstore_bf16(uint16_t *p, vf x, long left) {
+    __m256i r = _mm256_srli_epi32(round_bits(x), 16);
+    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    if (left >= 8) {
+        _mm_storeu_si128((__m128i *)p, packed);
+    } else {
+        uint16_t tmp[8];
+        _mm_storeu_si128((__m128i *)tmp, packed);
+        memcpy(p, tmp, left * sizeof(uint16_t));
+    }
+}
+static inline vf vwhere_neg(vf x, vf if_neg, vf otherwise) {
+    return _mm256_blendv_ps(otherwise, if_neg, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+}
+static inline vf bf16_round(vf x) {
+    vf r = _mm256_castsi256_ps(_mm256_and_si256(round_bits(x), _mm256_set1_epi32((int)0xFFFF0000u)));
+    return _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+// attention_simd.h's exp_nonpositive, step for step; 2^n (n >= -126 after the clamp) built as a float
+static inline vf exp_nonpositive(vf x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
+    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    const float coef[6] = {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    vf p = _mm256_set1_ps(1.0f / 720);
+    for (int i = 0; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coef[i]));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+// _mm512_reduce_add_ps's order over 16 lanes held as acc[0] (0-7) and acc[1] (8-15)
+static inline float reduce16(const vf *acc) {
+    __m256 a = _mm256_add_ps(acc[0], acc[1]);
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+#endif
+
+#define ACC (16 / W)  // RMSNorm's sums as one 16-lane accumulator in W-lane pieces: the same order on both ISAs
 
 // rows x [rows / inner][inner][n] (strides xs, xis: heads inside tokens), residual NULL or likewise
 // (rs, ris): h = x + residual rounded to bf16 (written to h_out when there is a residual), out = weight
@@ -40,23 +131,20 @@ void lantern_rms_norm_bf16(const uint16_t *x, long inner, long xs, long xis, con
         long i = r / inner, j = r % inner;
         const uint16_t *xr = x + i * xs + j * xis, *rr = residual ? residual + i * rs + j * ris : 0;
         uint16_t *o = out + r * n, *hr = h_out ? h_out + r * n : 0;
-        __m512 sum = _mm512_setzero_ps();
-        for (long c = 0; c < n; c += 16) {
-            __mmask16 m = tail_mask(n - c);
-            __m512 h = LOAD_BF16(m, xr + c);
+        vf sum[ACC];
+        for (int a = 0; a < ACC; a++) sum[a] = VSET(0.0f);
+        for (long c = 0; c < n; c += W) {
+            vf h = vload_bf16(xr + c, n - c);
             if (rr) {
-                h = bf16_round(_mm512_add_ps(h, LOAD_BF16(m, rr + c)));
-                store_bf16(hr + c, h, m);
+                h = bf16_round(VADD(h, vload_bf16(rr + c, n - c)));
+                vstore_bf16(hr + c, h, n - c);
             }
-            sum = _mm512_fmadd_ps(h, h, sum);
+            sum[(c / W) % ACC] = VFMA(h, h, sum[(c / W) % ACC]);
         }
-        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(sum) / (float)n + eps);
-        __m512 vinv = _mm512_set1_ps(inv);
-        for (long c = 0; c < n; c += 16) {
-            __mmask16 m = tail_mask(n - c);
-            __m512 h = rr ? LOAD_BF16(m, hr + c) : LOAD_BF16(m, xr + c);
-            __m512 normed = bf16_round(_mm512_mul_ps(h, vinv));
-            store_bf16(o + c, _mm512_mul_ps(LOAD_BF16(m, weight + c), normed), m);
+        vf vinv = VSET(1.0f / sqrtf(reduce16(sum) / (float)n + eps));
+        for (long c = 0; c < n; c += W) {
+            vf h = vload_bf16(rr ? hr + c : xr + c, n - c);
+            vstore_bf16(o + c, VMUL(vload_bf16(weight + c, n - c), bf16_round(VMUL(h, vinv))), n - c);
         }
     }
 }
@@ -73,14 +161,13 @@ void lantern_rope_bf16(const uint16_t *x, long xs, long xhs, const float *cos, c
         for (long h = 0; h < heads; h++) {
             const uint16_t *xh = x + r * xs + h * xhs;
             uint16_t *o = out + (r * heads + h) * d;
-            for (long c = 0; c < half; c += 16) {
-                __mmask16 m = tail_mask(half - c);
-                __m512 a = LOAD_BF16(m, xh + c), b = LOAD_BF16(m, xh + half + c);
-                __m512 first = _mm512_fnmadd_ps(b, _mm512_maskz_loadu_ps(m, sr + c), _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m, cr + c)));
-                __m512 second = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, sr + half + c),
-                                                _mm512_mul_ps(b, _mm512_maskz_loadu_ps(m, cr + half + c)));
-                store_bf16(o + c, first, m);
-                store_bf16(o + half + c, second, m);
+            for (long c = 0; c < half; c += W) {
+                long left = half - c;
+                vf a = vload_bf16(xh + c, left), b = vload_bf16(xh + half + c, left);
+                vf first = VFNMA(b, vload_f32(sr + c, left), VMUL(a, vload_f32(cr + c, left)));
+                vf second = VFMA(a, vload_f32(sr + half + c, left), VMUL(b, vload_f32(cr + half + c, left)));
+                vstore_bf16(o + c, first, left);
+                vstore_bf16(o + half + c, second, left);
             }
         }
     }
@@ -93,148 +180,12 @@ void lantern_silu_mul_bf16(const uint16_t *gate_up, long gs, long rows, long n, 
     for (long r = 0; r < rows; r++) {
         const uint16_t *g = gate_up + r * gs, *u = g + n;
         uint16_t *o = out + r * n;
-        for (long c = 0; c < n; c += 16) {
-            __mmask16 m = tail_mask(n - c);
-            __m512 x = LOAD_BF16(m, g + c);
+        for (long c = 0; c < n; c += W) {
+            vf x = vload_bf16(g + c, n - c);
             // e^-|x| never overflows; sigmoid(x) = 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below
-            __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
-            __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
-            __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-            __m512 silu = _mm512_div_ps(_mm512_mul_ps(x, _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), neg, e)), den);
-            store_bf16(o + c, _mm512_mul_ps(bf16_round(silu), LOAD_BF16(m, u + c)), m);
+            vf e = exp_nonpositive(VSUB(VSET(0.0f), VABS(x)));
+            vf silu = VDIV(VMUL(x, vwhere_neg(x, e, VSET(1.0f))), VADD(VSET(1.0f), e));
+            vstore_bf16(o + c, VMUL(bf16_round(silu), vload_bf16(u + c, n - c)), n - c);
         }
     }
 }
-
-#else  // LANTERN_AVX2: the same steps on 8-lane vectors
-
-// n <= 8 bf16 values at p widened to float32 (the lanes past n are 0), and their store rounded to
-// nearest even (NaN: a quiet NaN), as attention_simd.h's LOAD_BF16 / store_bf16.
-static inline __m256 load_bf16(const uint16_t *p, long n) {
-    uint16_t tmp[8] = {0};
-    if (n < 8) memcpy(tmp, p, n * sizeof(uint16_t)), p = tmp;
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-static inline __m256 load_f32(const float *p, long n) {
-    float tmp[8] = {0};
-    if (n < 8) memcpy(tmp, p, n * sizeof(float)), p = tmp;
-    return _mm256_loadu_ps(p);
-}
-static inline __m256i round_bits(__m256 x) {  // x's bits rounded to bf16 in the upper half (NaN quieted)
-    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF);
-    __m256i u = _mm256_castps_si256(x);
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
-    __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
-    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
-}
-static inline void store_bf16(uint16_t *dst, __m256 x, long n) {
-    __m256i r = _mm256_srli_epi32(round_bits(x), 16);
-    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    if (n >= 8) {
-        _mm_storeu_si128((__m128i *)dst, packed);
-    } else {
-        uint16_t tmp[8];
-        _mm_storeu_si128((__m128i *)tmp, packed);
-        memcpy(dst, tmp, n * sizeof(uint16_t));
-    }
-}
-static inline __m256 bf16_round(__m256 x) {  // x rounded to bf16, kept as float32 (NaN kept as it is)
-    __m256 r = _mm256_castsi256_ps(_mm256_and_si256(round_bits(x), _mm256_set1_epi32((int)0xFFFF0000u)));
-    return _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-// attention_simd.h's exp_nonpositive: the same steps; 2^n (n >= -126 after the clamp) built as a float
-static inline __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-// _mm512_reduce_add_ps's order on the 16 lanes lo (0-7) and hi (8-15): halves, then quarters, pairs, one.
-static inline float reduce16(__m256 lo, __m256 hi) {
-    __m256 a = _mm256_add_ps(lo, hi);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
-}
-
-void lantern_rms_norm_bf16(const uint16_t *x, long inner, long xs, long xis, const uint16_t *residual, long rs,
-                           long ris, const uint16_t *weight, float eps, long rows, long n, uint16_t *out,
-                           uint16_t *h_out) {
-#pragma omp parallel for schedule(static) if (rows * n >= PAR_ELEMENTS)
-    for (long r = 0; r < rows; r++) {
-        long i = r / inner, j = r % inner;
-        const uint16_t *xr = x + i * xs + j * xis, *rr = residual ? residual + i * rs + j * ris : 0;
-        uint16_t *o = out + r * n, *hr = h_out ? h_out + r * n : 0;
-        __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // the 16-lane accumulator's halves
-        for (long c = 0; c < n; c += 8) {
-            long m = n - c < 8 ? n - c : 8;
-            __m256 h = load_bf16(xr + c, m);
-            if (rr) {
-                h = bf16_round(_mm256_add_ps(h, load_bf16(rr + c, m)));
-                store_bf16(hr + c, h, m);
-            }
-            sum[(c / 8) & 1] = _mm256_fmadd_ps(h, h, sum[(c / 8) & 1]);
-        }
-        float inv = 1.0f / sqrtf(reduce16(sum[0], sum[1]) / (float)n + eps);
-        __m256 vinv = _mm256_set1_ps(inv);
-        for (long c = 0; c < n; c += 8) {
-            long m = n - c < 8 ? n - c : 8;
-            __m256 h = rr ? load_bf16(hr + c, m) : load_bf16(xr + c, m);
-            __m256 normed = bf16_round(_mm256_mul_ps(h, vinv));
-            store_bf16(o + c, _mm256_mul_ps(load_bf16(weight + c, m), normed), m);
-        }
-    }
-}
-
-void lantern_rope_bf16(const uint16_t *x, long xs, long xhs, const float *cos, const float *sin, long rows, long heads,
-                       long d, uint16_t *out) {
-    long half = d / 2;
-#pragma omp parallel for schedule(static) if (rows * heads * d >= PAR_ELEMENTS)
-    for (long r = 0; r < rows; r++) {
-        const float *cr = cos + r * d, *sr = sin + r * d;
-        for (long h = 0; h < heads; h++) {
-            const uint16_t *xh = x + r * xs + h * xhs;
-            uint16_t *o = out + (r * heads + h) * d;
-            for (long c = 0; c < half; c += 8) {
-                long m = half - c < 8 ? half - c : 8;
-                __m256 a = load_bf16(xh + c, m), b = load_bf16(xh + half + c, m);
-                __m256 first = _mm256_fnmadd_ps(b, load_f32(sr + c, m), _mm256_mul_ps(a, load_f32(cr + c, m)));
-                __m256 second =
-                    _mm256_fmadd_ps(a, load_f32(sr + half + c, m), _mm256_mul_ps(b, load_f32(cr + half + c, m)));
-                store_bf16(o + c, first, m);
-                store_bf16(o + half + c, second, m);
-            }
-        }
-    }
-}
-
-void lantern_silu_mul_bf16(const uint16_t *gate_up, long gs, long rows, long n, uint16_t *out) {
-    const __m256 zero = _mm256_setzero_ps(), ones = _mm256_set1_ps(1.0f);
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-#pragma omp parallel for schedule(static) if (rows * n >= PAR_ELEMENTS)
-    for (long r = 0; r < rows; r++) {
-        const uint16_t *g = gate_up + r * gs, *u = g + n;
-        uint16_t *o = out + r * n;
-        for (long c = 0; c < n; c += 8) {
-            long m = n - c < 8 ? n - c : 8;
-            __m256 x = load_bf16(g + c, m);
-            __m256 e = exp_nonpositive(_mm256_sub_ps(zero, _mm256_and_ps(x, sign)));
-            __m256 den = _mm256_add_ps(ones, e);
-            __m256 num = _mm256_blendv_ps(ones, e, _mm256_cmp_ps(x, zero, _CMP_LT_OQ));
-            __m256 silu = _mm256_div_ps(_mm256_mul_ps(x, num), den);
-            store_bf16(o + c, _mm256_mul_ps(bf16_round(silu), load_bf16(u + c, m)), m);
-        }
-    }
-}
-#endif

@@ -1,5 +1,5 @@
 """Ops of the torch backend: Triton kernels on CUDA, native ones for bf16 norms, rope and SiLU on an
-AVX-512 CPU (cpu_elementwise), their plain-torch references elsewhere."""
+x86 CPU with AVX-512 or AVX2 (cpu_elementwise), their plain-torch references elsewhere."""
 
 from __future__ import annotations
 
