@@ -67,7 +67,7 @@ class Gemma4Layers:
         return (inv / np.float32(self.global_rope_factor)).astype(np.float32)
 
 
-def _kv_sharing(types: list[str], shared: int) -> tuple[int, ...]:
+def kv_sources_of(types: list[str], shared: int) -> tuple[int, ...]:
     """Each layer's KV-pool layer (Gemma4TextConfig.kv_sharing_modes): its own, or for the last `shared`
     layers the last earlier layer of their type; the pool holds the writing layers only."""
     n = len(types)
@@ -165,7 +165,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     kv_heads, head_dim = shapes_by_type.get("sliding_attention", (kv_heads, head_dim))
     if fields["num_heads"] % global_kv or fields["num_heads"] % kv_heads:
         raise _refuse("num_global_key_value_heads", global_kv, " (query heads must be a multiple of the KV heads)")
-    sources = _kv_sharing(types, int(cfg.get("num_kv_shared_layers", 0) or 0))
+    sources = kv_sources_of(types, int(cfg.get("num_kv_shared_layers", 0) or 0))
     inner = int(cfg["intermediate_size"])
     double = bool(cfg.get("use_double_wide_mlp", False))
     widths = tuple(inner * (2 if double and s != i else 1) for i, s in enumerate(sources))

@@ -144,7 +144,17 @@ def expert_part(name: str) -> tuple[str, int, str, str] | None:
     return m.group(1), int(m.group(2)), m.group(3), m.group(4)
 
 
+_ROUTERS = (
+    ".mlp.gate.weight",
+    ".mlp.shared_expert_gate.weight",
+    # Gemma 3n's AltUp: the router over its streams and the coefficients it mixes them by (4 or 16 rows)
+    ".altup.modality_router.weight",
+    ".altup.prediction_coefs.weight",
+    ".altup.correction_coefs.weight",
+)
+
+
 def is_router(name: str) -> bool:
-    """The router (and Qwen2-MoE's shared-expert gate): small matrices kept in float, so the
-    choice of experts is made at activation precision."""
-    return name.endswith((".mlp.gate.weight", ".mlp.shared_expert_gate.weight"))
+    """A router (experts', Qwen2-MoE's shared-expert gate, Gemma 3n's AltUp): small matrices kept in float,
+    so the choice is made at activation precision."""
+    return name.endswith(_ROUTERS)

@@ -88,7 +88,7 @@ def isq_candidates(cfg: Any) -> int:
         return 3 + 6 * cfg.num_layers
     total = 1 if cfg.tie_word_embeddings else 2  # embedding (+ lm_head)
     if getattr(cfg, "gemma4", None) is not None:
-        return total + _gemma4_candidates(cfg)
+        return total + _gemma4_candidates(cfg) + _gemma3n_candidates(cfg)
     kinds = cfg.mamba.layer_kinds if getattr(cfg, "mamba", None) is not None else ""
     if kinds:  # Nemotron-H: one mixer per layer; a Mamba-2 mixer's in_proj and out_proj, q, k, v and o, up and down;
         moe = cfg.moe  # Nemotron 3's experts: up and down each, the shared expert's, the latent projections
@@ -128,6 +128,13 @@ def _gemma4_candidates(cfg: Any) -> int:
         if g4.writes_kv(layer):
             total += 1 if g4.k_eq_v and not g4.is_sliding(layer) else 2
     return total
+
+
+def _gemma3n_candidates(cfg: Any) -> int:
+    """Gemma 3n's matrices beside Gemma 4's: the AltUp projections into and out of its streams, and each layer's
+    LAuReL pair (its AltUp router and coefficients are routers, not counted)."""
+    blocks = getattr(cfg, "gemma3n", None)
+    return 0 if blocks is None else 2 * (blocks.altup_inputs - 1) + 2 * cfg.num_layers
 
 
 def quantize_stream(
@@ -268,7 +275,7 @@ def _mlx_mx(value: Any, mode: str) -> MxWeight:
 def _report(
     isq: IsqMode, done: int, routers: int, narrow: list[tuple[str, int]], already: int, latent: int, tables: int = 0
 ) -> None:
-    kept = f"; {routers} MoE router matrices kept in float" if routers else ""
+    kept = f"; {routers} router matrices kept in float" if routers else ""
     kept += f"; the embedding{' and head' if tables > 1 else ''} kept in float" if tables else ""
     kept += f"; {latent} latent attention kv_b_proj matrices kept in float" if latent else ""
     logger.info("in-situ quantization: %d tensors to %s%s", done, isq.label, kept)

@@ -41,6 +41,13 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Gemma 4: layers of two shapes (sliding / full), K/V shared by the last layers, per-layer
     # embeddings, a routed mixture beside the dense MLP (26B-A4B).
     "gemma4_text": {"family": "gemma4", "configure": "family_gemma4", "own_rope": True},
+    # Gemma 3n (E2B / E4B): Gemma 4's skeleton with AltUp's residual streams, LAuReL and activation sparsity.
+    "gemma3n_text": {
+        "family": "gemma3n",
+        "configure": "family_gemma3n",
+        "own_rope": True,
+        "defaults": "family_gemma3n",
+    },
     "mixtral": {"configure": "family_moe"},
     "qwen2_moe": {"attention_bias": True, "configure": "family_moe"},
     "qwen3_moe": {"qk_norm": True, "configure": "family_moe"},
@@ -198,6 +205,7 @@ def _text_config(module: str) -> Any:
 MULTIMODAL_WRAPPERS = {
     "gemma3": _text_config("family_gemma"),
     "gemma4": _text_config("family_gemma4"),
+    "gemma3n": _text_config("family_gemma3n"),
     "mistral3": _text_config("family_ministral"),
     "qwen3_5": _text_config("family_qwen3_next"),
     "qwen3_5_moe": _text_config("family_qwen3_next"),
@@ -310,6 +318,7 @@ class ModelConfig:
     mlp_bias: bool = False  # Jais 2: its (ungated) MLP's projections have biases
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
+    gemma3n: Any = None  # family_gemma3n.Gemma3nBlocks: Gemma 3n's AltUp streams, LAuReL, activation sparsity
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every
     # layer is (num_kv_heads, head_dim) or the model's kv_layout.
     kv_shapes: tuple[tuple[int, int], ...] | None = None

@@ -214,7 +214,7 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_lfm2 import checkpoint_name
 
         return lambda name: None if (text := base(name)) is None else checkpoint_name(text)
-    if spec.config.family == "gemma4":  # its experts and router under `mlp`; sharing layers' K/V skipped
+    if spec.config.gemma4 is not None:  # its experts and router under `mlp`; sharing layers' K/V skipped (3n too)
         from lantern.app.models.family_gemma4 import checkpoint_name as gemma4_name
 
         layers = spec.config.gemma4

@@ -151,6 +151,9 @@ def set_module(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
     obj: Any = root
     for part in parents:
         obj = obj[int(part)] if isinstance(obj, list) else getattr(obj, part)
+    if isinstance(obj, list):  # a module in a list (Gemma 3n's altup_projections.0)
+        old, obj[int(last)] = obj[int(last)], new
+        return old
     old = getattr(obj, last)
     setattr(obj, last, new)
     return old

@@ -65,7 +65,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("linear-attention (gated DeltaNet)", cfg.linear_attn),
         ("short-convolution (LFM2)", cfg.short_conv),
         ("Mamba-2 mixer (Granite 4.0-H, Nemotron-H, Falcon-H1)", cfg.mamba),
-        ("per-layer KV shapes (Gemma 4)", cfg.kv_shapes),
+        ("per-layer KV pool (Gemma 4, Gemma 3n)", cfg.kv_shapes),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

@@ -298,7 +298,7 @@ def test_isq_quantizes_stacked_experts(tiny_model_dir, tmp_path, backend, scheme
     assert err <= tolerance(backend, str(ref)), f"{backend} {scheme}: logits differ by {err:.4f} of their spread"
     assert logits_error(str(src), str(ref), backend) > err  # the quantization is real
     assert "were expected" not in caplog.text  # quantize_stream saw exactly isq_candidates' matrices
-    assert "34 tensors to" in caplog.text and "2 MoE router matrices kept in float" in caplog.text  # 2 layers
+    assert "34 tensors to" in caplog.text and "2 router matrices kept in float" in caplog.text  # 2 layers
 
     llm = LLM(str(src), backend=backend, dtype="float32", num_kv_blocks=8, quantization=scheme)
     experts = llm.engine.backend.model.model.layers[0].mlp.experts

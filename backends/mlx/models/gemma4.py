@@ -177,7 +177,8 @@ class CausalLM(llama.CausalLM):
         if not g4.ple_dim:
             return None
         t, shape = h.shape[0], (h.shape[0], self.cfg.num_layers, g4.ple_dim)
-        table = m.embed_tokens_per_layer(input_ids)
+        ids = mx.where(input_ids < g4.ple_vocab, input_ids, 0)  # ids past its table (3n's media) read row 0
+        table = m.embed_tokens_per_layer(ids)
         table = table.reshape(shape) * mx.array(g4.ple_dim**0.5, dtype=table.dtype)
         proj = m.per_layer_model_projection(h) * (self.cfg.hidden_size**-0.5)
         proj = m.per_layer_projection_norm(proj.reshape(shape))

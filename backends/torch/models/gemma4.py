@@ -193,6 +193,7 @@ class CausalLM(llama.CausalLM):
             return None
         shape = (h.shape[0], self.cfg.num_layers, g4.ple_dim)
         table = m.embed_tokens_per_layer
+        input_ids = torch.where(input_ids < g4.ple_vocab, input_ids, 0)  # ids past its table (3n's media) read row 0
         own = table(input_ids) if not isinstance(table, nn.Embedding) else table.weight[input_ids]
         own = own.reshape(shape) * llama.rounded(g4.ple_dim**0.5, own.dtype)
         proj = m.per_layer_model_projection(h) * (self.cfg.hidden_size**-0.5)
