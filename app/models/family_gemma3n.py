@@ -22,6 +22,7 @@ rope over the whole head) and every layer has one shape. What it adds (transform
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
@@ -47,6 +48,11 @@ class Gemma3nBlocks:
 
 
 def _sparsity_cutoffs(cfg: dict[str, Any], n: int) -> tuple[float | None, ...]:
+    stated = cfg.get("activation_sparsity_scale")  # a GGUF's: the cutoffs as llama.cpp's converter computed them
+    if stated is not None:
+        if len(stated) != n:
+            raise _refuse("activation_sparsity_scale", list(stated), f" (expected {n} values)")
+        return tuple(float(np.float32(c)) if c > -1e30 else None for c in stated)  # -inf: a dense layer
     pattern = cfg.get("activation_sparsity_pattern")
     if pattern is None:  # Gemma3nTextConfig: the first 10 layers at 0.95 when there are more than 10
         pattern = [0.95 if n > 10 and i < 10 else 0.0 for i in range(n)]
@@ -54,9 +60,9 @@ def _sparsity_cutoffs(cfg: dict[str, Any], n: int) -> tuple[float | None, ...]:
         pattern = [pattern] * n
     if len(pattern) != n or any(not 0.0 <= float(p) < 1.0 for p in pattern):
         raise _refuse("activation_sparsity_pattern", pattern, f" (expected {n} values in [0, 1))")
-    # transformers: Normal(0, 1).icdf of the target in float32; the double inverse rounded to float32 is that
-    # value or an ulp beside it
-    return tuple(float(np.float32(NormalDist().inv_cdf(float(p)))) if p else None for p in pattern)
+    # transformers: Normal(0, 1).icdf of the float32 target in float32; the double inverse rounded to float32 is
+    # that value or an ulp beside it
+    return tuple(float(np.float32(NormalDist().inv_cdf(float(np.float32(p))))) if p else None for p in pattern)
 
 
 def _rope_thetas(cfg: dict[str, Any]) -> tuple[float, float]:
@@ -168,3 +174,23 @@ DEFAULTS = {
     "head_dim": 256,
     "rms_norm_eps": 1e-6,
 }
+
+
+_STACKED = ("model.altup_projections.weight", "model.altup_unembed_projections.weight")
+
+
+def gguf_tensors(source: Iterator[tuple[str, Any]], cfg: Any) -> Iterator[tuple[str, Any]]:
+    """A Gemma 3n GGUF's stream (after family_gemma4.gguf_tensors) with llama.cpp's stacked AltUp projections
+    (altup_proj / altup_unembd_proj [n - 1, d, d], read as [(n - 1) d, d]) split into one matrix per stream."""
+    d = cfg.hidden_size
+    for name, value in source:
+        if name not in _STACKED:
+            yield name, value
+            continue
+        streams = cfg.gemma3n.altup_inputs - 1
+        if value.shape[0] != streams * d:
+            raise ValueError(f"{name} has {value.shape[0]} rows; {streams} streams of {d} take {streams * d}")
+        stem = name.removesuffix(".weight")
+        for i in range(streams):
+            rows = value.rows(i * d, (i + 1) * d) if hasattr(value, "rows") else value[i * d : (i + 1) * d]
+            yield f"{stem}.{i}.weight", rows

@@ -144,6 +144,22 @@ ARCH_LAYER["gemma4"] = {
     "layer_output_scale": "layer_scalar",  # .weight dropped: a bare parameter in HF
     "attn_qkv": "self_attn.qkv_proj",  # --fuse-qkv files: split per layer by family_gemma4.gguf_tensors
 }
+# Gemma 3n: Gemma 4's names for the sandwich norms and per-layer embeddings, AltUp's and LAuReL's tensors.
+ARCH_LAYER["gemma3n"] = {
+    **_GEMMA,
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+    "altup_correct_coef": "altup.correction_coefs",
+    "altup_correct_scale": "altup.correct_output_scale",  # .weight dropped: a bare parameter in HF
+    "altup_predict_coef": "altup.prediction_coefs",
+    "altup_router": "altup.modality_router",
+    "altup_router_norm": "altup.router_norm",
+    "laurel_l": "laurel.linear_left",
+    "laurel_r": "laurel.linear_right",
+    "laurel_post_norm": "laurel.post_laurel_norm",
+    "attn_qkv": "self_attn.qkv_proj",  # --fuse-qkv files: split per layer by family_gemma4.gguf_tensors
+}
 # Global tensors whose meaning differs by architecture: LFM2's token_embd_norm is its final norm
 # (embedding_norm, applied after the last layer), not an embedding LayerNorm.
 ARCH_GLOBAL: dict[str, dict[str, str]] = {
@@ -153,6 +169,14 @@ ARCH_GLOBAL: dict[str, dict[str, str]] = {
         "per_layer_token_embd": "model.embed_tokens_per_layer",
         "per_layer_model_proj": "model.per_layer_model_projection",
         "per_layer_proj_norm": "model.per_layer_projection_norm",
+    },
+    "gemma3n": {
+        "per_layer_token_embd": "model.embed_tokens_per_layer",
+        "per_layer_model_proj": "model.per_layer_model_projection",
+        "per_layer_proj_norm": "model.per_layer_projection_norm",
+        # the streams' projections stacked [n - 1, d, d]: read as [(n - 1) d, d], split by family_gemma3n
+        "altup_proj": "model.altup_projections",
+        "altup_unembd_proj": "model.altup_unembed_projections",
     },
 }
 # Architectures whose converter stored every RMSNorm weight w as 1 + w (Gemma's norms scale by 1 + w).

@@ -397,6 +397,47 @@ def _gemma4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     return out
 
 
+def _gemma3n(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3n (llama.cpp's Gemma3NModel: no q/k permutation, norms as stored, the embedding tables padded
+    with zero rows to vocab_size, which the per-layer table's vocabulary then is, as llama.cpp reads it). Its
+    sliding pattern (else llama.cpp's default: every fifth layer full), per-layer MLP widths, shared-KV layers
+    and the sparse gate's cutoffs (activation_sparsity_scale: Phi^-1 of each layer's sparsity, -inf where dense)
+    come from the metadata; LAuReL's rank from its tensor."""
+    layers = cfg["num_hidden_layers"]
+    pattern = meta.get("attention.sliding_window_pattern")
+    if isinstance(pattern, (list, tuple)):
+        sliding = [bool(x) for x in pattern][:layers]
+    else:
+        sliding = [(i + 1) % 5 != 0 for i in range(layers)]
+    widths = meta.get("feed_forward_length")
+    out: dict[str, Any] = {
+        "model_type": "gemma3n_text",
+        "head_dim": _head_dim(meta, cfg),
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "intermediate_size": [int(w) for w in widths]
+        if isinstance(widths, (list, tuple))
+        else cfg["intermediate_size"],
+        "sliding_window": int(meta.get("attention.sliding_window") or 512),
+        "num_kv_shared_layers": int(meta.get("attention.shared_kv_layers") or 0),
+        "hidden_size_per_layer_input": int(meta.need("embedding_length_per_layer_input")),
+        "vocab_size_per_layer_input": int(tensors["per_layer_token_embd.weight"].shape[1]),
+        "altup_num_inputs": int(meta.get("altup.num_inputs") or 4),
+        "altup_active_idx": int(meta.get("altup.active_idx") or 0),
+        "laurel_rank": int(tensors["blk.0.laurel_l.weight"].shape[1]),
+        "final_logit_softcapping": meta.get("final_logit_softcapping"),
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base_swa", 10000.0))},
+            "full_attention": {"rope_type": "default", "rope_theta": cfg["rope_theta"]},
+        },
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": cfg["tie_word_embeddings"],
+    }
+    scales = meta.get("activation_sparsity_scale")
+    if isinstance(scales, (list, tuple)):  # (a file without them: Gemma3nTextConfig's default pattern)
+        out["activation_sparsity_scale"] = [float(s) for s in scales]  # read by family_gemma3n as they are
+    return out
+
+
 def _qwen3vl(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-VL's language model (llama.cpp's Qwen3VLTextModel / Qwen3VLMoeTextModel: Qwen3's tensors
     unpermuted and keys, plus n_deepstack_layers and the rope's dimension_sections, which are Qwen3's rope
@@ -516,6 +557,7 @@ def _turning_fraction(meta: _Meta, tensors: dict[str, Any], head_dim: int) -> fl
 
 BUILDERS = {
     "gemma4": _gemma4,
+    "gemma3n": _gemma3n,
     "lfm2": _lfm2,
     "lfm2moe": _lfm2,
     "qwen3next": _qwen3next,

@@ -116,10 +116,10 @@ def _kv_heads(meta: _Meta, heads: int) -> int:
 
 def _per_layer_width(meta: _Meta, key: str) -> int:
     """A width llama.cpp may state per layer: Gemma 4's MLP (its KV-sharing layers twice as wide: its builder
-    says so) takes the narrowest; Nemotron-H's (0 on the layers without an MLP) the widest; elsewhere one
-    value for every layer."""
+    says so) and Gemma 3n's (its builder states every layer's) take the narrowest; Nemotron-H's (0 on the layers
+    without an MLP) the widest; elsewhere one value for every layer."""
     value = meta.get(key)
-    if isinstance(value, (list, tuple)) and meta.arch == "gemma4" and value:
+    if isinstance(value, (list, tuple)) and meta.arch in ("gemma4", "gemma3n") and value:
         return int(min(value))
     if isinstance(value, (list, tuple)) and meta.arch in ("nemotron_h", "nemotron_h_moe") and value:
         return int(max(value))

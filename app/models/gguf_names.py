@@ -103,7 +103,9 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
             return None
         hf = f"model.layers.{layer}.{mapped}.{kind}"
         hf = hf.replace(".e_score_correction.bias", ".e_score_correction_bias").replace(".sinks.weight", ".sinks")
-        hf = hf.replace(".layer_scalar.weight", ".layer_scalar")
+        hf = hf.replace(".layer_scalar.weight", ".layer_scalar").replace(
+            ".correct_output_scale.weight", ".correct_output_scale"
+        )
         return hf.replace(".linear_attn.dt.bias", ".linear_attn.dt_bias").replace(".mamba.dt.bias", ".mamba.dt_bias")
     m = _SCALE_RE.match(gguf_name)
     if m:

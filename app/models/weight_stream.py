@@ -88,10 +88,14 @@ def iter_weights(
         from lantern.app.models.family_lfm2 import checkpoint_tensors as lfm2_tensors
 
         source = lfm2_tensors(source)
-    if spec.config.family == "gemma4" and spec.weight_format == "gguf":  # shared layers' K/V, --fuse-qkv
+    if spec.config.gemma4 is not None and spec.weight_format == "gguf":  # shared layers' K/V, --fuse-qkv
         from lantern.app.models.family_gemma4 import gguf_tensors as gemma4_tensors
 
         source = gemma4_tensors(source, spec.config)
+        if spec.config.gemma3n is not None:  # AltUp's stacked projections, one matrix per stream
+            from lantern.app.models.family_gemma3n import gguf_tensors as gemma3n_tensors
+
+            source = gemma3n_tensors(source, spec.config)
     if spec.config.family == "qwen3_next":  # llama.cpp's or mlx_lm's layout, if it is one of those
         from lantern.app.models import family_qwen3_next as qwen
 
