@@ -1,5 +1,5 @@
-"""Gemma 2 and Gemma 3 (text): what their config.json means, as transformers' Gemma2Config /
-Gemma3TextConfig read it (defaults included), turned into ModelConfig fields.
+"""Gemma (1), Gemma 2 and Gemma 3 (text): what their config.json means, as transformers' GemmaConfig /
+Gemma2Config / Gemma3TextConfig read it (defaults included), turned into ModelConfig fields.
 
 The maths these fields switch on: RMSNorm scaled by (1 + weight) in float32, embeddings times
 sqrt(hidden_size) rounded to the model dtype, GeGLU (tanh GELU), query scale
@@ -50,7 +50,9 @@ def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig field overrides for a gemma2 / gemma3_text config (spec.ModelConfig.from_hf)."""
+    """ModelConfig field overrides for a gemma / gemma2 / gemma3_text config (spec.ModelConfig.from_hf)."""
+    if model_type == "gemma":
+        return _gemma1(cfg)
     defaults = _DEFAULTS[model_type]
     act = cfg.get("hidden_activation", "gelu_pytorch_tanh")
     if act not in _ACTIVATIONS:
@@ -83,6 +85,35 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     out["attn_softcap"] = None
     out.update(_gemma3_rope(cfg, out["max_position_embeddings"]))
     return out
+
+
+def _gemma1(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma (1) / CodeGemma: Llama's layer under (1 + w) norms, GeGLU and the scaled embedding, query scale
+    head_dim ** -0.5; its rope is Llama's (spec's rope_scaling). GemmaConfig reads hidden_act, taking the
+    released configs' "gelu" as the tanh approximation it was trained with."""
+    act = cfg.get("hidden_act", "gelu_pytorch_tanh")
+    if act not in ("gelu", "gelu_pytorch_tanh"):
+        raise _refuse("hidden_act", act, "; supported: gelu_pytorch_tanh (and gelu, read as it)")
+    if cfg.get("attention_bias"):
+        raise _refuse("attention_bias", cfg["attention_bias"], " (biases on q/k/v and o_proj)")
+    if cfg.get("use_bidirectional_attention"):
+        raise _refuse("use_bidirectional_attention", cfg["use_bidirectional_attention"], " (non-causal attention)")
+    head_dim = cfg.get("head_dim") or 256
+    return {
+        "hidden_act": "gelu_tanh",
+        "head_dim": head_dim,
+        "attn_scale": float(head_dim) ** -0.5,
+        "norm_offset": True,
+        "embed_scale": True,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "max_position_embeddings": cfg.get("max_position_embeddings", 8192),
+    }
+
+
+def checkpoint_name(name: str) -> str:
+    """A Gemma (1) tensor name in the model files' terms: its pre-MLP norm is Llama's post_attention_layernorm
+    (Gemma 2's names it pre_feedforward_layernorm; the model files use that name for both)."""
+    return name.replace(".post_attention_layernorm.", ".pre_feedforward_layernorm.")
 
 
 def _cap(value: Any) -> float | None:

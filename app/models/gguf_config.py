@@ -144,11 +144,20 @@ def _rotary_fraction(meta: _Meta, head_dim: int) -> float:
 
 
 def _gemma(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 2 / 3. llama.cpp's runtime: query scale 1/sqrt(head_dim), except the 27B models
+    """Gemma (1) / 2 / 3. llama.cpp's runtime: query scale 1/sqrt(head_dim), except the 27B models
     (46 / 62 layers) whose query_pre_attn_scalar is hidden_size / heads; Gemma 2 alternates
-    sliding/full layers, Gemma 3 has five sliding layers per full one and a 10000 rope base on them."""
+    sliding/full layers, Gemma 3 has five sliding layers per full one and a 10000 rope base on them;
+    Gemma (1) is Llama's layer under Gemma's norms, no caps, no windows."""
     gemma2 = meta.arch == "gemma2"
     head_dim = _head_dim(meta, cfg)
+    if meta.arch == "gemma":
+        rope = stated_rope_scaling(meta) or {"rope_type": "default"}
+        return {
+            "model_type": "gemma",
+            "head_dim": head_dim,
+            "hidden_act": "gelu_pytorch_tanh",
+            "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},
+        }
     big = cfg["num_hidden_layers"] == (46 if gemma2 else 62)
     out: dict[str, Any] = {
         "model_type": "gemma2" if gemma2 else "gemma3_text",
@@ -351,6 +360,7 @@ def _gptoss(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
 
 
 _BUILDERS = {
+    "gemma": _gemma,
     "gemma2": _gemma,
     "gemma3": _gemma,
     "phi3": _phi3,

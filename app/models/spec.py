@@ -35,6 +35,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Other families: "family" names the model file both backends build (backends/*/models/),
     # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys; "names": that
     # module's checkpoint_name(name) gives the model files' name of a checkpoint's tensor (weight_stream).
+    # Gemma (1) / CodeGemma: no sandwich norms, no caps; its pre-MLP norm under Llama's name (checkpoint_name)
+    "gemma": {"family": "gemma", "configure": "family_gemma", "names": True},
     "gemma2": {"family": "gemma", "configure": "family_gemma"},
     "gemma3_text": {"family": "gemma", "configure": "family_gemma"},
     "vaultgemma": {"family": "gemma", "configure": "family_gemma"},  # Gemma 2 without the sandwich's outer norms

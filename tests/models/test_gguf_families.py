@@ -35,6 +35,7 @@ from tests.models.quant_logits import logits_error, reference_folder, tolerance,
 FILES = {
     # query_pre_attn_scalar = head_dim: GGUF has no key for it (llama.cpp derives it); tied: the
     # converter drops Gemma 2's head
+    "gemma": ("gemma1", {}, "f16", {}),  # Gemma (1): norms as 1 + w, the head dropped (tied), no rope base key
     "gemma2": ("gemma2", {"tie_word_embeddings": True, "query_pre_attn_scalar": 16}, "f32", {}),
     # llama.cpp's Gemma 3 layout: five sliding layers, then a full one (no key states it)
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "layer_types": None}, "f16", {}),
