@@ -253,6 +253,20 @@ def _cohere2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     }
 
 
+def _command_r(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Command R / R+ / Aya 23 / Aya Expanse (llama.cpp's CommandR2Model: q/k not permuted, its rope on pairs
+    on every layer; R+'s per-head q/k LayerNorms as attn_q_norm / attn_k_norm [heads, head_dim])."""
+    return {
+        "model_type": "cohere",
+        "head_dim": _head_dim(meta, cfg),
+        "layer_norm_eps": cfg["rms_norm_eps"],
+        "logit_scale": float(meta.get("logit_scale") or 1.0),
+        "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_cohere
+        "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
+    }
+
+
 def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (llama.cpp's Qwen3NextModel and its Qwen3_5 subclasses): the
     linear-attention sizes under ssm.* (state_size: key head dim, group_count: key heads,
@@ -586,4 +600,5 @@ BUILDERS = {
     "ernie4_5-moe": _ernie,
     "exaone4": _exaone4,
     "cohere2": _cohere2,
+    "command-r": _command_r,
 }

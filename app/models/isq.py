@@ -179,8 +179,8 @@ def quantize_stream(
                 done += matrices
                 bar.update(matrices)
                 continue
-            if not name.endswith(".weight") or len(value.shape) != 2:
-                yield name, value
+            if not name.endswith(".weight") or len(value.shape) != 2 or name.endswith("norm.weight"):
+                yield name, value  # (Command R+'s q/k norms have a weight row per head: not a matrix)
                 continue
             if is_router(moe_name(name)):
                 routers += 1

@@ -129,6 +129,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     },
     # Command R7B / A: a parallel block under one LayerNorm, pair-wise rope on sliding layers only.
     "cohere2": {"family": "cohere", "configure": "family_cohere"},
+    # Command R / R+ / Aya: the same block with the rope on every layer; R+'s per-head q/k LayerNorms.
+    "cohere": {"family": "cohere", "configure": "family_cohere"},
     # EXAONE 4: OLMo 2's post-sublayer norms with per-head q/k norms; global layers without rope (NoPE).
     "exaone4": {"family": "olmo", "configure": "family_exaone"},
     # Qwen3-Next / Qwen3.5: gated DeltaNet linear-attention layers (recurrent state) among gated full attention.

@@ -57,6 +57,7 @@ FILES = {
     "exaone4": ("exaone4", {}, "f16", {}),  # sliding layers, NoPE global ones
     # llama.cpp's fixed 3:1 layers; tied (its cohere2 graph has no output tensor, Cohere's models tie)
     "cohere2": ("cohere2", {"num_hidden_layers": 4, "layer_types": None, "tie_word_embeddings": True}, "f32", {}),
+    "cohere": ("cohere_qk", {"tie_word_embeddings": True}, "f16", {}),  # Command R+: per-head q/k norms [heads, dim]
     "qwen2_moe": ("qwen2_moe", {}, "f16", {}),
     "qwen3_moe": ("qwen3_moe", {"mlp_only_layers": []}, "f32", {}),  # llama.cpp's qwen3moe: every layer sparse
     "qwen3": ("qwen3", {}, "f16", {}),  # head_dim 32 != hidden / heads: transformers' reader drops it

@@ -1,6 +1,6 @@
-"""Cohere Command R7B / Command A (cohere2) decoder for MLX over a flattened token batch (maths in
-app/models/family_cohere.py; the torch file has the same layout): one LayerNorm per layer feeding
-attention and MLP in parallel, the rope on consecutive pairs and only on the sliding layers.
+"""Cohere Command R7B / Command A (cohere2) and Command R / R+ / Aya (cohere) decoder for MLX over a flattened
+token batch (maths in app/models/family_cohere.py; the torch file has the same layout): one LayerNorm per layer
+feeding attention and MLP in parallel, the rope on consecutive pairs and (cohere2) only on the sliding layers.
 """
 
 from __future__ import annotations
@@ -26,10 +26,27 @@ class CohereLayerNorm(nn.Module):
         return mx.fast.layer_norm(x.astype(mx.float32), self.weight.astype(mx.float32), None, self.eps).astype(x.dtype)
 
 
+class CohereHeadNorm(nn.Module):
+    """Command R+'s q/k norm: a LayerNorm over each head with a weight per head ([heads, head_dim])."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((heads, head_dim))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        normed = mx.fast.layer_norm(x.astype(mx.float32), None, None, self.eps)
+        return (self.weight.astype(mx.float32) * normed).astype(x.dtype)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.self_attn = Attention(cfg, layer_idx, rope_interleaved=True)
+        if cfg.qk_norm:
+            attn = self.self_attn
+            attn.q_norm = CohereHeadNorm(attn.n_heads, attn.head_dim, cfg.rms_norm_eps)
+            attn.k_norm = CohereHeadNorm(attn.n_kv, attn.head_dim, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
         self.input_layernorm = CohereLayerNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 

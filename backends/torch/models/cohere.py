@@ -1,7 +1,7 @@
-"""Cohere Command R7B / Command A (cohere2) decoder in torch over a flattened token batch, the same
-layout as the MLX file (maths in app/models/family_cohere.py): one LayerNorm per layer feeding attention
-and MLP in parallel, the rope on consecutive pairs and only on the sliding layers (layers.Attention with
-rope_interleaved and ModelConfig.rope_layers), logits scaled (ModelConfig.logits_divisor).
+"""Cohere Command R7B / Command A (cohere2) and Command R / R+ / Aya (cohere) decoder in torch over a flattened
+token batch, the same layout as the MLX file (maths in app/models/family_cohere.py): one LayerNorm per layer
+feeding attention and MLP in parallel, the rope on consecutive pairs and (cohere2) only on the sliding layers
+(layers.Attention with rope_interleaved and ModelConfig.rope_layers), logits scaled (ModelConfig.logits_divisor).
 
 Tensor parallelism works as for Llama: attention and MLP all-reduce their outputs before they are added.
 """
@@ -21,7 +21,7 @@ from lantern.backends.torch.parallel import TPGroup
 class CohereLayerNorm(nn.Module):
     """(x - mean) / std * weight in float32, no bias, with the residual add fused in like layers.RMSNorm."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int | tuple[int, int], eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
@@ -35,10 +35,21 @@ class CohereLayerNorm(nn.Module):
         return normed.to(h.dtype), h
 
 
+class CohereAttention(Attention):
+    """layers.Attention (pair-wise rope); Command R+'s q/k norms are LayerNorms with a weight per head
+    ([heads, head_dim], broadcast over the tokens)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
+        super().__init__(cfg, layer_idx, tp, rope_interleaved=True)
+        if cfg.qk_norm:
+            self.q_norm = CohereLayerNorm((self.n_heads, self.head_dim), cfg.rms_norm_eps)
+            self.k_norm = CohereLayerNorm((self.n_kv, self.head_dim), cfg.rms_norm_eps)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, tp, rope_interleaved=True)
+        self.self_attn = CohereAttention(cfg, layer_idx, tp)
         self.mlp = MLP(cfg, tp)
         self.input_layernorm = CohereLayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
