@@ -99,6 +99,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
     # Granite 4.0-H: Mamba-2 mixer layers (recurrent state) among attention layers, a dense MLP beside the experts.
     "granitemoehybrid": {"family": "granite_hybrid", "configure": "family_granite"},
+    # Bamba: Granite 4.0-H's block without its scalars, attention rotating half of each head (family_bamba)
+    "bamba": {"family": "granite_hybrid", "configure": "family_bamba", "defaults": "family_bamba", "names": True},
     # Nemotron-H: one mixer per block (Mamba-2, NoPE attention or a relu^2 MLP); "prepare" fills in what
     # transformers 5's saved configs leave out.
     "nemotron_h": {"family": "nemotron_h", "configure": "family_nemotron_h", "own_rope": True, "prepare": True},
