@@ -267,6 +267,20 @@ def _command_r(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
     }
 
 
+def _starcoder2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """StarCoder2 (llama.cpp's StarCoder2Model, a plain TextModel: q/k not permuted, the LayerNorms' eps as
+    attention.layer_norm_epsilon, biases as their tensors; llama.cpp's graph has no sliding window, so none)."""
+    return {
+        "model_type": "starcoder2",
+        "head_dim": _head_dim(meta, cfg),
+        "norm_epsilon": cfg["rms_norm_eps"],
+        "use_bias": "blk.0.attn_q.bias" in tensors,
+        "sliding_window": None,
+        "hidden_act": "gelu_pytorch_tanh",
+        "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
+    }
+
+
 def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (llama.cpp's Qwen3NextModel and its Qwen3_5 subclasses): the
     linear-attention sizes under ssm.* (state_size: key head dim, group_count: key heads,
@@ -601,4 +615,5 @@ BUILDERS = {
     "exaone4": _exaone4,
     "cohere2": _cohere2,
     "command-r": _command_r,
+    "starcoder2": _starcoder2,
 }

@@ -90,6 +90,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     },
     # Jais 2: Llama's layer under LayerNorms with biases, biased attention and ungated relu^2 MLP
     "jais2": {"family": "jais2", "configure": "family_jais2", "defaults": "family_jais2"},
+    # StarCoder2: Jais 2's layer (LayerNorms and biases) with a GELU (tanh) MLP, a sliding window
+    "starcoder2": {"family": "jais2", "configure": "family_starcoder2", "defaults": "family_starcoder2", "names": True},
     # Arcee AFM: Llama's layer with Nemotron's ungated relu^2 MLP
     "arcee": {"family": "arcee", "configure": "family_arcee", "defaults": "family_arcee"},
     # CWM (Meta's Code World Model): Llama's layer, sliding and full layers alternating, a llama3 rope by default

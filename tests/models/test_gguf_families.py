@@ -11,6 +11,7 @@ ModelConfig field); logits match transformers' to 1e-4 through the paged cache, 
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -24,7 +25,7 @@ from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.gguf_names import iter_gguf_weights
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.quant.affine import quantize_affine
-from lantern.app.models.spec import ModelConfig
+from lantern.app.models.spec import ARCHITECTURES, ModelConfig
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.gguf_families import convert_to_gguf
 from tests.fixtures.teacher_forcing import teacher_forced_logits
@@ -58,6 +59,8 @@ FILES = {
     # llama.cpp's fixed 3:1 layers; tied (its cohere2 graph has no output tensor, Cohere's models tie)
     "cohere2": ("cohere2", {"num_hidden_layers": 4, "layer_types": None, "tie_word_embeddings": True}, "f32", {}),
     "cohere": ("cohere_qk", {"tie_word_embeddings": True}, "f16", {}),  # Command R+: per-head q/k norms [heads, dim]
+    # StarCoder2: LayerNorm and MLP biases (c_fc / c_proj as ffn_up / ffn_down); no window (llama.cpp has none)
+    "starcoder2": ("starcoder2", {"sliding_window": None}, "f16", {}),
     "qwen2_moe": ("qwen2_moe", {}, "f16", {}),
     "qwen3_moe": ("qwen3_moe", {"mlp_only_layers": []}, "f32", {}),  # llama.cpp's qwen3moe: every layer sparse
     "qwen3": ("qwen3", {}, "f16", {}),  # head_dim 32 != hidden / heads: transformers' reader drops it
@@ -100,6 +103,11 @@ def test_config_from_metadata_is_the_checkpoints(gguf_file, kind):
     # the converter's 1, DeepSeek's halves joined, no prediction layer past the stack).
     reference = load_file(str(ref / "model.safetensors"))
     streamed = dict(iter_gguf_weights(str(path), expected.num_heads, expected.num_kv_heads))
+    traits = ARCHITECTURES[expected.architecture]
+    if traits.get("names"):  # both in the model files' terms (StarCoder2's c_fc is the stream's up_proj)
+        rename = importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
+        reference = {rename(n): v for n, v in reference.items()}
+        streamed = {rename(n): v for n, v in streamed.items()}
     assert sorted(streamed) == sorted(reference)
     for name, value in streamed.items():
         value = np.asarray(value, dtype=np.float32)
