@@ -281,6 +281,26 @@ def _starcoder2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
     }
 
 
+def _phi2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Phi-1 / 1.5 / 2 (llama.cpp's Phi2Model, a plain TextModel: q/k not permuted; it states feed_forward_length
+    as 4 x hidden whatever the model's, so the MLP's width is its tensor's; the rope on rope.dimension_count
+    dims of each head)."""
+    head_dim = _head_dim(meta, cfg)
+    up = tensors.get("blk.0.ffn_up.weight")
+    return {
+        "model_type": "phi",
+        "intermediate_size": int(up.shape[1]) if up is not None else cfg["intermediate_size"],
+        "layer_norm_eps": cfg["rms_norm_eps"],
+        "hidden_act": "gelu_new",
+        "tie_word_embeddings": cfg["tie_word_embeddings"],  # (refused by family_phi: its head has a bias)
+        "rope_parameters": {
+            **(stated_rope_scaling(meta) or {"rope_type": "default"}),
+            "rope_theta": cfg["rope_theta"],
+            "partial_rotary_factor": _rotary_fraction(meta, head_dim),
+        },
+    }
+
+
 def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (llama.cpp's Qwen3NextModel and its Qwen3_5 subclasses): the
     linear-attention sizes under ssm.* (state_size: key head dim, group_count: key heads,
@@ -616,4 +636,5 @@ BUILDERS = {
     "cohere2": _cohere2,
     "command-r": _command_r,
     "starcoder2": _starcoder2,
+    "phi2": _phi2,
 }

@@ -53,7 +53,17 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
         head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads if heads else 0)
         if (
             model_type
-            not in ("glm4", "glm4_moe", "phi3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "minimax_m2", "bamba")
+            not in (
+                "glm4",
+                "glm4_moe",
+                "phi3",
+                "qwen3_next",
+                "qwen3_5_text",
+                "qwen3_5_moe_text",
+                "minimax_m2",
+                "bamba",
+                "phi",
+            )
             or not 0 < partial < 1
             or int(head_dim * partial) % 2
         ):

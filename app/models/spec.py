@@ -27,6 +27,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
     # loading: weight_stream.split_fused); partial rotary (Phi-4-mini) and LongRoPE (the 128k variants).
     "phi3": {},
+    # Phi-1 / 1.5 / 2: Cohere's parallel block under a LayerNorm with a bias, biased attention with a partial rope,
+    # an ungated GELU MLP, a head with a bias
+    "phi": {"family": "phi", "configure": "family_phi", "defaults": "family_phi", "names": True},
     # Phi-3.5-MoE: LayerNorms with biases, biased attention and head, Mixtral's experts under SparseMixer's routing
     "phimoe": {"family": "phimoe", "configure": "family_phimoe", "defaults": "family_phimoe", "own_rope": True},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's

@@ -303,3 +303,20 @@ def test_hunyuan_and_apertus_defaults_and_variants():
     assert list(checkpoint_tensors(iter(stored))) == []
     with pytest.raises(UnsupportedModelError, match="xIELU constant"):
         list(checkpoint_tensors(iter([("m.act_fn.beta", torch.tensor(0.7))])))
+
+
+def test_phi_refuses_what_it_does_not_compute():
+    """Phi: qk_layernorm and a tied head (its bias would be dropped) are refused by name; the partial rope
+    defaults to PhiConfig's 0.5."""
+    base = {
+        "model_type": "phi",
+        "vocab_size": 100,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    }
+    assert ModelConfig.from_hf(base).rope_scaling["partial_rotary_factor"] == 0.5
+    for key, value in (("qk_layernorm", True), ("tie_word_embeddings", True), ("hidden_act", "relu")):
+        with pytest.raises(UnsupportedModelError, match=key):
+            ModelConfig.from_hf({**base, key: value})
