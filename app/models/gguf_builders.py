@@ -301,6 +301,25 @@ def _phi2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
+def _stablelm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """StableLM (llama.cpp's StableLMModel, a plain TextModel: q/k not permuted; the rope on rope.dimension_count
+    dims of each head; use_parallel_residual, and per-head q/k norms as attn_q_norm: both refused by
+    family_stablelm)."""
+    head_dim = _head_dim(meta, cfg)
+    return {
+        "model_type": "stablelm",
+        "layer_norm_eps": cfg["rms_norm_eps"],
+        "use_qkv_bias": "blk.0.attn_q.bias" in tensors,
+        "use_parallel_residual": bool(meta.get("use_parallel_residual", True)),
+        "qk_layernorm": "blk.0.attn_q_norm.weight" in tensors,
+        "rope_parameters": {
+            **(stated_rope_scaling(meta) or {"rope_type": "default"}),
+            "rope_theta": cfg["rope_theta"],
+            "partial_rotary_factor": _rotary_fraction(meta, head_dim),
+        },
+    }
+
+
 def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (llama.cpp's Qwen3NextModel and its Qwen3_5 subclasses): the
     linear-attention sizes under ssm.* (state_size: key head dim, group_count: key heads,
@@ -637,4 +656,5 @@ BUILDERS = {
     "command-r": _command_r,
     "starcoder2": _starcoder2,
     "phi2": _phi2,
+    "stablelm": _stablelm,
 }

@@ -28,13 +28,27 @@ _ROPE_KEYS = {
 }
 
 
+# The model types whose transformers code and Lantern's attention both rotate the first part of each head
+_PARTIAL_ROPE_FAMILIES = (
+    "glm4",
+    "glm4_moe",
+    "phi3",
+    "qwen3_next",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "minimax_m2",
+    "bamba",
+    "phi",
+    "stablelm",
+)
+
+
 def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dict[str, Any] | None:
     """The rope scaling both backends implement, normalized; refuses the rest naming the key.
 
     A partial rotary factor (rope on the first int(head_dim * factor) dims of each head) is kept
     in the result as "partial_rotary_factor", where transformers 5 keeps it too (rope_parameters);
-    only the families whose transformers code and Lantern blocks both rotate part of a head take
-    it: GLM-4 (interleaved pairs) and Phi-3 / Phi-4-mini (rotate_half)."""
+    only _PARTIAL_ROPE_FAMILIES take it: GLM-4 (interleaved pairs), the others rotate_half."""
     scaling = dict(cfg.get("rope_scaling") or rope)
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
@@ -51,22 +65,7 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
     if partial is not None:
         heads = cfg.get("num_attention_heads")
         head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads if heads else 0)
-        if (
-            model_type
-            not in (
-                "glm4",
-                "glm4_moe",
-                "phi3",
-                "qwen3_next",
-                "qwen3_5_text",
-                "qwen3_5_moe_text",
-                "minimax_m2",
-                "bamba",
-                "phi",
-            )
-            or not 0 < partial < 1
-            or int(head_dim * partial) % 2
-        ):
+        if model_type not in _PARTIAL_ROPE_FAMILIES or not 0 < partial < 1 or int(head_dim * partial) % 2:
             raise _refuse("partial_rotary_factor", partial, " (rotary embedding on part of each head)")
     plain = None if partial is None else {"rope_type": "default", "partial_rotary_factor": partial}
     if rope_type == "default":

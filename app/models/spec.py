@@ -27,6 +27,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
     # loading: weight_stream.split_fused); partial rotary (Phi-4-mini) and LongRoPE (the 128k variants).
     "phi3": {},
+    # StableLM 2 / 3B / StableCode: Llama's layer under LayerNorms with biases, q/k/v biases, a partial rope
+    "stablelm": {"family": "stablelm", "configure": "family_stablelm", "defaults": "family_stablelm"},
     # Phi-1 / 1.5 / 2: Cohere's parallel block under a LayerNorm with a bias, biased attention with a partial rope,
     # an ungated GELU MLP, a head with a bias
     "phi": {"family": "phi", "configure": "family_phi", "defaults": "family_phi", "names": True},

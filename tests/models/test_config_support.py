@@ -320,3 +320,20 @@ def test_phi_refuses_what_it_does_not_compute():
     for key, value in (("qk_layernorm", True), ("tie_word_embeddings", True), ("hidden_act", "relu")):
         with pytest.raises(UnsupportedModelError, match=key):
             ModelConfig.from_hf({**base, key: value})
+
+
+def test_stablelm_refuses_the_12b_switches_by_name():
+    """StableLM: use_parallel_residual and qk_layernorm (StableLM 2 12B) refused by name; the partial rope
+    defaults to StableLmConfig's 0.25."""
+    base = {
+        "model_type": "stablelm",
+        "vocab_size": 100,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    }
+    assert ModelConfig.from_hf(base).rope_scaling["partial_rotary_factor"] == 0.25
+    for key in ("use_parallel_residual", "qk_layernorm"):
+        with pytest.raises(UnsupportedModelError, match=key):
+            ModelConfig.from_hf({**base, key: True})
