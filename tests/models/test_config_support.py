@@ -332,6 +332,7 @@ def test_stablelm_refuses_the_12b_switches_by_name():
         "intermediate_size": 32,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
+        "num_key_value_heads": 4,
     }
     assert ModelConfig.from_hf(base).rope_scaling["partial_rotary_factor"] == 0.25
     for key in ("use_parallel_residual", "qk_layernorm"):
