@@ -180,7 +180,7 @@ ARCH_GLOBAL: dict[str, dict[str, str]] = {
     },
 }
 # Architectures whose converter stored every RMSNorm weight w as 1 + w (Gemma's norms scale by 1 + w).
-NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
+NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3", "nemotron"}  # (Nemotron's LayerNorm1P: 1 + w too)
 
 
 # ---- gpt-oss: experts in ggml's MXFP4, gate and up apart ----------------------------------------------

@@ -320,6 +320,25 @@ def _stablelm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     }
 
 
+def _nemotron(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron / Minitron (llama.cpp's NemotronModel: q/k not permuted, LayerNorm1P's 1 + w stored and taken
+    back to w by the reader; the rope on rope.dimension_count dims of each head, a linear scaling where stated)."""
+    head_dim = _head_dim(meta, cfg)
+    return {
+        "model_type": "nemotron",
+        "head_dim": head_dim,
+        "norm_eps": cfg["rms_norm_eps"],
+        "hidden_act": "relu2",
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensors,
+        "rope_parameters": {
+            **(stated_rope_scaling(meta) or {"rope_type": "default"}),
+            "rope_theta": cfg["rope_theta"],
+            "partial_rotary_factor": _rotary_fraction(meta, head_dim),
+        },
+    }
+
+
 def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (llama.cpp's Qwen3NextModel and its Qwen3_5 subclasses): the
     linear-attention sizes under ssm.* (state_size: key head dim, group_count: key heads,
@@ -657,4 +676,5 @@ BUILDERS = {
     "starcoder2": _starcoder2,
     "phi2": _phi2,
     "stablelm": _stablelm,
+    "nemotron": _nemotron,
 }

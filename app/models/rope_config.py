@@ -40,6 +40,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "bamba",
     "phi",
     "stablelm",
+    "nemotron",
 )
 
 

@@ -97,6 +97,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "jais2": {"family": "jais2", "configure": "family_jais2", "defaults": "family_jais2"},
     # StarCoder2: Jais 2's layer (LayerNorms and biases) with a GELU (tanh) MLP, a sliding window
     "starcoder2": {"family": "jais2", "configure": "family_starcoder2", "defaults": "family_starcoder2", "names": True},
+    # Nemotron / Minitron: Jais 2's layer under LayerNorm1P (weights + 1 as they load), a partial rope
+    "nemotron": {"family": "jais2", "configure": "family_nemotron", "defaults": "family_nemotron"},
     # Arcee AFM: Llama's layer with Nemotron's ungated relu^2 MLP
     "arcee": {"family": "arcee", "configure": "family_arcee", "defaults": "family_arcee"},
     # CWM (Meta's Code World Model): Llama's layer, sliding and full layers alternating, a llama3 rope by default

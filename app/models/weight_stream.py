@@ -84,6 +84,10 @@ def iter_weights(
         from lantern.app.models.family_ernie import checkpoint_tensors as ernie_tensors
 
         source = ernie_tensors(source, spec.config.moe, spec.config.num_layers)
+    if spec.config.architecture == "nemotron":  # LayerNorm1P's 1 + w as the norms' weights
+        from lantern.app.models.family_nemotron import checkpoint_tensors as nemotron_tensors
+
+        source = nemotron_tensors(source)
     if spec.config.family == "lfm2":  # the convolution's weight from llama.cpp's or mlx_lm's layout
         from lantern.app.models.family_lfm2 import checkpoint_tensors as lfm2_tensors
 

@@ -64,6 +64,7 @@ FILES = {
     # Phi-2: a partial rope from rope.dimension_count, its head's bias, an MLP width only its tensors state
     "phi": ("phi", {"num_key_value_heads": 4, "partial_rotary_factor": 0.5}, "f16", {}),  # (the file states dims)
     "stablelm": ("stablelm", {}, "f32", {}),  # q/k/v biases, a quarter of each head rotating
+    "nemotron": ("nemotron", {}, "f16", {}),  # LayerNorm1P stored as 1 + w, half of each head rotating
     "qwen2_moe": ("qwen2_moe", {}, "f16", {}),
     "qwen3_moe": ("qwen3_moe", {"mlp_only_layers": []}, "f32", {}),  # llama.cpp's qwen3moe: every layer sparse
     "qwen3": ("qwen3", {}, "f16", {}),  # head_dim 32 != hidden / heads: transformers' reader drops it
