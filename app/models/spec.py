@@ -103,6 +103,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "arcee": {"family": "arcee", "configure": "family_arcee", "defaults": "family_arcee"},
     # CWM (Meta's Code World Model): Llama's layer, sliding and full layers alternating, a llama3 rope by default
     "cwm": {"configure": "family_cwm", "own_rope": True, "defaults": "family_cwm"},
+    # EXAONE 3.0 / 3.5 / Deep: Llama under other tensor and key names (family_exaone3)
+    "exaone": {"configure": "family_exaone3", "prepare": True, "defaults": "family_exaone3", "names": True},
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)
     "granite": {"configure": "family_granite"},  # Llama's layer with embedding / residual / logit scalars
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
@@ -263,7 +265,7 @@ def _layer_windows(model_type: str, cfg: dict[str, Any], num_layers: int) -> lis
 
 
 # Families with a configure module whose keys are otherwise Llama's, checked by _check_unimplemented too.
-_LLAMA_CHECKED = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text")
+_LLAMA_CHECKED = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text", "exaone")
 
 
 def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
