@@ -339,6 +339,17 @@ def _nemotron(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     }
 
 
+def _exaone(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """EXAONE 3.0 / 3.5 / Deep (llama.cpp's ExaoneModel, a TextModel: Llama's tensors, q/k not permuted; EXAONE
+    3.5's llama3 rope as rope_freqs, recovered as for Llama 3.1)."""
+    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)) or {"rope_type": "default"}
+    return {
+        "model_type": "exaone",
+        "head_dim": _head_dim(meta, cfg),
+        "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},
+    }
+
+
 def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (llama.cpp's Qwen3NextModel and its Qwen3_5 subclasses): the
     linear-attention sizes under ssm.* (state_size: key head dim, group_count: key heads,
@@ -677,4 +688,5 @@ BUILDERS = {
     "phi2": _phi2,
     "stablelm": _stablelm,
     "nemotron": _nemotron,
+    "exaone": _exaone,
 }

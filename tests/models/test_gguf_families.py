@@ -32,6 +32,14 @@ from tests.fixtures.teacher_forcing import teacher_forced_logits
 from tests.fixtures.tiny_models import CHATML, build_model
 from tests.models.quant_logits import logits_error, reference_folder, tolerance, torch_cpu_vnni
 
+EXAONE_35_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 1e6,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 # kind -> (tiny variant, config overrides, --outtype, converter options)
 FILES = {
     # query_pre_attn_scalar = head_dim: GGUF has no key for it (llama.cpp derives it); tied: the
@@ -65,6 +73,8 @@ FILES = {
     "phi": ("phi", {"num_key_value_heads": 4, "partial_rotary_factor": 0.5}, "f16", {}),  # (the file states dims)
     "stablelm": ("stablelm", {}, "f32", {}),  # q/k/v biases, a quarter of each head rotating
     "nemotron": ("nemotron", {}, "f16", {}),  # LayerNorm1P stored as 1 + w, half of each head rotating
+    # EXAONE 3.5: Llama's tensors unpermuted, its llama3 rope (its own numbers) as rope_freqs
+    "exaone": ("exaone", {"rope_parameters": EXAONE_35_ROPE, "head_dim": 128}, "f16", {}),
     "qwen2_moe": ("qwen2_moe", {}, "f16", {}),
     "qwen3_moe": ("qwen3_moe", {"mlp_only_layers": []}, "f32", {}),  # llama.cpp's qwen3moe: every layer sparse
     "qwen3": ("qwen3", {}, "f16", {}),  # head_dim 32 != hidden / heads: transformers' reader drops it
