@@ -16,7 +16,15 @@ from lantern.app.models.errors import UnsupportedModelError, check_silu
 from lantern.app.models.errors import refuse as _refuse
 
 # BambaConfig's defaults for the keys ModelConfig.from_hf requires (its released config states them all).
-DEFAULTS = {"vocab_size": 128000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32}
+DEFAULTS = {
+    "vocab_size": 128000,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5,
+}
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:

@@ -29,8 +29,13 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise _refuse("attention_bias", cfg["attention_bias"], f" for {model_type} (biases on q/k/v and o_proj)")
     if cfg.get("rotary_pct", 1.0) not in (None, 1, 1.0):  # transformers ignores it, llama.cpp honours it
         raise _refuse("rotary_pct", cfg["rotary_pct"], " (a partial rope: transformers and llama.cpp disagree)")
-    if model_type == "cohere":
-        return {**_common(cfg, fields), "qk_norm": bool(cfg.get("use_qk_norm", False))}
+    if model_type == "cohere":  # (trained on 128k positions, model_max_length says; max_position_embeddings 8192)
+        context = int(cfg.get("model_max_length") or cfg.get("max_position_embeddings", 8192))
+        return {
+            **_common(cfg, fields),
+            "qk_norm": bool(cfg.get("use_qk_norm", False)),
+            "max_position_embeddings": context,
+        }
     num_layers = fields["num_layers"]
     types = cfg.get("layer_types")
     if types is None:

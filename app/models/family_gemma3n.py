@@ -17,7 +17,7 @@ rope over the whole head) and every layer has one shape. What it adds (transform
 - Activation sparsity: in the layers whose activation_sparsity_pattern is > 0, the MLP's gate keeps what
   lies above mean + std * Phi^-1(sparsity) of its row (relu of the difference) before the GELU.
 - The per-layer embedding's term (gated by the corrected active stream, times correct_output_scale) is added
-  to the other streams, not the active one.
+  to streams 1.. (transformers' corrected_predictions[1:], whatever altup_active_idx is).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     streams, active = int(cfg.get("altup_num_inputs", 4)), int(cfg.get("altup_active_idx", 0))
     if streams < 1 or not 0 <= active < streams:
         raise _refuse("altup_active_idx", active, f" (altup_num_inputs={streams})")
-    sources = kv_sources_of(types, int(cfg.get("num_kv_shared_layers", 0) or 0))
+    sources = kv_sources_of(types, int(cfg.get("num_kv_shared_layers", 15) or 0))  # (Gemma3nTextConfig's 15)
     local_theta, full_theta = _rope_thetas(cfg)
     head_dim, kv_heads = fields["head_dim"], fields["num_kv_heads"]
     layers = Gemma4Layers(

@@ -1,5 +1,5 @@
-"""Nemotron (NVIDIA's Nemotron-3 8B, Nemotron-Mini-4B, Minitron-4B / 8B, Mistral-NeMo-Minitron-8B: model_type
-nemotron), as transformers' NemotronConfig reads its config.json (defaults included), turned into ModelConfig
+"""Nemotron (NVIDIA's Nemotron-3 8B, Nemotron-Mini-4B, Minitron-4B / 8B: model_type nemotron), as transformers'
+NemotronConfig reads its config.json (defaults included), turned into ModelConfig
 fields for the Jais 2 model files (backends/*/models/jais2.py: the same layer).
 
 The maths (transformers' modeling_nemotron): Llama's decoder layer under LayerNorm1P (a LayerNorm with a bias
@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lantern.app.models.errors import refuse
+from lantern.app.models.rope_config import with_default_partial
 from lantern.app.models.spec import UnsupportedModelError
 
 # NemotronConfig's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
@@ -36,8 +37,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     act = cfg.get("hidden_act", "relu2")
     if act != "relu2":
         raise refuse("hidden_act", act, "; Nemotron's ungated MLP is computed with relu2")
-    rope = dict(fields["rope_scaling"] or {"rope_type": "default"})
-    rope.setdefault("partial_rotary_factor", 0.5)  # NemotronConfig: "assign default for BC"
+    rope = with_default_partial(cfg, fields["rope_scaling"], 0.5)  # (NemotronConfig's default)
     return {
         "hidden_act": "relu2",
         "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)),  # (its LayerNorms' eps)

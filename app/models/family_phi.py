@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from lantern.app.models.errors import refuse
+from lantern.app.models.rope_config import with_default_partial
 from lantern.app.models.spec import UnsupportedModelError
 
 # PhiConfig's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
@@ -39,8 +40,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise refuse("qk_layernorm", cfg["qk_layernorm"], " (LayerNorms over each head of q and k)")
     if cfg.get("tie_word_embeddings"):  # (the head's bias would have to be added to the embedding's logits)
         raise refuse("tie_word_embeddings", True, " for phi (a tied head with its bias)")
-    rope = dict(fields["rope_scaling"] or {"rope_type": "default"})
-    rope.setdefault("partial_rotary_factor", 0.5)  # PhiConfig: "assign default for BC"
+    rope = with_default_partial(cfg, fields["rope_scaling"], 0.5)  # (PhiConfig's default)
     return {
         "hidden_act": "gelu_tanh",
         "rms_norm_eps": float(cfg.get("layer_norm_eps", 1e-5)),  # (its LayerNorms' eps)

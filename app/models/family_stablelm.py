@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from lantern.app.models.errors import check_silu, refuse
+from lantern.app.models.rope_config import with_default_partial
 from lantern.app.models.spec import UnsupportedModelError
 
 # StableLmConfig's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
@@ -34,8 +35,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     for key, what in (("use_parallel_residual", "attention and MLP side by side"), ("qk_layernorm", "per-head norms")):
         if cfg.get(key):
             raise refuse(key, cfg[key], f" ({what}: StableLM 2 12B)")
-    rope = dict(fields["rope_scaling"] or {"rope_type": "default"})
-    rope.setdefault("partial_rotary_factor", 0.25)  # StableLmConfig: "assign default for BC"
+    rope = with_default_partial(cfg, fields["rope_scaling"], 0.25)  # (StableLmConfig's default)
     return {
         "rms_norm_eps": float(cfg.get("layer_norm_eps", 1e-5)),  # (its LayerNorms' eps)
         "attention_bias": bool(cfg.get("use_qkv_bias", False)),

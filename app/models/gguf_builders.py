@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from lantern.app.models.gguf_config import _head_dim, _layer_types, _Meta, _rotary_fraction
+from lantern.app.models.gguf_dense_builders import DENSE_BUILDERS
 from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS, granite_scalars
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
@@ -253,103 +254,6 @@ def _cohere2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     }
 
 
-def _command_r(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Command R / R+ / Aya 23 / Aya Expanse (llama.cpp's CommandR2Model: q/k not permuted, its rope on pairs
-    on every layer; R+'s per-head q/k LayerNorms as attn_q_norm / attn_k_norm [heads, head_dim])."""
-    return {
-        "model_type": "cohere",
-        "head_dim": _head_dim(meta, cfg),
-        "layer_norm_eps": cfg["rms_norm_eps"],
-        "logit_scale": float(meta.get("logit_scale") or 1.0),
-        "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
-        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_cohere
-        "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
-    }
-
-
-def _starcoder2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """StarCoder2 (llama.cpp's StarCoder2Model, a plain TextModel: q/k not permuted, the LayerNorms' eps as
-    attention.layer_norm_epsilon, biases as their tensors; llama.cpp's graph has no sliding window, so none)."""
-    return {
-        "model_type": "starcoder2",
-        "head_dim": _head_dim(meta, cfg),
-        "norm_epsilon": cfg["rms_norm_eps"],
-        "use_bias": "blk.0.attn_q.bias" in tensors,
-        "sliding_window": None,
-        "hidden_act": "gelu_pytorch_tanh",
-        "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
-    }
-
-
-def _phi2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Phi-1 / 1.5 / 2 (llama.cpp's Phi2Model, a plain TextModel: q/k not permuted; it states feed_forward_length
-    as 4 x hidden whatever the model's, so the MLP's width is its tensor's; the rope on rope.dimension_count
-    dims of each head)."""
-    head_dim = _head_dim(meta, cfg)
-    up = tensors.get("blk.0.ffn_up.weight")
-    return {
-        "model_type": "phi",
-        "intermediate_size": int(up.shape[1]) if up is not None else cfg["intermediate_size"],
-        "layer_norm_eps": cfg["rms_norm_eps"],
-        "hidden_act": "gelu_new",
-        "tie_word_embeddings": cfg["tie_word_embeddings"],  # (refused by family_phi: its head has a bias)
-        "rope_parameters": {
-            **(stated_rope_scaling(meta) or {"rope_type": "default"}),
-            "rope_theta": cfg["rope_theta"],
-            "partial_rotary_factor": _rotary_fraction(meta, head_dim),
-        },
-    }
-
-
-def _stablelm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """StableLM (llama.cpp's StableLMModel, a plain TextModel: q/k not permuted; the rope on rope.dimension_count
-    dims of each head; use_parallel_residual, and per-head q/k norms as attn_q_norm: both refused by
-    family_stablelm)."""
-    head_dim = _head_dim(meta, cfg)
-    return {
-        "model_type": "stablelm",
-        "layer_norm_eps": cfg["rms_norm_eps"],
-        "use_qkv_bias": "blk.0.attn_q.bias" in tensors,
-        "use_parallel_residual": bool(meta.get("use_parallel_residual", True)),
-        "qk_layernorm": "blk.0.attn_q_norm.weight" in tensors,
-        "rope_parameters": {
-            **(stated_rope_scaling(meta) or {"rope_type": "default"}),
-            "rope_theta": cfg["rope_theta"],
-            "partial_rotary_factor": _rotary_fraction(meta, head_dim),
-        },
-    }
-
-
-def _nemotron(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Nemotron / Minitron (llama.cpp's NemotronModel: q/k not permuted, LayerNorm1P's 1 + w stored and taken
-    back to w by the reader; the rope on rope.dimension_count dims of each head, a linear scaling where stated)."""
-    head_dim = _head_dim(meta, cfg)
-    return {
-        "model_type": "nemotron",
-        "head_dim": head_dim,
-        "norm_eps": cfg["rms_norm_eps"],
-        "hidden_act": "relu2",
-        "attention_bias": "blk.0.attn_q.bias" in tensors,
-        "mlp_bias": "blk.0.ffn_up.bias" in tensors,
-        "rope_parameters": {
-            **(stated_rope_scaling(meta) or {"rope_type": "default"}),
-            "rope_theta": cfg["rope_theta"],
-            "partial_rotary_factor": _rotary_fraction(meta, head_dim),
-        },
-    }
-
-
-def _exaone(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """EXAONE 3.0 / 3.5 / Deep (llama.cpp's ExaoneModel, a TextModel: Llama's tensors, q/k not permuted; EXAONE
-    3.5's llama3 rope as rope_freqs, recovered as for Llama 3.1)."""
-    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)) or {"rope_type": "default"}
-    return {
-        "model_type": "exaone",
-        "head_dim": _head_dim(meta, cfg),
-        "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},
-    }
-
-
 def _qwen3next(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (llama.cpp's Qwen3NextModel and its Qwen3_5 subclasses): the
     linear-attention sizes under ssm.* (state_size: key head dim, group_count: key heads,
@@ -494,47 +398,6 @@ def _gemma4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     return out
 
 
-def _gemma3n(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3n (llama.cpp's Gemma3NModel: no q/k permutation, norms as stored, the embedding tables padded
-    with zero rows to vocab_size, which the per-layer table's vocabulary then is, as llama.cpp reads it). Its
-    sliding pattern (else llama.cpp's default: every fifth layer full), per-layer MLP widths, shared-KV layers
-    and the sparse gate's cutoffs (activation_sparsity_scale: Phi^-1 of each layer's sparsity, -inf where dense)
-    come from the metadata; LAuReL's rank from its tensor."""
-    layers = cfg["num_hidden_layers"]
-    pattern = meta.get("attention.sliding_window_pattern")
-    if isinstance(pattern, (list, tuple)):
-        sliding = [bool(x) for x in pattern][:layers]
-    else:
-        sliding = [(i + 1) % 5 != 0 for i in range(layers)]
-    widths = meta.get("feed_forward_length")
-    out: dict[str, Any] = {
-        "model_type": "gemma3n_text",
-        "head_dim": _head_dim(meta, cfg),
-        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-        "intermediate_size": [int(w) for w in widths]
-        if isinstance(widths, (list, tuple))
-        else cfg["intermediate_size"],
-        "sliding_window": int(meta.get("attention.sliding_window") or 512),
-        "num_kv_shared_layers": int(meta.get("attention.shared_kv_layers") or 0),
-        "hidden_size_per_layer_input": int(meta.need("embedding_length_per_layer_input")),
-        "vocab_size_per_layer_input": int(tensors["per_layer_token_embd.weight"].shape[1]),
-        "altup_num_inputs": int(meta.get("altup.num_inputs") or 4),
-        "altup_active_idx": int(meta.get("altup.active_idx") or 0),
-        "laurel_rank": int(tensors["blk.0.laurel_l.weight"].shape[1]),
-        "final_logit_softcapping": meta.get("final_logit_softcapping"),
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base_swa", 10000.0))},
-            "full_attention": {"rope_type": "default", "rope_theta": cfg["rope_theta"]},
-        },
-        "hidden_activation": "gelu_pytorch_tanh",
-        "tie_word_embeddings": cfg["tie_word_embeddings"],
-    }
-    scales = meta.get("activation_sparsity_scale")
-    if isinstance(scales, (list, tuple)):  # (a file without them: Gemma3nTextConfig's default pattern)
-        out["activation_sparsity_scale"] = [float(s) for s in scales]  # read by family_gemma3n as they are
-    return out
-
-
 def _qwen3vl(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Qwen3-VL's language model (llama.cpp's Qwen3VLTextModel / Qwen3VLMoeTextModel: Qwen3's tensors
     unpermuted and keys, plus n_deepstack_layers and the rope's dimension_sections, which are Qwen3's rope
@@ -654,7 +517,6 @@ def _turning_fraction(meta: _Meta, tensors: dict[str, Any], head_dim: int) -> fl
 
 BUILDERS = {
     "gemma4": _gemma4,
-    "gemma3n": _gemma3n,
     "lfm2": _lfm2,
     "lfm2moe": _lfm2,
     "qwen3next": _qwen3next,
@@ -677,16 +539,11 @@ BUILDERS = {
     "granite": _granite,
     "granitemoe": _granite,
     **MAMBA_BUILDERS,
+    **DENSE_BUILDERS,
     "olmo2": _olmo2,
     "olmoe": _olmoe,
     "ernie4_5": _ernie,
     "ernie4_5-moe": _ernie,
     "exaone4": _exaone4,
     "cohere2": _cohere2,
-    "command-r": _command_r,
-    "starcoder2": _starcoder2,
-    "phi2": _phi2,
-    "stablelm": _stablelm,
-    "nemotron": _nemotron,
-    "exaone": _exaone,
 }

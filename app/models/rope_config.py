@@ -44,6 +44,16 @@ _PARTIAL_ROPE_FAMILIES = (
 )
 
 
+def with_default_partial(cfg: dict[str, Any], scaling: dict[str, Any] | None, default: float) -> dict[str, Any] | None:
+    """`scaling` (rope_scaling's result) with a config class's default partial_rotary_factor where config.json
+    states none (PhiConfig / StableLmConfig / NemotronConfig: "assign default for BC"); a stated factor, 1.0
+    included (rope_scaling drops a 1.0: the whole head turns), is kept."""
+    stated = cfg.get("partial_rotary_factor", (cfg.get("rope_parameters") or {}).get("partial_rotary_factor"))
+    if stated is not None:
+        return scaling
+    return {**(scaling or {"rope_type": "default"}), "partial_rotary_factor": default}
+
+
 def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dict[str, Any] | None:
     """The rope scaling both backends implement, normalized; refuses the rest naming the key.
 

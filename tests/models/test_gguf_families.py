@@ -26,6 +26,7 @@ from lantern.app.models.gguf_names import iter_gguf_weights
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.quant.affine import quantize_affine
 from lantern.app.models.spec import ARCHITECTURES, ModelConfig
+from lantern.app.models.weight_stream import FUSED_GGUF, split_fused
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.gguf_families import convert_to_gguf
 from tests.fixtures.teacher_forcing import teacher_forced_logits
@@ -71,6 +72,9 @@ FILES = {
     "starcoder2": ("starcoder2", {"sliding_window": None}, "f16", {}),
     # Phi-2: a partial rope from rope.dimension_count, its head's bias, an MLP width only its tensors state
     "phi": ("phi", {"num_key_value_heads": 4, "partial_rotary_factor": 0.5}, "f16", {}),  # (the file states dims)
+    # Phi-2 as its older checkpoints convert (and any --fuse-qkv file): q, k, v and their biases in attn_qkv
+    "phi_fused": ("phi", {"num_key_value_heads": 4, "partial_rotary_factor": 0.5}, "f16", {"fuse_qkv": True}),
+    "stablelm_fused": ("stablelm", {}, "f16", {"fuse_qkv": True}),
     "stablelm": ("stablelm", {}, "f32", {}),  # q/k/v biases, a quarter of each head rotating
     "nemotron": ("nemotron", {}, "f16", {}),  # LayerNorm1P stored as 1 + w, half of each head rotating
     # EXAONE 3.5: Llama's tensors unpermuted, its llama3 rope (its own numbers) as rope_freqs
@@ -117,6 +121,8 @@ def test_config_from_metadata_is_the_checkpoints(gguf_file, kind):
     # the converter's 1, DeepSeek's halves joined, no prediction layer past the stack).
     reference = load_file(str(ref / "model.safetensors"))
     streamed = dict(iter_gguf_weights(str(path), expected.num_heads, expected.num_kv_heads))
+    if expected.architecture in FUSED_GGUF:  # (a file's attn_qkv as the checkpoint's q, k and v)
+        streamed = dict(split_fused(iter(streamed.items()), loaded.spec))
     traits = ARCHITECTURES[expected.architecture]
     if traits.get("names"):  # both in the model files' terms (StarCoder2's c_fc is the stream's up_proj)
         rename = importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
