@@ -317,6 +317,7 @@ def test_phi_refuses_what_it_does_not_compute():
         "num_attention_heads": 4,
     }
     assert ModelConfig.from_hf(base).rope_scaling["partial_rotary_factor"] == 0.5
+    assert ModelConfig.from_hf({**base, "partial_rotary_factor": 1.0}).rope_scaling is None  # stated: whole heads
     for key, value in (("qk_layernorm", True), ("tie_word_embeddings", True), ("hidden_act", "relu")):
         with pytest.raises(UnsupportedModelError, match=key):
             ModelConfig.from_hf({**base, key: value})
