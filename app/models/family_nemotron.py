@@ -49,20 +49,10 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
     """LayerNorm1P's scale, 1 + weight, as the LayerNorms' weights (added in float32: one rounding, as a
-    float32 model computes it)."""
+    float32 model computes it; a numpy array, as the GGUF reader yields, whatever the framework)."""
+    from lantern.app.models.quant.affine import float32_array
+
     for name, value in source:
         if name.endswith("norm.weight"):
-            value = _as_float32(value) + 1.0
+            value = float32_array(value) + 1.0
         yield name, value
-
-
-def _as_float32(value: Any) -> Any:
-    if type(value).__module__.startswith("torch"):
-        return value.float()
-    if type(value).__module__.startswith("mlx"):
-        import mlx.core as mx
-
-        return value.astype(mx.float32)
-    import numpy as np
-
-    return np.asarray(value, dtype=np.float32)

@@ -146,7 +146,7 @@ ARCH_LAYER["gemma4"] = {
 }
 # Plain TextModel converters whose --fuse-qkv (and Phi-2's older checkpoints) give attn_qkv: split by
 # weight_stream.split_fused (their q/k rows are not permuted, so the split is the checkpoint's rows).
-for _arch in ("gemma", "phi2", "stablelm", "starcoder2", "command-r", "nemotron", "exaone"):
+for _arch in ("gemma", "phi2", "stablelm", "starcoder2", "command-r", "nemotron", "exaone", "jais2"):
     ARCH_LAYER[_arch] = {**ARCH_LAYER.get(_arch, {}), "attn_qkv": "self_attn.qkv_proj"}
 # Gemma 3n: Gemma 4's names for the sandwich norms and per-layer embeddings, AltUp's and LAuReL's tensors.
 ARCH_LAYER["gemma3n"] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from lantern.app.models.gguf_config import _head_dim, _layer_types, _Meta, _rotary_fraction
-from lantern.app.models.gguf_dense_builders import DENSE_BUILDERS
+from lantern.app.models.gguf_dense_builders import DENSE_BUILDERS, qkv_bias
 from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS, granite_scalars
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
@@ -493,7 +493,7 @@ def _jais2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
         "head_dim": _head_dim(meta, cfg),
         "hidden_act": "relu2",
         "layer_norm_eps": cfg["rms_norm_eps"],  # (_common's: the LayerNorm eps where no RMS eps is stated)
-        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "attention_bias": qkv_bias(tensors),
         "mlp_bias": "blk.0.ffn_up.bias" in tensors,
         "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
     }

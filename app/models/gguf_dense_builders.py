@@ -10,7 +10,7 @@ from lantern.app.models.gguf_config import _head_dim, _Meta, _rotary_fraction
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
 
 
-def _qkv_bias(tensors: dict[str, Any]) -> bool:
+def qkv_bias(tensors: dict[str, Any]) -> bool:
     """Whether the file's q/k/v projections have biases (apart, or in a --fuse-qkv attn_qkv)."""
     return "blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors
 
@@ -24,7 +24,7 @@ def _command_r(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
         "layer_norm_eps": cfg["rms_norm_eps"],
         "logit_scale": float(meta.get("logit_scale") or 1.0),
         "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
-        "attention_bias": _qkv_bias(tensors),  # refused by family_cohere
+        "attention_bias": qkv_bias(tensors),  # refused by family_cohere
         "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
     }
 
@@ -36,7 +36,7 @@ def _starcoder2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
         "model_type": "starcoder2",
         "head_dim": _head_dim(meta, cfg),
         "norm_epsilon": cfg["rms_norm_eps"],
-        "use_bias": _qkv_bias(tensors),
+        "use_bias": qkv_bias(tensors),
         "sliding_window": None,
         "hidden_act": "gelu_pytorch_tanh",
         "rope_parameters": {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]},
@@ -71,7 +71,7 @@ def _stablelm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     return {
         "model_type": "stablelm",
         "layer_norm_eps": cfg["rms_norm_eps"],
-        "use_qkv_bias": _qkv_bias(tensors),
+        "use_qkv_bias": qkv_bias(tensors),
         # llama.cpp's graph runs a layer in parallel where it has no ffn_norm (the key is True whenever the
         # converter's config.json left it out, StableLM 2 1.6B's included)
         "use_parallel_residual": "blk.0.ffn_norm.weight" not in tensors,
@@ -93,7 +93,7 @@ def _nemotron(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
         "head_dim": head_dim,
         "norm_eps": cfg["rms_norm_eps"],
         "hidden_act": "relu2",
-        "attention_bias": _qkv_bias(tensors),
+        "attention_bias": qkv_bias(tensors),
         "mlp_bias": "blk.0.ffn_up.bias" in tensors,
         "rope_parameters": {
             **(stated_rope_scaling(meta) or {"rope_type": "default"}),

@@ -113,8 +113,8 @@ def iter_weights(
         source = (family_mamba2.gguf_tensors if spec.weight_format == "gguf" else family_mamba2.checkpoint_tensors)(
             source
         )
-    gguf_fused = spec.weight_format == "gguf" and spec.config.architecture in FUSED_GGUF
-    if spec.config.architecture in FUSED_CHECKPOINTS or gguf_fused:
+    # (a GGUF's qkv_proj / gate_up_proj: the converters' fused tensors, gguf_arch naming which archs have them)
+    if spec.config.architecture in FUSED_CHECKPOINTS or spec.weight_format == "gguf":
         source = split_fused(source, spec)
     if spec.config.architecture == "gpt_oss":  # stacked (and MXFP4) experts in the model files' layout
         from lantern.app.models.family_gptoss import checkpoint_tensors
@@ -158,8 +158,6 @@ _TRIM: Any = None
 # q/k/v in one qkv_proj and/or gate/up in one gate_up_proj (GLM-4 fuses only gate/up; Granite 4.0-H its
 # shared_mlp's, named so by family_granite.hybrid_name)
 FUSED_CHECKPOINTS = {"phi3", "glm4", "granitemoehybrid"}
-# Families whose GGUFs may hold attn_qkv (gguf_arch names it qkv_proj for their plain TextModel converters)
-FUSED_GGUF = {"gemma", "phi", "stablelm", "starcoder2", "cohere", "nemotron", "exaone"}
 
 
 def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[tuple[str, Any]]:

@@ -64,7 +64,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("whole-projection q/k norm (OLMo)", True if whole_qk_norms else None),
         ("linear-attention (gated DeltaNet)", cfg.linear_attn),
         ("short-convolution (LFM2)", cfg.short_conv),
-        ("Mamba-2 mixer (Granite 4.0-H, Nemotron-H, Falcon-H1)", cfg.mamba),
+        ("Mamba-2 mixer (Granite 4.0-H, Bamba, Nemotron-H, Falcon-H1)", cfg.mamba),
         ("per-layer KV pool (Gemma 4, Gemma 3n)", cfg.kv_shapes),
         ("per-head q/k LayerNorm (Command R+)", True if cfg.family == "cohere" and cfg.qk_norm else None),
     )

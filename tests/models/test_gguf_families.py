@@ -26,7 +26,7 @@ from lantern.app.models.gguf_names import iter_gguf_weights
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.quant.affine import quantize_affine
 from lantern.app.models.spec import ARCHITECTURES, ModelConfig
-from lantern.app.models.weight_stream import FUSED_GGUF, split_fused
+from lantern.app.models.weight_stream import FUSED_CHECKPOINTS, split_fused
 from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.gguf_families import convert_to_gguf
 from tests.fixtures.teacher_forcing import teacher_forced_logits
@@ -121,7 +121,7 @@ def test_config_from_metadata_is_the_checkpoints(gguf_file, kind):
     # the converter's 1, DeepSeek's halves joined, no prediction layer past the stack).
     reference = load_file(str(ref / "model.safetensors"))
     streamed = dict(iter_gguf_weights(str(path), expected.num_heads, expected.num_kv_heads))
-    if expected.architecture in FUSED_GGUF:  # (a file's attn_qkv as the checkpoint's q, k and v)
+    if expected.architecture not in FUSED_CHECKPOINTS:  # (a --fuse-qkv file's attn_qkv as the checkpoint's q, k, v)
         streamed = dict(split_fused(iter(streamed.items()), loaded.spec))
     traits = ARCHITECTURES[expected.architecture]
     if traits.get("names"):  # both in the model files' terms (StarCoder2's c_fc is the stream's up_proj)
