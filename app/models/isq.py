@@ -42,6 +42,7 @@ from lantern.app.models.quant.mlx_packed import MlxPacked
 
 logger = logging.getLogger(__name__)
 MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whole (module docstring)
+_NOT_MATRICES = ("norm.weight", "model.embed_positions.weight")  # 2-D, read by row, not multiplied
 _TABLES = ("model.embed_tokens.weight", "lm_head.weight")  # kept float by fp8 (module docstring)
 
 ISQ_SCHEMES = ("q4", "q8", "fp8")
@@ -179,8 +180,8 @@ def quantize_stream(
                 done += matrices
                 bar.update(matrices)
                 continue
-            if not name.endswith(".weight") or len(value.shape) != 2 or name.endswith("norm.weight"):
-                yield name, value  # (Command R+'s q/k norms have a weight row per head: not a matrix)
+            if not name.endswith(".weight") or len(value.shape) != 2 or name.endswith(_NOT_MATRICES):
+                yield name, value  # (Command R+'s q/k norms have a weight row per head; GPT-2's position table)
                 continue
             if is_router(moe_name(name)):
                 routers += 1

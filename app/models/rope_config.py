@@ -41,6 +41,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "phi",
     "stablelm",
     "nemotron",
+    "gpt_neox",
 )
 
 

@@ -40,6 +40,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Other families: "family" names the model file both backends build (backends/*/models/),
     # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys; "names": that
     # module's checkpoint_name(name) gives the model files' name of a checkpoint's tensor (weight_stream).
+    # GPT-2 / StarCoder (GPT-BigCode) / OPT: Jais 2's layer, a learned position table, no rope; "tensors": the
+    # configure module renames the checkpoint's tensors and changes their layout (checkpoint_name / _tensors)
+    "gpt2": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
+    "gpt_bigcode": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
+    "opt": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
+    # GPT-NeoX (Pythia) / Falcon: Phi's parallel block, the MLP under its own LayerNorm where the config says;
+    # GPT-NeoX's sequential layers (use_parallel_residual false) in Jais 2's files (family_gptneox.configure)
+    "gpt_neox": {"family": "phi", "configure": "family_gptneox", "prepare": True, "tensors": True},
+    "falcon": {"family": "phi", "configure": "family_gptneox", "prepare": True, "tensors": True},
     # Gemma (1) / CodeGemma: no sandwich norms, no caps; its pre-MLP norm under Llama's name (checkpoint_name)
     "gemma": {"family": "gemma", "configure": "family_gemma", "names": True},
     "gemma2": {"family": "gemma", "configure": "family_gemma"},
@@ -308,7 +317,9 @@ class ModelConfig:
     quantization: QuantScheme | None = None  # how a quantized HF folder stores its linears (hf_formats.py)
     dual_chunk_size: int | None = None  # Qwen's dual chunk attention: full attention up to this length
     family: str = "llama"  # the model file both backends build: backends/*/models/<family>.py
-    hidden_act: str = "silu"  # of the gated MLP: "silu" or "gelu_tanh"; "relu2": an ungated relu^2 MLP (Arcee)
+    # of the gated MLP: "silu" or "gelu_tanh"; "relu2": an ungated relu^2 MLP (Arcee); the ungated MLPs (Jais 2's,
+    # Phi's) also "gelu" (erf) and "relu"
+    hidden_act: str = "silu"
     # Per layer: the keys a query attends to (itself included), None for full attention; the
     # whole list is None when no layer slides.
     layer_windows: list[int | None] | None = None
@@ -333,6 +344,10 @@ class ModelConfig:
     falcon_h1: Any = None  # family_falcon_h1.FalconH1Scalars: Falcon-H1's per-layer multipliers
     lm_head_bias: bool = False  # PhiMoE: the head has a bias
     mlp_bias: bool = False  # Jais 2: its (ungated) MLP's projections have biases
+    # GPT-2 / OPT / StarCoder: a learned table of max_position_embeddings rows added to the token embedding
+    # (model.embed_positions; such models have no rope: rope_layers all False)
+    learned_positions: bool = False
+    mlp_norm: bool = False  # the parallel block's MLP reads a LayerNorm of its own (GPT-NeoX, Falcon 40B)
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     gemma3n: Any = None  # family_gemma3n.Gemma3nBlocks: Gemma 3n's AltUp streams, LAuReL, activation sparsity

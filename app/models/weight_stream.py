@@ -67,6 +67,9 @@ def iter_weights(
 
             source = join_mla_heads(source, spec.config.mla, spec.config.num_heads)
     traits = ARCHITECTURES[spec.config.architecture]
+    if traits.get("tensors"):  # the family's own layout changes (its configure module's checkpoint_tensors)
+        module = importlib.import_module(f"lantern.app.models.{traits['configure']}")
+        source = module.checkpoint_tensors(source, spec)
     if traits.get("names"):  # its checkpoint's names as the model files' (folders and GGUF alike)
         rename = importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
         source = ((rename(name), value) for name, value in source)
@@ -157,7 +160,7 @@ _TRIM: Any = None
 
 # q/k/v in one qkv_proj and/or gate/up in one gate_up_proj (GLM-4 fuses only gate/up; Granite 4.0-H its
 # shared_mlp's, named so by family_granite.hybrid_name)
-FUSED_CHECKPOINTS = {"phi3", "glm4", "granitemoehybrid"}
+FUSED_CHECKPOINTS = {"phi3", "glm4", "granitemoehybrid", "gpt2", "gpt_bigcode", "gpt_neox", "falcon"}
 
 
 def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[tuple[str, Any]]:
@@ -210,6 +213,9 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     """For a vision-language folder: its language model's tensor names (None: a vision tensor);
     for a BERT encoder: the encoder files' names (None: a tensor not loaded); else backbone names
     with their "model." prefix."""
+    traits = ARCHITECTURES[spec.config.architecture]
+    if traits.get("tensors"):  # its checkpoint_name renames and skips (None) the family's tensors
+        return importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
     base: Callable[[str], str | None] = _backbone_name
     if spec.config.multimodal_wrapper in ("qwen2_vl", "qwen2_5_vl"):  # also the released layout: model.layers.*
         from lantern.app.models.family_qwen2_vl import text_weight_name as qwen2_vl_name

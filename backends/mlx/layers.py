@@ -15,7 +15,8 @@ from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attention
 from lantern.backends.mlx.rope import build_rope
 
-ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": nn.gelu_approx, "relu2": nn.relu2}
+# (gelu: the exact erf GELU of GPT-NeoX and Falcon; relu: OPT's)
+ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": nn.gelu_approx, "relu2": nn.relu2, "gelu": nn.gelu, "relu": nn.relu}
 
 
 def rotary_dim(cfg: ModelConfig) -> int:

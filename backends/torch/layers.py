@@ -24,6 +24,8 @@ ACTIVATIONS = {
     "silu": F.silu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu2": lambda x: F.relu(x).square(),  # Nemotron's
+    "gelu": F.gelu,  # the exact (erf) GELU: GPT-NeoX, Falcon
+    "relu": F.relu,  # OPT
 }
 
 

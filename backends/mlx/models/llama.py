@@ -37,6 +37,8 @@ class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_cls: type[nn.Module] = DecoderLayer, norm_cls: type = nn.RMSNorm):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if cfg.learned_positions:  # GPT-2's absolute position table (read at each token's position)
+            self.embed_positions = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.layers = [layer_cls(cfg, i) for i in range(cfg.num_layers)]
         self.norm = norm_cls(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
@@ -63,6 +65,8 @@ class CausalLM(nn.Module):
             h = h * mx.array(self.cfg.hidden_size**0.5, dtype=h.dtype)
         if self.cfg.embed_multiplier != 1.0:  # Granite: a Python float times the embedding, as transformers
             h = h * self.cfg.embed_multiplier
+        if self.cfg.learned_positions:
+            h = h + self.model.embed_positions(meta.positions)
         extras = self.layer_extras(meta)
         for layer in self.model.layers:
             h = layer(h, meta, *extras)

@@ -58,6 +58,9 @@ class Backbone(nn.Module):
         super().__init__()
         # An explicit (meta) weight skips the random init, which imports torch._dynamo (~3 s).
         self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size, _weight=torch.empty(vocab_rows, cfg.hidden_size))
+        if cfg.learned_positions:  # GPT-2's absolute position table (read at each token's position)
+            rows = cfg.max_position_embeddings
+            self.embed_positions = nn.Embedding(rows, cfg.hidden_size, _weight=torch.empty(rows, cfg.hidden_size))
         self.layers = nn.ModuleList([layer_cls(cfg, i, tp) for i in range(cfg.num_layers)])
         self.norm = norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -98,6 +101,8 @@ class CausalLM(nn.Module):
             h = h * rounded(self.cfg.hidden_size**0.5, h.dtype)
         if self.cfg.embed_multiplier != 1.0:  # Granite: a Python float times the embedding, as transformers
             h = h * self.cfg.embed_multiplier
+        if self.cfg.learned_positions:
+            h = h + F.embedding(meta.positions, self.model.embed_positions.weight)
         extras = self.layer_extras(meta)
         compiled = self.compiled_decode
         done = compiled.run(h, meta, extras) if compiled is not None and compiled.applies(meta) else None
