@@ -159,10 +159,19 @@ def checkpoint_name(name: str) -> str | None:
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
     """The stream with each fused query_key_value's rows reordered to q, then k, then v (a Hugging Face folder's;
-    llama.cpp's converter reorders them so in GGUF files)."""
+    llama.cpp's converter reorders them so in GGUF files). A Falcon 40B GGUF holds ln_mlp as attn_norm and ln_attn
+    as attn_norm_2 (the `gguf` package's map; llama.cpp's graph feeds attn_norm to the MLP when attn_norm_2
+    exists): gguf_names reads them as input_layernorm / post_attention_layernorm, swapped back here."""
     cfg = spec.config
     if spec.weight_format == "gguf":
-        yield from source
+        if cfg.architecture != "falcon" or not cfg.mlp_norm:
+            yield from source
+            return
+        swap = {"input_layernorm": "post_attention_layernorm", "post_attention_layernorm": "input_layernorm"}
+        for name, value in source:
+            stem, _, kind = name.rpartition(".")
+            layer, _, part = stem.rpartition(".")
+            yield (f"{layer}.{swap[part]}.{kind}" if part in swap else name), value
         return
     kv, heads = cfg.num_kv_heads, cfg.num_heads
     # per KV group: its query heads, a key, a value (a group per head where every head has its own K/V)

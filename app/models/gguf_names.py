@@ -39,6 +39,7 @@ _GLOBAL = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
+    "position_embd": "model.embed_positions",  # GPT-2 / StarCoder's learned position table
 }
 _LAYER = {
     "attn_q": "self_attn.q_proj",
