@@ -82,13 +82,16 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         _check_opt(cfg)
     elif cfg.get("scale_attn_by_inverse_layer_idx"):
         raise refuse("scale_attn_by_inverse_layer_idx", True, " (attention scores scaled per layer)")
+    head_type = cfg.get("attention_head_type")
+    if head_type not in (None, "multihead"):  # bigcode/santacoder's own code (q_attn / kv_attn), under gpt2
+        raise refuse("attention_head_type", head_type, " (SantaCoder's remote code; its GPT-BigCode conversion loads)")
     if cfg.get("add_cross_attention"):
         raise refuse("add_cross_attention", True, " (a decoder reading an encoder)")
     bias = bool(cfg.get("enable_bias", True)) if opt else True
     scaled = opt or cfg.get("scale_attn_weights", True)
     return {
         "hidden_act": acts[act],
-        "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)),  # (OPT: nn.LayerNorm's default)
+        "rms_norm_eps": 1e-5 if opt else float(cfg.get("layer_norm_epsilon", 1e-5)),  # (OPT: nn.LayerNorm's)
         "attention_bias": bias,
         "mlp_bias": bias,
         "learned_positions": True,
@@ -129,13 +132,15 @@ _OPT_LAYER = {
 }
 _OPT_GLOBAL = {"embed_tokens": "model.embed_tokens", "embed_positions": "model.embed_positions"}
 _OPT_GLOBAL["final_layer_norm"] = "model.norm"
-_GPT2_RE = re.compile(r"^(?:transformer\.|model\.)?(?:h\.(\d+)\.)?([a-z_0-9.]+)\.(weight|bias)$")
-_OPT_RE = re.compile(r"^(?:model\.)?decoder\.(?:layers\.(\d+)\.)?([a-z_0-9.]+)\.(weight|bias)$")
+# (any last part: weight and bias, and a quantized module's tensors alike)
+_GPT2_RE = re.compile(r"^(?:transformer\.|model\.)?(?:h\.(\d+)\.)?([a-z_0-9.]+)\.([a-z_]+)$")
+_OPT_RE = re.compile(r"^(?:model\.)?decoder\.(?:layers\.(\d+)\.)?([a-z_0-9.]+)\.([a-z_]+)$")
 
 
 def checkpoint_name(name: str) -> str | None:
     """A GPT-2 / GPT-BigCode / OPT checkpoint's tensor under the model files' name; None for what is not loaded
-    (GPT-2's stored attention masks, attn.bias / attn.masked_bias)."""
+    (GPT-2's stored attention masks, attn.bias / attn.masked_bias). An unknown name is kept: the model files then
+    refuse it by name."""
     if name == "lm_head.weight":
         return name
     opt = _OPT_RE.match(name)
@@ -150,10 +155,10 @@ def checkpoint_name(name: str) -> str | None:
     layer, part, kind = m.groups()
     if layer is None:
         return f"{_GPT2_GLOBAL[part]}.{kind}" if part in _GPT2_GLOBAL else name
-    if part == "attn" or part.endswith("masked_bias"):  # h.N.attn.bias: a causal mask buffer, not a weight
+    if part == "attn":  # h.N.attn.bias / attn.masked_bias: causal mask buffers, not weights
         return None
     mapped = _GPT2_LAYER.get(part)
-    return None if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"
+    return name if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"  # (unknown: refused by name)
 
 
 _CONV1D = (".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight", ".mlp.up_proj.weight", ".mlp.down_proj.weight")

@@ -139,22 +139,29 @@ _GLOBAL = {
     "embed_out": "lm_head",
     "transformer.word_embeddings": "model.embed_tokens",
     "transformer.ln_f": "model.norm",
+    # mlx_lm's GPT-NeoX folders (its sanitize: "model." before every name, gpt_neox.layers as h)
+    "model.embed_in": "model.embed_tokens",
+    "model.final_layer_norm": "model.norm",
+    "model.embed_out": "lm_head",
 }
-_LAYER_RE = re.compile(r"^(gpt_neox\.layers|transformer\.h)\.(\d+)\.([a-z_0-9.]+)\.(weight|bias)$")
+# (any last part: weight and bias, and a quantized module's qweight / scales / ... alike)
+_LAYER_RE = re.compile(r"^(gpt_neox\.layers|model\.h|transformer\.h)\.(\d+)\.(.+)\.([a-z_]+)$")
+_BUFFERS = ("attention", "attention.rotary_emb", "self_attention.rotary_emb")  # masks and inv_freq: not weights
 
 
 def checkpoint_name(name: str) -> str | None:
-    """A GPT-NeoX / Falcon checkpoint's tensor under the model files' name; None for the stored buffers of older
-    checkpoints (attention masks, the rope's inv_freq), which are not loaded."""
+    """A GPT-NeoX / Falcon checkpoint's tensor under the model files' name (Hugging Face's or mlx_lm's); None for
+    the stored buffers of older checkpoints (attention masks, the rope's inv_freq), which are not loaded. An
+    unknown name is kept: the model files then refuse it by name."""
     m = _LAYER_RE.match(name)
     if m is not None:
-        table = _NEOX_LAYER if m.group(1) == "gpt_neox.layers" else _FALCON_LAYER
-        mapped = table.get(m.group(3))
-        return None if mapped is None else f"model.layers.{m.group(2)}.{mapped}.{m.group(4)}"
+        stack, layer, part, kind = m.groups()
+        if part in _BUFFERS:
+            return None
+        mapped = (_FALCON_LAYER if stack == "transformer.h" else _NEOX_LAYER).get(part)
+        return name if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"
     stem, _, kind = name.rpartition(".")
-    if stem in _GLOBAL:
-        return f"{_GLOBAL[stem]}.{kind}"
-    return None if ".attention." in name or name.endswith("inv_freq") else name
+    return f"{_GLOBAL[stem]}.{kind}" if stem in _GLOBAL else name
 
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:

@@ -1,5 +1,6 @@
 """GGUF builders (see gguf_builders.py) of the GPT-2-era families: GPT-2, StarCoder (GPT-BigCode), GPT-NeoX and
-Falcon, as llama.cpp's converter writes them (conversion/gpt2.py, starcoder.py, gptneox.py, falcon.py). Each returns
+Falcon, as llama.cpp's converter writes them (conversion/gpt2.py, starcoder.py, gptneox.py, falcon.py), and OLMo (1)
+(conversion/olmo.py: Llama's tensors, q/k permuted as Llama's, no norm weights, clip_qkv as clamp_kqv). Each returns
 the config.json keys its family module reads (family_gpt2 / family_gptneox); what the metadata cannot say comes from
 which tensors exist. The converters state the MLP as 4 x hidden whatever the model's (GPT-2, StarCoder, Falcon):
 its width is the ffn_up tensor's. Their q/k/v arrive as one attn_qkv of q rows, then k, then v (GPT-NeoX's and
@@ -73,4 +74,14 @@ def _falcon(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     }
 
 
-GPT_BUILDERS = {"gpt2": _gpt2, "starcoder": _starcoder, "gptneox": _gptneox, "falcon": _falcon}
+def _olmo(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """OLMo (1) (OlmoModel: its weightless LayerNorms have no tensors; q/k rows permuted, undone by the reader)."""
+    return {
+        "model_type": "olmo",
+        "head_dim": _head_dim(meta, cfg),
+        "clip_qkv": meta.get("attention.clamp_kqv"),
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # (refused by family_olmo1)
+    }
+
+
+GPT_BUILDERS = {"gpt2": _gpt2, "starcoder": _starcoder, "gptneox": _gptneox, "falcon": _falcon, "olmo": _olmo}

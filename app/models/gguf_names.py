@@ -77,6 +77,7 @@ _BARE_RE = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d)$")
 # computes the same either way; the tensors are the checkpoint's again)
 PERMUTED_ARCHITECTURES = {
     "llama",
+    "olmo",  # OlmoModel permutes as LlamaModel
     "arcee",
     "mistral",
     "mistral3",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight
+from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.quant.mlx_packed import MlxPacked
 
 
@@ -33,6 +34,10 @@ def reorder_rows(value: Any, order: np.ndarray) -> Any:
     """value's rows (a weight's output rows or a bias's entries) in `order`, staying in its own format."""
     if value.shape[0] != len(order):
         raise ValueError(f"a fused q/k/v of {value.shape[0]} rows; the config implies {len(order)}")
+    if np.array_equal(order, np.arange(len(order))):  # (Falcon 7B's multi-query layout is already q, k, v)
+        return value
+    if isinstance(value, MxWeight):  # microscaled: its shared scales are per row too, but read as the affine form
+        value = value.portable()
     if isinstance(value, MlxPacked):  # (rows of packed words: stays in MLX's layout)
         return replace(value, words=value.words[order], scales=value.scales[order], biases=value.biases[order])
     if isinstance(value, AffineWeight):

@@ -42,6 +42,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "stablelm",
     "nemotron",
     "gpt_neox",
+    "gptj",
 )
 
 

@@ -134,6 +134,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # ERNIE 4.5: Llama's layer with pair-wise rope (GLM-4's); the MoE's router is DeepSeek-V3's with a softmax.
     "ernie4_5": {"family": "ernie", "configure": "family_ernie"},
     "ernie4_5_moe": {"family": "ernie", "configure": "family_ernie"},
+    # OLMo (1): Llama's layer under LayerNorms without weights, q/k/v clamped (clip_qkv)
+    "olmo": {"family": "olmo1", "configure": "family_olmo1", "defaults": "family_olmo1"},
+    # GPT-J (GPT4All-J, Pygmalion-6B): Phi's parallel block, the rope on pairs of the first rotary_dim dims
+    "gptj": {"family": "phi", "configure": "family_gptj", "prepare": True, "tensors": True},
+    # Helium (Kyutai): Llama's layer with the rope on consecutive pairs
+    "helium": {"configure": "family_helium", "defaults": "family_helium"},
     # OLMo 2 / 3: post-sublayer norms only, q/k norms over whole projections; OLMo 3's sliding layers.
     "olmo2": {"family": "olmo", "configure": "family_olmo"},
     "olmo3": {"family": "olmo", "configure": "family_olmo"},
@@ -348,6 +354,8 @@ class ModelConfig:
     # (model.embed_positions; such models have no rope: rope_layers all False)
     learned_positions: bool = False
     mlp_norm: bool = False  # the parallel block's MLP reads a LayerNorm of its own (GPT-NeoX, Falcon 40B)
+    rope_interleaved: bool = False  # the rope turns consecutive pairs (GPT-J, Helium), not the two halves
+    clip_qkv: float | None = None  # OLMo 1: q, k and v clamped to [-clip_qkv, clip_qkv] after their projections
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     gemma3n: Any = None  # family_gemma3n.Gemma3nBlocks: Gemma 3n's AltUp streams, LAuReL, activation sparsity

@@ -69,7 +69,8 @@ def iter_weights(
     traits = ARCHITECTURES[spec.config.architecture]
     if traits.get("tensors"):  # the family's own layout changes (its configure module's checkpoint_tensors)
         module = importlib.import_module(f"lantern.app.models.{traits['configure']}")
-        source = module.checkpoint_tensors(source, spec)
+        if hasattr(module, "checkpoint_tensors"):
+            source = module.checkpoint_tensors(source, spec)
     if traits.get("names"):  # its checkpoint's names as the model files' (folders and GGUF alike)
         rename = importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
         source = ((rename(name), value) for name, value in source)

@@ -31,11 +31,12 @@ class Attention(nn.Module):
         cfg: ModelConfig,
         layer_idx: int,
         norm: type[nn.Module] = nn.RMSNorm,
-        rope_interleaved: bool = False,
+        rope_interleaved: bool | None = None,
         o_bias: bool = False,
         sinks: bool = False,
     ):
-        """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves. mlx's rope
+        """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves (None: as the config
+        says). mlx's rope
         rotates the first rotary_dim(cfg) dims of each head and passes the rest through.
         o_bias: o_proj has a bias too; sinks: one learned sink logit per head (gpt-oss)."""
         super().__init__()
@@ -59,7 +60,9 @@ class Attention(nn.Module):
         theta, scaling = cfg.rope_theta, cfg.rope_scaling
         if self.window is not None and cfg.local_rope_theta is not None:
             theta, scaling = cfg.local_rope_theta, None
-        self.rope = build_rope(rotary_dim(cfg), theta, rope_interleaved, scaling, cfg.max_position_embeddings)
+        interleaved = cfg.rope_interleaved if rope_interleaved is None else rope_interleaved
+        self.rope = build_rope(rotary_dim(cfg), theta, interleaved, scaling, cfg.max_position_embeddings)
+        self.clip = cfg.clip_qkv
         self.temperature = cfg.attn_temperature  # Ministral 3: queries scaled per position
         self.rotates = cfg.rope_layers is None or cfg.rope_layers[layer_idx]  # SmolLM3's NoPE layers do not
 
@@ -68,6 +71,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
         v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
+        if self.clip is not None:  # (OLMo 1)
+            q, k, v = (mx.clip(a, -self.clip, self.clip) for a in (q, k, v))
         norm_after = self.norm_after_rope
         if hasattr(self, "q_norm") and not norm_after:
             q, k = self.q_norm(q), self.k_norm(k)

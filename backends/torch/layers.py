@@ -123,16 +123,17 @@ class Attention(nn.Module):
         layer_idx: int,
         tp: TPGroup,
         norm: type[nn.Module] = RMSNorm,
-        rope_interleaved: bool = False,
+        rope_interleaved: bool | None = None,
         o_bias: bool = False,
         sinks: bool = False,
     ):
-        """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves; the width
-        rotated is the rope table's (rope_tables: rotary_dim(cfg)). o_bias: o_proj has a bias too;
-        sinks: one learned sink logit per head (gpt-oss)."""
+        """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves (None: as the config
+        says); the width rotated is the rope table's (rope_tables: rotary_dim(cfg)). o_bias: o_proj has a
+        bias too; sinks: one learned sink logit per head (gpt-oss)."""
         super().__init__()
         self.tp = tp
-        self.rope_interleaved = rope_interleaved
+        self.rope_interleaved = cfg.rope_interleaved if rope_interleaved is None else rope_interleaved
+        self.clip = cfg.clip_qkv
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
@@ -157,6 +158,8 @@ class Attention(nn.Module):
         """rope: this layer's (cos, sin) at each token's position; None: the model's (meta.cos/sin)."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
+        if self.clip is not None:  # (OLMo 1)
+            qkv = qkv.clamp(-self.clip, self.clip)
         q, k, v = qkv.split(self.splits, dim=-1)
         v = v.view(t, self.n_kv, self.head_dim)
         cos, sin = rope if rope is not None else (meta.cos, meta.sin)

@@ -1,8 +1,8 @@
-"""GGUF files of GPT-2, StarCoder (GPT-BigCode), GPT-NeoX (Pythia) and Falcon, written as llama.cpp's converter
-writes them (tests/fixtures/gguf_gpt_families.py: its metadata, GPT-2's matrices transposed, GPT-NeoX's and
-Falcon's q/k/v regrouped), load on both backends: the config read from the metadata is the checkpoint's, the
-weight stream gives the checkpoint's tensors in the model files' layout, and the logits are transformers' on the
-file's values (1e-4, teacher-forced through the paged cache) with 64 greedy tokens equal."""
+"""GGUF files of GPT-2, StarCoder (GPT-BigCode), GPT-NeoX (Pythia), Falcon and OLMo (1), written as llama.cpp's
+converter writes them (tests/fixtures/gguf_gpt_families.py: its metadata, GPT-2's matrices transposed, GPT-NeoX's
+and Falcon's q/k/v regrouped, OLMo's q/k permuted), load on both backends: the config read from the metadata is the
+checkpoint's, the weight stream gives the checkpoint's tensors in the model files' layout, and the logits are
+transformers' on the file's values (1e-4, teacher-forced through the paged cache) with 64 greedy tokens equal."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ FILES = {
     "gptneox_seq": ("gpt_neox_seq", {}, "f16"),  # use_parallel_residual false
     "falcon": ("falcon", {"max_position_embeddings": 2048}, "f16"),
     "falcon_40b": ("falcon_40b", {"bias": False, "max_position_embeddings": 2048}, "f32"),
+    "olmo": ("olmo1", {}, "f16"),  # q/k permuted as Llama's, clip_qkv as clamp_kqv, no norm tensors
 }
 
 

@@ -1,8 +1,9 @@
-"""GPT-2, GPT-BigCode (StarCoder), OPT, GPT-NeoX (Pythia) and Falcon: their released config.json files read as
-transformers reads them, what Lantern does not compute refused by name, and the layouts other tools save (an
-mlx_lm-quantized GPT-2 folder) computing what that tool computes. (Logits and greedy tokens of every tiny variant
-against transformers: tests/conformance, variants gpt2, gpt_bigcode, gpt_bigcode_mha, opt, gpt_neox,
-gpt_neox_seq, falcon, falcon_40b.)"""
+"""GPT-2, GPT-BigCode (StarCoder), OPT, GPT-NeoX (Pythia), Falcon, GPT-J, OLMo (1) and Helium: their released
+config.json files read as transformers reads them, what Lantern does not compute refused by name, checkpoint names
+of older and quantized files mapped (buffers skipped), and the layouts other tools save (mlx_lm-quantized GPT-2 and
+GPT-NeoX folders) computing what that tool computes. (Logits and greedy tokens of every tiny variant against
+transformers: tests/conformance, variants gpt2, gpt_bigcode, gpt_bigcode_mha, opt, gpt_neox, gpt_neox_seq, falcon,
+falcon_40b, gptj, olmo1, helium.)"""
 
 from __future__ import annotations
 
@@ -80,6 +81,28 @@ FALCON_7B = {
 }
 FALCON_40B = {**FALCON_7B, "hidden_size": 8192, "num_attention_heads": 128, "num_hidden_layers": 60}
 FALCON_40B.update(new_decoder_architecture=True, num_kv_heads=8)
+GPTJ = {
+    "model_type": "gptj",
+    "activation_function": "gelu_new",
+    "n_embd": 4096,
+    "n_head": 16,
+    "n_layer": 28,
+    "n_positions": 2048,
+    "rotary_dim": 64,
+    "vocab_size": 50400,
+    "tie_word_embeddings": False,
+}
+OLMO_17 = {  # allenai/OLMo-1.7-7B-hf
+    "model_type": "olmo",
+    "clip_qkv": 8.0,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 4096,
+    "vocab_size": 50304,
+}
+HELIUM = {"model_type": "helium", "hidden_size": 2560, "num_hidden_layers": 24, "vocab_size": 48000}
 
 
 def test_released_configs_read_as_transformers_reads_them():
@@ -108,6 +131,16 @@ def test_released_configs_read_as_transformers_reads_them():
     big = ModelConfig.from_hf(FALCON_40B)
     assert (big.num_kv_heads, big.mlp_norm) == (8, True)
     assert not ModelConfig.from_hf({**FALCON_40B, "num_ln_in_parallel_attn": 1}).mlp_norm  # (Falcon2-11B)
+    gptj = ModelConfig.from_hf(GPTJ)
+    assert (gptj.family, gptj.head_dim, gptj.intermediate_size, gptj.rope_interleaved) == ("phi", 256, 16384, True)
+    assert gptj.rope_scaling == {"rope_type": "default", "partial_rotary_factor": 0.25} and gptj.lm_head_bias
+    assert ModelConfig.from_hf({**GPTJ, "rotary_dim": None}).rope_scaling is None  # (whole heads)
+    olmo = ModelConfig.from_hf(OLMO_17)
+    assert (olmo.family, olmo.clip_qkv, olmo.num_kv_heads, olmo.rms_norm_eps) == ("olmo1", 8.0, 32, 1e-5)
+    assert ModelConfig.from_hf({**OLMO_17, "clip_qkv": None}).clip_qkv is None
+    helium = ModelConfig.from_hf(HELIUM)
+    assert (helium.rope_theta, helium.head_dim, helium.num_kv_heads, helium.rms_norm_eps) == (1e5, 128, 20, 1e-8)
+    assert helium.rope_interleaved and helium.family == "llama"
 
 
 REFUSED = [
@@ -119,6 +152,12 @@ REFUSED = [
     (PYTHIA, "hidden_act", "relu"),
     (FALCON_7B, "alibi", True),
     (FALCON_7B, "parallel_attn", False),
+    (GPT2, "attention_head_type", "multiquery"),  # bigcode/santacoder's remote code
+    (GPTJ, "rotary_dim", 300),
+    (GPTJ, "tie_word_embeddings", True),
+    (OLMO_17, "attention_bias", True),
+    (OLMO_17, "clip_qkv", -1.0),
+    (HELIUM, "mlp_bias", True),
 ]
 
 
@@ -137,6 +176,49 @@ def test_grouped_qkv_rows_reorder_to_q_then_k_then_v():
     assert got.tolist() == q + [4, 5, 12, 13] + [6, 7, 14, 15]
     assert reorder_rows(np.arange(6), stacked_order(2, 1, 1)).tolist() == [0, 3, 1, 4, 2, 5]
     assert reorder_rows(np.arange(5), stacked_order(1, 3, 1)).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_checkpoint_names_of_older_and_quantized_files():
+    """Buffers older transformers saved (attention masks, the rope's inv_freq) are skipped; a quantized module's
+    tensors (GPTQ's qweight / qzeros / scales / g_idx) and mlx_lm's names map like its weights; an unknown name is
+    kept, for the model files to refuse by name."""
+    from lantern.app.models.family_gpt2 import checkpoint_name as gpt2_name
+    from lantern.app.models.family_gptj import checkpoint_name as gptj_name
+    from lantern.app.models.family_gptneox import checkpoint_name as neox_name
+
+    for buffer in ("h.3.attn.bias", "h.3.attn.masked_bias", "transformer.h.3.attn.masked_bias"):
+        assert gpt2_name(buffer) is None
+    assert gpt2_name("h.3.attn.c_attn.weight") == "model.layers.3.self_attn.qkv_proj.weight"
+    assert gpt2_name("model.h.3.mlp.c_fc.scales") == "model.layers.3.mlp.up_proj.scales"  # mlx_lm's
+    assert gpt2_name("decoder.layers.1.fc2.bias") == "model.layers.1.mlp.down_proj.bias"  # OPT without model.
+    assert gpt2_name("h.3.attn.q_attn.weight") == "h.3.attn.q_attn.weight"  # (SantaCoder's: refused by name)
+    for buffer in ("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq"):
+        assert neox_name(f"gpt_neox.layers.2.{buffer}") is None
+    for part in ("qweight", "qzeros", "scales", "g_idx"):
+        want = f"model.layers.2.self_attn.qkv_proj.{part}"
+        assert neox_name(f"gpt_neox.layers.2.attention.query_key_value.{part}") == want
+    assert neox_name("model.h.2.attention.dense.biases") == "model.layers.2.self_attn.o_proj.biases"  # mlx_lm's
+    assert neox_name("model.embed_out.weight") == "lm_head.weight"
+    assert neox_name("transformer.h.0.self_attention.rotary_emb.inv_freq") is None
+    assert neox_name("transformer.h.0.ln_mlp.weight") == "model.layers.0.post_attention_layernorm.weight"
+    assert gptj_name("transformer.h.0.attn.masked_bias") is None
+    assert gptj_name("transformer.h.0.mlp.fc_in.qweight") == "model.layers.0.mlp.up_proj.qweight"
+
+
+def test_reorder_keeps_quantized_weights_quantized():
+    """A GPTQ-style affine weight and an MLX-packed one are reordered as rows, staying quantized; the identity
+    order (Falcon 7B's multi-query layout) returns the weight untouched, FP8 included."""
+    from lantern.app.models.quant.affine import Fp8Weight, quantize_affine
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((12, 64)).astype(np.float32)
+    order = stacked_order(2, 1, 2)  # GPT-NeoX's per-head [q, k, v] of 2 heads of 2 dims
+    q = quantize_affine(w, 4, 32)
+    moved = reorder_rows(q, order)
+    np.testing.assert_array_equal(moved.dequantize(), q.dequantize()[order])
+    identity = stacked_order(1, 2, 4)
+    fp8 = Fp8Weight(np.zeros((16, 64), np.uint8), np.ones((16, 1), np.float32), None, "FP8")
+    assert reorder_rows(fp8, identity) is fp8
 
 
 @pytest.fixture(scope="module")
@@ -168,4 +250,35 @@ def test_4bit_mlx_lm_gpt2_computes_what_mlx_lm_computes(mlx_lm_gpt2, backend):
     llm = LLM(str(mlx_lm_gpt2), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     worst, scale = mlx_lm_error(llm, mlx_lm_gpt2, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
     print(f"gpt2 {backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
+    assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale, (worst, scale)
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_neox(tmp_path_factory):
+    """A tiny GPT-NeoX quantized by mlx_lm (4-bit g32): "model.h.*" names, the per-head q/k/v rows as Hugging
+    Face's. (mlx_lm computes GPT-NeoX's MLP with the tanh GELU whatever hidden_act says: the folder says so too.)"""
+    pytest.importorskip("mlx_lm")
+    import json
+
+    from mlx_lm.utils import load, quantize_model, save
+
+    from tests.fixtures.tiny_models import build_model
+
+    out = tmp_path_factory.mktemp("neox-mlx-lm")
+    src = build_model("gpt_neox", out / "float", hidden_act="gelu_new", intermediate_size=256)  # (mlx_lm: 4 x hidden)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(rotary_pct=0.25, rotary_emb_base=10000)  # (the keys mlx_lm reads, as released configs hold them)
+    (src / "config.json").write_text(json.dumps(cfg))
+    model, tokenizer, config = load(str(src), return_config=True, lazy=True)
+    model, config = quantize_model(model, config, 32, 4, mode="affine")
+    save(out / "mlx", str(src), model, tokenizer, config)
+    return out / "mlx"
+
+
+def test_4bit_mlx_lm_gpt_neox_computes_what_mlx_lm_computes(mlx_lm_neox, backend):
+    from tests.fixtures.teacher_forcing import mlx_lm_error
+
+    llm = LLM(str(mlx_lm_neox), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    worst, scale = mlx_lm_error(llm, mlx_lm_neox, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
+    print(f"gpt_neox {backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
     assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale, (worst, scale)
