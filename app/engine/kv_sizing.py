@@ -41,7 +41,9 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     max_len = config.max_model_len or model_max
     check_servable(model_config, max_len)  # past the rope's positions, or dual chunk attention past a chunk
     bs = config.block_size
+    # (0: no layer keeps K/V, as a Mamba model's: blocks only count tokens, and cost nothing)
     per_block = backend.kv_bytes_per_block(bs)
+    unit = max(per_block, 1)
     share = int(backend.available_memory_bytes() * config.gpu_memory_fraction)
     per_seq = backend.state_bytes_per_seq()
     max_seqs, snapshots = state_slots(config, per_seq, share)
@@ -51,7 +53,7 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
     longest = blocks_for(max_len) if held is None else min(blocks_for(max_len), held)  # one full-length sequence
     if config.num_kv_blocks:
         num, why = config.num_kv_blocks, "num_kv_blocks"
-    elif config.kv_cache_memory_mb:
+    elif config.kv_cache_memory_mb and per_block:
         num, why = config.kv_cache_memory_mb * 2**20 // per_block, "--mem"
         if num < 1:
             raise ValueError(
@@ -66,7 +68,7 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
         else:
             need = max(longest, max_seqs * min(blocks_for(seq_tokens), held))
             room = f"{min(blocks_for(seq_tokens), held)} blocks"
-        cap = max(share - state_bytes, 0) // per_block  # the recurrent state is allocated beside the pool
+        cap = max(share - state_bytes, 0) // unit if per_block else need  # the recurrent state sits beside the pool
         num = max(min(need, cap), 1)
         why = (
             f"room for {max_seqs} sequences of {room}"
@@ -83,7 +85,7 @@ def plan_kv_cache(config: EngineConfig, model_config: Any, model_max: int, backe
             "context capped at the KV cache's %d tokens (model: %d); give --mem more MiB for more", num * bs, max_len
         )
         max_len = num * bs
-    budget = min(num, max(PREFIX_CACHE_BUDGET_BYTES // per_block, 1)) if backend.kv_memory_is_lazy else 0
+    budget = min(num, max(PREFIX_CACHE_BUDGET_BYTES // unit, 1)) if backend.kv_memory_is_lazy else 0
     logger.info(
         "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)%s; context %d tokens",
         num,

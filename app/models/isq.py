@@ -90,6 +90,9 @@ def isq_candidates(cfg: Any) -> int:
     total = 1 if cfg.tie_word_embeddings else 2  # embedding (+ lm_head)
     if getattr(cfg, "gemma4", None) is not None:
         return total + _gemma4_candidates(cfg) + _gemma3n_candidates(cfg)
+    mamba1 = getattr(cfg, "mamba1", None)
+    if mamba1 is not None and all(mamba1.mamba_layers):  # Mamba: in_proj, x_proj, dt_proj, out_proj per layer
+        return total + 4 * cfg.num_layers
     kinds = cfg.mamba.layer_kinds if getattr(cfg, "mamba", None) is not None else ""
     if kinds:  # Nemotron-H: one mixer per layer; a Mamba-2 mixer's in_proj and out_proj, q, k, v and o, up and down;
         moe = cfg.moe  # Nemotron 3's experts: up and down each, the shared expert's, the latent projections

@@ -134,6 +134,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # ERNIE 4.5: Llama's layer with pair-wise rope (GLM-4's); the MoE's router is DeepSeek-V3's with a softmax.
     "ernie4_5": {"family": "ernie", "configure": "family_ernie"},
     "ernie4_5_moe": {"family": "ernie", "configure": "family_ernie"},
+    # Mamba / Falcon-Mamba: Mamba-1 selective-scan mixers only (a state per sequence, no attention, no K/V)
+    "mamba": {"family": "mamba", "configure": "family_mamba", "prepare": True, "names": True},
+    "falcon_mamba": {"family": "mamba", "configure": "family_mamba", "prepare": True, "names": True},
     # OLMo (1): Llama's layer under LayerNorms without weights, q/k/v clamped (clip_qkv)
     "olmo": {"family": "olmo1", "configure": "family_olmo1", "defaults": "family_olmo1"},
     # GPT-J (GPT4All-J, Pygmalion-6B): Phi's parallel block, the rope on pairs of the first rotary_dim dims
@@ -347,6 +350,7 @@ class ModelConfig:
     linear_attn: Any = None  # family_qwen3_next.LinearAttnConfig: gated-DeltaNet layers with recurrent state
     short_conv: Any = None  # family_lfm2.ShortConvConfig: gated short-convolution layers with a conv state
     mamba: Any = None  # family_mamba2.Mamba2Config: Mamba-2 mixer layers with a conv and SSM state
+    mamba1: Any = None  # family_mamba.Mamba1Config: Mamba-1 selective-scan mixer layers with a conv and SSM state
     falcon_h1: Any = None  # family_falcon_h1.FalconH1Scalars: Falcon-H1's per-layer multipliers
     lm_head_bias: bool = False  # PhiMoE: the head has a bias
     mlp_bias: bool = False  # Jais 2: its (ungated) MLP's projections have biases
@@ -377,14 +381,14 @@ class ModelConfig:
     @property
     def recurrent(self) -> bool:
         """Some layers keep a per-sequence state instead of K/V (the engine gives each running sequence a slot)."""
-        return self.linear_attn is not None or self.short_conv is not None or self.mamba is not None
+        return any(x is not None for x in (self.linear_attn, self.short_conv, self.mamba, self.mamba1))
 
     @property
     def num_kv_layers(self) -> int:
         """Layers that keep K/V in the paged pool (a linear-attention or short-conv layer keeps a state instead)."""
         if self.kv_shapes is not None:
             return len(self.kv_shapes)
-        stateful = self.linear_attn or self.short_conv or self.mamba
+        stateful = self.linear_attn or self.short_conv or self.mamba or self.mamba1
         return self.num_layers if stateful is None else len(stateful.attention_layers())
 
     @property

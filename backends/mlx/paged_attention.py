@@ -52,7 +52,7 @@ class PagedKVPool:
         self.max_slots, self.block_size, self.dtype = num_slots, block_size, dtype
         self.v_dim = head_dim if v_dim is None else v_dim
         self.v_is_k_prefix = v_is_k_prefix
-        rows = min(num_slots, self.INITIAL_BLOCKS * block_size)
+        rows = self._rows = min(num_slots, self.INITIAL_BLOCKS * block_size)  # (a pool may hold no layer: Mamba)
         k_shapes = layer_shapes or [(kv_heads, head_dim)] * num_layers
         v_shapes = layer_shapes or [(kv_heads, self.v_dim)] * (0 if v_is_k_prefix else num_layers)
         self.k = [mx.zeros((rows, h, d), dtype=dtype) for h, d in k_shapes]
@@ -61,7 +61,7 @@ class PagedKVPool:
 
     @property
     def num_slots(self) -> int:
-        return self.k[0].shape[0]
+        return self._rows
 
     def reserve(self, slots: int) -> None:
         """Grow every layer to hold slot ids below `slots` (whole blocks, at least doubling)."""
@@ -74,6 +74,7 @@ class PagedKVPool:
             for layer, arr in enumerate(pools):
                 extra = (new - old, *arr.shape[1:])
                 pools[layer] = mx.concatenate([arr, mx.zeros(extra, dtype=self.dtype)])
+        self._rows = new
         mx.eval(self.k, self.v)
 
     def write(self, layer: int, slots: mx.array, k: mx.array, v: mx.array | None) -> None:

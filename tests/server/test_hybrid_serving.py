@@ -1,8 +1,9 @@
 """Models with recurrent layers (Qwen3-Next's linear attention, Granite 4.0-H's, Nemotron-H's and Falcon-H1's
-Mamba-2 mixers: a state per sequence beside the paged KV cache) served through the real server and the official
-openai client, on both backends: concurrent streams, more of them than state slots, give what each request gives
-alone; a client that leaves mid-stream gives its slot back and leaves nothing behind for the next request;
-a follow-up turn starts from the prefix cache's snapshot of the state and answers as if computed afresh."""
+Mamba-2 mixers, Mamba's Mamba-1 mixers with no KV cache at all: a state per sequence beside the paged KV cache)
+served through the real server and the official openai client, on both backends: concurrent streams, more of them
+than state slots, give what each request gives alone; a client that leaves mid-stream gives its slot back and
+leaves nothing behind for the next request; a follow-up turn starts from the prefix cache's snapshot of the state
+and answers as if computed afresh."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h_moe", "falcon_h1"])
+@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h_moe", "falcon_h1", "mamba"])
 def hybrid_server(tiny_model_dir, backend, request):
     threads = {"num_threads": 1} if backend == "torch" else {}
     # 4 slots for 6 concurrent requests: some wait, then take a slot another sequence just gave back.

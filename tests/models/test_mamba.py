@@ -1,0 +1,93 @@
+"""Mamba and Falcon-Mamba (Mamba-1 mixers only): released config.json files read as transformers reads them, the
+scan's chunked form equal to its one-token steps, and a model without attention served with the engine's own KV
+sizing (its pool holds no layer; blocks cost nothing). (Logits and greedy tokens against transformers: the
+conformance variants mamba and falcon_mamba; batching, chunking, preemption: test_recurrent_state; the server:
+tests/server/test_hybrid_serving.)"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from lantern.app.engine import LLM, SamplingParams
+from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.family_mamba import CONTEXT
+from lantern.app.models.spec import ModelConfig
+from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
+
+MAMBA_130M = {  # state-spaces/mamba-130m-hf
+    "model_type": "mamba",
+    "hidden_size": 768,
+    "num_hidden_layers": 24,
+    "vocab_size": 50280,
+    "state_size": 16,
+    "expand": 2,
+    "conv_kernel": 4,
+    "time_step_rank": 48,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "layer_norm_epsilon": 1e-5,
+}
+FALCON_MAMBA_7B = {  # tiiuae/falcon-mamba-7b
+    "model_type": "falcon_mamba",
+    "hidden_size": 4096,
+    "num_hidden_layers": 64,
+    "vocab_size": 65024,
+    "state_size": 16,
+    "expand": 2,
+    "intermediate_size": 8192,
+    "conv_kernel": 4,
+    "time_step_rank": 256,
+    "mixer_rms_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+
+
+def test_released_configs_read_as_transformers_reads_them():
+    mamba = ModelConfig.from_hf(MAMBA_130M)
+    m = mamba.mamba1
+    assert (m.inner, m.state_size, m.conv_kernel, m.dt_rank, m.bc_norm) == (1536, 16, 4, 48, "none")
+    assert m.conv_bias and not m.proj_bias and mamba.tie_word_embeddings and mamba.recurrent
+    assert mamba.num_kv_layers == 0 and mamba.max_context == CONTEXT and mamba.rms_norm_eps == 1e-5
+    assert ModelConfig.from_hf({**MAMBA_130M, "time_step_rank": "auto"}).mamba1.dt_rank == 48  # ceil(768 / 16)
+    falcon = ModelConfig.from_hf(FALCON_MAMBA_7B)
+    assert (falcon.mamba1.inner, falcon.mamba1.dt_rank, falcon.mamba1.bc_norm) == (8192, 256, "weightless")
+    assert not falcon.tie_word_embeddings
+    with pytest.raises(UnsupportedModelError, match="hidden_act"):
+        ModelConfig.from_hf({**MAMBA_130M, "hidden_act": "gelu"})
+
+
+@pytest.mark.parametrize("length", [1, 7, 130])
+def test_chunked_scan_equals_its_steps(length):
+    """The prefill's chunked scan (chunks of scan_chunk_length tokens) against the decode step taken token by
+    token, from a non-zero state."""
+    from lantern.backends.torch import mamba1
+
+    g = torch.Generator().manual_seed(0)
+    channels, n = 96, 8
+    x, b, c = (torch.randn(length, k, generator=g) for k in (channels, n, n))
+    dt = torch.nn.functional.softplus(torch.randn(length, channels, generator=g))
+    a = -torch.rand(channels, n, generator=g) * 2
+    d, s0 = torch.randn(channels, generator=g), torch.randn(channels, n, generator=g)
+    y, end = mamba1.chunked(x, dt, a, b, c, d, s0)
+    s, ys = s0[None], []
+    for t in range(length):
+        out, s = mamba1.step(x[t : t + 1], dt[t : t + 1], a, b[t : t + 1], c[t : t + 1], d, s)
+        ys.append(out[0])
+    torch.testing.assert_close(y, torch.stack(ys), atol=1e-4, rtol=1e-4)  # (float32 sums in another order)
+    torch.testing.assert_close(end, s[0], atol=1e-4, rtol=1e-4)
+
+
+def test_a_model_without_attention_is_served_with_the_engines_own_sizing(tiny_model_dir, backend, caplog):
+    """No num_kv_blocks: the sizing gives blocks that hold no K/V (0 bytes each) for the default room, and the
+    model answers as transformers does."""
+    path = tiny_model_dir("mamba")
+    with caplog.at_level(logging.INFO):
+        llm = LLM(path, backend=backend, dtype="float32")
+    assert llm.engine.model_config.num_kv_layers == 0 and len(llm.engine.backend.pool.k) == 0
+    assert "KV cache:" in caplog.text and "0.0 MiB" in caplog.text
+    prompt_ids = llm.tokenizer.encode(PROMPT)
+    out = llm.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == hf_greedy(hf_model(path), prompt_ids, 32)
