@@ -1,5 +1,5 @@
 """Models with recurrent layers (Qwen3-Next / Qwen3.5's linear attention, LFM2's short convolutions,
-Granite 4.0-H's Mamba-2 mixers, Mamba's and Falcon-Mamba's Mamba-1 mixers) keep a state per sequence
+Granite 4.0-H's Mamba-2 mixers, Mamba's, Falcon-Mamba's and Jamba's Mamba-1 mixers) keep a state per sequence
 beside the paged KV pool: batching, chunking, preemption and slot reuse must never leak one
 sequence's state into another's. Checked on both backends against each sequence run alone and
 against transformers."""
@@ -44,6 +44,7 @@ def _alone(path: str, backend: str, prompts: list[str]) -> list[list[int]]:
         "falcon_h1",
         "mamba",
         "falcon_mamba",
+        "jamba",
     ],
 )
 def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model_dir, variant, backend, caplog):
@@ -82,7 +83,7 @@ def test_sampled_fan_out_matches_single_requests(tiny_model_dir, backend, prefix
     assert both == single and both[0] != both[1]
 
 
-@pytest.mark.parametrize("variant", ["qwen3_5", "granite_hybrid", "nemotron_h", "mamba"])
+@pytest.mark.parametrize("variant", ["qwen3_5", "granite_hybrid", "nemotron_h", "mamba", "jamba"])
 @pytest.mark.parametrize("chunk", [100, 512])
 def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk, variant):
     """A 150-token prompt: the scans' 64-token chunks inside a step (chunk 512) and prefill steps

@@ -1,8 +1,8 @@
-"""Mamba and Falcon-Mamba (Mamba-1 mixers only): released config.json files read as transformers reads them, the
-scan's chunked form equal to its one-token steps, and a model without attention served with the engine's own KV
-sizing (its pool holds no layer; blocks cost nothing). (Logits and greedy tokens against transformers: the
-conformance variants mamba and falcon_mamba; batching, chunking, preemption: test_recurrent_state; the server:
-tests/server/test_hybrid_serving.)"""
+"""Mamba and Falcon-Mamba (Mamba-1 mixers only) and Jamba (Mamba-1 mixers among attention layers): released
+config.json files read as transformers reads them, the scan's chunked form equal to its one-token steps, and a model
+without attention served with the engine's own KV sizing (its pool holds no layer; blocks cost nothing). (Logits and
+greedy tokens against transformers: the conformance variants mamba, falcon_mamba and jamba; batching, chunking,
+preemption: test_recurrent_state; the server: tests/server/test_hybrid_serving.)"""
 
 from __future__ import annotations
 
@@ -57,6 +57,48 @@ def test_released_configs_read_as_transformers_reads_them():
     assert not falcon.tie_word_embeddings
     with pytest.raises(UnsupportedModelError, match="hidden_act"):
         ModelConfig.from_hf({**MAMBA_130M, "hidden_act": "gelu"})
+
+
+JAMBA_V01 = {  # ai21labs/Jamba-v0.1
+    "model_type": "jamba",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_experts": 16,
+    "num_experts_per_tok": 2,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": 256,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 65536,
+}
+
+
+def test_jamba_config_reads_as_transformers_reads_it():
+    from transformers import JambaConfig
+
+    jamba = ModelConfig.from_hf(JAMBA_V01)
+    reference = JambaConfig(**{k: v for k, v in JAMBA_V01.items() if k != "model_type"})
+    kinds = reference.layers_block_type
+    assert jamba.mamba1.mamba_layers == tuple(k == "mamba" for k in kinds)
+    assert jamba.num_kv_layers == kinds.count("attention") == 4 and jamba.rope_layers == (False,) * 32
+    assert [jamba.moe.is_sparse(i) for i in range(32)] == [n > 1 for n in reference.layers_num_experts]
+    m = jamba.mamba1
+    assert (m.inner, m.dt_rank, m.bc_norm, m.norm_eps) == (8192, 256, "weighted", 1e-6)
+    assert m.conv_bias and not m.proj_bias
+    assert not jamba.moe.norm_topk_prob and jamba.moe.intermediate_size == 14336
+    assert ModelConfig.from_hf({**JAMBA_V01, "num_experts": 1}).moe is None  # Jamba Reasoning 3B's dense MLPs
+    with pytest.raises(UnsupportedModelError, match="attn_layer_offset"):
+        ModelConfig.from_hf({**JAMBA_V01, "attn_layer_offset": 40})
 
 
 @pytest.mark.parametrize("length", [1, 7, 130])
