@@ -1,5 +1,6 @@
 """Mamba (state-spaces/mamba-*-hf: model_type mamba) and Falcon-Mamba (tiiuae/falcon-mamba-7b*: falcon_mamba): a
-stack of Mamba-1 selective-scan mixers and nothing else, as transformers' MambaConfig / FalconMambaConfig read
+stack of Mamba-1 selective-scan mixers and nothing else (Mamba-2's, model_type mamba2: Nemotron-H's model files with
+a Mamba-2 block in every layer, _prepare_mamba2), as transformers' MambaConfig / FalconMambaConfig read
 their config.json (defaults included), turned into ModelConfig fields (Mamba1Config).
 
 The maths (transformers' MambaMixer, its torch path): in_proj gives [x | z] (d_inner each); x goes through a causal
@@ -62,6 +63,8 @@ _DEFAULTS = {"vocab_size": 50280, "hidden_size": 768, "num_hidden_layers": 32, "
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     """The config in the keys ModelConfig.from_hf reads; a mixer-only model states no heads (one placeholder head,
     which no layer reads) and no context (CONTEXT)."""
+    if cfg.get("model_type") == "mamba2":
+        return _prepare_mamba2(cfg)
     out = {**_DEFAULTS, **cfg}
     hidden = out["hidden_size"]
     return {
@@ -76,8 +79,34 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Mamba2Config's defaults, under the Nemotron-H names family_nemotron_h's mixer reader takes
+_MAMBA2 = {"vocab_size": 32768, "hidden_size": 4096, "num_hidden_layers": 64, "expand": 2}
+_MAMBA2_KEYS = {"num_heads": ("mamba_num_heads", 128), "head_dim": ("mamba_head_dim", 64)}
+_MAMBA2_KEYS["state_size"] = ("ssm_state_size", 128)
+
+
+def _prepare_mamba2(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Mamba-2 (Mamba2ForCausalLM: Mamba-Codestral, mamba2-*): its mixer keys under Nemotron-H's names (head_dim is
+    the SSM heads' there, not attention's), every layer a Mamba-2 block."""
+    out = {**_MAMBA2, **cfg}
+    for key, (name, default) in _MAMBA2_KEYS.items():
+        out[name] = cfg.get(key, default)
+    out["hybrid_override_pattern"] = "M" * out["num_hidden_layers"]
+    return {
+        **out,
+        "intermediate_size": int(out["expand"] * out["hidden_size"]),
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "head_dim": 2,
+        "max_position_embeddings": CONTEXT,
+        "rms_norm_eps": out.get("layer_norm_epsilon", 1e-5),
+    }
+
+
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides; refuses, naming the key, what Lantern does not compute."""
+    if model_type == "mamba2":
+        return _configure_mamba2(cfg, fields)
     if model_type not in ("mamba", "falcon_mamba"):
         raise UnsupportedModelError(f"family_mamba does not configure model_type {model_type!r}")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
@@ -86,6 +115,25 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     return {
         "mamba1": mixer_config(cfg, (True,) * layers, "weightless" if model_type == "falcon_mamba" else "none"),
         "rope_scaling": None,
+    }
+
+
+def _configure_mamba2(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H's model files with an M (Mamba-2 block: x + mixer(RMSNorm(x))) in every layer: the mixer's gated
+    RMSNorm over n_groups groups, eps layer_norm_epsilon as the blocks' norms."""
+    from lantern.app.models.family_nemotron_h import mamba2_mixer
+
+    if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise refuse("hidden_act", cfg["hidden_act"], " (the convolution's activation is SiLU in Lantern)")
+    mixer = mamba2_mixer(cfg, "M" * fields["num_layers"], float(cfg.get("layer_norm_epsilon", 1e-5)))
+    if mixer.inner != fields["intermediate_size"]:  # (Mamba2Mixer's in_proj is expand x hidden wide)
+        raise refuse("num_heads", cfg.get("num_heads"), f" x head_dim is not expand x hidden_size ({mixer.inner})")
+    return {
+        "rms_norm_eps": mixer.norm_eps,
+        "rope_layers": (False,) * fields["num_layers"],
+        "rope_scaling": None,
+        "mamba": mixer,
+        "moe": None,
     }
 
 

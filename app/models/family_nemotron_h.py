@@ -81,7 +81,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "hidden_act": "relu2",
         "rope_layers": (False,) * len(kinds),  # NoPE
         "rope_scaling": None,
-        "mamba": _mamba(cfg, kinds, eps),
+        "mamba": mamba2_mixer(cfg, kinds, eps),
         "layer_windows": None,
         "moe": _experts(cfg, kinds) if "E" in kinds else None,
     }
@@ -118,7 +118,8 @@ def _experts(cfg: dict[str, Any], kinds: str) -> DeepSeekMoEConfig:
     )
 
 
-def _mamba(cfg: dict[str, Any], kinds: str, eps: float) -> Mamba2Config:
+def mamba2_mixer(cfg: dict[str, Any], kinds: str, eps: float) -> Mamba2Config:
+    """The Mamba-2 mixers' sizes under NemotronHConfig's names (family_mamba's mamba2 configs renamed so too)."""
     heads, head_dim = int(cfg.get("mamba_num_heads", 128)), int(cfg.get("mamba_head_dim", 64))
     groups = int(cfg.get("n_groups", 8))
     if groups < 1 or heads % groups:

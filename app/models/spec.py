@@ -137,6 +137,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Mamba / Falcon-Mamba: Mamba-1 selective-scan mixers only (a state per sequence, no attention, no K/V)
     "mamba": {"family": "mamba", "configure": "family_mamba", "prepare": True, "names": True},
     "falcon_mamba": {"family": "mamba", "configure": "family_mamba", "prepare": True, "names": True},
+    # Mamba-2 (Mamba-Codestral): Nemotron-H's files with a Mamba-2 block in every layer (family_mamba)
+    "mamba2": {"family": "nemotron_h", "configure": "family_mamba", "prepare": True},
     # Jamba: Mamba-1 mixers among NoPE attention layers, a mixture of experts in every other layer
     "jamba": {"family": "jamba", "configure": "family_jamba", "defaults": "family_jamba", "names": True},
     # OLMo (1): Llama's layer under LayerNorms without weights, q/k/v clamped (clip_qkv)

@@ -45,6 +45,7 @@ def _alone(path: str, backend: str, prompts: list[str]) -> list[list[int]]:
         "mamba",
         "falcon_mamba",
         "jamba",
+        "mamba2",
     ],
 )
 def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model_dir, variant, backend, caplog):

@@ -1,4 +1,4 @@
-"""Mamba and Falcon-Mamba (Mamba-1 mixers only) and Jamba (Mamba-1 mixers among attention layers): released
+"""Mamba and Falcon-Mamba (Mamba-1 mixers only), Mamba-2 and Jamba (Mamba-1 mixers among attention layers): released
 config.json files read as transformers reads them, the scan's chunked form equal to its one-token steps, and a model
 without attention served with the engine's own KV sizing (its pool holds no layer; blocks cost nothing). (Logits and
 greedy tokens against transformers: the conformance variants mamba, falcon_mamba and jamba; batching, chunking,
@@ -57,6 +57,34 @@ def test_released_configs_read_as_transformers_reads_them():
     assert not falcon.tie_word_embeddings
     with pytest.raises(UnsupportedModelError, match="hidden_act"):
         ModelConfig.from_hf({**MAMBA_130M, "hidden_act": "gelu"})
+
+
+MAMBA_CODESTRAL = {  # mistralai/Mamba-Codestral-7B-v0.1 (model_type mamba2)
+    "model_type": "mamba2",
+    "hidden_size": 4096,
+    "num_hidden_layers": 64,
+    "num_heads": 128,
+    "head_dim": 64,
+    "state_size": 128,
+    "n_groups": 8,
+    "expand": 2,
+    "conv_kernel": 4,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "time_step_limit": [0.0, float("inf")],
+    "layer_norm_epsilon": 1e-5,
+    "vocab_size": 32768,
+}
+
+
+def test_mamba2_config_reads_as_transformers_reads_it():
+    cfg = ModelConfig.from_hf(MAMBA_CODESTRAL)
+    m = cfg.mamba
+    assert (m.num_heads, m.head_dim, m.state_size, m.groups, m.norm, m.norm_eps) == (128, 64, 128, 8, "gated", 1e-5)
+    assert cfg.family == "nemotron_h" and m.layer_kinds == "M" * 64 and cfg.num_kv_layers == 0
+    assert cfg.max_context == CONTEXT and not cfg.tie_word_embeddings
+    with pytest.raises(UnsupportedModelError, match="num_heads"):
+        ModelConfig.from_hf({**MAMBA_CODESTRAL, "num_heads": 96})
 
 
 JAMBA_V01 = {  # ai21labs/Jamba-v0.1
