@@ -19,6 +19,7 @@ its context but memory (llama.cpp's converter states 2^20 tokens; so does Lanter
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,3 +177,16 @@ def checkpoint_name(name: str) -> str | None:
             parts[3] = "mamba"
         return ".".join(parts)
     return name
+
+
+def gguf_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """llama.cpp's Mamba-1 tensors (its MambaModel) as the checkpoint held them: A_log back from ssm_a = -exp(A_log),
+    the convolution's squeezed [C, K] kernel as [C, 1, K]. The converter writes these in F32."""
+    import numpy as np
+
+    for name, value in source:
+        if name.endswith(".mamba.A_log"):
+            value = np.log(-np.asarray(value, dtype=np.float32))
+        elif name.endswith(".mamba.conv1d.weight") and len(value.shape) == 2:
+            value = np.asarray(value)[:, None, :]
+        yield name, value

@@ -122,6 +122,17 @@ ARCH_LAYER["nemotron_h_moe"] = {
 # Falcon-H1 (llama.cpp's FalconH1Model): the same mixer tensors beside Llama's (its MLP and pre-MLP norm under
 # Llama's GGUF names, which are the model files').
 ARCH_LAYER["falcon-h1"] = ARCH_LAYER["nemotron_h"]
+# Mamba-2 (Mamba2Model): the same mixer tensors, each block's norm as attn_norm.
+ARCH_LAYER["mamba2"] = ARCH_LAYER["nemotron_h"]
+# Mamba / Falcon-Mamba (MambaModel): the Mamba-1 mixer's tensors (family_mamba.gguf_tensors undoes A and the
+# convolution's shape).
+ARCH_LAYER["mamba"] = {
+    "ssm_in": "mamba.in_proj",
+    "ssm_conv1d": "mamba.conv1d",
+    "ssm_x": "mamba.x_proj",
+    "ssm_dt": "mamba.dt_proj",
+    "ssm_out": "mamba.out_proj",
+}
 # Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, the Mamba-2 mixers' A and D.
 _MAMBA_BARE = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
 ARCH_BARE: dict[str, dict[str, str]] = {
@@ -129,6 +140,8 @@ ARCH_BARE: dict[str, dict[str, str]] = {
     "nemotron_h": _MAMBA_BARE,
     "nemotron_h_moe": _MAMBA_BARE,
     "falcon-h1": _MAMBA_BARE,
+    "mamba2": _MAMBA_BARE,
+    "mamba": _MAMBA_BARE,
 }
 # Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
 # scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in

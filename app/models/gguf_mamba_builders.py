@@ -1,7 +1,7 @@
 """GGUF config builders of the Mamba-2 hybrids (family_mamba2's mixer among attention layers): Granite 4.0-H,
 Nemotron-H, Nemotron 3 and Falcon-H1 as llama.cpp's GraniteHybridModel, NemotronHModel and FalconH1Model write
-them. Granite's scalars, which Granite 3's builder (gguf_builders.py) shares, live here too.
-"""
+them; and the mixer-only models, Mamba / Falcon-Mamba (MambaModel, arch mamba) and Mamba-2 (Mamba2Model). Granite's
+scalars, which Granite 3's builder (gguf_builders.py) shares, live here too."""
 
 from __future__ import annotations
 
@@ -170,7 +170,44 @@ def _falcon_h1(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
     }
 
 
+def _mamba(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Mamba / Falcon-Mamba (llama.cpp's MambaModel: ssm.dt_b_c_rms marks Falcon-Mamba's weightless norms, whose
+    eps no key states: FalconMambaConfig's default is the model's); biases as their tensors."""
+    inner, hidden = int(meta.need("ssm.inner_size")), cfg["hidden_size"]
+    return {
+        "model_type": "falcon_mamba" if meta.get("ssm.dt_b_c_rms") else "mamba",
+        "expand": inner / hidden,
+        "state_size": int(meta.need("ssm.state_size")),
+        "conv_kernel": int(meta.need("ssm.conv_kernel")),
+        "time_step_rank": int(meta.need("ssm.time_step_rank")),
+        "use_conv_bias": "blk.0.ssm_conv1d.bias" in tensors,
+        "use_bias": "blk.0.ssm_in.bias" in tensors,
+        "layer_norm_epsilon": cfg["rms_norm_eps"],
+    }
+
+
+def _mamba2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Mamba-2 (llama.cpp's Mamba2Model: its heads as ssm.time_step_rank, head_dim inner / heads; llama.cpp's scan
+    clamps no dt)."""
+    heads, inner = int(meta.need("ssm.time_step_rank")), int(meta.need("ssm.inner_size"))
+    return {
+        "model_type": "mamba2",
+        "num_heads": heads,
+        "head_dim": inner // heads,
+        "expand": inner / cfg["hidden_size"],
+        "state_size": int(meta.need("ssm.state_size")),
+        "n_groups": int(meta.need("ssm.group_count")),
+        "conv_kernel": int(meta.need("ssm.conv_kernel")),
+        "use_conv_bias": "blk.0.ssm_conv1d.bias" in tensors,
+        "use_bias": "blk.0.ssm_in.bias" in tensors,
+        "time_step_limit": [0.0, float("inf")],
+        "layer_norm_epsilon": cfg["rms_norm_eps"],
+    }
+
+
 MAMBA_BUILDERS = {
+    "mamba": _mamba,
+    "mamba2": _mamba2,
     "granitehybrid": _granite_hybrid,
     "nemotron_h": _nemotron_h,
     "nemotron_h_moe": _nemotron_h_moe,

@@ -117,6 +117,10 @@ def iter_weights(
         source = (family_mamba2.gguf_tensors if spec.weight_format == "gguf" else family_mamba2.checkpoint_tensors)(
             source
         )
+    if spec.config.mamba1 is not None and spec.weight_format == "gguf":  # llama.cpp's A and convolution shapes
+        from lantern.app.models.family_mamba import gguf_tensors as mamba1_tensors
+
+        source = mamba1_tensors(source)
     # (a GGUF's qkv_proj / gate_up_proj: the converters' fused tensors, gguf_arch naming which archs have them)
     if spec.config.architecture in FUSED_CHECKPOINTS or spec.weight_format == "gguf":
         source = split_fused(source, spec)
