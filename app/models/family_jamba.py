@@ -68,13 +68,20 @@ def _experts(cfg: dict[str, Any], layers: int) -> MoEConfig | None:
         return None  # every layer's MLP is dense (JambaConfig.layers_num_experts: 1 expert is an MLP)
     if not 1 <= top_k <= experts:
         raise refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
-    period, offset = int(cfg.get("expert_layer_period", 2)), int(cfg.get("expert_layer_offset", 1))
+    stated = cfg.get("layers_num_experts")  # (as JambaConfig computes it; a GGUF's builder states it so)
+    if stated is not None:
+        if len(stated) != layers or any(n not in (1, experts) for n in stated):
+            raise refuse("layers_num_experts", stated, f" (1 or {experts} for each of {layers} layers)")
+        dense = tuple(i for i, n in enumerate(stated) if n == 1)
+    else:
+        period, offset = int(cfg.get("expert_layer_period", 2)), int(cfg.get("expert_layer_offset", 1))
+        dense = tuple(i for i in range(layers) if i % period != offset)
     return MoEConfig(
         num_experts=experts,
         top_k=top_k,
         intermediate_size=int(cfg["intermediate_size"]),
         norm_topk_prob=False,
-        dense_layers=tuple(i for i in range(layers) if i % period != offset),
+        dense_layers=dense,
     )
 
 

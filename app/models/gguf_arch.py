@@ -133,6 +133,13 @@ ARCH_LAYER["mamba"] = {
     "ssm_dt": "mamba.dt_proj",
     "ssm_out": "mamba.out_proj",
 }
+# Jamba (JambaModel): the same, and the mixer's weighted norms of dt, B and C.
+ARCH_LAYER["jamba"] = {
+    **ARCH_LAYER["mamba"],
+    "ssm_dt_norm": "mamba.dt_layernorm",
+    "ssm_b_norm": "mamba.b_layernorm",
+    "ssm_c_norm": "mamba.c_layernorm",
+}
 # Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, the Mamba-2 mixers' A and D.
 _MAMBA_BARE = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
 ARCH_BARE: dict[str, dict[str, str]] = {
@@ -142,6 +149,7 @@ ARCH_BARE: dict[str, dict[str, str]] = {
     "falcon-h1": _MAMBA_BARE,
     "mamba2": _MAMBA_BARE,
     "mamba": _MAMBA_BARE,
+    "jamba": _MAMBA_BARE,
 }
 # Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
 # scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in

@@ -205,7 +205,34 @@ def _mamba2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     }
 
 
+def _jamba(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Jamba (llama.cpp's JambaModel): a layer without KV heads (head_count_kv per layer) is a Mamba-1 mixer; a layer
+    with a router (ffn_gate_inp) holds the experts; the mixer's sizes from the ssm.* keys, biases as their tensors."""
+    kv = meta.get("attention.head_count_kv")
+    layers = cfg["num_hidden_layers"]
+    kinds = ["attention" if h else "mamba" for h in kv][:layers] if isinstance(kv, (list, tuple)) else None
+    if kinds is None:
+        raise UnsupportedModelError(f"{meta.name}: jamba.attention.head_count_kv is no per-layer list")
+    experts = int(meta.get("expert_count") or 1)
+    first = f"blk.{kinds.index('mamba')}." if "mamba" in kinds else "blk.0."
+    inner, hidden = int(meta.need("ssm.inner_size")), cfg["hidden_size"]
+    return {
+        "model_type": "jamba",
+        "layers_block_type": kinds,
+        "layers_num_experts": [experts if f"blk.{i}.ffn_gate_inp.weight" in tensors else 1 for i in range(layers)],
+        "num_experts": experts,
+        "num_experts_per_tok": int(meta.get("expert_used_count") or 1),
+        "mamba_expand": inner / hidden,
+        "mamba_d_state": int(meta.need("ssm.state_size")),
+        "mamba_d_conv": int(meta.need("ssm.conv_kernel")),
+        "mamba_dt_rank": int(meta.need("ssm.time_step_rank")),
+        "mamba_conv_bias": f"{first}ssm_conv1d.bias" in tensors,
+        "mamba_proj_bias": f"{first}ssm_in.bias" in tensors,
+    }
+
+
 MAMBA_BUILDERS = {
+    "jamba": _jamba,
     "mamba": _mamba,
     "mamba2": _mamba2,
     "granitehybrid": _granite_hybrid,

@@ -1,4 +1,4 @@
-"""GGUF files of Mamba, Falcon-Mamba and Mamba-2, written as llama.cpp's converter writes them
+"""GGUF files of Mamba, Falcon-Mamba, Mamba-2 and Jamba, written as llama.cpp's converter writes them
 (tests/fixtures/gguf_mamba.py), load on both backends: the config read from the metadata is the checkpoint's, the
 weight stream gives the checkpoint's tensors (A_log back from -exp(A_log), the convolution unsqueezed), and the
 logits are transformers' on the file's values (1e-4, teacher-forced through the paged cache) with 32 greedy tokens
@@ -23,7 +23,12 @@ from tests.fixtures.gguf_mamba import convert_mamba
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 from tests.fixtures.tiny_models import build_model
 
-FILES = {"mamba": ("mamba", "f32"), "falcon_mamba": ("falcon_mamba", "f16"), "mamba2": ("mamba2", "f16")}
+FILES = {
+    "mamba": ("mamba", "f32"),
+    "falcon_mamba": ("falcon_mamba", "f16"),
+    "mamba2": ("mamba2", "f16"),
+    "jamba": ("jamba", "f32"),  # KV heads per layer, experts stacked, the mixer's weighted norms
+}
 
 
 @pytest.fixture(scope="module")
