@@ -38,6 +38,8 @@ def layer_kinds(cfg: dict[str, Any], layers: int) -> list[str]:
             raise refuse("layers_block_type", stated, f" (one of {', '.join(_KINDS)} for each of {layers} layers)")
         return list(stated)
     period, offset = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
+    if not 0 <= offset < period:  # (JambaConfig raises)
+        raise refuse("attn_layer_offset", offset, f" (must be below attn_layer_period {period})")
     return ["attention" if i % period == offset else "mamba" for i in range(layers)]
 
 
@@ -63,18 +65,22 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 
 
 def _experts(cfg: dict[str, Any], layers: int) -> MoEConfig | None:
-    experts, top_k = int(cfg.get("num_experts", 16)), int(cfg.get("num_experts_per_tok", 2))
+    stated = cfg.get("num_experts")
+    experts = int(stated if stated is not None else cfg.get("num_local_experts", 16))  # (JambaConfig's alias)
+    top_k = int(cfg.get("num_experts_per_tok", 2))
     if experts <= 1:
         return None  # every layer's MLP is dense (JambaConfig.layers_num_experts: 1 expert is an MLP)
     if not 1 <= top_k <= experts:
         raise refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
-    stated = cfg.get("layers_num_experts")  # (as JambaConfig computes it; a GGUF's builder states it so)
-    if stated is not None:
-        if len(stated) != layers or any(n not in (1, experts) for n in stated):
-            raise refuse("layers_num_experts", stated, f" (1 or {experts} for each of {layers} layers)")
-        dense = tuple(i for i, n in enumerate(stated) if n == 1)
+    per_layer = cfg.get("layers_num_experts")  # (as JambaConfig computes it; a GGUF's builder states it so)
+    if per_layer is not None:
+        if len(per_layer) != layers or any(n not in (1, experts) for n in per_layer):
+            raise refuse("layers_num_experts", per_layer, f" (1 or {experts} for each of {layers} layers)")
+        dense = tuple(i for i, n in enumerate(per_layer) if n == 1)
     else:
         period, offset = int(cfg.get("expert_layer_period", 2)), int(cfg.get("expert_layer_offset", 1))
+        if not 0 <= offset < period:  # (JambaConfig raises)
+            raise refuse("expert_layer_offset", offset, f" (must be below expert_layer_period {period})")
         dense = tuple(i for i in range(layers) if i % period != offset)
     return MoEConfig(
         num_experts=experts,

@@ -70,7 +70,8 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     hidden = out["hidden_size"]
     return {
         **out,
-        "intermediate_size": int(out["expand"] * hidden),  # (MambaConfig: expand x hidden, whatever is stated)
+        # (MambaConfig / FalconMambaConfig keep a stated intermediate_size: falcon-mamba-7b's 8192 beside expand 16)
+        "intermediate_size": int(out.get("intermediate_size") or out["expand"] * hidden),
         "num_attention_heads": 1,
         "num_key_value_heads": 1,
         "head_dim": 2,
@@ -126,6 +127,10 @@ def _configure_mamba2(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, 
 
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise refuse("hidden_act", cfg["hidden_act"], " (the convolution's activation is SiLU in Lantern)")
+    # (the gated RMSNorm of y * silu(z), as Mamba2Mixer computes it; configs that state otherwise are refused)
+    for key, want in (("rms_norm", True), ("norm_before_gate", False)):
+        if cfg.get(key, want) != want:
+            raise refuse(key, cfg[key], " (Mamba2Mixer's norm is RMSNorm(y * silu(z)))")
     mixer = mamba2_mixer(cfg, "M" * fields["num_layers"], float(cfg.get("layer_norm_epsilon", 1e-5)))
     if mixer.inner != fields["intermediate_size"]:  # (Mamba2Mixer's in_proj is expand x hidden wide)
         raise refuse("num_heads", cfg.get("num_heads"), f" x head_dim is not expand x hidden_size ({mixer.inner})")
@@ -143,7 +148,7 @@ def mixer_config(cfg: dict[str, Any], layers: tuple[bool, ...], bc_norm: str, ep
     hidden = cfg["hidden_size"]
     jamba = cfg.get("model_type") == "jamba"
     key = (lambda name: f"mamba_{name}") if jamba else (lambda name: name)
-    inner = int(cfg.get(key("expand"), 2) * hidden)
+    inner = int(cfg.get(key("expand"), 2) * hidden) if jamba else int(cfg["intermediate_size"])  # (prepare's)
     rank = cfg.get("mamba_dt_rank" if jamba else "time_step_rank", "auto")
     rank = math.ceil(hidden / 16) if rank == "auto" else int(rank)
     conv_bias_key, proj_bias_key = ("mamba_conv_bias", "mamba_proj_bias") if jamba else ("use_conv_bias", "use_bias")
@@ -177,6 +182,14 @@ def checkpoint_name(name: str) -> str | None:
             parts[3] = "mamba"
         return ".".join(parts)
     return name
+
+
+def checkpoint_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """A folder's Mamba-1 convolution kernels as [C, 1, K]: mlx_lm saves them [C, K, 1] (its Conv1d layout)."""
+    for name, value in source:
+        if name.endswith(".mamba.conv1d.weight") and value.shape[-1] == 1 and value.shape[1] != 1:
+            value = value.swapaxes(1, 2) if hasattr(value, "swapaxes") else value.transpose(1, 2)
+        yield name, value
 
 
 def gguf_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:

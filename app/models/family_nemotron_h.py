@@ -153,6 +153,8 @@ def checkpoint_name(name: str, kinds: str) -> str:
     """A Nemotron-H checkpoint name in the model files' terms: backbone.* as model.*, the embedding and final
     norm as Llama's, each block's norm as input_layernorm and its mixer under its kind's name (mamba,
     self_attn, mlp)."""
+    if name.startswith(("model.backbone.", "model.lm_head.")):  # (Mamba-Codestral's names, as llama.cpp strips them)
+        name = name.removeprefix("model.")
     m = _BLOCK.match(name)
     if m is not None:
         layer, part, rest = m.groups()

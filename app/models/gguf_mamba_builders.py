@@ -177,6 +177,7 @@ def _mamba(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     return {
         "model_type": "falcon_mamba" if meta.get("ssm.dt_b_c_rms") else "mamba",
         "expand": inner / hidden,
+        "intermediate_size": inner,
         "state_size": int(meta.need("ssm.state_size")),
         "conv_kernel": int(meta.need("ssm.conv_kernel")),
         "time_step_rank": int(meta.need("ssm.time_step_rank")),

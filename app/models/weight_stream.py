@@ -117,10 +117,12 @@ def iter_weights(
         source = (family_mamba2.gguf_tensors if spec.weight_format == "gguf" else family_mamba2.checkpoint_tensors)(
             source
         )
-    if spec.config.mamba1 is not None and spec.weight_format == "gguf":  # llama.cpp's A and convolution shapes
-        from lantern.app.models.family_mamba import gguf_tensors as mamba1_tensors
+    if spec.config.mamba1 is not None:  # llama.cpp's A and convolution shapes, mlx_lm's convolution layout
+        from lantern.app.models import family_mamba
 
-        source = mamba1_tensors(source)
+        source = (family_mamba.gguf_tensors if spec.weight_format == "gguf" else family_mamba.checkpoint_tensors)(
+            source
+        )
     # (a GGUF's qkv_proj / gate_up_proj: the converters' fused tensors, gguf_arch naming which archs have them)
     if spec.config.architecture in FUSED_CHECKPOINTS or spec.weight_format == "gguf":
         source = split_fused(source, spec)
@@ -165,7 +167,7 @@ _TRIM: Any = None
 
 # q/k/v in one qkv_proj and/or gate/up in one gate_up_proj (GLM-4 fuses only gate/up; Granite 4.0-H its
 # shared_mlp's, named so by family_granite.hybrid_name)
-FUSED_CHECKPOINTS = {"phi3", "glm4", "granitemoehybrid", "gpt2", "gpt_bigcode", "gpt_neox", "falcon"}
+FUSED_CHECKPOINTS = {"phi3", "glm4", "granitemoehybrid", "gpt2", "gpt_bigcode", "gpt_neox", "falcon", "codegen"}
 
 
 def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[tuple[str, Any]]:

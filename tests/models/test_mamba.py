@@ -36,7 +36,7 @@ FALCON_MAMBA_7B = {  # tiiuae/falcon-mamba-7b
     "num_hidden_layers": 64,
     "vocab_size": 65024,
     "state_size": 16,
-    "expand": 2,
+    "expand": 16,  # (as released: FalconMambaConfig keeps the stated intermediate_size)
     "intermediate_size": 8192,
     "conv_kernel": 4,
     "time_step_rank": 256,
@@ -85,6 +85,15 @@ def test_mamba2_config_reads_as_transformers_reads_it():
     assert cfg.max_context == CONTEXT and not cfg.tie_word_embeddings
     with pytest.raises(UnsupportedModelError, match="num_heads"):
         ModelConfig.from_hf({**MAMBA_CODESTRAL, "num_heads": 96})
+    for key, value in (("rms_norm", False), ("norm_before_gate", True)):
+        with pytest.raises(UnsupportedModelError, match=key):
+            ModelConfig.from_hf({**MAMBA_CODESTRAL, key: value})
+    from lantern.app.models.family_nemotron_h import checkpoint_name
+
+    kinds = cfg.mamba.layer_kinds  # Mamba-Codestral's file names its tensors model.backbone.* / model.lm_head.*
+    assert checkpoint_name("model.backbone.layers.3.mixer.A_log", kinds) == "model.layers.3.mamba.A_log"
+    assert checkpoint_name("model.lm_head.weight", kinds) == "lm_head.weight"
+    assert checkpoint_name("backbone.norm_f.weight", kinds) == "model.norm.weight"
 
 
 JAMBA_V01 = {  # ai21labs/Jamba-v0.1
@@ -125,8 +134,12 @@ def test_jamba_config_reads_as_transformers_reads_it():
     assert m.conv_bias and not m.proj_bias
     assert not jamba.moe.norm_topk_prob and jamba.moe.intermediate_size == 14336
     assert ModelConfig.from_hf({**JAMBA_V01, "num_experts": 1}).moe is None  # Jamba Reasoning 3B's dense MLPs
-    with pytest.raises(UnsupportedModelError, match="attn_layer_offset"):
-        ModelConfig.from_hf({**JAMBA_V01, "attn_layer_offset": 40})
+    with pytest.raises(UnsupportedModelError, match="attn_layer_offset"):  # no layer attends
+        ModelConfig.from_hf({**JAMBA_V01, "attn_layer_period": 64, "attn_layer_offset": 40})
+    for key in ("attn_layer_offset", "expert_layer_offset"):  # an offset past its period (JambaConfig raises)
+        with pytest.raises(UnsupportedModelError, match=key):
+            ModelConfig.from_hf({**JAMBA_V01, key: 9})
+    assert ModelConfig.from_hf({**JAMBA_V01, "num_experts": None, "num_local_experts": 8}).moe.num_experts == 8
 
 
 @pytest.mark.parametrize("length", [1, 7, 130])
@@ -161,3 +174,28 @@ def test_a_model_without_attention_is_served_with_the_engines_own_sizing(tiny_mo
     prompt_ids = llm.tokenizer.encode(PROMPT)
     out = llm.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
     assert out[0].outputs[0].token_ids == hf_greedy(hf_model(path), prompt_ids, 32)
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_mamba(tmp_path_factory):
+    """A tiny Mamba quantized by mlx_lm (4-bit g32): its convolution kernels saved [C, K, 1]."""
+    pytest.importorskip("mlx_lm")
+    from mlx_lm.utils import load, quantize_model, save
+
+    from tests.fixtures.tiny_models import build_model
+
+    out = tmp_path_factory.mktemp("mamba-mlx-lm")
+    src = build_model("mamba", out / "float")
+    model, tokenizer, config = load(str(src), return_config=True, lazy=True)
+    model, config = quantize_model(model, config, 32, 4, mode="affine")
+    save(out / "mlx", str(src), model, tokenizer, config)
+    return out / "mlx"
+
+
+def test_4bit_mlx_lm_mamba_computes_what_mlx_lm_computes(mlx_lm_mamba, backend):
+    from tests.fixtures.teacher_forcing import mlx_lm_error
+
+    llm = LLM(str(mlx_lm_mamba), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    worst, scale = mlx_lm_error(llm, mlx_lm_mamba, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
+    print(f"mamba {backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
+    assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale, (worst, scale)
