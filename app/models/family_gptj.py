@@ -1,20 +1,26 @@
-"""GPT-J (EleutherAI/gpt-j-6b, GPT4All-J, Pygmalion-6B, and fine-tunes: model_type gptj), as transformers'
-GPTJConfig reads its config.json (defaults included), turned into ModelConfig fields; it runs in the Phi model
-files.
+"""GPT-J (EleutherAI/gpt-j-6b, GPT4All-J, Pygmalion-6B, and fine-tunes: model_type gptj) and CodeGen
+(Salesforce/codegen-*-mono / multi / nl, codegen2: model_type codegen), as transformers' GPTJConfig / CodeGenConfig
+read their config.json (defaults included), turned into ModelConfig fields; both run in the Phi model files.
 
 The maths (transformers' modeling_gptj): one LayerNorm (ln_1) whose output feeds attention and the MLP side by
 side, both joining the stream; attention without biases whose rope turns consecutive pairs (rotate_every_two) of
 the first rotary_dim dims of each head (default 64; every dim when rotary_dim is null), base 10000; an ungated
 MLP fc_out(act(fc_in(x))) with biases (activation_function gelu_new: the tanh GELU), n_inner or 4 x n_embd wide;
-a final LayerNorm ln_f and an untied head with a bias.
+a final LayerNorm ln_f and an untied head with a bias. CodeGen is GPT-J's block with q, v and k in one qkv_proj
+laid out for the 4 model-parallel shards it was trained on: per shard [q, v, k] rows of its quarter of the heads
+(reordered to q, k, v rows while loading).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from lantern.app.models.errors import UnsupportedModelError, refuse
+from lantern.app.models.grouped_qkv import reorder_rows
 
 _ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
 # GPTJConfig's defaults, and its attribute_map: its n_* keys and the standard names mean the same
@@ -51,13 +57,15 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides; refuses, naming the key, what Lantern does not compute."""
-    if model_type != "gptj":
+    if model_type == "codegen" and fields["hidden_size"] % (_SHARDS * fields["head_dim"]):
+        raise refuse("n_head", fields["num_heads"], f" (CodeGen's fused q/k/v needs heads in {_SHARDS} equal shards)")
+    if model_type not in ("gptj", "codegen"):
         raise UnsupportedModelError(f"family_gptj does not configure model_type {model_type!r}")
     act = cfg.get("activation_function", "gelu_new")
     if act not in _ACTS:
         raise refuse("activation_function", act, f"; supported: {', '.join(_ACTS)}")
     if cfg.get("tie_word_embeddings"):  # (the head's bias would have to be added to the embedding's logits)
-        raise refuse("tie_word_embeddings", True, " for gptj (a tied head with its bias)")
+        raise refuse("tie_word_embeddings", True, f" for {model_type} (a tied head with its bias)")
     return {
         "hidden_act": _ACTS[act],
         "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)),
@@ -69,8 +77,10 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     }
 
 
+_SHARDS = 4  # CodeGenAttention.mp_num
 _LAYER = {
     "ln_1": "input_layernorm",
+    "attn.qkv_proj": "self_attn.qkv_proj",  # (CodeGen's)
     "attn.q_proj": "self_attn.q_proj",
     "attn.k_proj": "self_attn.k_proj",
     "attn.v_proj": "self_attn.v_proj",
@@ -93,3 +103,17 @@ def checkpoint_name(name: str) -> str | None:
         return name if mapped is None else f"model.layers.{m.group(1)}.{mapped}.{m.group(3)}"
     stem, _, kind = name.rpartition(".")
     return f"{_GLOBAL[stem]}.{kind}" if stem in _GLOBAL else name  # (unknown: refused by name)
+
+
+def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
+    """CodeGen's qkv_proj rows (per shard: q, v, k of its heads) as q rows, then k, then v (weight_stream.split_fused
+    cuts them); GPT-J's stream as it is."""
+    cfg = spec.config
+    if cfg.architecture != "codegen":
+        yield from source
+        return
+    local = cfg.hidden_size // _SHARDS
+    shards = np.arange(_SHARDS)[:, None] * 3 * local + np.arange(local)[None, :]
+    order = np.concatenate([shards.reshape(-1), (shards + 2 * local).reshape(-1), (shards + local).reshape(-1)])
+    for name, value in source:
+        yield name, reorder_rows(value, order) if ".self_attn.qkv_proj." in name else value

@@ -43,6 +43,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "nemotron",
     "gpt_neox",
     "gptj",
+    "codegen",
 )
 
 

@@ -145,6 +145,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "olmo": {"family": "olmo1", "configure": "family_olmo1", "defaults": "family_olmo1"},
     # GPT-J (GPT4All-J, Pygmalion-6B): Phi's parallel block, the rope on pairs of the first rotary_dim dims
     "gptj": {"family": "phi", "configure": "family_gptj", "prepare": True, "tensors": True},
+    # CodeGen: GPT-J's block, q/k/v fused in its 4 training shards' layout (reordered while loading)
+    "codegen": {"family": "phi", "configure": "family_gptj", "prepare": True, "tensors": True},
     # Helium (Kyutai): Llama's layer with the rope on consecutive pairs
     "helium": {"configure": "family_helium", "defaults": "family_helium"},
     # OLMo 2 / 3: post-sublayer norms only, q/k norms over whole projections; OLMo 3's sliding layers.

@@ -102,6 +102,18 @@ OLMO_17 = {  # allenai/OLMo-1.7-7B-hf
     "max_position_embeddings": 4096,
     "vocab_size": 50304,
 }
+CODEGEN = {  # Salesforce/codegen-350M-mono
+    "model_type": "codegen",
+    "activation_function": "gelu_new",
+    "n_ctx": 2048,
+    "n_embd": 1024,
+    "n_head": 16,
+    "n_layer": 20,
+    "n_positions": 2048,
+    "rotary_dim": 32,
+    "vocab_size": 51200,
+    "tie_word_embeddings": False,
+}
 HELIUM = {"model_type": "helium", "hidden_size": 2560, "num_hidden_layers": 24, "vocab_size": 48000}
 
 
@@ -135,6 +147,9 @@ def test_released_configs_read_as_transformers_reads_them():
     assert (gptj.family, gptj.head_dim, gptj.intermediate_size, gptj.rope_interleaved) == ("phi", 256, 16384, True)
     assert gptj.rope_scaling == {"rope_type": "default", "partial_rotary_factor": 0.25} and gptj.lm_head_bias
     assert ModelConfig.from_hf({**GPTJ, "rotary_dim": None}).rope_scaling is None  # (whole heads)
+    codegen = ModelConfig.from_hf(CODEGEN)
+    assert (codegen.family, codegen.head_dim, codegen.rope_interleaved, codegen.lm_head_bias) == ("phi", 64, True, True)
+    assert codegen.rope_scaling == {"rope_type": "default", "partial_rotary_factor": 0.5}
     olmo = ModelConfig.from_hf(OLMO_17)
     assert (olmo.family, olmo.clip_qkv, olmo.num_kv_heads, olmo.rms_norm_eps) == ("olmo1", 8.0, 32, 1e-5)
     assert ModelConfig.from_hf({**OLMO_17, "clip_qkv": None}).clip_qkv is None
@@ -158,6 +173,7 @@ REFUSED = [
     (OLMO_17, "attention_bias", True),
     (OLMO_17, "clip_qkv", -1.0),
     (HELIUM, "mlp_bias", True),
+    ({**CODEGEN, "n_embd": 1008}, "n_head", 6),  # six heads of 168 do not split into CodeGen's four shards
 ]
 
 
