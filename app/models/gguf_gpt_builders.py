@@ -1,6 +1,7 @@
 """GGUF builders (see gguf_builders.py) of the GPT-2-era families: GPT-2, StarCoder (GPT-BigCode), GPT-NeoX and
 Falcon, as llama.cpp's converter writes them (conversion/gpt2.py, starcoder.py, gptneox.py, falcon.py), and OLMo (1)
-(conversion/olmo.py: Llama's tensors, q/k permuted as Llama's, no norm weights, clip_qkv as clamp_kqv). Each returns
+(conversion/olmo.py: Llama's tensors, q/k permuted as Llama's, no norm weights, clip_qkv as clamp_kqv) and BLOOM
+(conversion/bloom.py). Each returns
 the config.json keys its family module reads (family_gpt2 / family_gptneox); what the metadata cannot say comes from
 which tensors exist. The converters state the MLP as 4 x hidden whatever the model's (GPT-2, StarCoder, Falcon):
 its width is the ffn_up tensor's. Their q/k/v arrive as one attn_qkv of q rows, then k, then v (GPT-NeoX's and
@@ -84,4 +85,23 @@ def _olmo(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
-GPT_BUILDERS = {"gpt2": _gpt2, "starcoder": _starcoder, "gptneox": _gptneox, "falcon": _falcon, "olmo": _olmo}
+def _bloom(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """BLOOM (BloomModel: per-head q/k/v rows regrouped to q, k, v; the embedding LayerNorm as token_embd_norm; its
+    context_length is seq_length)."""
+    return {
+        "model_type": "bloom",
+        "n_head": cfg["num_attention_heads"],
+        "n_layer": cfg["num_hidden_layers"],
+        "seq_length": cfg["max_position_embeddings"],
+        "layer_norm_epsilon": cfg["rms_norm_eps"],
+    }
+
+
+GPT_BUILDERS = {
+    "bloom": _bloom,
+    "gpt2": _gpt2,
+    "starcoder": _starcoder,
+    "gptneox": _gptneox,
+    "falcon": _falcon,
+    "olmo": _olmo,
+}

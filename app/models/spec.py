@@ -45,6 +45,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "gpt2": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
     "gpt_bigcode": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
     "opt": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
+    # BLOOM / BLOOMZ: Jais 2's layer under an embedding LayerNorm, ALiBi instead of a rope
+    "bloom": {"family": "jais2", "configure": "family_bloom", "prepare": True, "tensors": True},
     # GPT-NeoX (Pythia) / Falcon: Phi's parallel block, the MLP under its own LayerNorm where the config says;
     # GPT-NeoX's sequential layers (use_parallel_residual false) in Jais 2's files (family_gptneox.configure)
     "gpt_neox": {"family": "phi", "configure": "family_gptneox", "prepare": True, "tensors": True},
@@ -366,6 +368,9 @@ class ModelConfig:
     mlp_norm: bool = False  # the parallel block's MLP reads a LayerNorm of its own (GPT-NeoX, Falcon 40B)
     rope_interleaved: bool = False  # the rope turns consecutive pairs (GPT-J, Helium), not the two halves
     clip_qkv: float | None = None  # OLMo 1: q, k and v clamped to [-clip_qkv, clip_qkv] after their projections
+    # ALiBi (BLOOM, MPT): per query head, the slope times each key's position added to the scaled scores (no rope)
+    alibi_slopes: tuple[float, ...] | None = None
+    embed_norm: bool = False  # BLOOM: a LayerNorm of the token embedding (model.embed_norm) before the first layer
     encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     gemma3n: Any = None  # family_gemma3n.Gemma3nBlocks: Gemma 3n's AltUp streams, LAuReL, activation sparsity

@@ -167,7 +167,18 @@ _TRIM: Any = None
 
 # q/k/v in one qkv_proj and/or gate/up in one gate_up_proj (GLM-4 fuses only gate/up; Granite 4.0-H its
 # shared_mlp's, named so by family_granite.hybrid_name)
-FUSED_CHECKPOINTS = {"phi3", "glm4", "granitemoehybrid", "gpt2", "gpt_bigcode", "gpt_neox", "falcon", "codegen"}
+# (and the GPT-2-era families whose fused q/k/v their family modules reorder to q, k, v rows first)
+FUSED_CHECKPOINTS = {
+    "phi3",
+    "glm4",
+    "granitemoehybrid",
+    "gpt2",
+    "gpt_bigcode",
+    "gpt_neox",
+    "falcon",
+    "codegen",
+    "bloom",
+}
 
 
 def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[tuple[str, Any]]:

@@ -65,6 +65,8 @@ class Attention(nn.Module):
         self.clip = cfg.clip_qkv
         self.temperature = cfg.attn_temperature  # Ministral 3: queries scaled per position
         self.rotates = cfg.rope_layers is None or cfg.rope_layers[layer_idx]  # SmolLM3's NoPE layers do not
+        # BLOOM / MPT's ALiBi slopes (a leading _: not a parameter)
+        self._alibi = None if cfg.alibi_slopes is None else mx.array(cfg.alibi_slopes, dtype=mx.float32)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         t = x.shape[0]
@@ -87,7 +89,16 @@ class Attention(nn.Module):
             q = q * query_temperature(self.temperature, meta.positions, q.dtype)
         sinks = self.get("sinks")
         out = paged_attention(
-            q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap, sinks=sinks
+            q,
+            k,
+            v,
+            meta,
+            self.layer_idx,
+            self.scale,
+            window=self.window,
+            softcap=self.softcap,
+            sinks=sinks,
+            alibi=self._alibi,
         )
         return self.o_proj(out.reshape(t, -1))
 

@@ -159,9 +159,11 @@ def _attention_explicit(
     mask: mx.array | None,
     softcap: float | None = None,
     sinks: mx.array | None = None,
+    alibi: mx.array | None = None,
 ) -> mx.array:
     """Grouped-query attention as two batched matmuls: q [B, H, L, D], k [B, KVH, S, D], v
-    [B, KVH, S, Dv], mask broadcastable to [B, L, S] (True = attend) -> [B, H, L, Dv].
+    [B, KVH, S, Dv], mask broadcastable to [B, L, S] (True = attend) -> [B, H, L, Dv]. alibi [H]: ALiBi's
+    slopes times the key positions 0 .. S - 1 added to the scaled scores (BLOOM's form).
 
     Used where the scores themselves are needed (soft-capping) and for decode on the CPU, where
     fast.scaled_dot_product_attention has no fused kernel and costs about twice this for
@@ -170,6 +172,9 @@ def _attention_explicit(
     kvh = k.shape[1]
     qg = q.reshape(b, kvh, h // kvh, n_q, d)
     scores = (qg @ k[:, :, None].swapaxes(-1, -2)) * scale  # [B, KVH, G, L, S]
+    if alibi is not None:  # (in float32 beside scores of any dtype: the positions are exact)
+        pos = mx.arange(k.shape[2], dtype=mx.float32)
+        scores = scores.astype(mx.float32) + alibi.reshape(1, kvh, h // kvh, 1, 1) * pos
     if softcap is not None:
         scores = mx.tanh(scores / softcap) * softcap  # Gemma 2: capped before masking
     if mask is not None:
@@ -192,10 +197,11 @@ def _attend(
     softcap: float | None,
     sinks: mx.array | None,
     prefer_explicit: bool = False,
+    alibi: mx.array | None = None,
 ) -> mx.array:
     """The fused SDPA where it computes the same thing, the explicit matmuls otherwise (also for a
     V narrower than K: not every fused kernel takes one)."""
-    if softcap is None and not prefer_explicit and k.shape[-1] == v.shape[-1]:
+    if softcap is None and alibi is None and not prefer_explicit and k.shape[-1] == v.shape[-1]:
         if sinks is not None:
             sinks = sinks.astype(q.dtype)  # SDPA wants sinks that promote to the output type
         if isinstance(mask, mx.array) and mask.ndim == 2:
@@ -206,7 +212,7 @@ def _attend(
         mask = mx.arange(n_k)[None, :] <= mx.arange(n_k - n_q, n_k)[:, None]
     if mask is not None and mask.ndim == 2:
         mask = mask[None]
-    return _attention_explicit(q, k, v, scale, mask, softcap, sinks)
+    return _attention_explicit(q, k, v, scale, mask, softcap, sinks, alibi)
 
 
 def _decode_view(meta: AttentionMetadata, window: int | None) -> tuple[mx.array, mx.array]:
@@ -244,6 +250,7 @@ def paged_attention(
     softcap: float | None = None,
     sinks: mx.array | None = None,
     write: bool = True,
+    alibi: mx.array | None = None,
 ) -> mx.array:
     """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D].
 
@@ -254,7 +261,8 @@ def paged_attention(
 
     window: a query at position p sees keys p - window < j <= p; softcap: scores (after scale)
     become softcap * tanh(scores / softcap) before masking; sinks [H]: one extra logit per head
-    in the softmax's denominator, with no value (gpt-oss)."""
+    in the softmax's denominator, with no value (gpt-oss); alibi [H]: ALiBi's slopes (BLOOM, MPT: no window, so
+    the keys gathered are positions 0 on)."""
     pool = meta.pool
     if write:
         pool.write(layer, meta.slot_mapping, k, v)
@@ -268,7 +276,7 @@ def paged_attention(
         kd = _gather_blocks(k_pool, tables, meta.block_size)  # [B, KVH, L, D]
         vd = kd[..., :v_dim] if v_in_k else _gather_blocks(v_pool, tables, meta.block_size)
         on_cpu = mx.default_device().type != mx.DeviceType.gpu
-        od = _attend(qd, kd, vd, scale, mask, softcap, sinks, prefer_explicit=on_cpu)
+        od = _attend(qd, kd, vd, scale, mask, softcap, sinks, prefer_explicit=on_cpu, alibi=alibi)
         pieces.append(od[:, :, 0, :].astype(q.dtype))
     for g in meta.prefills:
         slots, mask = _prefill_view(g, window)
@@ -282,7 +290,7 @@ def paged_attention(
         kp = kp.astype(q.dtype).transpose(1, 0, 2)[None]
         vp = vp.astype(q.dtype).transpose(1, 0, 2)[None]
         # "causal" aligns the last query with the last key, i.e. the chunk follows its prefix.
-        op = _attend(qp, kp, vp, scale, mask, softcap, sinks)
+        op = _attend(qp, kp, vp, scale, mask, softcap, sinks, alibi=alibi)
         pieces.append(op[0].transpose(1, 0, 2).astype(q.dtype))
     out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=0)
     if meta.restore_order is not None:

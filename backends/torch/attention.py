@@ -166,6 +166,7 @@ def paged_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     write: bool = True,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D] for this step's tokens -> attention output [T, H, D].
 
@@ -174,7 +175,8 @@ def paged_attention(
 
     window: a query at position p sees keys p - window < j <= p; softcap: scores (after scale)
     become softcap * tanh(scores / softcap) before masking; sinks [H]: one extra logit per head
-    in the softmax's denominator, with no value (gpt-oss). Decode queries sit at seq_len - 1, a
+    in the softmax's denominator, with no value (gpt-oss); alibi [H]: ALiBi's slopes (BLOOM), which the
+    reference kernels compute (not the native CPU or Triton ones). Decode queries sit at seq_len - 1, a
     prefill chunk's first query at ctx_len - chunk length.
 
     With a pool whose V lies inside K (v_is_k_prefix), v is None and the output is [T, H, v_dim]."""
@@ -185,6 +187,8 @@ def paged_attention(
     elif write:
         ops.write_kv(k_pool, v_pool, k, v, meta.slot_mapping, meta.may_skip_slots)
     extras = dict(window=window, softcap=softcap, sinks=sinks)
+    if alibi is not None:
+        extras["alibi"] = alibi
     pieces = []
     if meta.decode_token_idx is not None:
         pieces.append(
@@ -201,7 +205,7 @@ def paged_attention(
                 native=meta.native_decode,
             )
         )
-    if meta.prefills and meta.native_decode and cpu_attention.serves_prefill(q, k_pool, v_pool):
+    if meta.prefills and meta.native_decode and alibi is None and cpu_attention.serves_prefill(q, k_pool, v_pool):
         # A CPU step's prefill chunks in one native call (cpu_prefill_attention.c: ~2-3x faster than SDPA per chunk)
         groups = meta.step_cache.get("prefill_groups")
         if groups is None:

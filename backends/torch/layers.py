@@ -149,6 +149,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, cfg.rms_norm_eps)
+        self.alibi_slopes = cfg.alibi_slopes  # BLOOM / MPT (a tensor of them made on first use, on q's device)
+        self._alibi: torch.Tensor | None = None
         self.temperature = cfg.attn_temperature  # Ministral 3: queries scaled per position
         self.rotates = cfg.rope_layers is None or cfg.rope_layers[layer_idx]  # SmolLM3's NoPE layers do not
 
@@ -183,8 +185,22 @@ class Attention(nn.Module):
             q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         if self.temperature is not None:
             q = q * query_temperature(self.temperature, meta, q.dtype)
+        alibi = None
+        if self.alibi_slopes is not None:
+            if self._alibi is None or self._alibi.device != q.device:
+                self._alibi = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=q.device)
+            alibi = self._alibi
         out = paged_attention(
-            q, k, v, meta, self.layer_idx, self.scale, window=self.window, softcap=self.softcap, sinks=self.sinks
+            q,
+            k,
+            v,
+            meta,
+            self.layer_idx,
+            self.scale,
+            window=self.window,
+            softcap=self.softcap,
+            sinks=self.sinks,
+            alibi=alibi,
         )
         return self.tp.all_reduce(self.o_proj(out.reshape(t, -1)))
 

@@ -220,10 +220,14 @@ class TorchBackend:
             self.static_decode = self.capture_graphs = False
         if self.device.type == "cpu":
             keep_freed_memory()  # now, after the weights and the KV pool (cpu_malloc says why)
-        if self.options.compile_decode and not self.cfg.recurrent:
+        if self.options.compile_decode and self.cfg.alibi_slopes is not None:  # (its reference attention path)
+            logger.info("decode steps run eagerly: this model's ALiBi attention takes the reference attention path")
+        elif self.options.compile_decode and not self.cfg.recurrent:
             self._compile_decode(block_size)
-        if v_in_k and self.static_decode:  # the reference path MLA takes syncs with the host: no capture
-            logger.info("decode steps run eagerly: this model's KV layout takes the reference attention path")
+        # The reference attention path (MLA's KV layout, ALiBi's biases) syncs with the host: no capture
+        if (v_in_k or self.cfg.alibi_slopes is not None) and self.static_decode:
+            why = "KV layout" if v_in_k else "ALiBi attention"
+            logger.info("decode steps run eagerly: this model's %s takes the reference attention path", why)
             self.static_decode = self.capture_graphs = False
         if self.static_decode:
             max_blocks = min(num_blocks, -(-self.max_context // block_size))

@@ -1,14 +1,15 @@
-"""GPT-2, GPT-BigCode (StarCoder), OPT, GPT-NeoX (Pythia), Falcon, GPT-J, OLMo (1) and Helium: their released
-config.json files read as transformers reads them, what Lantern does not compute refused by name, checkpoint names
-of older and quantized files mapped (buffers skipped), and the layouts other tools save (mlx_lm-quantized GPT-2 and
-GPT-NeoX folders) computing what that tool computes. (Logits and greedy tokens of every tiny variant against
-transformers: tests/conformance, variants gpt2, gpt_bigcode, gpt_bigcode_mha, opt, gpt_neox, gpt_neox_seq, falcon,
-falcon_40b, gptj, olmo1, helium.)"""
+"""GPT-2, GPT-BigCode (StarCoder), OPT, GPT-NeoX (Pythia), Falcon, GPT-J, CodeGen, BLOOM, OLMo (1) and Helium: their
+released config.json files read as transformers reads them, what Lantern does not compute refused by name,
+checkpoint names of older and quantized files mapped (buffers skipped), and the layouts other tools save (mlx_lm-
+quantized GPT-2 and GPT-NeoX folders) computing what that tool computes. (Logits and greedy tokens of every tiny
+variant against transformers: tests/conformance, variants gpt2, gpt_bigcode, gpt_bigcode_mha, opt, gpt_neox,
+gpt_neox_seq, falcon, falcon_40b, gptj, codegen, bloom, bloom6, olmo1, helium.)"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from lantern.app.engine import LLM
 from lantern.app.models.errors import UnsupportedModelError
@@ -114,6 +115,16 @@ CODEGEN = {  # Salesforce/codegen-350M-mono
     "vocab_size": 51200,
     "tie_word_embeddings": False,
 }
+BLOOM_560M = {  # bigscience/bloom-560m
+    "model_type": "bloom",
+    "hidden_size": 1024,
+    "n_head": 16,
+    "n_layer": 24,
+    "layer_norm_epsilon": 1e-5,
+    "apply_residual_connection_post_layernorm": False,
+    "vocab_size": 250880,
+    "seq_length": 2048,
+}
 HELIUM = {"model_type": "helium", "hidden_size": 2560, "num_hidden_layers": 24, "vocab_size": 48000}
 
 
@@ -150,6 +161,9 @@ def test_released_configs_read_as_transformers_reads_them():
     codegen = ModelConfig.from_hf(CODEGEN)
     assert (codegen.family, codegen.head_dim, codegen.rope_interleaved, codegen.lm_head_bias) == ("phi", 64, True, True)
     assert codegen.rope_scaling == {"rope_type": "default", "partial_rotary_factor": 0.5}
+    bloom = ModelConfig.from_hf(BLOOM_560M)
+    assert (bloom.family, bloom.num_heads, bloom.intermediate_size, bloom.embed_norm) == ("jais2", 16, 4096, True)
+    assert bloom.tie_word_embeddings and bloom.rope_layers == (False,) * 24 and bloom.max_context == 2048
     olmo = ModelConfig.from_hf(OLMO_17)
     assert (olmo.family, olmo.clip_qkv, olmo.num_kv_heads, olmo.rms_norm_eps) == ("olmo1", 8.0, 32, 1e-5)
     assert ModelConfig.from_hf({**OLMO_17, "clip_qkv": None}).clip_qkv is None
@@ -173,6 +187,7 @@ REFUSED = [
     (OLMO_17, "attention_bias", True),
     (OLMO_17, "clip_qkv", -1.0),
     (HELIUM, "mlp_bias", True),
+    (BLOOM_560M, "apply_residual_connection_post_layernorm", True),
     ({**CODEGEN, "n_embd": 1008}, "n_head", 6),  # six heads of 168 do not split into CodeGen's four shards
 ]
 
@@ -192,6 +207,33 @@ def test_grouped_qkv_rows_reorder_to_q_then_k_then_v():
     assert got.tolist() == q + [4, 5, 12, 13] + [6, 7, 14, 15]
     assert reorder_rows(np.arange(6), stacked_order(2, 1, 1)).tolist() == [0, 3, 1, 4, 2, 5]
     assert reorder_rows(np.arange(5), stacked_order(1, 3, 1)).tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("heads", [1, 4, 6, 16, 71, 112])
+def test_alibi_slopes_are_blooms(heads):
+    """BLOOM's slopes for powers of two and not (bloom-176b: 112 heads)."""
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+    from lantern.app.models.family_bloom import alibi_slopes
+
+    want = _get_alibi_slopes(heads, torch.device("cpu")).tolist()
+    np.testing.assert_allclose(alibi_slopes(heads), want, rtol=1e-6)
+
+
+def test_alibi_decodes_on_the_reference_path_when_decode_would_compile(tiny_model_dir, caplog):
+    """A compiled decode (--compile) of an ALiBi model is declined, saying why: its attention takes the reference
+    path; the answers are eager's."""
+    import logging
+
+    from lantern.app.engine import SamplingParams
+
+    path = tiny_model_dir("bloom")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    eager = LLM(path, backend="torch", dtype="float32", num_kv_blocks=64).generate(["def add(a, b):"], params)
+    with caplog.at_level(logging.INFO):
+        llm = LLM(path, backend="torch", dtype="float32", num_kv_blocks=64, compile_decode=True)
+    assert "ALiBi attention takes the reference attention path" in caplog.text
+    assert llm.generate(["def add(a, b):"], params)[0].outputs[0].token_ids == eager[0].outputs[0].token_ids
 
 
 def test_checkpoint_names_of_older_and_quantized_files():
@@ -219,6 +261,12 @@ def test_checkpoint_names_of_older_and_quantized_files():
     assert neox_name("transformer.h.0.ln_mlp.weight") == "model.layers.0.post_attention_layernorm.weight"
     assert gptj_name("transformer.h.0.attn.masked_bias") is None
     assert gptj_name("transformer.h.0.mlp.fc_in.qweight") == "model.layers.0.mlp.up_proj.qweight"
+    from lantern.app.models.family_bloom import checkpoint_name as bloom_name
+
+    # bigscience's early files name BLOOM's tensors without "transformer."
+    assert bloom_name("h.2.self_attention.query_key_value.bias") == "model.layers.2.self_attn.qkv_proj.bias"
+    assert bloom_name("word_embeddings_layernorm.weight") == "model.embed_norm.weight"
+    assert bloom_name("transformer.ln_f.bias") == "model.norm.bias"
 
 
 def test_reorder_keeps_quantized_weights_quantized():

@@ -39,6 +39,8 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if cfg.learned_positions:  # GPT-2's absolute position table (read at each token's position)
             self.embed_positions = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        if cfg.embed_norm:  # BLOOM's word_embeddings_layernorm
+            self.embed_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.layers = [layer_cls(cfg, i) for i in range(cfg.num_layers)]
         self.norm = norm_cls(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
@@ -67,6 +69,8 @@ class CausalLM(nn.Module):
             h = h * self.cfg.embed_multiplier
         if self.cfg.learned_positions:
             h = h + self.model.embed_positions(meta.positions)
+        if self.cfg.embed_norm:
+            h = self.model.embed_norm(h)
         extras = self.layer_extras(meta)
         for layer in self.model.layers:
             h = layer(h, meta, *extras)

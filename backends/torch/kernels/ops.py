@@ -48,15 +48,17 @@ def paged_decode(
     sinks: torch.Tensor | None = None,
     ctx_cache: dict | None = None,
     native: bool = False,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """ctx_cache: a dict living for one step, where the reference path keeps each window's
     gather (reference.decode_context) for the next layers. native: the pool is one that
-    cpu_attention serves (float32 or bfloat16 on a CPU with the native kernels), which reads it in place."""
-    if native:
+    cpu_attention serves (float32 or bfloat16 on a CPU with the native kernels), which reads it in place.
+    alibi: ALiBi's slopes per query head, which only the reference path computes."""
+    if native and alibi is None:
         return torch.ops.lantern.paged_decode(
             q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window or 0, softcap or 0.0, sinks
         )
-    if use_triton(q) and _same_width(k_pool, v_pool):
+    if use_triton(q) and _same_width(k_pool, v_pool) and alibi is None:
         from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.paged_decode(
@@ -68,20 +70,32 @@ def paged_decode(
         if ctx_cache is not None:
             ctx_cache[("decode", window)] = ctx
     return reference.paged_decode(
-        q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window, softcap, sinks, ctx=ctx
+        q, k_pool, v_pool, block_tables, seq_lens, block_size, scale, window, softcap, sinks, ctx=ctx, alibi=alibi
     )
 
 
 def paged_prefill(
-    q, k_pool, v_pool, block_table, ctx_len: int, block_size: int, scale: float, window=None, softcap=None, sinks=None
+    q,
+    k_pool,
+    v_pool,
+    block_table,
+    ctx_len: int,
+    block_size: int,
+    scale: float,
+    window=None,
+    softcap=None,
+    sinks=None,
+    alibi=None,
 ):
-    if use_triton(q) and _same_width(k_pool, v_pool):
+    if use_triton(q) and _same_width(k_pool, v_pool) and alibi is None:
         from lantern.backends.torch.kernels import triton_kernels
 
         return triton_kernels.paged_prefill(
             q, k_pool, v_pool, block_table, ctx_len, block_size, scale, window=window, softcap=softcap, sinks=sinks
         )
-    return reference.paged_prefill(q, k_pool, v_pool, block_table, ctx_len, block_size, scale, window, softcap, sinks)
+    return reference.paged_prefill(
+        q, k_pool, v_pool, block_table, ctx_len, block_size, scale, window, softcap, sinks, alibi
+    )
 
 
 def rms_norm(x, weight, eps: float, residual=None):

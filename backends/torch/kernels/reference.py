@@ -1,8 +1,10 @@
 """Plain-torch references of the Triton kernels. They are also the CPU path of the torch backend.
 
 A negative slot in a slot mapping means "write nothing" (padding rows of a CUDA-graph batch).
-Attention takes a sliding `window` (query p sees keys p - window < j <= p), a logit `softcap`
-and per-head `sinks`, as transformers computes them (Mistral/Gemma 2/gpt-oss eager attention).
+Attention takes a sliding `window` (query p sees keys p - window < j <= p), a logit `softcap`,
+per-head `sinks` and ALiBi's per-head `alibi` slopes (slope * key position added to the scaled scores:
+softmax cancels the query's own term, as BLOOM computes it), as transformers computes them (Mistral /
+Gemma 2 / gpt-oss / BLOOM eager attention).
 
 Shapes: pools [num_slots, kv_heads, head_dim] (slot = block * block_size + offset);
 block_tables [B, max_blocks] int; lengths [B] int. V may be narrower than K (multi-head latent
@@ -64,6 +66,7 @@ def sdpa_grouped(
     mask: torch.Tensor | None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, H, L, D], k/v [B, KVH, S, D] (grouped-query heads); mask [.., L, S] bool, True = attend,
     or None for the plain causal mask of L == S (SDPA's is_causal: no mask is built, and torch's CPU
@@ -74,7 +77,7 @@ def sdpa_grouped(
     needs the scores, so they take explicit matmuls in float32 (as does a V narrower than K, whose
     repeat per query head would cost more than the grouped matmuls); otherwise torch's SDPA, whose
     enable_gqa reads each KV head for its query heads in place (no repeated copy of K and V)."""
-    if softcap is None and sinks is None and k.shape[-1] == v.shape[-1]:
+    if softcap is None and sinks is None and alibi is None and k.shape[-1] == v.shape[-1]:
         gqa = q.shape[1] != k.shape[1]
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
@@ -85,8 +88,16 @@ def sdpa_grouped(
     kvh = k.shape[1]
     qg = q.reshape(b, kvh, h // kvh, n_q, d)
     scores = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, KVH, G, L, S]
+    if alibi is not None:  # keys from position 0 (ALiBi models have no window)
+        scores = scores + alibi_bias(alibi, kvh, k.shape[2])
     probs = _softmax(scores, mask.reshape(-1, 1, 1, n_q, mask.shape[-1]), softcap, sinks)
     return torch.matmul(probs.to(v.dtype), v[:, :, None]).reshape(b, h, n_q, v.shape[-1])
+
+
+def alibi_bias(slopes: torch.Tensor, kv_heads: int, keys: int) -> torch.Tensor:
+    """[1, KVH, G, 1, S] float32: each query head's slope times the key positions 0 .. keys - 1."""
+    pos = torch.arange(keys, device=slopes.device, dtype=torch.float32)
+    return (slopes.float().view(kv_heads, -1)[:, :, None, None] * pos)[None]
 
 
 def _softmax(
@@ -184,6 +195,7 @@ def paged_decode(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     ctx: DecodeContext | None = None,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence (at position seq_len - 1): q [B, H, D] -> [B, H, D].
 
@@ -201,7 +213,7 @@ def paged_decode(
     else:
         v = ctx.gather(v_pool, "v").view(b, ctx.span, kvh, dv)
     k, v = _as(k, q.dtype), _as(v, q.dtype)
-    if softcap is None and sinks is None and dv == d:
+    if softcap is None and sinks is None and alibi is None and dv == d:
         # The G query heads sharing a KV head are G query rows of one attention against it (they
         # share the mask row): no K/V repeat, and ~1.5x faster than SDPA's enable_gqa at 32 rows.
         out = F.scaled_dot_product_attention(
@@ -214,6 +226,8 @@ def paged_decode(
         return out.reshape(b, h, d)
     qg = q.view(b, kvh, h // kvh, 1, d)
     scores = torch.matmul(qg, k.permute(0, 2, 3, 1)[:, :, None]).float() * scale  # [B, KVH, G, 1, S]
+    if alibi is not None:  # (no window: the gathered keys are positions 0 .. span - 1)
+        scores = scores + alibi_bias(alibi, kvh, ctx.span)
     probs = _softmax(scores, ctx.allowed[:, None, None, None, :], softcap, sinks).to(q.dtype)
     return torch.matmul(probs, v.transpose(1, 2)[:, :, None]).reshape(b, h, dv)  # [B, KVH, G, 1, Dv] -> [B, H, Dv]
 
@@ -234,6 +248,7 @@ def causal_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [L, H, D] are the last L of the S keys k/v [S, KVH, D] (bottom-right causal) -> [L, H, D]."""
     n_q, n_k = q.shape[0], k.shape[0]
@@ -256,6 +271,7 @@ def causal_attention(
         mask,
         softcap,
         sinks,
+        alibi,
     )
     return out[0].transpose(0, 1).to(q.dtype)
 
@@ -271,6 +287,7 @@ def paged_prefill(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A prefill chunk q [L, H, D] (its K/V already in the pool) against its whole context.
 
@@ -282,7 +299,7 @@ def paged_prefill(
         v = k[..., : v_pool.shape[-1]]
     else:
         v = v_pool[slots]
-    return causal_attention(q, k, v, scale, window, softcap, sinks)
+    return causal_attention(q, k, v, scale, window, softcap, sinks, alibi)
 
 
 def rms_norm(

@@ -13,7 +13,7 @@ from torch import nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.attention import TorchAttentionMetadata
-from lantern.backends.torch.layers import Attention, RMSNorm, feed_forward
+from lantern.backends.torch.layers import Attention, LayerNorm, RMSNorm, feed_forward
 from lantern.backends.torch.parallel import TPGroup, local_config, parallel_embed, parallel_logits, vocab_shard
 
 
@@ -61,6 +61,8 @@ class Backbone(nn.Module):
         if cfg.learned_positions:  # GPT-2's absolute position table (read at each token's position)
             rows = cfg.max_position_embeddings
             self.embed_positions = nn.Embedding(rows, cfg.hidden_size, _weight=torch.empty(rows, cfg.hidden_size))
+        if cfg.embed_norm:  # BLOOM's word_embeddings_layernorm
+            self.embed_norm = LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList([layer_cls(cfg, i, tp) for i in range(cfg.num_layers)])
         self.norm = norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -103,6 +105,8 @@ class CausalLM(nn.Module):
             h = h * self.cfg.embed_multiplier
         if self.cfg.learned_positions:
             h = h + F.embedding(meta.positions, self.model.embed_positions.weight)
+        if self.cfg.embed_norm:
+            h = self.model.embed_norm(h)[0]
         extras = self.layer_extras(meta)
         compiled = self.compiled_decode
         done = compiled.run(h, meta, extras) if compiled is not None and compiled.applies(meta) else None
