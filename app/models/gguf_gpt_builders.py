@@ -1,7 +1,7 @@
 """GGUF builders (see gguf_builders.py) of the GPT-2-era families: GPT-2, StarCoder (GPT-BigCode), GPT-NeoX and
 Falcon, as llama.cpp's converter writes them (conversion/gpt2.py, starcoder.py, gptneox.py, falcon.py), and OLMo (1)
-(conversion/olmo.py: Llama's tensors, q/k permuted as Llama's, no norm weights, clip_qkv as clamp_kqv) and BLOOM
-(conversion/bloom.py). Each returns
+(conversion/olmo.py: Llama's tensors, q/k permuted as Llama's, no norm weights, clip_qkv as clamp_kqv), BLOOM
+(conversion/bloom.py) and MPT (conversion/mpt.py). Each returns
 the config.json keys its family module reads (family_gpt2 / family_gptneox); what the metadata cannot say comes from
 which tensors exist. The converters state the MLP as 4 x hidden whatever the model's (GPT-2, StarCoder, Falcon):
 its width is the ffn_up tensor's. Their q/k/v arrive as one attn_qkv of q rows, then k, then v (GPT-NeoX's and
@@ -97,7 +97,28 @@ def _bloom(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     }
 
 
+def _mpt(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """MPT (MPTModel: q/k/v as stored in Wqkv, clip_qkv as clamp_kqv, ALiBi's bias max as max_alibi_bias, 0 where the
+    model has none; biases as their tensors, which family_mpt refuses)."""
+    bias_max = float(meta.get("attention.max_alibi_bias") or 0.0)
+    return {
+        "model_type": "mpt",
+        "d_model": cfg["hidden_size"],
+        "n_heads": cfg["num_attention_heads"],
+        "n_layers": cfg["num_hidden_layers"],
+        "max_seq_len": cfg["max_position_embeddings"],
+        "layer_norm_epsilon": cfg["rms_norm_eps"],
+        "no_bias": "blk.0.attn_qkv.bias" not in tensors,
+        "attn_config": {
+            "clip_qkv": meta.get("attention.clamp_kqv"),
+            "alibi": bias_max > 0,
+            "alibi_bias_max": bias_max or 8.0,
+        },
+    }
+
+
 GPT_BUILDERS = {
+    "mpt": _mpt,
     "bloom": _bloom,
     "gpt2": _gpt2,
     "starcoder": _starcoder,

@@ -113,7 +113,8 @@ def isq_candidates(cfg: Any) -> int:
             total += attention
         moe = cfg.moe
         if moe is None or not moe.is_sparse(layer):
-            total += 2 if cfg.family in ("apertus", "arcee", "jais2", "phi") else 3  # gate, up, down (theirs: no gate)
+            ungated = cfg.family in ("apertus", "arcee", "jais2", "phi", "mpt")
+            total += 2 if ungated else 3  # gate, up, down (theirs: no gate)
         else:  # stacked experts (gpt-oss) count one by one too: quantize_stream splits them
             shared = moe.shared_expert_size or getattr(moe, "shared_size", 0)  # Qwen2-MoE / DeepSeek
             shared = shared or cfg.family in ("granite_hybrid", "llama4")  # Granite 4.0-H's shared_mlp, Llama 4's

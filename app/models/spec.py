@@ -47,6 +47,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "opt": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
     # BLOOM / BLOOMZ: Jais 2's layer under an embedding LayerNorm, ALiBi instead of a rope
     "bloom": {"family": "jais2", "configure": "family_bloom", "prepare": True, "tensors": True},
+    # MPT: Jais 2's layer without biases (LayerNorms of a weight only), ALiBi instead of a rope
+    "mpt": {"family": "mpt", "configure": "family_mpt", "prepare": True, "tensors": True},
     # GPT-NeoX (Pythia) / Falcon: Phi's parallel block, the MLP under its own LayerNorm where the config says;
     # GPT-NeoX's sequential layers (use_parallel_residual false) in Jais 2's files (family_gptneox.configure)
     "gpt_neox": {"family": "phi", "configure": "family_gptneox", "prepare": True, "tensors": True},

@@ -178,6 +178,7 @@ FUSED_CHECKPOINTS = {
     "falcon",
     "codegen",
     "bloom",
+    "mpt",
 }
 
 

@@ -103,12 +103,13 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """nn.LayerNorm's maths (weight and bias) with layers.RMSNorm's fused residual add: (normed x + r, x + r)."""
+    """nn.LayerNorm's maths (weight and bias) with layers.RMSNorm's fused residual add: (normed x + r, x + r).
+    bias False: a weight only (MPT's)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, bias: bool = True):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(dim), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(dim), requires_grad=False) if bias else None
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

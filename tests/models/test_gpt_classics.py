@@ -1,9 +1,9 @@
-"""GPT-2, GPT-BigCode (StarCoder), OPT, GPT-NeoX (Pythia), Falcon, GPT-J, CodeGen, BLOOM, OLMo (1) and Helium: their
-released config.json files read as transformers reads them, what Lantern does not compute refused by name,
+"""GPT-2, GPT-BigCode (StarCoder), OPT, GPT-NeoX (Pythia), Falcon, GPT-J, CodeGen, BLOOM, MPT, OLMo (1) and Helium:
+their released config.json files read as transformers reads them, what Lantern does not compute refused by name,
 checkpoint names of older and quantized files mapped (buffers skipped), and the layouts other tools save (mlx_lm-
 quantized GPT-2 and GPT-NeoX folders) computing what that tool computes. (Logits and greedy tokens of every tiny
 variant against transformers: tests/conformance, variants gpt2, gpt_bigcode, gpt_bigcode_mha, opt, gpt_neox,
-gpt_neox_seq, falcon, falcon_40b, gptj, codegen, bloom, bloom6, olmo1, helium.)"""
+gpt_neox_seq, falcon, falcon_40b, gptj, codegen, bloom, bloom6, mpt, mpt6, olmo1, helium.)"""
 
 from __future__ import annotations
 
@@ -125,6 +125,28 @@ BLOOM_560M = {  # bigscience/bloom-560m
     "vocab_size": 250880,
     "seq_length": 2048,
 }
+MPT_7B = {  # mosaicml/mpt-7b
+    "model_type": "mpt",
+    "d_model": 4096,
+    "n_heads": 32,
+    "n_layers": 32,
+    "expansion_ratio": 4,
+    "max_seq_len": 2048,
+    "vocab_size": 50432,
+    "no_bias": True,
+    "learned_pos_emb": True,
+    "logit_scale": None,
+    "attn_config": {
+        "alibi": True,
+        "alibi_bias_max": 8,
+        "attn_type": "multihead_attention",
+        "clip_qkv": None,
+        "prefix_lm": False,
+        "qk_ln": False,
+        "softmax_scale": None,
+        "attn_uses_sequence_id": False,
+    },
+}
 HELIUM = {"model_type": "helium", "hidden_size": 2560, "num_hidden_layers": 24, "vocab_size": 48000}
 
 
@@ -164,6 +186,15 @@ def test_released_configs_read_as_transformers_reads_them():
     bloom = ModelConfig.from_hf(BLOOM_560M)
     assert (bloom.family, bloom.num_heads, bloom.intermediate_size, bloom.embed_norm) == ("jais2", 16, 4096, True)
     assert bloom.tie_word_embeddings and bloom.rope_layers == (False,) * 24 and bloom.max_context == 2048
+    mpt = ModelConfig.from_hf(MPT_7B)
+    assert (mpt.family, mpt.hidden_act, mpt.intermediate_size, mpt.attention_bias, mpt.mlp_bias) == (
+        "mpt",
+        "gelu",
+        16384,
+        False,
+        False,
+    )
+    assert mpt.tie_word_embeddings and mpt.clip_qkv is None and mpt.attn_scale is None and len(mpt.alibi_slopes) == 32
     olmo = ModelConfig.from_hf(OLMO_17)
     assert (olmo.family, olmo.clip_qkv, olmo.num_kv_heads, olmo.rms_norm_eps) == ("olmo1", 8.0, 32, 1e-5)
     assert ModelConfig.from_hf({**OLMO_17, "clip_qkv": None}).clip_qkv is None
@@ -188,14 +219,20 @@ REFUSED = [
     (OLMO_17, "clip_qkv", -1.0),
     (HELIUM, "mlp_bias", True),
     (BLOOM_560M, "apply_residual_connection_post_layernorm", True),
+    (MPT_7B, "expansion_ratio", 8),
+    (MPT_7B, "no_bias", False),
+    (MPT_7B, "logit_scale", 0.5),
+    ({**MPT_7B, "attn_config": {"alibi": False}}, "attn_config.alibi", None),
+    ({**MPT_7B, "attn_config": {"qk_ln": True}}, "attn_config.qk_ln", None),
+    ({**MPT_7B, "attn_config": {"attn_type": "multiquery_attention"}}, "attn_config.attn_type", None),
     ({**CODEGEN, "n_embd": 1008}, "n_head", 6),  # six heads of 168 do not split into CodeGen's four shards
 ]
 
 
 @pytest.mark.parametrize("cfg,key,value", REFUSED, ids=[f"{c['model_type']}-{k}" for c, k, _ in REFUSED])
 def test_what_is_not_computed_is_refused_naming_the_key(cfg, key, value):
-    with pytest.raises(UnsupportedModelError, match=key):
-        ModelConfig.from_hf({**cfg, key: value})
+    with pytest.raises(UnsupportedModelError, match=key.replace(".", r"\.")):
+        ModelConfig.from_hf(cfg if value is None else {**cfg, key: value})  # (None: the key is set in cfg)
 
 
 def test_grouped_qkv_rows_reorder_to_q_then_k_then_v():
@@ -207,6 +244,19 @@ def test_grouped_qkv_rows_reorder_to_q_then_k_then_v():
     assert got.tolist() == q + [4, 5, 12, 13] + [6, 7, 14, 15]
     assert reorder_rows(np.arange(6), stacked_order(2, 1, 1)).tolist() == [0, 3, 1, 4, 2, 5]
     assert reorder_rows(np.arange(5), stacked_order(1, 3, 1)).tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("heads", [1, 4, 6, 32, 40, 48])
+def test_mpt_alibi_slopes_are_mpts(heads):
+    """MPT's slopes (interleaved where the head count is no power of two: 6, 40 and 48 here)."""
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    from lantern.app.models.family_mpt import mpt_alibi_slopes
+
+    # its bias at key j of 2 keys is slope * (j - 1): the slope is the bias at the last key minus the first
+    bias = build_mpt_alibi_tensor(heads, 2, 8)
+    want = (bias[:, 0, 1] - bias[:, 0, 0]).tolist()
+    np.testing.assert_allclose(mpt_alibi_slopes(heads), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("heads", [1, 4, 6, 16, 71, 112])
