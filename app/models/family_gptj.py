@@ -1,14 +1,15 @@
 """GPT-J (EleutherAI/gpt-j-6b, GPT4All-J, Pygmalion-6B, and fine-tunes: model_type gptj) and CodeGen
-(Salesforce/codegen-*-mono / multi / nl, codegen2: model_type codegen), as transformers' GPTJConfig / CodeGenConfig
-read their config.json (defaults included), turned into ModelConfig fields; both run in the Phi model files.
+(Salesforce/codegen-*-mono / multi / nl: model_type codegen; CodeGen2's remote code, auto_map, is refused), as
+transformers' GPTJConfig / CodeGenConfig read their config.json (defaults included), turned into ModelConfig fields;
+both run in the Phi model files.
 
-The maths (transformers' modeling_gptj): one LayerNorm (ln_1) whose output feeds attention and the MLP side by
-side, both joining the stream; attention without biases whose rope turns consecutive pairs (rotate_every_two) of
-the first rotary_dim dims of each head (default 64; every dim when rotary_dim is null), base 10000; an ungated
-MLP fc_out(act(fc_in(x))) with biases (activation_function gelu_new: the tanh GELU), n_inner or 4 x n_embd wide;
-a final LayerNorm ln_f and an untied head with a bias. CodeGen is GPT-J's block with q, v and k in one qkv_proj
-laid out for the 4 model-parallel shards it was trained on: per shard [q, v, k] rows of its quarter of the heads
-(reordered to q, k, v rows while loading).
+The maths (transformers' modeling_gptj): one LayerNorm (ln_1) whose output feeds attention and the MLP side by side,
+both joining the stream; attention without biases whose rope turns consecutive pairs (rotate_every_two) of the first
+rotary_dim dims of each head (default 64; every dim when rotary_dim is null), base 10000; an ungated MLP
+fc_out(act(fc_in(x))) with biases (activation_function gelu_new: the tanh GELU), n_inner or 4 x n_embd wide; a final
+LayerNorm ln_f and an untied head with a bias. CodeGen is GPT-J's block with q, v and k in one qkv_proj laid out for
+the 4 model-parallel shards it was trained on: per shard [q, v, k] rows of its quarter of the heads (reordered to q,
+k, v rows while loading).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides; refuses, naming the key, what Lantern does not compute."""
+    if model_type == "codegen" and cfg.get("auto_map"):  # CodeGen2: its own modeling code, not transformers'
+        raise refuse("auto_map", cfg["auto_map"], " (CodeGen2's own modeling code: transformers' CodeGen layout only)")
     if model_type == "codegen" and fields["hidden_size"] % (_SHARDS * fields["head_dim"]):
         raise refuse("n_head", fields["num_heads"], f" (CodeGen's fused q/k/v needs heads in {_SHARDS} equal shards)")
     if model_type not in ("gptj", "codegen"):

@@ -9,7 +9,8 @@ heads, interleaved (odd ones first) where the head count is none); an MLP down(g
 exact GELU); no biases anywhere; a final LayerNorm norm_f and the head tied to the embedding. transformers computes
 none of MosaicML's other switches, so configs that set them are refused by name: attn_config.alibi false (its
 learned positions instead), qk_ln, prefix_lm, attn_uses_sequence_id, a multi-query attn_type, expansion_ratio
-other than 4, no_bias false (biases transformers would not load), logit_scale.
+other than 4, no_bias false (biases transformers would not load), logit_scale. attn_config.alibi_bias_max is
+honoured as MosaicML's code and llama.cpp honour it (transformers always takes 8; every released MPT states 8).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     """The config in the keys ModelConfig.from_hf reads."""
     out = {**_DEFAULTS, **cfg}
     for key, short in _KEYS.items():
-        out[key] = out[short]
+        if short in cfg or key not in cfg:  # (MptConfig's attribute_map: either name)
+            out[key] = out[short]
     heads, hidden = out["num_attention_heads"], out["hidden_size"]
     return {
         **out,

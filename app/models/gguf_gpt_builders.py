@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lantern.app.models.errors import UnsupportedModelError
 from lantern.app.models.gguf_config import _head_dim, _Meta, _rotary_fraction
 
 
@@ -101,6 +102,11 @@ def _mpt(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str,
     """MPT (MPTModel: q/k/v as stored in Wqkv, clip_qkv as clamp_kqv, ALiBi's bias max as max_alibi_bias, 0 where the
     model has none; biases as their tensors, which family_mpt refuses)."""
     bias_max = float(meta.get("attention.max_alibi_bias") or 0.0)
+    if cfg["num_key_value_heads"] != cfg["num_attention_heads"]:  # (the converter's kv_n_heads: grouped-query MPT)
+        raise UnsupportedModelError(
+            f"{meta.name}: mpt.attention.head_count_kv={cfg['num_key_value_heads']} (grouped-query MPT) is not "
+            "implemented; transformers' MPT is multi-head"
+        )
     return {
         "model_type": "mpt",
         "d_model": cfg["hidden_size"],

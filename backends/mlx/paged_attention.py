@@ -171,10 +171,12 @@ def _attention_explicit(
     b, h, n_q, d = q.shape
     kvh = k.shape[1]
     qg = q.reshape(b, kvh, h // kvh, n_q, d)
-    scores = (qg @ k[:, :, None].swapaxes(-1, -2)) * scale  # [B, KVH, G, L, S]
-    if alibi is not None:  # (in float32 beside scores of any dtype: the positions are exact)
+    if alibi is None:
+        scores = (qg @ k[:, :, None].swapaxes(-1, -2)) * scale  # [B, KVH, G, L, S]
+    else:  # q scaled first (an unscaled fp16 product could overflow); the bias in float32: positions exact
         pos = mx.arange(k.shape[2], dtype=mx.float32)
-        scores = scores.astype(mx.float32) + alibi.reshape(1, kvh, h // kvh, 1, 1) * pos
+        scores = ((qg * scale) @ k[:, :, None].swapaxes(-1, -2)).astype(mx.float32)
+        scores = scores + alibi.reshape(1, kvh, h // kvh, 1, 1) * pos
     if softcap is not None:
         scores = mx.tanh(scores / softcap) * softcap  # Gemma 2: capped before masking
     if mask is not None:

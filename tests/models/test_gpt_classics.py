@@ -225,6 +225,7 @@ REFUSED = [
     ({**MPT_7B, "attn_config": {"alibi": False}}, "attn_config.alibi", None),
     ({**MPT_7B, "attn_config": {"qk_ln": True}}, "attn_config.qk_ln", None),
     ({**MPT_7B, "attn_config": {"attn_type": "multiquery_attention"}}, "attn_config.attn_type", None),
+    (CODEGEN, "auto_map", {"AutoModelForCausalLM": "modeling_codegen.CodeGenForCausalLM"}),  # CodeGen2's
     ({**CODEGEN, "n_embd": 1008}, "n_head", 6),  # six heads of 168 do not split into CodeGen's four shards
 ]
 
@@ -268,6 +269,14 @@ def test_alibi_slopes_are_blooms(heads):
 
     want = _get_alibi_slopes(heads, torch.device("cpu")).tolist()
     np.testing.assert_allclose(alibi_slopes(heads), want, rtol=1e-6)
+
+
+def test_tensor_parallelism_is_refused_for_alibi_naming_it():
+    """Each rank would hold all the slopes for a share of the heads: refused before any rank starts."""
+    from lantern.backends.torch.parallel import local_config
+
+    with pytest.raises(ValueError, match="ALiBi"):
+        local_config(ModelConfig.from_hf(BLOOM_560M), 2)
 
 
 def test_alibi_decodes_on_the_reference_path_when_decode_would_compile(tiny_model_dir, caplog):

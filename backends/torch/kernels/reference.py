@@ -87,9 +87,11 @@ def sdpa_grouped(
     b, h, n_q, d = q.shape
     kvh = k.shape[1]
     qg = q.reshape(b, kvh, h // kvh, n_q, d)
-    scores = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, KVH, G, L, S]
-    if alibi is not None:  # keys from position 0 (ALiBi models have no window)
-        scores = scores + alibi_bias(alibi, kvh, k.shape[2])
+    if alibi is None:
+        scores = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, KVH, G, L, S]
+    else:  # (q scaled first: an unscaled fp16 product could overflow, as BLOOM's baddbmm never forms it)
+        scores = torch.matmul(qg * scale, k[:, :, None].transpose(-1, -2)).float()
+        scores = scores + alibi_bias(alibi, kvh, k.shape[2])  # keys from position 0 (ALiBi models have no window)
     probs = _softmax(scores, mask.reshape(-1, 1, 1, n_q, mask.shape[-1]), softcap, sinks)
     return torch.matmul(probs.to(v.dtype), v[:, :, None]).reshape(b, h, n_q, v.shape[-1])
 
@@ -225,8 +227,10 @@ def paged_decode(
         )
         return out.reshape(b, h, d)
     qg = q.view(b, kvh, h // kvh, 1, d)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)[:, :, None]).float() * scale  # [B, KVH, G, 1, S]
-    if alibi is not None:  # (no window: the gathered keys are positions 0 .. span - 1)
+    if alibi is None:
+        scores = torch.matmul(qg, k.permute(0, 2, 3, 1)[:, :, None]).float() * scale  # [B, KVH, G, 1, S]
+    else:  # (q scaled first, as above; no window: the gathered keys are positions 0 .. span - 1)
+        scores = torch.matmul(qg * scale, k.permute(0, 2, 3, 1)[:, :, None]).float()
         scores = scores + alibi_bias(alibi, kvh, ctx.span)
     probs = _softmax(scores, ctx.allowed[:, None, None, None, :], softcap, sinks).to(q.dtype)
     return torch.matmul(probs, v.transpose(1, 2)[:, :, None]).reshape(b, h, dv)  # [B, KVH, G, 1, Dv] -> [B, H, Dv]
