@@ -11,16 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.loader import resolve_model
 from lantern.app.models.quant.affine import AffineWeight
 from lantern.app.models.spec import ModelConfig
 from lantern.app.models.weight_stream import iter_weights
-from tests.conformance.test_parity import PROMPT, hf_greedy, hf_model
 from tests.fixtures.gguf_mamba import convert_mamba
-from tests.fixtures.teacher_forcing import teacher_forced_logits
+from tests.fixtures.teacher_forcing import assert_file_matches_folder
 from tests.fixtures.tiny_models import build_model
 
 FILES = {
@@ -73,17 +70,4 @@ def test_config_and_weights_from_the_file_are_the_checkpoints(gguf_file, kind):
 @pytest.mark.parametrize("kind", list(FILES))
 def test_logits_and_greedy_match_transformers(gguf_file, kind, backend):
     path, ref = gguf_file(kind)
-    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    try:
-        prompt_ids = llm.tokenizer.encode(PROMPT)
-        model = hf_model(str(ref))
-        greedy = hf_greedy(model, prompt_ids, 32)
-        with torch.no_grad():
-            expected = model(torch.tensor([prompt_ids + greedy[:16]])).logits[0].numpy()
-        rows = list(teacher_forced_logits(llm.engine, prompt_ids, greedy[:16]))
-        for pos, logits in rows:
-            np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"{kind} position {pos}")
-        out = llm.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
-        assert out[0].outputs[0].token_ids == greedy
-    finally:
-        llm.engine.shutdown()
+    assert_file_matches_folder(path, ref, backend, kind, forced=16, greedy=32)

@@ -349,9 +349,9 @@ def mlx_lm_gpt2(tmp_path_factory):
     """A tiny GPT-2 quantized by mlx_lm (4-bit g32): its nn.Linear matrices under "model.h.*" names. The float
     folder it starts from names its tensors as openai-community/gpt2's file does (h.*, wte, no "transformer.")."""
     pytest.importorskip("mlx_lm")
-    from mlx_lm.utils import load, quantize_model, save
     from safetensors.torch import load_file, save_file
 
+    from tests.fixtures.teacher_forcing import quantized_by_mlx_lm
     from tests.fixtures.tiny_models import build_model
 
     out = tmp_path_factory.mktemp("gpt2-mlx-lm")
@@ -360,20 +360,14 @@ def mlx_lm_gpt2(tmp_path_factory):
     stored = load_file(src / "model.safetensors")
     bare = {n.removeprefix("transformer."): t for n, t in stored.items() if n != "lm_head.weight"}
     save_file(bare, src / "model.safetensors", metadata={"format": "pt"})
-    model, tokenizer, config = load(str(src), return_config=True, lazy=True)
-    model, config = quantize_model(model, config, 32, 4, mode="affine")
-    save(out / "mlx", str(src), model, tokenizer, config)
-    return out / "mlx"
+    return quantized_by_mlx_lm(src, out / "mlx")
 
 
 def test_4bit_mlx_lm_gpt2_computes_what_mlx_lm_computes(mlx_lm_gpt2, backend):
     """mlx_lm's saved GPT-2 (already transposed, quantized) is not transposed again: its logits are mlx_lm's."""
-    from tests.fixtures.teacher_forcing import mlx_lm_error
+    from tests.fixtures.teacher_forcing import assert_close_to_mlx_lm
 
-    llm = LLM(str(mlx_lm_gpt2), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    worst, scale = mlx_lm_error(llm, mlx_lm_gpt2, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
-    print(f"gpt2 {backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
-    assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale, (worst, scale)
+    assert_close_to_mlx_lm(mlx_lm_gpt2, backend, "gpt2")
 
 
 @pytest.fixture(scope="module")
@@ -383,8 +377,7 @@ def mlx_lm_neox(tmp_path_factory):
     pytest.importorskip("mlx_lm")
     import json
 
-    from mlx_lm.utils import load, quantize_model, save
-
+    from tests.fixtures.teacher_forcing import quantized_by_mlx_lm
     from tests.fixtures.tiny_models import build_model
 
     out = tmp_path_factory.mktemp("neox-mlx-lm")
@@ -392,16 +385,10 @@ def mlx_lm_neox(tmp_path_factory):
     cfg = json.loads((src / "config.json").read_text())
     cfg.update(rotary_pct=0.25, rotary_emb_base=10000)  # (the keys mlx_lm reads, as released configs hold them)
     (src / "config.json").write_text(json.dumps(cfg))
-    model, tokenizer, config = load(str(src), return_config=True, lazy=True)
-    model, config = quantize_model(model, config, 32, 4, mode="affine")
-    save(out / "mlx", str(src), model, tokenizer, config)
-    return out / "mlx"
+    return quantized_by_mlx_lm(src, out / "mlx")
 
 
 def test_4bit_mlx_lm_gpt_neox_computes_what_mlx_lm_computes(mlx_lm_neox, backend):
-    from tests.fixtures.teacher_forcing import mlx_lm_error
+    from tests.fixtures.teacher_forcing import assert_close_to_mlx_lm
 
-    llm = LLM(str(mlx_lm_neox), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    worst, scale = mlx_lm_error(llm, mlx_lm_neox, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
-    print(f"gpt_neox {backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
-    assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale, (worst, scale)
+    assert_close_to_mlx_lm(mlx_lm_neox, backend, "gpt_neox")

@@ -180,22 +180,14 @@ def test_a_model_without_attention_is_served_with_the_engines_own_sizing(tiny_mo
 def mlx_lm_mamba(tmp_path_factory):
     """A tiny Mamba quantized by mlx_lm (4-bit g32): its convolution kernels saved [C, K, 1]."""
     pytest.importorskip("mlx_lm")
-    from mlx_lm.utils import load, quantize_model, save
-
+    from tests.fixtures.teacher_forcing import quantized_by_mlx_lm
     from tests.fixtures.tiny_models import build_model
 
     out = tmp_path_factory.mktemp("mamba-mlx-lm")
-    src = build_model("mamba", out / "float")
-    model, tokenizer, config = load(str(src), return_config=True, lazy=True)
-    model, config = quantize_model(model, config, 32, 4, mode="affine")
-    save(out / "mlx", str(src), model, tokenizer, config)
-    return out / "mlx"
+    return quantized_by_mlx_lm(build_model("mamba", out / "float"), out / "mlx")
 
 
 def test_4bit_mlx_lm_mamba_computes_what_mlx_lm_computes(mlx_lm_mamba, backend):
-    from tests.fixtures.teacher_forcing import mlx_lm_error
+    from tests.fixtures.teacher_forcing import assert_close_to_mlx_lm
 
-    llm = LLM(str(mlx_lm_mamba), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    worst, scale = mlx_lm_error(llm, mlx_lm_mamba, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
-    print(f"mamba {backend}: worst |diff| {worst:.2e} of logits up to {scale:.1f}")
-    assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale, (worst, scale)
+    assert_close_to_mlx_lm(mlx_lm_mamba, backend, "mamba")
