@@ -83,16 +83,17 @@ def test_hub_id_resolves_from_the_local_cache_offline(tiny_model_dir, tmp_path, 
 
 
 def test_unsupported_architecture_lists_supported(tiny_model_dir, tmp_path):
-    folder = tmp_path / "bloomish"
+    folder = tmp_path / "persimmonish"
     shutil.copytree(tiny_model_dir("llama2"), folder)
     cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(model_type="bloom", architectures=["BloomForCausalLM"])
+    cfg.update(model_type="persimmon", architectures=["PersimmonForCausalLM"])
     (folder / "config.json").write_text(json.dumps(cfg))
     from lantern.app.models.spec import ARCHITECTURES
 
     assert {"llama", "gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_moe"} <= set(ARCHITECTURES)
     supported = ", ".join(sorted(ARCHITECTURES))
-    with pytest.raises(UnsupportedModelError, match=re.escape(f"'bloom' (BloomForCausalLM); supported: {supported}")):
+    want = f"'persimmon' (PersimmonForCausalLM); supported: {supported}"
+    with pytest.raises(UnsupportedModelError, match=re.escape(want)):
         resolve_model(str(folder))
 
 
