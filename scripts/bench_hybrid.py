@@ -8,7 +8,10 @@ does: a 128-token forward of the Qwen3-Next shape takes mlx_lm ~14 s on 2 cores)
 --arch granite_hybrid: Granite 4.0-H's Mamba-2 mixers with one attention layer in six, dense, ~0.3B params;
 --arch nemotron_h_moe: Nemotron 3's Mamba-2 mixers and relu^2 expert layers (top 4 of 32), two attending;
 --arch gemma4: Gemma 4's sliding / full layers of two head sizes, shared K/V in the last layers and
-per-layer embeddings, ~0.35B params.
+per-layer embeddings, ~0.35B params;
+--arch gpt2 / bloom / mamba / jamba: families on Lantern's generic paths (learned positions; ALiBi through the
+reference attention; the Mamba-1 scan in plain torch / MLX; Mamba-1 among NoPE attention with experts). mlx_lm has
+no BLOOM: run it with --backends torch.
 
   python scripts/bench_hybrid.py                       # bf16 on torch, float32 on MLX
   python scripts/bench_hybrid.py --arch gemma4 --requests 8 --prompt-len 128 --out-len 64
@@ -98,11 +101,35 @@ NEMOTRON_H_MOE_SHAPE = {  # Nemotron 3 Nano's kind, scaled down: Mamba-2 and exp
     "routed_scaling_factor": 2.5,
     "max_position_embeddings": 4096,
 }
+# Families whose layers Lantern runs on its generic paths (a plain-torch scan, the reference attention): their
+# released shapes (GPT-2 124M, BLOOM-560M with a 32k vocabulary, Mamba-130M, Jamba scaled down), by model_type.
+SIMPLE_SHAPES = {
+    "gpt2": ("gpt2", {"vocab_size": 32000, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024}),
+    "bloom": ("bloom", {"vocab_size": 32000, "hidden_size": 1024, "n_layer": 24, "n_head": 16}),
+    "mamba": ("mamba", {"vocab_size": 32000, "hidden_size": 768, "num_hidden_layers": 24, "state_size": 16}),
+    "jamba": (
+        "jamba",
+        {
+            "vocab_size": 32000,
+            "hidden_size": 1024,
+            "intermediate_size": 2048,
+            "num_hidden_layers": 8,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "attn_layer_period": 4,
+            "attn_layer_offset": 2,
+            "mamba_d_state": 16,
+        },
+    ),
+}
 SHAPES = {
     "qwen3_next": SHAPE,
     "gemma4": GEMMA4_SHAPE,
     "granite_hybrid": GRANITE_HYBRID_SHAPE,
     "nemotron_h_moe": NEMOTRON_H_MOE_SHAPE,
+    **{arch: shape for arch, (_, shape) in SIMPLE_SHAPES.items()},
 }
 
 
@@ -116,7 +143,10 @@ def prepare(out: Path, arch: str = "qwen3_next") -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out)
-    if arch == "gemma4":
+    if arch in SIMPLE_SHAPES:
+        model_type, shape = SIMPLE_SHAPES[arch]
+        config = AutoConfig.for_model(model_type, **shape, initializer_range=0.02)
+    elif arch == "gemma4":
         config = AutoConfig.for_model("gemma4_text", **GEMMA4_SHAPE, initializer_range=0.02)
     elif arch == "granite_hybrid":
         config = AutoConfig.for_model("granitemoehybrid", **GRANITE_HYBRID_SHAPE, initializer_range=0.02)
@@ -128,7 +158,16 @@ def prepare(out: Path, arch: str = "qwen3_next") -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(str(out))
     cfg = json.loads((out / "config.json").read_text())  # mlx_lm reads the older key names
-    if arch == "gemma4":
+    if arch == "gpt2":  # as openai-community/gpt2 ships: n_ctx stated, tensors named h.* / wte (mlx_lm reads those)
+        from safetensors.torch import load_file, save_file
+
+        cfg.update(n_ctx=1024)
+        weights = load_file(out / "model.safetensors")
+        bare = {n.removeprefix("transformer."): t for n, t in weights.items() if n != "lm_head.weight"}
+        save_file(bare, out / "model.safetensors", metadata={"format": "pt"})
+    elif arch in SIMPLE_SHAPES:
+        pass
+    elif arch == "gemma4":
         cfg.update(global_head_dim=256, num_global_key_value_heads=1)
     elif arch == "granite_hybrid":  # the released key values (transformers 5 saves others)
         cfg.update(layer_types=GRANITE_HYBRID_SHAPE["layer_types"], time_step_limit=[0.0, float("inf")])
