@@ -143,23 +143,32 @@ def _configure_mamba2(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, 
     }
 
 
+# The mixer's config keys: Mamba's / Falcon-Mamba's, and Jamba's mamba_* names for the same sizes
+_MIXER_KEYS = {
+    "state": ("state_size", "mamba_d_state"),
+    "conv": ("conv_kernel", "mamba_d_conv"),
+    "rank": ("time_step_rank", "mamba_dt_rank"),
+    "conv_bias": ("use_conv_bias", "mamba_conv_bias"),
+    "proj_bias": ("use_bias", "mamba_proj_bias"),
+}
+
+
 def mixer_config(cfg: dict[str, Any], layers: tuple[bool, ...], bc_norm: str, eps_key: str = "mixer_rms_eps"):
     """The Mamba-1 mixers' sizes as the config states them (Mamba's keys, or Jamba's mamba_* keys)."""
     hidden = cfg["hidden_size"]
     jamba = cfg.get("model_type") == "jamba"
-    key = (lambda name: f"mamba_{name}") if jamba else (lambda name: name)
-    inner = int(cfg.get(key("expand"), 2) * hidden) if jamba else int(cfg["intermediate_size"])  # (prepare's)
-    rank = cfg.get("mamba_dt_rank" if jamba else "time_step_rank", "auto")
-    rank = math.ceil(hidden / 16) if rank == "auto" else int(rank)
-    conv_bias_key, proj_bias_key = ("mamba_conv_bias", "mamba_proj_bias") if jamba else ("use_conv_bias", "use_bias")
+    key = {what: names[jamba] for what, names in _MIXER_KEYS.items()}
+    # (Mamba's width: prepare's intermediate_size, a stated one or expand x hidden)
+    inner = int(cfg.get("mamba_expand", 2) * hidden) if jamba else int(cfg["intermediate_size"])
+    rank = cfg.get(key["rank"], "auto")
     return Mamba1Config(
         mamba_layers=layers,
         inner=inner,
-        state_size=int(cfg.get(key("d_state") if jamba else "state_size", 16)),
-        conv_kernel=int(cfg.get(key("d_conv") if jamba else "conv_kernel", 4)),
-        dt_rank=rank,
-        conv_bias=bool(cfg.get(conv_bias_key, True)),
-        proj_bias=bool(cfg.get(proj_bias_key, False)),
+        state_size=int(cfg.get(key["state"], 16)),
+        conv_kernel=int(cfg.get(key["conv"], 4)),
+        dt_rank=math.ceil(hidden / 16) if rank == "auto" else int(rank),
+        conv_bias=bool(cfg.get(key["conv_bias"], True)),
+        proj_bias=bool(cfg.get(key["proj_bias"], False)),
         bc_norm=bc_norm,
         norm_eps=float(cfg.get(eps_key, 1e-6)),
     )
