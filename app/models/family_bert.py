@@ -1,22 +1,34 @@
-"""BERT encoders (model_type "bert": all-MiniLM, bge, e5, ...): what config.json means, as
-transformers' BertConfig / BertModel read it, turned into ModelConfig fields; and the checkpoint's
-tensor names in the model files' terms.
+"""BERT-style encoders: what config.json means, as transformers' config and model classes read it,
+turned into ModelConfig fields; and the checkpoint's tensor names in the model files' terms.
+
+- "bert": all-MiniLM, bge-*-en, e5, mxbai-embed-large, snowflake-arctic-embed (v1).
+- "roberta", "xlm-roberta", "camembert": bge-m3, multilingual-e5, all-roberta-large: BERT's layer,
+  positions counted from padding_idx + 1 over the non-padding tokens (padding sits at padding_idx),
+  so a table of max_position_embeddings rows serves padding_idx + 1 fewer tokens.
+- "mpnet": all-mpnet-base-v2, multi-qa-mpnet: RoBERTa's positions (padding_idx fixed at 1), no
+  token types, and a relative-position bias shared by every layer: T5's bidirectional buckets (32,
+  up to distance 128) of (key - query), one learned value per bucket and head, added to the scaled
+  scores.
 
 The maths (transformers' modeling_bert, BertModel): embeddings = LayerNorm(word + token type +
 absolute position), then per layer bidirectional multi-head attention with q/k/v/o biases, a
 post-LN residual (LayerNorm(x + attention)), an MLP of two biased linears around GELU and a
-second post-LN residual. The last layer's output is the hidden state the pooling reads; BERT's
-own pooler (a tanh dense on [CLS]) is not what sentence-transformers use, so it is not loaded.
+second post-LN residual. The last layer's output is the hidden state the pooling reads; the
+pooler (a tanh dense on [CLS]) is not what sentence-transformers use, so it is not loaded.
 
-An encoder keeps no KV cache and is served for embeddings only (`--task embed`).
+An encoder keeps no KV cache and is served for embeddings only (`--task embed`); a cross-encoder
+or classifier checkpoint (XxxForSequenceClassification: rerankers) is refused by name.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -24,11 +36,20 @@ from lantern.app.models.spec import UnsupportedModelError
 _GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet")
+_PREFIXES = ("bert.", "roberta.", "mpnet.")  # an XxxForMaskedLM checkpoint's base model
+MPNET_BUCKETS = 32  # MPNetEncoder.compute_position_bias always buckets into 32 (its default argument)
+MPNET_MAX_DISTANCE = 128
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
-    type_vocab_size: int
+    type_vocab_size: int  # 0: no token-type table (MPNet)
     layer_norm_eps: float
     hidden_act: str  # "gelu" (erf) or "gelu_tanh"
+    position_rows: int = 512  # the absolute position table's rows
+    padding_idx: int | None = None  # RoBERTa / MPNet: positions start after it and skip its tokens
+    relative_buckets: int = 0  # MPNet: the relative-position bias's buckets (0: none)
 
 
 def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
@@ -36,9 +57,15 @@ def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig field overrides for a bert config (called by spec.ModelConfig.from_hf)."""
-    if model_type != "bert":
+    """ModelConfig field overrides for an encoder's config (called by spec.ModelConfig.from_hf)."""
+    if model_type not in MODEL_TYPES:
         raise UnsupportedModelError(f"family_bert does not configure model_type {model_type!r}")
+    heads = [a for a in cfg.get("architectures") or [] if not a.endswith(("Model", "ForMaskedLM"))]
+    if heads:
+        raise UnsupportedModelError(
+            f"architectures={json.dumps(heads)} in config.json is not implemented: Lantern serves {model_type} "
+            "encoders for embeddings (XxxModel, XxxForMaskedLM), not cross-encoders, rerankers or classifiers"
+        )
     act = cfg.get("hidden_act", "gelu")
     if act not in _GELU:
         raise _refuse("hidden_act", act, f"; supported: {', '.join(sorted(_GELU))}")
@@ -49,20 +76,48 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         if cfg.get(key):
             raise _refuse(key, cfg[key], " (Lantern serves BERT as an encoder)")
     if cfg.get("quantization_config"):
-        raise _refuse("quantization_config", cfg["quantization_config"].get("quant_method"), " for BERT encoders")
+        raise _refuse("quantization_config", cfg["quantization_config"].get("quant_method"), " for encoders")
     if fields["hidden_size"] % fields["num_heads"]:
         raise _refuse("num_attention_heads", fields["num_heads"], " (it must divide hidden_size)")
     eps = float(cfg.get("layer_norm_eps", 1e-12))
+    rows = int(cfg.get("max_position_embeddings", 512))
+    padding_idx, buckets, types = None, 0, int(cfg.get("type_vocab_size", 2))
+    if model_type == "mpnet":
+        padding_idx, types = 1, 0  # MPNetEmbeddings: padding_idx = 1 whatever pad_token_id says
+        buckets = int(cfg.get("relative_attention_num_buckets", MPNET_BUCKETS))
+        if buckets < MPNET_BUCKETS:
+            raise _refuse("relative_attention_num_buckets", buckets, f" below {MPNET_BUCKETS} (MPNet buckets into 32)")
+    elif model_type != "bert":
+        padding_idx = int(cfg.get("pad_token_id") if cfg.get("pad_token_id") is not None else 1)
+    if padding_idx is not None and rows <= padding_idx + 1:
+        raise _refuse("max_position_embeddings", rows, f" (positions start at padding_idx + 1 = {padding_idx + 1})")
+    encoder = EncoderConfig(types, eps, _GELU[act], rows, padding_idx, buckets)
     return {
-        "encoder": EncoderConfig(int(cfg.get("type_vocab_size", 2)), eps, _GELU[act]),
+        "encoder": encoder,
         "num_kv_heads": fields["num_heads"],
         "rms_norm_eps": eps,  # unused by the encoder (its norms are LayerNorms): kept equal to avoid a second value
         "rope_scaling": None,
         "tie_word_embeddings": False,  # BertConfig says True for its MLM head, which is not loaded
-        "max_position_embeddings": int(cfg.get("max_position_embeddings", 512)),
+        "max_position_embeddings": rows - (0 if padding_idx is None else padding_idx + 1),  # the tokens served
         "eos_token_ids": [],
         "attention_bias": True,
     }
+
+
+def mpnet_buckets(length: int) -> np.ndarray:
+    """[length, length] int64: the relative-position bucket of each (query, key) pair, as
+    MPNetEncoder.relative_position_bucket computes it (bidirectional: 16 buckets each way, exact
+    below distance 8, then logarithmic up to 128), in float32 as it does."""
+    half = MPNET_BUCKETS // 2
+    exact = half // 2
+    pos = np.arange(length)
+    n = pos[:, None] - pos[None, :]  # -(key - query)
+    bucket = np.where(n < 0, half, 0)
+    n = np.abs(n)
+    far = np.maximum(n, exact).astype(np.float32)  # the log is read only where n >= exact
+    scaled = np.log(far / np.float32(exact)) / np.float32(math.log(MPNET_MAX_DISTANCE / exact))
+    large = np.minimum(exact + (scaled * np.float32(half - exact)).astype(np.int64), half - 1)
+    return bucket + np.where(n < exact, n, large)
 
 
 _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")
@@ -78,17 +133,30 @@ _LAYER_NAMES = {
     "output.dense": "mlp.down_proj",
     "output.LayerNorm": "mlp_norm",
 }
+# MPNet's attention names (MPNetAttention: attn.q/k/v/o, then its own LayerNorm).
+_LAYER_NAMES.update(
+    {
+        "attention.attn.q": "attention.q_proj",
+        "attention.attn.k": "attention.k_proj",
+        "attention.attn.v": "attention.v_proj",
+        "attention.attn.o": "attention.o_proj",
+        "attention.LayerNorm": "attention_norm",
+    }
+)
 _KINDS = {"gamma": "weight", "beta": "bias", "weight": "weight", "bias": "bias"}  # old checkpoints: gamma/beta
+_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 
 def bert_weight_name(name: str) -> str | None:
-    """A BERT checkpoint tensor under the model files' name; None for tensors not loaded (the
-    pooler, MLM / NSP heads, the position_ids buffer old checkpoints saved). A BertForXxx
-    checkpoint's "bert." prefix is dropped."""
-    if name.startswith("bert."):
-        name = name[len("bert.") :]
-    if name.startswith(("pooler.", "cls.")) or name in ("embeddings.position_ids", "embeddings.token_type_ids"):
+    """An encoder checkpoint tensor under the model files' name; None for tensors not loaded (the
+    pooler, MLM / NSP heads, the position_ids buffer old checkpoints saved). A XxxForMaskedLM
+    checkpoint's "bert." / "roberta." / "mpnet." prefix is dropped."""
+    if name.startswith(_PREFIXES):
+        name = name.split(".", 1)[1]
+    if name.startswith(("pooler.", "cls.", "lm_head.")) or name in _BUFFERS:
         return None
+    if name == "encoder.relative_attention_bias.weight":
+        return "relative_attention_bias.weight"
     module, _, kind = name.rpartition(".")
     if kind not in _KINDS:
         raise UnsupportedModelError(f"unexpected tensor {name} in a BERT checkpoint")

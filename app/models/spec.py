@@ -220,7 +220,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama4_text": {"family": "llama4", "configure": "family_llama4", "defaults": "family_llama4"},
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
-    "bert": {"family": "bert", "configure": "family_bert"},  # an encoder: embeddings only (--task embed)
+    # BERT-style encoders: embeddings only (--task embed); family_bert says what each differs in
+    "bert": {"family": "bert", "configure": "family_bert"},
+    "roberta": {"family": "bert", "configure": "family_bert"},
+    "xlm-roberta": {"family": "bert", "configure": "family_bert"},
+    "camembert": {"family": "bert", "configure": "family_bert"},
+    "mpnet": {"family": "bert", "configure": "family_bert"},
 }
 
 
@@ -373,7 +378,7 @@ class ModelConfig:
     # ALiBi (BLOOM, MPT): per query head, the slope times each key's position added to the scaled scores (no rope)
     alibi_slopes: tuple[float, ...] | None = None
     embed_norm: bool = False  # BLOOM: a LayerNorm of the token embedding (model.embed_norm) before the first layer
-    encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT), embeddings only
+    encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT, RoBERTa, MPNet), embeddings only
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     gemma3n: Any = None  # family_gemma3n.Gemma3nBlocks: Gemma 3n's AltUp streams, LAuReL, activation sparsity
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every

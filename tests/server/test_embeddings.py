@@ -1,5 +1,5 @@
 """POST /v1/embeddings on a real server, on both backends, through the official openai client:
-a BERT sentence-transformers folder and a headless decoder (Qwen3-Embedding's layout), each served
+BERT and MPNet sentence-transformers folders and a headless decoder (Qwen3-Embedding's layout), each served
 for embeddings by default. Vectors against transformers, base64 (the SDK's default) equal to
 float, `dimensions`, usage, the errors (400 naming the field), and each task refusing the other."""
 
@@ -22,11 +22,11 @@ from tests.server.conftest import start_server
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Numbers 0123456789 and caf\u00e9", "def add(a, b):"]
 
 
-@pytest.fixture(scope="module", params=["bert", "qwen3"])
+@pytest.fixture(scope="module", params=["bert", "mpnet", "qwen3"])
 def folder(request, tmp_path_factory) -> tuple[str, str]:
     root = tmp_path_factory.mktemp(request.param)
-    if request.param == "bert":
-        return str(build_bert(root, "mean")), "mean"
+    if request.param in ("bert", "mpnet"):
+        return str(build_bert(root, "mean", model_type=request.param)), "mean"
     return str(build_base_decoder(root, "qwen3", "last")), "last"
 
 

@@ -1,8 +1,10 @@
-"""BERT encoder in MLX (app/models/family_bert.py has the maths and the tensor names).
+"""BERT-style encoders in MLX: BERT, RoBERTa, MPNet (app/models/family_bert.py has the maths and
+the tensor names).
 
 No KV cache and no rope: each sequence of the flattened batch arrives whole (the engine schedules
 an encoder's prompts in one piece) and attends over itself both ways, the sequences padded into
-one [S, L] batch for fast.scaled_dot_product_attention with the padding keys masked out.
+one [S, L] batch for fast.scaled_dot_product_attention with the padding keys masked out (MPNet:
+its relative-position bias added to that mask).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from lantern.app.models.family_bert import mpnet_buckets
 from lantern.app.models.spec import ModelConfig
 
 ACTIVATIONS = {"gelu": nn.gelu, "gelu_tanh": nn.gelu_approx}
@@ -26,20 +29,36 @@ class EncoderInputs:
     gather: mx.array  # [S, L]
     key_mask: mx.array  # [S, 1, 1, L] bool: True where a key is a real token
     scatter: mx.array  # [T]
+    attn_mask: mx.array | None = None  # [S, H, L, L] float: key_mask plus MPNet's bias (set by the model)
+
+
+def padded_positions(input_ids: mx.array, inputs: EncoderInputs, padding_idx: int) -> mx.array:
+    """RoBERTa's and MPNet's positions [T]: padding_idx + the count of non-padding tokens so far in
+    the sequence, padding_idx for a padding token (create_position_ids_from_input_ids)."""
+    real = (input_ids[inputs.gather] != padding_idx) & inputs.key_mask[:, 0, 0, :]
+    counted = mx.where(real, mx.cumsum(real.astype(mx.int32), axis=1) + padding_idx, padding_idx)
+    return counted.reshape(-1)[inputs.scatter]
 
 
 class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        d = cfg.hidden_size
+        d, enc = cfg.hidden_size, cfg.encoder
+        self.padding_idx = enc.padding_idx
         self.word_embeddings = nn.Embedding(cfg.vocab_size, d)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, d)
-        self.token_type_embeddings = nn.Embedding(cfg.encoder.type_vocab_size, d)
-        self.norm = nn.LayerNorm(d, eps=cfg.encoder.layer_norm_eps)
+        self.position_embeddings = nn.Embedding(enc.position_rows, d)
+        if enc.type_vocab_size:
+            self.token_type_embeddings = nn.Embedding(enc.type_vocab_size, d)
+        self.norm = nn.LayerNorm(d, eps=enc.layer_norm_eps)
 
     def __call__(self, input_ids: mx.array, inputs: EncoderInputs) -> mx.array:
-        h = self.word_embeddings(input_ids) + self.token_type_embeddings(inputs.token_types)
-        return self.norm(h + self.position_embeddings(inputs.positions))
+        h = self.word_embeddings(input_ids)
+        if "token_type_embeddings" in self:
+            h = h + self.token_type_embeddings(inputs.token_types)
+        positions = inputs.positions
+        if self.padding_idx is not None:
+            positions = padded_positions(input_ids, inputs, self.padding_idx)
+        return self.norm(h + self.position_embeddings(positions))
 
 
 class SelfAttention(nn.Module):
@@ -59,7 +78,8 @@ class SelfAttention(nn.Module):
             proj(x).reshape(t, self.n_heads, self.head_dim)[inputs.gather].transpose(0, 2, 1, 3)  # [S, H, L, D]
             for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask=inputs.key_mask)
+        mask = inputs.key_mask if inputs.attn_mask is None else inputs.attn_mask
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(s * length, -1)[inputs.scatter]
         return self.o_proj(out)
 
@@ -97,6 +117,16 @@ class BertModel(nn.Module):
         self.cfg = cfg
         self.embeddings = Embeddings(cfg)
         self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_layers)]
+        if cfg.encoder.relative_buckets:  # MPNet: one [buckets, heads] table shared by every layer
+            self.relative_attention_bias = nn.Embedding(cfg.encoder.relative_buckets, cfg.num_heads)
+            self._buckets = mx.array(mpnet_buckets(cfg.encoder.position_rows))  # sliced to each batch's longest
+
+    def _relative_mask(self, inputs: EncoderInputs, dtype: mx.Dtype) -> mx.array:
+        """MPNet's additive mask [S, H, L, L]: the bias of each (query, key) bucket, -inf at padding keys."""
+        length = inputs.gather.shape[1]
+        bias = self.relative_attention_bias(self._buckets[:length, :length]).transpose(2, 0, 1).astype(dtype)
+        padding = mx.where(inputs.key_mask, mx.array(0.0, dtype), mx.array(-mx.inf, dtype))
+        return bias[None] + padding
 
     def kv_layout(self, cfg: ModelConfig) -> tuple[int, int, int, bool]:
         """An encoder keeps no KV cache: the smallest pool the engine's block bookkeeping needs
@@ -106,6 +136,8 @@ class BertModel(nn.Module):
     def __call__(self, input_ids: mx.array, inputs: EncoderInputs) -> mx.array:
         """The last layer's hidden states [T, hidden_size] for every token of the batch."""
         h = self.embeddings(input_ids, inputs)
+        if "relative_attention_bias" in self:
+            inputs.attn_mask = self._relative_mask(inputs, h.dtype)
         for layer in self.layers:
             h = layer(h, inputs)
         return h

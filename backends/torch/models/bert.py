@@ -1,8 +1,10 @@
-"""BERT encoder in torch (app/models/family_bert.py has the maths and the tensor names).
+"""BERT-style encoders in torch: BERT, RoBERTa, MPNet (app/models/family_bert.py has the maths
+and the tensor names).
 
 No KV cache and no rope: each sequence of the flattened batch arrives whole (the engine schedules
 an encoder's prompts in one piece) and attends over itself both ways, the sequences padded into
-one [S, L] batch for scaled_dot_product_attention with the padding keys masked out.
+one [S, L] batch for scaled_dot_product_attention with the padding keys masked out (MPNet: its
+relative-position bias added to that mask).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lantern.app.models.family_bert import mpnet_buckets
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.parallel import TPGroup
 
@@ -28,6 +31,15 @@ class EncoderInputs:
     gather: torch.Tensor  # [S, L] int64
     key_mask: torch.Tensor  # [S, 1, 1, L] bool: True where a key is a real token
     scatter: torch.Tensor  # [T] int64
+    attn_mask: torch.Tensor | None = None  # [S, H, L, L] float: key_mask plus MPNet's bias (set by the model)
+
+
+def padded_positions(input_ids: torch.Tensor, inputs: EncoderInputs, padding_idx: int) -> torch.Tensor:
+    """RoBERTa's and MPNet's positions [T]: padding_idx + the count of non-padding tokens so far in
+    the sequence, padding_idx for a padding token (create_position_ids_from_input_ids)."""
+    real = (input_ids[inputs.gather] != padding_idx) & inputs.key_mask[:, 0, 0, :]
+    counted = torch.where(real, real.long().cumsum(1) + padding_idx, padding_idx)
+    return counted.reshape(-1)[inputs.scatter]
 
 
 def _embedding(rows: int, dim: int) -> nn.Embedding:
@@ -38,15 +50,22 @@ def _embedding(rows: int, dim: int) -> nn.Embedding:
 class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        d = cfg.hidden_size
+        d, enc = cfg.hidden_size, cfg.encoder
+        self.padding_idx = enc.padding_idx
         self.word_embeddings = _embedding(cfg.vocab_size, d)
-        self.position_embeddings = _embedding(cfg.max_position_embeddings, d)
-        self.token_type_embeddings = _embedding(cfg.encoder.type_vocab_size, d)
-        self.norm = nn.LayerNorm(d, eps=cfg.encoder.layer_norm_eps)
+        self.position_embeddings = _embedding(enc.position_rows, d)
+        if enc.type_vocab_size:
+            self.token_type_embeddings = _embedding(enc.type_vocab_size, d)
+        self.norm = nn.LayerNorm(d, eps=enc.layer_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
-        h = self.word_embeddings(input_ids) + self.token_type_embeddings(inputs.token_types)
-        return self.norm(h + self.position_embeddings(inputs.positions))
+        h = self.word_embeddings(input_ids)
+        if hasattr(self, "token_type_embeddings"):
+            h = h + self.token_type_embeddings(inputs.token_types)
+        positions = inputs.positions
+        if self.padding_idx is not None:
+            positions = padded_positions(input_ids, inputs, self.padding_idx)
+        return self.norm(h + self.position_embeddings(positions))
 
 
 class SelfAttention(nn.Module):
@@ -65,7 +84,8 @@ class SelfAttention(nn.Module):
             p.reshape(t, self.n_heads, self.head_dim)[inputs.gather].transpose(1, 2)  # [S, H, L, D]
             for p in self.qkv_proj(x).split(self.splits, dim=-1)
         )
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.key_mask)
+        mask = inputs.key_mask if inputs.attn_mask is None else inputs.attn_mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out = out.transpose(1, 2).reshape(s * length, -1)[inputs.scatter]
         return self.o_proj(out)
 
@@ -105,6 +125,19 @@ class BertModel(nn.Module):
         self.cfg = cfg
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList([EncoderLayer(cfg) for _ in range(cfg.num_layers)])
+        if cfg.encoder.relative_buckets:  # MPNet: one [buckets, heads] table shared by every layer
+            self.relative_attention_bias = _embedding(cfg.encoder.relative_buckets, cfg.num_heads)
+            self._buckets: torch.Tensor | None = None  # [rows, rows] for the longest input, sliced per batch
+
+    def _relative_mask(self, inputs: EncoderInputs, dtype: torch.dtype) -> torch.Tensor:
+        """MPNet's additive mask [S, H, L, L]: the bias of each (query, key) bucket, -inf at padding keys."""
+        length = inputs.gather.shape[1]
+        if self._buckets is None or self._buckets.device != inputs.gather.device:
+            rows = self.cfg.encoder.position_rows
+            self._buckets = torch.from_numpy(mpnet_buckets(rows)).to(inputs.gather.device)
+        bias = self.relative_attention_bias(self._buckets[:length, :length]).permute(2, 0, 1).to(dtype)
+        padding = torch.zeros(inputs.key_mask.shape, dtype=dtype, device=bias.device)
+        return bias[None] + padding.masked_fill(~inputs.key_mask, float("-inf"))
 
     def kv_layout(self, cfg: ModelConfig) -> tuple[int, int, int, bool]:
         """An encoder keeps no KV cache: the smallest pool the engine's block bookkeeping needs
@@ -115,6 +148,8 @@ class BertModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
         """The last layer's hidden states [T, hidden_size] for every token of the batch."""
         h = self.embeddings(input_ids, inputs)
+        if hasattr(self, "relative_attention_bias"):
+            inputs.attn_mask = self._relative_mask(inputs, h.dtype)
         for layer in self.layers:
             h = layer(h, inputs)
         return h

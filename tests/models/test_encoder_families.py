@@ -1,0 +1,134 @@
+"""RoBERTa, XLM-RoBERTa, CamemBERT and MPNet encoders (bge-m3, multilingual-e5, all-mpnet-base-v2)
+served for embeddings on both backends, against transformers' own model classes on the same
+weights: RoBERTa's positions (counted from padding_idx + 1, padding tokens at padding_idx, the
+table two rows longer than the context), MPNet's relative-position bias (its buckets past the exact
+and logarithmic ranges), XxxForMaskedLM folders, and the refusals of what is not an embedding
+encoder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lantern.app.engine import LLM, InvalidRequestError
+from lantern.app.models.family_bert import mpnet_buckets
+from lantern.app.models.loader import resolve_model
+from lantern.app.models.spec import UnsupportedModelError
+from tests.fixtures.tiny_encoders import build_bert
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Numbers 0123456789",
+    "Continuous batching lets new requests join while others decode, one token at a time. " * 2,
+    "a",
+]
+LONG = "Paged attention keeps every sequence in fixed blocks so memory is never fragmented. " * 4  # ~180 tokens
+
+CASES = {  # name: (model_type, pooling, builder overrides)
+    "roberta": ("roberta", "mean", {}),
+    "xlm-roberta": ("xlm-roberta", "cls", {}),
+    "camembert": ("camembert", "mean", {}),
+    "mpnet": ("mpnet", "mean", {"max_position_embeddings": 258}),  # room for distances past 128
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("encoders")
+    built = {
+        name: str(build_bert(root / name, pooling, seed=i, model_type=model_type, **extra))
+        for i, (name, (model_type, pooling, extra)) in enumerate(CASES.items())
+    }
+    built["roberta-mlm"] = str(build_bert(root / "roberta-mlm", "mean", seed=7, model_type="roberta", masked_lm=True))
+    return built
+
+
+def engine(folder: str, backend: str, **options) -> LLM:
+    return LLM(model=folder, backend=backend, dtype="float32", block_size=4, **options)
+
+
+def reference(folder: str, ids: list[int], pooling: str) -> np.ndarray:
+    """transformers' base model on one unpadded input, pooled and L2-normalized."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        h = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+    return torch.nn.functional.normalize(h[0] if pooling == "cls" else h.mean(0), dim=0).numpy()
+
+
+@pytest.mark.parametrize("name", [*CASES, "roberta-mlm"])
+def test_vectors_match_transformers(folders, backend, name):
+    """Inputs of different lengths in one step (padded together), each equal to transformers alone."""
+    pooling = CASES.get(name, (None, "mean"))[1]
+    llm = engine(folders[name], backend)
+    assert (llm.engine.task, llm.engine.embedder.pooling) == ("embed", pooling)
+    texts = TEXTS + ([LONG] if name == "mpnet" else [])
+    outs = llm.embed(texts)
+    for text, out in zip(texts, outs):
+        ids = llm.tokenizer.encode(text)
+        assert ids[0] == 0 and ids[-1] == 2  # <s> ... </s>
+        assert out.num_prompt_tokens == len(ids)
+        np.testing.assert_allclose(out.embedding, reference(folders[name], ids, pooling), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["xlm-roberta", "mpnet"])
+def test_padding_ids_inside_an_input(folders, backend, name):
+    """Token ids with the padding id (1) inside: that token sits at padding_idx and the positions
+    after it skip it, as transformers' create_position_ids_from_input_ids counts."""
+    llm = engine(folders[name], backend)
+    ids = [0, 40, 1, 41, 1, 1, 42, 43, 2]
+    plain = [0, 40, 41, 42, 43, 2]
+    got = llm.embed([ids, plain])
+    pooling = CASES[name][1]
+    np.testing.assert_allclose(got[0].embedding, reference(folders[name], ids, pooling), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got[1].embedding, reference(folders[name], plain, pooling), atol=1e-4, rtol=0)
+
+
+def test_context_is_the_table_less_the_padding_rows(folders):
+    """A RoBERTa table of 66 rows serves 64 tokens: the longest input matches transformers, one more
+    is a 400 naming the input."""
+    llm = engine(folders["roberta"], "torch")
+    assert llm.engine.max_model_len == 64
+    longest = [0] + [30 + i % 200 for i in range(62)] + [2]
+    np.testing.assert_allclose(llm.embed([longest])[0].embedding, reference(folders["roberta"], longest, "mean"), atol=1e-4)
+    with pytest.raises(InvalidRequestError) as err:
+        llm.embed([longest + [2]])
+    assert err.value.param == "input" and err.value.code == "context_length_exceeded"
+
+
+def test_mpnet_buckets_equal_transformers():
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    for length in (1, 9, 300, 700):
+        pos = torch.arange(length)
+        want = MPNetEncoder.relative_position_bucket(pos[None, :] - pos[:, None]).numpy()
+        np.testing.assert_array_equal(mpnet_buckets(length), want)
+
+
+def _with_config(folder: str, tmp_path, **changes) -> str:
+    import shutil
+
+    out = tmp_path / "changed"
+    shutil.copytree(folder, out)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, **changes}))
+    return str(out)
+
+
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"architectures": ["XLMRobertaForSequenceClassification"]}, "not cross-encoders, rerankers"),
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+        ({"max_position_embeddings": 2}, "max_position_embeddings=2"),
+        ({"hidden_act": "silu"}, "hidden_act"),
+    ],
+    ids=["reranker", "relative-key", "no-positions", "act"],
+)
+def test_refusals_name_the_key(folders, tmp_path, changes, match):
+    with pytest.raises(UnsupportedModelError, match=match):
+        resolve_model(_with_config(folders["xlm-roberta"], tmp_path, **changes))
