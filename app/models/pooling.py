@@ -4,6 +4,9 @@ Defaults come from the model folder: a sentence-transformers folder (modules.jso
 architecture named *Embedding* or a BERT encoder serves embeddings; everything else generates.
 The pooling is the folder's sentence-transformers Pooling module (1_Pooling/config.json) when it
 has one, else last-token for a decoder (Qwen3-Embedding, e5-mistral) and mean for an encoder.
+A GGUF file says both in `{arch}.pooling_type`, which llama.cpp's converter writes from that
+Pooling module (Qwen3-Embedding and EmbeddingGemma GGUFs): mean, cls or last serve embeddings;
+rank (a reranker's classification head) is refused.
 Modules that would change the vectors in ways Lantern does not compute (a Dense projection, max
 pooling, instructions excluded from the mean) are refused naming the key.
 """
@@ -71,6 +74,27 @@ def sentence_transformers_pooling(folder: Path) -> str | None:
     return pooling
 
 
+# llama.cpp's enum llama_pooling_type (gguf.PoolingType): NONE 0, MEAN 1, CLS 2, LAST 3, RANK 4.
+_GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
+
+
+def gguf_pooling(spec: ModelSpec) -> str | None:
+    """The pooling a GGUF file's metadata declares (None: not a GGUF file, or no pooling stated)."""
+    if spec.weight_format != "gguf" or not spec.weight_files:
+        return None
+    from lantern.app.models.gguf_names import read_gguf_index
+
+    index = read_gguf_index(str(spec.weight_files[0]))
+    key = f"{index.architecture}.pooling_type"
+    value = index.metadata.get(key)
+    if value is None or int(value) == 0:
+        return None
+    if int(value) not in _GGUF_POOLING:
+        why = " (rank: a reranker's scores)" if int(value) == 4 else ""
+        raise UnsupportedModelError(f"{key}={value} in {spec.weight_files[0].name} is not implemented{why}")
+    return _GGUF_POOLING[int(value)]
+
+
 def _architectures(folder: Path | None) -> list[str]:
     cfg_file = folder / "config.json" if folder else None
     return list(_read_json(cfg_file).get("architectures") or []) if cfg_file and cfg_file.is_file() else []
@@ -85,10 +109,11 @@ def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | N
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}")
     folder = _folder(spec)
     encoder = spec.config.encoder is not None
+    from_gguf = gguf_pooling(spec) if task != "generate" else None
     if task == "auto":
         st_folder = folder is not None and (folder / "modules.json").is_file()
         named = any("Embedding" in a for a in _architectures(folder))
-        task = "embed" if encoder or st_folder or named else "generate"
+        task = "embed" if encoder or st_folder or named or from_gguf else "generate"
     if task == "generate":
         if encoder:
             raise ValueError(
@@ -97,12 +122,9 @@ def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | N
         if pooling != "auto":
             raise ValueError("--pooling applies to embeddings (--task embed) only")
         return "generate", None
-    declared = sentence_transformers_pooling(folder) if folder else None
+    declared = sentence_transformers_pooling(folder) if folder else from_gguf
     if pooling == "auto":
         pooling = declared or ("mean" if encoder else "last")
-    logger.info(
-        "task: embeddings, %s pooling%s, L2-normalized",
-        pooling,
-        " (the folder's sentence-transformers Pooling module)" if declared == pooling else "",
-    )
+    source = "the folder's sentence-transformers Pooling module" if folder else "the GGUF file's pooling_type"
+    logger.info("task: embeddings, %s pooling%s, L2-normalized", pooling, f" ({source})" if declared == pooling else "")
     return "embed", pooling

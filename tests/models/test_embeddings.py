@@ -219,3 +219,48 @@ def test_refusals_name_the_key(folders, tmp_path):
         LLM(model=folders["bert_mean"], backend="torch", dtype="float32", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="--isq q8 is not implemented for bert encoders"):
         LLM(model=folders["bert_mean"], backend="torch", dtype="float32", quantization="q8")
+
+
+# ---- GGUF embedding models: the pooling the file declares ----------------------------------------
+@pytest.fixture(scope="module")
+def qwen3_gguf(tmp_path_factory):
+    """A tiny Qwen3 written as llama.cpp's converter writes Qwen3-Embedding: qwen3.pooling_type LAST."""
+    import gguf
+
+    from tests.fixtures.gguf_families import convert_to_gguf
+    from tests.fixtures.tiny_models import build_model
+
+    root = tmp_path_factory.mktemp("qwen3-embed-gguf")
+    src = build_model("qwen3", root / "hf")
+    return convert_to_gguf(src, root, "f32", pooling_type=int(gguf.PoolingType.LAST))
+
+
+def test_gguf_pooling_type_serves_embeddings(qwen3_gguf, backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path, ref = qwen3_gguf
+    assert resolve_task("auto", "auto", _spec(str(path))) == ("embed", "last")
+    assert resolve_task("generate", "auto", _spec(str(path))) == ("generate", None)  # the flag wins
+    llm = engine(str(path), backend)
+    assert (llm.engine.task, llm.engine.embedder.pooling) == ("embed", "last")
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(ref), dtype=torch.float32).eval()  # the backbone
+    for text, out in zip(TEXTS, llm.embed(TEXTS)):
+        # The file's own tokenizer (its pre-tokenizer splits digits, the tiny folder's does not).
+        ids = llm.tokenizer.encode(text)
+        with torch.no_grad():
+            last = model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        want = torch.nn.functional.normalize(last, dim=0).numpy()
+        np.testing.assert_allclose(out.embedding, want, atol=1e-4, rtol=0)
+
+
+def test_gguf_rank_pooling_is_refused(tmp_path, monkeypatch):
+    import gguf
+
+    from tests.fixtures.gguf_families import convert_to_gguf
+    from tests.fixtures.tiny_models import build_model
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path, _ = convert_to_gguf(build_model("qwen3", tmp_path / "hf"), tmp_path, "f32", pooling_type=int(gguf.PoolingType.RANK))
+    with pytest.raises(UnsupportedModelError, match=r"qwen3\.pooling_type=4 .*rank"):
+        resolve_task("auto", "auto", _spec(str(path)))
