@@ -61,8 +61,6 @@ def embedding_task(config: EngineConfig, spec: ModelSpec) -> tuple[str, str | No
     from lantern.app.models.pooling import resolve_task
 
     task, pooling = resolve_task(config.task, config.pooling, spec)
-    if spec.config.encoder is not None and spec.weight_format != "safetensors":
-        raise ValueError(f"{spec.config.architecture} encoders from {spec.weight_format} files are not implemented")
     if task == "embed":
         if config.backend_options.tensor_parallel_size > 1:
             raise ValueError("embeddings (--task embed) with tensor parallelism are not implemented")

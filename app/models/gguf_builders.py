@@ -10,6 +10,7 @@ from typing import Any
 
 from lantern.app.models.gguf_config import _head_dim, _layer_types, _Meta, _rotary_fraction
 from lantern.app.models.gguf_dense_builders import DENSE_BUILDERS, qkv_bias
+from lantern.app.models.gguf_encoder import ENCODER_BUILDERS
 from lantern.app.models.gguf_gpt_builders import GPT_BUILDERS
 from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS, granite_scalars
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
@@ -542,6 +543,7 @@ BUILDERS = {
     **MAMBA_BUILDERS,
     **DENSE_BUILDERS,
     **GPT_BUILDERS,
+    **ENCODER_BUILDERS,
     "olmo2": _olmo2,
     "olmoe": _olmoe,
     "ernie4_5": _ernie,

@@ -29,7 +29,7 @@ LONG = "Paged attention keeps every sequence in fixed blocks so memory is never 
 
 CASES = {  # name: (model_type, pooling, builder overrides)
     "roberta": ("roberta", "mean", {}),
-    "xlm-roberta": ("xlm-roberta", "cls", {}),
+    "xlm-roberta": ("xlm-roberta", "cls", {"max_position_embeddings": 258}),  # a sentencepiece vocab of ~130
     "camembert": ("camembert", "mean", {}),
     "mpnet": ("mpnet", "mean", {"max_position_embeddings": 258}),  # room for distances past 128
 }

@@ -1,0 +1,161 @@
+"""BERT-style encoders from GGUF files (llama.cpp's `bert` architecture: all-MiniLM, bge, mxbai-embed-large,
+snowflake-arctic-embed, and XLM-RoBERTa's bge-m3 / multilingual-e5, which the converter writes as `bert` too).
+
+The config: what conversion/bert.py writes, read back as the BertModel config.json family_bert reads. A RoBERTa's
+position table arrives already cut to start at row padding_idx + 1, so the file is served as plain BERT
+(positions 0, 1, ...), which is what it means to llama.cpp.
+
+The tokenizer: transformers builds none for these files (it knows no `bert` tokenizer model, and reads a `t5`
+vocabulary as T5's, without <s>), so it is rebuilt here with the `tokenizers` library from the metadata:
+- `bert` (WordPiece): the converter stored each piece in "phantom space" form (a word's first piece as
+  "\u2581piece", a continuation without its "##"), undone here; BERT's normalizer with llama.cpp's reading of
+  tokenizer.ggml.normalizer.lowercase / strip_accents (both true when absent), BERT's pre-tokenizer, and
+  [CLS] text [SEP] from the file's bos / separator ids.
+- `t5` (Unigram, XLM-R): the pieces and scores as stored, the file's precompiled_charsmap as the normalizer,
+  words split at whitespace (remove_extra_whitespaces: no empty pieces) then Metaspace with the file's
+  add_space_prefix, and <s> text </s> as add_bos_token / add_eos_token say — XLM-R's own tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.gguf_config import _Meta
+
+logger = logging.getLogger(__name__)
+
+_PHANTOM = "\u2581"
+_CONTROL = 3  # gguf.TokenType.CONTROL
+_LAYER_NAMES = {  # GGUF layer tensor -> the encoder files' (backends/*/models/bert.py)
+    "attn_q": "attention.q_proj",
+    "attn_k": "attention.k_proj",
+    "attn_v": "attention.v_proj",
+    "attn_output": "attention.o_proj",
+    "attn_output_norm": "attention_norm",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "layer_output_norm": "mlp_norm",
+}
+GLOBAL_NAMES = {
+    "token_embd": "embeddings.word_embeddings",
+    "token_types": "embeddings.token_type_embeddings",
+    "position_embd": "embeddings.position_embeddings",
+    "token_embd_norm": "embeddings.norm",
+}
+
+
+def _bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """BertModel's config.json keys (family_bert reads them); an encoder: no rope, no KV heads of its own."""
+    if meta.get("attention.causal", False):
+        raise UnsupportedModelError(f"{meta.label}bert.attention.causal=true is not implemented (an encoder)")
+    if "blk.0.attn_qkv.weight" in tensors:
+        raise UnsupportedModelError(f"{meta.label}a fused attn_qkv in a bert GGUF is not implemented")
+    types = tensors.get("token_types.weight")
+    return {
+        "model_type": "bert",
+        "architectures": ["BertModel"],
+        "layer_norm_eps": float(meta.need("attention.layer_norm_epsilon")),
+        "hidden_act": "gelu",  # BERT's exact GELU (llama.cpp's graph computes the tanh approximation)
+        "type_vocab_size": int(types.shape[1]) if types is not None else 0,
+        "num_key_value_heads": cfg["num_attention_heads"],
+    }
+
+
+ENCODER_BUILDERS = {"bert": _bert}
+
+
+def encoder_tensor_name(gguf_name: str) -> str | None:
+    """A `bert` GGUF tensor under the encoder files' name; None for tensors not loaded (a reranker's cls head)."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in GLOBAL_NAMES:
+        return f"{GLOBAL_NAMES[parts[0]]}.{parts[1]}"
+    return None
+
+
+# ---- the tokenizer ---------------------------------------------------------------------------------
+def _fields(path: Path) -> dict[str, Any]:
+    """The tokenizer.ggml.* metadata, arrays in full (gguf's reader: the converter's own package)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer.ggml."):
+            continue
+        kinds = field.types
+        if kinds and kinds[0] == gguf.GGUFValueType.ARRAY:
+            if kinds[-1] == gguf.GGUFValueType.STRING:
+                out[key] = [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+            else:
+                out[key] = [field.parts[i].tolist()[0] for i in field.data]
+        elif kinds and kinds[0] == gguf.GGUFValueType.STRING:
+            out[key] = bytes(field.parts[field.data[0]]).decode("utf-8")
+        else:
+            out[key] = field.parts[field.data[0]].tolist()[0]
+    return out
+
+
+def _special(fields: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = fields.get(f"tokenizer.ggml.{key}")
+    return int(value) if value is not None else default
+
+
+def encoder_tokenizer(path: Path) -> Any:
+    """A PreTrainedTokenizerFast equal to the file's tokenizer (see the module's docstring)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    fields = _fields(path)
+    kind = fields.get("tokenizer.ggml.model")
+    tokens: list[str] = fields["tokenizer.ggml.tokens"]
+    types: list[int] = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if kind == "bert":
+        vocab = {}
+        for i, (tok, typ) in enumerate(zip(tokens, types)):
+            piece = tok if typ == _CONTROL else tok[1:] if tok.startswith(_PHANTOM) else f"##{tok}"
+            vocab.setdefault(piece, i)
+        unk = _special(fields, "unknown_token_id", 100)
+        tok = Tokenizer(models.WordPiece(vocab, unk_token=tokens[unk]))
+        lower = bool(fields.get("tokenizer.ggml.normalizer.lowercase", True))
+        strip = bool(fields.get("tokenizer.ggml.normalizer.strip_accents", lower))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lower, strip_accents=strip)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        first, last = _special(fields, "bos_token_id", 101), _special(fields, "seperator_token_id", 102)
+        add_first, add_last = bool(fields.get("tokenizer.ggml.add_bos_token", True)), True  # llama.cpp: add_sep
+    elif kind == "t5":
+        scores = fields.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        unk = _special(fields, "unknown_token_id", 2)
+        tok = Tokenizer(models.Unigram(list(zip(tokens, scores)), unk_id=unk))
+        charsmap = fields.get("tokenizer.ggml.precompiled_charsmap")
+        if charsmap:
+            tok.normalizer = normalizers.Precompiled(bytes(b & 0xFF for b in charsmap))
+        scheme = "always" if fields.get("tokenizer.ggml.add_space_prefix", True) else "never"
+        metaspace = pre_tokenizers.Metaspace(replacement=_PHANTOM, prepend_scheme=scheme)
+        if fields.get("tokenizer.ggml.remove_extra_whitespaces", True):  # no empty pieces, as XLM-R's tokenizer.json
+            metaspace = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), metaspace])
+        tok.pre_tokenizer = metaspace
+        tok.decoder = decoders.Metaspace(replacement=_PHANTOM, prepend_scheme=scheme)
+        first, last = _special(fields, "bos_token_id", None), _special(fields, "eos_token_id", 1)
+        add_first = bool(fields.get("tokenizer.ggml.add_bos_token", False)) and first is not None
+        add_last = bool(fields.get("tokenizer.ggml.add_eos_token", True))
+    else:
+        raise UnsupportedModelError(f"{path.name}: tokenizer.ggml.model={kind!r} in a bert GGUF is not implemented")
+    ends = ([(tokens[first], first)] if add_first else []), ([(tokens[last], last)] if add_last else [])
+    template = " ".join([*(t for t, _ in ends[0]), "$A", *(t for t, _ in ends[1])])
+    tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=list(dict(ends[0] + ends[1]).items()))
+    control = [t for t, typ in zip(tokens, types) if typ == _CONTROL]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.add_special_tokens({"additional_special_tokens": control})
+    names = {"unk_token": unk, "pad_token": _special(fields, "padding_token_id", None)}
+    names.update(bos_token=first if add_first else None, eos_token=last if add_last else None)
+    for name, i in names.items():
+        if i is not None:
+            setattr(fast, name, tokens[i])
+    logger.info("GGUF %s tokenizer rebuilt from %s (%d pieces)", kind, path.name, len(tokens))
+    return fast
