@@ -226,6 +226,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "xlm-roberta": {"family": "bert", "configure": "family_bert"},
     "camembert": {"family": "bert", "configure": "family_bert"},
     "mpnet": {"family": "bert", "configure": "family_bert"},
+    "modernbert": {"family": "modernbert", "configure": "family_modernbert", "tensors": True, "own_rope": True},
 }
 
 

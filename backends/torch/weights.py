@@ -44,7 +44,14 @@ from lantern.backends.torch.quant_linear import INT8PACK_COLS
 logger = logging.getLogger(__name__)
 
 # Tables looked up by id (Gemma 4's per-layer one; an encoder's words, positions and token types).
-EMBEDDINGS = ("embed_tokens", "embed_tokens_per_layer", "word_embeddings", "position_embeddings", "token_type_embeddings")
+EMBEDDINGS = (
+    "embed_tokens",
+    "embed_tokens_per_layer",
+    "word_embeddings",
+    "position_embeddings",
+    "token_type_embeddings",
+    "tok_embeddings",
+)
 _FUSED = {
     "q_proj": ("qkv_proj", 0, 3),
     "k_proj": ("qkv_proj", 1, 3),

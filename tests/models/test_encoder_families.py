@@ -1,17 +1,21 @@
-"""RoBERTa, XLM-RoBERTa, CamemBERT and MPNet encoders (bge-m3, multilingual-e5, all-mpnet-base-v2)
+"""RoBERTa, XLM-RoBERTa, CamemBERT, MPNet and ModernBERT encoders (bge-m3, multilingual-e5, all-mpnet-base-v2,
+gte-modernbert)
 served for embeddings on both backends, against transformers' own model classes on the same
 weights: RoBERTa's positions (counted from padding_idx + 1, padding tokens at padding_idx, the
 table two rows longer than the context), MPNet's relative-position bias (its buckets past the exact
-and logarithmic ranges), XxxForMaskedLM folders, and the refusals of what is not an embedding
+and logarithmic ranges), ModernBERT's rope, GeGLU and local / global layers (inputs longer than the window),
+XxxForMaskedLM folders, and the refusals of what is not an embedding
 encoder."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from lantern.app.engine import LLM, InvalidRequestError
 from lantern.app.models.family_bert import mpnet_buckets
@@ -32,6 +36,12 @@ CASES = {  # name: (model_type, pooling, builder overrides)
     "xlm-roberta": ("xlm-roberta", "cls", {"max_position_embeddings": 258}),  # a sentencepiece vocab of ~130
     "camembert": ("camembert", "mean", {}),
     "mpnet": ("mpnet", "mean", {"max_position_embeddings": 258}),  # room for distances past 128
+    "modernbert": ("modernbert", "mean", {}),  # local layers of a 16-token window, one global
+    "modernbert-biased": (
+        "modernbert",
+        "cls",
+        {"norm_bias": True, "attention_bias": True, "mlp_bias": True, "hidden_activation": "gelu_pytorch_tanh"},
+    ),
 }
 
 
@@ -68,9 +78,10 @@ def test_vectors_match_transformers(folders, backend, name):
     assert (llm.engine.task, llm.engine.embedder.pooling) == ("embed", pooling)
     texts = TEXTS + ([LONG] if name == "mpnet" else [])
     outs = llm.embed(texts)
+    folder_tokenizer = AutoTokenizer.from_pretrained(folders[name])
     for text, out in zip(texts, outs):
         ids = llm.tokenizer.encode(text)
-        assert ids[0] == 0 and ids[-1] == 2  # <s> ... </s>
+        assert ids == folder_tokenizer.encode(text)  # <s> ... </s> (ModernBERT: [CLS] ... [SEP])
         assert out.num_prompt_tokens == len(ids)
         np.testing.assert_allclose(out.embedding, reference(folders[name], ids, pooling), atol=1e-4, rtol=0)
 
@@ -132,3 +143,26 @@ def _with_config(folder: str, tmp_path, **changes) -> str:
 def test_refusals_name_the_key(folders, tmp_path, changes, match):
     with pytest.raises(UnsupportedModelError, match=match):
         resolve_model(_with_config(folders["xlm-roberta"], tmp_path, **changes))
+
+
+def test_modernbert_released_config_keys(folders, tmp_path):
+    """ModernBERT-base's config.json states global_rope_theta / local_rope_theta / global_attn_every_n_layers at
+    the top (transformers 4.48's keys, no rope_parameters or layer_types): read as transformers reads them."""
+    cfg = json.loads((Path(folders["modernbert"]) / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types"):
+        cfg.pop(key, None)
+    old = _with_config(folders["modernbert"], tmp_path, global_rope_theta=900.0, local_rope_theta=300.0)
+    (Path(old) / "config.json").write_text(
+        json.dumps({**cfg, "global_rope_theta": 900.0, "local_rope_theta": 300.0, "global_attn_every_n_layers": 2})
+    )
+    llm = engine(old, "torch")
+    enc = llm.engine.model_config.encoder
+    assert (enc.global_theta, enc.local_theta, enc.local) == (900.0, 300.0, (False, True, False))
+    ids = llm.tokenizer.encode(TEXTS[2])
+    np.testing.assert_allclose(llm.embed([ids])[0].embedding, reference(old, ids, "mean"), atol=1e-4, rtol=0)
+
+
+def test_modernbert_classifier_is_refused(folders, tmp_path):
+    changed = _with_config(folders["modernbert"], tmp_path, architectures=["ModernBertForSequenceClassification"])
+    with pytest.raises(UnsupportedModelError, match="not cross-encoders or classifiers"):
+        resolve_model(changed)
