@@ -101,4 +101,3 @@ def checkpoint_name(name: str) -> str | None:
     if name.startswith(_SKIPPED):
         return None
     return name[len("model.") :] if name.startswith("model.") else name
-

@@ -148,7 +148,9 @@ def encoder_tokenizer(path: Path) -> Any:
         raise UnsupportedModelError(f"{path.name}: tokenizer.ggml.model={kind!r} in a bert GGUF is not implemented")
     ends = ([(tokens[first], first)] if add_first else []), ([(tokens[last], last)] if add_last else [])
     template = " ".join([*(t for t, _ in ends[0]), "$A", *(t for t, _ in ends[1])])
-    tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=list(dict(ends[0] + ends[1]).items()))
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=list(dict(ends[0] + ends[1]).items())
+    )
     control = [t for t, typ in zip(tokens, types) if typ == _CONTROL]
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)
     fast.add_special_tokens({"additional_special_tokens": control})

@@ -261,6 +261,8 @@ def test_gguf_rank_pooling_is_refused(tmp_path, monkeypatch):
     from tests.fixtures.tiny_models import build_model
 
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
-    path, _ = convert_to_gguf(build_model("qwen3", tmp_path / "hf"), tmp_path, "f32", pooling_type=int(gguf.PoolingType.RANK))
+    path, _ = convert_to_gguf(
+        build_model("qwen3", tmp_path / "hf"), tmp_path, "f32", pooling_type=int(gguf.PoolingType.RANK)
+    )
     with pytest.raises(UnsupportedModelError, match=r"qwen3\.pooling_type=4 .*rank"):
         resolve_task("auto", "auto", _spec(str(path)))

@@ -105,7 +105,9 @@ def test_context_is_the_table_less_the_padding_rows(folders):
     llm = engine(folders["roberta"], "torch")
     assert llm.engine.max_model_len == 64
     longest = [0] + [30 + i % 200 for i in range(62)] + [2]
-    np.testing.assert_allclose(llm.embed([longest])[0].embedding, reference(folders["roberta"], longest, "mean"), atol=1e-4)
+    np.testing.assert_allclose(
+        llm.embed([longest])[0].embedding, reference(folders["roberta"], longest, "mean"), atol=1e-4
+    )
     with pytest.raises(InvalidRequestError) as err:
         llm.embed([longest + [2]])
     assert err.value.param == "input" and err.value.code == "context_length_exceeded"

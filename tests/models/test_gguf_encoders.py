@@ -75,7 +75,7 @@ def test_vectors_match_transformers(files, backend, kind, outtype):
 
 
 def test_config_and_task(files):
-    src, path, _, _ = files("xlm-roberta", "q8_0")
+    _, path, _, _ = files("xlm-roberta", "q8_0")
     spec = resolve_model(str(path)).spec
     enc = spec.config.encoder
     # The file's position table starts at row padding_idx + 1: served as BERT's, 256 positions.
