@@ -1,11 +1,13 @@
-"""GLM-4 (model_type "glm4": GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): what its config.json means,
-as transformers' Glm4Config reads it (defaults included), turned into ModelConfig fields.
+"""GLM-4 (model_type "glm4": GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1; and "glm": glm-4-9b-chat-hf, GLM-4's first
+release in transformers' own code): what its config.json means, as transformers' Glm4Config / GlmConfig read it
+(defaults included), turned into ModelConfig fields.
 
 The maths (transformers' modeling_glm4): Llama's attention with q/k/v biases, rope on the first
 int(head_dim * partial_rotary_factor) dims of each head (default factor 0.5) rotating
 *consecutive pairs* (x0, x1), (x2, x3), ... rather than the two halves, post-sublayer norms
 (post_self_attn_layernorm, post_mlp_layernorm) before each residual add, and a SiLU-gated MLP
-whose gate and up projections are one gate_up_proj in the checkpoint (gate rows first).
+whose gate and up projections are one gate_up_proj in the checkpoint (gate rows first). "glm" (modeling_glm) is
+the same without the post-sublayer norms: Llama's layer (family llama) with that rope (ModelConfig.rope_interleaved).
 
 GLM-4.5 (modeling_glm4_moe) is another design: Llama's decoder layer (pre-norms only), attention
 with q/k/v biases, optional per-head q/k RMSNorms (use_qk_norm) and rope on the first half of each
@@ -81,7 +83,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     skips its Llama-family checks for configure families: the keys are checked here)."""
     if model_type == "glm4_moe":
         return _configure_moe(cfg, fields)
-    if model_type != "glm4":
+    if model_type not in ("glm4", "glm"):
         raise UnsupportedModelError(f"family_glm does not configure model_type {model_type!r}")
     check_silu(cfg, "GLM-4")
     # Keys Glm4Config does not have are ignored by transformers (mlp_bias, sliding_window, ...):
@@ -110,6 +112,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "eos_token_ids": [eos] if isinstance(eos, int) else list(eos),
         "hidden_act": "silu",
         "qk_norm": False,
+        "rope_interleaved": True,  # (glm4's model file passes it itself; glm runs Llama's layer)
     }
 
 

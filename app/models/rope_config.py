@@ -30,6 +30,7 @@ _ROPE_KEYS = {
 
 # The model types whose transformers code and Lantern's attention both rotate the first part of each head
 _PARTIAL_ROPE_FAMILIES = (
+    "glm",
     "glm4",
     "glm4_moe",
     "phi3",

@@ -74,6 +74,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"family": "deepseek", "configure": "family_deepseek"},
     "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
     "glm4": {"family": "glm4", "configure": "family_glm"},
+    "glm": {"configure": "family_glm"},  # glm-4-9b-chat-hf: GLM-4's rope on Llama's layer (no post-sublayer norms)
     # GLM-4.5 / 4.6 / 4.7: Llama's layer, partial rotary (halves), DeepSeek-V3's routed + shared experts.
     "glm4_moe": {"family": "llama_moe", "configure": "family_glm"},
     # GLM-4.7-Flash: DeepSeek-V3's attention and experts under other defaults (family_deepseek).

@@ -170,6 +170,7 @@ _TRIM: Any = None
 # (and the GPT-2-era families whose fused q/k/v their family modules reorder to q, k, v rows first)
 FUSED_CHECKPOINTS = {
     "phi3",
+    "glm",
     "glm4",
     "granitemoehybrid",
     "gpt2",
