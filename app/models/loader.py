@@ -14,7 +14,7 @@ from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 7  # bump when what gguf_config_and_tokenizer stores changes (7: llama-arch query temperature)
+_CACHE_FORMAT = 8  # bump when what gguf_config_and_tokenizer stores changes (8: llama.cpp's pre-tokenizer splits)
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 
@@ -189,6 +189,7 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
 
     from lantern.app.models.gguf_config import hf_config_from_gguf, missing_config_keys
     from lantern.app.models.gguf_names import gguf_split_parts, read_gguf_index
+    from lantern.app.models.gguf_pretokenize import apply_llama_cpp_split
 
     logger.info("reading GGUF metadata and tokenizer from %s (converted once, then cached)", path)
     indexes = [read_gguf_index(str(part)) for part in gguf_split_parts(path)]
@@ -200,10 +201,11 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
         return hf_cfg, encoder_tokenizer(path)
     if hf_cfg is not None:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
-        return hf_cfg, tokenizer
-    hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
-    hf_cfg.update(missing_config_keys(indexes[0].metadata, path.name, tensors=tensors))
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    else:
+        hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+        hf_cfg.update(missing_config_keys(indexes[0].metadata, path.name, tensors=tensors))
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    apply_llama_cpp_split(tokenizer, indexes[0].metadata)  # the pre-tokenizers transformers splits as GPT-2
     return hf_cfg, tokenizer
 
 

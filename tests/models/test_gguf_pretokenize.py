@@ -1,0 +1,72 @@
+"""GGUF byte-level BPE tokenizers split text as llama.cpp does for their tokenizer.ggml.pre name, where
+transformers' reader would split it as GPT-2 (app/models/gguf_pretokenize.py).
+
+Where transformers has the same split under another name (GLM-4's is Llama 3's, StableLM 2's and Hunyuan's are
+Qwen2's), the split is checked against transformers' own; for the rest, against what llama.cpp's regexes do to
+numbers, CJK runs and punctuation. (Against llama-server's /tokenize on these texts, every name here gave the
+same ids: the closing note of the session that added this says how it was run.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from lantern.app.models.gguf_pretokenize import IGNORE_MERGES, SPLITS
+from lantern.app.models.loader import resolve_model
+from tests.fixtures.gguf_writer import write_gguf_model
+
+TEXTS = [
+    "The year 2024 had 365 days and 12345678 seconds.",
+    "Don't you'll WE'RE it's",
+    "\u4f60\u597d\u4e16\u754c, \u3053\u3093\u306b\u3061\u306f \uc548\ub155\ud558\uc138\uc694 test",
+    "a  b   c\n\n\tindent\r\nend  ",
+    "x=1+2; y->z; (foo)[bar]{baz}!?",
+]
+
+
+def _pieces(pre: str, text: str) -> list[str]:
+    from tokenizers import Regex, pre_tokenizers
+
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in SPLITS[pre]]
+    return [p for p, _ in pre_tokenizers.Sequence(splits).pre_tokenize_str(text)]
+
+
+@pytest.mark.parametrize("pre,same_as", [("glm4", "llama3"), ("chatglm-bpe", "llama3"), ("stablelm2", "qwen2")])
+def test_splits_equal_transformers_where_it_has_them(pre, same_as):
+    tables = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
+    from tokenizers import Regex, pre_tokenizers
+
+    theirs = pre_tokenizers.Split(Regex(tables.GGUF_PRE_TOKENIZER_SPLITS[same_as]), behavior="isolated")
+    for text in TEXTS:
+        assert _pieces(pre, text) == [p for p, _ in theirs.pre_tokenize_str(text)], text
+
+
+@pytest.mark.parametrize(
+    "pre,text,pieces",
+    [
+        ("deepseek-v3", "in 12345678 ways", ["in", " ", "123", "456", "78", " ways"]),
+        ("deepseek-v3", "\u4f60\u597d,\u4e16\u754c", ["\u4f60\u597d", ",", "\u4e16\u754c"]),
+        ("deepseek-coder", "v12 ab", ["v", "1", "2", " ab"]),
+        ("deepseek-llm", "v12 ab", ["v", "12", " ab"]),
+        ("falcon", "n=12345678!", ["n", "=", "123", "456", "78", "!"]),
+        ("smollm", "in 2024", ["in", " ", "2", "0", "2", "4"]),
+        ("command-r", "in 2024", ["in", " ", "2", "0", "2", "4"]),
+        ("bloom", "Hi, you!", ["Hi", ",", " you", "!"]),
+        ("hunyuan", "in 2024", ["in", " ", "2", "0", "2", "4"]),
+    ],
+)
+def test_llama_cpp_splits(pre, text, pieces):
+    assert _pieces(pre, text) == pieces
+
+
+@pytest.mark.parametrize("pre", ["deepseek-v3", "glm4", "default"])
+def test_a_gguf_file_gets_its_split(tmp_path, monkeypatch, pre):
+    """Loaded from a file: the tokenizer's pre-tokenizer is the table's (then byte-level), whole words first for
+    GLM-4; a name llama.cpp's converter writes for vocabularies it does not recognise ("default") is left to
+    transformers."""
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path, _ = write_gguf_model(tmp_path / pre, arch="llama", qtype="Q8_0", pre=pre)
+    tokenizer = resolve_model(str(path)).tokenizer
+    backend = tokenizer.backend_tokenizer
+    split = [p for p, _ in backend.pre_tokenizer.pre_tokenize_str("in 12345678")]
+    assert split == (["in", "\u0120", "123", "456", "78"] if pre != "default" else ["in", "\u012012345678"])
+    assert backend.model.ignore_merges == (pre in IGNORE_MERGES)
