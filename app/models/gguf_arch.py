@@ -30,6 +30,7 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     "gemma2": _GEMMA,
     "gemma3": _GEMMA,
     "phi3": _FUSED,
+    "chatglm": _FUSED,  # glm-4-9b-chat's attn_qkv (remote-code checkpoints) and gate + up in ffn_up
     "glm4": {**_FUSED, "post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm"},
     "deepseek2": {
         "attn_q_a": "self_attn.q_a_proj",

@@ -56,7 +56,7 @@ class _Meta:
 
 def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name: str = "") -> dict[str, Any] | None:
     """The config.json dict of a GGUF whose architecture transformers' reader does not serve (gemma2 /
-    gemma3 / phi3 / glm4 / glm4moe / deepseek2 / gpt-oss / mistral3 / smollm3 / granite / granitemoe /
+    gemma3 / phi3 / glm4 / chatglm / glm4moe / deepseek2 / gpt-oss / mistral3 / smollm3 / granite / granitemoe /
     granitehybrid / nemotron_h / olmo2 / ernie4_5 / exaone4 / cohere2 / lfm2 / qwen3next / qwen35 / gemma4 /
     jais2 / ...: _BUILDERS and gguf_builders.BUILDERS); None for the others. `tensors`: GGUF name -> GGUFTensor
     of every part (which tensors exist says what keys cannot: tying, biases, q LoRA; Phi-3's LongRoPE
@@ -259,6 +259,21 @@ def _glm4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
+def _chatglm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's chatglm: glm-4-9b-chat(-hf) and ChatGLM3 as conversion/chatglm.py writes them, served as
+    transformers' Glm (GLM-4's interleaved partial rope on Llama's layer, q/k/v biases where the file has them,
+    attn_qkv / the gate and up rows of ffn_up split while loading). The converter states hidden_size / heads as
+    the head width, the rope base as 10000 x rope_ratio and the context as seq_length (else hidden_size)."""
+    head_dim = _head_dim(meta, cfg)
+    return {
+        "model_type": "glm",
+        "head_dim": head_dim,
+        "partial_rotary_factor": _rotary_fraction(meta, head_dim),
+        "attention_bias": "blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
+        "hidden_act": "silu",
+    }
+
+
 def _deepseek2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek V2 / V3 (and the models converted as them). llama.cpp's MLA files state the latent
     as one KV head of kv_lora_rank + rope dims (key_length_mla / value_length_mla hold the per-head
@@ -365,6 +380,7 @@ _BUILDERS = {
     "gemma3": _gemma,
     "phi3": _phi3,
     "glm4": _glm4,
+    "chatglm": _chatglm,
     "deepseek2": _deepseek2,
     "gpt-oss": _gptoss,
     "mistral3": _mistral3,

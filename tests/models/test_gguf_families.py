@@ -51,6 +51,8 @@ FILES = {
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "layer_types": None}, "f16", {}),
     "phi3": ("phi3", {"sliding_window": 8, "partial_rotary_factor": 0.5}, "f16", {}),
     "glm4": ("glm4", {}, "f32", {}),
+    # glm-4-9b-chat-hf (GlmForCausalLM) as llama.cpp's chatglm: gate and up in ffn_up, the context from seq_length
+    "glm": ("glm", {"seq_length": 256}, "f16", {}),
     "deepseek_v2": ("deepseek_v2", {}, "f32", {}),
     "deepseek_v2_kv_b": ("deepseek_v2", {}, "f16", {"legacy_mla": True}),  # attn_kv_b whole: older files
     "deepseek_v3": ("deepseek_v3", {}, "f16", {"mtp_layers": 1}),  # a prediction layer after the stack
