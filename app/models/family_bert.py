@@ -9,6 +9,10 @@ turned into ModelConfig fields; and the checkpoint's tensor names in the model f
   token types, and a relative-position bias shared by every layer: T5's bidirectional buckets (32,
   up to distance 128) of (key - query), one learned value per bucket and head, added to the scaled
   scores.
+- "nomic_bert": nomic-embed-text v1 / v1.5 (transformers' NomicBertModel): BERT's post-LN layer with a
+  rope (rotate_half, base 1000) instead of absolute positions, no linear biases, and a SwiGLU MLP
+  (down(silu(gate(x)) * up(x))). Released folders state nomic's own keys (n_embd, rotary_emb_base, ...:
+  prepare reads them) and tensor names (Wqkv fused, fc11 / fc12 / fc2, norm1 / norm2).
 
 The maths (transformers' modeling_bert, BertModel): embeddings = LayerNorm(word + token type +
 absolute position), then per layer bidirectional multi-head attention with q/k/v/o biases, a
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +41,8 @@ from lantern.app.models.spec import UnsupportedModelError
 _GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet")
-_PREFIXES = ("bert.", "roberta.", "mpnet.")  # an XxxForMaskedLM checkpoint's base model
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet", "nomic_bert")
+_PREFIXES = ("bert.", "roberta.", "mpnet.", "nomic_bert.")  # an XxxForMaskedLM checkpoint's base model
 MPNET_BUCKETS = 32  # MPNetEncoder.compute_position_bias always buckets into 32 (its default argument)
 MPNET_MAX_DISTANCE = 128
 
@@ -50,6 +55,52 @@ class EncoderConfig:
     position_rows: int = 512  # the absolute position table's rows
     padding_idx: int | None = None  # RoBERTa / MPNet: positions start after it and skip its tokens
     relative_buckets: int = 0  # MPNet: the relative-position bias's buckets (0: none)
+    rope_theta: float | None = None  # Nomic BERT: a rope's base, no absolute position table
+    gated_mlp: bool = False  # Nomic BERT: SwiGLU (gate, up, down) instead of up, act, down
+    linear_bias: bool = True  # False: no biases on the attention's and MLP's linears (Nomic BERT)
+
+
+# nomic's released config.json keys (its remote code's, GPT-2's names) -> NomicBertConfig's
+_NOMIC_KEYS = {
+    "n_embd": "hidden_size",
+    "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads",
+    "n_inner": "intermediate_size",
+    "layer_norm_epsilon": "layer_norm_eps",
+    "max_trained_positions": "max_position_embeddings",  # (n_positions states 8192; trained for 2048)
+}
+# nomic's variations of its layer, each as the only value Lantern (and transformers' class) computes
+_NOMIC_FIXED = {
+    "rotary_emb_fraction": 1.0,
+    "rotary_emb_interleaved": False,
+    "rotary_scaling_factor": None,
+    "qkv_proj_bias": False,
+    "mlp_fc1_bias": False,
+    "mlp_fc2_bias": False,
+    "prenorm": False,
+    "activation_function": "swiglu",
+    "moe_every_n_layers": 0,
+    "causal": False,
+}
+
+
+def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A nomic_bert config in NomicBertConfig's keys (a released folder states nomic's own); refuses the
+    variants its layer does not compute, naming the key."""
+    out = dict(cfg)
+    for key, fixed in _NOMIC_FIXED.items():
+        value = out.get(key, fixed)
+        if value != fixed and not (fixed == 0 and value is None):
+            raise _refuse(key, value, " (nomic_bert: Lantern computes transformers' NomicBertModel)")
+    for short, key in _NOMIC_KEYS.items():
+        if short in out:
+            out.setdefault(key, out[short])
+    if "rotary_emb_base" in out and not out.get("rope_parameters"):
+        out["rope_theta"] = float(out["rotary_emb_base"])
+    if out.get("activation_function") == "swiglu":
+        out.setdefault("hidden_act", "silu")
+    defaults = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+    return {**defaults, **out, "max_position_embeddings": int(out.get("max_position_embeddings", 2048))}
 
 
 def _refuse(key: str, value: Any, why: str) -> UnsupportedModelError:
@@ -66,9 +117,11 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
             f"architectures={json.dumps(heads)} in config.json is not implemented: Lantern serves {model_type} "
             "encoders for embeddings (XxxModel, XxxForMaskedLM), not cross-encoders, rerankers or classifiers"
         )
-    act = cfg.get("hidden_act", "gelu")
-    if act not in _GELU:
-        raise _refuse("hidden_act", act, f"; supported: {', '.join(sorted(_GELU))}")
+    nomic = model_type == "nomic_bert"
+    acts = {"silu": "silu"} if nomic else _GELU
+    act = cfg.get("hidden_act", "silu" if nomic else "gelu")
+    if act not in acts:
+        raise _refuse("hidden_act", act, f"; supported: {', '.join(sorted(acts))}")
     position = cfg.get("position_embedding_type", "absolute")
     if position != "absolute":
         raise _refuse("position_embedding_type", position, " (only absolute position embeddings)")
@@ -87,11 +140,19 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         buckets = int(cfg.get("relative_attention_num_buckets", MPNET_BUCKETS))
         if buckets < MPNET_BUCKETS:
             raise _refuse("relative_attention_num_buckets", buckets, f" below {MPNET_BUCKETS} (MPNet buckets into 32)")
-    elif model_type != "bert":
+    elif model_type not in ("bert", "nomic_bert"):
         padding_idx = int(cfg.get("pad_token_id") if cfg.get("pad_token_id") is not None else 1)
     if padding_idx is not None and rows <= padding_idx + 1:
         raise _refuse("max_position_embeddings", rows, f" (positions start at padding_idx + 1 = {padding_idx + 1})")
-    encoder = EncoderConfig(types, eps, _GELU[act], rows, padding_idx, buckets)
+    theta = None
+    if nomic:  # a rope (rope_parameters, else rope_theta, else NomicBertConfig's default_theta)
+        rope = cfg.get("rope_parameters") or {}
+        if rope.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
+            raise _refuse("rope_parameters", rope or cfg.get("rope_scaling"), " (nomic_bert: a plain rope only)")
+        theta = float(rope.get("rope_theta") or cfg.get("rope_theta") or 1000.0)
+    encoder = EncoderConfig(
+        types, eps, acts[act], rows, padding_idx, buckets, rope_theta=theta, gated_mlp=nomic, linear_bias=not nomic
+    )
     return {
         "encoder": encoder,
         "num_kv_heads": fields["num_heads"],
@@ -100,7 +161,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "tie_word_embeddings": False,  # BertConfig says True for its MLM head, which is not loaded
         "max_position_embeddings": rows - (0 if padding_idx is None else padding_idx + 1),  # the tokens served
         "eos_token_ids": [],
-        "attention_bias": True,
+        "attention_bias": not nomic,
     }
 
 
@@ -145,6 +206,42 @@ _LAYER_NAMES.update(
 )
 _KINDS = {"gamma": "weight", "beta": "bias", "weight": "weight", "bias": "bias"}  # old checkpoints: gamma/beta
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+
+
+# Nomic BERT's per-layer tensors (nomic's names, which transformers also saves under) -> the model files' (the
+# fused Wqkv as attention.qkv_proj, which weight_stream.split_fused cuts into q / k / v)
+_NOMIC_LAYER = {
+    "attn.Wqkv": "attention.qkv_proj",
+    "attn.out_proj": "attention.o_proj",
+    "norm1": "attention_norm",
+    "norm2": "mlp_norm",
+    "mlp.fc11": "mlp.up_proj",
+    "mlp.fc12": "mlp.gate_proj",
+    "mlp.fc2": "mlp.down_proj",
+}
+_NOMIC_RE = re.compile(r"^encoder\.layers\.(\d+)\.(.+)$")
+
+
+def nomic_weight_name(name: str) -> str | None:
+    """A Nomic BERT checkpoint tensor under the model files' name; None for tensors not loaded."""
+    if name.startswith(_PREFIXES):
+        name = name.split(".", 1)[1]
+    if name.startswith(("pooler.", "cls.", "lm_head.")) or name in _BUFFERS:
+        return None
+    module, _, kind = name.rpartition(".")
+    if module == "emb_ln":
+        return f"embeddings.norm.{kind}"
+    if module in ("embeddings.word_embeddings", "embeddings.token_type_embeddings"):
+        return name
+    m = _NOMIC_RE.match(module)
+    if m is None or m.group(2) not in _NOMIC_LAYER:
+        raise UnsupportedModelError(f"unexpected tensor {name} in a Nomic BERT checkpoint")
+    return f"layers.{m.group(1)}.{_NOMIC_LAYER[m.group(2)]}.{kind}"
+
+
+def weight_namer(model_type: str) -> Callable[[str], str | None]:
+    """The checkpoint-name map of an encoder model_type."""
+    return nomic_weight_name if model_type == "nomic_bert" else bert_weight_name
 
 
 def bert_weight_name(name: str) -> str | None:

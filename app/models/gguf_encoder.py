@@ -1,5 +1,6 @@
 """BERT-style encoders from GGUF files (llama.cpp's `bert` architecture: all-MiniLM, bge, mxbai-embed-large,
-snowflake-arctic-embed, and XLM-RoBERTa's bge-m3 / multilingual-e5, which the converter writes as `bert` too).
+snowflake-arctic-embed, and XLM-RoBERTa's bge-m3 / multilingual-e5, which the converter writes as `bert` too; and
+`nomic-bert`: nomic-embed-text v1 / v1.5, LM Studio's and Ollama's default embedding model).
 
 The config: what conversion/bert.py writes, read back as the BertModel config.json family_bert reads. A RoBERTa's
 position table arrives already cut to start at row padding_idx + 1, so the file is served as plain BERT
@@ -64,14 +65,37 @@ def _bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
-ENCODER_BUILDERS = {"bert": _bert}
+def _nomic_bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """NomicBertModel's keys (nomic-embed-text v1 / v1.5): a rope of the file's base, SwiGLU, no biases."""
+    if meta.get("attention.causal", False):
+        raise UnsupportedModelError(f"{meta.label}nomic-bert.attention.causal=true is not implemented (an encoder)")
+    types = tensors.get("token_types.weight")
+    return {
+        "model_type": "nomic_bert",
+        "architectures": ["NomicBertModel"],
+        "layer_norm_eps": float(meta.need("attention.layer_norm_epsilon")),
+        "hidden_act": "silu",
+        "type_vocab_size": int(types.shape[1]) if types is not None else 0,
+        "num_key_value_heads": cfg["num_attention_heads"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 1000.0))},
+    }
 
 
-def encoder_tensor_name(gguf_name: str) -> str | None:
-    """A `bert` GGUF tensor under the encoder files' name; None for tensors not loaded (a reranker's cls head)."""
+ENCODER_BUILDERS = {"bert": _bert, "nomic-bert": _nomic_bert}
+_NOMIC_LAYER_NAMES = {  # nomic-bert: q / k / v fused (weight_stream.split_fused cuts them), a gated MLP
+    **_LAYER_NAMES,
+    "attn_qkv": "attention.qkv_proj",
+    "ffn_gate": "mlp.gate_proj",
+}
+
+
+def encoder_tensor_name(gguf_name: str, arch: str = "bert") -> str | None:
+    """A `bert` / `nomic-bert` GGUF tensor under the encoder files' name; None for tensors not loaded (a
+    reranker's cls head)."""
+    layer_names = _NOMIC_LAYER_NAMES if arch == "nomic-bert" else _LAYER_NAMES
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
-        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in layer_names:
+        return f"layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[parts[0]]}.{parts[1]}"
     return None

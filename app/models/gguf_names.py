@@ -93,10 +93,10 @@ PERMUTED_ARCHITECTURES = {
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """HF parameter name for a GGUF tensor name of architecture `arch`; None for tensors we do not
     use (rope_freqs, Phi-3's rope factors: the config readers gguf_rope / gguf_config take those)."""
-    if arch == "bert":  # an encoder: the encoder files' names directly
+    if arch in ("bert", "nomic-bert"):  # an encoder: the encoder files' names directly
         from lantern.app.models.gguf_encoder import encoder_tensor_name
 
-        return encoder_tensor_name(gguf_name)
+        return encoder_tensor_name(gguf_name, arch)
     m = _LAYER_RE.match(gguf_name)
     if m:
         layer, part, kind = m.groups()

@@ -195,7 +195,7 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
     indexes = [read_gguf_index(str(part)) for part in gguf_split_parts(path)]
     tensors = {t.name: t for index in indexes for t in index.tensors}
     hf_cfg = hf_config_from_gguf(indexes[0].metadata, tensors, path.name)
-    if hf_cfg is not None and indexes[0].architecture == "bert":  # transformers builds no tokenizer for these
+    if hf_cfg is not None and indexes[0].architecture in ("bert", "nomic-bert"):  # transformers builds none
         from lantern.app.models.gguf_encoder import encoder_tokenizer
 
         return hf_cfg, encoder_tokenizer(path)

@@ -227,6 +227,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "xlm-roberta": {"family": "bert", "configure": "family_bert"},
     "camembert": {"family": "bert", "configure": "family_bert"},
     "mpnet": {"family": "bert", "configure": "family_bert"},
+    "nomic_bert": {"family": "bert", "configure": "family_bert", "prepare": True},  # nomic-embed-text v1 / v1.5
     "modernbert": {"family": "modernbert", "configure": "family_modernbert", "tensors": True, "own_rope": True},
 }
 

@@ -170,6 +170,7 @@ _TRIM: Any = None
 # (and the GPT-2-era families whose fused q/k/v their family modules reorder to q, k, v rows first)
 FUSED_CHECKPOINTS = {
     "phi3",
+    "nomic_bert",
     "glm",
     "glm4",
     "granitemoehybrid",
@@ -198,6 +199,11 @@ def split_fused(source: Iterator[tuple[str, Any]], spec: ModelSpec) -> Iterator[
             ("self_attn.q_proj", 0, q),
             ("self_attn.k_proj", q, q + kv),
             ("self_attn.v_proj", q + kv, q + 2 * kv),
+        ],
+        "attention.qkv_proj": [  # an encoder's (Nomic BERT's Wqkv)
+            ("attention.q_proj", 0, q),
+            ("attention.k_proj", q, q + kv),
+            ("attention.v_proj", q + kv, q + 2 * kv),
         ],
         "mlp.gate_up_proj": [
             ("mlp.gate_proj", 0, cfg.intermediate_size),
@@ -260,10 +266,10 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         return lambda name: None if (text := base(name)) is None else llama4_name(text)
     if spec.config.multimodal_wrapper is not None:
         return base
-    if spec.config.family == "bert":  # HF BERT names -> the encoder files' (pooler and MLM heads skipped)
-        from lantern.app.models.family_bert import bert_weight_name
+    if spec.config.family == "bert":  # HF encoder names -> the encoder files' (pooler and MLM heads skipped)
+        from lantern.app.models.family_bert import weight_namer
 
-        return bert_weight_name
+        return weight_namer(spec.config.architecture)
     if spec.config.architecture == "granitemoe":  # its fused experts and router under the models' names
         from lantern.app.models.family_granite import granitemoe_name
 

@@ -1,11 +1,10 @@
-"""RoBERTa, XLM-RoBERTa, CamemBERT, MPNet and ModernBERT encoders (bge-m3, multilingual-e5, all-mpnet-base-v2,
-gte-modernbert)
-served for embeddings on both backends, against transformers' own model classes on the same
-weights: RoBERTa's positions (counted from padding_idx + 1, padding tokens at padding_idx, the
-table two rows longer than the context), MPNet's relative-position bias (its buckets past the exact
-and logarithmic ranges), ModernBERT's rope, GeGLU and local / global layers (inputs longer than the window),
-XxxForMaskedLM folders, and the refusals of what is not an embedding
-encoder."""
+"""RoBERTa, XLM-RoBERTa, CamemBERT, MPNet, Nomic BERT and ModernBERT encoders (bge-m3, multilingual-e5,
+all-mpnet-base-v2, nomic-embed-text, gte-modernbert) served for embeddings on both backends, against
+transformers' own model classes on the same weights: RoBERTa's positions (counted from padding_idx + 1,
+padding tokens at padding_idx, the table two rows longer than the context), MPNet's relative-position bias
+(its buckets past the exact and logarithmic ranges), Nomic BERT's rope and SwiGLU (and nomic's released
+config keys), ModernBERT's rope, GeGLU and local / global layers (inputs longer than the window),
+XxxForMaskedLM folders, and the refusals of what is not an embedding encoder."""
 
 from __future__ import annotations
 
@@ -36,6 +35,7 @@ CASES = {  # name: (model_type, pooling, builder overrides)
     "xlm-roberta": ("xlm-roberta", "cls", {"max_position_embeddings": 258}),  # a sentencepiece vocab of ~130
     "camembert": ("camembert", "mean", {}),
     "mpnet": ("mpnet", "mean", {"max_position_embeddings": 258}),  # room for distances past 128
+    "nomic": ("nomic_bert", "mean", {"max_position_embeddings": 256}),  # rope, SwiGLU, no biases
     "modernbert": ("modernbert", "mean", {}),  # local layers of a 16-token window, one global
     "modernbert-biased": (
         "modernbert",
@@ -168,3 +168,32 @@ def test_modernbert_classifier_is_refused(folders, tmp_path):
     changed = _with_config(folders["modernbert"], tmp_path, architectures=["ModernBertForSequenceClassification"])
     with pytest.raises(UnsupportedModelError, match="not cross-encoders or classifiers"):
         resolve_model(changed)
+
+
+def test_nomic_released_folder(folders, backend, tmp_path):
+    """nomic-ai's released layout (its own config keys, Wqkv / fc11 / fc12 / norm1 names, as transformers'
+    conversion mapping reads them): the vectors of the transformers-saved folder. (transformers itself reads
+    nomic's keys as its defaults, right only at nomic-embed-text's own 768 x 12 shape.)"""
+    from tests.fixtures.tiny_encoders import as_released_nomic
+
+    released = str(as_released_nomic(Path(folders["nomic"]), tmp_path / "released"))
+    cfg = json.loads((Path(released) / "config.json").read_text())
+    assert "n_embd" in cfg and "hidden_size" not in cfg
+    llm = engine(released, backend)
+    assert llm.engine.model_config.encoder.rope_theta == 1000.0
+    ids = llm.tokenizer.encode(TEXTS[2])
+    got = llm.embed([ids])[0].embedding
+    np.testing.assert_allclose(got, reference(folders["nomic"], ids, "mean"), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "key,value", [("rotary_emb_fraction", 0.5), ("prenorm", True), ("qkv_proj_bias", True), ("moe_every_n_layers", 2)]
+)
+def test_nomic_variants_are_refused(folders, tmp_path, key, value):
+    from tests.fixtures.tiny_encoders import as_released_nomic
+
+    released = as_released_nomic(Path(folders["nomic"]), tmp_path / "released")
+    cfg = json.loads((released / "config.json").read_text())
+    (released / "config.json").write_text(json.dumps({**cfg, key: value}))
+    with pytest.raises(UnsupportedModelError, match=key):
+        resolve_model(str(released))

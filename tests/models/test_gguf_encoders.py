@@ -1,5 +1,6 @@
 """BERT-style encoder GGUFs (llama.cpp's `bert` architecture: all-MiniLM / bge / mxbai-embed-large, and XLM-R's
-bge-m3 / multilingual-e5, which the converter writes as `bert` too) served for embeddings on both backends:
+bge-m3 / multilingual-e5, which the converter writes as `bert` too; `nomic-bert`: nomic-embed-text) served for
+embeddings on both backends:
 written as conversion/bert.py writes them (tests/fixtures/gguf_encoders.py), in f32 and Q8_0. The tokenizer rebuilt
 from the file's WordPiece or Unigram vocabulary gives the folder's own tokenizer's ids; the vectors equal
 transformers' on the values the file holds; the pooling is the file's pooling_type."""
@@ -26,6 +27,7 @@ TEXTS = [
 KINDS = {  # name: (model_type, pooling, builder overrides)
     "bert": ("bert", "mean", {}),
     "xlm-roberta": ("xlm-roberta", "cls", {"max_position_embeddings": 258}),
+    "nomic": ("nomic_bert", "mean", {"max_position_embeddings": 256}),  # llama.cpp's nomic-bert
 }
 
 

@@ -1,10 +1,10 @@
-"""BERT-style encoders in MLX: BERT, RoBERTa, MPNet (app/models/family_bert.py has the maths and
-the tensor names).
+"""BERT-style encoders in MLX: BERT, RoBERTa, MPNet, Nomic BERT (app/models/family_bert.py has the maths
+and the tensor names).
 
 No KV cache and no rope: each sequence of the flattened batch arrives whole (the engine schedules
 an encoder's prompts in one piece) and attends over itself both ways, the sequences padded into
 one [S, L] batch for fast.scaled_dot_product_attention with the padding keys masked out (MPNet:
-its relative-position bias added to that mask).
+its relative-position bias added to that mask; Nomic BERT: fast.rope at offset 0).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import mlx.nn as nn
 from lantern.app.models.family_bert import mpnet_buckets
 from lantern.app.models.spec import ModelConfig
 
-ACTIVATIONS = {"gelu": nn.gelu, "gelu_tanh": nn.gelu_approx}
+ACTIVATIONS = {"gelu": nn.gelu, "gelu_tanh": nn.gelu_approx, "silu": nn.silu}
 
 
 @dataclass
@@ -46,7 +46,8 @@ class Embeddings(nn.Module):
         d, enc = cfg.hidden_size, cfg.encoder
         self.padding_idx = enc.padding_idx
         self.word_embeddings = nn.Embedding(cfg.vocab_size, d)
-        self.position_embeddings = nn.Embedding(enc.position_rows, d)
+        if enc.rope_theta is None:  # (a rope turns q / k instead)
+            self.position_embeddings = nn.Embedding(enc.position_rows, d)
         if enc.type_vocab_size:
             self.token_type_embeddings = nn.Embedding(enc.type_vocab_size, d)
         self.norm = nn.LayerNorm(d, eps=enc.layer_norm_eps)
@@ -55,6 +56,8 @@ class Embeddings(nn.Module):
         h = self.word_embeddings(input_ids)
         if "token_type_embeddings" in self:
             h = h + self.token_type_embeddings(inputs.token_types)
+        if "position_embeddings" not in self:
+            return self.norm(h)
         positions = inputs.positions
         if self.padding_idx is not None:
             positions = padded_positions(input_ids, inputs, self.padding_idx)
@@ -64,12 +67,14 @@ class Embeddings(nn.Module):
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        d = cfg.hidden_size
+        d, enc = cfg.hidden_size, cfg.encoder
         self.n_heads, self.head_dim = cfg.num_heads, d // cfg.num_heads
-        self.q_proj = nn.Linear(d, d, bias=True)
-        self.k_proj = nn.Linear(d, d, bias=True)
-        self.v_proj = nn.Linear(d, d, bias=True)
-        self.o_proj = nn.Linear(d, d, bias=True)
+        self.rope_theta = enc.rope_theta
+        bias = enc.linear_bias
+        self.q_proj = nn.Linear(d, d, bias=bias)
+        self.k_proj = nn.Linear(d, d, bias=bias)
+        self.v_proj = nn.Linear(d, d, bias=bias)
+        self.o_proj = nn.Linear(d, d, bias=bias)
 
     def __call__(self, x: mx.array, inputs: EncoderInputs) -> mx.array:
         t = x.shape[0]
@@ -78,6 +83,9 @@ class SelfAttention(nn.Module):
             proj(x).reshape(t, self.n_heads, self.head_dim)[inputs.gather].transpose(0, 2, 1, 3)  # [S, H, L, D]
             for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
+        if self.rope_theta is not None:  # every padded sequence starts at position 0
+            rope = dict(dims=self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0)
+            q, k = mx.fast.rope(q, **rope), mx.fast.rope(k, **rope)
         mask = inputs.key_mask if inputs.attn_mask is None else inputs.attn_mask
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(s * length, -1)[inputs.scatter]
@@ -87,11 +95,16 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.act = ACTIVATIONS[cfg.encoder.hidden_act]
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
+        enc, d, inter = cfg.encoder, cfg.hidden_size, cfg.intermediate_size
+        self.act, self.gated = ACTIVATIONS[enc.hidden_act], enc.gated_mlp
+        if self.gated:
+            self.gate_proj = nn.Linear(d, inter, bias=enc.linear_bias)
+        self.up_proj = nn.Linear(d, inter, bias=enc.linear_bias)
+        self.down_proj = nn.Linear(inter, d, bias=enc.linear_bias)
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.gated:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(self.act(self.up_proj(x)))
 
 

@@ -1,10 +1,11 @@
-"""BERT-style encoders in torch: BERT, RoBERTa, MPNet (app/models/family_bert.py has the maths
-and the tensor names).
+"""BERT-style encoders in torch: BERT, RoBERTa, MPNet, Nomic BERT (app/models/family_bert.py has the
+maths and the tensor names).
 
 No KV cache and no rope: each sequence of the flattened batch arrives whole (the engine schedules
 an encoder's prompts in one piece) and attends over itself both ways, the sequences padded into
 one [S, L] batch for scaled_dot_product_attention with the padding keys masked out (MPNet: its
-relative-position bias added to that mask).
+relative-position bias added to that mask; Nomic BERT: a rope over the padded positions, every
+sequence starting at 0).
 """
 
 from __future__ import annotations
@@ -19,7 +20,22 @@ from lantern.app.models.family_bert import mpnet_buckets
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.parallel import TPGroup
 
-ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
+
+
+def rope_table(length: int, dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [L, dim] in float32 for positions 0..L-1, the halves repeated (rotate_half's layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+    freqs = torch.arange(length, dtype=torch.float32, device=device)[:, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rope on x [..., L, dim] (rotate_half: the two halves of each head turn together)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
 @dataclass
@@ -32,6 +48,7 @@ class EncoderInputs:
     key_mask: torch.Tensor  # [S, 1, 1, L] bool: True where a key is a real token
     scatter: torch.Tensor  # [T] int64
     attn_mask: torch.Tensor | None = None  # [S, H, L, L] float: key_mask plus MPNet's bias (set by the model)
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # Nomic BERT's cos, sin [L, head_dim] (set by the model)
 
 
 def padded_positions(input_ids: torch.Tensor, inputs: EncoderInputs, padding_idx: int) -> torch.Tensor:
@@ -53,7 +70,8 @@ class Embeddings(nn.Module):
         d, enc = cfg.hidden_size, cfg.encoder
         self.padding_idx = enc.padding_idx
         self.word_embeddings = _embedding(cfg.vocab_size, d)
-        self.position_embeddings = _embedding(enc.position_rows, d)
+        if enc.rope_theta is None:  # (a rope turns q / k instead)
+            self.position_embeddings = _embedding(enc.position_rows, d)
         if enc.type_vocab_size:
             self.token_type_embeddings = _embedding(enc.type_vocab_size, d)
         self.norm = nn.LayerNorm(d, eps=enc.layer_norm_eps)
@@ -62,6 +80,8 @@ class Embeddings(nn.Module):
         h = self.word_embeddings(input_ids)
         if hasattr(self, "token_type_embeddings"):
             h = h + self.token_type_embeddings(inputs.token_types)
+        if not hasattr(self, "position_embeddings"):
+            return self.norm(h)
         positions = inputs.positions
         if self.padding_idx is not None:
             positions = padded_positions(input_ids, inputs, self.padding_idx)
@@ -74,8 +94,9 @@ class SelfAttention(nn.Module):
         self.n_heads, self.head_dim = cfg.num_heads, cfg.hidden_size // cfg.num_heads
         d = cfg.hidden_size
         self.splits = [d, d, d]
-        self.qkv_proj = nn.Linear(d, 3 * d, bias=True)  # query, key, value stacked by weights.py
-        self.o_proj = nn.Linear(d, d, bias=True)
+        bias = cfg.encoder.linear_bias
+        self.qkv_proj = nn.Linear(d, 3 * d, bias=bias)  # query, key, value stacked by weights.py
+        self.o_proj = nn.Linear(d, d, bias=bias)
 
     def forward(self, x: torch.Tensor, inputs: EncoderInputs) -> torch.Tensor:
         t = x.shape[0]
@@ -84,6 +105,8 @@ class SelfAttention(nn.Module):
             p.reshape(t, self.n_heads, self.head_dim)[inputs.gather].transpose(1, 2)  # [S, H, L, D]
             for p in self.qkv_proj(x).split(self.splits, dim=-1)
         )
+        if inputs.rope is not None:
+            q, k = rotate(q, *inputs.rope), rotate(k, *inputs.rope)
         mask = inputs.key_mask if inputs.attn_mask is None else inputs.attn_mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out = out.transpose(1, 2).reshape(s * length, -1)[inputs.scatter]
@@ -93,11 +116,18 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.act = ACTIVATIONS[cfg.encoder.hidden_act]
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
+        enc, d, inter = cfg.encoder, cfg.hidden_size, cfg.intermediate_size
+        self.act, self.gated = ACTIVATIONS[enc.hidden_act], enc.gated_mlp
+        if self.gated:  # gate and up stacked by weights.py
+            self.gate_up_proj = nn.Linear(d, 2 * inter, bias=enc.linear_bias)
+        else:
+            self.up_proj = nn.Linear(d, inter, bias=enc.linear_bias)
+        self.down_proj = nn.Linear(inter, d, bias=enc.linear_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(self.act(gate) * up)
         return self.down_proj(self.act(self.up_proj(x)))
 
 
@@ -150,6 +180,10 @@ class BertModel(nn.Module):
         h = self.embeddings(input_ids, inputs)
         if hasattr(self, "relative_attention_bias"):
             inputs.attn_mask = self._relative_mask(inputs, h.dtype)
+        theta = self.cfg.encoder.rope_theta
+        if theta is not None:
+            head_dim = self.cfg.hidden_size // self.cfg.num_heads
+            inputs.rope = rope_table(inputs.gather.shape[1], head_dim, theta, input_ids.device)
         for layer in self.layers:
             h = layer(h, inputs)
         return h

@@ -12,26 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lantern.app.models.spec import ModelConfig
-from lantern.backends.torch.models.bert import ACTIVATIONS, EncoderInputs, _embedding
+from lantern.backends.torch.models.bert import ACTIVATIONS, EncoderInputs, _embedding, rope_table, rotate
 from lantern.backends.torch.parallel import TPGroup
 
 
 def _norm(cfg: ModelConfig) -> nn.LayerNorm:
     return nn.LayerNorm(cfg.hidden_size, eps=cfg.encoder.norm_eps, bias=cfg.encoder.norm_bias)
-
-
-def _rope(length: int, dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [L, dim] in float32, the halves repeated (rotate_half's layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
-    freqs = torch.arange(length, dtype=torch.float32, device=device)[:, None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -48,7 +34,7 @@ class Attention(nn.Module):
         qkv = self.Wqkv(x).reshape(t, 3, self.n_heads, self.head_dim)[inputs.gather]  # [S, L, 3, H, D]
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [S, H, L, D]
         cos, sin = rope
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.Wo(out.transpose(1, 2).reshape(s * length, -1)[inputs.scatter])
 
@@ -110,7 +96,10 @@ class ModernBertModel(nn.Module):
         """The final norm's output [T, hidden_size] for every token of the batch."""
         enc, length = self.cfg.encoder, inputs.gather.shape[1]
         device, dim = input_ids.device, self.cfg.hidden_size // self.cfg.num_heads
-        ropes = {False: _rope(length, dim, enc.global_theta, device), True: _rope(length, dim, enc.local_theta, device)}
+        ropes = {
+            False: rope_table(length, dim, enc.global_theta, device),
+            True: rope_table(length, dim, enc.local_theta, device),
+        }
         pos = torch.arange(length, device=device)
         near = (pos[:, None] - pos[None, :]).abs() <= enc.half_window  # [L, L]
         masks = {False: inputs.key_mask, True: inputs.key_mask & near}  # [S, 1, L, L] for local layers

@@ -1,0 +1,192 @@
+"""Lantern against llama.cpp itself on the tests' tiny GGUF files: the check the tests cannot make in CI (no
+llama.cpp build there). The tests prove Lantern computes what transformers computes on a file's values; this proves
+the files mean the same to llama.cpp, i.e. that the tests' converters (tests/fixtures/gguf_*.py) write what
+llama.cpp's converter writes and Lantern reads it as llama.cpp's runtime does.
+
+For each family: llama-server on the float32 file, then at each of --steps greedy positions (teacher-forced on
+Lantern's tokens, one token per request so that llama.cpp's UTF-8 buffering cannot shift its probabilities) the
+argmax and its log-probability from both. A differing argmax whose two candidates are closer than --tie in
+Lantern is a tie (llama.cpp's GELU table and f16 paths move values by ~1e-3), anything else a difference.
+Tokenizers: each tokenizer.ggml.pre name of gguf_pretokenize.SPLITS against llama-server's /tokenize.
+
+  python scripts/check_gguf_vs_llamacpp.py --server PATH/TO/llama-server            # every family
+  python scripts/check_gguf_vs_llamacpp.py --server ... --only glm4 mamba --steps 24
+
+llama.cpp refuses some tiny files by its own shape rules (Phi-2 / GPT-2 / Falcon-7B: an MLP of 4 x hidden; Qwen3-Next:
+value heads as wide as key heads; Command R+ q/k norms only at 64 layers; DeepSeek-V2 without q_lora_rank only at
+26-27 layers): those print as refused with llama.cpp's reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PROMPT = [5, 77, 123, 42, 300, 17, 9, 250, 31, 64]
+TEXTS = [
+    "The year 2024 had 365 days and 12345678 seconds.",
+    "Don't you'll WE'RE it's",
+    "\u4f60\u597d\u4e16\u754c, \u3053\u3093\u306b\u3061\u306f \uc548\ub155\ud558\uc138\uc694 test",
+    "a  b   c\n\n\tindent\r\nend  ",
+    "x=1+2; y->z; (foo)[bar]{baz}!?",
+]
+
+
+def families() -> dict[str, Callable[[Path], Path]]:
+    """name -> a function writing that family's tiny float32 GGUF under a folder (as the tests write it)."""
+    from tests.fixtures.gguf_families import convert_to_gguf
+    from tests.fixtures.gguf_gpt_families import convert_gpt_to_gguf
+    from tests.fixtures.gguf_mamba import convert_mamba
+    from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
+    from tests.fixtures.tiny_models import build_model
+    from tests.models.test_gguf_families import FILES
+    from tests.models.test_gguf_gpt_classics import FILES as GPT
+    from tests.models.test_gguf_mamba import FILES as MAMBA
+    from tests.models.test_gguf_qwen3_next import FILES as QWEN3_NEXT
+
+    made: dict[str, Callable[[Path], Path]] = {}
+    for name, (variant, overrides, _, options) in FILES.items():
+        made[name] = lambda d, v=variant, o=overrides, k=options: convert_to_gguf(
+            build_model(v, d / "hf", **o), d, **k
+        )[0]
+    for name, (variant, overrides, outtype) in GPT.items():
+        if outtype != "q8_0":
+            made[name] = lambda d, v=variant, o=overrides: convert_gpt_to_gguf(build_model(v, d / "hf", **o), d)[0]
+    for name, (variant, _) in MAMBA.items():
+        made[name] = lambda d, v=variant: convert_mamba(build_model(v, d / "hf"), d)[0]
+    for name, (variant, overrides, _, options) in QWEN3_NEXT.items():
+        made[name] = lambda d, v=variant, o=overrides, k=options: convert_qwen3_next(
+            build_model(v, d / "hf", **o), d, **k
+        )[0]
+    return made
+
+
+class Server:
+    def __init__(self, binary: str, model: Path, port: int, log: Path):
+        self.url = f"http://127.0.0.1:{port}"
+        args = [binary, "-m", str(model), "--port", str(port), "-c", "512", "-t", "1", "--temp", "0"]
+        self.log = log
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+    def wait(self) -> str | None:
+        """None once serving; else llama.cpp's first error line."""
+        import httpx
+
+        for _ in range(200):
+            try:
+                if httpx.get(f"{self.url}/health").status_code == 200:
+                    return None
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        errors = [line.split(": ", 2)[-1] for line in self.log.read_text().splitlines() if " E " in line]
+        return errors[0] if errors else "did not start"
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        return httpx.post(f"{self.url}{path}", json=body, timeout=120).json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def check_family(name: str, make: Callable[[Path], Path], args: argparse.Namespace, root: Path) -> str:
+    from lantern.app.engine import LLM, SamplingParams
+
+    folder = root / name
+    folder.mkdir(parents=True)
+    path = make(folder)
+    server = Server(args.server, path, args.port, folder / "llama-server.log")
+    try:
+        refused = server.wait()
+        if refused:
+            return f"refused by llama.cpp: {refused}"
+        llm = LLM(model=str(path), backend=args.backend, dtype="float32", block_size=4)
+        params = SamplingParams(max_tokens=args.steps, temperature=0, ignore_eos=True, logprobs=2)
+        ours = llm.generate(PROMPT, params)[0].outputs[0]
+        ties, worst = 0, 0.0
+        for i, token in enumerate(ours.token_ids):
+            body = {"prompt": PROMPT + list(ours.token_ids[:i]), "n_predict": 1, "n_probs": 2, "temperature": 0}
+            reply = server.post("/completion", {**body, "top_k": 1, "return_tokens": True, "cache_prompt": False})
+            theirs = reply["tokens"][0]
+            top = sorted(ours.logprobs[i].top.values(), reverse=True)
+            probs = reply.get("completion_probabilities") or []
+            if probs and theirs == token:
+                worst = max(worst, abs(probs[0]["logprob"] - ours.logprobs[i].logprob))
+            if theirs != token:
+                if len(top) > 1 and top[0] - top[1] < args.tie:
+                    ties += 1
+                    continue
+                return f"DIFFERS at step {i}: llama.cpp {theirs}, Lantern {token} (Lantern's top two {top[:2]})"
+        tie_note = f", {ties} near-tie(s)" if ties else ""
+        return f"same {len(ours.token_ids)} greedy tokens (largest log-prob gap {worst:.4f}{tie_note})"
+    finally:
+        server.stop()
+
+
+def check_tokenizers(args: argparse.Namespace, root: Path) -> None:
+    from lantern.app.models.gguf_pretokenize import SPLITS
+    from lantern.app.models.loader import resolve_model
+    from tests.fixtures.gguf_writer import write_gguf_model
+
+    for pre in sorted(SPLITS):
+        path, _ = write_gguf_model(root / f"pre-{pre}", arch="llama", qtype="Q8_0", pre=pre)
+        server = Server(args.server, path, args.port, root / f"pre-{pre}.log")
+        try:
+            refused = server.wait()
+            if refused:
+                print(f"tokenizer {pre}: refused by llama.cpp: {refused}")
+                continue
+            tokenizer = resolve_model(str(path)).tokenizer
+            same = sum(
+                server.post("/tokenize", {"content": t, "add_special": False})["tokens"]
+                == tokenizer.encode(t, add_special_tokens=False)
+                for t in TEXTS
+            )
+            print(f"tokenizer {pre}: {same}/{len(TEXTS)} texts give llama.cpp's ids", flush=True)
+        finally:
+            server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", required=True, help="a llama-server binary")
+    parser.add_argument("--only", nargs="*", help="family names (default: all)")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--tie", type=float, default=0.02, help="log-prob gap under which a flip is a tie")
+    parser.add_argument("--backend", default="torch", choices=["torch", "mlx"])
+    parser.add_argument("--port", type=int, default=18190)
+    parser.add_argument("--no-tokenizers", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="gguf-vs-llamacpp-"))
+    os.environ.setdefault("LANTERN_CACHE", str(root / "cache"))
+    try:
+        for name, make in families().items():
+            if args.only and name not in args.only:
+                continue
+            try:
+                print(f"{name}: {check_family(name, make, args, root)}", flush=True)
+            except Exception as exc:  # one family's failure is reported, the sweep goes on
+                print(f"{name}: ERROR {exc!r}", flush=True)
+        if not args.no_tokenizers and not args.only:
+            check_tokenizers(args, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
