@@ -9,6 +9,8 @@ turned into ModelConfig fields; and the checkpoint's tensor names in the model f
   token types, and a relative-position bias shared by every layer: T5's bidirectional buckets (32,
   up to distance 128) of (key - query), one learned value per bucket and head, added to the scaled
   scores.
+- "distilbert": msmarco-distilbert, multi-qa-distilbert: BERT's layer without token types, its own
+  config keys (dim, n_layers, hidden_dim, ...: prepare reads them) and tensor names (q_lin, ffn.lin1, ...).
 - "nomic_bert": nomic-embed-text v1 / v1.5 (transformers' NomicBertModel): BERT's post-LN layer with a
   rope (rotate_half, base 1000) instead of absolute positions, no linear biases, and a SwiGLU MLP
   (down(silu(gate(x)) * up(x))). Released folders state nomic's own keys (n_embd, rotary_emb_base, ...:
@@ -41,8 +43,8 @@ from lantern.app.models.spec import UnsupportedModelError
 _GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet", "nomic_bert")
-_PREFIXES = ("bert.", "roberta.", "mpnet.", "nomic_bert.")  # an XxxForMaskedLM checkpoint's base model
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet", "nomic_bert", "distilbert")
+_PREFIXES = ("bert.", "roberta.", "mpnet.", "nomic_bert.", "distilbert.")  # an XxxForMaskedLM's base model
 MPNET_BUCKETS = 32  # MPNetEncoder.compute_position_bias always buckets into 32 (its default argument)
 MPNET_MAX_DISTANCE = 128
 
@@ -84,9 +86,23 @@ _NOMIC_FIXED = {
 }
 
 
+# DistilBertConfig's keys -> BERT's (its attribute_map, and the MLP width / activation under their own names)
+_DISTILBERT_KEYS = {
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "hidden_dim": "intermediate_size",
+    "activation": "hidden_act",
+}
+_DISTILBERT_DEFAULTS = {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072, "activation": "gelu"}
+
+
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A nomic_bert config in NomicBertConfig's keys (a released folder states nomic's own); refuses the
-    variants its layer does not compute, naming the key."""
+    """A distilbert or nomic_bert config in the keys ModelConfig.from_hf and configure read (DistilBERT states
+    its own names; a released nomic folder nomic's); refuses the nomic variants its layer does not compute."""
+    if cfg.get("model_type") == "distilbert":
+        out = {**_DISTILBERT_DEFAULTS, **cfg}
+        return {**out, **{key: out[short] for short, key in _DISTILBERT_KEYS.items()}, "layer_norm_eps": 1e-12}
     out = dict(cfg)
     for key, fixed in _NOMIC_FIXED.items():
         value = out.get(key, fixed)
@@ -118,7 +134,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
             "encoders for embeddings (XxxModel, XxxForMaskedLM), not cross-encoders, rerankers or classifiers"
         )
     nomic = model_type == "nomic_bert"
-    acts = {"silu": "silu"} if nomic else _GELU
+    acts = {"silu": "silu"} if nomic else {**_GELU, "relu": "relu"}
     act = cfg.get("hidden_act", "silu" if nomic else "gelu")
     if act not in acts:
         raise _refuse("hidden_act", act, f"; supported: {', '.join(sorted(acts))}")
@@ -135,12 +151,14 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     eps = float(cfg.get("layer_norm_eps", 1e-12))
     rows = int(cfg.get("max_position_embeddings", 512))
     padding_idx, buckets, types = None, 0, int(cfg.get("type_vocab_size", 2))
+    if model_type == "distilbert":
+        types = 0  # (no token-type table; a sinusoidal position table is saved as any weight)
     if model_type == "mpnet":
         padding_idx, types = 1, 0  # MPNetEmbeddings: padding_idx = 1 whatever pad_token_id says
         buckets = int(cfg.get("relative_attention_num_buckets", MPNET_BUCKETS))
         if buckets < MPNET_BUCKETS:
             raise _refuse("relative_attention_num_buckets", buckets, f" below {MPNET_BUCKETS} (MPNet buckets into 32)")
-    elif model_type not in ("bert", "nomic_bert"):
+    elif model_type not in ("bert", "nomic_bert", "distilbert"):
         padding_idx = int(cfg.get("pad_token_id") if cfg.get("pad_token_id") is not None else 1)
     if padding_idx is not None and rows <= padding_idx + 1:
         raise _refuse("max_position_embeddings", rows, f" (positions start at padding_idx + 1 = {padding_idx + 1})")
@@ -239,9 +257,41 @@ def nomic_weight_name(name: str) -> str | None:
     return f"layers.{m.group(1)}.{_NOMIC_LAYER[m.group(2)]}.{kind}"
 
 
+# DistilBERT's per-layer modules -> the model files'
+_DISTIL_LAYER = {
+    "attention.q_lin": "attention.q_proj",
+    "attention.k_lin": "attention.k_proj",
+    "attention.v_lin": "attention.v_proj",
+    "attention.out_lin": "attention.o_proj",
+    "sa_layer_norm": "attention_norm",
+    "ffn.lin1": "mlp.up_proj",
+    "ffn.lin2": "mlp.down_proj",
+    "output_layer_norm": "mlp_norm",
+}
+_DISTIL_RE = re.compile(r"^transformer\.layer\.(\d+)\.(.+)$")
+_DISTIL_HEAD = ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.")  # DistilBertForMaskedLM's
+
+
+def distilbert_weight_name(name: str) -> str | None:
+    """A DistilBERT checkpoint tensor under the model files' name; None for the MLM head and buffers."""
+    if name.startswith(_PREFIXES):
+        name = name.split(".", 1)[1]
+    if name.startswith(_DISTIL_HEAD) or name in _BUFFERS:
+        return None
+    module, _, kind = name.rpartition(".")
+    if module == "embeddings.LayerNorm":
+        return f"embeddings.norm.{kind}"
+    if module in ("embeddings.word_embeddings", "embeddings.position_embeddings"):
+        return name
+    m = _DISTIL_RE.match(module)
+    if m is None or m.group(2) not in _DISTIL_LAYER:
+        raise UnsupportedModelError(f"unexpected tensor {name} in a DistilBERT checkpoint")
+    return f"layers.{m.group(1)}.{_DISTIL_LAYER[m.group(2)]}.{kind}"
+
+
 def weight_namer(model_type: str) -> Callable[[str], str | None]:
     """The checkpoint-name map of an encoder model_type."""
-    return nomic_weight_name if model_type == "nomic_bert" else bert_weight_name
+    return {"nomic_bert": nomic_weight_name, "distilbert": distilbert_weight_name}.get(model_type, bert_weight_name)
 
 
 def bert_weight_name(name: str) -> str | None:

@@ -228,6 +228,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "camembert": {"family": "bert", "configure": "family_bert"},
     "mpnet": {"family": "bert", "configure": "family_bert"},
     "nomic_bert": {"family": "bert", "configure": "family_bert", "prepare": True},  # nomic-embed-text v1 / v1.5
+    "distilbert": {"family": "bert", "configure": "family_bert", "prepare": True},  # msmarco-distilbert, ...
     "modernbert": {"family": "modernbert", "configure": "family_modernbert", "tensors": True, "own_rope": True},
 }
 

@@ -1,10 +1,11 @@
-"""RoBERTa, XLM-RoBERTa, CamemBERT, MPNet, Nomic BERT and ModernBERT encoders (bge-m3, multilingual-e5,
-all-mpnet-base-v2, nomic-embed-text, gte-modernbert) served for embeddings on both backends, against
-transformers' own model classes on the same weights: RoBERTa's positions (counted from padding_idx + 1,
-padding tokens at padding_idx, the table two rows longer than the context), MPNet's relative-position bias
-(its buckets past the exact and logarithmic ranges), Nomic BERT's rope and SwiGLU (and nomic's released
-config keys), ModernBERT's rope, GeGLU and local / global layers (inputs longer than the window),
-XxxForMaskedLM folders, and the refusals of what is not an embedding encoder."""
+"""RoBERTa, XLM-RoBERTa, CamemBERT, MPNet, DistilBERT, Nomic BERT and ModernBERT encoders (bge-m3,
+multilingual-e5, all-mpnet-base-v2, msmarco-distilbert, nomic-embed-text, gte-modernbert) served for
+embeddings on both backends, against transformers' own model classes on the same weights: RoBERTa's
+positions (counted from padding_idx + 1, padding tokens at padding_idx, the table two rows longer than the
+context), MPNet's relative-position bias (its buckets past the exact and logarithmic ranges), DistilBERT's
+own keys and names, Nomic BERT's rope and SwiGLU (and nomic's released config keys), ModernBERT's rope,
+GeGLU and local / global layers (inputs longer than the window), XxxForMaskedLM folders, and the refusals
+of what is not an embedding encoder."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ CASES = {  # name: (model_type, pooling, builder overrides)
     "camembert": ("camembert", "mean", {}),
     "mpnet": ("mpnet", "mean", {"max_position_embeddings": 258}),  # room for distances past 128
     "nomic": ("nomic_bert", "mean", {"max_position_embeddings": 256}),  # rope, SwiGLU, no biases
+    "distilbert": ("distilbert", "cls", {}),
+    "distilbert-relu": ("distilbert", "mean", {"activation": "relu"}),
     "modernbert": ("modernbert", "mean", {}),  # local layers of a 16-token window, one global
     "modernbert-biased": (
         "modernbert",

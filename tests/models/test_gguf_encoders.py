@@ -28,6 +28,7 @@ KINDS = {  # name: (model_type, pooling, builder overrides)
     "bert": ("bert", "mean", {}),
     "xlm-roberta": ("xlm-roberta", "cls", {"max_position_embeddings": 258}),
     "nomic": ("nomic_bert", "mean", {"max_position_embeddings": 256}),  # llama.cpp's nomic-bert
+    "distilbert": ("distilbert", "mean", {}),  # llama.cpp's bert without token types
 }
 
 

@@ -17,7 +17,7 @@ import mlx.nn as nn
 from lantern.app.models.family_bert import mpnet_buckets
 from lantern.app.models.spec import ModelConfig
 
-ACTIVATIONS = {"gelu": nn.gelu, "gelu_tanh": nn.gelu_approx, "silu": nn.silu}
+ACTIVATIONS = {"gelu": nn.gelu, "gelu_tanh": nn.gelu_approx, "silu": nn.silu, "relu": nn.relu}
 
 
 @dataclass

@@ -20,7 +20,7 @@ from lantern.app.models.family_bert import mpnet_buckets
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.parallel import TPGroup
 
-ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu}
 
 
 def rope_table(length: int, dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
