@@ -85,8 +85,9 @@ class AsyncEngine:
 
     @property
     def embedding_size(self) -> int:
-        """Length of the vectors embed() returns (the model's hidden size)."""
-        return self._engine.model_config.hidden_size
+        """Length of the vectors embed() returns (the hidden size, or the last Dense module's width)."""
+        embedder = self._engine.embedder
+        return embedder.size if embedder is not None else self._engine.model_config.hidden_size
 
     @property
     def dead_reason(self) -> str | None:

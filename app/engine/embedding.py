@@ -40,7 +40,7 @@ _PARAMS = SamplingParams(max_tokens=1)  # never sampled: build_batch reads a few
 @dataclass
 class EmbeddingOutput:
     request_id: str
-    embedding: np.ndarray | None  # float32 [hidden_size], L2-normalized; None when aborted or failed
+    embedding: np.ndarray | None  # float32 [Embedder.size], L2-normalized; None when aborted or failed
     num_prompt_tokens: int
     finished: bool = True
     error: str | None = None  # set when the engine failed this input
@@ -80,13 +80,15 @@ class _Pending:
 class Embedder:
     """The engine's embedding side: pending inputs, their partial pools, the pooled outputs."""
 
-    def __init__(self, pooling: str, engine: Any):
+    def __init__(self, pooling: str, engine: Any, dense: list[Any] | None = None):
         from lantern.backends.base import EmbeddingBackend
 
         if not isinstance(engine.backend, EmbeddingBackend):
             raise ValueError(f"the {engine.backend.name} backend cannot compute embeddings")
         self.pooling = pooling
         self.engine = engine
+        self.dense = list(dense or [])  # st_dense.DenseLayer: the folder's projections after the pooling
+        self.size = self.dense[-1].weight.shape[0] if self.dense else engine.model_config.hidden_size
         self.pending: dict[str, _Pending] = {}
         if engine.model_config.encoder is not None:
             cfg = engine.scheduler.config
@@ -166,6 +168,8 @@ class Embedder:
             assert entry.pooled is not None, "an input ended without its pooled states"
             seq = entry.seq
             vector = entry.pooled / seq.num_prompt_tokens if self.pooling == "mean" else entry.pooled
+            for layer in self.dense:
+                vector = layer(vector)
             vector = (vector / max(float(np.linalg.norm(vector)), 1e-12)).astype(np.float32)
             del self.pending[seq.request_id]
             self.engine.scheduler.finish(seq, "stop")

@@ -27,6 +27,8 @@ from lantern.app.engine.sampling_params import SamplingParams, StructuredSpec
 from lantern.app.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
 from lantern.app.engine.sequence import Sequence, TokenLogprob
 from lantern.app.engine.structured import GrammarCompiler
+from lantern.app.models.pooling import embedding_folder
+from lantern.app.models.st_dense import dense_layers
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +135,11 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
         self._consecutive_failures = 0
-        self.embedder = Embedder(pooling, self) if pooling is not None else None
+        self.embedder = None
+        if pooling is not None:  # (a sentence-transformers folder's Dense projections after the pooling)
+            self.embedder = Embedder(
+                pooling, self, dense_layers(embedding_folder(loaded.spec), self.model_config.hidden_size)
+            )
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:

@@ -7,8 +7,8 @@ has one, else last-token for a decoder (Qwen3-Embedding, e5-mistral) and mean fo
 A GGUF file says both in `{arch}.pooling_type`, which llama.cpp's converter writes from that
 Pooling module (Qwen3-Embedding and EmbeddingGemma GGUFs): mean, cls or last serve embeddings;
 rank (a reranker's classification head) is refused.
-Modules that would change the vectors in ways Lantern does not compute (a Dense projection, max
-pooling, instructions excluded from the mean) are refused naming the key.
+Dense projections after the pooling are applied (st_dense.py); modules that would change the vectors in ways
+Lantern does not compute (max pooling, instructions excluded from the mean) are refused naming the key.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ POOLINGS = ("auto", "last", "mean", "cls")
 # sentence-transformers' Pooling config keys -> Lantern's pooling; the other modes are refused.
 _ST_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
 _ST_REFUSED = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
-# Modules whose effect Lantern reproduces: the transformer itself, the pooling, and the L2
-# normalization every vector gets anyway.
-_ST_MODULES = ("Transformer", "Pooling", "Normalize")
+# Modules whose effect Lantern reproduces: the transformer itself, the pooling, Dense projections after it
+# (app/models/st_dense.py) and the L2 normalization every vector gets anyway.
+_ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
 
 
-def _folder(spec: ModelSpec) -> Path | None:
+def embedding_folder(spec: ModelSpec) -> Path | None:
+    """The folder whose sentence-transformers files say the pooling (None: a GGUF file)."""
     return spec.weight_files[0].parent if spec.weight_format == "safetensors" and spec.weight_files else None
 
 
@@ -57,6 +58,10 @@ def sentence_transformers_pooling(folder: Path) -> str | None:
             raise UnsupportedModelError(
                 f"modules.json: module {module.get('type')!r} ({module.get('path')}) is not implemented; "
                 f"Lantern computes {', '.join(_ST_MODULES)}"
+            )
+        if kind == "Dense" and pooling is None:
+            raise UnsupportedModelError(
+                f"modules.json: a Dense module ({module.get('path')}) before the Pooling module"
             )
         if kind != "Pooling":
             continue
@@ -107,7 +112,7 @@ def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | N
         raise ValueError(f"task must be one of {', '.join(TASKS)}; got {task!r}")
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}")
-    folder = _folder(spec)
+    folder = embedding_folder(spec)
     encoder = spec.config.encoder is not None
     from_gguf = gguf_pooling(spec) if task != "generate" else None
     if task == "auto":

@@ -201,9 +201,9 @@ def test_refusals_name_the_key(folders, tmp_path):
         resolve_task("generate", "mean", _spec(folders["llama"]))
     dense = build_bert(tmp_path / "dense", pooling="mean")
     write_sentence_transformers(
-        dense, "mean", 64, [{"idx": 3, "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]
+        dense, "mean", 64, [{"idx": 3, "path": "3_CNN", "type": "sentence_transformers.models.CNN"}]
     )
-    with pytest.raises(UnsupportedModelError, match=r"sentence_transformers\.models\.Dense"):
+    with pytest.raises(UnsupportedModelError, match=r"sentence_transformers\.models\.CNN"):
         resolve_task("auto", "auto", _spec(str(dense)))
     maxed = build_bert(tmp_path / "maxed", pooling="mean")
     cfg_file = maxed / "1_Pooling" / "config.json"
@@ -266,3 +266,65 @@ def test_gguf_rank_pooling_is_refused(tmp_path, monkeypatch):
     )
     with pytest.raises(UnsupportedModelError, match=r"qwen3\.pooling_type=4 .*rank"):
         resolve_task("auto", "auto", _spec(str(path)))
+
+
+# ---- sentence-transformers Dense modules after the pooling -----------------------------------------
+def _dense_folder(root, *, bin_second: bool = False):
+    """A BERT folder whose modules are Transformer, Pooling (mean), a tanh Dense 64 -> 32 with a bias, an identity
+    Dense 32 -> 48 without one (pytorch_model.bin when bin_second, as older folders saved it), Normalize."""
+    from safetensors.torch import save_file
+
+    folder = build_bert(root, pooling=None, seed=4)
+    torch.manual_seed(5)
+    layers = [torch.nn.Linear(64, 32), torch.nn.Linear(32, 48, bias=False)]
+    acts = ["torch.nn.modules.activation.Tanh", "torch.nn.modules.linear.Identity"]
+    modules = []
+    for i, (layer, act) in enumerate(zip(layers, acts)):
+        where = folder / f"{i + 2}_Dense"
+        where.mkdir()
+        cfg = {"in_features": layer.in_features, "out_features": layer.out_features, "bias": layer.bias is not None}
+        (where / "config.json").write_text(json.dumps({**cfg, "activation_function": act}))
+        state = {f"linear.{k}": v.detach().clone().contiguous() for k, v in layer.state_dict().items()}
+        if bin_second and i == 1:
+            torch.save(state, where / "pytorch_model.bin")
+        else:
+            save_file(state, str(where / "model.safetensors"))
+        modules.append(
+            {"idx": i + 2, "name": str(i + 2), "path": where.name, "type": "sentence_transformers.models.Dense"}
+        )
+    write_sentence_transformers(folder, "mean", 64)
+    listed = json.loads((folder / "modules.json").read_text())
+    normalize = [m for m in listed if m["type"].endswith("Normalize")]
+    (folder / "modules.json").write_text(json.dumps([*listed[:2], *modules, *normalize]))
+    return folder, layers
+
+
+@pytest.mark.parametrize("bin_second", [False, True], ids=["safetensors", "pytorch_model.bin"])
+def test_dense_modules_project_the_pooled_vector(tmp_path, backend, bin_second):
+    folder, layers = _dense_folder(tmp_path / "dense", bin_second=bin_second)
+    llm = engine(str(folder), backend)
+    assert llm.engine.embedder.size == 48
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(folder), dtype=torch.float32).eval()
+    for text, out in zip(TEXTS, llm.embed(TEXTS)):
+        ids = llm.tokenizer.encode(text)
+        with torch.no_grad():
+            pooled = model(input_ids=torch.tensor([ids])).last_hidden_state[0].mean(0)
+            want = torch.nn.functional.normalize(layers[1](torch.tanh(layers[0](pooled))), dim=0).numpy()
+        assert out.embedding.shape == (48,)
+        np.testing.assert_allclose(out.embedding, want, atol=1e-4, rtol=0)
+
+
+def test_dense_module_refusals(tmp_path):
+    folder, _ = _dense_folder(tmp_path / "dense")
+    cfg_file = folder / "2_Dense" / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg_file.write_text(json.dumps({**cfg, "activation_function": "torch.nn.modules.activation.GELU"}))
+    with pytest.raises(UnsupportedModelError, match="activation_function"):
+        LLM(model=str(folder), backend="torch", dtype="float32")
+    cfg_file.write_text(json.dumps(cfg))
+    modules = json.loads((folder / "modules.json").read_text())
+    (folder / "modules.json").write_text(json.dumps([modules[0], modules[2], modules[1], *modules[3:]]))
+    with pytest.raises(UnsupportedModelError, match="before the Pooling module"):
+        resolve_task("auto", "auto", _spec(str(folder)))
