@@ -33,13 +33,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROMPT = [5, 77, 123, 42, 300, 17, 9, 250, 31, 64]
-TEXTS = [
-    "The year 2024 had 365 days and 12345678 seconds.",
-    "Don't you'll WE'RE it's",
-    "\u4f60\u597d\u4e16\u754c, \u3053\u3093\u306b\u3061\u306f \uc548\ub155\ud558\uc138\uc694 test",
-    "a  b   c\n\n\tindent\r\nend  ",
-    "x=1+2; y->z; (foo)[bar]{baz}!?",
-]
 
 
 def families() -> dict[str, Callable[[Path], Path]]:
@@ -142,6 +135,7 @@ def check_tokenizers(args: argparse.Namespace, root: Path) -> None:
     from lantern.app.models.gguf_pretokenize import SPLITS
     from lantern.app.models.loader import resolve_model
     from tests.fixtures.gguf_writer import write_gguf_model
+    from tests.models.test_gguf_pretokenize import TEXTS
 
     for pre in sorted(SPLITS):
         path, _ = write_gguf_model(root / f"pre-{pre}", arch="llama", qtype="Q8_0", pre=pre)

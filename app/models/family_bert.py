@@ -240,23 +240,6 @@ _NOMIC_LAYER = {
 _NOMIC_RE = re.compile(r"^encoder\.layers\.(\d+)\.(.+)$")
 
 
-def nomic_weight_name(name: str) -> str | None:
-    """A Nomic BERT checkpoint tensor under the model files' name; None for tensors not loaded."""
-    if name.startswith(_PREFIXES):
-        name = name.split(".", 1)[1]
-    if name.startswith(("pooler.", "cls.", "lm_head.")) or name in _BUFFERS:
-        return None
-    module, _, kind = name.rpartition(".")
-    if module == "emb_ln":
-        return f"embeddings.norm.{kind}"
-    if module in ("embeddings.word_embeddings", "embeddings.token_type_embeddings"):
-        return name
-    m = _NOMIC_RE.match(module)
-    if m is None or m.group(2) not in _NOMIC_LAYER:
-        raise UnsupportedModelError(f"unexpected tensor {name} in a Nomic BERT checkpoint")
-    return f"layers.{m.group(1)}.{_NOMIC_LAYER[m.group(2)]}.{kind}"
-
-
 # DistilBERT's per-layer modules -> the model files'
 _DISTIL_LAYER = {
     "attention.q_lin": "attention.q_proj",
@@ -272,21 +255,46 @@ _DISTIL_RE = re.compile(r"^transformer\.layer\.(\d+)\.(.+)$")
 _DISTIL_HEAD = ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.")  # DistilBertForMaskedLM's
 
 
-def distilbert_weight_name(name: str) -> str | None:
-    """A DistilBERT checkpoint tensor under the model files' name; None for the MLM head and buffers."""
-    if name.startswith(_PREFIXES):
-        name = name.split(".", 1)[1]
-    if name.startswith(_DISTIL_HEAD) or name in _BUFFERS:
-        return None
-    module, _, kind = name.rpartition(".")
-    if module == "embeddings.LayerNorm":
-        return f"embeddings.norm.{kind}"
-    if module in ("embeddings.word_embeddings", "embeddings.position_embeddings"):
-        return name
-    m = _DISTIL_RE.match(module)
-    if m is None or m.group(2) not in _DISTIL_LAYER:
-        raise UnsupportedModelError(f"unexpected tensor {name} in a DistilBERT checkpoint")
-    return f"layers.{m.group(1)}.{_DISTIL_LAYER[m.group(2)]}.{kind}"
+def _table_namer(
+    family: str, norm: str, tables: tuple[str, ...], layer_re: re.Pattern, layers: dict[str, str], skip: tuple[str, ...]
+) -> Callable[[str], str | None]:
+    """A checkpoint-name map: its embedding norm module `norm`, the `tables` kept as named, per-layer modules
+    through layer_re / layers, `skip` prefixes (heads) not loaded; anything else refused as unexpected."""
+
+    def rename(name: str) -> str | None:
+        if name.startswith(_PREFIXES):
+            name = name.split(".", 1)[1]
+        if name.startswith(skip) or name in _BUFFERS:
+            return None
+        module, _, kind = name.rpartition(".")
+        if module == norm:
+            return f"embeddings.norm.{kind}"
+        if module in tables:
+            return name
+        m = layer_re.match(module)
+        if m is None or m.group(2) not in layers:
+            raise UnsupportedModelError(f"unexpected tensor {name} in a {family} checkpoint")
+        return f"layers.{m.group(1)}.{layers[m.group(2)]}.{kind}"
+
+    return rename
+
+
+nomic_weight_name = _table_namer(
+    "Nomic BERT",
+    "emb_ln",
+    ("embeddings.word_embeddings", "embeddings.token_type_embeddings"),
+    _NOMIC_RE,
+    _NOMIC_LAYER,
+    ("pooler.", "cls.", "lm_head."),
+)
+distilbert_weight_name = _table_namer(
+    "DistilBERT",
+    "embeddings.LayerNorm",
+    ("embeddings.word_embeddings", "embeddings.position_embeddings"),
+    _DISTIL_RE,
+    _DISTIL_LAYER,
+    _DISTIL_HEAD,
+)
 
 
 def weight_namer(model_type: str) -> Callable[[str], str | None]:

@@ -261,17 +261,10 @@ def _glm4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
 
 def _chatglm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """llama.cpp's chatglm: glm-4-9b-chat(-hf) and ChatGLM3 as conversion/chatglm.py writes them, served as
-    transformers' Glm (GLM-4's interleaved partial rope on Llama's layer, q/k/v biases where the file has them,
-    attn_qkv / the gate and up rows of ffn_up split while loading). The converter states hidden_size / heads as
-    the head width, the rope base as 10000 x rope_ratio and the context as seq_length (else hidden_size)."""
-    head_dim = _head_dim(meta, cfg)
-    return {
-        "model_type": "glm",
-        "head_dim": head_dim,
-        "partial_rotary_factor": _rotary_fraction(meta, head_dim),
-        "attention_bias": "blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
-        "hidden_act": "silu",
-    }
+    transformers' Glm: GLM-4-0414's keys without its post-sublayer norms (attn_qkv / the gate and up rows of ffn_up
+    split while loading). The converter states hidden_size / heads as the head width, the rope base as 10000 x
+    rope_ratio and the context as seq_length (else hidden_size)."""
+    return {**_glm4(meta, tensors, cfg), "model_type": "glm"}
 
 
 def _deepseek2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:

@@ -48,37 +48,32 @@ GLOBAL_NAMES = {
 }
 
 
-def _bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """BertModel's config.json keys (family_bert reads them); an encoder: no rope, no KV heads of its own."""
+def _encoder_keys(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """What every encoder's config.json states here (family_bert reads them); an encoder: no KV heads of its own."""
     if meta.get("attention.causal", False):
-        raise UnsupportedModelError(f"{meta.label}bert.attention.causal=true is not implemented (an encoder)")
-    if "blk.0.attn_qkv.weight" in tensors:
-        raise UnsupportedModelError(f"{meta.label}a fused attn_qkv in a bert GGUF is not implemented")
+        raise UnsupportedModelError(f"{meta.label}{meta.arch}.attention.causal=true is not implemented (an encoder)")
     types = tensors.get("token_types.weight")
     return {
-        "model_type": "bert",
-        "architectures": ["BertModel"],
+        "model_type": model_type,
         "layer_norm_eps": float(meta.need("attention.layer_norm_epsilon")),
-        "hidden_act": "gelu",  # BERT's exact GELU (llama.cpp's graph computes the tanh approximation)
         "type_vocab_size": int(types.shape[1]) if types is not None else 0,
         "num_key_value_heads": cfg["num_attention_heads"],
     }
+
+
+def _bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """BertModel's keys: absolute positions, biased linears, BERT's exact GELU (llama.cpp's graph computes the
+    tanh approximation)."""
+    if "blk.0.attn_qkv.weight" in tensors:
+        raise UnsupportedModelError(f"{meta.label}a fused attn_qkv in a bert GGUF is not implemented")
+    return {**_encoder_keys(meta, tensors, cfg, "bert"), "architectures": ["BertModel"], "hidden_act": "gelu"}
 
 
 def _nomic_bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """NomicBertModel's keys (nomic-embed-text v1 / v1.5): a rope of the file's base, SwiGLU, no biases."""
-    if meta.get("attention.causal", False):
-        raise UnsupportedModelError(f"{meta.label}nomic-bert.attention.causal=true is not implemented (an encoder)")
-    types = tensors.get("token_types.weight")
-    return {
-        "model_type": "nomic_bert",
-        "architectures": ["NomicBertModel"],
-        "layer_norm_eps": float(meta.need("attention.layer_norm_epsilon")),
-        "hidden_act": "silu",
-        "type_vocab_size": int(types.shape[1]) if types is not None else 0,
-        "num_key_value_heads": cfg["num_attention_heads"],
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 1000.0))},
-    }
+    rope = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 1000.0))}
+    out = _encoder_keys(meta, tensors, cfg, "nomic_bert")
+    return {**out, "architectures": ["NomicBertModel"], "hidden_act": "silu", "rope_parameters": rope}
 
 
 ENCODER_BUILDERS = {"bert": _bert, "nomic-bert": _nomic_bert}
