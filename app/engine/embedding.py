@@ -66,8 +66,6 @@ def embedding_task(config: EngineConfig, spec: ModelSpec) -> tuple[str, str | No
             raise ValueError("embeddings (--task embed) with tensor parallelism are not implemented")
         if spec.config.encoder is None:
             spec.config = dataclasses.replace(spec.config, tie_word_embeddings=True)
-        elif config.quantization:
-            raise ValueError(f"--isq {config.quantization} is not implemented for {spec.config.architecture} encoders")
     return task, pooling
 
 

@@ -42,8 +42,22 @@ from lantern.app.models.quant.mlx_packed import MlxPacked
 
 logger = logging.getLogger(__name__)
 MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whole (module docstring)
-_NOT_MATRICES = ("norm.weight", "model.embed_positions.weight")  # 2-D, read by row, not multiplied
-_TABLES = ("model.embed_tokens.weight", "lm_head.weight")  # kept float by fp8 (module docstring)
+# 2-D, read by row, not multiplied: GPT-2's position table; an encoder's position / token-type tables and
+# MPNet's relative-position bias (small, and every input reads them)
+_NOT_MATRICES = (
+    "norm.weight",
+    "model.embed_positions.weight",
+    "embeddings.position_embeddings.weight",
+    "embeddings.token_type_embeddings.weight",
+    "relative_attention_bias.weight",
+)
+# kept float by fp8 (module docstring): the decoders' embedding and head, an encoder's word table
+_TABLES = (
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+    "embeddings.word_embeddings.weight",
+    "embeddings.tok_embeddings.weight",
+)
 
 ISQ_SCHEMES = ("q4", "q8", "fp8")
 _FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -85,8 +99,12 @@ class IsqMode:
 def isq_candidates(cfg: Any) -> int:
     """How many matrices of a model the stream considers for quantization: every 2-D weight but
     the routers and a tied head, experts one by one (the progress bar's total)."""
-    if getattr(cfg, "encoder", None) is not None:  # BERT: 3 embeddings; q, k, v, o and 2 MLP linears
-        return 3 + 6 * cfg.num_layers
+    encoder = getattr(cfg, "encoder", None)
+    if (
+        encoder is not None
+    ):  # the word table; q, k, v, o and the MLP (up and down, + gate); ModernBERT: Wqkv, Wo, Wi, Wo
+        per_layer = 4 if not hasattr(encoder, "gated_mlp") else 4 + (3 if encoder.gated_mlp else 2)
+        return 1 + per_layer * cfg.num_layers
     total = 1 if cfg.tie_word_embeddings else 2  # embedding (+ lm_head)
     if getattr(cfg, "gemma4", None) is not None:
         return total + _gemma4_candidates(cfg) + _gemma3n_candidates(cfg)

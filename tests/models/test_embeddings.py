@@ -217,8 +217,6 @@ def test_refusals_name_the_key(folders, tmp_path):
         resolve_model(str(relative))
     with pytest.raises(ValueError, match="tensor parallelism"):
         LLM(model=folders["bert_mean"], backend="torch", dtype="float32", tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="--isq q8 is not implemented for bert encoders"):
-        LLM(model=folders["bert_mean"], backend="torch", dtype="float32", quantization="q8")
 
 
 # ---- GGUF embedding models: the pooling the file declares ----------------------------------------

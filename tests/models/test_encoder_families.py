@@ -200,3 +200,35 @@ def test_nomic_variants_are_refused(folders, tmp_path, key, value):
     (released / "config.json").write_text(json.dumps({**cfg, key: value}))
     with pytest.raises(UnsupportedModelError, match=key):
         resolve_model(str(released))
+
+
+# ---- --isq on encoders: the same quantized layers as the decoders' ------------------------------------
+_FLOAT_TABLES = ("position_embeddings", "token_type_embeddings", "relative_attention_bias")
+
+
+@pytest.mark.parametrize("scheme", ["q8", "q4"])
+@pytest.mark.parametrize("name", ["roberta", "mpnet", "nomic", "modernbert"])
+def test_isq_encoders_match_the_dequantized_reference(folders, backend, tmp_path, name, scheme):
+    """`--isq` quantizes an encoder's matrices in the backend's layout (its position / token-type tables and MPNet's
+    bias stay float): the vectors equal transformers' on the quantized-then-dequantized weights, and the float
+    model's are further from them (the quantization is real)."""
+    from lantern.app.models.quant.affine import quantize_affine
+    from tests.models.quant_logits import reference_folder
+    from tests.models.test_isq import COLUMN_UNIT, MODES
+
+    bits, group, symmetric = MODES[(backend, scheme)]
+    unit = COLUMN_UNIT.get((backend, scheme), 1)
+
+    def quantized(key, w):
+        if w.ndim != 2 or any(t in key for t in _FLOAT_TABLES) or w.shape[1] % max(group, unit, 1):
+            return w
+        return quantize_affine(w.astype("float32"), bits, group or w.shape[1], symmetric=symmetric).dequantize()
+
+    ref = str(reference_folder(Path(folders[name]), tmp_path / "ref", quantized))
+    pooling = CASES[name][1]
+    quant, plain = engine(folders[name], backend, quantization=scheme), engine(folders[name], backend)
+    for text, q, f in zip(TEXTS, quant.embed(TEXTS), plain.embed(TEXTS)):
+        want = reference(ref, quant.tokenizer.encode(text), pooling)
+        err, err_float = np.abs(q.embedding - want).max(), np.abs(f.embedding - want).max()
+        # (the quantized kernels' own rounding: ~1e-3 on these unit vectors; the float model is 10x further off)
+        assert err <= 5e-3 and err_float > 10 * err, (text, err, err_float)
