@@ -10,6 +10,7 @@ of what is not an embedding encoder."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -208,7 +209,7 @@ _FLOAT_TABLES = ("position_embeddings", "token_type_embeddings", "relative_atten
 
 @pytest.mark.parametrize("scheme", ["q8", "q4"])
 @pytest.mark.parametrize("name", ["roberta", "mpnet", "nomic", "modernbert"])
-def test_isq_encoders_match_the_dequantized_reference(folders, backend, tmp_path, name, scheme):
+def test_isq_encoders_match_the_dequantized_reference(folders, backend, tmp_path, caplog, name, scheme):
     """`--isq` quantizes an encoder's matrices in the backend's layout (its position / token-type tables and MPNet's
     bias stay float): the vectors equal transformers' on the quantized-then-dequantized weights, and the float
     model's are further from them (the quantization is real)."""
@@ -226,7 +227,10 @@ def test_isq_encoders_match_the_dequantized_reference(folders, backend, tmp_path
 
     ref = str(reference_folder(Path(folders[name]), tmp_path / "ref", quantized))
     pooling = CASES[name][1]
-    quant, plain = engine(folders[name], backend, quantization=scheme), engine(folders[name], backend)
+    with caplog.at_level(logging.DEBUG, logger="lantern.app.models.isq"):
+        quant = engine(folders[name], backend, quantization=scheme)
+    assert "were expected" not in caplog.text  # the progress bar counted every matrix (isq_candidates)
+    plain = engine(folders[name], backend)
     for text, q, f in zip(TEXTS, quant.embed(TEXTS), plain.embed(TEXTS)):
         want = reference(ref, quant.tokenizer.encode(text), pooling)
         err, err_float = np.abs(q.embedding - want).max(), np.abs(f.embedding - want).max()
