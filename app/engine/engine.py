@@ -27,8 +27,6 @@ from lantern.app.engine.sampling_params import SamplingParams, StructuredSpec
 from lantern.app.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
 from lantern.app.engine.sequence import Sequence, TokenLogprob
 from lantern.app.engine.structured import GrammarCompiler
-from lantern.app.models.pooling import embedding_folder
-from lantern.app.models.st_dense import dense_layers
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +135,11 @@ class LLMEngine:
         self._consecutive_failures = 0
         self.embedder = None
         if pooling is not None:  # (a sentence-transformers folder's Dense projections after the pooling)
-            self.embedder = Embedder(
-                pooling, self, dense_layers(embedding_folder(loaded.spec), self.model_config.hidden_size)
-            )
+            from lantern.app.models.pooling import embedding_folder
+            from lantern.app.models.st_dense import dense_layers
+
+            dense = dense_layers(embedding_folder(loaded.spec), self.model_config.hidden_size)
+            self.embedder = Embedder(pooling, self, dense)
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:
