@@ -61,6 +61,11 @@ class EncoderConfig:
     gated_mlp: bool = False  # Nomic BERT: SwiGLU (gate, up, down) instead of up, act, down
     linear_bias: bool = True  # False: no biases on the attention's and MLP's linears (Nomic BERT)
 
+    @property
+    def matrices_per_layer(self) -> int:
+        """q, k, v, o and the MLP's up and down (+ gate): what --isq quantizes per layer (isq_candidates)."""
+        return 4 + (3 if self.gated_mlp else 2)
+
 
 # nomic's released config.json keys (its remote code's, GPT-2's names) -> NomicBertConfig's
 _NOMIC_KEYS = {

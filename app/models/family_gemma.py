@@ -14,6 +14,7 @@ text_weight_name() say which part of such a folder is the text model.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from lantern.app.models.rope_config import rope_scaling
@@ -59,8 +60,9 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise _refuse("hidden_activation", act, f"; supported: {', '.join(_ACTIVATIONS)}")
     if cfg.get("attention_bias"):
         raise _refuse("attention_bias", cfg["attention_bias"], " (biases on q/k/v and o_proj)")
-    if cfg.get("use_bidirectional_attention"):
-        raise _refuse("use_bidirectional_attention", cfg["use_bidirectional_attention"], " (non-causal attention)")
+    bidirectional = bool(cfg.get("use_bidirectional_attention"))
+    if bidirectional and model_type != "gemma3_text":
+        raise _refuse("use_bidirectional_attention", True, f" for {model_type} (Gemma 3's EmbeddingGemma only)")
     num_layers = fields["num_layers"]
     out: dict[str, Any] = {
         "hidden_act": _ACTIVATIONS[act],
@@ -84,7 +86,24 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     out["qk_norm"] = True
     out["attn_softcap"] = None
     out.update(_gemma3_rope(cfg, out["max_position_embeddings"]))
+    if bidirectional:  # EmbeddingGemma: an encoder (embeddings only) on Gemma 3's layers
+        if out["rope_scaling"]:
+            raise _refuse("rope_parameters.full_attention", out["rope_scaling"], " with use_bidirectional_attention")
+        windows = out["layer_windows"] or [None] * num_layers
+        half = int(cfg.get("sliding_window", 512)) // 2  # transformers: |q - k| < sliding_window // 2 + 1
+        out.update(family="gemma_encoder", encoder=BidirectionalGemma(half, tuple(w is not None for w in windows)))
+        out.update(tie_word_embeddings=True, eos_token_ids=[])  # (no head: the embedding is never a head here)
     return out
+
+
+@dataclass(frozen=True)
+class BidirectionalGemma:
+    """EmbeddingGemma (gemma3_text with use_bidirectional_attention): every query attends both ways; a sliding
+    layer's keys lie within half_window positions of it (transformers' _bidirectional_window_overlay)."""
+
+    half_window: int
+    local: tuple[bool, ...]  # per layer: a sliding layer
+    matrices_per_layer: int = 7  # q, k, v, o, gate, up, down (isq_candidates)
 
 
 def _gemma1(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ class ModernBertConfig:
     half_window: int  # a local layer's keys: |query - key| <= half_window
     global_theta: float
     local_theta: float
+    matrices_per_layer: int = 4  # Wqkv, Wo, Wi, the MLP's Wo (isq_candidates)
 
 
 def _refuse(key: str, value: Any, why: str = "") -> UnsupportedModelError:

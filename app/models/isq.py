@@ -100,11 +100,8 @@ def isq_candidates(cfg: Any) -> int:
     """How many matrices of a model the stream considers for quantization: every 2-D weight but
     the routers and a tied head, experts one by one (the progress bar's total)."""
     encoder = getattr(cfg, "encoder", None)
-    if (
-        encoder is not None
-    ):  # the word table; q, k, v, o and the MLP (up and down, + gate); ModernBERT: Wqkv, Wo, Wi, Wo
-        per_layer = 4 if not hasattr(encoder, "gated_mlp") else 4 + (3 if encoder.gated_mlp else 2)
-        return 1 + per_layer * cfg.num_layers
+    if encoder is not None:  # the word table, then each layer's (the encoder's config says how many)
+        return 1 + encoder.matrices_per_layer * cfg.num_layers
     total = 1 if cfg.tie_word_embeddings else 2  # embedding (+ lm_head)
     if getattr(cfg, "gemma4", None) is not None:
         return total + _gemma4_candidates(cfg) + _gemma3n_candidates(cfg)
