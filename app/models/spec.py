@@ -382,7 +382,9 @@ class ModelConfig:
     # ALiBi (BLOOM, MPT): per query head, the slope times each key's position added to the scaled scores (no rope)
     alibi_slopes: tuple[float, ...] | None = None
     embed_norm: bool = False  # BLOOM: a LayerNorm of the token embedding (model.embed_norm) before the first layer
-    encoder: Any = None  # family_bert.EncoderConfig: a bidirectional encoder (BERT, RoBERTa, MPNet), embeddings only
+    # a bidirectional encoder, embeddings only (family_bert.EncoderConfig, family_modernbert.ModernBertConfig,
+    # family_gemma.BidirectionalGemma)
+    encoder: Any = None
     gemma4: Any = None  # family_gemma4.Gemma4Layers: Gemma 4's per-layer shapes, K/V sharing, PLE, experts
     gemma3n: Any = None  # family_gemma3n.Gemma3nBlocks: Gemma 3n's AltUp streams, LAuReL, activation sparsity
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every
