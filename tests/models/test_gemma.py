@@ -102,7 +102,7 @@ def test_head_dim_defaults_like_transformers():
     [
         ("gemma2", {"hidden_activation": "silu"}, "hidden_activation"),
         ("gemma3_text", {"attention_bias": True}, "attention_bias"),
-        ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),  # (EmbeddingGemma: gemma3)
         ("gemma2", {"sliding_window": None}, "sliding_window"),
         ("gemma2", {"layer_types": ["chunked_attention"] * 6}, "layer_types"),
         ("gemma3_text", {"rope_parameters": {"rope_type": "linear", "factor": 8.0}}, "rope_parameters.factor"),
