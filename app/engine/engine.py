@@ -136,9 +136,11 @@ class LLMEngine:
         self.embedder = None
         if pooling is not None:  # (a sentence-transformers folder's Dense projections after the pooling)
             from lantern.app.models.pooling import embedding_folder
-            from lantern.app.models.st_dense import dense_layers
+            from lantern.app.models.st_dense import dense_layers, gguf_dense_layers
 
             dense = dense_layers(embedding_folder(loaded.spec), self.model_config.hidden_size)
+            if loaded.spec.weight_format == "gguf":
+                dense = gguf_dense_layers(loaded.spec.weight_files[0])
             self.embedder = Embedder(pooling, self, dense)
 
     # ---- requests ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ _FUSED = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}  # spl
 ARCH_LAYER: dict[str, dict[str, str]] = {
     "gemma2": _GEMMA,
     "gemma3": _GEMMA,
+    "gemma-embedding": _GEMMA,  # EmbeddingGemma: Gemma 3's tensors
     "phi3": _FUSED,
     "chatglm": _FUSED,  # glm-4-9b-chat's attn_qkv (remote-code checkpoints) and gate + up in ffn_up
     "glm4": {**_FUSED, "post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm"},
@@ -211,7 +212,7 @@ ARCH_GLOBAL: dict[str, dict[str, str]] = {
     },
 }
 # Architectures whose converter stored every RMSNorm weight w as 1 + w (Gemma's norms scale by 1 + w).
-NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3", "nemotron"}  # (Nemotron's LayerNorm1P: 1 + w too)
+NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3", "gemma-embedding", "nemotron"}  # (Nemotron's LayerNorm1P: 1 + w too)
 
 
 # ---- gpt-oss: experts in ggml's MXFP4, gate and up apart ----------------------------------------------

@@ -176,6 +176,8 @@ def _gemma(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
         if rope:
             out["rope_scaling"] = rope
         return out
+    if meta.arch == "gemma-embedding":  # EmbeddingGemma: both ways, a symmetric window (llama.cpp's period 6 too)
+        out["use_bidirectional_attention"] = True
     final = meta.get("final_logit_softcapping")
     out["final_logit_softcapping"] = float(final) if final else None
     out["rope_parameters"] = {
@@ -371,6 +373,7 @@ _BUILDERS = {
     "gemma": _gemma,
     "gemma2": _gemma,
     "gemma3": _gemma,
+    "gemma-embedding": _gemma,
     "phi3": _phi3,
     "glm4": _glm4,
     "chatglm": _chatglm,

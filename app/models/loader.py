@@ -200,6 +200,8 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
 
         return hf_cfg, encoder_tokenizer(path)
     if hf_cfg is not None:
+        if indexes[0].architecture == "gemma-embedding":
+            _gemma_sentencepiece_for("gemma-embedding")
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
     else:
         hf_cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
@@ -207,6 +209,18 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     apply_llama_cpp_split(tokenizer, indexes[0].metadata)  # the pre-tokenizers transformers splits as GPT-2
     return hf_cfg, tokenizer
+
+
+def _gemma_sentencepiece_for(arch: str) -> None:
+    """transformers applies its Gemma sentencepiece fixes (space runs respelled, merges in the vocabulary's order)
+    by architecture name; EmbeddingGemma's GGUF names itself `gemma-embedding`: give that name Gemma 3's builder."""
+    try:
+        from transformers.integrations.gguf import gguf_tokenizer_mapping as mapping
+    except ImportError:  # an older transformers: its own table, which a gemma-embedding file does not reach
+        return
+    builders = getattr(mapping, "GGUF_SENTENCEPIECE_BUILDERS", None)
+    if isinstance(builders, dict) and "gemma3" in builders:
+        builders.setdefault(arch, builders["gemma3"])
 
 
 def gguf_cache_folder(path: Path) -> Path:

@@ -95,3 +95,26 @@ def dense_layers(folder: Path | None, hidden_size: int) -> list[DenseLayer]:
     if layers:
         logger.info("sentence-transformers Dense modules: %s", " -> ".join(str(w.weight.shape[::-1]) for w in layers))
     return layers
+
+
+def gguf_dense_layers(path: Path) -> list[DenseLayer]:
+    """The Dense projections a GGUF file carries (EmbeddingGemma converted with
+    --sentence-transformers-dense-modules: dense_2 then dense_3, no bias, identity), [] for none."""
+    from lantern.app.models.gguf_names import read_gguf_index
+    from lantern.app.models.quant.gguf_blocks import gguf_to_weight
+
+    tensors = {t.name: t for t in read_gguf_index(str(path)).tensors}
+    layers = []
+    for name in ("dense_2.weight", "dense_3.weight"):
+        t = tensors.get(name)
+        if t is None:
+            continue
+        rows, cols = int(t.shape[1]), int(t.shape[0])  # ggml's dims: fastest-moving (input) first
+        w = gguf_to_weight(t.tensor_type.name, t.data, rows, cols)
+        w = w.dequantize() if hasattr(w, "dequantize") else w
+        layers.append(
+            DenseLayer(np.ascontiguousarray(np.asarray(w, dtype=np.float32).reshape(rows, cols)), None, "identity")
+        )
+    if layers:
+        logger.info("GGUF Dense projections: %s", " -> ".join(str(w.weight.shape[::-1]) for w in layers))
+    return layers

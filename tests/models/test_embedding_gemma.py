@@ -125,3 +125,26 @@ def test_generation_and_rope_scaling_are_refused(folder, tmp_path):
     (scaled / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match="use_bidirectional_attention"):
         resolve_model(str(scaled))
+
+
+def test_gguf_gemma_embedding(tmp_path, backend, monkeypatch):
+    """llama.cpp's gemma-embedding (Ollama's embeddinggemma), as conversion/gemma.py's EmbeddingGemma writes it:
+    norms as 1 + w, the original sliding window (llama.cpp's symmetric window of half of it), five sliding layers
+    per full one, mean pooling_type and, converted with --sentence-transformers-dense-modules, dense_2 / dense_3."""
+    import gguf
+
+    from tests.fixtures.gguf_families import convert_to_gguf
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    src, layers = build_embedding_gemma(tmp_path / "hf", num_hidden_layers=6, layer_types=None)
+    weights = [layer.weight.detach().numpy() for layer in layers]
+    path, ref = convert_to_gguf(
+        src, tmp_path, "f32", arch="gemma-embedding", pooling_type=int(gguf.PoolingType.MEAN), dense=weights
+    )
+    llm = LLM(model=str(path), backend=backend, dtype="float32", block_size=4)
+    assert (llm.engine.task, llm.engine.embedder.pooling, llm.engine.embedder.size) == ("embed", "mean", 64)
+    enc = llm.engine.model_config.encoder
+    assert (enc.half_window, enc.local) == (4, (True,) * 5 + (False,))
+    for text, out in zip(TEXTS, llm.embed(TEXTS)):
+        ids = llm.tokenizer.encode(text)  # (the file's own tokenizer)
+        np.testing.assert_allclose(out.embedding, reference(ref, layers, ids), atol=1e-4, rtol=0)
