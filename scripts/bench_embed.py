@@ -20,23 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 SHAPES = {
-    "bge-small": (
-        "bert",
-        {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 1536},
-    ),
-    "bge-base": (
-        "bert",
-        {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
-    ),
-    "all-mpnet-base": (
-        "mpnet",
-        {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
-    ),
-    "nomic-embed": (
-        "nomic_bert",
-        {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
-    ),
+    "bge-small": ("bert", {**_BASE, "hidden_size": 384, "intermediate_size": 1536}),
+    "bge-base": ("bert", _BASE),
+    "all-mpnet-base": ("mpnet", _BASE),
+    "nomic-embed": ("nomic_bert", _BASE),
 }
 
 

@@ -138,9 +138,11 @@ class LLMEngine:
             from lantern.app.models.pooling import embedding_folder
             from lantern.app.models.st_dense import dense_layers, gguf_dense_layers
 
-            dense = dense_layers(embedding_folder(loaded.spec), self.model_config.hidden_size)
-            if loaded.spec.weight_format == "gguf":
-                dense = gguf_dense_layers(loaded.spec.weight_files[0])
+            spec = loaded.spec
+            if spec.weight_format == "gguf":  # (EmbeddingGemma's dense_2 / dense_3 tensors)
+                dense = gguf_dense_layers(spec.weight_files[0])
+            else:
+                dense = dense_layers(embedding_folder(spec), self.model_config.hidden_size)
             self.embedder = Embedder(pooling, self, dense)
 
     # ---- requests ------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     }
 
 
-_SKIPPED = ("head.", "decoder.", "classifier.", "drop.")
+_SKIPPED = ("head.", "decoder.", "classifier.")
 
 
 def checkpoint_name(name: str) -> str | None:

@@ -77,6 +77,7 @@ def _nomic_bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
 
 
 ENCODER_BUILDERS = {"bert": _bert, "nomic-bert": _nomic_bert}
+ENCODER_ARCHITECTURES = tuple(ENCODER_BUILDERS)  # (gguf_names and the loader route these files here)
 _NOMIC_LAYER_NAMES = {  # nomic-bert: q / k / v fused (weight_stream.split_fused cuts them), a gated MLP
     **_LAYER_NAMES,
     "attn_qkv": "attention.qkv_proj",

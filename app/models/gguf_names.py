@@ -93,9 +93,9 @@ PERMUTED_ARCHITECTURES = {
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """HF parameter name for a GGUF tensor name of architecture `arch`; None for tensors we do not
     use (rope_freqs, Phi-3's rope factors: the config readers gguf_rope / gguf_config take those)."""
-    if arch in ("bert", "nomic-bert"):  # an encoder: the encoder files' names directly
-        from lantern.app.models.gguf_encoder import encoder_tensor_name
+    from lantern.app.models.gguf_encoder import ENCODER_ARCHITECTURES, encoder_tensor_name
 
+    if arch in ENCODER_ARCHITECTURES:  # an encoder: the encoder files' names directly
         return encoder_tensor_name(gguf_name, arch)
     m = _LAYER_RE.match(gguf_name)
     if m:

@@ -188,6 +188,7 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
     from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
     from lantern.app.models.gguf_config import hf_config_from_gguf, missing_config_keys
+    from lantern.app.models.gguf_encoder import ENCODER_ARCHITECTURES, encoder_tokenizer
     from lantern.app.models.gguf_names import gguf_split_parts, read_gguf_index
     from lantern.app.models.gguf_pretokenize import apply_llama_cpp_split
 
@@ -195,9 +196,7 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
     indexes = [read_gguf_index(str(part)) for part in gguf_split_parts(path)]
     tensors = {t.name: t for index in indexes for t in index.tensors}
     hf_cfg = hf_config_from_gguf(indexes[0].metadata, tensors, path.name)
-    if hf_cfg is not None and indexes[0].architecture in ("bert", "nomic-bert"):  # transformers builds none
-        from lantern.app.models.gguf_encoder import encoder_tokenizer
-
+    if hf_cfg is not None and indexes[0].architecture in ENCODER_ARCHITECTURES:  # transformers builds none
         return hf_cfg, encoder_tokenizer(path)
     if hf_cfg is not None:
         if indexes[0].architecture == "gemma-embedding":

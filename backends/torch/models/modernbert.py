@@ -21,10 +21,10 @@ def _norm(cfg: ModelConfig) -> nn.LayerNorm:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, local: bool):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         d = cfg.hidden_size
-        self.n_heads, self.head_dim, self.local = cfg.num_heads, d // cfg.num_heads, local
+        self.n_heads, self.head_dim = cfg.num_heads, d // cfg.num_heads
         self.Wqkv = nn.Linear(d, 3 * d, bias=cfg.encoder.attention_bias)
         self.Wo = nn.Linear(d, d, bias=cfg.encoder.attention_bias)
 
@@ -56,7 +56,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.local = cfg.encoder.local[index]
         self.attn_norm = nn.Identity() if index == 0 else _norm(cfg)
-        self.attn = Attention(cfg, self.local)
+        self.attn = Attention(cfg)
         self.mlp_norm = _norm(cfg)
         self.mlp = MLP(cfg)
 
