@@ -81,10 +81,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--isq", default=None, choices=["q4", "q8", "fp8"], help=isq_help)
     task_help = (
-        "serve text generation or embeddings (/v1/embeddings); default: embed for sentence-transformers "
+        "serve text generation, embeddings (/v1/embeddings) or relevance scores (/v1/rerank, /v1/score); "
+        "default: score for cross-encoders (*ForSequenceClassification), embed for sentence-transformers "
         "folders, *Embedding* architectures and BERT"
     )
-    p.add_argument("--task", default="auto", choices=["auto", "generate", "embed"], help=task_help)
+    p.add_argument("--task", default="auto", choices=["auto", "generate", "embed", "score"], help=task_help)
     pooling_help = "embeddings' pooling (default: the folder's 1_Pooling, else last token; mean for BERT)"
     p.add_argument("--pooling", default="auto", choices=["auto", "last", "mean", "cls"], help=pooling_help)
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")

@@ -42,13 +42,13 @@ def _is_valid_text(s: str) -> bool:
     return True
 
 
-def _has_bad_text(value: Any) -> bool:
+def has_bad_text(value: Any) -> bool:
     if isinstance(value, str):
         return not _is_valid_text(value)
     if isinstance(value, (list, tuple)):
-        return any(isinstance(v, (str, list, tuple, dict)) and _has_bad_text(v) for v in value)
+        return any(isinstance(v, (str, list, tuple, dict)) and has_bad_text(v) for v in value)
     if isinstance(value, dict):
-        return any(_has_bad_text(k) or _has_bad_text(v) for k, v in value.items())
+        return any(has_bad_text(k) or has_bad_text(v) for k, v in value.items())
     return False  # numbers, None, nested models (they validate their own fields)
 
 
@@ -58,7 +58,7 @@ class _Lenient(BaseModel):
     @field_validator("*", mode="after")
     @classmethod
     def _valid_unicode(cls, value: Any) -> Any:
-        if _has_bad_text(value):
+        if has_bad_text(value):
             raise PydanticCustomError(INVALID_UNICODE, "contains a lone UTF-16 surrogate (not valid Unicode text)")
         return value
 

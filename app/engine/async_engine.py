@@ -80,7 +80,7 @@ class AsyncEngine:
 
     @property
     def task(self) -> str:
-        """What this model serves, "generate" or "embed" (the other side's requests get a 400)."""
+        """What this model serves, "generate", "embed" or "score" (the others' requests get a 400)."""
         return self._engine.task
 
     @property
@@ -112,9 +112,22 @@ class AsyncEngine:
         """Compile (and cache) a structured-output spec on the calling thread; thread-safe."""
         self._engine.compile_grammar(spec)
 
-    def validate_embedding(self, prompt_ids: list[int]) -> None:
-        """InvalidRequestError (param "input", or "model" when the model generates) for an input embed() refuses."""
-        require_embedder(self._engine).validate(prompt_ids)
+    def require_task(self, task: str) -> None:
+        """InvalidRequestError (param "model", code "wrong_task") unless the model serves task ("embed" or "score")."""
+        require_embedder(self._engine, task)
+
+    def validate_embedding(self, prompt_ids: list[int], task: str = "embed") -> None:
+        """InvalidRequestError (param "input", or "model" when the model serves another task) for an input
+        embed() refuses."""
+        require_embedder(self._engine, task).validate(prompt_ids)
+
+    def encode_pair(
+        self, query: str, document: str, max_document_tokens: int | None = None
+    ) -> tuple[list[int], list[int] | None]:
+        """A cross-encoder's input for (query, document): ids and token types (app/engine/scoring.py)."""
+        from lantern.app.engine.scoring import tokenize_pair
+
+        return tokenize_pair(self._engine, query, document, max_document_tokens)
 
     def stats(self) -> dict:
         return self._engine.stats_snapshot()
@@ -174,9 +187,12 @@ class AsyncEngine:
                 # cannot be reused meanwhile (a new caller would get this request's outputs).
                 self._submit("abort", (request_id, target))
 
-    async def embed(self, prompt_token_ids: list[int], request_id: str | None = None) -> EmbeddingOutput:
-        """The L2-normalized embedding of one input (task embed), validated by validate_embedding.
-        Raises like generate(); a caller cancelled while waiting aborts the input."""
+    async def embed(
+        self, prompt_token_ids: list[int], request_id: str | None = None, token_types: list[int] | None = None
+    ) -> EmbeddingOutput:
+        """The L2-normalized embedding of one input (task embed), or a pair's score (task score: the ids and
+        token_types from encode_pair), validated by validate_embedding. Raises like generate(); a caller
+        cancelled while waiting aborts the input."""
         if self._dead is not None or self._stop:
             raise EngineDeadError(f"the engine has stopped: {self._dead or 'the engine was shut down'}")
         request_id = request_id or uuid.uuid4().hex
@@ -185,7 +201,7 @@ class AsyncEngine:
         queue: asyncio.Queue = asyncio.Queue()
         target = (asyncio.get_running_loop(), queue)
         self._queues[request_id] = target
-        self._submit("embed", (request_id, list(prompt_token_ids)))
+        self._submit("embed", (request_id, list(prompt_token_ids), token_types))
         finished = False
         try:
             if self._dead is not None:
@@ -255,9 +271,9 @@ class AsyncEngine:
                 except Exception as exc:  # validation raced with config; report to the caller
                     self._deliver(request_id, exc)
             elif kind == "embed":
-                request_id, ids = payload
+                request_id, ids, types = payload
                 try:
-                    require_embedder(self._engine).add(request_id, ids)
+                    require_embedder(self._engine, self._engine.task).add(request_id, ids, types)
                 except Exception as exc:
                     self._deliver(request_id, exc)
             elif kind == "abort":

@@ -70,6 +70,9 @@ class ScheduledBatch:
     # [S] int32: each sequence's recurrent-state slot, for models with recurrent layers (None
     # for the others). A sequence whose chunk starts at position 0 starts from a zero state.
     state_slots: np.ndarray | None = None
+    # [T] int32: each token's segment for an encoder with a token-type table (a cross-encoder's pair: 0 the
+    # query, 1 the document); None: all 0. Set by the embedding side only (app/engine/embedding.py).
+    token_types: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:

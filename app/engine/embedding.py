@@ -10,8 +10,11 @@ states as it runs and divides at the end; a chunk at position 0 restarts the sum
 input is recomputed from its start). A bidirectional encoder (BERT) attends over its whole input
 at once, so the scheduler runs its inputs in one piece (SchedulerConfig.whole_prompts).
 
-A model serves generation or embeddings, never both: each side refuses the other's requests in
-one line naming the task served. Vectors are float32 and L2-normalized.
+A model serves generation, embeddings or scores, never two: each side refuses the others' requests
+in one line naming the task served. Vectors are float32 and L2-normalized. A cross-encoder (task
+score, app/engine/scoring.py) runs the same way on (query, document) pairs, each pair one input
+with its token types, and its classifier head (app/models/score_head.py) turns the pooled state
+into the score instead of the normalization.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,30 +44,45 @@ _PARAMS = SamplingParams(max_tokens=1)  # never sampled: build_batch reads a few
 @dataclass
 class EmbeddingOutput:
     request_id: str
-    embedding: np.ndarray | None  # float32 [Embedder.size], L2-normalized; None when aborted or failed
+    # float32 [Embedder.size]: the L2-normalized vector (task embed) or the classifier head's activated
+    # logits (task score: [1], the relevance score); None when aborted or failed
+    embedding: np.ndarray | None
     num_prompt_tokens: int
     finished: bool = True
     error: str | None = None  # set when the engine failed this input
 
+    @property
+    def score(self) -> float:
+        """A cross-encoder's relevance score (task score)."""
+        assert self.embedding is not None, "no score: the input was aborted or failed"
+        return float(self.embedding[0])
 
-def wrong_task(served: str, model: str) -> InvalidRequestError:
-    """The 400 for a request of the task this model does not serve."""
+
+def wrong_task(served: str, model: str, wanted: str = "embed") -> InvalidRequestError:
+    """The 400 for a request of a task (wanted) this model does not serve (it serves `served`)."""
     if served == "embed":
-        why = f"this server serves embeddings with {model} (task embed): use /v1/embeddings or serve --task generate"
+        why = f"this server serves embeddings with {model} (task embed): use /v1/embeddings"
+    elif served == "score":
+        why = f"this server serves relevance scores with {model} (task score): use /v1/rerank or /v1/score"
     else:
-        why = f"this server serves text generation with {model} (task generate): embeddings need --task embed"
-    return InvalidRequestError(why, param="model", code="wrong_task")
+        why = f"this server serves text generation with {model} (task generate)"
+    needs = {
+        "embed": "embeddings need a model served with --task embed",
+        "score": "scores need a cross-encoder or reranker served with --task score",
+        "generate": "text generation needs a model served with --task generate",
+    }[wanted]
+    return InvalidRequestError(f"{why}; {needs}", param="model", code="wrong_task")
 
 
 def embedding_task(config: EngineConfig, spec: ModelSpec) -> tuple[str, str | None]:
-    """("generate", None) or ("embed", pooling) for the model being loaded. A decoder serving
-    embeddings never runs its head, so it is not loaded (Qwen3-Embedding-8B ships none)."""
+    """("generate", None) or ("embed" / "score", pooling) for the model being loaded. A decoder serving
+    embeddings or scores never runs its LM head, so it is not loaded (Qwen3-Embedding-8B ships none)."""
     from lantern.app.models.pooling import resolve_task
 
     task, pooling = resolve_task(config.task, config.pooling, spec)
-    if task == "embed":
+    if task != "generate":
         if config.backend_options.tensor_parallel_size > 1:
-            raise ValueError("embeddings (--task embed) with tensor parallelism are not implemented")
+            raise ValueError(f"--task {task} with tensor parallelism is not implemented")
         if spec.config.encoder is None:
             spec.config = dataclasses.replace(spec.config, tie_word_embeddings=True)
     return task, pooling
@@ -73,20 +92,34 @@ def embedding_task(config: EngineConfig, spec: ModelSpec) -> tuple[str, str | No
 class _Pending:
     seq: Sequence
     pooled: np.ndarray | None = None  # the pool so far: a running sum (mean), the [CLS] or last state
+    token_types: list[int] | None = None  # a cross-encoder pair's segments (None: all 0)
+
+
+def normalized(dense: list[Any]) -> Callable[[np.ndarray], np.ndarray]:
+    """An embedding's last steps: the folder's Dense projections (st_dense.DenseLayer), then the L2 norm."""
+
+    def finish(vector: np.ndarray) -> np.ndarray:
+        for layer in dense:
+            vector = layer(vector)
+        return (vector / max(float(np.linalg.norm(vector)), 1e-12)).astype(np.float32)
+
+    return finish
 
 
 class Embedder:
-    """The engine's embedding side: pending inputs, their partial pools, the pooled outputs."""
+    """The engine's embedding side: pending inputs, their partial pools, the pooled outputs.
+    finish turns an input's pooled state into its output (the normalized vector, or a score head's
+    activated logits); size is that output's length."""
 
-    def __init__(self, pooling: str, engine: Any, dense: list[Any] | None = None):
+    def __init__(self, pooling: str, engine: Any, finish: Callable[[np.ndarray], np.ndarray], size: int):
         from lantern.backends.base import EmbeddingBackend
 
         if not isinstance(engine.backend, EmbeddingBackend):
             raise ValueError(f"the {engine.backend.name} backend cannot compute embeddings")
         self.pooling = pooling
         self.engine = engine
-        self.dense = list(dense or [])  # st_dense.DenseLayer: the folder's projections after the pooling
-        self.size = self.dense[-1].weight.shape[0] if self.dense else engine.model_config.hidden_size
+        self.finish = finish
+        self.size = size
         self.pending: dict[str, _Pending] = {}
         if engine.model_config.encoder is not None:
             cfg = engine.scheduler.config
@@ -112,11 +145,13 @@ class Embedder:
                 code="context_length_exceeded",
             )
 
-    def add(self, request_id: str, ids: list[int]) -> None:
+    def add(self, request_id: str, ids: list[int], token_types: list[int] | None = None) -> None:
         if request_id in self.pending:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use", param="request_id")
+        if token_types is not None and len(token_types) != len(ids):
+            raise InvalidRequestError("token_types must give one segment per token", param="token_types")
         seq = Sequence(request_id, list(ids), _PARAMS, cacheable=False)
-        self.pending[request_id] = _Pending(seq)
+        self.pending[request_id] = _Pending(seq, token_types=list(token_types) if token_types else None)
         self.engine.scheduler.add(seq)
 
     def abort(self, request_id: str, error: str | None = None) -> EmbeddingOutput | None:
@@ -138,9 +173,25 @@ class Embedder:
                 rows.append(PoolingRow(i, "last"))
         return rows
 
+    def _token_types(self, sched: SchedulerOutput, batch: ScheduledBatch) -> np.ndarray | None:
+        """[T] int32 segments of the batch's tokens when a scheduled input is a pair (None: all 0)."""
+        entries = [self.pending.get(item.seq.request_id) for item in sched.scheduled]
+        if not any(e is not None and e.token_types for e in entries):
+            return None
+        out = np.zeros(batch.num_tokens, dtype=np.int32)
+        qs = batch.query_start_loc
+        for i, entry in enumerate(entries):
+            if entry is None or not entry.token_types:
+                continue
+            start, end = int(qs[i]), int(qs[i + 1])
+            first = int(batch.positions[start])
+            out[start:end] = entry.token_types[first : first + end - start]
+        return out
+
     def execute(self, sched: SchedulerOutput) -> tuple[ScheduledBatch, Any]:
         """The step's forward pass; changes no state (the engine may retry it sequence by sequence)."""
         batch = build_batch(sched, self.engine.config.block_size, {})
+        batch.token_types = self._token_types(sched, batch)
         rows = self._rows(sched)
         return batch, (rows, self.engine.backend.embed(batch, rows))
 
@@ -166,9 +217,7 @@ class Embedder:
             assert entry.pooled is not None, "an input ended without its pooled states"
             seq = entry.seq
             vector = entry.pooled / seq.num_prompt_tokens if self.pooling == "mean" else entry.pooled
-            for layer in self.dense:
-                vector = layer(vector)
-            vector = (vector / max(float(np.linalg.norm(vector)), 1e-12)).astype(np.float32)
+            vector = self.finish(vector)
             del self.pending[seq.request_id]
             self.engine.scheduler.finish(seq, "stop")
             stats.prompt_tokens += seq.num_prompt_tokens
@@ -177,10 +226,29 @@ class Embedder:
         return outputs
 
 
-def require_embedder(engine: Any) -> Embedder:
-    """The engine's Embedder; a 400 naming the task when the model serves generation."""
-    if engine.embedder is None:
-        raise wrong_task("generate", engine.model_name)
+def make_embedder(engine: Any, spec: ModelSpec, task: str, pooling: str) -> Embedder:
+    """The engine's Embedder for task embed (the folder's Dense projections, then the L2 norm) or score (the
+    checkpoint's classifier head)."""
+    if task == "score":
+        from lantern.app.models.score_head import load_score_head
+
+        head = load_score_head(spec)
+        return Embedder(head.pooling, engine, head, head.num_labels)
+    from lantern.app.models.pooling import embedding_folder
+    from lantern.app.models.st_dense import dense_layers, gguf_dense_layers
+
+    if spec.weight_format == "gguf":  # (EmbeddingGemma's dense_2 / dense_3 tensors)
+        dense = gguf_dense_layers(spec.weight_files[0])
+    else:
+        dense = dense_layers(embedding_folder(spec), engine.model_config.hidden_size)
+    size = dense[-1].weight.shape[0] if dense else engine.model_config.hidden_size
+    return Embedder(pooling, engine, normalized(dense), size)
+
+
+def require_embedder(engine: Any, task: str = "embed") -> Embedder:
+    """The engine's Embedder when the model serves `task` (embed or score); a 400 naming the task served if not."""
+    if engine.embedder is None or engine.task != task:
+        raise wrong_task(engine.task, engine.model_name, task)
     return engine.embedder
 
 
@@ -188,13 +256,20 @@ def embed_offline(engine: Any, prompts: list[str | list[int]]) -> list[Embedding
     """LLM.embed: every input to the end on the calling thread; RequestFailedError if one failed."""
     embedder = require_embedder(engine)
     ids = [engine.tokenize_prompt(p) for p in prompts]
-    for one in ids:
-        embedder.validate(one)
-    rids = [uuid.uuid4().hex for _ in ids]
+    return run_offline(engine, embedder, [(one, None) for one in ids])
+
+
+def run_offline(
+    engine: Any, embedder: Embedder, inputs: list[tuple[list[int], list[int] | None]]
+) -> list[EmbeddingOutput]:
+    """Validated (ids, token types) inputs to the end on the calling thread; RequestFailedError if one failed."""
+    for ids, _ in inputs:
+        embedder.validate(ids)
+    rids = [uuid.uuid4().hex for _ in inputs]
     final: dict[str, EmbeddingOutput] = {}
     try:
-        for rid, one in zip(rids, ids):
-            embedder.add(rid, one)
+        for rid, (ids, types) in zip(rids, inputs):
+            embedder.add(rid, ids, types)
         while len(final) < len(rids):
             for out in engine.step():
                 final[out.request_id] = out

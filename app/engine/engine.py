@@ -15,7 +15,7 @@ from lantern.app.engine.batch import build_batch
 from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.chat_encoding import encode_chat
 from lantern.app.engine.contract import ScheduledBatch, StepOutput
-from lantern.app.engine.embedding import Embedder, EmbeddingOutput, embed_offline, embedding_task, wrong_task
+from lantern.app.engine.embedding import EmbeddingOutput, embed_offline, embedding_task, make_embedder, wrong_task
 from lantern.app.engine.errors import EngineDeadError, InvalidRequestError
 from lantern.app.engine.kv_sizing import plan_kv_cache
 from lantern.app.engine.metrics import EngineStats
@@ -133,17 +133,7 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.stats = EngineStats()
         self._consecutive_failures = 0
-        self.embedder = None
-        if pooling is not None:  # (a sentence-transformers folder's Dense projections after the pooling)
-            from lantern.app.models.pooling import embedding_folder
-            from lantern.app.models.st_dense import dense_layers, gguf_dense_layers
-
-            spec = loaded.spec
-            if spec.weight_format == "gguf":  # (EmbeddingGemma's dense_2 / dense_3 tensors)
-                dense = gguf_dense_layers(spec.weight_files[0])
-            else:
-                dense = dense_layers(embedding_folder(spec), self.model_config.hidden_size)
-            self.embedder = Embedder(pooling, self, dense)
+        self.embedder = None if pooling is None else make_embedder(self, loaded.spec, self.task, pooling)
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:
@@ -156,14 +146,14 @@ class LLMEngine:
     ) -> list[int]:
         """Messages -> prompt ids through the chat template; markup typed inside a message stays text."""
         if self.embedder is not None:  # a conversation is for generation: say so before any template runs
-            raise wrong_task("embed", self.model_name)
+            raise wrong_task(self.task, self.model_name, "generate")
         return encode_chat(
             self.tokenizer, self.chat_template, messages, add_generation_prompt, **(chat_template_kwargs or {})
         )
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if self.embedder is not None:
-            raise wrong_task("embed", self.model_name)
+            raise wrong_task(self.task, self.model_name, "generate")
         if not prompt_ids:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
         vocab = self.vocab_size
@@ -463,6 +453,13 @@ class LLM:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         ids = [self.engine.encode_chat(c, chat_template_kwargs=chat_template_kwargs) for c in conversations]  # type: ignore[arg-type]
         return self.generate(ids, params)
+
+    def score(self, text_1: str | Seq[str], text_2: str | Seq[str]) -> list[EmbeddingOutput]:
+        """Relevance scores (each output's `.score`) of text pairs from a cross-encoder or reranker served with
+        task="score": one text_1 with each text_2, or two lists of one length pair by pair (vLLM's LLM.score)."""
+        from lantern.app.engine.scoring import score_offline
+
+        return score_offline(self.engine, text_1, text_2)
 
     def embed(self, inputs: Prompt | Seq[Prompt]) -> list[EmbeddingOutput]:
         """L2-normalized vectors of the inputs (texts or token ids) from a model served with task="embed"."""

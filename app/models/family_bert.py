@@ -22,8 +22,9 @@ post-LN residual (LayerNorm(x + attention)), an MLP of two biased linears around
 second post-LN residual. The last layer's output is the hidden state the pooling reads; the
 pooler (a tanh dense on [CLS]) is not what sentence-transformers use, so it is not loaded.
 
-An encoder keeps no KV cache and is served for embeddings only (`--task embed`); a cross-encoder
-or classifier checkpoint (XxxForSequenceClassification: rerankers) is refused by name.
+An encoder keeps no KV cache and is served for embeddings (`--task embed`) or, as a cross-encoder
+(XxxForSequenceClassification: ms-marco MiniLM, bge-reranker), for relevance scores (`--task score`:
+app/models/score_head.py runs its classifier head on the pooled state).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from lantern.app.models.spec import UnsupportedModelError
 _GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
+# Served architectures: the base model, its MLM checkpoint (head skipped), a cross-encoder (score_head.py's head)
+_SERVED = ("Model", "ForMaskedLM", "ForSequenceClassification")
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "mpnet", "nomic_bert", "distilbert")
 _PREFIXES = ("bert.", "roberta.", "mpnet.", "nomic_bert.", "distilbert.")  # an XxxForMaskedLM's base model
 MPNET_BUCKETS = 32  # MPNetEncoder.compute_position_bias always buckets into 32 (its default argument)
@@ -132,11 +135,11 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     """ModelConfig field overrides for an encoder's config (called by spec.ModelConfig.from_hf)."""
     if model_type not in MODEL_TYPES:
         raise UnsupportedModelError(f"family_bert does not configure model_type {model_type!r}")
-    heads = [a for a in cfg.get("architectures") or [] if not a.endswith(("Model", "ForMaskedLM"))]
+    heads = [a for a in cfg.get("architectures") or [] if not a.endswith(_SERVED)]
     if heads:
         raise UnsupportedModelError(
             f"architectures={json.dumps(heads)} in config.json is not implemented: Lantern serves {model_type} "
-            "encoders for embeddings (XxxModel, XxxForMaskedLM), not cross-encoders, rerankers or classifiers"
+            "encoders for embeddings (XxxModel, XxxForMaskedLM) and cross-encoders (XxxForSequenceClassification)"
         )
     nomic = model_type == "nomic_bert"
     acts = {"silu": "silu"} if nomic else {**_GELU, "relu": "relu"}
@@ -229,6 +232,8 @@ _LAYER_NAMES.update(
 )
 _KINDS = {"gamma": "weight", "beta": "bias", "weight": "weight", "bias": "bias"}  # old checkpoints: gamma/beta
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# Heads the model files do not load: the pooler, MLM / NSP heads, a cross-encoder's classifier (score_head.py)
+_HEADS = ("pooler.", "cls.", "lm_head.", "classifier.", "pre_classifier.")
 
 
 # Nomic BERT's per-layer tensors (nomic's names, which transformers also saves under) -> the model files' (the
@@ -257,7 +262,8 @@ _DISTIL_LAYER = {
     "output_layer_norm": "mlp_norm",
 }
 _DISTIL_RE = re.compile(r"^transformer\.layer\.(\d+)\.(.+)$")
-_DISTIL_HEAD = ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.")  # DistilBertForMaskedLM's
+# DistilBertForMaskedLM's head, DistilBertForSequenceClassification's (score_head.py reads that one)
+_DISTIL_HEAD = ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier.")
 
 
 def _table_namer(
@@ -290,7 +296,7 @@ nomic_weight_name = _table_namer(
     ("embeddings.word_embeddings", "embeddings.token_type_embeddings"),
     _NOMIC_RE,
     _NOMIC_LAYER,
-    ("pooler.", "cls.", "lm_head."),
+    _HEADS,
 )
 distilbert_weight_name = _table_namer(
     "DistilBERT",
@@ -313,7 +319,7 @@ def bert_weight_name(name: str) -> str | None:
     checkpoint's "bert." / "roberta." / "mpnet." prefix is dropped."""
     if name.startswith(_PREFIXES):
         name = name.split(".", 1)[1]
-    if name.startswith(("pooler.", "cls.", "lm_head.")) or name in _BUFFERS:
+    if name.startswith(_HEADS) or name in _BUFFERS:
         return None
     if name == "encoder.relative_attention_bias.weight":
         return "relative_attention_bias.weight"

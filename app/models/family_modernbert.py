@@ -53,11 +53,13 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     """ModelConfig field overrides for a modernbert config (called by spec.ModelConfig.from_hf)."""
     if model_type != "modernbert":
         raise UnsupportedModelError(f"family_modernbert does not configure model_type {model_type!r}")
-    heads = [a for a in cfg.get("architectures") or [] if a not in ("ModernBertModel", "ModernBertForMaskedLM")]
+    served = ("ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification")
+    heads = [a for a in cfg.get("architectures") or [] if a not in served]
     if heads:
         raise UnsupportedModelError(
             f"architectures={json.dumps(heads)} in config.json is not implemented: Lantern serves ModernBERT "
-            "encoders for embeddings (ModernBertModel, ModernBertForMaskedLM), not cross-encoders or classifiers"
+            "encoders for embeddings and cross-encoders (ModernBertModel, ModernBertForMaskedLM, "
+            "ModernBertForSequenceClassification)"
         )
     act = cfg.get("hidden_activation", "gelu")
     if act not in _ACT:
@@ -98,7 +100,7 @@ _SKIPPED = ("head.", "decoder.", "classifier.")
 
 def checkpoint_name(name: str) -> str | None:
     """A ModernBERT checkpoint tensor under the model files' name (HF's, without a ForMaskedLM's "model." prefix);
-    None for the MLM head and decoder, which are not loaded."""
+    None for the MLM head and decoder, which are not loaded, and a cross-encoder's head (score_head.py reads it)."""
     if name.startswith(_SKIPPED):
         return None
     return name[len("model.") :] if name.startswith("model.") else name

@@ -1,4 +1,4 @@
-"""Which task a model serves (text generation or embeddings) and how its embeddings are pooled.
+"""Which task a model serves (text generation, embeddings or relevance scores) and how its states are pooled.
 
 Defaults come from the model folder: a sentence-transformers folder (modules.json), an
 architecture named *Embedding* or a BERT encoder serves embeddings; everything else generates.
@@ -9,6 +9,7 @@ Pooling module (Qwen3-Embedding and EmbeddingGemma GGUFs): mean, cls or last ser
 rank (a reranker's classification head) is refused.
 Dense projections after the pooling are applied (st_dense.py); modules that would change the vectors in ways
 Lantern does not compute (max pooling, instructions excluded from the mean) are refused naming the key.
+A cross-encoder (XxxForSequenceClassification) serves scores: its head says the pooling (score_head.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("auto", "generate", "embed")
+TASKS = ("auto", "generate", "embed", "score")
 POOLINGS = ("auto", "last", "mean", "cls")
 # sentence-transformers' Pooling config keys -> Lantern's pooling; the other modes are refused.
 _ST_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
@@ -105,8 +106,18 @@ def _architectures(folder: Path | None) -> list[str]:
     return list(_read_json(cfg_file).get("architectures") or []) if cfg_file and cfg_file.is_file() else []
 
 
+def _score_task(pooling: str, spec: ModelSpec) -> tuple[str, str]:
+    from lantern.app.models.score_head import head_pooling
+
+    if pooling != "auto":
+        raise ValueError(
+            "--pooling applies to embeddings (--task embed); a score head reads the state it was trained on"
+        )
+    return "score", head_pooling(spec)
+
+
 def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | None]:
-    """(task, pooling) for the model: "generate" with pooling None, or "embed" with one of
+    """(task, pooling) for the model: "generate" with pooling None, or "embed" / "score" with one of
     last / mean / cls. task and pooling may be "auto" (the folder's defaults)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}; got {task!r}")
@@ -114,11 +125,16 @@ def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | N
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}")
     folder = embedding_folder(spec)
     encoder = spec.config.encoder is not None
-    from_gguf = gguf_pooling(spec) if task != "generate" else None
+    from_gguf = gguf_pooling(spec) if task not in ("generate", "score") else None
     if task == "auto":
+        architectures = _architectures(folder)
+        if any(a.endswith("ForSequenceClassification") for a in architectures):
+            return _score_task(pooling, spec)
         st_folder = folder is not None and (folder / "modules.json").is_file()
-        named = any("Embedding" in a for a in _architectures(folder))
+        named = any("Embedding" in a for a in architectures)
         task = "embed" if encoder or st_folder or named or from_gguf else "generate"
+    if task == "score":
+        return _score_task(pooling, spec)
     if task == "generate":
         if encoder:
             raise ValueError(

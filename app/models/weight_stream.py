@@ -297,15 +297,30 @@ def _iter_safetensors(
     spec: ModelSpec, framework: str, rename: Callable[[str], str | None] | None = None
 ) -> Iterator[tuple[str, Any]]:
     if rename is None:
-        yield from _read_safetensors(spec, framework, skip=_mtp_tensors(spec))
+        yield from _read_safetensors(spec, framework, skip=_unused_tensors(spec))
         return
-    skip: set[str] = _mtp_tensors(spec)  # vision tensors too: skipped by name, before they are read
+    skip: set[str] = _unused_tensors(spec)  # vision tensors too: skipped by name, before they are read
     for path in spec.weight_files:
         raw = RawSafetensors(path)
         skip.update(n for n in raw.names if rename(n) is None)
         raw.close()
     for name, value in _read_safetensors(spec, framework, skip):
         yield rename(name), value  # type: ignore[misc]
+
+
+# A decoder's XxxForSequenceClassification head: app/models/score_head.py reads it itself (--task score).
+_DECODER_SCORE_HEAD = ("score.weight", "score.bias")
+
+
+def _unused_tensors(spec: ModelSpec) -> set[str]:
+    """Tensors the model files do not load: multi-token prediction layers, a decoder classifier's head."""
+    names = _mtp_tensors(spec)
+    if spec.config.encoder is None:
+        for path in spec.weight_files:
+            raw = RawSafetensors(path)
+            names.update(n for n in raw.names if n in _DECODER_SCORE_HEAD)
+            raw.close()
+    return names
 
 
 def _mtp_tensors(spec: ModelSpec) -> set[str]:

@@ -31,7 +31,7 @@ def embed_step(backend: Any, batch: ScheduledBatch, rows: list[PoolingRow]) -> l
         positions = mx.array(batch.positions)
         inputs = EncoderInputs(
             positions=positions,
-            token_types=mx.zeros_like(positions),  # one segment per input, as sentence-transformers encode
+            token_types=mx.zeros_like(positions) if batch.token_types is None else mx.array(batch.token_types),
             gather=mx.array(layout.gather),
             key_mask=mx.array(layout.valid[:, None, None, :]),
             scatter=mx.array(layout.scatter),

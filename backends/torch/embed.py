@@ -34,7 +34,7 @@ def embed_step(backend: Any, batch: ScheduledBatch, rows: list[PoolingRow]) -> l
         positions = as_t(batch.positions)
         inputs = EncoderInputs(
             positions=positions,
-            token_types=torch.zeros_like(positions),  # one segment per input, as sentence-transformers encode
+            token_types=torch.zeros_like(positions) if batch.token_types is None else as_t(batch.token_types),
             gather=as_t(layout.gather),
             key_mask=torch.from_numpy(layout.valid).to(device)[:, None, None, :],
             scatter=as_t(layout.scatter),

@@ -29,14 +29,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
     state: ServerState = request.app.state.lantern
     state.check_model(body.model)
     engine = state.engine
-    if engine.task != "embed":
-        raise APIError(
-            400,
-            f"this server serves text generation with {state.model_name} (task generate); "
-            "embeddings need a model served with --task embed",
-            param="model",
-            code="wrong_task",
-        )
+    engine.require_task("embed")
     inputs = body.inputs()
     size = engine.embedding_size
     if body.dimensions is not None and not 1 <= body.dimensions <= size:
@@ -54,7 +47,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
             raise
     state.check_capacity()
     started = time.monotonic()
-    outs = await _embed_all(engine, ids, new_id("embd"), request)
+    outs = await embed_all(engine, [(one, None) for one in ids], new_id("embd"), request)
     state.metrics.e2e.observe(time.monotonic() - started)
     data = [
         {"object": "embedding", "index": i, "embedding": _encode(_truncated(o.embedding, body.dimensions), body)}
@@ -83,11 +76,19 @@ def _encode(vector: np.ndarray, body: EmbeddingRequest) -> list[float] | str:
     return vector.tolist()
 
 
-async def _embed_all(
-    engine: AsyncEngine, ids: list[list[int]], rid: str, request: Request, poll_s: float = 0.25
+async def embed_all(
+    engine: AsyncEngine,
+    inputs: list[tuple[list[int], list[int] | None]],
+    rid: str,
+    request: Request,
+    poll_s: float = 0.25,
 ) -> list[EmbeddingOutput]:
-    """Every input through the engine at once; all of them aborted if one fails or the client leaves."""
-    tasks = [asyncio.ensure_future(engine.embed(one, f"{rid}-{i}")) for i, one in enumerate(ids)]
+    """Every (ids, token types) input through the engine at once (embeddings, or a cross-encoder's pairs); all of
+    them aborted if one fails or the client leaves."""
+    tasks = [
+        asyncio.ensure_future(engine.embed(ids, f"{rid}-{i}", token_types=types))
+        for i, (ids, types) in enumerate(inputs)
+    ]
     together = asyncio.gather(*tasks)
     try:
         while not together.done():

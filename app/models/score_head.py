@@ -1,0 +1,228 @@
+"""Sequence-classification heads: what turns a cross-encoder's or a reranker's pooled hidden state into its
+relevance score (`--task score`, /v1/rerank and /v1/score).
+
+A XxxForSequenceClassification checkpoint is its base model plus a small head on one pooled state. The base model
+runs on the backend like an embedding model (the head's tensors are skipped by the model files' name maps); the
+head runs here on the pooled vector in float32 on the CPU, like sentence-transformers' Dense modules (st_dense.py):
+one or two [H, H] products per input next to the forward pass. The heads, as transformers computes them:
+
+- BertForSequenceClassification: the [CLS] state through the pooler (dense, tanh), then `classifier`.
+- Roberta / XLM-RoBERTa / CamemBERT / MPNet (bge-reranker-base / large / v2-m3): `classifier.dense`, tanh,
+  `classifier.out_proj` on the [CLS] state.
+- DistilBertForSequenceClassification: `pre_classifier`, ReLU, `classifier` on the [CLS] state.
+- ModernBertForSequenceClassification (gte-reranker-modernbert): the [CLS] state or the mean
+  (classifier_pooling), `head.dense`, classifier_activation, `head.norm` (a LayerNorm), `classifier`.
+- A decoder's XxxForSequenceClassification (Qwen3-Reranker converted to seq-cls, Llama / Qwen2 / Gemma
+  classifiers): `score` (no bias) on the last token's state after the final norm.
+
+The score is the logit through the activation sentence-transformers' CrossEncoder applies: the one config.json names
+(`sentence_transformers.activation_fn`, or the older `sbert_ce_default_activation_function`), else a sigmoid for
+one label, as CrossEncoder and vLLM do. A head with more than one label classifies rather than scores, and is
+refused for --task score naming its labels.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lantern.app.engine.contract import ModelSpec
+from lantern.app.models.errors import UnsupportedModelError
+
+logger = logging.getLogger(__name__)
+
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
+# sentence-transformers' activation class paths -> what the head applies to its logits
+_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+}
+_ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert", "mpnet")
+_GELU = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu", "silu": "silu"}
+
+
+def classifier_architecture(cfg: dict[str, Any]) -> str | None:
+    """The config's XxxForSequenceClassification architecture, or None."""
+    return next((a for a in cfg.get("architectures") or [] if str(a).endswith(CLASSIFIER_SUFFIX)), None)
+
+
+def _read_config(spec: ModelSpec) -> dict[str, Any]:
+    if spec.weight_format != "safetensors" or not spec.weight_files:
+        raise UnsupportedModelError("a score head needs a safetensors folder with its config.json")
+    path = spec.weight_files[0].parent / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UnsupportedModelError(f"{path}: unreadable ({exc})") from None
+
+
+def head_pooling(spec: ModelSpec) -> str:
+    """The state a classifier head reads: "cls" (encoders' first token), "mean" (ModernBERT's classifier_pooling
+    "mean") or "last" (decoders)."""
+    if spec.config.encoder is None:
+        return "last"
+    cfg = _read_config(spec)
+    if cfg.get("model_type") == "modernbert":
+        pooling = cfg.get("classifier_pooling", "cls")
+        if pooling not in ("cls", "mean"):
+            raise UnsupportedModelError(f"classifier_pooling={json.dumps(pooling)} in config.json is not implemented")
+        return str(pooling)
+    return "cls"
+
+
+def activation_of(cfg: dict[str, Any], num_labels: int) -> str:
+    """The activation sentence-transformers' CrossEncoder applies to the logits (its default: a sigmoid for one
+    label, none for more)."""
+    named = (cfg.get("sentence_transformers") or {}).get("activation_fn") or cfg.get(
+        "sbert_ce_default_activation_function"
+    )
+    if named is None:
+        return "sigmoid" if num_labels == 1 else "identity"
+    if named not in _ACTIVATIONS:
+        raise UnsupportedModelError(f"the cross-encoder activation {named!r} in config.json is not implemented")
+    return _ACTIVATIONS[named]
+
+
+@dataclass(frozen=True)
+class Linear:
+    weight: np.ndarray  # [out, in] float32
+    bias: np.ndarray | None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        out = self.weight @ x
+        return out if self.bias is None else out + self.bias
+
+
+def _layer_norm(weight: np.ndarray, bias: np.ndarray | None, eps: float) -> Callable[[np.ndarray], np.ndarray]:
+    def norm(x: np.ndarray) -> np.ndarray:
+        centred = x - x.mean()
+        out = centred / np.sqrt((centred * centred).mean() + eps) * weight
+        return out if bias is None else out + bias
+
+    return norm
+
+
+def _act(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    from math import erf, pi, sqrt
+
+    if name == "tanh":
+        return np.tanh
+    if name == "relu":
+        return lambda x: np.maximum(x, 0.0)
+    if name == "silu":
+        return lambda x: x / (1.0 + np.exp(-x))
+    if name == "gelu":
+        verf = np.vectorize(erf, otypes=[np.float64])
+        return lambda x: 0.5 * x * (1.0 + verf(x / sqrt(2.0)))
+    if name == "gelu_tanh":
+        return lambda x: 0.5 * x * (1.0 + np.tanh(sqrt(2.0 / pi) * (x + 0.044715 * x**3)))
+    raise UnsupportedModelError(f"classifier activation {name!r} is not implemented")
+
+
+@dataclass
+class ScoreHead:
+    """pooled [H] -> the activated logits [num_labels] (float32), computed in float64."""
+
+    pooling: str  # "cls" | "mean" | "last": the pooled state the head reads
+    steps: list[Callable[[np.ndarray], np.ndarray]]
+    num_labels: int
+    activation: str  # "sigmoid" | "identity" | "tanh"
+
+    def __call__(self, pooled: np.ndarray) -> np.ndarray:
+        x = np.asarray(pooled, dtype=np.float64)
+        for step in self.steps:
+            x = step(x)
+        if self.activation == "sigmoid":
+            x = 1.0 / (1.0 + np.exp(-x))
+        elif self.activation == "tanh":
+            x = np.tanh(x)
+        return x.astype(np.float32)
+
+
+class _Tensors:
+    """The head's tensors across a folder's safetensors files, as float64 (bf16 widened)."""
+
+    def __init__(self, files: list[Path]):
+        from lantern.app.models.weight_stream import RawSafetensors
+
+        self.where: dict[str, Any] = {}
+        self.files = [RawSafetensors(f) for f in files]
+        for raw in self.files:
+            for name in raw.names:
+                self.where[name] = raw
+
+    def find(self, *names: str) -> np.ndarray | None:
+        for name in names:
+            if name in self.where:
+                return self.where[name].numpy(name).astype(np.float64)
+        return None
+
+    def need(self, *names: str) -> np.ndarray:
+        got = self.find(*names)
+        if got is None:
+            raise UnsupportedModelError(f"the classifier head's tensor {names[0]} is missing from the checkpoint")
+        return got
+
+    def linear(self, module: str, *prefixes: str, bias: bool = True) -> Linear:
+        heads = (module, *(f"{p}{module}" for p in prefixes))
+        b = self.find(*(f"{h}.bias" for h in heads)) if bias else None
+        return Linear(self.need(*(f"{h}.weight" for h in heads)), b)
+
+    def close(self) -> None:
+        for raw in self.files:
+            raw.close()
+
+
+def _steps(cfg: dict[str, Any], model_type: str, tensors: _Tensors, decoder: bool) -> list[Callable]:
+    if decoder:
+        return [tensors.linear("score", bias=False)]
+    if model_type == "bert":
+        return [tensors.linear("pooler.dense", "bert."), np.tanh, tensors.linear("classifier")]
+    if model_type in _ROBERTA_LIKE:
+        return [tensors.linear("classifier.dense"), np.tanh, tensors.linear("classifier.out_proj")]
+    if model_type == "distilbert":
+        return [tensors.linear("pre_classifier"), _act("relu"), tensors.linear("classifier")]
+    if model_type == "modernbert":
+        act = cfg.get("classifier_activation", cfg.get("hidden_activation", "gelu"))
+        if act not in _GELU:
+            raise UnsupportedModelError(f"classifier_activation={json.dumps(act)} in config.json is not implemented")
+        norm = _layer_norm(
+            tensors.need("head.norm.weight"), tensors.find("head.norm.bias"), float(cfg.get("norm_eps", 1e-5))
+        )
+        return [tensors.linear("head.dense"), _act(_GELU[act]), norm, tensors.linear("classifier")]
+    raise UnsupportedModelError(f"{model_type} sequence classifiers are not implemented")
+
+
+def load_score_head(spec: ModelSpec) -> ScoreHead:
+    """The head of the folder's XxxForSequenceClassification checkpoint, for --task score."""
+    cfg = _read_config(spec)
+    arch = classifier_architecture(cfg)
+    if arch is None:
+        names = ", ".join(cfg.get("architectures") or []) or "none"
+        raise UnsupportedModelError(
+            f"--task score needs a cross-encoder or reranker ({CLASSIFIER_SUFFIX}); the folder's architectures: {names}"
+        )
+    tensors = _Tensors(spec.weight_files)
+    try:
+        steps = _steps(cfg, str(cfg.get("model_type", "")), tensors, spec.config.encoder is None)
+    finally:
+        tensors.close()
+    last = next(s for s in reversed(steps) if isinstance(s, Linear))
+    num_labels = int(last.weight.shape[0])
+    if num_labels != 1:
+        labels = cfg.get("id2label") or {}
+        shown = ", ".join(str(v) for v in labels.values()) if labels else f"{num_labels} labels"
+        raise UnsupportedModelError(
+            f"{arch} has {num_labels} labels ({shown}): it classifies; --task score needs one relevance logit"
+        )
+    activation = activation_of(cfg, num_labels)
+    head = ScoreHead(head_pooling(spec), steps, num_labels, activation)
+    logger.info("task: scores from %s's classifier head (%s pooling, %s)", arch, head.pooling, activation)
+    return head

@@ -1,0 +1,82 @@
+"""Request bodies of the relevance-score routes (server/routes/rerank.py).
+
+- Rerank (POST /v1/rerank, /rerank, /v2/rerank): the shape Cohere's SDKs (v1 and v2), Jina's API, vLLM, TEI-style
+  clients, LangChain's rerankers and Open WebUI's external reranker send: `query`, `documents` (strings, or Jina's /
+  Cohere v1's {"text": ...} objects), `top_n`, `return_documents`, Cohere v2's `max_tokens_per_doc`.
+- Score (POST /v1/score, /score): vLLM's `text_1` / `text_2` (a text or a list each).
+
+Unlike the OpenAI routes (whose audited extra fields are listed in request_fields.py), these bodies are closed: a
+field they do not name is refused with a 400 naming it, so that an option such as Cohere v1's `rank_fields` or
+`max_chunks_per_doc`, or Cohere's `relevant_spans`, is never silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from lantern.app.engine import InvalidRequestError
+from lantern.server.protocol import INVALID_UNICODE, has_bad_text
+
+MAX_DOCUMENTS = 10_000  # Cohere's limit on documents per rerank request
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        if has_bad_text(value):
+            raise PydanticCustomError(INVALID_UNICODE, "contains a lone UTF-16 surrogate (not valid Unicode text)")
+        return value
+
+
+class TextDocument(_Closed):
+    text: str
+
+
+class RerankRequest(_Closed):
+    model: str | None = None
+    query: str
+    documents: list[str | TextDocument]
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = True  # (Jina's and vLLM's default; Cohere's SDK sends false when it wants none)
+    max_tokens_per_doc: int | None = Field(default=None, ge=1)
+    priority: int = 0  # Cohere v2: an order under load; one queue here, so only the default is served
+    user: str | None = None
+
+    @field_validator("priority")
+    @classmethod
+    def _one_priority(cls, value: int) -> int:
+        if value != 0:
+            raise ValueError("this server has one queue: only priority 0 is served")
+        return value
+
+    def texts(self) -> list[str]:
+        """The documents as texts; an empty query or list refused naming its field."""
+        if not self.query:
+            raise InvalidRequestError("query must not be empty", param="query")
+        if not self.documents:
+            raise InvalidRequestError("documents must not be an empty list", param="documents")
+        if len(self.documents) > MAX_DOCUMENTS:
+            raise InvalidRequestError(
+                f"documents holds {len(self.documents)} items; at most {MAX_DOCUMENTS}", param="documents"
+            )
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class ScoreRequest(_Closed):
+    model: str | None = None
+    text_1: str | list[str]
+    text_2: str | list[str]
+    user: str | None = None
+
+    def counted(self) -> dict[str, Any]:
+        for name in ("text_1", "text_2"):
+            value = getattr(self, name)
+            if not isinstance(value, str) and len(value) > MAX_DOCUMENTS:
+                raise InvalidRequestError(f"{name} holds {len(value)} texts; at most {MAX_DOCUMENTS}", param=name)
+        return {"text_1": self.text_1, "text_2": self.text_2}

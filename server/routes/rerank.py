@@ -1,0 +1,95 @@
+"""Relevance scores from a cross-encoder or reranker served with --task score (app/engine/scoring.py).
+
+- POST /v1/rerank, /rerank, /v2/rerank: a query against documents, answered as Cohere's (v1 and v2), Jina's and
+  vLLM's rerank APIs answer: `results` sorted by `relevance_score`, best first, each with its `index` in the request
+  and (unless return_documents is false) its `document` {"text"}; `top_n` keeps the best n; `usage.total_tokens`.
+- POST /v1/score, /score: vLLM's score API: `data` [{index, object "score", score}] in the pairs' order.
+
+Each (query, document) pair is one engine input run through the shared scheduler like an embedding; all of a
+request's pairs are aborted when the client leaves or one fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Request
+
+from lantern.app.engine import AsyncEngine, InvalidRequestError
+from lantern.app.engine.scoring import pairs_of
+from lantern.server.generation import ServerState, new_id
+from lantern.server.rerank_protocol import RerankRequest, ScoreRequest
+from lantern.server.routes.embeddings import embed_all
+
+router = APIRouter()
+
+
+def _pairs(
+    engine: AsyncEngine, pairs: list[tuple[str, str]], param: str, max_document_tokens: int | None = None
+) -> list[tuple[list[int], list[int] | None]]:
+    """Each pair's engine input, validated; an error names the item (`documents[3]`)."""
+    inputs = []
+    for i, (query, document) in enumerate(pairs):
+        try:
+            ids, types = engine.encode_pair(query, document, max_document_tokens)
+            engine.validate_embedding(ids, "score")
+        except InvalidRequestError as exc:
+            if exc.param == "input":  # (the engine's name for an input)
+                where = f"{param}[{i}]" if len(pairs) > 1 else param
+                exc.message, exc.param = exc.message.replace("input", where, 1), where
+                exc.args = (exc.message,)
+            raise
+        inputs.append((ids, types))
+    return inputs
+
+
+async def _scores(
+    state: ServerState, request: Request, pairs: list[tuple[str, str]], param: str, max_document_tokens: int | None
+) -> tuple[list[float], int]:
+    engine = state.engine
+    engine.require_task("score")
+    inputs = await asyncio.to_thread(_pairs, engine, pairs, param, max_document_tokens)
+    state.check_capacity()
+    started = time.monotonic()
+    outs = await embed_all(engine, inputs, new_id("score"), request)
+    state.metrics.e2e.observe(time.monotonic() - started)
+    return [o.score for o in outs], sum(len(ids) for ids, _ in inputs)
+
+
+@router.post("/v1/rerank")
+@router.post("/rerank")
+@router.post("/v2/rerank")
+async def rerank(body: RerankRequest, request: Request) -> dict:
+    state: ServerState = request.app.state.lantern
+    state.check_model(body.model)
+    documents = body.texts()
+    scores, tokens = await _scores(
+        state, request, [(body.query, d) for d in documents], "documents", body.max_tokens_per_doc
+    )
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n]
+    results = []
+    for i in order:
+        result: dict = {"index": i, "relevance_score": scores[i]}
+        if body.return_documents:
+            result["document"] = {"text": documents[i]}
+        results.append(result)
+    return {"id": new_id("rerank"), "model": state.model_name, "results": results, "usage": {"total_tokens": tokens}}
+
+
+@router.post("/v1/score")
+@router.post("/score")
+async def score(body: ScoreRequest, request: Request) -> dict:
+    state: ServerState = request.app.state.lantern
+    state.check_model(body.model)
+    texts = body.counted()
+    pairs = pairs_of(texts["text_1"], texts["text_2"])
+    scores, tokens = await _scores(state, request, pairs, "text_2", None)
+    return {
+        "id": new_id("score"),
+        "object": "list",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

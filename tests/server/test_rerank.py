@@ -1,0 +1,166 @@
+"""/v1/rerank, /v2/rerank, /rerank and /v1/score on a real server, on both backends: Cohere's official SDK (its v2
+client on /v2/rerank, its v1 client on /v1/rerank), Jina-shaped bodies ({"text": ...} documents) and vLLM's score
+API, for a BERT cross-encoder and a decoder's seq-cls reranker. Scores against transformers' classifiers, the
+order, top_n, return_documents, max_tokens_per_doc, usage, and the refusals: a field these APIs name but the
+server does not honour, bad values (400 naming the field), and each task refusing the others' routes."""
+
+from __future__ import annotations
+
+import cohere
+import httpx
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from tests.fixtures.tiny_encoders import build_bert
+from tests.fixtures.tiny_rerankers import build_cross_encoder, build_decoder_classifier
+from tests.server.conftest import start_server
+
+QUERY = "what does paged attention keep"
+DOCS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention keeps every sequence in fixed blocks so memory is never fragmented.",
+    "Numbers 0123456789 and caf\u00e9",
+    "def add(a, b): return a + b",
+]
+
+
+@pytest.fixture(scope="module", params=["bert", "qwen3"])
+def folder(request, tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp(request.param)
+    if request.param == "bert":
+        return str(build_cross_encoder(root, "bert", seed=3))
+    return str(build_decoder_classifier(root, "qwen3", seed=3))
+
+
+@pytest.fixture(scope="module")
+def score_server(folder, backend):
+    srv = start_server(folder, backend=backend)
+    yield srv
+    srv.stop()
+
+
+def reference(folder: str, query: str, docs: list[str]) -> np.ndarray:
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return np.array([torch.sigmoid(model(**tok(query, d, return_tensors="pt")).logits[0, 0]).item() for d in docs])
+
+
+def post(server, path: str, **body) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json={"model": "tiny", **body}, timeout=60)
+
+
+def test_cohere_v2_sdk(score_server, folder):
+    client = cohere.ClientV2(api_key="unused", base_url=score_server.base_url)
+    r = client.rerank(model="tiny", query=QUERY, documents=DOCS)
+    want = reference(folder, QUERY, DOCS)
+    assert [x.index for x in r.results] == list(np.argsort(-want))  # best first
+    np.testing.assert_allclose([x.relevance_score for x in r.results], np.sort(want)[::-1], atol=2e-5, rtol=0)
+    top = client.rerank(model="tiny", query=QUERY, documents=DOCS, top_n=2)
+    assert [x.index for x in top.results] == [x.index for x in r.results[:2]]
+
+
+def test_cohere_v1_sdk_returns_documents(score_server, folder):
+    client = cohere.Client(api_key="unused", base_url=score_server.base_url)
+    r = client.rerank(model="tiny", query=QUERY, documents=DOCS, top_n=3, return_documents=True)
+    want = reference(folder, QUERY, DOCS)
+    assert len(r.results) == 3
+    for x in r.results:
+        assert x.document.text == DOCS[x.index]
+        assert abs(x.relevance_score - want[x.index]) < 2e-5
+
+
+def test_jina_shape_and_usage(score_server):
+    tok = score_server.engine.tokenizer
+    r = post(score_server, "/v1/rerank", query=QUERY, documents=[{"text": d} for d in DOCS], return_documents=False)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "tiny" and body["id"].startswith("rerank-")
+    assert all("document" not in x for x in body["results"])
+    assert sorted(x["index"] for x in body["results"]) == [0, 1, 2, 3]
+    assert body["usage"]["total_tokens"] == sum(len(tok(QUERY, d)["input_ids"]) for d in DOCS)
+    same = post(score_server, "/rerank", query=QUERY, documents=DOCS).json()  # Jina's / vLLM's path
+    assert [x["relevance_score"] for x in same["results"]] == [x["relevance_score"] for x in body["results"]]
+
+
+def test_max_tokens_per_doc_cuts_documents(score_server, folder):
+    tok = AutoTokenizer.from_pretrained(folder)
+    cut = tok.decode(tok(DOCS[1], add_special_tokens=False)["input_ids"][:4])
+    r = post(score_server, "/v2/rerank", query=QUERY, documents=[DOCS[1]], max_tokens_per_doc=4)
+    assert r.status_code == 200, r.text
+    want = reference(folder, QUERY, [cut])[0]
+    assert abs(r.json()["results"][0]["relevance_score"] - want) < 2e-5
+
+
+def test_vllm_score_api(score_server, folder):
+    r = post(score_server, "/v1/score", text_1=QUERY, text_2=DOCS)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1, 2, 3]
+    np.testing.assert_allclose([d["score"] for d in body["data"]], reference(folder, QUERY, DOCS), atol=2e-5, rtol=0)
+    zipped = post(score_server, "/score", text_1=[QUERY, DOCS[2]], text_2=[DOCS[0], DOCS[3]]).json()["data"]
+    assert abs(zipped[0]["score"] - body["data"][0]["score"]) < 1e-6
+    assert abs(zipped[1]["score"] - reference(folder, DOCS[2], [DOCS[3]])[0]) < 2e-5
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "rank_fields": ["text"]}, "rank_fields"),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "max_chunks_per_doc": 2}, "max_chunks_per_doc"),
+        ("/v2/rerank", {"query": QUERY, "documents": DOCS, "relevant_spans": {"enabled": True}}, "relevant_spans"),
+        ("/v2/rerank", {"query": QUERY, "documents": DOCS, "priority": 3}, "priority"),
+        ("/v1/rerank", {"query": QUERY, "documents": []}, "documents"),
+        ("/v1/rerank", {"query": "", "documents": DOCS}, "query"),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 0}, "top_n"),
+        ("/v1/rerank", {"query": QUERY, "documents": [{"title": "x"}]}, "documents"),
+        ("/v1/rerank", {"query": QUERY * 40, "documents": DOCS}, "query"),
+        ("/v1/score", {"text_1": [QUERY, QUERY], "text_2": DOCS}, "text_2"),
+        ("/v1/score", {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
+    ],
+    ids=[
+        "rank_fields",
+        "chunks",
+        "spans",
+        "priority",
+        "no-docs",
+        "no-query",
+        "top_n",
+        "doc-shape",
+        "long",
+        "lists",
+        "tpt",
+    ],
+)
+def test_bad_requests_name_the_field(score_server, path, body, param):
+    r = post(score_server, path, **body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] is not None and err["param"].startswith(param), err
+    assert score_server.engine.dead_reason is None
+
+
+def test_other_routes_name_the_task(score_server):
+    for path, body in (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+        ("/v1/embeddings", {"input": "hi"}),
+    ):
+        r = post(score_server, path, **body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "wrong_task" and "serves relevance scores" in err["message"], err
+
+
+def test_generation_and_embedding_servers_refuse_rerank(server, tmp_path, backend):
+    r = post(server, "/v1/rerank", query=QUERY, documents=DOCS)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_task"
+    embed = start_server(str(build_bert(tmp_path / "embed", "mean")), backend=backend)
+    try:
+        r = post(embed, "/v1/score", text_1=QUERY, text_2=DOCS)
+        assert r.status_code == 400
+        assert "serves embeddings" in r.json()["error"]["message"] and "--task score" in r.json()["error"]["message"]
+    finally:
+        embed.stop()
