@@ -120,6 +120,7 @@ class Embedder:
         self.engine = engine
         self.finish = finish
         self.size = size
+        self.pair_template: str | None = None  # task score: a prompt reranker's text around each pair
         self.pending: dict[str, _Pending] = {}
         if engine.model_config.encoder is not None:
             cfg = engine.scheduler.config
@@ -232,8 +233,10 @@ def make_embedder(engine: Any, spec: ModelSpec, task: str, pooling: str) -> Embe
     if task == "score":
         from lantern.app.models.score_head import load_score_head
 
-        head = load_score_head(spec)
-        return Embedder(head.pooling, engine, head, head.num_labels)
+        head = load_score_head(spec, engine.tokenizer)
+        embedder = Embedder(head.pooling, engine, head, head.num_labels)
+        embedder.pair_template = head.template
+        return embedder
     from lantern.app.models.pooling import embedding_folder
     from lantern.app.models.st_dense import dense_layers, gguf_dense_layers
 

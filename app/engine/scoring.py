@@ -3,7 +3,8 @@ its classifier head (app/models/score_head.py) gives the pair's score.
 
 Each pair is tokenized as the model's tokenizer encodes a text pair (BERT: [CLS] query [SEP] document [SEP] with
 token types 0 then 1; XLM-RoBERTa: <s> query </s></s> document </s>), as sentence-transformers' CrossEncoder and
-transformers do, and runs through the embedding side (app/engine/embedding.py) like any input. A pair longer than
+transformers do, or, for a prompt reranker (Qwen3-Reranker), put into its prompt template and tokenized whole; it
+runs through the embedding side (app/engine/embedding.py) like any input. A pair longer than
 the model's context loses tokens from the end of its document (the query is kept whole), as Cohere's and Jina's
 rerank APIs truncate long documents (sentence-transformers' CrossEncoder cuts the longer of the two); a query that
 leaves no room is refused. `max_document_tokens` cuts the document first (Cohere's max_tokens_per_doc).
@@ -26,6 +27,35 @@ def _too_long(limit: int) -> InvalidRequestError:
     )
 
 
+def _cut(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """text up to the end of its max_tokens-th token (the tokenizer's offsets; no special tokens)."""
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if len(offsets) <= max_tokens:
+        return text
+    return text[: offsets[max_tokens - 1][1]] if max_tokens > 0 else ""
+
+
+def _templated(engine: Any, template: str, query: str, document: str, max_document_tokens: int | None) -> list[int]:
+    """A prompt reranker's ids: the template with the pair in place, tokenized whole as its model card does; a
+    document past the context cut at one of its own token boundaries (offsets) and the text tokenized again."""
+    tokenizer, limit = engine.tokenizer, engine.max_model_len
+    before, after = (part.replace("{query}", query) for part in template.split("{document}", 1))
+    if max_document_tokens is not None:
+        document = _cut(tokenizer, document, max_document_tokens)
+    for _ in range(4):  # a cut re-tokenizes to its tokens; a merge across the cut may need one more round
+        enc = tokenizer(before + document + after, add_special_tokens=False, return_offsets_mapping=True)
+        over = len(enc["input_ids"]) - limit
+        if over <= 0:
+            return list(enc["input_ids"])
+        start, end = len(before), len(before) + len(document)
+        inside = [(a, b) for a, b in enc["offset_mapping"] if a >= start and b <= end and b > a]
+        keep = len(inside) - over
+        if keep < 1:
+            raise _too_long(limit)
+        document = document[: inside[keep - 1][1] - start]
+    raise _too_long(limit)
+
+
 def tokenize_pair(
     engine: Any, query: str, document: str, max_document_tokens: int | None = None
 ) -> tuple[list[int], list[int] | None]:
@@ -37,6 +67,9 @@ def tokenize_pair(
     (tokenizers' post_process): exact cuts, and no use of the tokenizer's truncation option, which is state on the
     shared tokenizer (set by one caller it would truncate another thread's prompt)."""
     tokenizer, limit = engine.tokenizer, engine.max_model_len
+    template = getattr(engine.embedder, "pair_template", None)
+    if template is not None:  # a prompt reranker (Qwen3-Reranker): one text, no segments
+        return _templated(engine, template, query, document, max_document_tokens), None
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # (a slow tokenizer: no cut, the pair as it encodes)
         enc = tokenizer(query, document)

@@ -11,10 +11,11 @@ vocabulary as T5's, without <s>), so it is rebuilt here with the `tokenizers` li
 - `bert` (WordPiece): the converter stored each piece in "phantom space" form (a word's first piece as
   "\u2581piece", a continuation without its "##"), undone here; BERT's normalizer with llama.cpp's reading of
   tokenizer.ggml.normalizer.lowercase / strip_accents (both true when absent), BERT's pre-tokenizer, and
-  [CLS] text [SEP] from the file's bos / separator ids.
+  [CLS] text [SEP] from the file's bos / separator ids ([CLS] A [SEP] B [SEP] for a pair, B in segment 1).
 - `t5` (Unigram, XLM-R): the pieces and scores as stored, the file's precompiled_charsmap as the normalizer,
   words split at whitespace (remove_extra_whitespaces: no empty pieces) then Metaspace with the file's
-  add_space_prefix, and <s> text </s> as add_bos_token / add_eos_token say — XLM-R's own tokenizer.json.
+  add_space_prefix, and <s> text </s> as add_bos_token / add_eos_token say (<s> A </s></s> B </s> for a pair) —
+  XLM-R's own tokenizer.json.
 """
 
 from __future__ import annotations
@@ -167,9 +168,16 @@ def encoder_tokenizer(path: Path) -> Any:
     else:
         raise UnsupportedModelError(f"{path.name}: tokenizer.ggml.model={kind!r} in a bert GGUF is not implemented")
     ends = ([(tokens[first], first)] if add_first else []), ([(tokens[last], last)] if add_last else [])
-    template = " ".join([*(t for t, _ in ends[0]), "$A", *(t for t, _ in ends[1])])
+    head, tail = [t for t, _ in ends[0]], [t for t, _ in ends[1]]
+    template = " ".join([*head, "$A", *tail])
+    # A pair (a cross-encoder's query and document) as the model's own tokenizer joins one: BERT's [CLS] A [SEP]
+    # B [SEP] with B's segment 1; XLM-R's <s> A </s></s> B </s>.
+    if kind == "bert":
+        pair = " ".join([*head, "$A", *tail, "$B:1", *(f"{t}:1" for t in tail)])
+    else:
+        pair = " ".join([*head, "$A", *tail, *tail, "$B", *tail])
     tok.post_processor = processors.TemplateProcessing(
-        single=template, special_tokens=list(dict(ends[0] + ends[1]).items())
+        single=template, pair=pair, special_tokens=list(dict(ends[0] + ends[1]).items())
     )
     control = [t for t, typ in zip(tokens, types) if typ == _CONTROL]
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)

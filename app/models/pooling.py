@@ -6,7 +6,7 @@ The pooling is the folder's sentence-transformers Pooling module (1_Pooling/conf
 has one, else last-token for a decoder (Qwen3-Embedding, e5-mistral) and mean for an encoder.
 A GGUF file says both in `{arch}.pooling_type`, which llama.cpp's converter writes from that
 Pooling module (Qwen3-Embedding and EmbeddingGemma GGUFs): mean, cls or last serve embeddings;
-rank (a reranker's classification head) is refused.
+rank (a reranker's classification head: bge-reranker, Qwen3-Reranker) serves scores.
 Dense projections after the pooling are applied (st_dense.py); modules that would change the vectors in ways
 Lantern does not compute (max pooling, instructions excluded from the mean) are refused naming the key.
 A cross-encoder (XxxForSequenceClassification) serves scores: its head says the pooling (score_head.py).
@@ -82,10 +82,12 @@ def sentence_transformers_pooling(folder: Path) -> str | None:
 
 # llama.cpp's enum llama_pooling_type (gguf.PoolingType): NONE 0, MEAN 1, CLS 2, LAST 3, RANK 4.
 _GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
+_GGUF_RANK = 4  # a reranker: its classifier head gives scores (--task score, score_head.py)
 
 
 def gguf_pooling(spec: ModelSpec) -> str | None:
-    """The pooling a GGUF file's metadata declares (None: not a GGUF file, or no pooling stated)."""
+    """The pooling a GGUF file's metadata declares (None: not a GGUF file, or no pooling stated; "rank": a
+    reranker, served for scores)."""
     if spec.weight_format != "gguf" or not spec.weight_files:
         return None
     from lantern.app.models.gguf_names import read_gguf_index
@@ -95,9 +97,10 @@ def gguf_pooling(spec: ModelSpec) -> str | None:
     value = index.metadata.get(key)
     if value is None or int(value) == 0:
         return None
+    if int(value) == _GGUF_RANK:
+        return "rank"
     if int(value) not in _GGUF_POOLING:
-        why = " (rank: a reranker's scores)" if int(value) == 4 else ""
-        raise UnsupportedModelError(f"{key}={value} in {spec.weight_files[0].name} is not implemented{why}")
+        raise UnsupportedModelError(f"{key}={value} in {spec.weight_files[0].name} is not implemented")
     return _GGUF_POOLING[int(value)]
 
 
@@ -125,11 +128,13 @@ def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | N
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}")
     folder = embedding_folder(spec)
     encoder = spec.config.encoder is not None
-    from_gguf = gguf_pooling(spec) if task not in ("generate", "score") else None
+    from_gguf = gguf_pooling(spec) if task != "generate" else None
     if task == "auto":
-        architectures = _architectures(folder)
-        if any(a.endswith("ForSequenceClassification") for a in architectures):
+        from lantern.app.models.score_head import is_reranker
+
+        if from_gguf == "rank" or is_reranker(spec, _architectures(folder)):
             return _score_task(pooling, spec)
+        architectures = _architectures(folder)
         st_folder = folder is not None and (folder / "modules.json").is_file()
         named = any("Embedding" in a for a in architectures)
         task = "embed" if encoder or st_folder or named or from_gguf else "generate"
@@ -143,6 +148,8 @@ def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | N
         if pooling != "auto":
             raise ValueError("--pooling applies to embeddings (--task embed) only")
         return "generate", None
+    if from_gguf == "rank":
+        raise ValueError(f"{spec.name} is a reranker (pooling_type rank): it serves scores (--task score)")
     declared = sentence_transformers_pooling(folder) if folder else from_gguf
     if pooling == "auto":
         pooling = declared or ("mean" if encoder else "last")

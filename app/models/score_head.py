@@ -18,7 +18,9 @@ one or two [H, H] products per input next to the forward pass. The heads, as tra
 The score is the logit through the activation sentence-transformers' CrossEncoder applies: the one config.json names
 (`sentence_transformers.activation_fn`, or the older `sbert_ce_default_activation_function`), else a sigmoid for
 one label, as CrossEncoder and vLLM do. A head with more than one label classifies rather than scores, and is
-refused for --task score naming its labels.
+refused for --task score naming its labels. Two more sources give the same one-row head: Qwen3-Reranker as
+released (qwen3_reranker.py: its LM head's "yes" row less its "no" row, after its prompt template) and reranker
+GGUF files (gguf_score_head.py).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def head_pooling(spec: ModelSpec) -> str:
     "mean") or "last" (decoders)."""
     if spec.config.encoder is None:
         return "last"
+    if spec.weight_format == "gguf":
+        return "cls"
     cfg = _read_config(spec)
     if cfg.get("model_type") == "modernbert":
         pooling = cfg.get("classifier_pooling", "cls")
@@ -134,6 +138,9 @@ class ScoreHead:
     steps: list[Callable[[np.ndarray], np.ndarray]]
     num_labels: int
     activation: str  # "sigmoid" | "identity" | "tanh"
+    # A prompt reranker's (Qwen3-Reranker) text around each pair, with {query} and {document}; None: the
+    # tokenizer's own pair encoding (cross-encoders)
+    template: str | None = None
 
     def __call__(self, pooled: np.ndarray) -> np.ndarray:
         x = np.asarray(pooled, dtype=np.float64)
@@ -200,14 +207,46 @@ def _steps(cfg: dict[str, Any], model_type: str, tensors: _Tensors, decoder: boo
     raise UnsupportedModelError(f"{model_type} sequence classifiers are not implemented")
 
 
-def load_score_head(spec: ModelSpec) -> ScoreHead:
-    """The head of the folder's XxxForSequenceClassification checkpoint, for --task score."""
+def is_reranker(spec: ModelSpec, architectures: list[str]) -> bool:
+    """A checkpoint that serves scores by default: a cross-encoder (XxxForSequenceClassification) or a released
+    Qwen3-Reranker (a causal LM: qwen3_reranker.py)."""
+    from lantern.app.models.qwen3_reranker import is_qwen3_reranker
+
+    return any(str(a).endswith(CLASSIFIER_SUFFIX) for a in architectures) or is_qwen3_reranker(spec)
+
+
+def _gguf_head(spec: ModelSpec) -> ScoreHead:
+    from lantern.app.models.gguf_score_head import gguf_head_parts
+
+    parts, template = gguf_head_parts(spec)
+    steps = [np.tanh if part == "tanh" else Linear(*part) for part in parts]  # type: ignore[misc]
+    pooling = "cls" if spec.config.encoder is not None else "last"
+    logger.info("task: scores from the GGUF file's reranker head (%s pooling, sigmoid)", pooling)
+    return ScoreHead(pooling, steps, 1, "sigmoid", template)
+
+
+def _yes_no_head(spec: ModelSpec, tokenizer: Any) -> ScoreHead:
+    from lantern.app.models.qwen3_reranker import TEMPLATE, yes_no_row
+
+    row = yes_no_row(spec, tokenizer)
+    logger.info("task: scores as Qwen3-Reranker's P(yes) against P(no) at the prompt's last token")
+    return ScoreHead("last", [Linear(row[None, :], None)], 1, "sigmoid", TEMPLATE)
+
+
+def load_score_head(spec: ModelSpec, tokenizer: Any) -> ScoreHead:
+    """The checkpoint's score head for --task score: a XxxForSequenceClassification folder's, a reranker GGUF's, or
+    a Qwen3-Reranker's yes / no rows."""
+    if spec.weight_format == "gguf":
+        return _gguf_head(spec)
     cfg = _read_config(spec)
     arch = classifier_architecture(cfg)
+    if arch is None and spec.config.encoder is None and spec.config.architecture == "qwen3":
+        return _yes_no_head(spec, tokenizer)  # (--task score on a qwen3 causal LM: Qwen3-Reranker's format)
     if arch is None:
         names = ", ".join(cfg.get("architectures") or []) or "none"
         raise UnsupportedModelError(
-            f"--task score needs a cross-encoder or reranker ({CLASSIFIER_SUFFIX}); the folder's architectures: {names}"
+            f"--task score needs a cross-encoder ({CLASSIFIER_SUFFIX}) or a Qwen3-Reranker; the folder's "
+            f"architectures: {names}"
         )
     tensors = _Tensors(spec.weight_files)
     try:

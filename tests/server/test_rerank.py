@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from tests.fixtures.tiny_encoders import build_bert
-from tests.fixtures.tiny_rerankers import build_cross_encoder, build_decoder_classifier
+from tests.fixtures.tiny_rerankers import build_cross_encoder, build_decoder_classifier, build_qwen3_reranker
 from tests.server.conftest import start_server
 
 QUERY = "what does paged attention keep"
@@ -26,11 +26,13 @@ DOCS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["bert", "qwen3"])
+@pytest.fixture(scope="module", params=["bert", "qwen3", "qwen3-reranker"])
 def folder(request, tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp(request.param)
     if request.param == "bert":
         return str(build_cross_encoder(root, "bert", seed=3))
+    if request.param == "qwen3-reranker":  # Qwen3-Reranker as released: a causal LM's yes / no after its prompt
+        return str(build_qwen3_reranker(root / "Qwen3-Reranker-tiny", seed=3))
     return str(build_decoder_classifier(root, "qwen3", seed=3))
 
 
@@ -43,6 +45,10 @@ def score_server(folder, backend):
 
 def reference(folder: str, query: str, docs: list[str]) -> np.ndarray:
     tok = AutoTokenizer.from_pretrained(folder)
+    if "Reranker" in folder:
+        from tests.models.test_rerankers import prompt_ids, yes_probability
+
+        return np.array(yes_probability(folder, [prompt_ids(folder, query, d) for d in docs]))
     model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         return np.array([torch.sigmoid(model(**tok(query, d, return_tensors="pt")).logits[0, 0]).item() for d in docs])
@@ -72,15 +78,22 @@ def test_cohere_v1_sdk_returns_documents(score_server, folder):
         assert abs(x.relevance_score - want[x.index]) < 2e-5
 
 
-def test_jina_shape_and_usage(score_server):
-    tok = score_server.engine.tokenizer
+def pair_ids(folder: str, query: str, doc: str) -> list[int]:
+    if "Reranker" in folder:
+        from tests.models.test_rerankers import prompt_ids
+
+        return prompt_ids(folder, query, doc)
+    return AutoTokenizer.from_pretrained(folder)(query, doc)["input_ids"]
+
+
+def test_jina_shape_and_usage(score_server, folder):
     r = post(score_server, "/v1/rerank", query=QUERY, documents=[{"text": d} for d in DOCS], return_documents=False)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == "tiny" and body["id"].startswith("rerank-")
     assert all("document" not in x for x in body["results"])
     assert sorted(x["index"] for x in body["results"]) == [0, 1, 2, 3]
-    assert body["usage"]["total_tokens"] == sum(len(tok(QUERY, d)["input_ids"]) for d in DOCS)
+    assert body["usage"]["total_tokens"] == sum(len(pair_ids(folder, QUERY, d)) for d in DOCS)
     same = post(score_server, "/rerank", query=QUERY, documents=DOCS).json()  # Jina's / vLLM's path
     assert [x["relevance_score"] for x in same["results"]] == [x["relevance_score"] for x in body["results"]]
 
