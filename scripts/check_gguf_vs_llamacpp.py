@@ -8,6 +8,7 @@ Lantern's tokens, one token per request so that llama.cpp's UTF-8 buffering cann
 argmax and its log-probability from both. A differing argmax whose two candidates are closer than --tie in
 Lantern is a tie (llama.cpp's GELU table and f16 paths move values by ~1e-3), anything else a difference.
 Tokenizers: each tokenizer.ggml.pre name of gguf_pretokenize.SPLITS against llama-server's /tokenize.
+Rerankers (--rerankers): llama-server --reranking's /v1/rerank scores on the tests' reranker GGUFs.
 
   python scripts/check_gguf_vs_llamacpp.py --server PATH/TO/llama-server            # every family
   python scripts/check_gguf_vs_llamacpp.py --server ... --only glm4 mamba --steps 24
@@ -65,9 +66,9 @@ def families() -> dict[str, Callable[[Path], Path]]:
 
 
 class Server:
-    def __init__(self, binary: str, model: Path, port: int, log: Path):
+    def __init__(self, binary: str, model: Path, port: int, log: Path, extra: tuple[str, ...] = ()):
         self.url = f"http://127.0.0.1:{port}"
-        args = [binary, "-m", str(model), "--port", str(port), "-c", "512", "-t", "1", "--temp", "0"]
+        args = [binary, "-m", str(model), "--port", str(port), "-c", "512", "-t", "1", "--temp", "0", *extra]
         self.log = log
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
 
@@ -156,6 +157,72 @@ def check_tokenizers(args: argparse.Namespace, root: Path) -> None:
             server.stop()
 
 
+RERANK_QUERY = "what does paged attention keep"
+RERANK_DOCS = [
+    "Paged attention keeps every sequence in fixed blocks so memory is never fragmented.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Numbers 0123456789",
+]
+
+
+def rerankers(root: Path) -> dict[str, Path]:
+    """The tests' reranker GGUFs: bge-reranker's XLM-R (f32, Q8_0), Qwen3-Reranker (tests/models/test_rerankers.py)."""
+    from transformers import AutoTokenizer
+
+    from lantern.app.models.qwen3_reranker import TEMPLATE
+    from tests.fixtures.gguf_encoders import convert_encoder_to_gguf
+    from tests.fixtures.gguf_families import convert_to_gguf
+    from tests.fixtures.tiny_rerankers import build_cross_encoder, build_qwen3_reranker
+
+    xlmr = build_cross_encoder(root / "xlmr", "xlm-roberta", seed=4, max_position_embeddings=258)
+    out = {f"xlmr-{t}": convert_encoder_to_gguf(xlmr, root / f"xlmr-{t}", t)[0] for t in ("f32", "q8_0")}
+    qwen = build_qwen3_reranker(root / "Qwen3-Reranker-tiny", seed=2, tie=True)
+    tok = AutoTokenizer.from_pretrained(qwen)
+    rows = (tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no"))
+    out["qwen3-reranker"] = convert_to_gguf(qwen, root / "qwen3", "f32", rerank={"rows": rows, "template": TEMPLATE})[0]
+    return out
+
+
+def check_rerankers(args: argparse.Namespace, root: Path) -> None:
+    """llama-server --reranking's /v1/rerank scores against Lantern's: its raw logit for a cross-encoder (Lantern's
+    sigmoid undone), P(yes) for Qwen3-Reranker; and, for the prompt reranker, Lantern's score on llama.cpp's own
+    tokens of the prompt (the tests' byte-level BPE is written with pre "default", which llama.cpp splits by its own
+    regex, unlike the tokenizer the file came from: a fixture's difference, not a real Qwen3 file's)."""
+    import math
+
+    from lantern.app.engine import LLM
+    from lantern.app.engine.embedding import run_offline
+    from lantern.app.engine.scoring import tokenize_pair
+
+    for name, path in rerankers(root / "rerankers").items():
+        server = Server(args.server, path, args.port, root / f"{name}.log", ("--reranking", "-ub", "512"))
+        try:
+            refused = server.wait()
+            if refused:
+                print(f"reranker {name}: refused by llama.cpp: {refused}")
+                continue
+            reply = server.post("/v1/rerank", {"query": RERANK_QUERY, "documents": RERANK_DOCS})
+            theirs = [s for _, s in sorted((r["index"], r["relevance_score"]) for r in reply["results"])]
+            llm = LLM(model=str(path), backend=args.backend, dtype="float32")
+            ours = [o.score for o in llm.score(RERANK_QUERY, RERANK_DOCS)]
+            note = ""
+            if name.startswith("xlmr"):
+                ours = [math.log(p / (1 - p)) for p in ours]
+            else:
+                template = llm.engine.embedder.pair_template
+                texts = [template.replace("{query}", RERANK_QUERY).replace("{document}", d) for d in RERANK_DOCS]
+                body = {"add_special": False, "parse_special": True}
+                tokens = [server.post("/tokenize", {"content": t, **body})["tokens"] for t in texts]
+                same = sum(t == tokenize_pair(llm.engine, RERANK_QUERY, d)[0] for t, d in zip(tokens, RERANK_DOCS))
+                on_theirs = run_offline(llm.engine, llm.engine.embedder, [(t, None) for t in tokens])
+                gap = max(abs(o.score - s) for o, s in zip(on_theirs, theirs))
+                note = f"; {same}/{len(tokens)} prompts tokenized alike, gap {gap:.2e} on llama.cpp's tokens"
+            gap = max(abs(a - b) for a, b in zip(ours, theirs))
+            print(f"reranker {name}: largest score gap {gap:.2e} over {len(RERANK_DOCS)} documents{note}", flush=True)
+        finally:
+            server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", required=True, help="a llama-server binary")
@@ -165,10 +232,14 @@ def main() -> None:
     parser.add_argument("--backend", default="torch", choices=["torch", "mlx"])
     parser.add_argument("--port", type=int, default=18190)
     parser.add_argument("--no-tokenizers", action="store_true")
+    parser.add_argument("--rerankers", action="store_true", help="only the reranker GGUFs' scores")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gguf-vs-llamacpp-"))
     os.environ.setdefault("LANTERN_CACHE", str(root / "cache"))
     try:
+        if args.rerankers:
+            check_rerankers(args, root)
+            return
         for name, make in families().items():
             if args.only and name not in args.only:
                 continue

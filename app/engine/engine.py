@@ -15,7 +15,14 @@ from lantern.app.engine.batch import build_batch
 from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.chat_encoding import encode_chat
 from lantern.app.engine.contract import ScheduledBatch, StepOutput
-from lantern.app.engine.embedding import EmbeddingOutput, embed_offline, embedding_task, make_embedder, wrong_task
+from lantern.app.engine.embedding import (
+    ENCODER_STEP_TOKENS,
+    EmbeddingOutput,
+    embed_offline,
+    embedding_task,
+    make_embedder,
+    wrong_task,
+)
 from lantern.app.engine.errors import EngineDeadError, InvalidRequestError
 from lantern.app.engine.kv_sizing import plan_kv_cache
 from lantern.app.engine.metrics import EngineStats
@@ -79,6 +86,8 @@ class LLMEngine:
             # Every running sequence's decode token always fits a step: a smaller budget would leave
             # the newest ones waiting behind the oldest (vLLM refuses such a budget).
             budget = max(self.backend.default_step_tokens, config.max_num_seqs)
+            if pooling is not None and self.model_config.encoder is not None:
+                budget = max(budget, ENCODER_STEP_TOKENS)  # no decode to keep fast: batch as sentence-transformers
             self.config = config = dataclasses.replace(config, max_num_batched_tokens=budget)
             logger.info("%d tokens per step at most (--max-num-batched-tokens)", budget)
         self.vocab_size = info.vocab_size

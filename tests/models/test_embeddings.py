@@ -252,7 +252,9 @@ def test_gguf_pooling_type_serves_embeddings(qwen3_gguf, backend, tmp_path, monk
         np.testing.assert_allclose(out.embedding, want, atol=1e-4, rtol=0)
 
 
-def test_gguf_rank_pooling_is_refused(tmp_path, monkeypatch):
+def test_gguf_rank_pooling_serves_scores(tmp_path, monkeypatch):
+    """RANK pooling is a reranker's (tests/models/test_rerankers.py): scores by default, embeddings refused; a file
+    stating it without the head's tensors is refused naming the tensor."""
     import gguf
 
     from tests.fixtures.gguf_families import convert_to_gguf
@@ -262,8 +264,11 @@ def test_gguf_rank_pooling_is_refused(tmp_path, monkeypatch):
     path, _ = convert_to_gguf(
         build_model("qwen3", tmp_path / "hf"), tmp_path, "f32", pooling_type=int(gguf.PoolingType.RANK)
     )
-    with pytest.raises(UnsupportedModelError, match=r"qwen3\.pooling_type=4 .*rank"):
-        resolve_task("auto", "auto", _spec(str(path)))
+    assert resolve_task("auto", "auto", _spec(str(path))) == ("score", "last")
+    with pytest.raises(ValueError, match=r"reranker \(pooling_type rank\)"):
+        resolve_task("embed", "auto", _spec(str(path)))
+    with pytest.raises(UnsupportedModelError, match=r"without its cls\.output tensor"):
+        LLM(model=str(path), backend="torch", dtype="float32")
 
 
 # ---- sentence-transformers Dense modules after the pooling -----------------------------------------
