@@ -81,11 +81,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--isq", default=None, choices=["q4", "q8", "fp8"], help=isq_help)
     task_help = (
-        "serve text generation, embeddings (/v1/embeddings) or relevance scores (/v1/rerank, /v1/score); "
-        "default: score for cross-encoders (*ForSequenceClassification), embed for sentence-transformers "
-        "folders, *Embedding* architectures and BERT"
+        "serve text generation, embeddings (/v1/embeddings), relevance scores (/v1/rerank, /v1/score) or "
+        "classes (/classify); default: score for cross-encoders and rerankers, classify for sequence "
+        "classifiers of several labels, embed for sentence-transformers folders, *Embedding* architectures and BERT"
     )
-    p.add_argument("--task", default="auto", choices=["auto", "generate", "embed", "score"], help=task_help)
+    tasks = ["auto", "generate", "embed", "score", "classify"]
+    p.add_argument("--task", default="auto", choices=tasks, help=task_help)
     pooling_help = "embeddings' pooling (default: the folder's 1_Pooling, else last token; mean for BERT)"
     p.add_argument("--pooling", default="auto", choices=["auto", "last", "mean", "cls"], help=pooling_help)
     p.add_argument("--log", default="info", choices=["debug", "info", "warning", "error"], help="log level")

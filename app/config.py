@@ -45,7 +45,7 @@ class EngineConfig:
     prefix_cache_states: int | None = None
     chat_template: str | None = None  # overrides the model's template
     quantization: str | None = None  # "q4" | "q8": in-situ quantization of float weights (--isq)
-    task: str = "auto"  # "generate" | "embed" | "score" | "auto": the model folder's (app/models/pooling.py)
+    task: str = "auto"  # "generate" | "embed" | "score" | "classify" | "auto": the folder's (app/models/pooling.py)
     pooling: str = "auto"  # embeddings: "last" | "mean" | "cls" | "auto": the folder's, else by architecture
     backend_options: BackendOptions = field(default_factory=BackendOptions)  # passed to the backend as is
 
@@ -75,8 +75,8 @@ class EngineConfig:
                 raise ValueError(f"{name} has an invalid value: {getattr(self, name)!r}")
         if self.quantization not in (None, "q4", "q8", "fp8"):
             raise ValueError(f"quantization must be q4, q8 or fp8; got {self.quantization!r}")
-        if self.task not in ("auto", "generate", "embed", "score"):
-            raise ValueError(f"task must be auto, generate, embed or score; got {self.task!r}")
+        if self.task not in ("auto", "generate", "embed", "score", "classify"):
+            raise ValueError(f"task must be auto, generate, embed, score or classify; got {self.task!r}")
         if self.pooling not in ("auto", "last", "mean", "cls"):
             raise ValueError(f"pooling must be auto, last, mean or cls; got {self.pooling!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):

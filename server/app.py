@@ -26,7 +26,7 @@ from lantern.app.engine import AsyncEngine
 from lantern.server.errors import error_response, error_response_for, install_error_handlers
 from lantern.server.generation import ServerState
 from lantern.server.metrics import ServerMetrics
-from lantern.server.routes import admin, chat, completions, embeddings, messages, models, rerank, responses
+from lantern.server.routes import admin, chat, classify, completions, embeddings, messages, models, rerank, responses
 from lantern.server.tenancy import ANONYMOUS, SCOPE_KEY, TenantKeys
 
 OPEN_PATHS = {"/health"}
@@ -263,7 +263,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> F
             allow_headers=["*"],
             max_age=600,
         )
-    for module in (chat, completions, embeddings, rerank, models, admin):
+    for module in (chat, completions, embeddings, rerank, classify, models, admin):
         app.include_router(module.router)
     app.include_router(responses.router)  # POST /v1/responses, GET/DELETE /v1/responses/{id}
     app.include_router(messages.router)  # Anthropic: POST /v1/messages, /v1/messages/count_tokens

@@ -80,7 +80,7 @@ class AsyncEngine:
 
     @property
     def task(self) -> str:
-        """What this model serves, "generate", "embed" or "score" (the others' requests get a 400)."""
+        """What this model serves, "generate", "embed", "score" or "classify" (the others' requests get a 400)."""
         return self._engine.task
 
     @property
@@ -88,6 +88,12 @@ class AsyncEngine:
         """Length of the vectors embed() returns (the hidden size, or the last Dense module's width)."""
         embedder = self._engine.embedder
         return embedder.size if embedder is not None else self._engine.model_config.hidden_size
+
+    @property
+    def labels(self) -> list[str]:
+        """A classifier's labels in id order (task classify; empty otherwise)."""
+        embedder = self._engine.embedder
+        return list(embedder.labels or []) if embedder is not None else []
 
     @property
     def dead_reason(self) -> str | None:

@@ -49,11 +49,18 @@ ENCODER_STEP_TOKENS = 8192
 class EmbeddingOutput:
     request_id: str
     # float32 [Embedder.size]: the L2-normalized vector (task embed) or the classifier head's activated
-    # logits (task score: [1], the relevance score); None when aborted or failed
+    # logits (task score: [1], the relevance score; task classify: one probability per label); None when
+    # aborted or failed
     embedding: np.ndarray | None
     num_prompt_tokens: int
     finished: bool = True
     error: str | None = None  # set when the engine failed this input
+
+    @property
+    def probs(self) -> list[float]:
+        """A classifier's probabilities, one per label (task classify)."""
+        assert self.embedding is not None, "no probabilities: the input was aborted or failed"
+        return [float(p) for p in self.embedding]
 
     @property
     def score(self) -> float:
@@ -68,11 +75,14 @@ def wrong_task(served: str, model: str, wanted: str = "embed") -> InvalidRequest
         why = f"this server serves embeddings with {model} (task embed): use /v1/embeddings"
     elif served == "score":
         why = f"this server serves relevance scores with {model} (task score): use /v1/rerank or /v1/score"
+    elif served == "classify":
+        why = f"this server serves classification with {model} (task classify): use /classify"
     else:
         why = f"this server serves text generation with {model} (task generate)"
     needs = {
         "embed": "embeddings need a model served with --task embed",
         "score": "scores need a cross-encoder or reranker served with --task score",
+        "classify": "classification needs a sequence classifier served with --task classify",
         "generate": "text generation needs a model served with --task generate",
     }[wanted]
     return InvalidRequestError(f"{why}; {needs}", param="model", code="wrong_task")
@@ -125,6 +135,7 @@ class Embedder:
         self.finish = finish
         self.size = size
         self.pair_template: str | None = None  # task score: a prompt reranker's text around each pair
+        self.labels: list[str] | None = None  # task classify: the classifier's labels, in id order
         self.pending: dict[str, _Pending] = {}
         if engine.model_config.encoder is not None:
             cfg = engine.scheduler.config
@@ -234,12 +245,12 @@ class Embedder:
 def make_embedder(engine: Any, spec: ModelSpec, task: str, pooling: str) -> Embedder:
     """The engine's Embedder for task embed (the folder's Dense projections, then the L2 norm) or score (the
     checkpoint's classifier head)."""
-    if task == "score":
+    if task in ("score", "classify"):
         from lantern.app.models.score_head import load_score_head
 
-        head = load_score_head(spec, engine.tokenizer)
+        head = load_score_head(spec, engine.tokenizer, task)
         embedder = Embedder(head.pooling, engine, head, head.num_labels)
-        embedder.pair_template = head.template
+        embedder.pair_template, embedder.labels = head.template, head.labels
         return embedder
     from lantern.app.models.pooling import embedding_folder
     from lantern.app.models.st_dense import dense_layers, gguf_dense_layers

@@ -9,7 +9,8 @@ Pooling module (Qwen3-Embedding and EmbeddingGemma GGUFs): mean, cls or last ser
 rank (a reranker's classification head: bge-reranker, Qwen3-Reranker) serves scores.
 Dense projections after the pooling are applied (st_dense.py); modules that would change the vectors in ways
 Lantern does not compute (max pooling, instructions excluded from the mean) are refused naming the key.
-A cross-encoder (XxxForSequenceClassification) serves scores: its head says the pooling (score_head.py).
+A cross-encoder (XxxForSequenceClassification) serves scores, a classifier of several labels classes: its head says
+the pooling (score_head.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from lantern.app.models.spec import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("auto", "generate", "embed", "score")
+TASKS = ("auto", "generate", "embed", "score", "classify")
 POOLINGS = ("auto", "last", "mean", "cls")
 # sentence-transformers' Pooling config keys -> Lantern's pooling; the other modes are refused.
 _ST_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
@@ -109,18 +110,21 @@ def _architectures(folder: Path | None) -> list[str]:
     return list(_read_json(cfg_file).get("architectures") or []) if cfg_file and cfg_file.is_file() else []
 
 
-def _score_task(pooling: str, spec: ModelSpec) -> tuple[str, str]:
-    from lantern.app.models.score_head import head_pooling
+def _score_task(pooling: str, spec: ModelSpec, task: str = "score") -> tuple[str, str]:
+    """("score" or "classify", the pooling its head reads); auto: "classify" for a head of several labels."""
+    from lantern.app.models.score_head import head_pooling, label_count
 
+    if task == "auto":
+        task = "classify" if label_count(spec) > 1 else "score"
     if pooling != "auto":
         raise ValueError(
             "--pooling applies to embeddings (--task embed); a score head reads the state it was trained on"
         )
-    return "score", head_pooling(spec)
+    return task, head_pooling(spec)
 
 
 def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | None]:
-    """(task, pooling) for the model: "generate" with pooling None, or "embed" / "score" with one of
+    """(task, pooling) for the model: "generate" with pooling None, or "embed" / "score" / "classify" with one of
     last / mean / cls. task and pooling may be "auto" (the folder's defaults)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}; got {task!r}")
@@ -133,13 +137,13 @@ def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | N
         from lantern.app.models.score_head import is_reranker
 
         if from_gguf == "rank" or is_reranker(spec, _architectures(folder)):
-            return _score_task(pooling, spec)
+            return _score_task(pooling, spec, "auto")
         architectures = _architectures(folder)
         st_folder = folder is not None and (folder / "modules.json").is_file()
         named = any("Embedding" in a for a in architectures)
         task = "embed" if encoder or st_folder or named or from_gguf else "generate"
-    if task == "score":
-        return _score_task(pooling, spec)
+    if task in ("score", "classify"):
+        return _score_task(pooling, spec, task)
     if task == "generate":
         if encoder:
             raise ValueError(

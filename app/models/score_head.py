@@ -137,10 +137,11 @@ class ScoreHead:
     pooling: str  # "cls" | "mean" | "last": the pooled state the head reads
     steps: list[Callable[[np.ndarray], np.ndarray]]
     num_labels: int
-    activation: str  # "sigmoid" | "identity" | "tanh"
+    activation: str  # "sigmoid" | "identity" | "tanh" | "softmax"
     # A prompt reranker's (Qwen3-Reranker) text around each pair, with {query} and {document}; None: the
     # tokenizer's own pair encoding (cross-encoders)
     template: str | None = None
+    labels: list[str] | None = None  # a classifier's id2label, in id order (task classify)
 
     def __call__(self, pooled: np.ndarray) -> np.ndarray:
         x = np.asarray(pooled, dtype=np.float64)
@@ -150,6 +151,9 @@ class ScoreHead:
             x = 1.0 / (1.0 + np.exp(-x))
         elif self.activation == "tanh":
             x = np.tanh(x)
+        elif self.activation == "softmax":
+            e = np.exp(x - x.max())
+            x = e / e.sum()
         return x.astype(np.float32)
 
 
@@ -233,13 +237,30 @@ def _yes_no_head(spec: ModelSpec, tokenizer: Any) -> ScoreHead:
     return ScoreHead("last", [Linear(row[None, :], None)], 1, "sigmoid", TEMPLATE)
 
 
-def load_score_head(spec: ModelSpec, tokenizer: Any) -> ScoreHead:
-    """The checkpoint's score head for --task score: a XxxForSequenceClassification folder's, a reranker GGUF's, or
-    a Qwen3-Reranker's yes / no rows."""
+def label_count(spec: ModelSpec) -> int:
+    """The labels a classifier folder's config states (transformers' default: 2); 1 for the other rerankers."""
+    if spec.weight_format != "safetensors" or classifier_architecture(cfg := _read_config(spec)) is None:
+        return 1
+    if cfg.get("id2label"):
+        return len(cfg["id2label"])
+    return int(cfg.get("num_labels", 2))
+
+
+def _labels(cfg: dict[str, Any], count: int) -> list[str]:
+    named = {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
+    return [named.get(i, f"LABEL_{i}") for i in range(count)]
+
+
+def load_score_head(spec: ModelSpec, tokenizer: Any, task: str = "score") -> ScoreHead:
+    """The checkpoint's head for --task score (a XxxForSequenceClassification folder's, a reranker GGUF's, or a
+    Qwen3-Reranker's yes / no rows) or --task classify (a sequence classifier's: softmax over its labels, or a
+    sigmoid each for one label or a multi_label_classification problem_type, as transformers' pipeline)."""
+    cfg = _read_config(spec) if spec.weight_format == "safetensors" else {}
+    arch = classifier_architecture(cfg)
+    if task == "classify" and arch is None:
+        raise UnsupportedModelError(f"--task classify needs a sequence classifier ({CLASSIFIER_SUFFIX}) with labels")
     if spec.weight_format == "gguf":
         return _gguf_head(spec)
-    cfg = _read_config(spec)
-    arch = classifier_architecture(cfg)
     if arch is None and spec.config.encoder is None and spec.config.architecture == "qwen3":
         return _yes_no_head(spec, tokenizer)  # (--task score on a qwen3 causal LM: Qwen3-Reranker's format)
     if arch is None:
@@ -255,11 +276,18 @@ def load_score_head(spec: ModelSpec, tokenizer: Any) -> ScoreHead:
         tensors.close()
     last = next(s for s in reversed(steps) if isinstance(s, Linear))
     num_labels = int(last.weight.shape[0])
+    if task == "classify":
+        multi = cfg.get("problem_type") == "multi_label_classification" or num_labels == 1
+        head = ScoreHead(head_pooling(spec), steps, num_labels, "sigmoid" if multi else "softmax")
+        head.labels = _labels(cfg, num_labels)
+        logger.info("task: classes from %s's head (%d labels, %s)", arch, num_labels, head.activation)
+        return head
     if num_labels != 1:
         labels = cfg.get("id2label") or {}
         shown = ", ".join(str(v) for v in labels.values()) if labels else f"{num_labels} labels"
         raise UnsupportedModelError(
-            f"{arch} has {num_labels} labels ({shown}): it classifies; --task score needs one relevance logit"
+            f"{arch} has {num_labels} labels ({shown}): it classifies (--task classify); --task score needs one "
+            "relevance logit"
         )
     activation = activation_of(cfg, num_labels)
     head = ScoreHead(head_pooling(spec), steps, num_labels, activation)

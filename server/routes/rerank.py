@@ -19,8 +19,8 @@ from fastapi import APIRouter, Request
 from lantern.app.engine import AsyncEngine, InvalidRequestError
 from lantern.app.engine.scoring import pairs_of
 from lantern.server.generation import ServerState, new_id
-from lantern.server.rerank_protocol import RerankRequest, ScoreRequest
 from lantern.server.routes.embeddings import embed_all
+from lantern.server.scoring_protocol import RerankRequest, ScoreRequest
 
 router = APIRouter()
 

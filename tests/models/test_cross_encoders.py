@@ -151,8 +151,9 @@ def test_task_defaults_and_refusals(folders, tmp_path):
     with pytest.raises(ValueError, match="--pooling applies to embeddings"):
         resolve_task("score", "mean", spec)
     labels = build_cross_encoder(tmp_path / "labels", "bert", num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"})
+    assert resolve_task("auto", "auto", resolve_model(str(labels)).spec) == ("classify", "cls")
     with pytest.raises(UnsupportedModelError, match=r"3 labels \(neg, neu, pos\): it classifies"):
-        engine(str(labels), "torch")
+        engine(str(labels), "torch", task="score")
     bad = build_cross_encoder(tmp_path / "tanhish", "bert", activation="torch.nn.modules.activation.Softplus")
     with pytest.raises(UnsupportedModelError, match="Softplus"):
         engine(str(bad), "torch")

@@ -1,9 +1,10 @@
-"""Request bodies of the relevance-score routes (server/routes/rerank.py).
+"""Request bodies of the routes of scoring models (server/routes/rerank.py, server/routes/classify.py).
 
 - Rerank (POST /v1/rerank, /rerank, /v2/rerank): the shape Cohere's SDKs (v1 and v2), Jina's API, vLLM, TEI-style
   clients, LangChain's rerankers and Open WebUI's external reranker send: `query`, `documents` (strings, or Jina's /
   Cohere v1's {"text": ...} objects), `top_n`, `return_documents`, Cohere v2's `max_tokens_per_doc`.
 - Score (POST /v1/score, /score): vLLM's `text_1` / `text_2` (a text or a list each).
+- Classify (POST /classify, /v1/classify): vLLM's `input` (a text, texts, token ids or lists of them).
 
 Unlike the OpenAI routes (whose audited extra fields are listed in request_fields.py), these bodies are closed: a
 field they do not name is refused with a 400 naming it, so that an option such as Cohere v1's `rank_fields` or
@@ -80,3 +81,28 @@ class ScoreRequest(_Closed):
             if not isinstance(value, str) and len(value) > MAX_DOCUMENTS:
                 raise InvalidRequestError(f"{name} holds {len(value)} texts; at most {MAX_DOCUMENTS}", param=name)
         return {"text_1": self.text_1, "text_2": self.text_2}
+
+
+class ClassifyRequest(_Closed):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    user: str | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """One text or token-id list per input; empty ones refused naming input."""
+        x = self.input
+        if isinstance(x, str):
+            items: list[str | list[int]] = [x]
+        elif x and all(isinstance(v, int) for v in x):
+            items = [[int(v) for v in x]]  # type: ignore[arg-type]  # all ints, checked above
+        else:
+            items = list(x)  # type: ignore[arg-type]  # strings or id lists
+        if not items:
+            raise InvalidRequestError("input must not be an empty list", param="input")
+        if len(items) > MAX_DOCUMENTS:
+            raise InvalidRequestError(f"input holds {len(items)} items; at most {MAX_DOCUMENTS}", param="input")
+        empty = next((i for i, item in enumerate(items) if not item), None)
+        if empty is not None:
+            where = "" if isinstance(x, str) else f"[{empty}]"
+            raise InvalidRequestError(f"input{where} must not be empty", param="input")
+        return items
