@@ -3,6 +3,7 @@
 - Rerank (POST /v1/rerank, /rerank, /v2/rerank): the shape Cohere's SDKs (v1 and v2), Jina's API, vLLM, TEI-style
   clients, LangChain's rerankers and Open WebUI's external reranker send: `query`, `documents` (strings, or Jina's /
   Cohere v1's {"text": ...} objects), `top_n`, `return_documents`, Cohere v2's `max_tokens_per_doc`.
+- TEI's rerank (POST /rerank with `texts`): `query`, `texts`, `raw_scores`, `return_text`, `truncate`.
 - Score (POST /v1/score, /score): vLLM's `text_1` / `text_2` (a text or a list each).
 - Classify (POST /classify, /v1/classify): vLLM's `input` (a text, texts, token ids or lists of them).
 
@@ -67,6 +68,35 @@ class RerankRequest(_Closed):
                 f"documents holds {len(self.documents)} items; at most {MAX_DOCUMENTS}", param="documents"
             )
         return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class TEIRerankRequest(_Closed):
+    """Hugging Face text-embeddings-inference's POST /rerank (its clients: Haystack's TEI ranker, LlamaIndex's):
+    `texts` instead of `documents`, answered as a bare list."""
+
+    model: str | None = None  # (not TEI's; sent by clients that name one)
+    query: str
+    texts: list[str]
+    raw_scores: bool = False  # the logits, not the sigmoid of them
+    return_text: bool = False
+    truncate: bool | None = None  # TEI: refuse an input past the context unless asked to cut it
+    truncation_direction: str = "Right"
+
+    @field_validator("truncation_direction")
+    @classmethod
+    def _right_only(cls, value: str) -> str:
+        if value.lower() != "right":
+            raise ValueError("only Right truncation (the end of a document) is served")
+        return value
+
+    def checked(self) -> list[str]:
+        if not self.query:
+            raise InvalidRequestError("query must not be empty", param="query")
+        if not self.texts:
+            raise InvalidRequestError("texts must not be an empty list", param="texts")
+        if len(self.texts) > MAX_DOCUMENTS:
+            raise InvalidRequestError(f"texts holds {len(self.texts)} items; at most {MAX_DOCUMENTS}", param="texts")
+        return list(self.texts)
 
 
 class ScoreRequest(_Closed):

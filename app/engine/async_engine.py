@@ -128,12 +128,12 @@ class AsyncEngine:
         require_embedder(self._engine, task).validate(prompt_ids)
 
     def encode_pair(
-        self, query: str, document: str, max_document_tokens: int | None = None
+        self, query: str, document: str, max_document_tokens: int | None = None, truncate: bool = True
     ) -> tuple[list[int], list[int] | None]:
         """A cross-encoder's input for (query, document): ids and token types (app/engine/scoring.py)."""
         from lantern.app.engine.scoring import tokenize_pair
 
-        return tokenize_pair(self._engine, query, document, max_document_tokens)
+        return tokenize_pair(self._engine, query, document, max_document_tokens, truncate)
 
     def stats(self) -> dict:
         return self._engine.stats_snapshot()

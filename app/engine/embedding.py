@@ -55,6 +55,7 @@ class EmbeddingOutput:
     num_prompt_tokens: int
     finished: bool = True
     error: str | None = None  # set when the engine failed this input
+    logits: np.ndarray | None = None  # float32: a score or classifier head's logits before its activation
 
     @property
     def probs(self) -> list[float]:
@@ -233,12 +234,15 @@ class Embedder:
             assert entry.pooled is not None, "an input ended without its pooled states"
             seq = entry.seq
             vector = entry.pooled / seq.num_prompt_tokens if self.pooling == "mean" else entry.pooled
-            vector = self.finish(vector)
+            head_logits = getattr(self.finish, "logits", None)  # a score head: its logits kept beside the scores
+            logits = None if head_logits is None else head_logits(vector)
+            vector = self.finish(vector) if logits is None else self.finish.activate(logits)  # type: ignore[attr-defined]
             del self.pending[seq.request_id]
             self.engine.scheduler.finish(seq, "stop")
             stats.prompt_tokens += seq.num_prompt_tokens
             stats.requests_finished += 1
-            outputs.append(EmbeddingOutput(seq.request_id, vector, seq.num_prompt_tokens))
+            raw = None if logits is None else np.asarray(logits, dtype=np.float32)
+            outputs.append(EmbeddingOutput(seq.request_id, vector, seq.num_prompt_tokens, logits=raw))
         return outputs
 
 

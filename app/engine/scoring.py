@@ -35,7 +35,17 @@ def _cut(tokenizer: Any, text: str, max_tokens: int) -> str:
     return text[: offsets[max_tokens - 1][1]] if max_tokens > 0 else ""
 
 
-def _templated(engine: Any, template: str, query: str, document: str, max_document_tokens: int | None) -> list[int]:
+def _past_context(count: int, limit: int) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"input is {count} tokens; this model's context is {limit} tokens (truncate it or ask for truncation)",
+        param="input",
+        code="context_length_exceeded",
+    )
+
+
+def _templated(
+    engine: Any, template: str, query: str, document: str, max_document_tokens: int | None, truncate: bool
+) -> list[int]:
     """A prompt reranker's ids: the template with the pair in place, tokenized whole as its model card does; a
     document past the context cut at one of its own token boundaries (offsets) and the text tokenized again."""
     tokenizer, limit = engine.tokenizer, engine.max_model_len
@@ -47,6 +57,8 @@ def _templated(engine: Any, template: str, query: str, document: str, max_docume
         over = len(enc["input_ids"]) - limit
         if over <= 0:
             return list(enc["input_ids"])
+        if not truncate:
+            raise _past_context(len(enc["input_ids"]), limit)
         start, end = len(before), len(before) + len(document)
         inside = [(a, b) for a, b in enc["offset_mapping"] if a >= start and b <= end and b > a]
         keep = len(inside) - over
@@ -57,11 +69,11 @@ def _templated(engine: Any, template: str, query: str, document: str, max_docume
 
 
 def tokenize_pair(
-    engine: Any, query: str, document: str, max_document_tokens: int | None = None
+    engine: Any, query: str, document: str, max_document_tokens: int | None = None, truncate: bool = True
 ) -> tuple[list[int], list[int] | None]:
     """(ids, token types) of the pair for the engine's cross-encoder; types None where the model has no
     token-type table (RoBERTa's single row, decoders). InvalidRequestError naming query when the query alone
-    leaves no room for a document.
+    leaves no room for a document; with truncate False, naming input when the pair is past the context at all.
 
     The two texts are encoded apart, the document's tokens cut, then joined by the tokenizer's own pair template
     (tokenizers' post_process): exact cuts, and no use of the tokenizer's truncation option, which is state on the
@@ -69,7 +81,7 @@ def tokenize_pair(
     tokenizer, limit = engine.tokenizer, engine.max_model_len
     template = getattr(engine.embedder, "pair_template", None)
     if template is not None:  # a prompt reranker (Qwen3-Reranker): one text, no segments
-        return _templated(engine, template, query, document, max_document_tokens), None
+        return _templated(engine, template, query, document, max_document_tokens, truncate), None
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # (a slow tokenizer: no cut, the pair as it encodes)
         enc = tokenizer(query, document)
@@ -83,6 +95,8 @@ def tokenize_pair(
         if room < (1 if second.ids else 0):
             raise _too_long(limit)
         keep = min(room, len(second.ids), max_document_tokens or len(second.ids))
+        if not truncate and room < min(len(second.ids), max_document_tokens or len(second.ids)):
+            raise _past_context(limit - room + len(second.ids), limit)
         if keep < len(second.ids):
             second.truncate(keep)
         pair = backend.post_process(first, second, add_special_tokens=True)

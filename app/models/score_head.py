@@ -144,9 +144,17 @@ class ScoreHead:
     labels: list[str] | None = None  # a classifier's id2label, in id order (task classify)
 
     def __call__(self, pooled: np.ndarray) -> np.ndarray:
+        return self.activate(self.logits(pooled))
+
+    def logits(self, pooled: np.ndarray) -> np.ndarray:
+        """The head's logits [num_labels] in float64, before the activation (TEI's raw_scores)."""
         x = np.asarray(pooled, dtype=np.float64)
         for step in self.steps:
             x = step(x)
+        return x
+
+    def activate(self, logits: np.ndarray) -> np.ndarray:
+        x = logits
         if self.activation == "sigmoid":
             x = 1.0 / (1.0 + np.exp(-x))
         elif self.activation == "tanh":

@@ -4,6 +4,9 @@
   vLLM's rerank APIs answer: `results` sorted by `relevance_score`, best first, each with its `index` in the request
   and (unless return_documents is false) its `document` {"text"}; `top_n` keeps the best n; `usage.total_tokens`.
 - POST /v1/score, /score: vLLM's score API: `data` [{index, object "score", score}] in the pairs' order.
+- POST /rerank with `texts` instead of `documents`: Hugging Face TEI's rerank API, answered as TEI does (a bare list
+  of {index, score, text?}, best first; `raw_scores` the logits; an input past the context refused unless
+  `truncate`).
 
 Each (query, document) pair is one engine input run through the shared scheduler like an embedding; all of a
 request's pairs are aborted when the client leaves or one fails.
@@ -13,26 +16,33 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
-from lantern.app.engine import AsyncEngine, InvalidRequestError
+from lantern.app.engine import AsyncEngine, EmbeddingOutput, InvalidRequestError
 from lantern.app.engine.scoring import pairs_of
 from lantern.server.generation import ServerState, new_id
 from lantern.server.routes.embeddings import embed_all
-from lantern.server.scoring_protocol import RerankRequest, ScoreRequest
+from lantern.server.scoring_protocol import RerankRequest, ScoreRequest, TEIRerankRequest
 
 router = APIRouter()
 
 
 def _pairs(
-    engine: AsyncEngine, pairs: list[tuple[str, str]], param: str, max_document_tokens: int | None = None
+    engine: AsyncEngine,
+    pairs: list[tuple[str, str]],
+    param: str,
+    max_document_tokens: int | None = None,
+    truncate: bool = True,
 ) -> list[tuple[list[int], list[int] | None]]:
     """Each pair's engine input, validated; an error names the item (`documents[3]`)."""
     inputs = []
     for i, (query, document) in enumerate(pairs):
         try:
-            ids, types = engine.encode_pair(query, document, max_document_tokens)
+            ids, types = engine.encode_pair(query, document, max_document_tokens, truncate)
             engine.validate_embedding(ids, "score")
         except InvalidRequestError as exc:
             if exc.param == "input":  # (the engine's name for an input)
@@ -44,21 +54,62 @@ def _pairs(
     return inputs
 
 
-async def _scores(
-    state: ServerState, request: Request, pairs: list[tuple[str, str]], param: str, max_document_tokens: int | None
-) -> tuple[list[float], int]:
+async def _scored(
+    state: ServerState,
+    request: Request,
+    pairs: list[tuple[str, str]],
+    param: str,
+    max_document_tokens: int | None,
+    truncate: bool = True,
+) -> tuple[list[EmbeddingOutput], int]:
     engine = state.engine
     engine.require_task("score")
-    inputs = await asyncio.to_thread(_pairs, engine, pairs, param, max_document_tokens)
+    inputs = await asyncio.to_thread(_pairs, engine, pairs, param, max_document_tokens, truncate)
     state.check_capacity()
     started = time.monotonic()
     outs = await embed_all(engine, inputs, new_id("score"), request)
     state.metrics.e2e.observe(time.monotonic() - started)
-    return [o.score for o in outs], sum(len(ids) for ids, _ in inputs)
+    return outs, sum(len(ids) for ids, _ in inputs)
+
+
+async def _scores(
+    state: ServerState, request: Request, pairs: list[tuple[str, str]], param: str, max_document_tokens: int | None
+) -> tuple[list[float], int]:
+    outs, tokens = await _scored(state, request, pairs, param, max_document_tokens)
+    return [o.score for o in outs], tokens
+
+
+@router.post("/rerank")
+async def rerank_any(request: Request, body: Any = Body(...)) -> Any:
+    """/rerank: TEI's body (`texts`) or the Cohere / Jina / vLLM one (`documents`)."""
+    shape = TEIRerankRequest if isinstance(body, dict) and "texts" in body else RerankRequest
+    try:
+        parsed = shape.model_validate(body)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+    if isinstance(parsed, TEIRerankRequest):
+        return await _tei_rerank(parsed, request)
+    return await rerank(parsed, request)
+
+
+async def _tei_rerank(body: TEIRerankRequest, request: Request) -> list[dict]:
+    """TEI's answer: a bare list, best first, of {index, score} (+ text); its logits with raw_scores."""
+    state: ServerState = request.app.state.lantern
+    state.check_model(body.model)
+    texts = body.checked()
+    pairs = [(body.query, t) for t in texts]
+    outs, _ = await _scored(state, request, pairs, "texts", None, truncate=bool(body.truncate))
+    scores = [float(o.logits[0]) if body.raw_scores and o.logits is not None else o.score for o in outs]
+    ranked = []
+    for i in sorted(range(len(scores)), key=lambda i: -scores[i]):
+        item: dict = {"index": i, "score": scores[i]}
+        if body.return_text:
+            item["text"] = texts[i]
+        ranked.append(item)
+    return ranked
 
 
 @router.post("/v1/rerank")
-@router.post("/rerank")
 @router.post("/v2/rerank")
 async def rerank(body: RerankRequest, request: Request) -> dict:
     state: ServerState = request.app.state.lantern

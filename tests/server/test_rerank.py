@@ -177,3 +177,25 @@ def test_generation_and_embedding_servers_refuse_rerank(server, tmp_path, backen
         assert "serves embeddings" in r.json()["error"]["message"] and "--task score" in r.json()["error"]["message"]
     finally:
         embed.stop()
+
+
+def test_tei_shape(score_server, folder):
+    """TEI's /rerank: `texts`, a bare list best first, `return_text`, `raw_scores` (the logits), `truncate`."""
+    r = post(score_server, "/rerank", query=QUERY, texts=DOCS, return_text=True)
+    assert r.status_code == 200, r.text
+    ranked = r.json()
+    want = reference(folder, QUERY, DOCS)
+    assert [x["index"] for x in ranked] == list(np.argsort(-want))
+    assert all(x["text"] == DOCS[x["index"]] for x in ranked)
+    np.testing.assert_allclose([x["score"] for x in ranked], np.sort(want)[::-1], atol=2e-5, rtol=0)
+    raw = post(score_server, "/rerank", query=QUERY, texts=DOCS, raw_scores=True).json()
+    logits = np.log(want) - np.log1p(-want)
+    np.testing.assert_allclose([x["score"] for x in raw], logits[[x["index"] for x in raw]], atol=2e-4, rtol=0)
+    assert all("text" not in x for x in raw)
+    long_doc = DOCS[1] * 40
+    refused = post(score_server, "/rerank", query=QUERY, texts=[DOCS[0], long_doc])
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "texts[1]", refused.text
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    assert post(score_server, "/rerank", query=QUERY, texts=[long_doc], truncate=True).status_code == 200
+    left = post(score_server, "/rerank", query=QUERY, texts=DOCS, truncation_direction="Left")
+    assert left.status_code == 400 and left.json()["error"]["param"] == "truncation_direction"
