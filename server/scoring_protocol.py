@@ -2,7 +2,8 @@
 
 - Rerank (POST /v1/rerank, /rerank, /v2/rerank): the shape Cohere's SDKs (v1 and v2), Jina's API, vLLM, TEI-style
   clients, LangChain's rerankers and Open WebUI's external reranker send: `query`, `documents` (strings, or Jina's /
-  Cohere v1's {"text": ...} objects), `top_n`, `return_documents`, Cohere v2's `max_tokens_per_doc`.
+  Cohere v1's {"text": ...} objects), `top_n`, `return_documents`, Cohere v2's `max_tokens_per_doc`; and Lantern's
+  `instruction` (here and on score): Qwen3-Reranker's task in place of its default, refused for cross-encoders.
 - TEI's rerank (POST /rerank with `texts`): `query`, `texts`, `raw_scores`, `return_text`, `truncate`.
 - Score (POST /v1/score, /score): vLLM's `text_1` / `text_2` (a text or a list each).
 - Classify (POST /classify, /v1/classify): vLLM's `input` (a text, texts, token ids or lists of them).
@@ -47,6 +48,7 @@ class RerankRequest(_Closed):
     top_n: int | None = Field(default=None, ge=1)
     return_documents: bool = True  # (Jina's and vLLM's default; Cohere's SDK sends false when it wants none)
     max_tokens_per_doc: int | None = Field(default=None, ge=1)
+    instruction: str | None = None  # Lantern's: a prompt reranker's (Qwen3-Reranker's) task, refused elsewhere
     priority: int = 0  # Cohere v2: an order under load; one queue here, so only the default is served
     user: str | None = None
 
@@ -103,6 +105,7 @@ class ScoreRequest(_Closed):
     model: str | None = None
     text_1: str | list[str]
     text_2: str | list[str]
+    instruction: str | None = None  # as RerankRequest's
     user: str | None = None
 
     def counted(self) -> dict[str, Any]:

@@ -128,12 +128,17 @@ class AsyncEngine:
         require_embedder(self._engine, task).validate(prompt_ids)
 
     def encode_pair(
-        self, query: str, document: str, max_document_tokens: int | None = None, truncate: bool = True
+        self,
+        query: str,
+        document: str,
+        max_document_tokens: int | None = None,
+        truncate: bool = True,
+        instruction: str | None = None,
     ) -> tuple[list[int], list[int] | None]:
-        """A cross-encoder's input for (query, document): ids and token types (app/engine/scoring.py)."""
+        """A cross-encoder's or reranker's input for (query, document): ids and token types (app/engine/scoring.py)."""
         from lantern.app.engine.scoring import tokenize_pair
 
-        return tokenize_pair(self._engine, query, document, max_document_tokens, truncate)
+        return tokenize_pair(self._engine, query, document, max_document_tokens, truncate, instruction)
 
     def stats(self) -> dict:
         return self._engine.stats_snapshot()

@@ -463,12 +463,15 @@ class LLM:
         ids = [self.engine.encode_chat(c, chat_template_kwargs=chat_template_kwargs) for c in conversations]  # type: ignore[arg-type]
         return self.generate(ids, params)
 
-    def score(self, text_1: str | Seq[str], text_2: str | Seq[str]) -> list[EmbeddingOutput]:
+    def score(
+        self, text_1: str | Seq[str], text_2: str | Seq[str], instruction: str | None = None
+    ) -> list[EmbeddingOutput]:
         """Relevance scores (each output's `.score`) of text pairs from a cross-encoder or reranker served with
-        task="score": one text_1 with each text_2, or two lists of one length pair by pair (vLLM's LLM.score)."""
+        task="score": one text_1 with each text_2, or two lists of one length pair by pair (vLLM's LLM.score).
+        instruction: a prompt reranker's (Qwen3-Reranker's) task, in place of its default."""
         from lantern.app.engine.scoring import score_offline
 
-        return score_offline(self.engine, text_1, text_2)
+        return score_offline(self.engine, text_1, text_2, instruction)
 
     def classify(self, inputs: Prompt | Seq[Prompt]) -> list[EmbeddingOutput]:
         """Class probabilities (each output's `.probs`, in the order of `LLM.labels`) of the inputs (texts or token

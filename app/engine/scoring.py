@@ -68,18 +68,38 @@ def _templated(
     raise _too_long(limit)
 
 
+def _with_instruction(template: str | None, instruction: str | None) -> str | None:
+    """The prompt template with the caller's instruction in place of Qwen3-Reranker's default one."""
+    if instruction is None:
+        return template
+    from lantern.app.models.qwen3_reranker import DEFAULT_INSTRUCTION
+
+    if template is None or DEFAULT_INSTRUCTION not in template:
+        why = "this model is a cross-encoder" if template is None else "its prompt template states no instruction"
+        raise InvalidRequestError(f"instruction applies to prompt rerankers (Qwen3-Reranker); {why}", "instruction")
+    if not instruction.strip():
+        raise InvalidRequestError("instruction must not be empty", param="instruction")
+    return template.replace(DEFAULT_INSTRUCTION, instruction)
+
+
 def tokenize_pair(
-    engine: Any, query: str, document: str, max_document_tokens: int | None = None, truncate: bool = True
+    engine: Any,
+    query: str,
+    document: str,
+    max_document_tokens: int | None = None,
+    truncate: bool = True,
+    instruction: str | None = None,
 ) -> tuple[list[int], list[int] | None]:
     """(ids, token types) of the pair for the engine's cross-encoder; types None where the model has no
     token-type table (RoBERTa's single row, decoders). InvalidRequestError naming query when the query alone
     leaves no room for a document; with truncate False, naming input when the pair is past the context at all.
+    instruction: a prompt reranker's task in place of its default ("Given a web search query, ...").
 
     The two texts are encoded apart, the document's tokens cut, then joined by the tokenizer's own pair template
     (tokenizers' post_process): exact cuts, and no use of the tokenizer's truncation option, which is state on the
     shared tokenizer (set by one caller it would truncate another thread's prompt)."""
     tokenizer, limit = engine.tokenizer, engine.max_model_len
-    template = getattr(engine.embedder, "pair_template", None)
+    template = _with_instruction(getattr(engine.embedder, "pair_template", None), instruction)
     if template is not None:  # a prompt reranker (Qwen3-Reranker): one text, no segments
         return _templated(engine, template, query, document, max_document_tokens, truncate), None
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -130,8 +150,10 @@ def pairs_of(
     return list(zip(one, two))
 
 
-def score_offline(engine: Any, text_1: str | Sequence[str], text_2: str | Sequence[str]) -> list[EmbeddingOutput]:
+def score_offline(
+    engine: Any, text_1: str | Sequence[str], text_2: str | Sequence[str], instruction: str | None = None
+) -> list[EmbeddingOutput]:
     """LLM.score: each pair's output (its `.score`), in pairs_of's order, on the calling thread."""
     embedder = require_embedder(engine, "score")
-    inputs = [tokenize_pair(engine, a, b) for a, b in pairs_of(text_1, text_2)]
+    inputs = [tokenize_pair(engine, a, b, instruction=instruction) for a, b in pairs_of(text_1, text_2)]
     return run_offline(engine, embedder, inputs)

@@ -37,12 +37,13 @@ def _pairs(
     param: str,
     max_document_tokens: int | None = None,
     truncate: bool = True,
+    instruction: str | None = None,
 ) -> list[tuple[list[int], list[int] | None]]:
     """Each pair's engine input, validated; an error names the item (`documents[3]`)."""
     inputs = []
     for i, (query, document) in enumerate(pairs):
         try:
-            ids, types = engine.encode_pair(query, document, max_document_tokens, truncate)
+            ids, types = engine.encode_pair(query, document, max_document_tokens, truncate, instruction)
             engine.validate_embedding(ids, "score")
         except InvalidRequestError as exc:
             if exc.param == "input":  # (the engine's name for an input)
@@ -61,10 +62,11 @@ async def _scored(
     param: str,
     max_document_tokens: int | None,
     truncate: bool = True,
+    instruction: str | None = None,
 ) -> tuple[list[EmbeddingOutput], int]:
     engine = state.engine
     engine.require_task("score")
-    inputs = await asyncio.to_thread(_pairs, engine, pairs, param, max_document_tokens, truncate)
+    inputs = await asyncio.to_thread(_pairs, engine, pairs, param, max_document_tokens, truncate, instruction)
     state.check_capacity()
     started = time.monotonic()
     outs = await embed_all(engine, inputs, new_id("score"), request)
@@ -73,9 +75,14 @@ async def _scored(
 
 
 async def _scores(
-    state: ServerState, request: Request, pairs: list[tuple[str, str]], param: str, max_document_tokens: int | None
+    state: ServerState,
+    request: Request,
+    pairs: list[tuple[str, str]],
+    param: str,
+    max_document_tokens: int | None,
+    instruction: str | None,
 ) -> tuple[list[float], int]:
-    outs, tokens = await _scored(state, request, pairs, param, max_document_tokens)
+    outs, tokens = await _scored(state, request, pairs, param, max_document_tokens, instruction=instruction)
     return [o.score for o in outs], tokens
 
 
@@ -115,9 +122,8 @@ async def rerank(body: RerankRequest, request: Request) -> dict:
     state: ServerState = request.app.state.lantern
     state.check_model(body.model)
     documents = body.texts()
-    scores, tokens = await _scores(
-        state, request, [(body.query, d) for d in documents], "documents", body.max_tokens_per_doc
-    )
+    pairs = [(body.query, d) for d in documents]
+    scores, tokens = await _scores(state, request, pairs, "documents", body.max_tokens_per_doc, body.instruction)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n]
     results = []
     for i in order:
@@ -135,7 +141,7 @@ async def score(body: ScoreRequest, request: Request) -> dict:
     state.check_model(body.model)
     texts = body.counted()
     pairs = pairs_of(texts["text_1"], texts["text_2"])
-    scores, tokens = await _scores(state, request, pairs, "text_2", None)
+    scores, tokens = await _scores(state, request, pairs, "text_2", None, body.instruction)
     return {
         "id": new_id("score"),
         "object": "list",

@@ -170,3 +170,27 @@ def test_score_on_a_gguf_that_is_no_reranker(folders, tmp_path):
     path, _ = convert_to_gguf(Path(folders["tied"]), tmp_path / "gguf", "f32")
     with pytest.raises(UnsupportedModelError, match=r"not a reranker \(qwen3\.pooling_type"):
         engine(str(path), "torch", task="score")
+
+
+def test_an_instruction_replaces_the_default(folders):
+    """Qwen3-Reranker's task is part of its prompt: a caller's instruction takes the default's place (the model
+    card's advice for other tasks); a cross-encoder has none to replace."""
+    from lantern.app.models.qwen3_reranker import DEFAULT_INSTRUCTION
+
+    task = "Given a code question, retrieve the snippet that answers it"
+    llm = engine(folders["untied"], "torch")
+    got = llm.score(QUERY, DOCS, instruction=task)
+    text = TEMPLATE.replace(DEFAULT_INSTRUCTION, task)
+    tok = AutoTokenizer.from_pretrained(folders["untied"])
+    prompts = [tok(text.replace("{query}", QUERY).replace("{document}", d))["input_ids"] for d in DOCS]
+    np.testing.assert_allclose([o.score for o in got], yes_probability(folders["untied"], prompts), atol=2e-5)
+    assert got[0].score != llm.score(QUERY, DOCS[0])[0].score
+
+
+def test_an_instruction_is_refused_by_cross_encoders(ggufs):
+    from lantern.app.engine import InvalidRequestError
+
+    llm = engine(str(ggufs["xlmr-f32"][0]), "torch")
+    with pytest.raises(InvalidRequestError, match="cross-encoder") as err:
+        llm.score(QUERY, DOCS, instruction="anything")
+    assert err.value.param == "instruction"

@@ -199,3 +199,20 @@ def test_tei_shape(score_server, folder):
     assert post(score_server, "/rerank", query=QUERY, texts=[long_doc], truncate=True).status_code == 200
     left = post(score_server, "/rerank", query=QUERY, texts=DOCS, truncation_direction="Left")
     assert left.status_code == 400 and left.json()["error"]["param"] == "truncation_direction"
+
+
+def test_instruction(score_server, folder):
+    """Lantern's `instruction`: Qwen3-Reranker's task in its prompt; refused by a cross-encoder, naming it."""
+    task = "Given a code question, retrieve the snippet that answers it"
+    r = post(score_server, "/v1/rerank", query=QUERY, documents=DOCS, instruction=task)
+    if "Reranker" not in folder:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "instruction", r.text
+        return
+    from lantern.app.models.qwen3_reranker import DEFAULT_INSTRUCTION, TEMPLATE
+    from tests.models.test_rerankers import yes_probability
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    text = TEMPLATE.replace(DEFAULT_INSTRUCTION, task).replace("{query}", QUERY)
+    want = yes_probability(folder, [tok(text.replace("{document}", d))["input_ids"] for d in DOCS])
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], want, atol=2e-5, rtol=0)
