@@ -199,11 +199,16 @@ class AsyncEngine:
                 self._submit("abort", (request_id, target))
 
     async def embed(
-        self, prompt_token_ids: list[int], request_id: str | None = None, token_types: list[int] | None = None
+        self,
+        prompt_token_ids: list[int],
+        request_id: str | None = None,
+        token_types: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> EmbeddingOutput:
-        """The L2-normalized embedding of one input (task embed), or a pair's score (task score: the ids and
-        token_types from encode_pair), validated by validate_embedding. Raises like generate(); a caller
-        cancelled while waiting aborts the input."""
+        """The L2-normalized embedding of one input (task embed), a pair's score (task score: the ids and
+        token_types from encode_pair) or an input's class probabilities (task classify), validated by
+        validate_embedding. cache_salt: the prefix-cache namespace, as generate()'s. Raises like generate(); a
+        caller cancelled while waiting aborts the input."""
         if self._dead is not None or self._stop:
             raise EngineDeadError(f"the engine has stopped: {self._dead or 'the engine was shut down'}")
         request_id = request_id or uuid.uuid4().hex
@@ -212,7 +217,7 @@ class AsyncEngine:
         queue: asyncio.Queue = asyncio.Queue()
         target = (asyncio.get_running_loop(), queue)
         self._queues[request_id] = target
-        self._submit("embed", (request_id, list(prompt_token_ids), token_types))
+        self._submit("embed", (request_id, list(prompt_token_ids), token_types, cache_salt))
         finished = False
         try:
             if self._dead is not None:
@@ -282,9 +287,9 @@ class AsyncEngine:
                 except Exception as exc:  # validation raced with config; report to the caller
                     self._deliver(request_id, exc)
             elif kind == "embed":
-                request_id, ids, types = payload
+                request_id, ids, types, salt = payload
                 try:
-                    require_embedder(self._engine, self._engine.task).add(request_id, ids, types)
+                    require_embedder(self._engine, self._engine.task).add(request_id, ids, types, salt)
                 except Exception as exc:
                     self._deliver(request_id, exc)
             elif kind == "abort":

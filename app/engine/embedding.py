@@ -2,7 +2,9 @@
 
 The shape: each input is one Sequence that the ordinary scheduler runs like any prompt (token
 budget, chunked prefill, preemption by recompute, KV blocks from the one pool, freed when it
-ends) but flagged `cacheable=False`: it is never looked up in nor published to the prefix cache.
+ends). A decoder's last-token pooled input uses the prefix cache like a prompt (in its tenant's
+namespace: a shared instruction or reranker prompt is computed once); the others are flagged
+`cacheable=False`: never looked up in nor published to the prefix cache.
 It never decodes: the engine asks the backend for pooled final hidden states
 (backends/base.EmbeddingBackend.embed with one PoolingRow per sequence that needs them) instead
 of a sampled token, and the sequence finishes after its last chunk. Mean pooling sums each chunk's
@@ -110,13 +112,17 @@ class _Pending:
     token_types: list[int] | None = None  # a cross-encoder pair's segments (None: all 0)
 
 
-def normalized(dense: list[Any]) -> Callable[[np.ndarray], np.ndarray]:
+# An input's pooled state -> (its output, the head's logits before the activation or None)
+Finish = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]]
+
+
+def normalized(dense: list[Any]) -> Finish:
     """An embedding's last steps: the folder's Dense projections (st_dense.DenseLayer), then the L2 norm."""
 
-    def finish(vector: np.ndarray) -> np.ndarray:
+    def finish(vector: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         for layer in dense:
             vector = layer(vector)
-        return (vector / max(float(np.linalg.norm(vector)), 1e-12)).astype(np.float32)
+        return (vector / max(float(np.linalg.norm(vector)), 1e-12)).astype(np.float32), None
 
     return finish
 
@@ -124,9 +130,9 @@ def normalized(dense: list[Any]) -> Callable[[np.ndarray], np.ndarray]:
 class Embedder:
     """The engine's embedding side: pending inputs, their partial pools, the pooled outputs.
     finish turns an input's pooled state into its output (the normalized vector, or a score head's
-    activated logits); size is that output's length."""
+    activated logits, with the logits themselves); size is that output's length."""
 
-    def __init__(self, pooling: str, engine: Any, finish: Callable[[np.ndarray], np.ndarray], size: int):
+    def __init__(self, pooling: str, engine: Any, finish: Finish, size: int):
         from lantern.backends.base import EmbeddingBackend
 
         if not isinstance(engine.backend, EmbeddingBackend):
@@ -138,6 +144,16 @@ class Embedder:
         self.pair_template: str | None = None  # task score: a prompt reranker's text around each pair
         self.labels: list[str] | None = None  # task classify: the classifier's labels, in id order
         self.pending: dict[str, _Pending] = {}
+        # A decoder's last-token pooling reads only the last position's state, which a cached prefix does not
+        # change: such inputs use the prefix cache (a reranker's prompt head, an embedder's instruction, shared
+        # by every input). Mean pooling needs every position's state, an encoder attends both ways, and a
+        # recurrent layer's state is not snapshotted for embeddings: those inputs are never cached.
+        self.prefix_cacheable = (
+            pooling == "last"
+            and engine.model_config.encoder is None
+            and not engine.model_config.recurrent
+            and engine.config.enable_prefix_caching
+        )
         if engine.model_config.encoder is not None:
             cfg = engine.scheduler.config
             cfg.whole_prompts = True  # any input up to the context fits one step
@@ -162,12 +178,17 @@ class Embedder:
                 code="context_length_exceeded",
             )
 
-    def add(self, request_id: str, ids: list[int], token_types: list[int] | None = None) -> None:
+    def add(
+        self, request_id: str, ids: list[int], token_types: list[int] | None = None, cache_salt: str | None = None
+    ) -> None:
+        """Queue an input; cache_salt: its prefix-cache namespace (the tenant's, as a generation request's)."""
         if request_id in self.pending:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use", param="request_id")
         if token_types is not None and len(token_types) != len(ids):
             raise InvalidRequestError("token_types must give one segment per token", param="token_types")
-        seq = Sequence(request_id, list(ids), _PARAMS, cacheable=False)
+        salt = (cache_salt or "").encode("utf-8", "surrogatepass")
+        cacheable = self.prefix_cacheable and not token_types
+        seq = Sequence(request_id, list(ids), _PARAMS, cache_salt=salt, cacheable=cacheable)
         self.pending[request_id] = _Pending(seq, token_types=list(token_types) if token_types else None)
         self.engine.scheduler.add(seq)
 
@@ -234,15 +255,12 @@ class Embedder:
             assert entry.pooled is not None, "an input ended without its pooled states"
             seq = entry.seq
             vector = entry.pooled / seq.num_prompt_tokens if self.pooling == "mean" else entry.pooled
-            head_logits = getattr(self.finish, "logits", None)  # a score head: its logits kept beside the scores
-            logits = None if head_logits is None else head_logits(vector)
-            vector = self.finish(vector) if logits is None else self.finish.activate(logits)  # type: ignore[attr-defined]
+            vector, logits = self.finish(vector)
             del self.pending[seq.request_id]
             self.engine.scheduler.finish(seq, "stop")
             stats.prompt_tokens += seq.num_prompt_tokens
             stats.requests_finished += 1
-            raw = None if logits is None else np.asarray(logits, dtype=np.float32)
-            outputs.append(EmbeddingOutput(seq.request_id, vector, seq.num_prompt_tokens, logits=raw))
+            outputs.append(EmbeddingOutput(seq.request_id, vector, seq.num_prompt_tokens, logits=logits))
         return outputs
 
 
@@ -253,7 +271,7 @@ def make_embedder(engine: Any, spec: ModelSpec, task: str, pooling: str) -> Embe
         from lantern.app.models.score_head import load_score_head
 
         head = load_score_head(spec, engine.tokenizer, task)
-        embedder = Embedder(head.pooling, engine, head, head.num_labels)
+        embedder = Embedder(head.pooling, engine, head.outputs, head.num_labels)
         embedder.pair_template, embedder.labels = head.template, head.labels
         return embedder
     from lantern.app.models.pooling import embedding_folder

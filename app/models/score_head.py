@@ -96,7 +96,7 @@ def activation_of(cfg: dict[str, Any], num_labels: int) -> str:
 
 @dataclass(frozen=True)
 class Linear:
-    weight: np.ndarray  # [out, in] float32
+    weight: np.ndarray  # [out, in] float64 (the head runs in float64)
     bias: np.ndarray | None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -145,6 +145,11 @@ class ScoreHead:
 
     def __call__(self, pooled: np.ndarray) -> np.ndarray:
         return self.activate(self.logits(pooled))
+
+    def outputs(self, pooled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the activated logits, the logits) in float32: an Embedder's finish."""
+        logits = self.logits(pooled)
+        return self.activate(logits), logits.astype(np.float32)
 
     def logits(self, pooled: np.ndarray) -> np.ndarray:
         """The head's logits [num_labels] in float64, before the activation (TEI's raw_scores)."""

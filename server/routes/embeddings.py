@@ -20,6 +20,7 @@ from lantern.app.engine import AsyncEngine, EmbeddingOutput, InvalidRequestError
 from lantern.server.errors import APIError
 from lantern.server.generation import ServerState, new_id
 from lantern.server.protocol import EmbeddingRequest
+from lantern.server.tenancy import cache_salt_for
 
 router = APIRouter()
 
@@ -85,8 +86,9 @@ async def embed_all(
 ) -> list[EmbeddingOutput]:
     """Every (ids, token types) input through the engine at once (embeddings, or a cross-encoder's pairs); all of
     them aborted if one fails or the client leaves."""
+    salt = cache_salt_for(request, None)  # (a decoder's last-token inputs share cached prefixes within a tenant)
     tasks = [
-        asyncio.ensure_future(engine.embed(ids, f"{rid}-{i}", token_types=types))
+        asyncio.ensure_future(engine.embed(ids, f"{rid}-{i}", token_types=types, cache_salt=salt))
         for i, (ids, types) in enumerate(inputs)
     ]
     together = asyncio.gather(*tasks)

@@ -194,3 +194,34 @@ def test_an_instruction_is_refused_by_cross_encoders(ggufs):
     with pytest.raises(InvalidRequestError, match="cross-encoder") as err:
         llm.score(QUERY, DOCS, instruction="anything")
     assert err.value.param == "instruction"
+
+
+def _score_with_salt(llm: LLM, pairs: list[tuple[str, str]], salt: str) -> list[float]:
+    """Pairs queued together in one tenant's cache namespace (as the server queues a request's), run to the end."""
+    eng = llm.engine
+    ids = [tokenize_pair(eng, q, d)[0] for q, d in pairs]
+    for i, one in enumerate(ids):
+        eng.embedder.add(f"{salt}-{i}", one, None, salt)
+    done: dict[str, float] = {}
+    while len(done) < len(ids):
+        for out in eng.step():
+            done[out.request_id] = out.score
+    return [done[f"{salt}-{i}"] for i in range(len(ids))]
+
+
+def test_prompt_heads_come_from_the_prefix_cache(folders):
+    """A reranker's prompt head and query are the same for every document: after the first pairs computed them,
+    the others read them from the prefix cache (per tenant), and the scores stay transformers'."""
+    llm = engine(folders["untied"], "torch", max_num_batched_tokens=160)  # a few pairs a step
+    docs = [f"{d} Variant {i}." for i in range(3) for d in DOCS]
+    scores = _score_with_salt(llm, [(QUERY, d) for d in docs], "tenant-a")
+    stats = llm.engine.stats_snapshot()
+    prompts = [prompt_ids(folders["untied"], QUERY, d) for d in docs]
+    shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1])) if a != b)  # the common head
+    assert shared > 40 and stats["prefix_cache_hits"] >= (len(docs) - 2) * (shared // 4 * 4 - 4)
+    np.testing.assert_allclose(scores, yes_probability(folders["untied"], prompts), atol=2e-5, rtol=0)
+    hits = stats["prefix_cache_hits"]
+    _score_with_salt(llm, [(QUERY, docs[0])], "tenant-b")  # another tenant: nothing of tenant-a's is read
+    assert llm.engine.stats_snapshot()["prefix_cache_hits"] == hits
+    _score_with_salt(llm, [(QUERY, docs[0])], "tenant-a")
+    assert llm.engine.stats_snapshot()["prefix_cache_hits"] > hits

@@ -66,10 +66,12 @@ def test_sdk_vectors_match_transformers(client, embed_server, folder):
         assert d.object == "embedding" and len(d.embedding) == 64
         np.testing.assert_allclose(d.embedding, reference(folder[0], one, folder[1]), atol=1e-4, rtol=0)
     # Token ids, one list or several, give the same vectors as the texts.
+    # (a decoder's second pass reads its prefix from the cache: the same values up to float rounding)
     by_ids = client.embeddings.create(model="tiny", input=ids)
-    assert [d.embedding for d in by_ids.data] == [d.embedding for d in r.data]
+    np.testing.assert_allclose([d.embedding for d in by_ids.data], [d.embedding for d in r.data], atol=1e-5)
     one = client.embeddings.create(model="tiny", input=ids[0])
-    assert one.data[0].embedding == r.data[0].embedding and one.usage.prompt_tokens == len(ids[0])
+    np.testing.assert_allclose(one.data[0].embedding, r.data[0].embedding, atol=1e-5)
+    assert one.usage.prompt_tokens == len(ids[0])
 
 
 def test_base64_equals_float(embed_server):
