@@ -11,9 +11,10 @@ The facts, from the model card (and written the same way into GGUF files by llam
 with the instruction "Given a web search query, retrieve relevant passages that answer the query" unless the
 caller has another, and the score softmax([logit_yes, logit_no])[0] = sigmoid((w_yes - w_no) . h), h the final
 norm's output at the last token and w_* the LM head's rows for the tokens "yes" and "no". So the head is one row,
-w_yes - w_no, under a sigmoid: the cross-encoder's shape (score_head.py), read from the LM head's two rows; the LM
-head itself is not loaded. A folder is taken for a reranker by its name, its config's _name_or_path or its
-README's title (as llama.cpp's converter decides), or by --task score.
+w_yes - w_no, under a sigmoid: the cross-encoder's shape (score_head.py), read from the LM head's two rows (an MLX
+folder's quantized head dequantized for them); the LM head itself is not loaded. A folder is taken for a reranker
+by its name, its config's _name_or_path or its README's title (as llama.cpp's converter decides), or by --task
+score.
 """
 
 from __future__ import annotations
@@ -72,30 +73,41 @@ def _single_token(tokenizer: Any, text: str) -> int:
     return int(ids[0])
 
 
-def _row(raw: Any, name: str, index: int) -> np.ndarray:
-    """One row of a 2-D tensor straight from the file's map (the vocabulary-sized head is never read whole)."""
-    view = raw.view(name)
-    row = np.array(view[index])
+def _rows(raw: Any, name: str, indices: list[int]) -> np.ndarray:
+    """Rows of a 2-D tensor straight from the file's map (the vocabulary-sized head is never read whole), bf16
+    widened to float32, anything else as stored (an MLX folder's packed words stay uint32)."""
+    rows = np.array(raw.view(name)[indices])
     if raw.header[name]["dtype"] == "BF16":
-        return (row.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return row.astype(np.float64)
+        return (rows.astype(np.uint32) << 16).view(np.float32)
+    return rows
 
 
 def yes_no_row(spec: ModelSpec, tokenizer: Any) -> np.ndarray:
-    """w_yes - w_no [H] from the LM head (the embedding table when the checkpoint ties them)."""
+    """w_yes - w_no [H] in float64 from the LM head (the embedding table when the checkpoint ties them); an MLX
+    folder's quantized head dequantized for those two rows."""
     from lantern.app.models.weight_stream import RawSafetensors
 
-    if spec.config.quantization is not None:
-        raise UnsupportedModelError("a quantized Qwen3-Reranker folder's LM head rows are not read here (--task score)")
     cfg = _config(spec.weight_files[0].parent)
-    names = ("model.embed_tokens.weight",) if cfg.get("tie_word_embeddings") else ("lm_head.weight",)
+    prefix = "model.embed_tokens" if cfg.get("tie_word_embeddings") else "lm_head"
     yes, no = _single_token(tokenizer, "yes"), _single_token(tokenizer, "no")
+    tensors: dict[str, np.ndarray] = {}
     for path in spec.weight_files:
         raw = RawSafetensors(path)
         try:
-            name = next((n for n in names if n in raw.header), None)
-            if name is not None:
-                return _row(raw, name, yes) - _row(raw, name, no)
+            for name in raw.names:
+                if name.startswith(f"{prefix}.") and len(raw.header[name]["shape"]) == 2:
+                    tensors[name] = _rows(raw, name, [yes, no])
         finally:
             raw.close()
-    raise UnsupportedModelError(f"the Qwen3-Reranker's {names[0]} is missing from the checkpoint")
+    if f"{prefix}.weight" not in tensors:
+        raise UnsupportedModelError(f"the Qwen3-Reranker's {prefix}.weight is missing from the checkpoint")
+    if len(tensors) == 1:
+        two = tensors[f"{prefix}.weight"].astype(np.float64)
+    else:  # quantized: the two rows' words with their scales (and biases) are a two-row quantized module
+        from lantern.app.models.quant.hf_formats import read_quantized_module
+
+        scheme = spec.config.quantization
+        if scheme is None:
+            raise UnsupportedModelError(f"{prefix} has {sorted(tensors)} but config.json states no quantization")
+        two = read_quantized_module(scheme, prefix, tensors).dequantize(np.float32).astype(np.float64)
+    return two[0] - two[1]

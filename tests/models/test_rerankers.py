@@ -225,3 +225,26 @@ def test_prompt_heads_come_from_the_prefix_cache(folders):
     assert llm.engine.stats_snapshot()["prefix_cache_hits"] == hits
     _score_with_salt(llm, [(QUERY, docs[0])], "tenant-a")
     assert llm.engine.stats_snapshot()["prefix_cache_hits"] > hits
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_mlx_community_quantized_reranker(folders, backend, tmp_path, tie):
+    """A Qwen3-Reranker quantized by mlx_lm (as mlx-community publishes it, the head or tied table 4-bit too):
+    the yes / no rows dequantized from their words, the scores mlx_lm's own forward gives (MLX exactly; torch
+    through its int4 kernels, which quantize activations)."""
+    import mlx.core as mx
+    from mlx_lm.utils import load
+
+    from tests.fixtures.teacher_forcing import quantized_by_mlx_lm
+
+    src = folders["tied" if tie else "untied"]
+    out = quantized_by_mlx_lm(src, tmp_path / "Qwen3-Reranker-tiny-4bit", bits=4, group_size=32)
+    model, tok = load(str(out))
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    want = []
+    for d in DOCS:
+        ids = tok.encode(TEMPLATE.replace("{query}", QUERY).replace("{document}", d), add_special_tokens=False)
+        logits = model(mx.array([ids]))[0, -1]
+        want.append(float(mx.softmax(mx.stack([logits[yes], logits[no]]).astype(mx.float32))[0]))
+    got = [o.score for o in engine(str(out), backend).score(QUERY, DOCS)]
+    np.testing.assert_allclose(got, want, atol=1e-5 if backend == "mlx" else 3e-3, rtol=0)
