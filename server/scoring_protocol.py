@@ -38,6 +38,10 @@ class _Closed(BaseModel):
 
 
 class TextDocument(_Closed):
+    """Jina's {"text"} and Cohere v1's document objects: `text` is what is ranked (Cohere ranks the other keys only
+    when rank_fields names them, which is refused), so a title or id beside it is carried, not scored."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     text: str
 
 
@@ -45,8 +49,8 @@ class RerankRequest(_Closed):
     model: str | None = None
     query: str
     documents: list[str | TextDocument]
-    top_n: int | None = Field(default=None, ge=1)
-    return_documents: bool = True  # (Jina's and vLLM's default; Cohere's SDK sends false when it wants none)
+    top_n: int | None = Field(default=None, ge=0)  # (0: all, as vLLM reads it)
+    return_documents: bool = True  # (Jina's and vLLM's default; Cohere v1's is false, its SDK sends it when given)
     max_tokens_per_doc: int | None = Field(default=None, ge=1)
     instruction: str | None = None  # Lantern's: a prompt reranker's (Qwen3-Reranker's) task, refused elsewhere
     priority: int = 0  # Cohere v2: an order under load; one queue here, so only the default is served

@@ -143,6 +143,7 @@ class Embedder:
         self.size = size
         self.pair_template: str | None = None  # task score: a prompt reranker's text around each pair
         self.labels: list[str] | None = None  # task classify: the classifier's labels, in id order
+        self.pair_tokenizer: Any = None  # task score: scoring.pair_tokenizer's private copy, made on first use
         self.pending: dict[str, _Pending] = {}
         # A decoder's last-token pooling reads only the last position's state, which a cached prefix does not
         # change: such inputs use the prefix cache (a reranker's prompt head, an embedder's instruction, shared

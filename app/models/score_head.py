@@ -214,7 +214,7 @@ def _steps(cfg: dict[str, Any], model_type: str, tensors: _Tensors, decoder: boo
     if model_type == "distilbert":
         return [tensors.linear("pre_classifier"), _act("relu"), tensors.linear("classifier")]
     if model_type == "modernbert":
-        act = cfg.get("classifier_activation", cfg.get("hidden_activation", "gelu"))
+        act = cfg.get("classifier_activation", "gelu")  # (ModernBertConfig's default, whatever hidden_activation)
         if act not in _GELU:
             raise UnsupportedModelError(f"classifier_activation={json.dumps(act)} in config.json is not implemented")
         norm = _layer_norm(

@@ -8,11 +8,12 @@ pipeline), the most probable label and the label count.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import APIRouter, Request
 
-from lantern.app.engine import InvalidRequestError
+from lantern.app.engine import AsyncEngine, InvalidRequestError
 from lantern.server.generation import ServerState, new_id
 from lantern.server.routes.embeddings import embed_all
 from lantern.server.scoring_protocol import ClassifyRequest
@@ -20,14 +21,8 @@ from lantern.server.scoring_protocol import ClassifyRequest
 router = APIRouter()
 
 
-@router.post("/v1/classify")
-@router.post("/classify")
-async def classify(body: ClassifyRequest, request: Request) -> dict:
-    state: ServerState = request.app.state.lantern
-    state.check_model(body.model)
-    engine = state.engine
-    engine.require_task("classify")
-    inputs = body.inputs()
+def _validated(engine: AsyncEngine, inputs: list[str | list[int]]) -> list[list[int]]:
+    """Each input's ids (texts tokenized off the event loop), validated; an error names the item."""
     ids = [engine.encode(x) if isinstance(x, str) else x for x in inputs]
     for i, one in enumerate(ids):
         try:
@@ -37,6 +32,17 @@ async def classify(body: ClassifyRequest, request: Request) -> dict:
                 exc.message, exc.param = exc.message.replace("input", f"input[{i}]", 1), f"input[{i}]"
                 exc.args = (exc.message,)
             raise
+    return ids
+
+
+@router.post("/v1/classify")
+@router.post("/classify")
+async def classify(body: ClassifyRequest, request: Request) -> dict:
+    state: ServerState = request.app.state.lantern
+    state.check_model(body.model)
+    engine = state.engine
+    engine.require_task("classify")
+    ids = await asyncio.to_thread(_validated, engine, body.inputs())
     state.check_capacity()
     started = time.monotonic()
     outs = await embed_all(engine, [(one, None) for one in ids], new_id("classify"), request)

@@ -34,21 +34,25 @@ router = APIRouter()
 def _pairs(
     engine: AsyncEngine,
     pairs: list[tuple[str, str]],
-    param: str,
+    names: tuple[str, str],
     max_document_tokens: int | None = None,
     truncate: bool = True,
     instruction: str | None = None,
+    queries: int = 1,
 ) -> list[tuple[list[int], list[int] | None]]:
-    """Each pair's engine input, validated; an error names the item (`documents[3]`)."""
+    """Each pair's engine input, validated; an error names the request's field and item (`documents[3]`; the
+    query's field: `query`, or `text_1[2]` when the request gave `queries` of them)."""
     inputs = []
     for i, (query, document) in enumerate(pairs):
         try:
             ids, types = engine.encode_pair(query, document, max_document_tokens, truncate, instruction)
             engine.validate_embedding(ids, "score")
         except InvalidRequestError as exc:
-            if exc.param == "input":  # (the engine's name for an input)
-                where = f"{param}[{i}]" if len(pairs) > 1 else param
-                exc.message, exc.param = exc.message.replace("input", where, 1), where
+            renamed = {"input": (names[1], len(pairs)), "query": (names[0], queries)}.get(exc.param or "")
+            if renamed is not None:  # (the engine's names for the pair's two texts)
+                field, count = renamed
+                where = f"{field}[{i}]" if count > 1 else field
+                exc.message, exc.param = exc.message.replace(exc.param or "", where, 1), where
                 exc.args = (exc.message,)
             raise
         inputs.append((ids, types))
@@ -59,14 +63,16 @@ async def _scored(
     state: ServerState,
     request: Request,
     pairs: list[tuple[str, str]],
-    param: str,
+    names: tuple[str, str],
     max_document_tokens: int | None,
     truncate: bool = True,
     instruction: str | None = None,
+    queries: int = 1,
 ) -> tuple[list[EmbeddingOutput], int]:
     engine = state.engine
     engine.require_task("score")
-    inputs = await asyncio.to_thread(_pairs, engine, pairs, param, max_document_tokens, truncate, instruction)
+    work = (engine, pairs, names, max_document_tokens, truncate, instruction, queries)
+    inputs = await asyncio.to_thread(_pairs, *work)
     state.check_capacity()
     started = time.monotonic()
     outs = await embed_all(engine, inputs, new_id("score"), request)
@@ -78,11 +84,12 @@ async def _scores(
     state: ServerState,
     request: Request,
     pairs: list[tuple[str, str]],
-    param: str,
+    names: tuple[str, str],
     max_document_tokens: int | None,
     instruction: str | None,
+    queries: int = 1,
 ) -> tuple[list[float], int]:
-    outs, tokens = await _scored(state, request, pairs, param, max_document_tokens, instruction=instruction)
+    outs, tokens = await _scored(state, request, pairs, names, max_document_tokens, True, instruction, queries)
     return [o.score for o in outs], tokens
 
 
@@ -105,7 +112,7 @@ async def _tei_rerank(body: TEIRerankRequest, request: Request) -> list[dict]:
     state.check_model(body.model)
     texts = body.checked()
     pairs = [(body.query, t) for t in texts]
-    outs, _ = await _scored(state, request, pairs, "texts", None, truncate=bool(body.truncate))
+    outs, _ = await _scored(state, request, pairs, ("query", "texts"), None, truncate=bool(body.truncate))
     scores = [float(o.logits[0]) if body.raw_scores and o.logits is not None else o.score for o in outs]
     ranked = []
     for i in sorted(range(len(scores)), key=lambda i: -scores[i]):
@@ -123,8 +130,10 @@ async def rerank(body: RerankRequest, request: Request) -> dict:
     state.check_model(body.model)
     documents = body.texts()
     pairs = [(body.query, d) for d in documents]
-    scores, tokens = await _scores(state, request, pairs, "documents", body.max_tokens_per_doc, body.instruction)
-    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n]
+    scores, tokens = await _scores(
+        state, request, pairs, ("query", "documents"), body.max_tokens_per_doc, body.instruction
+    )
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n or None]  # (top_n 0: all, as vLLM)
     results = []
     for i in order:
         result: dict = {"index": i, "relevance_score": scores[i]}
@@ -141,12 +150,13 @@ async def score(body: ScoreRequest, request: Request) -> dict:
     state.check_model(body.model)
     texts = body.counted()
     pairs = pairs_of(texts["text_1"], texts["text_2"])
-    scores, tokens = await _scores(state, request, pairs, "text_2", None, body.instruction)
+    queries = 1 if isinstance(texts["text_1"], str) else len(texts["text_1"])
+    scores, tokens = await _scores(state, request, pairs, ("text_1", "text_2"), None, body.instruction, queries)
     return {
         "id": new_id("score"),
         "object": "list",
         "created": int(time.time()),
         "model": state.model_name,
         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }

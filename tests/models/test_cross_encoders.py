@@ -169,3 +169,25 @@ def test_each_task_refuses_the_others(folders):
     embedder = engine(folders["bert"], "torch", task="embed")
     with pytest.raises(InvalidRequestError, match=r"serves embeddings.*scores need a cross-encoder"):
         embedder.score(QUERY, DOCS)
+
+
+def test_a_tokenizer_json_saved_with_truncation_and_padding(folders, tmp_path):
+    """A tokenizer.json may carry truncation and padding settings (saved from a tokenizer that had them enabled):
+    pairs are built without them, whatever other calls did to the shared tokenizer before."""
+    import json
+    import shutil
+
+    folder = tmp_path / "saved-settings"
+    shutil.copytree(folders["bert"], folder)
+    tok_file = folder / "tokenizer.json"
+    saved = json.loads(tok_file.read_text())
+    saved["truncation"] = {"direction": "Right", "max_length": 10, "strategy": "LongestFirst", "stride": 0}
+    pad = {"strategy": {"Fixed": 48}, "direction": "Right", "pad_to_multiple_of": None}
+    saved["padding"] = {**pad, "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}
+    tok_file.write_text(json.dumps(saved))
+    llm = engine(str(folder), "torch")
+    ids, _ = tokenize_pair(llm.engine, QUERY, DOCS[0])
+    want_ids = AutoTokenizer.from_pretrained(folders["bert"])(QUERY, DOCS[0])["input_ids"]
+    assert ids == want_ids and len(ids) > 10
+    got = [o.score for o in llm.score(QUERY, DOCS)]
+    np.testing.assert_allclose(got, reference(folders["bert"], [(QUERY, d) for d in DOCS]), atol=2e-5, rtol=0)

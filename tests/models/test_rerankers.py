@@ -6,7 +6,6 @@ template. Each against transformers on the values the file holds."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -160,11 +159,6 @@ def test_reranker_gguf_refusals(ggufs):
         engine(str(ggufs["xlmr-f32"][0]), "torch", task="embed")
 
 
-def test_ref_folder_is_a_classifier(ggufs):
-    cfg = json.loads((ggufs["xlmr-f32"][1] / "config.json").read_text())
-    assert cfg["architectures"] == ["XLMRobertaForSequenceClassification"]
-
-
 def test_score_on_a_gguf_that_is_no_reranker(folders, tmp_path):
     """The same Qwen3 written as a plain causal-LM GGUF (no RANK pooling): --task score is refused naming why."""
     path, _ = convert_to_gguf(Path(folders["tied"]), tmp_path / "gguf", "f32")
@@ -185,6 +179,13 @@ def test_an_instruction_replaces_the_default(folders):
     prompts = [tok(text.replace("{query}", QUERY).replace("{document}", d))["input_ids"] for d in DOCS]
     np.testing.assert_allclose([o.score for o in got], yes_probability(folders["untied"], prompts), atol=2e-5)
     assert got[0].score != llm.score(QUERY, DOCS[0])[0].score
+    # Braces in the caller's texts are text: "{document}" in an instruction is not where the document goes.
+    odd, doc = "find {document} for {query}", "the {query} itself"
+    head, tail = TEMPLATE.split("{document}")
+    filled = head.replace("{query}", QUERY).replace(DEFAULT_INSTRUCTION, odd) + doc + tail  # the slots filled once
+    assert odd in filled and filled.count(doc) == 1
+    want = yes_probability(folders["untied"], [tok(filled)["input_ids"]])[0]
+    assert abs(llm.score(QUERY, doc, instruction=odd)[0].score - want) < 2e-5
 
 
 def test_an_instruction_is_refused_by_cross_encoders(ggufs):

@@ -66,6 +66,8 @@ def test_cohere_v2_sdk(score_server, folder):
     np.testing.assert_allclose([x.relevance_score for x in r.results], np.sort(want)[::-1], atol=2e-5, rtol=0)
     top = client.rerank(model="tiny", query=QUERY, documents=DOCS, top_n=2)
     assert [x.index for x in top.results] == [x.index for x in r.results[:2]]
+    every = post(score_server, "/v2/rerank", query=QUERY, documents=DOCS, top_n=0).json()  # (vLLM: 0 is all)
+    assert len(every["results"]) == len(DOCS)
 
 
 def test_cohere_v1_sdk_returns_documents(score_server, folder):
@@ -94,8 +96,16 @@ def test_jina_shape_and_usage(score_server, folder):
     assert all("document" not in x for x in body["results"])
     assert sorted(x["index"] for x in body["results"]) == [0, 1, 2, 3]
     assert body["usage"]["total_tokens"] == sum(len(pair_ids(folder, QUERY, d)) for d in DOCS)
+    titled = [{"text": d, "title": f"doc {i}"} for i, d in enumerate(DOCS)]  # (Cohere v1: only text is ranked)
+    carried = post(score_server, "/v1/rerank", query=QUERY, documents=titled, return_documents=False).json()
+    assert [x["index"] for x in carried["results"]] == [x["index"] for x in body["results"]]
+    np.testing.assert_allclose(
+        [x["relevance_score"] for x in carried["results"]], [x["relevance_score"] for x in body["results"]], atol=1e-6
+    )
     same = post(score_server, "/rerank", query=QUERY, documents=DOCS).json()  # Jina's / vLLM's path
-    assert [x["relevance_score"] for x in same["results"]] == [x["relevance_score"] for x in body["results"]]
+    np.testing.assert_allclose(
+        [x["relevance_score"] for x in same["results"]], [x["relevance_score"] for x in body["results"]], atol=1e-6
+    )
 
 
 def test_max_tokens_per_doc_cuts_documents(score_server, folder):
@@ -127,10 +137,12 @@ def test_vllm_score_api(score_server, folder):
         ("/v2/rerank", {"query": QUERY, "documents": DOCS, "priority": 3}, "priority"),
         ("/v1/rerank", {"query": QUERY, "documents": []}, "documents"),
         ("/v1/rerank", {"query": "", "documents": DOCS}, "query"),
-        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 0}, "top_n"),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
         ("/v1/rerank", {"query": QUERY, "documents": [{"title": "x"}]}, "documents"),
         ("/v1/rerank", {"query": QUERY * 40, "documents": DOCS}, "query"),
         ("/v1/score", {"text_1": [QUERY, QUERY], "text_2": DOCS}, "text_2"),
+        ("/v1/score", {"text_1": QUERY * 40, "text_2": DOCS}, "text_1"),
+        ("/v1/score", {"text_1": [QUERY, QUERY * 40], "text_2": DOCS[:2]}, "text_1[1]"),
         ("/v1/score", {"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": 5}, "truncate_prompt_tokens"),
     ],
     ids=[
@@ -144,6 +156,8 @@ def test_vllm_score_api(score_server, folder):
         "doc-shape",
         "long",
         "lists",
+        "long-text_1",
+        "long-text_1-item",
         "tpt",
     ],
 )
@@ -152,6 +166,8 @@ def test_bad_requests_name_the_field(score_server, path, body, param):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] is not None and err["param"].startswith(param), err
+    if param.startswith("text_1"):  # the field itself, item included
+        assert err["param"] == param, err
     assert score_server.engine.dead_reason is None
 
 
