@@ -166,16 +166,19 @@ RERANK_DOCS = [
 
 
 def rerankers(root: Path) -> dict[str, Path]:
-    """The tests' reranker GGUFs: bge-reranker's XLM-R (f32, Q8_0), Qwen3-Reranker (tests/models/test_rerankers.py)."""
+    """The tests' reranker GGUFs: bge-reranker's XLM-R (f32, Q8_0), gte-reranker-modernbert's ModernBERT,
+    Qwen3-Reranker (tests/models/test_rerankers.py, test_gguf_modernbert.py)."""
     from transformers import AutoTokenizer
 
     from lantern.app.models.qwen3_reranker import TEMPLATE
-    from tests.fixtures.gguf_encoders import convert_encoder_to_gguf
+    from tests.fixtures.gguf_encoders import convert_encoder_to_gguf, convert_modernbert_to_gguf
     from tests.fixtures.gguf_families import convert_to_gguf
     from tests.fixtures.tiny_rerankers import build_cross_encoder, build_qwen3_reranker
 
     xlmr = build_cross_encoder(root / "xlmr", "xlm-roberta", seed=4, max_position_embeddings=258)
     out = {f"xlmr-{t}": convert_encoder_to_gguf(xlmr, root / f"xlmr-{t}", t)[0] for t in ("f32", "q8_0")}
+    modern = build_cross_encoder(root / "modern", "modernbert", seed=3, bpe=True, classifier_pooling="mean")
+    out["modern-bert"] = convert_modernbert_to_gguf(modern, root / "modern-gguf", "f32")[0]
     qwen = build_qwen3_reranker(root / "Qwen3-Reranker-tiny", seed=2, tie=True)
     tok = AutoTokenizer.from_pretrained(qwen)
     rows = (tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no"))
@@ -206,7 +209,7 @@ def check_rerankers(args: argparse.Namespace, root: Path) -> None:
             llm = LLM(model=str(path), backend=args.backend, dtype="float32")
             ours = [o.score for o in llm.score(RERANK_QUERY, RERANK_DOCS)]
             note = ""
-            if name.startswith("xlmr"):
+            if name.startswith(("xlmr", "modern")):
                 ours = [math.log(p / (1 - p)) for p in ours]
             else:
                 template = llm.engine.embedder.pair_template

@@ -1,6 +1,7 @@
 """BERT-style encoders from GGUF files (llama.cpp's `bert` architecture: all-MiniLM, bge, mxbai-embed-large,
-snowflake-arctic-embed, and XLM-RoBERTa's bge-m3 / multilingual-e5, which the converter writes as `bert` too; and
-`nomic-bert`: nomic-embed-text v1 / v1.5, LM Studio's and Ollama's default embedding model).
+snowflake-arctic-embed, and XLM-RoBERTa's bge-m3 / multilingual-e5, which the converter writes as `bert` too;
+`nomic-bert`: nomic-embed-text v1 / v1.5, LM Studio's and Ollama's default embedding model; `modern-bert`:
+gte-modernbert, granite-embedding r2, gte-reranker-modernbert).
 
 The config: what conversion/bert.py writes, read back as the BertModel config.json family_bert reads. A RoBERTa's
 position table arrives already cut to start at row padding_idx + 1, so the file is served as plain BERT
@@ -77,7 +78,31 @@ def _nomic_bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
     return {**out, "architectures": ["NomicBertModel"], "hidden_act": "silu", "rope_parameters": rope}
 
 
-ENCODER_BUILDERS = {"bert": _bert, "nomic-bert": _nomic_bert}
+def _modern_bert(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModernBertModel's keys (gte-modernbert, granite-embedding r2, gte-reranker-modernbert): the local window and
+    the global layers' period (sliding_window, sliding_window_pattern: llama.cpp's symmetric window, the first layer
+    global), the global and local ropes' bases (rope.freq_base, rope.freq_base_swa: the global one when absent, as
+    llama.cpp reads it), the GLU's activation, biases where the file holds them."""
+    if meta.get("attention.causal", False):
+        raise UnsupportedModelError(f"{meta.label}{meta.arch}.attention.causal=true is not implemented (an encoder)")
+    base = float(meta.get("rope.freq_base", 160_000.0))
+    return {
+        "model_type": "modernbert",
+        "architectures": ["ModernBertModel"],
+        "norm_eps": float(meta.need("attention.layer_norm_epsilon")),
+        "local_attention": int(meta.need("attention.sliding_window")),
+        "global_attn_every_n_layers": int(meta.get("attention.sliding_window_pattern", 3)),
+        "global_rope_theta": base,
+        "local_rope_theta": float(meta.get("rope.freq_base_swa", base)),
+        "hidden_activation": str(meta.get("hidden_activation", "gelu")),
+        "norm_bias": "token_embd_norm.bias" in tensors,
+        "attention_bias": "blk.0.attn_qkv.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensors,
+        "num_key_value_heads": cfg["num_attention_heads"],
+    }
+
+
+ENCODER_BUILDERS = {"bert": _bert, "nomic-bert": _nomic_bert, "modern-bert": _modern_bert}
 ENCODER_ARCHITECTURES = tuple(ENCODER_BUILDERS)  # (gguf_names and the loader route these files here)
 _NOMIC_LAYER_NAMES = {  # nomic-bert: q / k / v fused (weight_stream.split_fused cuts them), a gated MLP
     **_LAYER_NAMES,
@@ -86,15 +111,33 @@ _NOMIC_LAYER_NAMES = {  # nomic-bert: q / k / v fused (weight_stream.split_fused
 }
 
 
+_MODERN_LAYER_NAMES = {  # modern-bert GGUF layer tensor -> ModernBERT's (backends/*/models/modernbert.py)
+    "attn_norm": "attn_norm",
+    "attn_qkv": "attn.Wqkv",
+    "attn_output": "attn.Wo",
+    "ffn_norm": "mlp_norm",
+    "ffn_up": "mlp.Wi",
+    "ffn_down": "mlp.Wo",
+}
+_MODERN_GLOBAL_NAMES = {
+    "token_embd": "embeddings.tok_embeddings",
+    "token_embd_norm": "embeddings.norm",
+    "output_norm": "final_norm",
+}
+
+
 def encoder_tensor_name(gguf_name: str, arch: str = "bert") -> str | None:
-    """A `bert` / `nomic-bert` GGUF tensor under the encoder files' name; None for tensors not loaded (a
-    reranker's cls head)."""
-    layer_names = _NOMIC_LAYER_NAMES if arch == "nomic-bert" else _LAYER_NAMES
+    """A `bert` / `nomic-bert` / `modern-bert` GGUF tensor under the encoder files' name; None for tensors not
+    loaded (a reranker's cls head: gguf_score_head.py reads it)."""
+    if arch == "modern-bert":
+        layer_names, global_names = _MODERN_LAYER_NAMES, _MODERN_GLOBAL_NAMES
+    else:
+        layer_names, global_names = (_NOMIC_LAYER_NAMES if arch == "nomic-bert" else _LAYER_NAMES), GLOBAL_NAMES
     parts = gguf_name.split(".")
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in layer_names:
         return f"layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
-    if len(parts) == 2 and parts[0] in GLOBAL_NAMES:
-        return f"{GLOBAL_NAMES[parts[0]]}.{parts[1]}"
+    if len(parts) == 2 and parts[0] in global_names:
+        return f"{global_names[parts[0]]}.{parts[1]}"
     return None
 
 
@@ -133,6 +176,8 @@ def encoder_tokenizer(path: Path) -> Any:
 
     fields = _fields(path)
     kind = fields.get("tokenizer.ggml.model")
+    if kind == "gpt2":  # (modern-bert: byte-level BPE, which transformers' GGUF reader builds; then [CLS] / [SEP])
+        return _bpe_encoder_tokenizer(path, fields)
     tokens: list[str] = fields["tokenizer.ggml.tokens"]
     types: list[int] = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if kind == "bert":
@@ -188,4 +233,39 @@ def encoder_tokenizer(path: Path) -> Any:
         if i is not None:
             setattr(fast, name, tokens[i])
     logger.info("GGUF %s tokenizer rebuilt from %s (%d pieces)", kind, path.name, len(tokens))
+    return fast
+
+
+def _bpe_encoder_tokenizer(path: Path, fields: dict[str, Any]) -> Any:
+    """ModernBERT's byte-level BPE from the file: the vocabulary and merges as stored, GPT-2's byte-level split
+    (llama.cpp's `modern-bert` pre-tokenizer is GPT-2's regex), the control tokens special, and [CLS] A [SEP]
+    (B [SEP]) around it from the file's bos / eos ids (its cls / sep ids where it states none)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tokens: list[str] = fields["tokenizer.ggml.tokens"]
+    types: list[int] = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges") or []]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    first = _special(fields, "bos_token_id", _special(fields, "cls_token_id", None))  # ([CLS] where no bos)
+    last = _special(fields, "eos_token_id", _special(fields, "seperator_token_id", None))  # ([SEP] where no eos)
+    head = [tokens[first]] if first is not None and fields.get("tokenizer.ggml.add_bos_token", True) else []
+    tail = [tokens[last]] if last is not None and fields.get("tokenizer.ggml.add_eos_token", True) else []
+    specials = {tokens[i]: i for i, on in ((first, head), (last, tail)) if on and i is not None}
+    tok.post_processor = processors.TemplateProcessing(
+        single=" ".join([*head, "$A", *tail]),
+        pair=" ".join([*head, "$A", *tail, "$B:1", *(f"{t}:1" for t in tail)]),
+        special_tokens=list(specials.items()),
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.add_special_tokens({"additional_special_tokens": [t for t, k in zip(tokens, types) if k == _CONTROL]})
+    names = {"unk_token": "unknown_token_id", "pad_token": "padding_token_id", "cls_token": "cls_token_id"}
+    names.update(sep_token="seperator_token_id", mask_token="mask_token_id")
+    for name, key in names.items():
+        if (i := _special(fields, key, None)) is not None:
+            setattr(fast, name, tokens[i])
+    logger.info("GGUF gpt2 tokenizer of an encoder rebuilt from %s (%d pieces)", path.name, len(tokens))
     return fast

@@ -4,6 +4,8 @@
   head's dense as `cls` and its out_proj as `cls.output`: tanh(cls . h_cls) then cls.output, transformers' head.
   A BertForSequenceClassification file holds only `cls.output`: the converter drops BERT's pooler, which the head
   reads through, so such a file cannot give the model's scores and is refused saying so.
+- ModernBERT rerankers (gte-reranker-modernbert, `modern-bert`): the prediction head's dense as `cls`, its LayerNorm
+  as `cls.norm`, the classifier as `cls.output`, read after mean or [CLS] pooling (classifier.pooling_type).
 - Qwen3-Reranker (`qwen3`): `cls.output` holds the LM head's rows for "yes" and "no" (in that order), softmaxed
   at the last token; the prompt is the file's `tokenizer.chat_template.rerank` with {query} and {document}.
   softmax(...)[0] = sigmoid((w_yes - w_no) . h): one row under a sigmoid (qwen3_reranker.py says the same of the
@@ -43,8 +45,9 @@ def _tensors(spec: ModelSpec) -> tuple[Any, dict[str, np.ndarray]]:
     return index, heads
 
 
-def gguf_head_parts(spec: ModelSpec) -> tuple[list[tuple[np.ndarray, np.ndarray | None] | str], str | None]:
-    """The head as steps ((weight, bias) linears and "tanh") and the decoder's prompt template (None for encoders)."""
+def gguf_head_parts(spec: ModelSpec) -> tuple[list[Any], str | None]:
+    """The head as steps ((weight, bias) linears, "tanh" / "gelu", ("norm", (weight, bias), eps) LayerNorms) and the
+    decoder's prompt template (None for encoders)."""
     index, heads = _tensors(spec)
     name = spec.weight_files[0].name
     if index.metadata.get(f"{index.architecture}.pooling_type") != _RANK:
@@ -70,8 +73,21 @@ def gguf_head_parts(spec: ModelSpec) -> tuple[list[tuple[np.ndarray, np.ndarray 
             f"{name}: a BERT cross-encoder GGUF (cls.output without cls) lacks BertForSequenceClassification's "
             "pooler, which llama.cpp's converter drops; its scores cannot be computed: serve the safetensors folder"
         )
-    if "cls.norm.weight" in heads:
-        raise UnsupportedModelError(f"{name}: a ModernBERT reranker GGUF is not implemented")
     if out.shape[0] != 1:
         raise UnsupportedModelError(f"{name}: a classifier with {out.shape[0]} labels: it classifies, not scores")
+    if index.architecture == "modern-bert":  # ModernBertPredictionHead: dense, GELU, LayerNorm, then the classifier
+        norm = (heads["cls.norm.weight"], heads.get("cls.norm.bias"))
+        eps = float(index.metadata.get("modern-bert.attention.layer_norm_epsilon", 1e-5))
+        return [(dense, heads.get("cls.bias")), "gelu", ("norm", norm, eps), (out, out_b)], None
     return [(dense, heads.get("cls.bias")), "tanh", (out, out_b)], None
+
+
+def gguf_head_pooling(spec: ModelSpec) -> str:
+    """The state an encoder reranker's head reads: [CLS], or ModernBERT's classifier_pooling (mean when the file
+    states none, as llama.cpp reads gte-reranker-modernbert's)."""
+    from lantern.app.models.gguf_names import read_gguf_index
+
+    index = read_gguf_index(str(spec.weight_files[0]))
+    if index.architecture != "modern-bert":
+        return "cls"
+    return {1: "mean", 2: "cls"}.get(int(index.metadata.get("modern-bert.classifier.pooling_type", 1)), "mean")

@@ -71,7 +71,9 @@ def head_pooling(spec: ModelSpec) -> str:
     if spec.config.encoder is None:
         return "last"
     if spec.weight_format == "gguf":
-        return "cls"
+        from lantern.app.models.gguf_score_head import gguf_head_pooling
+
+        return gguf_head_pooling(spec)
     cfg = _read_config(spec)
     if cfg.get("model_type") == "modernbert":
         pooling = cfg.get("classifier_pooling", "cls")
@@ -236,8 +238,15 @@ def _gguf_head(spec: ModelSpec) -> ScoreHead:
     from lantern.app.models.gguf_score_head import gguf_head_parts
 
     parts, template = gguf_head_parts(spec)
-    steps = [np.tanh if part == "tanh" else Linear(*part) for part in parts]  # type: ignore[misc]
-    pooling = "cls" if spec.config.encoder is not None else "last"
+    steps: list[Callable[[np.ndarray], np.ndarray]] = []
+    for part in parts:
+        if isinstance(part, str):
+            steps.append(_act(part))
+        elif isinstance(part[0], str):  # ("norm", (weight, bias), eps)
+            steps.append(_layer_norm(*part[1], part[2]))
+        else:
+            steps.append(Linear(*part))
+    pooling = head_pooling(spec)
     logger.info("task: scores from the GGUF file's reranker head (%s pooling, sigmoid)", pooling)
     return ScoreHead(pooling, steps, 1, "sigmoid", template)
 
