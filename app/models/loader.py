@@ -14,7 +14,7 @@ from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 8  # bump when what gguf_config_and_tokenizer stores changes (8: llama.cpp's pre-tokenizer splits)
+_CACHE_FORMAT = 9  # bump when what gguf_config_and_tokenizer stores changes (9: encoders' pair templates)
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt"]
 
 
