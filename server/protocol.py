@@ -42,33 +42,33 @@ def _is_valid_text(s: str) -> bool:
     return True
 
 
-def has_bad_text(value: Any) -> bool:
+def _has_bad_text(value: Any) -> bool:
     if isinstance(value, str):
         return not _is_valid_text(value)
     if isinstance(value, (list, tuple)):
-        return any(isinstance(v, (str, list, tuple, dict)) and has_bad_text(v) for v in value)
+        return any(isinstance(v, (str, list, tuple, dict)) and _has_bad_text(v) for v in value)
     if isinstance(value, dict):
-        return any(has_bad_text(k) or has_bad_text(v) for k, v in value.items())
+        return any(_has_bad_text(k) or _has_bad_text(v) for k, v in value.items())
     return False  # numbers, None, nested models (they validate their own fields)
 
 
-class _Lenient(BaseModel):
+class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     @field_validator("*", mode="after")
     @classmethod
     def _valid_unicode(cls, value: Any) -> Any:
-        if has_bad_text(value):
+        if _has_bad_text(value):
             raise PydanticCustomError(INVALID_UNICODE, "contains a lone UTF-16 surrogate (not valid Unicode text)")
         return value
 
 
-class TextPart(_Lenient):
+class TextPart(Lenient):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Lenient):
+class FunctionCall(Lenient):
     name: str
     arguments: str  # JSON text of an object, as OpenAI sends it
 
@@ -84,7 +84,7 @@ class FunctionCall(_Lenient):
         return value
 
 
-class ToolCallMessage(_Lenient):
+class ToolCallMessage(Lenient):
     """A call an assistant made earlier in the conversation."""
 
     id: str
@@ -92,7 +92,7 @@ class ToolCallMessage(_Lenient):
     function: FunctionCall
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(Lenient):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCallMessage] | None = None  # assistant
@@ -134,30 +134,30 @@ class ChatMessage(_Lenient):
         return msg
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(Lenient):
     include_usage: bool = False
     # Random padding on each chunk against a size side channel on OpenAI's network path: no effect
     # on the answer, and chunks from a local server carry none (accepted, checked for type).
     include_obfuscation: bool | None = None
 
 
-class FunctionDefinition(_Lenient):
+class FunctionDefinition(Lenient):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema; none: the function takes no arguments
     strict: bool | None = None
 
 
-class ToolDefinition(_Lenient):
+class ToolDefinition(Lenient):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Lenient):
+class NamedFunction(Lenient):
     name: str
 
 
-class NamedToolChoice(_Lenient):
+class NamedToolChoice(Lenient):
     type: Literal["function"]
     function: NamedFunction
 
@@ -173,7 +173,7 @@ def _refuse(param: str, why: str) -> InvalidRequestError:
     return InvalidRequestError(f"{param} {why}", param=param)
 
 
-class _SamplingFields(_Lenient):
+class _SamplingFields(Lenient):
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -344,7 +344,7 @@ class CompletionRequest(_SamplingFields):
         return [x for x in p if not isinstance(x, int)]  # strings or id lists (the union allows no mix)
 
 
-class TokenizeRequest(_Lenient):
+class TokenizeRequest(Lenient):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -355,7 +355,7 @@ class TokenizeRequest(_Lenient):
     _template_kwargs = field_validator("chat_template_kwargs")(_check_template_kwargs)
 
 
-class DetokenizeRequest(_Lenient):
+class DetokenizeRequest(Lenient):
     model: str | None = None
     tokens: list[int]
 
@@ -363,7 +363,7 @@ class DetokenizeRequest(_Lenient):
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 
 
-class EmbeddingRequest(_Lenient):
+class EmbeddingRequest(Lenient):
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
@@ -372,19 +372,24 @@ class EmbeddingRequest(_Lenient):
 
     def inputs(self) -> list[str | list[int]]:
         """One text or token-id list per vector asked for; empty ones refused naming input."""
-        x = self.input
-        if isinstance(x, str):
-            items: list[str | list[int]] = [x]
-        elif x and all(isinstance(v, int) for v in x):
-            items = [[int(v) for v in x]]  # type: ignore[arg-type]  # all ints, checked above
-        else:
-            items = list(x)  # type: ignore[arg-type]  # strings or id lists (the union allows no mix)
-        if not items:
-            raise InvalidRequestError("input must not be an empty list", param="input")
-        if len(items) > MAX_EMBEDDING_INPUTS:
-            raise InvalidRequestError(f"input holds {len(items)} items; at most {MAX_EMBEDDING_INPUTS}", param="input")
-        empty = next((i for i, item in enumerate(items) if not item), None)
-        if empty is not None:
-            where = "" if isinstance(x, str) else f"[{empty}]"
-            raise InvalidRequestError(f"input{where} must not be empty", param="input")
-        return items
+        return input_items(self.input, MAX_EMBEDDING_INPUTS)
+
+
+def input_items(x: str | list[str] | list[int] | list[list[int]], limit: int) -> list[str | list[int]]:
+    """An `input` field (a text, texts, token ids or lists of them) as one text or id list per item; an empty
+    list or item, or more than limit items, refused naming input."""
+    if isinstance(x, str):
+        items: list[str | list[int]] = [x]
+    elif x and all(isinstance(v, int) for v in x):
+        items = [[int(v) for v in x]]  # type: ignore[arg-type]  # all ints, checked above
+    else:
+        items = list(x)  # type: ignore[arg-type]  # strings or id lists (the union allows no mix)
+    if not items:
+        raise InvalidRequestError("input must not be an empty list", param="input")
+    if len(items) > limit:
+        raise InvalidRequestError(f"input holds {len(items)} items; at most {limit}", param="input")
+    empty = next((i for i, item in enumerate(items) if not item), None)
+    if empty is not None:
+        where = "" if isinstance(x, str) else f"[{empty}]"
+        raise InvalidRequestError(f"input{where} must not be empty", param="input")
+    return items

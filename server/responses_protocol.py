@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from lantern.app.engine import InvalidRequestError
-from lantern.server.protocol import ChatCompletionRequest, ChatMessage, _Lenient
+from lantern.server.protocol import ChatCompletionRequest, ChatMessage, Lenient
 from lantern.server.request_fields import EFFORTS
 
 # Where a field of the chat request came from in this one: error params are renamed back.
@@ -58,7 +58,7 @@ def renamed_param(param: str | None) -> str | None:
     return param
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(Lenient):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None

@@ -17,24 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, Field, field_validator
 
 from lantern.app.engine import InvalidRequestError
-from lantern.server.protocol import INVALID_UNICODE, has_bad_text
+from lantern.server.protocol import Lenient, input_items
 
 MAX_DOCUMENTS = 10_000  # Cohere's limit on documents per rerank request
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _valid_unicode(cls, value: Any) -> Any:
-        if has_bad_text(value):
-            raise PydanticCustomError(INVALID_UNICODE, "contains a lone UTF-16 surrogate (not valid Unicode text)")
-        return value
+class _Closed(Lenient):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # (Lenient's checks, unknown fields refused)
 
 
 class TextDocument(_Closed):
@@ -127,19 +119,4 @@ class ClassifyRequest(_Closed):
 
     def inputs(self) -> list[str | list[int]]:
         """One text or token-id list per input; empty ones refused naming input."""
-        x = self.input
-        if isinstance(x, str):
-            items: list[str | list[int]] = [x]
-        elif x and all(isinstance(v, int) for v in x):
-            items = [[int(v) for v in x]]  # type: ignore[arg-type]  # all ints, checked above
-        else:
-            items = list(x)  # type: ignore[arg-type]  # strings or id lists
-        if not items:
-            raise InvalidRequestError("input must not be an empty list", param="input")
-        if len(items) > MAX_DOCUMENTS:
-            raise InvalidRequestError(f"input holds {len(items)} items; at most {MAX_DOCUMENTS}", param="input")
-        empty = next((i for i, item in enumerate(items) if not item), None)
-        if empty is not None:
-            where = "" if isinstance(x, str) else f"[{empty}]"
-            raise InvalidRequestError(f"input{where} must not be empty", param="input")
-        return items
+        return input_items(self.input, MAX_DOCUMENTS)

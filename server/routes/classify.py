@@ -13,26 +13,11 @@ import time
 
 from fastapi import APIRouter, Request
 
-from lantern.app.engine import AsyncEngine, InvalidRequestError
 from lantern.server.generation import ServerState, new_id
-from lantern.server.routes.embeddings import embed_all
+from lantern.server.routes.embeddings import embed_all, validated_ids
 from lantern.server.scoring_protocol import ClassifyRequest
 
 router = APIRouter()
-
-
-def _validated(engine: AsyncEngine, inputs: list[str | list[int]]) -> list[list[int]]:
-    """Each input's ids (texts tokenized off the event loop), validated; an error names the item."""
-    ids = [engine.encode(x) if isinstance(x, str) else x for x in inputs]
-    for i, one in enumerate(ids):
-        try:
-            engine.validate_embedding(one, "classify")
-        except InvalidRequestError as exc:
-            if len(ids) > 1:  # say which item
-                exc.message, exc.param = exc.message.replace("input", f"input[{i}]", 1), f"input[{i}]"
-                exc.args = (exc.message,)
-            raise
-    return ids
 
 
 @router.post("/v1/classify")
@@ -42,7 +27,7 @@ async def classify(body: ClassifyRequest, request: Request) -> dict:
     state.check_model(body.model)
     engine = state.engine
     engine.require_task("classify")
-    ids = await asyncio.to_thread(_validated, engine, body.inputs())
+    ids = await asyncio.to_thread(validated_ids, engine, body.inputs(), "classify")  # (tokenized off the loop)
     state.check_capacity()
     started = time.monotonic()
     outs = await embed_all(engine, [(one, None) for one in ids], new_id("classify"), request)

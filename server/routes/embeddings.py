@@ -37,15 +37,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
         raise APIError(
             400, f"dimensions must be in [1, {size}] (this model's embedding size); got {body.dimensions}", "dimensions"
         )
-    ids = [engine.encode(x) if isinstance(x, str) else x for x in inputs]
-    for i, one in enumerate(ids):
-        try:
-            engine.validate_embedding(one)
-        except InvalidRequestError as exc:
-            if len(ids) > 1:  # say which item
-                exc.message = exc.message.replace("input", f"input[{i}]", 1)
-                exc.args = (exc.message,)
-            raise
+    ids = validated_ids(engine, inputs, "embed")
     state.check_capacity()
     started = time.monotonic()
     outs = await embed_all(engine, [(one, None) for one in ids], new_id("embd"), request)
@@ -61,6 +53,20 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
         "model": state.model_name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def validated_ids(engine: AsyncEngine, inputs: list[str | list[int]], task: str) -> list[list[int]]:
+    """Each `input` item's ids (texts tokenized), validated for the task's model; an error says which item."""
+    ids = [engine.encode(x) if isinstance(x, str) else x for x in inputs]
+    for i, one in enumerate(ids):
+        try:
+            engine.validate_embedding(one, task)
+        except InvalidRequestError as exc:
+            if len(ids) > 1:  # say which item
+                exc.message = exc.message.replace("input", f"input[{i}]", 1)
+                exc.args = (exc.message,)
+            raise
+    return ids
 
 
 def _truncated(vector: Any, dimensions: int | None) -> np.ndarray:
