@@ -60,6 +60,14 @@ class EngineClient:
     """Runs the model in this process through the public AsyncEngine API."""
 
     def __init__(self, engine: AsyncEngine, model_name: str | None = None):
+        task = getattr(engine, "task", "generate")
+        if task != "generate":  # an embedder, reranker or classifier: say so once, before any message
+            engine.shutdown()
+            served = {"embed": "embeddings", "score": "relevance scores", "classify": "classification"}.get(task, task)
+            raise ChatError(
+                f"{engine.model_name} serves {served} (task {task}), not chat: serve it with `lantern serve` "
+                "for its endpoints, or pick a model that generates"
+            )
         self.engine = engine
         self.model_name = model_name or engine.model_name
 

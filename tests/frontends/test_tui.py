@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -213,6 +215,12 @@ def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir,
     async def load_missing():
         return EngineClient(await asyncio.to_thread(AsyncEngine, model=str(path) + "-missing", backend=backend))
 
+    async def load_reranker():  # a model that serves no chat: said at start, not per message
+        from tests.fixtures.tiny_rerankers import build_cross_encoder
+
+        folder = build_cross_encoder(Path(tempfile.mkdtemp()) / "reranker", "bert")
+        return EngineClient(await asyncio.to_thread(AsyncEngine, model=str(folder), backend=backend))
+
     async def connect_unreachable():
         client = HTTPClient("http://127.0.0.1:9")  # the discard port: nothing listens
         await client.connect()
@@ -232,7 +240,11 @@ def test_model_loads_inside_the_app_and_failures_are_shown_there(tiny_model_dir,
             assert loaded[0].backend_name == backend
             await pilot.press(*"Hi", "enter")
             await wait_for(lambda: len(app.history) == 2 and not app.generating, pilot)
-        for connect, words in ((load_missing, "not a model folder"), (connect_unreachable, "cannot reach")):
+        for connect, words in (
+            (load_missing, "not a model folder"),
+            (load_reranker, "serves relevance scores (task score), not chat"),
+            (connect_unreachable, "cannot reach"),
+        ):
             app = ChatApp(connect=connect)
             async with app.run_test(size=(100, 30)) as pilot:
                 await wait_for(lambda app=app: app.query_one("#error").display, pilot, timeout=60)
