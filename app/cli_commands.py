@@ -36,11 +36,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             options["chat_template"] = f.read()
     engine = AsyncEngine(**options)
     app = create_app(engine, settings)
+    routes = {  # what a non-generating model answers (the other routes say which task it serves)
+        "embed": " for embeddings (POST /v1/embeddings)",
+        "score": " for relevance scores (POST /v1/rerank, /v2/rerank, /rerank, /v1/score)",
+        "classify": " for classification (POST /classify)",
+    }
     logging.getLogger("lantern").info(
-        "serving %s at http://%s:%d/v1%s",
+        "serving %s at http://%s:%d/v1%s%s",
         app.state.lantern.model_name,
         args.host,
         args.port,
+        routes.get(engine.task, ""),
         f" (browser chat at http://{args.host}:{args.port}/)" if args.ui_server else "",
     )
     try:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+import schemathesis
 import torch
+from hypothesis import HealthCheck, settings
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from tests.fixtures.tiny_rerankers import build_cross_encoder
@@ -79,3 +81,20 @@ def test_each_route_names_the_task(classify_server, server):
         assert err["code"] == "wrong_task" and "serves classification" in err["message"], err
     err = post(server, "/classify", input="hi").json()["error"]  # a generation server
     assert err["code"] == "wrong_task" and "--task classify" in err["message"]
+
+
+@pytest.fixture(scope="module")
+def classify_schema(classify_server):
+    return schemathesis.openapi.from_url(f"{classify_server.base_url}/openapi.json")
+
+
+fuzzed = schemathesis.pytest.from_fixture("classify_schema").include(path_regex="^/(v1/)?classify$")
+
+
+@fuzzed.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_fuzzed_requests_never_get_a_5xx(case):
+    response = case.call(timeout=120)
+    assert response.status_code < 500, f"{case.method} {case.path} -> {response.status_code}: {response.text[:300]}"
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}

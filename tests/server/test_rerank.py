@@ -10,7 +10,9 @@ import cohere
 import httpx
 import numpy as np
 import pytest
+import schemathesis
 import torch
+from hypothesis import HealthCheck, settings
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from tests.fixtures.tiny_encoders import build_bert
@@ -232,3 +234,30 @@ def test_instruction(score_server, folder):
     want = yes_probability(folder, [tok(text.replace("{document}", d))["input_ids"] for d in DOCS])
     got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
     np.testing.assert_allclose([got[i] for i in range(len(DOCS))], want, atol=2e-5, rtol=0)
+
+
+def test_task_flag_reaches_the_engine():
+    from lantern.app.cli import build_parser, engine_options
+
+    for task in ("score", "classify"):
+        args = build_parser().parse_args(["serve", "--w", "/models/x", "--task", task])
+        assert engine_options(args)["task"] == task
+
+
+@pytest.fixture(scope="module")
+def score_schema(score_server):
+    return schemathesis.openapi.from_url(f"{score_server.base_url}/openapi.json")
+
+
+fuzzed = schemathesis.pytest.from_fixture("score_schema").include(path_regex="^/(v1/|v2/)?(rerank|score)$")
+
+
+@fuzzed.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_fuzzed_requests_never_get_a_5xx(case):
+    """Requests generated from /openapi.json against a server that serves scores: a 4xx in OpenAI's envelope (or,
+    for TEI's bare-list answer, a list), never a 5xx."""
+    response = case.call(timeout=120)
+    assert response.status_code < 500, f"{case.method} {case.path} -> {response.status_code}: {response.text[:300]}"
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
