@@ -15,11 +15,10 @@ field they do not name is refused with a 400 naming it, so that an option such a
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ConfigDict, Field, field_validator
 
 from lantern.app.engine import InvalidRequestError
+from lantern.app.engine.scoring import pairs_of
 from lantern.server.protocol import Lenient, input_items
 
 MAX_DOCUMENTS = 10_000  # Cohere's limit on documents per rerank request
@@ -104,12 +103,13 @@ class ScoreRequest(_Closed):
     instruction: str | None = None  # as RerankRequest's
     user: str | None = None
 
-    def counted(self) -> dict[str, Any]:
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (text_1, text_2) pairs the request names (scoring.pairs_of), each list at most MAX_DOCUMENTS long."""
         for name in ("text_1", "text_2"):
             value = getattr(self, name)
             if not isinstance(value, str) and len(value) > MAX_DOCUMENTS:
                 raise InvalidRequestError(f"{name} holds {len(value)} texts; at most {MAX_DOCUMENTS}", param=name)
-        return {"text_1": self.text_1, "text_2": self.text_2}
+        return pairs_of(self.text_1, self.text_2)
 
 
 class ClassifyRequest(_Closed):

@@ -93,7 +93,7 @@ class AsyncEngine:
     def labels(self) -> list[str]:
         """A classifier's labels in id order (task classify; empty otherwise)."""
         embedder = self._engine.embedder
-        return list(embedder.labels or []) if embedder is not None else []
+        return list(embedder.labels) if embedder is not None else []
 
     @property
     def dead_reason(self) -> str | None:

@@ -142,7 +142,7 @@ class Embedder:
         self.finish = finish
         self.size = size
         self.pair_template: str | None = None  # task score: a prompt reranker's text around each pair
-        self.labels: list[str] | None = None  # task classify: the classifier's labels, in id order
+        self.labels: list[str] = []  # task classify: the classifier's labels, in id order
         self.pair_tokenizer: Any = None  # task score: scoring.pair_tokenizer's private copy, made on first use
         self.pending: dict[str, _Pending] = {}
         # A decoder's last-token pooling reads only the last position's state, which a cached prefix does not
@@ -273,7 +273,7 @@ def make_embedder(engine: Any, spec: ModelSpec, task: str, pooling: str) -> Embe
 
         head = load_score_head(spec, engine.tokenizer, task)
         embedder = Embedder(head.pooling, engine, head.outputs, head.num_labels)
-        embedder.pair_template, embedder.labels = head.template, head.labels
+        embedder.pair_template, embedder.labels = head.template, list(head.labels or [])
         return embedder
     from lantern.app.models.pooling import embedding_folder
     from lantern.app.models.st_dense import dense_layers, gguf_dense_layers
@@ -293,9 +293,9 @@ def require_embedder(engine: Any, task: str = "embed") -> Embedder:
     return engine.embedder
 
 
-def embed_offline(engine: Any, prompts: list[str | list[int]]) -> list[EmbeddingOutput]:
-    """LLM.embed: every input to the end on the calling thread; RequestFailedError if one failed."""
-    embedder = require_embedder(engine)
+def embed_offline(engine: Any, prompts: list[str | list[int]], task: str = "embed") -> list[EmbeddingOutput]:
+    """LLM.embed / LLM.classify: every input to the end on the calling thread; RequestFailedError if one failed."""
+    embedder = require_embedder(engine, task)
     ids = [engine.tokenize_prompt(p) for p in prompts]
     return run_offline(engine, embedder, [(one, None) for one in ids])
 

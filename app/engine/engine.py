@@ -476,18 +476,13 @@ class LLM:
     def classify(self, inputs: Prompt | Seq[Prompt]) -> list[EmbeddingOutput]:
         """Class probabilities (each output's `.probs`, in the order of `LLM.labels`) of the inputs (texts or token
         ids) from a sequence classifier served with task="classify"."""
-        from lantern.app.engine.embedding import require_embedder, run_offline
-
-        embedder = require_embedder(self.engine, "classify")
         one = isinstance(inputs, str) or bool(inputs and isinstance(inputs[0], int))
-        prompts = [inputs] if one else list(inputs)
-        return run_offline(self.engine, embedder, [(self.engine.tokenize_prompt(p), None) for p in prompts])  # type: ignore[arg-type]
+        return embed_offline(self.engine, [inputs] if one else list(inputs), "classify")  # type: ignore[list-item, arg-type]
 
     @property
     def labels(self) -> list[str]:
         """A classifier's labels in id order (task classify; empty otherwise)."""
-        embedder = self.engine.embedder
-        return list(embedder.labels or []) if embedder is not None else []
+        return list(self.engine.embedder.labels) if self.engine.embedder is not None else []
 
     def embed(self, inputs: Prompt | Seq[Prompt]) -> list[EmbeddingOutput]:
         """L2-normalized vectors of the inputs (texts or token ids) from a model served with task="embed"."""

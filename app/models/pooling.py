@@ -136,9 +136,9 @@ def resolve_task(task: str, pooling: str, spec: ModelSpec) -> tuple[str, str | N
     if task == "auto":
         from lantern.app.models.score_head import is_reranker
 
-        if from_gguf == "rank" or is_reranker(spec, _architectures(folder)):
-            return _score_task(pooling, spec, "auto")
         architectures = _architectures(folder)
+        if from_gguf == "rank" or is_reranker(spec, architectures):
+            return _score_task(pooling, spec, "auto")
         st_folder = folder is not None and (folder / "modules.json").is_file()
         named = any("Embedding" in a for a in architectures)
         task = "embed" if encoder or st_folder or named or from_gguf else "generate"

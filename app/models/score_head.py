@@ -134,7 +134,7 @@ def _act(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 @dataclass
 class ScoreHead:
-    """pooled [H] -> the activated logits [num_labels] (float32), computed in float64."""
+    """pooled [H] -> (the activated logits, the logits) [num_labels] in float32 (outputs), computed in float64."""
 
     pooling: str  # "cls" | "mean" | "last": the pooled state the head reads
     steps: list[Callable[[np.ndarray], np.ndarray]]
@@ -144,9 +144,6 @@ class ScoreHead:
     # tokenizer's own pair encoding (cross-encoders)
     template: str | None = None
     labels: list[str] | None = None  # a classifier's id2label, in id order (task classify)
-
-    def __call__(self, pooled: np.ndarray) -> np.ndarray:
-        return self.activate(self.logits(pooled))
 
     def outputs(self, pooled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the activated logits, the logits) in float32: an Embedder's finish."""

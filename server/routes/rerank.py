@@ -23,7 +23,6 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from lantern.app.engine import AsyncEngine, EmbeddingOutput, InvalidRequestError
-from lantern.app.engine.scoring import pairs_of
 from lantern.server.generation import ServerState, new_id
 from lantern.server.routes.embeddings import embed_all
 from lantern.server.scoring_protocol import RerankRequest, ScoreRequest, TEIRerankRequest
@@ -80,19 +79,6 @@ async def _scored(
     return outs, sum(len(ids) for ids, _ in inputs)
 
 
-async def _scores(
-    state: ServerState,
-    request: Request,
-    pairs: list[tuple[str, str]],
-    names: tuple[str, str],
-    max_document_tokens: int | None,
-    instruction: str | None,
-    queries: int = 1,
-) -> tuple[list[float], int]:
-    outs, tokens = await _scored(state, request, pairs, names, max_document_tokens, True, instruction, queries)
-    return [o.score for o in outs], tokens
-
-
 @router.post("/rerank")
 async def rerank_any(request: Request, body: Any = Body(...)) -> Any:
     """/rerank: TEI's body (`texts`) or the Cohere / Jina / vLLM one (`documents`)."""
@@ -130,9 +116,10 @@ async def rerank(body: RerankRequest, request: Request) -> dict:
     state.check_model(body.model)
     documents = body.texts()
     pairs = [(body.query, d) for d in documents]
-    scores, tokens = await _scores(
-        state, request, pairs, ("query", "documents"), body.max_tokens_per_doc, body.instruction
+    outs, tokens = await _scored(
+        state, request, pairs, ("query", "documents"), body.max_tokens_per_doc, instruction=body.instruction
     )
+    scores = [o.score for o in outs]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n or None]  # (top_n 0: all, as vLLM)
     results = []
     for i in order:
@@ -148,15 +135,16 @@ async def rerank(body: RerankRequest, request: Request) -> dict:
 async def score(body: ScoreRequest, request: Request) -> dict:
     state: ServerState = request.app.state.lantern
     state.check_model(body.model)
-    texts = body.counted()
-    pairs = pairs_of(texts["text_1"], texts["text_2"])
-    queries = 1 if isinstance(texts["text_1"], str) else len(texts["text_1"])
-    scores, tokens = await _scores(state, request, pairs, ("text_1", "text_2"), None, body.instruction, queries)
+    queries = 1 if isinstance(body.text_1, str) else len(body.text_1)
+    names = ("text_1", "text_2")
+    outs, tokens = await _scored(
+        state, request, body.pairs(), names, None, instruction=body.instruction, queries=queries
+    )
     return {
         "id": new_id("score"),
         "object": "list",
         "created": int(time.time()),
         "model": state.model_name,
-        "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+        "data": [{"index": i, "object": "score", "score": o.score} for i, o in enumerate(outs)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }
