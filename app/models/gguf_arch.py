@@ -63,6 +63,16 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     },
     "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
     "minimax-m2": {"exp_probs_b": "mlp.gate.e_score_correction"},  # .bias -> e_score_correction_bias
+    # Arcee Trinity: Gemma 2's four norms under AFMoE's names, the attention's output gate, the router as DeepSeek's
+    "afmoe": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_mlp_layernorm",
+        "post_ffw_norm": "post_mlp_layernorm",
+        "attn_gate": "self_attn.gate_proj",
+        "ffn_gate_inp": "mlp.router.gate",
+        "exp_probs_b": "mlp.gate.e_score_correction",  # .bias -> e_score_correction_bias (the model files' name)
+        **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
+    },  # .bias -> e_score_correction_bias
     "seed_oss": {"post_attention_norm": "post_attention_layernorm"},  # (the pre-MLP norm, Llama's ffn_norm)
     # the checkpoint's names (weight_stream renames them for the model files, as a folder's)
     "hunyuan-dense": {"attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"},

@@ -13,6 +13,7 @@ from lantern.app.models.gguf_dense_builders import DENSE_BUILDERS, qkv_bias
 from lantern.app.models.gguf_encoder import ENCODER_BUILDERS
 from lantern.app.models.gguf_gpt_builders import GPT_BUILDERS
 from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS, granite_scalars
+from lantern.app.models.gguf_moe_builders import MOE_BUILDERS
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -541,6 +542,7 @@ BUILDERS = {
     "granite": _granite,
     "granitemoe": _granite,
     **MAMBA_BUILDERS,
+    **MOE_BUILDERS,
     **DENSE_BUILDERS,
     **GPT_BUILDERS,
     **ENCODER_BUILDERS,

@@ -63,6 +63,14 @@ _DEEPSEEK_LLM = (
 _DEEPSEEK_CODER = ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL, r"\p{N}")
 _FALCON = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]")
 _DIGITS_THEN_GPT2 = (r"\p{N}", _GPT2)
+# Arcee Trinity: numbers in groups of three from the right ("12345" -> "12", "345": llama.cpp's AFMoE_digits),
+# CJK / Thai / Lao / Khmer / Myanmar / Hangul runs apart, then DeepSeek-V3's words and punctuation
+_AFMOE = (
+    r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))",
+    "[\u4e00-\u9fff\u3400-\u4dbf\uf900-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf\u0e40-\u0e7f"
+    "\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af\u1100-\u11ff]+",
+    _DEEPSEEK3[2],
+)
 _BLOOM = (" ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+",)
 
 SPLITS: dict[str, tuple[str, ...]] = {
@@ -74,6 +82,7 @@ SPLITS: dict[str, tuple[str, ...]] = {
     "deepseek-llm": _DEEPSEEK_LLM,
     "deepseek-coder": _DEEPSEEK_CODER,
     "falcon": _FALCON,
+    "afmoe": _AFMOE,
     **dict.fromkeys(
         ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
         _DIGITS_THEN_GPT2,

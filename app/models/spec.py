@@ -91,6 +91,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "configure": "family_llama_moe",
         "defaults": "family_llama_moe:SOLAR_OPEN_DEFAULTS",
     },
+    # Arcee Trinity (AFMoE): Qwen3's q/k norms, a sigmoid gate on the attention's output, NoPE full layers among
+    # sliding ones, Gemma 2's sandwich norms, DeepSeek-V3's sigmoid router (no groups) past the first dense layers
+    "afmoe": {"family": "afmoe", "configure": "family_afmoe", "defaults": "family_afmoe", "names": True},
     # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
     "hunyuan_v1_moe": {
         "family": "llama_moe",
@@ -340,6 +343,7 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     qk_norm_after_rope: bool = False  # Hunyuan: the per-head q/k norms follow the rope
+    attn_output_gate: bool = False  # AFMoE: attention's output times sigmoid(self_attn.gate_proj(x)) before o_proj
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     quantization: QuantScheme | None = None  # how a quantized HF folder stores its linears (hf_formats.py)

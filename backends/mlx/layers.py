@@ -53,6 +53,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
         if sinks:
             self.sinks = mx.zeros((self.n_heads,))
+        self.gated = cfg.attn_output_gate  # AFMoE: the output times sigmoid(gate_proj(x)) before o_proj
+        if self.gated:
+            self.gate_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
@@ -100,7 +103,10 @@ class Attention(nn.Module):
             sinks=sinks,
             alibi=self._alibi,
         )
-        return self.o_proj(out.reshape(t, -1))
+        out = out.reshape(t, -1)
+        if self.gated:
+            out = out * mx.sigmoid(self.gate_proj(x))
+        return self.o_proj(out)
 
 
 def query_temperature(temp: Any, positions: mx.array, dtype: mx.Dtype) -> mx.array:

@@ -145,6 +145,9 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
         self.sinks = nn.Parameter(torch.empty(self.n_heads), requires_grad=False) if sinks else None
+        self.gated = cfg.attn_output_gate  # AFMoE: the output times sigmoid(gate_proj(x)) before o_proj
+        if self.gated:
+            self.gate_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
         self.qk_norm = cfg.qk_norm
         self.norm_after_rope = cfg.qk_norm_after_rope  # (Hunyuan)
         if cfg.qk_norm:
@@ -203,7 +206,10 @@ class Attention(nn.Module):
             sinks=self.sinks,
             alibi=alibi,
         )
-        return self.tp.all_reduce(self.o_proj(out.reshape(t, -1)))
+        out = out.reshape(t, -1)
+        if self.gated:
+            out = out * torch.sigmoid(self.gate_proj(x))
+        return self.tp.all_reduce(self.o_proj(out))
 
 
 def query_temperature(temp: Any, meta: TorchAttentionMetadata, dtype: torch.dtype) -> torch.Tensor:

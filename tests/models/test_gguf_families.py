@@ -87,6 +87,8 @@ FILES = {
     "seed_oss": ("seed_oss", {}, "f16", {}),  # q/k/v biases, head_dim 32
     "hunyuan_dense": ("hunyuan_dense", {}, "f16", {}),  # q/k norms after the rope, the NTK-alpha base stretched
     "hunyuan_moe": ("hunyuan_moe", {}, "f16", {}),  # the router as ffn_gate_inp, the shared MLP as ffn_*_shexp
+    # Arcee Trinity: llama.cpp's fixed rope layers (every 4th NoPE, full), muP always; route_norm as released
+    "afmoe": ("afmoe", {"global_attn_every_n_layers": 4, "layer_types": None, "route_norm": True}, "f16", {}),
 }
 
 

@@ -52,6 +52,10 @@ def test_splits_equal_transformers_where_it_has_them(pre, same_as):
         ("command-r", "in 2024", ["in", " ", "2", "0", "2", "4"]),
         ("bloom", "Hi, you!", ["Hi", ",", " you", "!"]),
         ("hunyuan", "in 2024", ["in", " ", "2", "0", "2", "4"]),
+        # Arcee Trinity: groups of three from the right (llama.cpp's AFMoE_digits), CJK runs apart
+        ("afmoe", "in 12345678 ways", ["in", " ", "12", "345", "678", " ways"]),
+        ("afmoe", "x=1000,7", ["x", "=", "1", "000", ",", "7"]),
+        ("afmoe", "\u4f60\u597d,\u4e16\u754c", ["\u4f60\u597d", ",", "\u4e16\u754c"]),
     ],
 )
 def test_llama_cpp_splits(pre, text, pieces):

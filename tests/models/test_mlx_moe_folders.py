@@ -61,6 +61,8 @@ CASES = {
     "apertus-4bit": ("apertus", {"mode": "affine", "mlp_bias": False, "post_norm": False, "qk_norm": True}),
     # LFM2-MoE (LFM2-8B-A1B-4bit's layout): feed_forward.switch_mlp, gate_proj/up/down for w1/w3/w2, expert_bias
     "lfm2_moe-4bit": ("lfm2_moe", {"mode": "affine", "intermediate_size": 128, "moe_intermediate_size": 64}),
+    # Arcee Trinity: mlp.router.gate and mlp.expert_bias beside stacked experts, the attention's gate_proj quantized
+    "afmoe-4bit": ("afmoe", {"mode": "affine"}),
     "cohere2-4bit": ("cohere2", {"mode": "affine", "tie_word_embeddings": True}),  # parallel block, NoPE globals
     # per-head q/k norms, NoPE global layers; the pattern as EXAONE's configs state it (mlx_lm reads it)
     "exaone4-4bit": (

@@ -1,0 +1,57 @@
+"""GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
+helpers are gguf_config's): Arcee Trinity (afmoe).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lantern.app.models.gguf_config import _head_dim, _layer_types, _Meta
+from lantern.app.models.gguf_rope import stated_rope_scaling
+from lantern.app.models.spec import UnsupportedModelError
+
+_AFMOE_PERIOD = 4  # llama.cpp's afmoe graph: the rope skips every 4th layer (n_no_rope_layer_step), whatever is stated
+
+
+def _afmoe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Arcee Trinity (llama.cpp's AfmoeModel: q/k as stored, the router's keys as DeepSeek's, the router bias as
+    exp_probs_b). Its graph always scales the embedding by sqrt(n_embd) (muP, the released models' setting) and
+    ropes every layer but each 4th; the sliding layers follow attention.sliding_window_pattern (default: the same
+    period). A file whose windows and rope layers disagree, or whose router is not the sigmoid, is refused."""
+    if int(meta.get("expert_gating_func") or 2) != 2:
+        raise UnsupportedModelError(f"{meta.label}afmoe.expert_gating_func other than sigmoid (2) is not implemented")
+    base, swa_base = cfg["rope_theta"], meta.get("rope.freq_base_swa")
+    if swa_base is not None and float(swa_base) != base:
+        raise UnsupportedModelError(
+            f"{meta.label}afmoe.rope.freq_base_swa={swa_base} (not the rope base) is not implemented"
+        )
+    layers = cfg["num_hidden_layers"]
+    rotating = ["sliding_attention" if (i + 1) % _AFMOE_PERIOD else "full_attention" for i in range(layers)]
+    window = int(meta.get("attention.sliding_window") or 0)
+    if window and _layer_types(meta, layers, _AFMOE_PERIOD, True) != rotating:
+        raise UnsupportedModelError(
+            f"{meta.label}afmoe.attention.sliding_window_pattern is not every {_AFMOE_PERIOD}th layer full "
+            "(llama.cpp's rope layers); not implemented"
+        )
+    out: dict[str, Any] = {
+        "model_type": "afmoe",
+        "head_dim": _head_dim(meta, cfg),
+        "num_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "num_shared_experts": int(meta.get("expert_shared_count") or 0),
+        "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
+        "num_dense_layers": int(meta.get("leading_dense_block_count") or 0),
+        "route_scale": float(meta.get("expert_weights_scale") or 1.0),
+        "route_norm": bool(meta.get("expert_weights_norm", False)),  # (family_afmoe refuses false: HF renormalises)
+        "n_group": int(meta.get("expert_group_count") or 1),
+        "topk_group": int(meta.get("expert_group_used_count") or 1),
+        "mup_enabled": True,
+        "layer_types": rotating,  # the rope's layers (family_afmoe: rope on sliding_attention ones only)
+        "sliding_window": window or None,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_afmoe
+    }
+    rope = stated_rope_scaling(meta)
+    return {**out, "rope_parameters": {**rope, "rope_theta": base}} if rope else out
+
+
+MOE_BUILDERS = {"afmoe": _afmoe}
