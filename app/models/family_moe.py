@@ -151,6 +151,8 @@ _ROUTERS = (
     ".altup.modality_router.weight",
     ".altup.prediction_coefs.weight",
     ".altup.correction_coefs.weight",
+    # DeepSeek-V3.2's indexer: its per-head weights choose the keys each query reads (transformers keeps it float32)
+    ".indexer.weights_proj.weight",
 )
 
 

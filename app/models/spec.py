@@ -73,6 +73,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"qk_norm": True, "configure": "family_moe"},
     "deepseek_v2": {"family": "deepseek", "configure": "family_deepseek"},
     "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
+    # DeepSeek-V3.2: V3 with DeepSeek Sparse Attention (a lightning indexer per layer picks the keys each query reads)
+    "deepseek_v32": {"family": "deepseek", "configure": "family_deepseek"},
     "glm4": {"family": "glm4", "configure": "family_glm"},
     "glm": {"configure": "family_glm"},  # glm-4-9b-chat-hf: GLM-4's rope on Llama's layer (no post-sublayer norms)
     # GLM-4.5 / 4.6 / 4.7: Llama's layer, partial rotary (halves), DeepSeek-V3's routed + shared experts.

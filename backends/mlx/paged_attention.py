@@ -116,6 +116,9 @@ class AttentionMetadata:
     # zeros (a one-token prompt: the row is position 0).
     decode_state_slots: mx.array | None = None  # [B]
     decode_state_fresh: mx.array | None = None  # [B] bool
+    # Values derived from this step's inputs that every layer would otherwise recompute (DeepSeek-V3.2's
+    # sparse rows): the first layer that needs one stores it.
+    step_cache: dict = field(default_factory=dict)
 
 
 def build_metadata(pool: PagedKVPool, batch: ScheduledBatch, plan: AttentionPlan) -> AttentionMetadata:

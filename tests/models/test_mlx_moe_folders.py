@@ -33,6 +33,8 @@ CASES = {
     # DeepSeek-V3 / Kimi: kv_b_proj stored as per-head embed_q / unembed_out halves, each quantized
     "deepseek_v3-4bit": ("deepseek_v3", {"mode": "affine", **MLA_WIDE}),
     "deepseek_v2-4bit": ("deepseek_v2_yarn", {"mode": "affine", **MLA_WIDE}),  # kv_b_proj kept whole
+    # DeepSeek-V3.2: V3's halves plus the indexer's wq_b / wk quantized (its weights_proj too, read dequantized)
+    "deepseek_v32-4bit": ("deepseek_v32", {"mode": "affine", **MLA_WIDE, "index_head_dim": 32}),
     "glm4_moe-4bit": ("glm4_moe", {"mode": "affine", "head_dim": 32}),  # GLM-4.5-Air-4bit's layout
     "glm4_moe_lite-4bit": ("glm4_moe_lite", {"mode": "affine", **MLA_WIDE}),  # GLM-4.7-Flash-4bit's
     "ernie4_5_moe-4bit": ("ernie4_5_moe", {"mode": "affine", "head_dim": 32}),  # moe_statics router bias

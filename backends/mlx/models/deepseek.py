@@ -18,6 +18,7 @@ import mlx.nn as nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.base import KVLayout
+from lantern.backends.mlx import dsa
 from lantern.backends.mlx.layers import MLP, query_temperature
 from lantern.backends.mlx.models import llama
 from lantern.backends.mlx.moe import Experts
@@ -48,6 +49,9 @@ class MLAttention(nn.Module):
         self.rope = build_rope(
             m.qk_rope_head_dim, cfg.rope_theta, m.rope_interleave, cfg.rope_scaling, cfg.max_position_embeddings
         )
+        if m.indexer is not None:  # DeepSeek-V3.2's sparse attention (dsa.py): its rope turns halves
+            rope = build_rope(m.qk_rope_head_dim, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
+            self.indexer = dsa.Indexer(d, m.q_lora_rank, m.indexer, rope)
 
     def dense_kv_b(self, dtype: mx.Dtype) -> None:
         """Replace a quantized kv_b_proj by an nn.Linear holding its dequantized matrix in `dtype`
@@ -100,9 +104,10 @@ class MLAttention(nn.Module):
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         m, t, h = self.mla, x.shape[0], self.n_heads
         if m.q_lora_rank is None:
-            q = self.q_proj(x)
+            q = qr = self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            qr = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(qr)
         q = q.reshape(t, h, m.qk_head_dim)
         q_nope, q_pe = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
         kv = self.kv_a_proj_with_mqa(x)
@@ -115,8 +120,16 @@ class MLAttention(nn.Module):
         query = mx.concatenate([q_latent, q_pe], axis=-1)
         if self.temperature is not None:  # Mistral 4: every query column alike, so the scores scale by it
             query = query * query_temperature(self.temperature, meta.positions, query.dtype)
-        key = mx.concatenate([latent, k_pe[:, 0]], axis=-1)[:, None]  # [T, 1, L + R]: what the pool keeps
-        out = paged_attention(query, key, None, meta, self.layer_idx, self.scale)  # [T, H, L]
+        key = mx.concatenate([latent, k_pe[:, 0]], axis=-1)  # [T, L + R]: what the pool keeps
+        indexer = self.indexer if m.indexer is not None else None
+        if indexer is not None:  # the index key beside it; the query's zeros against it leave the scores as they are
+            key = mx.concatenate([key, indexer.keys(x, meta.positions).astype(key.dtype)], axis=-1)
+            query = mx.concatenate([query, mx.zeros((t, h, indexer.head_dim), dtype=query.dtype)], axis=-1)
+        out = paged_attention(query, key[:, None], None, meta, self.layer_idx, self.scale)  # [T, H, L]
+        if indexer is not None:
+            out = dsa.restrict(
+                out, query, x, qr, meta, self.layer_idx, indexer, self.scale, m.latent_dim, m.kv_lora_rank
+            )
         out = (out.transpose(1, 0, 2) @ w_uv.swapaxes(1, 2)).transpose(1, 0, 2)  # [T, H, v]
         return self.o_proj(out.reshape(t, h * m.v_head_dim))
 
@@ -213,6 +226,7 @@ class CausalLM(llama.CausalLM):
 
     @staticmethod
     def kv_layout(cfg: ModelConfig) -> KVLayout:
-        """One latent "head" per token: [c_kv, k_pe]; V is its first kv_lora_rank columns."""
+        """One latent "head" per token: [c_kv, k_pe] (and DeepSeek-V3.2's index key); V is its first kv_lora_rank
+        columns."""
         m = cfg.mla
-        return KVLayout(1, m.latent_dim, m.kv_lora_rank, v_is_k_prefix=True)
+        return KVLayout(1, m.pool_dim, m.kv_lora_rank, v_is_k_prefix=True)

@@ -27,6 +27,7 @@ from torch import nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.base import KVLayout
+from lantern.backends.torch import dsa
 from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.layers import MLP, RMSNorm, query_temperature
@@ -59,6 +60,8 @@ class MLAttention(nn.Module):
         self.kv_b_proj = _linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim))
         self.o_proj = _linear(h * m.v_head_dim, d)
         self.temperature = cfg.attn_temperature  # Mistral 4: Llama 4's per-position query scale
+        if m.indexer is not None:  # DeepSeek-V3.2's sparse attention (dsa.py)
+            self.indexer = dsa.Indexer(d, m.q_lora_rank, m.indexer)
 
     def dense_kv_b(self, dtype: torch.dtype) -> None:
         """Replace a quantized kv_b_proj by an nn.Linear holding its dequantized matrix in `dtype`
@@ -91,9 +94,10 @@ class MLAttention(nn.Module):
     def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
         m, t, h = self.mla, x.shape[0], self.n_heads
         if m.q_lora_rank is None:
-            q = self.q_proj(x)
+            q = qr = self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))[0])
+            qr = self.q_a_layernorm(self.q_a_proj(x))[0]
+            q = self.q_b_proj(qr)
         q_nope, q_pe = q.view(t, h, m.qk_head_dim).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
         latent = self.kv_a_layernorm(latent.contiguous())[0]
@@ -109,8 +113,16 @@ class MLAttention(nn.Module):
         query = torch.cat([q_latent, q_pe], dim=-1)
         if self.temperature is not None:  # every query column alike: the scores scale by it
             query = query * query_temperature(self.temperature, meta, query.dtype)
-        key = torch.cat([latent, k_pe[:, 0]], dim=-1)[:, None]  # [T, 1, L + R]: what the pool keeps
-        out = paged_attention(query, key, None, meta, self.layer_idx, self.scale)  # [T, H, L]
+        key = torch.cat([latent, k_pe[:, 0]], dim=-1)  # [T, L + R]: what the pool keeps
+        indexer = self.indexer if m.indexer is not None else None
+        if indexer:  # the index key beside it; the query's zeros against it leave the scores as they are
+            key = torch.cat([key, indexer.keys(x, meta.cos, meta.sin).to(key.dtype)], dim=-1)
+            query = torch.cat([query, query.new_zeros(t, h, indexer.head_dim)], dim=-1)
+        out = paged_attention(query, key[:, None], None, meta, self.layer_idx, self.scale)  # [T, H, L]
+        if indexer:
+            out = dsa.restrict(
+                out, query, x, qr, meta, self.layer_idx, indexer, self.scale, m.latent_dim, m.kv_lora_rank
+            )
         out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
         return self.o_proj(out.reshape(t, h * m.v_head_dim))
 
@@ -208,6 +220,7 @@ class CausalLM(llama.CausalLM):
 
     @staticmethod
     def kv_layout(cfg: ModelConfig) -> KVLayout:
-        """One latent "head" per token: [c_kv, k_pe]; V is its first kv_lora_rank columns."""
+        """One latent "head" per token: [c_kv, k_pe] (and DeepSeek-V3.2's index key); V is its first kv_lora_rank
+        columns."""
         m = cfg.mla
-        return KVLayout(1, m.latent_dim, m.kv_lora_rank, v_is_k_prefix=True)
+        return KVLayout(1, m.pool_dim, m.kv_lora_rank, v_is_k_prefix=True)

@@ -1,0 +1,115 @@
+"""DeepSeek Sparse Attention (DeepSeek-V3.2) in MLX: the lightning indexer and the rows it restricts (the same
+maths and layout as the torch file).
+
+The pool row of a DSA layer is [c_kv, k_pe, index key] (family_deepseek.MLAConfig.pool_dim); the latent
+attention's query carries zeros against the index key, so the ordinary paged attention over the row is the
+latent attention itself. A query that sees at most index_topk tokens attends to all of them -- exactly what the
+indexer's top-k keeps -- so only rows past index_topk are computed again here, one sequence at a time: their
+index scores against every earlier index key of the sequence (gathered from the pool), the top index_topk kept,
+the latent attention over those alone (DeepseekV32Indexer / DeepseekV32Attention's maths, in float32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from lantern.backends.mlx.paged_attention import AttentionMetadata
+
+INDEX_NORM_EPS = 1e-6  # DeepseekV32Indexer's k_norm
+
+
+class Indexer(nn.Module):
+    def __init__(self, hidden: int, q_lora_rank: int, spec: Any, rope: Any):
+        """rope: the latent attention's rope over qk_rope_head_dim; the indexer turns halves, not pairs."""
+        super().__init__()
+        self.n_heads, self.head_dim, self.topk = spec.n_heads, spec.head_dim, spec.topk
+        self.wq_b = nn.Linear(q_lora_rank, spec.n_heads * spec.head_dim, bias=False)
+        self.wk = nn.Linear(hidden, spec.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(spec.head_dim, eps=INDEX_NORM_EPS)
+        self.weights_proj = nn.Linear(hidden, spec.n_heads, bias=False)
+        self._rope = rope  # (a leading _: not a parameter)
+
+    def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
+        return self._rope(x[:, :, None, :], offset=positions)[:, :, 0, :]
+
+    def keys(self, x: mx.array, positions: mx.array) -> mx.array:
+        """[T, head_dim]: each token's index key, the rope on its first qk_rope_head_dim dims."""
+        return self._rotate(self.k_norm(self.wk(x))[:, None], positions)[:, 0]
+
+    def scores(self, x: mx.array, qr: mx.array, positions: mx.array, keys: mx.array) -> mx.array:
+        """[R, N] float32 index scores of R queries (hidden states, query LoRA, positions) against N keys."""
+        q = self._rotate(self.wq_b(qr).reshape(-1, self.n_heads, self.head_dim), positions).astype(mx.float32)
+        # weights_proj in float32 (transformers keeps it so); both scales folded into the head weights
+        weights = x.astype(mx.float32) @ self.weights_proj.weight.astype(mx.float32).T
+        weights = weights * (self.n_heads**-0.5 * self.head_dim**-0.5)
+        per_head = mx.maximum(q @ keys.astype(mx.float32).T, 0.0)  # [R, H, N]
+        return (weights[:, :, None] * per_head).sum(axis=1)
+
+
+def _sequences(meta: AttentionMetadata, topk: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(token rows, their positions, slots of positions 0..n-1) of each sequence holding a query past `topk`
+    keys, built once per step (every DSA layer shares it)."""
+    cached = meta.step_cache.get("dsa_sequences")
+    if cached is not None:
+        return cached
+    out = []
+    bs = meta.block_size
+    if meta.decode_token_idx is not None:
+        rows = np.array(meta.decode_token_idx)
+        for b, n in enumerate(meta.decode_seq_lens_np.tolist()):
+            if n > topk:
+                span = np.arange(n)
+                slots = meta.decode_tables_np[b][span // bs].astype(np.int64) * bs + span % bs
+                out.append((rows[b : b + 1], np.array([n - 1]), slots))
+    for g in meta.prefills:
+        positions = g.first_pos + np.arange(g.q_end - g.q_start)
+        if positions[-1] < topk:
+            continue
+        if g.slots_np is not None:
+            slots = g.slots_np.astype(np.int64)
+        else:  # no cached prefix: the chunk (from position 0) is the whole context
+            slots = np.array(meta.slot_mapping[g.q_start : g.q_end]).astype(np.int64)
+        keep = positions >= topk
+        out.append((np.arange(g.q_start, g.q_end)[keep], positions[keep], slots))
+    meta.step_cache["dsa_sequences"] = out
+    return out
+
+
+def restrict(
+    out: mx.array,
+    query: mx.array,
+    x: mx.array,
+    qr: mx.array,
+    meta: AttentionMetadata,
+    layer: int,
+    indexer: Indexer,
+    scale: float,
+    latent_dim: int,
+    v_dim: int,
+) -> mx.array:
+    """`out` (the attention over every visible key) with the rows that see more than index_topk keys recomputed
+    over the keys the indexer picks. query [T, H, pool width] (zeros past latent_dim), out [T, H, v_dim]."""
+    sequences = _sequences(meta, indexer.topk)
+    if not sequences:
+        return out
+    pool = meta.pool.k[layer]
+    for rows_np, pos_np, slots_np in sequences:
+        rows, slots = mx.array(rows_np), mx.array(slots_np)
+        keys = pool[slots][:, 0]  # [N, pool width]: [c_kv, k_pe, index key]
+        n = keys.shape[0]
+        score = indexer.scores(x[rows], qr[rows], mx.array(pos_np), keys[:, latent_dim:])
+        future = mx.array(np.arange(n)[None, :] > pos_np[:, None])
+        score = mx.where(future, -mx.inf, score)
+        k = min(indexer.topk, n)
+        top = mx.argpartition(-score, kth=k - 1, axis=-1)[:, :k]
+        keep = mx.put_along_axis(mx.zeros(score.shape, dtype=mx.bool_), top, mx.array(True), axis=-1)
+        keep = mx.logical_and(keep, mx.logical_not(future))
+        latent = keys[:, :latent_dim].astype(mx.float32)
+        att = (query[rows][:, :, :latent_dim].astype(mx.float32) @ latent.T) * scale  # [R, H, N]
+        att = mx.softmax(mx.where(keep[:, None, :], att, -mx.inf), axis=-1, precise=True)
+        out[rows] = (att @ latent[:, :v_dim]).astype(out.dtype)
+    return out

@@ -1,0 +1,106 @@
+"""DeepSeek Sparse Attention (DeepSeek-V3.2) in torch: the lightning indexer and the rows it restricts.
+
+The pool row of a DSA layer is [c_kv, k_pe, index key] (family_deepseek.MLAConfig.pool_dim); the latent
+attention's query carries zeros against the index key, so the ordinary paged attention over the row is the
+latent attention itself. A query that sees at most index_topk tokens attends to all of them -- exactly what the
+indexer's top-k keeps -- so only rows past index_topk are computed again here, one sequence at a time: their
+index scores against every earlier index key of the sequence (gathered from the pool), the top index_topk kept,
+the latent attention over those alone (DeepseekV32Indexer / DeepseekV32Attention's maths, in float32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.backends.torch.attention import TorchAttentionMetadata
+from lantern.backends.torch.layers import LayerNorm, apply_rotary
+
+INDEX_NORM_EPS = 1e-6  # DeepseekV32Indexer's k_norm
+
+
+class Indexer(nn.Module):
+    def __init__(self, hidden: int, q_lora_rank: int, spec: Any):
+        super().__init__()
+        self.n_heads, self.head_dim, self.topk = spec.n_heads, spec.head_dim, spec.topk
+        self.wq_b = nn.Linear(q_lora_rank, spec.n_heads * spec.head_dim, bias=False)
+        self.wk = nn.Linear(hidden, spec.head_dim, bias=False)
+        self.k_norm = LayerNorm(spec.head_dim, INDEX_NORM_EPS)
+        self.weights_proj = nn.Linear(hidden, spec.n_heads, bias=False)
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """[T, head_dim]: each token's index key, the rope (in halves) on its first cos.shape[-1] dims."""
+        k = self.k_norm(self.wk(x))[0]
+        return apply_rotary(k[:, None].contiguous(), cos, sin)[:, 0]
+
+    def scores(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor):
+        """[R, N] float32 index scores of R queries (their hidden states, query LoRA and rope rows) against N keys."""
+        q = self.wq_b(qr).view(-1, self.n_heads, self.head_dim)
+        q = apply_rotary(q.contiguous(), cos, sin).float()
+        # weights_proj in float32 (transformers keeps it so); both scales folded into the head weights
+        weights = F.linear(x.float(), self.weights_proj.weight.float())
+        weights = weights * (self.n_heads**-0.5 * self.head_dim**-0.5)
+        per_head = torch.relu(torch.einsum("rhd,nd->rhn", q, keys.float()))
+        return torch.einsum("rh,rhn->rn", weights, per_head)
+
+
+def _sequences(meta: TorchAttentionMetadata, topk: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(token rows, slots of positions 0..n-1) of each sequence holding a query past `topk` keys, built once
+    per step (every DSA layer shares it)."""
+    cached = meta.step_cache.get("dsa_sequences")
+    if cached is not None:
+        return cached
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    bs, dev = meta.block_size, meta.slot_mapping.device
+
+    def slots(table: torch.Tensor, n: int) -> torch.Tensor:
+        span = torch.arange(n, device=dev)
+        return table.long()[span // bs] * bs + span % bs
+
+    if meta.decode_token_idx is not None:
+        for b, n in enumerate(meta.decode_seq_lens.tolist()):
+            if n > topk:
+                out.append((meta.decode_token_idx[b : b + 1], slots(meta.decode_block_tables[b], n)))
+    for g in meta.prefills:
+        if g.ctx_len > topk:  # (the chunk ends the context: its last query sees ctx_len keys)
+            rows = torch.arange(g.q_start, g.q_end, device=dev)
+            rows = rows[meta.positions[rows] >= topk]
+            out.append((rows, slots(g.block_table, g.ctx_len)))
+    meta.step_cache["dsa_sequences"] = out
+    return out
+
+
+def restrict(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    x: torch.Tensor,
+    qr: torch.Tensor,
+    meta: TorchAttentionMetadata,
+    layer: int,
+    indexer: Indexer,
+    scale: float,
+    latent_dim: int,
+    v_dim: int,
+) -> torch.Tensor:
+    """`out` (the attention over every visible key) with the rows that see more than index_topk keys recomputed
+    over the keys the indexer picks. query [T, H, pool width] (zeros past latent_dim), out [T, H, v_dim]."""
+    sequences = _sequences(meta, indexer.topk)
+    if not sequences:
+        return out
+    pool = meta.pool.k[layer]
+    for rows, slots in sequences:
+        keys = pool[slots, 0]  # [N, pool width]: [c_kv, k_pe, index key]
+        pos = meta.positions[rows]
+        score = indexer.scores(x[rows], qr[rows], meta.cos[rows], meta.sin[rows], keys[:, latent_dim:])
+        future = torch.arange(keys.shape[0], device=pos.device)[None, :] > pos[:, None]
+        score = score.masked_fill(future, float("-inf"))
+        top = score.topk(min(indexer.topk, keys.shape[0]), dim=-1).indices
+        keep = torch.zeros_like(future).scatter_(1, top, True) & ~future
+        latent = keys[:, :latent_dim].float()
+        att = torch.einsum("rhw,nw->rhn", query[rows, :, :latent_dim].float(), latent) * scale
+        att = att.masked_fill(~keep[:, None, :], float("-inf")).softmax(dim=-1)
+        out[rows] = torch.einsum("rhn,nv->rhv", att, latent[:, :v_dim]).to(out.dtype)
+    return out

@@ -1,0 +1,118 @@
+"""DeepSeek-V3.2 (DeepSeek Sparse Attention): config.json read as DeepseekV32Config reads it, refusals naming the
+key, the index key held beside the latent in the pool, and the sparse rows against transformers' own
+DeepseekV32ForCausalLM where it matters most: sequences longer than index_topk decoding side by side, a prefix
+read back from the cache, and prompts prefilled in chunks. (One prompt's logits and greedy tokens: the
+deepseek_v32 variant in tests/conformance; the mlx_lm folder: test_mlx_moe_folders.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lantern.app.engine import LLM, SamplingParams
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError
+from tests.conformance.test_parity import hf_greedy, hf_model
+from tests.models.test_deepseek import BASE
+
+V32 = {**BASE, "q_lora_rank": 24, "n_routed_experts": 8, "num_experts_per_tok": 2, "index_head_dim": 16}
+
+
+def test_config_matches_deepseek_v32_config():
+    from transformers import DeepseekV32Config
+
+    ours = ModelConfig.from_hf({"model_type": "deepseek_v32", **V32, "index_topk": 6, "index_n_heads": 4})
+    ref = DeepseekV32Config.from_dict({"model_type": "deepseek_v32", **V32, "index_topk": 6, "index_n_heads": 4})
+    idx = ours.mla.indexer
+    assert (idx.n_heads, idx.head_dim, idx.topk) == (ref.index_n_heads, ref.index_head_dim, ref.index_topk)
+    assert [ours.moe.is_sparse(i) for i in range(ref.num_hidden_layers)] == [
+        t == "sparse" for t in ref.mlp_layer_types
+    ]  # 3 dense layers by default (first_k_dense_replace)
+    assert ours.mla.rope_interleave and ours.mtp_layers == 1
+    assert ours.mla.pool_dim == ref.kv_lora_rank + ref.qk_rope_head_dim + ref.index_head_dim
+    defaults = ModelConfig.from_hf({"model_type": "deepseek_v32", **V32, "index_head_dim": 128})
+    assert (defaults.mla.indexer.topk, defaults.mla.indexer.n_heads) == (2048, 64)  # DeepseekV32Config's
+
+
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        ({"q_lora_rank": None}, "q_lora_rank"),  # the indexer reads the query LoRA
+        ({"rope_interleave": False}, "rope_interleave"),  # V3.2's latent rope always turns pairs
+        ({"index_head_dim": 4}, "index_head_dim"),  # narrower than the rope
+        ({"index_topk": 0}, "index_head_dim"),
+    ],
+)
+def test_unimplemented_keys_are_refused_by_name(extra, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf({"model_type": "deepseek_v32", **V32, **extra})
+
+
+def test_pool_row_holds_the_index_key(tiny_model_dir, backend):
+    llm = LLM(tiny_model_dir("deepseek_v32"), backend=backend, dtype="float32", block_size=4, num_kv_blocks=16)
+    b, cfg = llm.engine.backend, llm.engine.backend.cfg
+    row = cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim + 16  # [c_kv, k_pe, index key]
+    assert tuple(b.pool.k[0].shape[1:]) == (1, row)
+    assert b.kv_bytes_per_block(4) == cfg.num_layers * 4 * row * 4  # float32 bytes per block: sized for it
+
+
+PROMPTS = [
+    "Paged attention stores keys and values in blocks",
+    "Sparse attention reads the keys an indexer picks for each query, not all of them",
+    "Continuous batching",
+]
+
+
+def test_sequences_past_index_topk_decode_together_as_transformers(tiny_model_dir, backend):
+    """Three prompts of different lengths (index_topk 6: all but the first few positions are sparse), decoding in
+    one batch, a block size that splits them over blocks, chunked prefill: each gets transformers' greedy tokens."""
+    path = tiny_model_dir("deepseek_v32")
+    llm = LLM(path, backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=128)
+    hf = hf_model(path)
+    prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    for ids, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, ids, 24)
+
+
+def test_cached_prefix_is_read_back_with_its_index_keys(tiny_model_dir, backend):
+    """A second request extending the first one's prompt starts from the cached prefix (latent and index keys from
+    the pool, none recomputed): its tokens are still transformers' over the whole prompt."""
+    path = tiny_model_dir("deepseek_v32")
+    llm = LLM(path, backend=backend, dtype="float32", block_size=4, num_kv_blocks=128, enable_prefix_caching=True)
+    hf = hf_model(path)
+    first = llm.tokenizer.encode(PROMPTS[1])
+    llm.generate([first], SamplingParams(temperature=0, max_tokens=2))
+    longer = first + llm.tokenizer.encode(" while the rest wait")
+    out = llm.generate([longer], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
+    assert out.num_cached_tokens >= 16  # (whole blocks of the first prompt)
+    assert out.outputs[0].token_ids == hf_greedy(hf, longer, 16)
+
+
+def test_indexer_picks_what_transformers_picks(tiny_model_dir):
+    """The sparse mask itself, not only its effect: transformers' DeepseekV32Indexer on a 20-token sequence keeps,
+    for each query past index_topk, the same keys as ours (torch's dsa.Indexer.scores over the same weights)."""
+    from lantern.backends.torch.dsa import Indexer
+
+    hf = hf_model(tiny_model_dir("deepseek_v32"))
+    attn = hf.model.layers[1].self_attn
+    cfg = hf.config
+    torch.manual_seed(3)
+    x = torch.randn(1, 20, cfg.hidden_size)
+    positions = torch.arange(20)[None]
+    cos, sin = hf.model.rotary_emb(x, positions)
+    qr = attn.q_a_layernorm(attn.q_a_proj(x))
+    mask = torch.tril(torch.ones(20, 20, dtype=torch.bool))[None]
+    with torch.no_grad():
+        theirs = attn.indexer(x, qr, (cos, sin), mask, positions)[0]  # [20, topk]
+        spec = ModelConfig.from_hf(cfg.to_dict()).mla.indexer
+        ours = Indexer(cfg.hidden_size, cfg.q_lora_rank, spec)
+        ours.load_state_dict(attn.indexer.state_dict(), strict=False)
+        ours.k_norm.weight.copy_(attn.indexer.k_norm.weight)
+        ours.k_norm.bias.copy_(attn.indexer.k_norm.bias)
+        # rope tables in the halves layout transformers' indexer uses: its cos / sin of the first rope dims
+        c, s = cos[0, :, : cfg.qk_rope_head_dim], sin[0, :, : cfg.qk_rope_head_dim]
+        keys = ours.keys(x[0], c, s)
+        score = ours.scores(x[0], qr[0], c, s, keys)
+    score = score.masked_fill(~mask[0], float("-inf"))
+    for p in range(spec.topk, 20):
+        assert set(score[p].topk(spec.topk).indices.tolist()) == set(theirs[p].tolist()), p
