@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from lantern.app.models.family_dsa import DSAIndexer, indexer_config
 from lantern.app.models.family_moe import MoEConfig
 from lantern.app.models.quant.affine import float32_array
 from lantern.app.models.quant.stacked import StackedWeights
@@ -55,9 +56,9 @@ from lantern.app.models.spec import UnsupportedModelError
 # Families with multi-head latent attention: DeepSeek V2 / V3, GLM-4.7-Flash (glm4_moe_lite:
 # transformers builds it from DeepseekV3Attention and GLM-4.5's router, which is V3's) and Mistral 4
 # (V3's attention and experts, a softmax router ranking groups as V3 does, Llama 4's query temperature).
-DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "mistral4")
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "mistral4")
 # The GLM-4.5 family (glm4_moe) shares only the routed experts (routed_experts()).
-_SIGMOID_ROUTED = ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "dots1", "solar_open")
+_SIGMOID_ROUTED = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "glm4_moe_lite", "dots1", "solar_open")
 # "noaux_tc": top-k within the topk_group groups whose two best scores sum highest (V3's ranking)
 _TOPK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "mistral4": ("noaux_tc",)}
 _TOPK_METHODS |= {t: ("noaux_tc",) for t in _SIGMOID_ROUTED}
@@ -80,8 +81,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
         first_k_dense_replace=3, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
         moe_intermediate_size=2048, routed_scaling_factor=2.5, topk_method="noaux_tc", n_group=1,
-        topk_group=1, norm_topk_prob=True, rope_interleave=True, index_topk=2048, index_head_dim=128,
-        index_n_heads=64,
+        topk_group=1, norm_topk_prob=True, rope_interleave=True,
+    ),
+    "glm_moe_dsa": dict(  # GlmMoeDsaConfig (GLM-5): DeepSeek-V3.2's, GLM's widths
+        kv_lora_rank=512, q_lora_rank=2048, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
+        first_k_dense_replace=3, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+        moe_intermediate_size=2048, routed_scaling_factor=2.5, topk_method="noaux_tc", n_group=1,
+        topk_group=1, norm_topk_prob=True, rope_interleave=True,
     ),
     "glm4_moe": dict(  # Glm4MoeConfig: the router's keys only (its attention is Llama's)
         first_k_dense_replace=1, n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8,
@@ -114,15 +120,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class DSAIndexer:
-    """DeepSeek Sparse Attention's lightning indexer (DeepseekV32Indexer)."""
-
-    n_heads: int  # index_n_heads
-    head_dim: int  # index_head_dim: one key per token, the rope on its first qk_rope_head_dim
-    topk: int  # index_topk: keys each query attends to
-
-
-@dataclass(frozen=True)
 class MLAConfig:
     kv_lora_rank: int  # the compressed latent c_kv each token keeps in the pool
     q_lora_rank: int | None  # None: q_proj straight from the hidden state
@@ -130,7 +127,7 @@ class MLAConfig:
     qk_rope_head_dim: int  # one rope key per token, shared by every head
     v_head_dim: int
     rope_interleave: bool  # rope rotates adjacent pairs (x0, x1), ... rather than halves
-    indexer: DSAIndexer | None = None  # DeepSeek-V3.2's sparse attention
+    indexer: DSAIndexer | None = None  # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5: family_dsa)
 
     @property
     def pool_dim(self) -> int:
@@ -214,10 +211,10 @@ def mtp_layers(model_type: str, cfg: dict[str, Any]) -> int:
 def _dense_layers(model_type: str, cfg: dict[str, Any], num_layers: int) -> tuple[int, tuple[int, ...]]:
     """(first_k_dense_replace, other dense layers). glm4_moe_lite reads mlp_layer_types (default:
     layer 0 dense), as transformers does; a first_k_dense_replace that says otherwise is refused."""
-    if model_type == "deepseek_v32" and cfg.get("mlp_layer_types") is None:
+    if model_type in ("deepseek_v32", "glm_moe_dsa") and cfg.get("mlp_layer_types") is None:
         first = min(int(_key(cfg, model_type, "first_k_dense_replace") or 0), num_layers)
         return 0, tuple(range(first))  # DeepseekV32Config's mlp_layer_types: that many dense, then sparse
-    if model_type not in ("glm4_moe_lite", "deepseek_v32"):
+    if model_type not in ("glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"):
         return int(_key(cfg, model_type, "first_k_dense_replace") or 0), ()
     types = cfg.get("mlp_layer_types")
     if types is None:
@@ -343,8 +340,9 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if cfg.get("num_key_value_heads") not in (None, heads):  # transformers' MLA expands to every head
         raise _refuse("num_key_value_heads", cfg["num_key_value_heads"], f" (MLA needs num_attention_heads={heads})")
     interleave = True if model_type == "deepseek_v2" else _key(cfg, model_type, "rope_interleave")
-    if interleave not in (True, False) or (model_type == "deepseek_v32" and not interleave):
-        raise _refuse("rope_interleave", interleave, " (DeepSeek-V3.2's MLA rope always turns pairs)")
+    dsa = model_type in ("deepseek_v32", "glm_moe_dsa")
+    if interleave not in (True, False) or (dsa and not interleave):
+        raise _refuse("rope_interleave", interleave, f" ({model_type}'s latent rope always turns pairs)")
     q_lora = _key(cfg, model_type, "q_lora_rank")
     mla = MLAConfig(
         kv_lora_rank=_int(cfg, model_type, "kv_lora_rank"),
@@ -353,7 +351,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         qk_rope_head_dim=_int(cfg, model_type, "qk_rope_head_dim"),
         v_head_dim=_int(cfg, model_type, "v_head_dim"),
         rope_interleave=bool(interleave),
-        indexer=_indexer(cfg, q_lora) if model_type == "deepseek_v32" else None,
+        indexer=indexer_config(model_type, cfg, q_lora) if dsa else None,
     )
     if mla.qk_rope_head_dim % 2:
         raise _refuse("qk_rope_head_dim", mla.qk_rope_head_dim, " (rope needs an even size)")
@@ -371,20 +369,6 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         **(_lite_defaults(cfg) if model_type == "glm4_moe_lite" else {}),
         **(mistral4_rope(cfg, mla) if model_type == "mistral4" else {}),
     }
-
-
-def _indexer(cfg: dict[str, Any], q_lora: Any) -> DSAIndexer:
-    indexer = DSAIndexer(
-        n_heads=_int(cfg, "deepseek_v32", "index_n_heads"),
-        head_dim=_int(cfg, "deepseek_v32", "index_head_dim"),
-        topk=_int(cfg, "deepseek_v32", "index_topk"),
-    )
-    if q_lora is None:  # the indexer's queries come from the query LoRA
-        raise _refuse("q_lora_rank", None, " for deepseek_v32 (its indexer reads the query LoRA)")
-    rope = _int(cfg, "deepseek_v32", "qk_rope_head_dim")
-    if not rope <= indexer.head_dim or indexer.topk < 1 or indexer.n_heads < 1:
-        raise _refuse("index_head_dim", indexer.head_dim, f" with qk_rope_head_dim={rope}, index_topk={indexer.topk}")
-    return indexer
 
 
 # ---- MLX-format folders ---------------------------------------------------------------------------------

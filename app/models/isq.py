@@ -116,7 +116,6 @@ def isq_candidates(cfg: Any) -> int:
     mla = cfg.mla
     # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
-    attention += 2 if mla is not None and mla.indexer is not None else 0  # DeepSeek-V3.2's indexer: wq_b, wk
     attention += 1 if getattr(cfg, "attn_output_gate", False) else 0  # AFMoE's gate_proj beside q, k, v, o
     linear = getattr(cfg, "linear_attn", None)
     for layer in range(cfg.num_layers):
@@ -128,6 +127,8 @@ def isq_candidates(cfg: Any) -> int:
             total += 2 + (attention if cfg.mamba.parallel else 0)  # Mamba-2: in_proj, out_proj (Falcon-H1: attention)
         else:
             total += attention
+            if mla is not None and mla.indexer is not None and mla.indexer.runs(layer):
+                total += 2  # DeepSeek Sparse Attention's indexer: wq_b, wk (weights_proj stays float: a router)
         moe = cfg.moe
         if moe is None or not moe.is_sparse(layer):
             ungated = cfg.family in ("apertus", "arcee", "jais2", "phi", "mpt")

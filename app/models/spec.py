@@ -75,6 +75,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
     # DeepSeek-V3.2: V3 with DeepSeek Sparse Attention (a lightning indexer per layer picks the keys each query reads)
     "deepseek_v32": {"family": "deepseek", "configure": "family_deepseek"},
+    # GLM-5: DeepSeek-V3.2's attention (the indexer's rope in pairs, some layers reusing the previous choice)
+    "glm_moe_dsa": {
+        "family": "deepseek",
+        "configure": "family_deepseek",
+        "defaults": {"rms_norm_eps": 1e-5, "max_position_embeddings": 202752},
+    },
     "glm4": {"family": "glm4", "configure": "family_glm"},
     "glm": {"configure": "family_glm"},  # glm-4-9b-chat-hf: GLM-4's rope on Llama's layer (no post-sublayer norms)
     # GLM-4.5 / 4.6 / 4.7: Llama's layer, partial rotary (halves), DeepSeek-V3's routed + shared experts.

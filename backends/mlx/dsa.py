@@ -6,7 +6,10 @@ attention's query carries zeros against the index key, so the ordinary paged att
 latent attention itself. A query that sees at most index_topk tokens attends to all of them -- exactly what the
 indexer's top-k keeps -- so only rows past index_topk are computed again here, one sequence at a time: their
 index scores against every earlier index key of the sequence (gathered from the pool), the top index_topk kept,
-the latent attention over those alone (DeepseekV32Indexer / DeepseekV32Attention's maths, in float32).
+the latent attention over those alone (DeepseekV32Indexer / DeepseekV32Attention's maths, in float32). GLM-5's
+"shared" layers run no indexer: they reuse the choice of the layer before that ran one (the step's cache holds it).
+Index scores that tie exactly at the top-k boundary (several keys whose every head's relu is 0) are broken
+however topk breaks them -- as in every implementation, the model does not define that order.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ INDEX_NORM_EPS = 1e-6  # DeepseekV32Indexer's k_norm
 
 class Indexer(nn.Module):
     def __init__(self, hidden: int, q_lora_rank: int, spec: Any, rope: Any):
-        """rope: the latent attention's rope over qk_rope_head_dim; the indexer turns halves, not pairs."""
+        """rope: the indexer's rope over qk_rope_head_dim (in halves, GLM-5's in pairs)."""
         super().__init__()
         self.n_heads, self.head_dim, self.topk = spec.n_heads, spec.head_dim, spec.topk
         self.wq_b = nn.Linear(q_lora_rank, spec.n_heads * spec.head_dim, bias=False)
@@ -86,28 +89,33 @@ def restrict(
     qr: mx.array,
     meta: AttentionMetadata,
     layer: int,
-    indexer: Indexer,
+    indexer: Indexer | None,
+    topk: int,
     scale: float,
     latent_dim: int,
     v_dim: int,
 ) -> mx.array:
-    """`out` (the attention over every visible key) with the rows that see more than index_topk keys recomputed
-    over the keys the indexer picks. query [T, H, pool width] (zeros past latent_dim), out [T, H, v_dim]."""
-    sequences = _sequences(meta, indexer.topk)
+    """`out` (the attention over every visible key) with the rows that see more than `topk` keys recomputed over
+    the keys the indexer picks. query [T, H, pool width] (zeros past latent_dim), out [T, H, v_dim]. indexer None:
+    a GLM-5 "shared" layer, which reads the choice of the last layer that ran one (kept in the step's cache)."""
+    sequences = _sequences(meta, topk)
     if not sequences:
         return out
     pool = meta.pool.k[layer]
-    for rows_np, pos_np, slots_np in sequences:
+    chosen = meta.step_cache.setdefault("dsa_chosen", [None] * len(sequences))
+    for i, (rows_np, pos_np, slots_np) in enumerate(sequences):
         rows, slots = mx.array(rows_np), mx.array(slots_np)
         keys = pool[slots][:, 0]  # [N, pool width]: [c_kv, k_pe, index key]
-        n = keys.shape[0]
-        score = indexer.scores(x[rows], qr[rows], mx.array(pos_np), keys[:, latent_dim:])
-        future = mx.array(np.arange(n)[None, :] > pos_np[:, None])
-        score = mx.where(future, -mx.inf, score)
-        k = min(indexer.topk, n)
-        top = mx.argpartition(-score, kth=k - 1, axis=-1)[:, :k]
-        keep = mx.put_along_axis(mx.zeros(score.shape, dtype=mx.bool_), top, mx.array(True), axis=-1)
-        keep = mx.logical_and(keep, mx.logical_not(future))
+        if indexer is not None:
+            n = keys.shape[0]
+            score = indexer.scores(x[rows], qr[rows], mx.array(pos_np), keys[:, latent_dim:])
+            future = mx.array(np.arange(n)[None, :] > pos_np[:, None])
+            score = mx.where(future, -mx.inf, score)
+            k = min(topk, n)
+            top = mx.argpartition(-score, kth=k - 1, axis=-1)[:, :k]
+            keep = mx.put_along_axis(mx.zeros(score.shape, dtype=mx.bool_), top, mx.array(True), axis=-1)
+            chosen[i] = mx.logical_and(keep, mx.logical_not(future))
+        keep = chosen[i]
         latent = keys[:, :latent_dim].astype(mx.float32)
         att = (query[rows][:, :, :latent_dim].astype(mx.float32) @ latent.T) * scale  # [R, H, N]
         att = mx.softmax(mx.where(keep[:, None, :], att, -mx.inf), axis=-1, precise=True)

@@ -5,7 +5,10 @@ attention's query carries zeros against the index key, so the ordinary paged att
 latent attention itself. A query that sees at most index_topk tokens attends to all of them -- exactly what the
 indexer's top-k keeps -- so only rows past index_topk are computed again here, one sequence at a time: their
 index scores against every earlier index key of the sequence (gathered from the pool), the top index_topk kept,
-the latent attention over those alone (DeepseekV32Indexer / DeepseekV32Attention's maths, in float32).
+the latent attention over those alone (DeepseekV32Indexer / DeepseekV32Attention's maths, in float32). GLM-5's
+"shared" layers run no indexer: they reuse the choice of the layer before that ran one (the step's cache holds it).
+Index scores that tie exactly at the top-k boundary (several keys whose every head's relu is 0) are broken
+however topk breaks them -- as in every implementation, the model does not define that order.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Indexer(nn.Module):
     def __init__(self, hidden: int, q_lora_rank: int, spec: Any):
         super().__init__()
         self.n_heads, self.head_dim, self.topk = spec.n_heads, spec.head_dim, spec.topk
+        self.interleaved = spec.interleaved  # GLM-5's rope turns pairs
         self.wq_b = nn.Linear(q_lora_rank, spec.n_heads * spec.head_dim, bias=False)
         self.wk = nn.Linear(hidden, spec.head_dim, bias=False)
         self.k_norm = LayerNorm(spec.head_dim, INDEX_NORM_EPS)
@@ -34,12 +38,12 @@ class Indexer(nn.Module):
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """[T, head_dim]: each token's index key, the rope (in halves) on its first cos.shape[-1] dims."""
         k = self.k_norm(self.wk(x))[0]
-        return apply_rotary(k[:, None].contiguous(), cos, sin)[:, 0]
+        return apply_rotary(k[:, None].contiguous(), cos, sin, self.interleaved)[:, 0]
 
     def scores(self, x: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor):
         """[R, N] float32 index scores of R queries (their hidden states, query LoRA and rope rows) against N keys."""
         q = self.wq_b(qr).view(-1, self.n_heads, self.head_dim)
-        q = apply_rotary(q.contiguous(), cos, sin).float()
+        q = apply_rotary(q.contiguous(), cos, sin, self.interleaved).float()
         # weights_proj in float32 (transformers keeps it so); both scales folded into the head weights
         weights = F.linear(x.float(), self.weights_proj.weight.float())
         weights = weights * (self.n_heads**-0.5 * self.head_dim**-0.5)
@@ -80,25 +84,30 @@ def restrict(
     qr: torch.Tensor,
     meta: TorchAttentionMetadata,
     layer: int,
-    indexer: Indexer,
+    indexer: Indexer | None,
+    topk: int,
     scale: float,
     latent_dim: int,
     v_dim: int,
 ) -> torch.Tensor:
-    """`out` (the attention over every visible key) with the rows that see more than index_topk keys recomputed
-    over the keys the indexer picks. query [T, H, pool width] (zeros past latent_dim), out [T, H, v_dim]."""
-    sequences = _sequences(meta, indexer.topk)
+    """`out` (the attention over every visible key) with the rows that see more than `topk` keys recomputed over
+    the keys the indexer picks. query [T, H, pool width] (zeros past latent_dim), out [T, H, v_dim]. indexer None:
+    a GLM-5 "shared" layer, which reads the choice of the last layer that ran one (kept in the step's cache)."""
+    sequences = _sequences(meta, topk)
     if not sequences:
         return out
     pool = meta.pool.k[layer]
-    for rows, slots in sequences:
+    chosen = meta.step_cache.setdefault("dsa_chosen", [None] * len(sequences))
+    for i, (rows, slots) in enumerate(sequences):
         keys = pool[slots, 0]  # [N, pool width]: [c_kv, k_pe, index key]
-        pos = meta.positions[rows]
-        score = indexer.scores(x[rows], qr[rows], meta.cos[rows], meta.sin[rows], keys[:, latent_dim:])
-        future = torch.arange(keys.shape[0], device=pos.device)[None, :] > pos[:, None]
-        score = score.masked_fill(future, float("-inf"))
-        top = score.topk(min(indexer.topk, keys.shape[0]), dim=-1).indices
-        keep = torch.zeros_like(future).scatter_(1, top, True) & ~future
+        if indexer is not None:
+            pos = meta.positions[rows]
+            score = indexer.scores(x[rows], qr[rows], meta.cos[rows], meta.sin[rows], keys[:, latent_dim:])
+            future = torch.arange(keys.shape[0], device=pos.device)[None, :] > pos[:, None]
+            score = score.masked_fill(future, float("-inf"))
+            top = score.topk(min(topk, keys.shape[0]), dim=-1).indices
+            chosen[i] = torch.zeros_like(future).scatter_(1, top, True) & ~future
+        keep = chosen[i]
         latent = keys[:, :latent_dim].float()
         att = torch.einsum("rhw,nw->rhn", query[rows, :, :latent_dim].float(), latent) * scale
         att = att.masked_fill(~keep[:, None, :], float("-inf")).softmax(dim=-1)

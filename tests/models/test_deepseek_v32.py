@@ -116,3 +116,32 @@ def test_indexer_picks_what_transformers_picks(tiny_model_dir):
     score = score.masked_fill(~mask[0], float("-inf"))
     for p in range(spec.topk, 20):
         assert set(score[p].topk(spec.topk).indices.tolist()) == set(theirs[p].tolist()), p
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},  # every layer runs its indexer
+        {"index_topk_freq": 2, "index_skip_topk_offset": 2},
+        {"index_topk_pattern": "FFSF"},
+        {"indexer_types": ["full", "shared", "shared", "full"]},
+    ],
+)
+def test_glm5_indexer_layers_are_glm_moe_dsa_configs(extra):
+    """GLM-5: which layers run an indexer and which reuse the choice before, as GlmMoeDsaConfig derives it; its
+    indexer's rope in pairs."""
+    from transformers import GlmMoeDsaConfig
+
+    keys = {**V32, "num_hidden_layers": 4, **extra}
+    ours = ModelConfig.from_hf({"model_type": "glm_moe_dsa", **keys}).mla.indexer
+    ref = GlmMoeDsaConfig(
+        **{k: v for k, v in keys.items() if k not in ("index_topk_pattern",)},
+        **({"index_topk_pattern": extra["index_topk_pattern"]} if "index_topk_pattern" in extra else {}),
+    )
+    assert [ours.runs(i) for i in range(4)] == [t == "full" for t in ref.indexer_types]
+    assert ours.interleaved and ours.n_heads == ref.index_n_heads == 32  # GlmMoeDsaConfig's default
+
+
+def test_glm5_first_layer_must_run_its_indexer():
+    with pytest.raises(UnsupportedModelError, match="indexer_types"):
+        ModelConfig.from_hf({"model_type": "glm_moe_dsa", **V32, "indexer_types": ["shared"] * 4})

@@ -23,6 +23,7 @@ pytest.importorskip("mlx_lm")
 
 # latent and head widths that mlx_lm's 32-wide groups divide (so the per-head halves are quantized too)
 MLA_WIDE = {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "v_head_dim": 32}
+GLM5_KEYS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}
 # case -> (variant, convert options)
 CASES = {
     "qwen3_moe-4bit": ("qwen3_moe", {"mode": "affine", "group": 32, "bits": 4}),
@@ -35,6 +36,11 @@ CASES = {
     "deepseek_v2-4bit": ("deepseek_v2_yarn", {"mode": "affine", **MLA_WIDE}),  # kv_b_proj kept whole
     # DeepSeek-V3.2: V3's halves plus the indexer's wq_b / wk quantized (its weights_proj too, read dequantized)
     "deepseek_v32-4bit": ("deepseek_v32", {"mode": "affine", **MLA_WIDE, "index_head_dim": 32}),
+    # GLM-5's layout (mlx_lm reads the released config's router keys; its loader wants an indexer in every layer)
+    "glm_moe_dsa-4bit": (
+        "glm_moe_dsa",
+        {"mode": "affine", **MLA_WIDE, "index_head_dim": 32, "indexer_types": ["full"] * 3, **GLM5_KEYS},
+    ),
     "glm4_moe-4bit": ("glm4_moe", {"mode": "affine", "head_dim": 32}),  # GLM-4.5-Air-4bit's layout
     "glm4_moe_lite-4bit": ("glm4_moe_lite", {"mode": "affine", **MLA_WIDE}),  # GLM-4.7-Flash-4bit's
     "ernie4_5_moe-4bit": ("ernie4_5_moe", {"mode": "affine", "head_dim": 32}),  # moe_statics router bias

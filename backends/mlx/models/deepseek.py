@@ -49,8 +49,9 @@ class MLAttention(nn.Module):
         self.rope = build_rope(
             m.qk_rope_head_dim, cfg.rope_theta, m.rope_interleave, cfg.rope_scaling, cfg.max_position_embeddings
         )
-        if m.indexer is not None:  # DeepSeek-V3.2's sparse attention (dsa.py): its rope turns halves
-            rope = build_rope(m.qk_rope_head_dim, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
+        if m.indexer is not None and m.indexer.runs(layer_idx):  # DeepSeek Sparse Attention (dsa.py)
+            pairs, max_pos = m.indexer.interleaved, cfg.max_position_embeddings  # (V3.2's rope: halves; GLM-5's: pairs)
+            rope = build_rope(m.qk_rope_head_dim, cfg.rope_theta, pairs, cfg.rope_scaling, max_pos)
             self.indexer = dsa.Indexer(d, m.q_lora_rank, m.indexer, rope)
 
     def dense_kv_b(self, dtype: mx.Dtype) -> None:
@@ -121,15 +122,17 @@ class MLAttention(nn.Module):
         if self.temperature is not None:  # Mistral 4: every query column alike, so the scores scale by it
             query = query * query_temperature(self.temperature, meta.positions, query.dtype)
         key = mx.concatenate([latent, k_pe[:, 0]], axis=-1)  # [T, L + R]: what the pool keeps
-        indexer = self.indexer if m.indexer is not None else None
-        if indexer is not None:  # the index key beside it; the query's zeros against it leave the scores as they are
-            key = mx.concatenate([key, indexer.keys(x, meta.positions).astype(key.dtype)], axis=-1)
-            query = mx.concatenate([query, mx.zeros((t, h, indexer.head_dim), dtype=query.dtype)], axis=-1)
+        dsa_spec = m.indexer
+        indexer = self.get("indexer")
+        if dsa_spec is not None:  # the index key beside it (zeros in a layer without an indexer); the query's
+            width = (t, dsa_spec.head_dim)
+            index_key = indexer.keys(x, meta.positions) if indexer is not None else mx.zeros(width, dtype=key.dtype)
+            key = mx.concatenate([key, index_key.astype(key.dtype)], axis=-1)
+            query = mx.concatenate([query, mx.zeros((t, h, dsa_spec.head_dim), dtype=query.dtype)], axis=-1)
         out = paged_attention(query, key[:, None], None, meta, self.layer_idx, self.scale)  # [T, H, L]
-        if indexer is not None:
-            out = dsa.restrict(
-                out, query, x, qr, meta, self.layer_idx, indexer, self.scale, m.latent_dim, m.kv_lora_rank
-            )
+        if dsa_spec is not None:
+            topk, lat = dsa_spec.topk, m.latent_dim
+            out = dsa.restrict(out, query, x, qr, meta, self.layer_idx, indexer, topk, self.scale, lat, m.kv_lora_rank)
         out = (out.transpose(1, 0, 2) @ w_uv.swapaxes(1, 2)).transpose(1, 0, 2)  # [T, H, v]
         return self.o_proj(out.reshape(t, h * m.v_head_dim))
 

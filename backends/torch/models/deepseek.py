@@ -60,7 +60,7 @@ class MLAttention(nn.Module):
         self.kv_b_proj = _linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim))
         self.o_proj = _linear(h * m.v_head_dim, d)
         self.temperature = cfg.attn_temperature  # Mistral 4: Llama 4's per-position query scale
-        if m.indexer is not None:  # DeepSeek-V3.2's sparse attention (dsa.py)
+        if m.indexer is not None and m.indexer.runs(layer_idx):  # DeepSeek Sparse Attention (dsa.py)
             self.indexer = dsa.Indexer(d, m.q_lora_rank, m.indexer)
 
     def dense_kv_b(self, dtype: torch.dtype) -> None:
@@ -114,15 +114,16 @@ class MLAttention(nn.Module):
         if self.temperature is not None:  # every query column alike: the scores scale by it
             query = query * query_temperature(self.temperature, meta, query.dtype)
         key = torch.cat([latent, k_pe[:, 0]], dim=-1)  # [T, L + R]: what the pool keeps
-        indexer = self.indexer if m.indexer is not None else None
-        if indexer:  # the index key beside it; the query's zeros against it leave the scores as they are
-            key = torch.cat([key, indexer.keys(x, meta.cos, meta.sin).to(key.dtype)], dim=-1)
-            query = torch.cat([query, query.new_zeros(t, h, indexer.head_dim)], dim=-1)
+        dsa_spec = m.indexer
+        indexer = getattr(self, "indexer", None)
+        if dsa_spec is not None:  # the index key beside it (zeros in a layer without an indexer); the query's
+            index_key = indexer.keys(x, meta.cos, meta.sin) if indexer is not None else key.new_zeros(t, 1)
+            key = torch.cat([key, index_key.to(key.dtype).expand(t, dsa_spec.head_dim)], dim=-1)
+            query = torch.cat([query, query.new_zeros(t, h, dsa_spec.head_dim)], dim=-1)  # zeros leave scores be
         out = paged_attention(query, key[:, None], None, meta, self.layer_idx, self.scale)  # [T, H, L]
-        if indexer:
-            out = dsa.restrict(
-                out, query, x, qr, meta, self.layer_idx, indexer, self.scale, m.latent_dim, m.kv_lora_rank
-            )
+        if dsa_spec is not None:
+            topk, lat = dsa_spec.topk, m.latent_dim
+            out = dsa.restrict(out, query, x, qr, meta, self.layer_idx, indexer, topk, self.scale, lat, m.kv_lora_rank)
         out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
         return self.o_proj(out.reshape(t, h * m.v_head_dim))
 
