@@ -86,6 +86,14 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     # the pre-MLP norm; the sinks are a bare parameter in HF (gguf_names.hf_name drops ".weight")
     "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
 }
+# DeepSeek-V3.2 / GLM-5 (DeepseekV32Model / GlmMoeDsaModel, DeepseekV2Models): deepseek2's tensors and the indexer's
+ARCH_LAYER["deepseek32"] = ARCH_LAYER["glm-dsa"] = {
+    **ARCH_LAYER["deepseek2"],
+    "indexer.attn_q_b": "self_attn.indexer.wq_b",
+    "indexer.attn_k": "self_attn.indexer.wk",
+    "indexer.k_norm": "self_attn.indexer.k_norm",
+    "indexer.proj": "self_attn.indexer.weights_proj",
+}
 # Qwen3-Next / Qwen3.5 (family_qwen3_next.gguf_tensors undoes the rest: 1 + w norms, A = -exp(A_log), the
 # convolution's squeezed kernel); ssm_a has no .weight suffix in the file (hf_name maps it bare).
 _QWEN3NEXT = {

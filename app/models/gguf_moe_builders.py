@@ -1,12 +1,12 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
-helpers are gguf_config's): Arcee Trinity (afmoe).
+helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32) and GLM-5 (glm-dsa).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lantern.app.models.gguf_config import _head_dim, _layer_types, _Meta
+from lantern.app.models.gguf_config import _deepseek2, _head_dim, _layer_types, _Meta
 from lantern.app.models.gguf_rope import stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -54,4 +54,34 @@ def _afmoe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     return {**out, "rope_parameters": {**rope, "rope_theta": base}} if rope else out
 
 
-MOE_BUILDERS = {"afmoe": _afmoe}
+# llama.cpp's glm-dsa graph without attention.indexer.types: every layer runs its indexer (GLM-5, 5.1), unless the
+# file is GLM-5.2's (a context of 1M tokens), whose config.json has two full layers, then one in four
+_GLM_52_CONTEXT = 1048576
+
+
+def _dsa(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3.2 / GLM-5 (llama.cpp's DeepseekV32Model / GlmMoeDsaModel, DeepseekV2Models: deepseek2's MLA keys and
+    tensors) with the indexer's head count, key length and top-k; GLM-5's layers that run an indexer from
+    attention.indexer.types. No gating key means llama.cpp's default for them, the sigmoid."""
+    out = _deepseek2(meta, tensors, cfg)
+    if meta.get("expert_gating_func") is None:
+        out.update(scoring_func="sigmoid", topk_method="noaux_tc")
+    elif out["scoring_func"] != "sigmoid":
+        raise UnsupportedModelError(f"{meta.label}{meta.arch}.expert_gating_func other than sigmoid is not implemented")
+    glm = meta.arch == "glm-dsa"
+    out.update(
+        model_type="glm_moe_dsa" if glm else "deepseek_v32",
+        index_n_heads=int(meta.need("attention.indexer.head_count")),
+        index_head_dim=int(meta.need("attention.indexer.key_length")),
+        index_topk=int(meta.need("attention.indexer.top_k")),
+    )
+    if glm:
+        layers = cfg["num_hidden_layers"]
+        types = meta.get("attention.indexer.types")
+        if types is None and cfg["max_position_embeddings"] >= _GLM_52_CONTEXT:
+            types = [i < 2 or (i - 2) % 4 == 0 for i in range(layers)]
+        out["indexer_types"] = ["full" if t else "shared" for t in (types or [True] * layers)]
+    return out
+
+
+MOE_BUILDERS = {"afmoe": _afmoe, "deepseek32": _dsa, "glm-dsa": _dsa}

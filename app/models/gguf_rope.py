@@ -41,6 +41,10 @@ _REL = 1e-5  # the tensor is float32; transformers' divisors must equal it to th
 _YARN_KEYS = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow", "yarn_attn_factor": "attention_factor"}
 
 
+# llama.cpp architectures converted by its DeepseekV2Model (latent attention, DeepSeek's YaRN keys)
+MLA_ARCHITECTURES = ("deepseek2", "deepseek32", "glm-dsa")
+
+
 def stated_rope_scaling(meta: _Meta) -> dict[str, Any] | None:
     """rope.scaling.* as config.json's rope_scaling (linear, YaRN; other types are passed on for
     ModelConfig to accept or refuse; Phi-3 reads its own). llama.cpp's converter copies config.json's
@@ -66,7 +70,7 @@ def stated_rope_scaling(meta: _Meta) -> dict[str, Any] | None:
             "(YaRN's extrapolation mix is 1, as in transformers)"
         )
     log_mul = meta.get("rope.scaling.yarn_log_multiplier")
-    if log_mul and meta.arch == "deepseek2":
+    if log_mul and meta.arch in MLA_ARCHITECTURES:
         # 0.1 * mscale_all_dim; llama.cpp takes mscale == mscale_all_dim, as DeepSeek configs state them
         mscale = round(float(log_mul) / 0.1, 6)
         out.update(mscale=mscale, mscale_all_dim=mscale)
@@ -88,7 +92,7 @@ def _attn_factor(meta: _Meta, yarn: dict[str, Any] | None) -> None:
     why = "without YaRN (transformers scales no other rope)" if yarn is None else ""
     if yarn and "attention_factor" in yarn:
         why = f"beside {meta.arch}.rope.scaling.yarn_attn_factor (llama.cpp and transformers disagree)"
-    elif yarn and meta.arch == "deepseek2":
+    elif yarn and meta.arch in MLA_ARCHITECTURES:
         why = "for DeepSeek (llama.cpp scales the attention softmax by it too)"
     if why:
         key = f"{meta.arch}.rope.scaling.attn_factor={float(value)}"

@@ -57,6 +57,11 @@ FILES = {
     "deepseek_v2_kv_b": ("deepseek_v2", {}, "f16", {"legacy_mla": True}),  # attn_kv_b whole: older files
     "deepseek_v3": ("deepseek_v3", {}, "f16", {"mtp_layers": 1}),  # a prediction layer after the stack
     "glm4_moe": ("glm4_moe", {}, "f16", {"mtp_layers": 1}),  # GLM-4.5's prediction layer after the stack
+    # the indexer's tensors and keys (64 wide: llama.cpp's graph, which rotates index keys by a Hadamard matrix,
+    # takes no narrower, and scripts/check_gguf_vs_llamacpp.py runs these files; 16 heads: with 8, index scores
+    # tie at exactly 0 across the top-k boundary, which llama.cpp and torch break differently)
+    "deepseek_v32": ("deepseek_v32", {"index_head_dim": 64, "index_n_heads": 16}, "f16", {}),
+    "glm_moe_dsa": ("glm_moe_dsa", {"index_head_dim": 64}, "f32", {}),  # GLM-5: attention.indexer.types (shared)
     "olmo2": ("olmo2", {}, "f16", {}),
     "olmo3": ("olmo3", {}, "f32", {}),  # sliding layers on their own base, YaRN full layers
     "olmoe": ("olmoe", {"num_key_value_heads": 4}, "f16", {}),  # llama.cpp's olmoe: k_norm as wide as q_norm
