@@ -20,12 +20,8 @@ The maths both backends implement (transformers 5's DeepseekV2* / DeepseekV3* mo
   qk_rope_head_dim) and attends in the absorbed form: q_nope goes through kv_b_proj's key rows into
   the latent space, the attention output (a mix of latents: V is K's first kv_lora_rank columns) goes
   through kv_b_proj's value rows. The model files declare this layout (CausalLM.kv_layout).
-- DeepSeek-V3.2 (deepseek_v32) adds DeepSeek Sparse Attention: per layer a lightning indexer (wq_b on the
-  query LoRA, wk + a LayerNorm for one key per token, the rope on the first qk_rope_head_dim of both, in halves)
-  scores each query against every earlier token, sum over its heads of weights_proj(x) * relu(q . k) (scaled by
-  index_head_dim ** -0.5 and index_n_heads ** -0.5), and the query attends to the index_topk best only. Lantern
-  keeps the index key beside [c_kv, k_pe] in the pool row (MLAConfig.pool_dim); a query that sees at most
-  index_topk tokens attends to all of them (what the top-k keeps), others take models' dsa.py.
+- DeepSeek-V3.2 and GLM-5 add DeepSeek Sparse Attention (family_dsa): an index key beside [c_kv, k_pe] in the
+  pool row (MLAConfig.pool_dim), queries past index_topk attending to the keys the indexer picks.
 - Experts: router logits in float32. V2: softmax, top-k ("greedy"), or top-k within the topk_group
   groups of highest max score ("group_limited_greedy"), weights times routed_scaling_factor (V2
   ignores norm_topk_prob in transformers). V3: sigmoid; the choice adds e_score_correction_bias,
@@ -47,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from lantern.app.models.family_dsa import DSAIndexer, indexer_config
+from lantern.app.models.family_dsa import GLM_DSA_DEFAULTS, DSAIndexer, indexer_config
 from lantern.app.models.family_moe import MoEConfig
 from lantern.app.models.quant.affine import float32_array
 from lantern.app.models.quant.stacked import StackedWeights
@@ -77,18 +73,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         moe_intermediate_size=2048, routed_scaling_factor=2.5, topk_method="noaux_tc", n_group=8,
         topk_group=4, norm_topk_prob=True, rope_interleave=True,
     ),
-    "deepseek_v32": dict(  # DeepseekV32Config: V3's, the indexer's, mlp_layer_types from first_k_dense_replace
-        kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-        first_k_dense_replace=3, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
-        moe_intermediate_size=2048, routed_scaling_factor=2.5, topk_method="noaux_tc", n_group=1,
-        topk_group=1, norm_topk_prob=True, rope_interleave=True,
-    ),
-    "glm_moe_dsa": dict(  # GlmMoeDsaConfig (GLM-5): DeepSeek-V3.2's, GLM's widths
-        kv_lora_rank=512, q_lora_rank=2048, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
-        first_k_dense_replace=3, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
-        moe_intermediate_size=2048, routed_scaling_factor=2.5, topk_method="noaux_tc", n_group=1,
-        topk_group=1, norm_topk_prob=True, rope_interleave=True,
-    ),
     "glm4_moe": dict(  # Glm4MoeConfig: the router's keys only (its attention is Llama's)
         first_k_dense_replace=1, n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8,
         moe_intermediate_size=1408, routed_scaling_factor=1.0, topk_method="noaux_tc", n_group=1, topk_group=1,
@@ -117,6 +101,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         norm_topk_prob=True, rope_interleave=True,
     ),
 }  # fmt: skip
+_DEFAULTS["deepseek_v32"] = _DEFAULTS["deepseek_v3"]  # DeepseekV32Config: V3's values (the indexer's: family_dsa)
+_DEFAULTS["glm_moe_dsa"] = {**_DEFAULTS["deepseek_v3"], **GLM_DSA_DEFAULTS}  # GlmMoeDsaConfig
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ _DEFAULTS = {
     "deepseek_v32": {"index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64, "qk_rope_head_dim": 64},
     "glm_moe_dsa": {"index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32, "qk_rope_head_dim": 64},
 }
+# GlmMoeDsaConfig's latent-attention and router defaults where they are not DeepseekV3Config's (family_deepseek)
+GLM_DSA_DEFAULTS = dict(q_lora_rank=2048, qk_nope_head_dim=192, v_head_dim=256, n_group=1, topk_group=1)
 
 
 @dataclass(frozen=True)
@@ -35,11 +37,23 @@ class DSAIndexer:
     def runs(self, layer: int) -> bool:
         return self.own is None or self.own[layer]
 
+    def idle_prefixes(self) -> tuple[str, ...]:
+        """Checkpoint name prefixes of indexers on layers that run none (a checkpoint may still carry them)."""
+        return tuple(f"model.layers.{i}.self_attn.indexer." for i, own in enumerate(self.own or ()) if not own)
+
 
 def indexer_config(model_type: str, cfg: dict[str, Any], q_lora_rank: Any) -> DSAIndexer:
     """The indexer of a deepseek_v32 / glm_moe_dsa config.json; refuses, naming the key, what is not computed."""
     get = lambda key: int(cfg.get(key, _DEFAULTS[model_type][key]))
     glm = model_type == "glm_moe_dsa"
+    # mlx_lm reads indexer_rope_interleave (transformers fixes it per model: V3.2 halves, GLM-5 pairs)
+    stated = cfg.get("indexer_rope_interleave", glm)
+    if stated != glm:
+        raise refuse(
+            "indexer_rope_interleave",
+            stated,
+            f" for {model_type} (its indexer's rope turns {'pairs' if glm else 'halves'})",
+        )
     indexer = DSAIndexer(
         n_heads=get("index_n_heads"),
         head_dim=get("index_head_dim"),

@@ -51,7 +51,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if model_type == "olmo3":
         num_layers = fields["num_layers"]
         out["layer_windows"] = _olmo3_windows(cfg, num_layers)
-        out.update(_olmo3_rope(cfg, out["max_position_embeddings"]))
+        out.update(layer_type_rope(cfg, out["max_position_embeddings"]))
         if out["layer_windows"] is None:
             out["local_rope_theta"] = None  # no sliding layer: one rope
     return out
@@ -83,25 +83,31 @@ def _olmo3_windows(cfg: dict[str, Any], num_layers: int) -> list[int | None] | N
     return [int(window) if t == "sliding_attention" else None for t in types]
 
 
-def _olmo3_rope(cfg: dict[str, Any], max_pos: int) -> dict[str, Any]:
-    """The full layers' rope (theta, scaling) and the sliding layers' plain base, as
-    Olmo3Config.convert_rope_params_to_dict reads them: rope_parameters nested by layer type; a legacy
-    rope_scaling and rope_theta go to the full layers only, the sliding layers' base defaults to 500000.
-    A flat rope_parameters (which transformers ignores here) is refused rather than guessed."""
+def layer_type_rope(
+    cfg: dict[str, Any],
+    max_pos: int,
+    full_theta: float = _OLMO3_THETA,
+    local_theta: float = _OLMO3_THETA,
+    model_type: str = "olmo3",
+) -> dict[str, Any]:
+    """The full layers' rope (theta, scaling) and the sliding layers' plain base, as Olmo3Config (and Mellum's,
+    Gemma 3's arrangement) read them: rope_parameters nested by layer type; a legacy rope_scaling and rope_theta
+    go to the full layers only; the bases default to the config class's. A flat rope_parameters (which
+    transformers ignores here) is refused rather than guessed."""
     params = dict(cfg.get("rope_parameters") or {})
     flat = sorted(k for k in params if k not in _LAYER_TYPES)
     if flat:
-        raise _refuse(f"rope_parameters.{flat[0]}", params[flat[0]], " (OLMo 3 nests rope_parameters by layer type)")
+        raise _refuse(f"rope_parameters.{flat[0]}", params[flat[0]], " (rope_parameters nest by layer type here)")
     full = dict(params.get("full_attention") or {"rope_type": "default"})
     full.update(cfg.get("rope_scaling") or {})
-    full.setdefault("rope_theta", cfg.get("rope_theta", _OLMO3_THETA))
+    full.setdefault("rope_theta", cfg.get("rope_theta", full_theta))
     local = dict(params.get("sliding_attention") or {"rope_type": "default"})
-    local.setdefault("rope_theta", _OLMO3_THETA)
+    local.setdefault("rope_theta", local_theta)
     local_type = local.get("rope_type") or local.get("type") or "default"
     if local_type != "default":
         raise _refuse("rope_parameters.sliding_attention.rope_type", local_type, " (the sliding layers' rope is plain)")
     return {
         "rope_theta": float(full["rope_theta"]),
-        "rope_scaling": rope_scaling({"model_type": "olmo3"}, full, max_pos),
+        "rope_scaling": rope_scaling({"model_type": model_type}, full, max_pos),
         "local_rope_theta": float(local["rope_theta"]),
     }

@@ -292,7 +292,7 @@ def _deepseek2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
         "n_routed_experts": int(meta.get("expert_count") or 0),
         "n_shared_experts": int(meta.get("expert_shared_count") or 0),
         "num_experts_per_tok": meta.get("expert_used_count"),
-        "moe_intermediate_size": int(meta.get("expert_feed_forward_length") or 0),
+        "moe_intermediate_size": int(meta.scalar("expert_feed_forward_length", 0) or 0),
         "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
         "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
         "scoring_func": "sigmoid" if sigmoid else "softmax",

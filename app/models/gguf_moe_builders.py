@@ -39,7 +39,7 @@ def _afmoe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
         "num_experts": int(meta.need("expert_count")),
         "num_experts_per_tok": int(meta.need("expert_used_count")),
         "num_shared_experts": int(meta.get("expert_shared_count") or 0),
-        "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
+        "moe_intermediate_size": int(meta.scalar("expert_feed_forward_length")),
         "num_dense_layers": int(meta.get("leading_dense_block_count") or 0),
         "route_scale": float(meta.get("expert_weights_scale") or 1.0),
         "route_norm": bool(meta.get("expert_weights_norm", False)),  # (family_afmoe refuses false: HF renormalises)
@@ -78,6 +78,8 @@ def _dsa(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str,
     if glm:
         layers = cfg["num_hidden_layers"]
         types = meta.get("attention.indexer.types")
+        if types is not None and not isinstance(types, (list, tuple)):
+            raise UnsupportedModelError(f"{meta.label}glm-dsa.attention.indexer.types is not one flag per layer")
         if types is None and cfg["max_position_embeddings"] >= _GLM_52_CONTEXT:
             types = [i < 2 or (i - 2) % 4 == 0 for i in range(layers)]
         out["indexer_types"] = ["full" if t else "shared" for t in (types or [True] * layers)]

@@ -74,7 +74,11 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"family": "deepseek", "configure": "family_deepseek"},
     "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
     # DeepSeek-V3.2: V3 with DeepSeek Sparse Attention (a lightning indexer per layer picks the keys each query reads)
-    "deepseek_v32": {"family": "deepseek", "configure": "family_deepseek"},
+    "deepseek_v32": {
+        "family": "deepseek",
+        "configure": "family_deepseek",
+        "defaults": {"max_position_embeddings": 163840},
+    },
     # GLM-5: DeepSeek-V3.2's attention (the indexer's rope in pairs, some layers reusing the previous choice)
     "glm_moe_dsa": {
         "family": "deepseek",
@@ -102,6 +106,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Arcee Trinity (AFMoE): Qwen3's q/k norms, a sigmoid gate on the attention's output, NoPE full layers among
     # sliding ones, Gemma 2's sandwich norms, DeepSeek-V3's sigmoid router (no groups) past the first dense layers
     "afmoe": {"family": "afmoe", "configure": "family_afmoe", "defaults": "family_afmoe", "names": True},
+    # JetBrains Mellum 2: Qwen3-MoE's attention and mixture, sliding and full layers on ropes of their own bases,
+    # dense layers where mlp_layer_types says
+    "mellum": {"family": "mellum", "configure": "family_mellum", "own_rope": True, "defaults": "family_mellum"},
     # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
     "hunyuan_v1_moe": {
         "family": "llama_moe",

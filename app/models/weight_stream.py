@@ -50,6 +50,9 @@ def iter_weights(
         source: Iterator[tuple[str, Any]] = iter_gguf_weights(
             str(spec.weight_files[0]), cfg.num_heads, cfg.num_kv_heads
         )
+        idle = () if cfg.mla is None or cfg.mla.indexer is None else cfg.mla.indexer.idle_prefixes()
+        if idle:  # GLM-5's layers that reuse the choice before: an indexer written there is not loaded
+            source = ((n, v) for n, v in source if not n.startswith(idle))
     else:
         fused = spec.config.architecture != "gpt_oss"  # gpt-oss's fused experts: family_gptoss reads them
         source = _iter_safetensors(spec, framework, _text_name_map(spec))
@@ -313,25 +316,28 @@ _DECODER_SCORE_HEAD = ("score.weight", "score.bias")
 
 
 def _unused_tensors(spec: ModelSpec) -> set[str]:
-    """Tensors the model files do not load: multi-token prediction layers, a decoder classifier's head."""
+    """Tensors the model files do not load: multi-token prediction layers, a decoder classifier's head, an indexer
+    on a GLM-5 layer that reuses the choice of the layer before (transformers builds none there)."""
     names = _mtp_tensors(spec)
+    mla = spec.config.mla
+    idle = () if mla is None or mla.indexer is None else mla.indexer.idle_prefixes()
     if spec.config.encoder is None:
         for path in spec.weight_files:
             raw = RawSafetensors(path)
-            names.update(n for n in raw.names if n in _DECODER_SCORE_HEAD)
+            names.update(n for n in raw.names if n in _DECODER_SCORE_HEAD or (idle and n.startswith(idle)))
             raw.close()
     return names
 
 
 def _mtp_tensors(spec: ModelSpec) -> set[str]:
     """Multi-token-prediction weights: DeepSeek V3's and GLM-4.5's layers stored after the decoder's as
-    model.layers.{num_hidden_layers}..., ERNIE 4.5's `mtp_*` tensors, Qwen3-Next's and Nemotron 3's `mtp.*`. Next-token
-    decoding does not use them (a whole MoE layer in these checkpoints), so they are skipped before they are read."""
+    model.layers.{num_hidden_layers}..., ERNIE 4.5's `mtp_*` tensors, Qwen3-Next's, Nemotron 3's and Mellum's `mtp.*`.
+    Next-token decoding does not use them (a whole MoE layer in these checkpoints), so they are skipped unread."""
     if spec.config.architecture in ("ernie4_5", "ernie4_5_moe"):
         from lantern.app.models.family_ernie import is_mtp_tensor
 
         wanted = is_mtp_tensor
-    elif spec.config.family == "qwen3_next" or spec.config.architecture == "nemotron_h":
+    elif spec.config.family == "qwen3_next" or spec.config.architecture in ("nemotron_h", "mellum"):
         wanted = lambda n: n.startswith(("mtp.", "model.mtp."))  # (Qwen3.5 vision-language name maps drop them too)
     else:
         first, count = spec.config.num_layers, spec.config.mtp_layers

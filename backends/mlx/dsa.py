@@ -1,16 +1,6 @@
-"""DeepSeek Sparse Attention (DeepSeek-V3.2) in MLX: the lightning indexer and the rows it restricts (the same
-maths and layout as the torch file).
-
-The pool row of a DSA layer is [c_kv, k_pe, index key] (family_deepseek.MLAConfig.pool_dim); the latent
-attention's query carries zeros against the index key, so the ordinary paged attention over the row is the
-latent attention itself. A query that sees at most index_topk tokens attends to all of them -- exactly what the
-indexer's top-k keeps -- so only rows past index_topk are computed again here, one sequence at a time: their
-index scores against every earlier index key of the sequence (gathered from the pool), the top index_topk kept,
-the latent attention over those alone (DeepseekV32Indexer / DeepseekV32Attention's maths, in float32). GLM-5's
-"shared" layers run no indexer: they reuse the choice of the layer before that ran one (the step's cache holds it).
-Index scores that tie exactly at the top-k boundary (several keys whose every head's relu is 0) are broken
-however topk breaks them -- as in every implementation, the model does not define that order.
-"""
+"""DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) in MLX: the lightning indexer and the rows it restricts -- the
+torch file's maths and layout (backends/torch/dsa.py says how: the index key in the latent pool row, rows past
+index_topk recomputed over the keys the indexer picks, GLM-5's shared layers reading the choice before)."""
 
 from __future__ import annotations
 
@@ -82,6 +72,11 @@ def _sequences(meta: AttentionMetadata, topk: int) -> list[tuple[np.ndarray, np.
     return out
 
 
+# Rows recomputed at a time: bounds the [rows, heads, context] index scores (the latent attention reads only the
+# top-k keys each row picks, gathered: [rows, topk, pool width])
+_SCORE_BUDGET = 1 << 24  # float32 values
+
+
 def restrict(
     out: mx.array,
     query: mx.array,
@@ -104,20 +99,20 @@ def restrict(
     pool = meta.pool.k[layer]
     chosen = meta.step_cache.setdefault("dsa_chosen", [None] * len(sequences))
     for i, (rows_np, pos_np, slots_np) in enumerate(sequences):
-        rows, slots = mx.array(rows_np), mx.array(slots_np)
-        keys = pool[slots][:, 0]  # [N, pool width]: [c_kv, k_pe, index key]
-        if indexer is not None:
+        rows = mx.array(rows_np)
+        keys = pool[mx.array(slots_np)][:, 0]  # [N, pool width]: [c_kv, k_pe, index key]
+        if indexer is not None:  # every row here sees more than topk keys: the top-k are all visible ones
             n = keys.shape[0]
-            score = indexer.scores(x[rows], qr[rows], mx.array(pos_np), keys[:, latent_dim:])
-            future = mx.array(np.arange(n)[None, :] > pos_np[:, None])
-            score = mx.where(future, -mx.inf, score)
-            k = min(topk, n)
-            top = mx.argpartition(-score, kth=k - 1, axis=-1)[:, :k]
-            keep = mx.put_along_axis(mx.zeros(score.shape, dtype=mx.bool_), top, mx.array(True), axis=-1)
-            chosen[i] = mx.logical_and(keep, mx.logical_not(future))
-        keep = chosen[i]
-        latent = keys[:, :latent_dim].astype(mx.float32)
-        att = (query[rows][:, :, :latent_dim].astype(mx.float32) @ latent.T) * scale  # [R, H, N]
-        att = mx.softmax(mx.where(keep[:, None, :], att, -mx.inf), axis=-1, precise=True)
-        out[rows] = (att @ latent[:, :v_dim]).astype(out.dtype)
+            step = max(1, _SCORE_BUDGET // (indexer.n_heads * n))
+            picks = []
+            for r in range(0, len(rows_np), step):
+                part, pos = mx.array(rows_np[r : r + step]), pos_np[r : r + step]
+                score = indexer.scores(x[part], qr[part], mx.array(pos), keys[:, latent_dim:])
+                score = mx.where(mx.array(np.arange(n)[None, :] > pos[:, None]), -mx.inf, score)
+                picks.append(mx.argpartition(-score, kth=topk - 1, axis=-1)[:, :topk])
+            chosen[i] = mx.concatenate(picks)  # [R, topk]
+        picked = keys[chosen[i]][..., :latent_dim].astype(mx.float32)  # [R, topk, L + R]
+        att = (query[rows][:, :, :latent_dim].astype(mx.float32) @ picked.swapaxes(1, 2)) * scale  # [R, H, topk]
+        att = mx.softmax(att, axis=-1, precise=True)
+        out[rows] = (att @ picked[..., :v_dim]).astype(out.dtype)
     return out

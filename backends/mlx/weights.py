@@ -165,8 +165,9 @@ def _dequantized(item: tuple) -> mx.array:
 
 def _placed_dtype(model: Any, name: str, dtype: Any) -> Any:
     """float32 for the tensors of routers that keep it (DeepSeek's: models/deepseek.Router) and for a gated
-    delta net's A_log (as its checkpoints store it), else dtype."""
-    if name.endswith((".linear_attn.A_log", ".mamba.A_log")):
+    delta net's A_log (as its checkpoints store it) and a sparse-attention indexer's head weights (transformers keeps
+    them so), else dtype."""
+    if name.endswith((".linear_attn.A_log", ".mamba.A_log", ".indexer.weights_proj.weight")):
         return mx.float32
     if not name.endswith((".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")):
         return dtype

@@ -34,6 +34,7 @@ class Indexer(nn.Module):
         self.wk = nn.Linear(hidden, spec.head_dim, bias=False)
         self.k_norm = LayerNorm(spec.head_dim, INDEX_NORM_EPS)
         self.weights_proj = nn.Linear(hidden, spec.n_heads, bias=False)
+        self.weights_proj.keep_float32 = True  # the loader places it in float32, as transformers keeps it
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """[T, head_dim]: each token's index key, the rope (in halves) on its first cos.shape[-1] dims."""
@@ -44,7 +45,7 @@ class Indexer(nn.Module):
         """[R, N] float32 index scores of R queries (their hidden states, query LoRA and rope rows) against N keys."""
         q = self.wq_b(qr).view(-1, self.n_heads, self.head_dim)
         q = apply_rotary(q.contiguous(), cos, sin, self.interleaved).float()
-        # weights_proj in float32 (transformers keeps it so); both scales folded into the head weights
+        # weights_proj held and applied in float32 (transformers keeps it so); both scales folded into the head weights
         weights = F.linear(x.float(), self.weights_proj.weight.float())
         weights = weights * (self.n_heads**-0.5 * self.head_dim**-0.5)
         per_head = torch.relu(torch.einsum("rhd,nd->rhn", q, keys.float()))
@@ -77,6 +78,11 @@ def _sequences(meta: TorchAttentionMetadata, topk: int) -> list[tuple[torch.Tens
     return out
 
 
+# Rows recomputed at a time: bounds the [rows, heads, context] index scores (the latent attention reads only the
+# top-k keys each row picks, gathered: [rows, topk, pool width])
+_SCORE_BUDGET = 1 << 24  # float32 values
+
+
 def restrict(
     out: torch.Tensor,
     query: torch.Tensor,
@@ -100,16 +106,17 @@ def restrict(
     chosen = meta.step_cache.setdefault("dsa_chosen", [None] * len(sequences))
     for i, (rows, slots) in enumerate(sequences):
         keys = pool[slots, 0]  # [N, pool width]: [c_kv, k_pe, index key]
-        if indexer is not None:
-            pos = meta.positions[rows]
-            score = indexer.scores(x[rows], qr[rows], meta.cos[rows], meta.sin[rows], keys[:, latent_dim:])
-            future = torch.arange(keys.shape[0], device=pos.device)[None, :] > pos[:, None]
-            score = score.masked_fill(future, float("-inf"))
-            top = score.topk(min(topk, keys.shape[0]), dim=-1).indices
-            chosen[i] = torch.zeros_like(future).scatter_(1, top, True) & ~future
-        keep = chosen[i]
-        latent = keys[:, :latent_dim].float()
-        att = torch.einsum("rhw,nw->rhn", query[rows, :, :latent_dim].float(), latent) * scale
-        att = att.masked_fill(~keep[:, None, :], float("-inf")).softmax(dim=-1)
-        out[rows] = torch.einsum("rhn,nv->rhv", att, latent[:, :v_dim]).to(out.dtype)
+        if indexer is not None:  # every row here sees more than topk keys: the top-k are all visible ones
+            pos, n = meta.positions[rows], keys.shape[0]
+            step = max(1, _SCORE_BUDGET // (indexer.n_heads * n))
+            picks = []
+            for r in range(0, len(rows), step):
+                part = rows[r : r + step]
+                score = indexer.scores(x[part], qr[part], meta.cos[part], meta.sin[part], keys[:, latent_dim:])
+                future = torch.arange(n, device=pos.device)[None, :] > pos[r : r + step, None]
+                picks.append(score.masked_fill(future, float("-inf")).topk(topk, dim=-1).indices)
+            chosen[i] = torch.cat(picks)  # [R, topk]
+        picked = keys[chosen[i]][..., :latent_dim].float()  # [R, topk, L + R]
+        att = torch.einsum("rhw,rkw->rhk", query[rows, :, :latent_dim].float(), picked) * scale
+        out[rows] = torch.einsum("rhk,rkv->rhv", att.softmax(dim=-1), picked[..., :v_dim]).to(out.dtype)
     return out

@@ -41,7 +41,7 @@ def test_config_means_what_transformers_builds():
     assert ours.moe.routed_scaling_factor == sparse.router.route_scale == 2.5
     assert ours.moe.shared_size == sparse.shared_experts.intermediate_size  # num_shared_experts x the expert width
     assert ours.moe.norm_topk_prob and ours.moe.scoring == "sigmoid" and ours.moe.correction_bias
-    assert ours.qk_norm and ours.attn_output_gate and ours.sandwich_norms
+    assert ours.qk_norm and ours.attn_output_gate
     assert ours.embed_multiplier == ref.hidden_size**0.5
     assert ours.head_dim == ref.head_dim and ours.num_kv_heads == ref.num_key_value_heads
     assert ModelConfig.from_hf(cfg("afmoe", **TRINITY)).embed_multiplier == 1.0  # (mup_enabled false by default)

@@ -14,7 +14,15 @@ from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.conformance.test_parity import hf_greedy, hf_model
 from tests.models.test_deepseek import BASE
 
-V32 = {**BASE, "q_lora_rank": 24, "n_routed_experts": 8, "num_experts_per_tok": 2, "index_head_dim": 16}
+V32 = {
+    **BASE,
+    "q_lora_rank": 24,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "index_head_dim": 16,
+}
 
 
 def test_config_matches_deepseek_v32_config():
@@ -33,6 +41,26 @@ def test_config_matches_deepseek_v32_config():
     assert (defaults.mla.indexer.topk, defaults.mla.indexer.n_heads) == (2048, 64)  # DeepseekV32Config's
 
 
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa"])
+def test_defaults_are_the_config_classes(model_type):
+    """Keys a config.json leaves out mean what DeepseekV32Config / GlmMoeDsaConfig default them to."""
+    from transformers import AutoConfig
+
+    shape = {"vocab_size": 400, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+             "num_attention_heads": 4, "n_routed_experts": 16}  # fmt: skip
+    ours, ref = ModelConfig.from_hf({"model_type": model_type, **shape}), AutoConfig.for_model(model_type, **shape)
+    m, moe, idx = ours.mla, ours.moe, ours.mla.indexer
+    assert (m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == (
+        ref.q_lora_rank, ref.kv_lora_rank, ref.qk_nope_head_dim, ref.qk_rope_head_dim, ref.v_head_dim
+    )  # fmt: skip
+    assert (moe.n_group, moe.topk_group, moe.top_k, moe.routed_scaling_factor) == (
+        ref.n_group, ref.topk_group, ref.num_experts_per_tok, ref.routed_scaling_factor
+    )  # fmt: skip
+    assert [moe.is_sparse(i) for i in range(4)] == [t == "sparse" for t in ref.mlp_layer_types]
+    assert (ours.max_position_embeddings, ours.rms_norm_eps) == (ref.max_position_embeddings, ref.rms_norm_eps)
+    assert (idx.n_heads, idx.head_dim, idx.topk) == (ref.index_n_heads, ref.index_head_dim, ref.index_topk)
+
+
 @pytest.mark.parametrize(
     "extra,key",
     [
@@ -40,6 +68,7 @@ def test_config_matches_deepseek_v32_config():
         ({"rope_interleave": False}, "rope_interleave"),  # V3.2's latent rope always turns pairs
         ({"index_head_dim": 4}, "index_head_dim"),  # narrower than the rope
         ({"index_topk": 0}, "index_head_dim"),
+        ({"indexer_rope_interleave": True}, "indexer_rope_interleave"),  # (mlx_lm's key; V3.2's turns halves)
     ],
 )
 def test_unimplemented_keys_are_refused_by_name(extra, key):
@@ -145,3 +174,47 @@ def test_glm5_indexer_layers_are_glm_moe_dsa_configs(extra):
 def test_glm5_first_layer_must_run_its_indexer():
     with pytest.raises(UnsupportedModelError, match="indexer_types"):
         ModelConfig.from_hf({"model_type": "glm_moe_dsa", **V32, "indexer_types": ["shared"] * 4})
+
+
+def test_rows_recomputed_a_few_at_a_time_give_the_same_tokens(tiny_model_dir, backend, monkeypatch):
+    """The sparse rows' index scores are bounded by _SCORE_BUDGET (a prefill chunk's rows are scored a few at a time):
+    with a budget of one row per pass, a chunked prompt still gets transformers' tokens."""
+    from lantern.backends.mlx import dsa as mlx_dsa
+    from lantern.backends.torch import dsa as torch_dsa
+
+    for module in (torch_dsa, mlx_dsa):
+        monkeypatch.setattr(module, "_SCORE_BUDGET", 1)
+    path = tiny_model_dir("glm_moe_dsa")
+    llm = LLM(path, backend=backend, dtype="float32", block_size=4, prefill_chunk_size=16, num_kv_blocks=128)
+    ids = llm.tokenizer.encode(PROMPTS[1])
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert out.outputs[0].token_ids == hf_greedy(hf_model(path), ids, 12)
+
+
+@pytest.fixture(scope="module")
+def glm5_with_idle_indexer(tiny_model_dir, tmp_path_factory):
+    """A GLM-5 folder whose "shared" layer 2 still carries indexer tensors (transformers builds no indexer there and
+    ignores them), and its GGUF, which keeps them too."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from tests.fixtures.gguf_families import convert_to_gguf
+
+    src = tmp_path_factory.mktemp("glm5-idle") / "hf"
+    shutil.copytree(tiny_model_dir("glm_moe_dsa"), src)
+    tensors = load_file(src / "model.safetensors")
+    for name, value in list(tensors.items()):
+        if name.startswith("model.layers.1.self_attn.indexer."):
+            tensors[name.replace("layers.1.", "layers.2.")] = value.clone() * 3.0
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    return src, convert_to_gguf(src, src.parent / "gguf", "f32")[0]
+
+
+@pytest.mark.parametrize("kind", ["folder", "gguf"])
+def test_indexer_tensors_on_a_shared_layer_are_left_unread(glm5_with_idle_indexer, backend, kind):
+    folder, gguf_file = glm5_with_idle_indexer
+    llm = LLM(str(folder if kind == "folder" else gguf_file), backend=backend, dtype="float32", num_kv_blocks=64)
+    ids = llm.tokenizer.encode(PROMPTS[1])
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    assert out.outputs[0].token_ids == hf_greedy(hf_model(str(folder)), ids, 8)

@@ -71,6 +71,8 @@ CASES = {
     "lfm2_moe-4bit": ("lfm2_moe", {"mode": "affine", "intermediate_size": 128, "moe_intermediate_size": 64}),
     # Arcee Trinity: mlp.router.gate and mlp.expert_bias beside stacked experts, the attention's gate_proj quantized
     "afmoe-4bit": ("afmoe", {"mode": "affine"}),
+    # Mellum 2: every layer sparse (mlx_lm has no dense ones), ropes nested by layer type (YaRN full, plain sliding)
+    "mellum-4bit": ("mellum", {"mode": "affine", "mlp_layer_types": ["sparse"] * 4}),
     "cohere2-4bit": ("cohere2", {"mode": "affine", "tie_word_embeddings": True}),  # parallel block, NoPE globals
     # per-head q/k norms, NoPE global layers; the pattern as EXAONE's configs state it (mlx_lm reads it)
     "exaone4-4bit": (
