@@ -59,7 +59,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     windows = [int(window) if t == "sliding_attention" and window else None for t in types]
     return {
         "qk_norm": True,
-        "attn_output_gate": True,
+        "attn_output_gate": "sigmoid",
         "rope_layers": tuple(t == "sliding_attention" for t in types),
         "layer_windows": windows if any(windows) else None,
         "embed_multiplier": float(cfg["hidden_size"]) ** 0.5 if cfg.get("mup_enabled") else 1.0,

@@ -145,7 +145,8 @@ class DeepSeekMoEConfig(MoEConfig):
     # router weight and bias held in float32 whatever the model dtype (transformers' _keep_in_fp32_modules_strict:
     # a bias near 7 in bfloat16 is off by 0.03, enough to change most choices); Mistral 4 keeps none
     router_fp32: bool = True
-    norm_eps: float = 1e-20  # added to the top-k sum before renormalising (LFM2-MoE: 1e-6)
+    norm_eps: float = 1e-20  # added to the top-k sum before renormalising (LFM2-MoE: 1e-6, Laguna: 0)
+    logit_softcap: float = 0.0  # router logits -> cap * tanh(logits / cap) first (Laguna); 0: none
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Sparse from first_k_dense_replace on, except MoEConfig.dense_layers (glm4_moe_lite's mlp_layer_types)."""

@@ -45,6 +45,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "gpt_neox",
     "gptj",
     "codegen",
+    "laguna",
 )
 
 

@@ -109,6 +109,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # JetBrains Mellum 2: Qwen3-MoE's attention and mixture, sliding and full layers on ropes of their own bases,
     # dense layers where mlp_layer_types says
     "mellum": {"family": "mellum", "configure": "family_mellum", "own_rope": True, "defaults": "family_mellum"},
+    # Poolside Laguna: per-layer query heads, a softplus gate on the attention's output, sliding and full layers on
+    # ropes of their own bases and widths, DeepSeek-V3's sigmoid router (capped logits) beside a shared expert
+    "laguna": {
+        "family": "laguna",
+        "configure": "family_laguna",
+        "own_rope": True,
+        "defaults": "family_laguna",
+        "names": True,
+    },
     # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
     "hunyuan_v1_moe": {
         "family": "llama_moe",
@@ -358,7 +367,10 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     qk_norm_after_rope: bool = False  # Hunyuan: the per-head q/k norms follow the rope
-    attn_output_gate: bool = False  # AFMoE: attention's output times sigmoid(self_attn.gate_proj(x)) before o_proj
+    # attention's output times a gate of x before o_proj (self_attn.gate_proj): "sigmoid" of one value per channel
+    # (AFMoE), "softplus" of one per channel or "softplus_head" of one per head (Laguna); None: no gate
+    attn_output_gate: str | None = None
+    layer_heads: tuple[int, ...] | None = None  # per layer: its query heads where layers differ (Laguna)
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     quantization: QuantScheme | None = None  # how a quantized HF folder stores its linears (hf_formats.py)
@@ -374,6 +386,7 @@ class ModelConfig:
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
     final_softcap: float | None = None  # the same on the output logits
     local_rope_theta: float | None = None  # rope base of the sliding layers (Gemma 3), unscaled
+    local_rope_dim: int | None = None  # dims of each head the sliding layers' rope turns, where not the full layers'
     norm_offset: bool = False  # Gemma's RMSNorm scales by (1 + weight)
     embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(hidden_size)
     embed_multiplier: float = 1.0  # Granite: embeddings times this

@@ -41,7 +41,8 @@ class Attention(nn.Module):
         o_bias: o_proj has a bias too; sinks: one learned sink logit per head (gpt-oss)."""
         super().__init__()
         self.layer_idx = layer_idx
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        heads = cfg.layer_heads[layer_idx] if cfg.layer_heads else cfg.num_heads  # (Laguna's differ per layer)
+        self.n_heads, self.n_kv, self.head_dim = heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
         self.window = cfg.layer_windows[layer_idx] if cfg.layer_windows else None
         self.softcap = cfg.attn_softcap
@@ -53,18 +54,19 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
         if sinks:
             self.sinks = mx.zeros((self.n_heads,))
-        self.gated = cfg.attn_output_gate  # AFMoE: the output times sigmoid(gate_proj(x)) before o_proj
+        self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna: output_gate)
         if self.gated:
-            self.gate_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
+            width = self.n_heads if self.gated == "softplus_head" else self.n_heads * self.head_dim
+            self.gate_proj = nn.Linear(d, width, bias=False)
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
         self.norm_after_rope = cfg.qk_norm_after_rope
-        theta, scaling = cfg.rope_theta, cfg.rope_scaling
-        if self.window is not None and cfg.local_rope_theta is not None:
-            theta, scaling = cfg.local_rope_theta, None
+        theta, scaling, dims = cfg.rope_theta, cfg.rope_scaling, rotary_dim(cfg)
+        if self.window is not None and cfg.local_rope_theta is not None:  # (Gemma 3's, Laguna's own width too)
+            theta, scaling, dims = cfg.local_rope_theta, None, cfg.local_rope_dim or dims
         interleaved = cfg.rope_interleaved if rope_interleaved is None else rope_interleaved
-        self.rope = build_rope(rotary_dim(cfg), theta, interleaved, scaling, cfg.max_position_embeddings)
+        self.rope = build_rope(dims, theta, interleaved, scaling, cfg.max_position_embeddings)
         self.clip = cfg.clip_qkv
         self.temperature = cfg.attn_temperature  # Ministral 3: queries scaled per position
         self.rotates = cfg.rope_layers is None or cfg.rope_layers[layer_idx]  # SmolLM3's NoPE layers do not
@@ -103,10 +105,18 @@ class Attention(nn.Module):
             sinks=sinks,
             alibi=self._alibi,
         )
-        out = out.reshape(t, -1)
-        if self.gated:
-            out = out * mx.sigmoid(self.gate_proj(x))
+        out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
         return self.o_proj(out)
+
+
+def output_gate(kind: str, out: mx.array, gate: mx.array) -> mx.array:
+    """Attention's output [T, H, D] times its gate, flattened to [T, H * D]: sigmoid per channel (AFMoE); softplus
+    per channel or per head (Laguna, in float32 as transformers computes it, then in the output's dtype)."""
+    t = out.shape[0]
+    if kind == "sigmoid":
+        return out.reshape(t, -1) * mx.sigmoid(gate)
+    g = nn.softplus(gate.astype(mx.float32)).astype(out.dtype)
+    return (out * g[..., None]).reshape(t, -1) if kind == "softplus_head" else out.reshape(t, -1) * g
 
 
 def query_temperature(temp: Any, positions: mx.array, dtype: mx.Dtype) -> mx.array:

@@ -36,10 +36,11 @@ def rotary_dim(cfg: ModelConfig) -> int:
 
 
 def rope_tables(
-    cfg: ModelConfig, max_len: int, device: torch.device, theta: float | None = None
+    cfg: ModelConfig, max_len: int, device: torch.device, theta: float | None = None, dim: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [max_len, rotary_dim(cfg)] (HF's rotate_half layout), attention scaling folded in.
-    theta: a plain rope of this base instead of the config's (Gemma 3's sliding layers)."""
+    theta: a plain rope of this base instead of the config's (Gemma 3's sliding layers), turning `dim` dims of
+    each head where given (Laguna's sliding layers turn all of them, its full layers half)."""
     if theta is not None:
         params = {"rope_theta": theta, "rope_type": "default"}
     else:
@@ -47,7 +48,7 @@ def rope_tables(
         params = {"rope_theta": cfg.rope_theta, "rope_type": "default", **scaled}
     rope_type = params["rope_type"]
     if rope_type == "default":
-        base, dim = params["rope_theta"], rotary_dim(cfg)
+        base, dim = params["rope_theta"], dim or rotary_dim(cfg)
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
         scaling = 1.0
     else:  # transformers' config import costs ~3 s at start: only scaled ropes need it
@@ -136,7 +137,8 @@ class Attention(nn.Module):
         self.rope_interleaved = cfg.rope_interleaved if rope_interleaved is None else rope_interleaved
         self.clip = cfg.clip_qkv
         self.layer_idx = layer_idx
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        heads = cfg.layer_heads[layer_idx] if cfg.layer_heads else cfg.num_heads  # (Laguna's differ per layer)
+        self.n_heads, self.n_kv, self.head_dim = heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
         self.window = cfg.layer_windows[layer_idx] if cfg.layer_windows else None
         self.softcap = cfg.attn_softcap
@@ -145,9 +147,10 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
         self.sinks = nn.Parameter(torch.empty(self.n_heads), requires_grad=False) if sinks else None
-        self.gated = cfg.attn_output_gate  # AFMoE: the output times sigmoid(gate_proj(x)) before o_proj
+        self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna: output_gate)
         if self.gated:
-            self.gate_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
+            width = self.n_heads if self.gated == "softplus_head" else self.n_heads * self.head_dim
+            self.gate_proj = nn.Linear(d, width, bias=False)
         self.qk_norm = cfg.qk_norm
         self.norm_after_rope = cfg.qk_norm_after_rope  # (Hunyuan)
         if cfg.qk_norm:
@@ -206,10 +209,18 @@ class Attention(nn.Module):
             sinks=self.sinks,
             alibi=alibi,
         )
-        out = out.reshape(t, -1)
-        if self.gated:
-            out = out * torch.sigmoid(self.gate_proj(x))
+        out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
         return self.tp.all_reduce(self.o_proj(out))
+
+
+def output_gate(kind: str, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Attention's output [T, H, D] times its gate, flattened to [T, H * D]: sigmoid per channel (AFMoE); softplus
+    per channel or per head (Laguna, in float32 as transformers computes it, then in the output's dtype)."""
+    t = out.shape[0]
+    if kind == "sigmoid":
+        return out.reshape(t, -1) * torch.sigmoid(gate)
+    g = F.softplus(gate.float()).to(out.dtype)
+    return (out * g[..., None]).reshape(t, -1) if kind == "softplus_head" else out.reshape(t, -1) * g
 
 
 def query_temperature(temp: Any, meta: TorchAttentionMetadata, dtype: torch.dtype) -> torch.Tensor:

@@ -73,6 +73,8 @@ CASES = {
     "afmoe-4bit": ("afmoe", {"mode": "affine"}),
     # Mellum 2: every layer sparse (mlx_lm has no dense ones), ropes nested by layer type (YaRN full, plain sliding)
     "mellum-4bit": ("mellum", {"mode": "affine", "mlp_layer_types": ["sparse"] * 4}),
+    # Laguna: per-layer query heads, g_proj, the router's bias under `experts`, shared_expert; ropes nested by type
+    "laguna-4bit": ("laguna", {"mode": "affine"}),
     "cohere2-4bit": ("cohere2", {"mode": "affine", "tie_word_embeddings": True}),  # parallel block, NoPE globals
     # per-head q/k norms, NoPE global layers; the pattern as EXAONE's configs state it (mlx_lm reads it)
     "exaone4-4bit": (

@@ -177,6 +177,8 @@ class DeepSeekMoE(nn.Module):
         """(expert ids [T, k], float32 weights [T, k]) as transformers' DeepSeek routers pick them."""
         moe = self.moe
         logits = x.astype(mx.float32) @ self.gate.weight.astype(mx.float32).T
+        if moe.logit_softcap:  # (Laguna)
+            logits = mx.tanh(logits / moe.logit_softcap) * moe.logit_softcap
         t, e, g = logits.shape[0], moe.num_experts, moe.n_group
         scores = mx.sigmoid(logits) if moe.scoring == "sigmoid" else mx.softmax(logits, axis=-1, precise=True)
         if moe.topk_method == "noaux_tc":  # V3 and GLM (sigmoid, a bias for the choice); Mistral 4 (softmax)

@@ -156,6 +156,8 @@ class DeepSeekMoE(SparseMoE):
         """(expert ids [T, k], float32 weights [T, k]) as transformers' DeepSeek routers pick them."""
         moe = self.moe
         logits = F.linear(x.float(), self.gate.weight.float())
+        if moe.logit_softcap:  # (Laguna)
+            logits = torch.tanh(logits / moe.logit_softcap) * moe.logit_softcap
         t, e, g = logits.shape[0], moe.num_experts, moe.n_group
         scores = logits.sigmoid() if moe.scoring == "sigmoid" else logits.softmax(dim=-1)
         if moe.topk_method == "noaux_tc":  # V3 and GLM (sigmoid, a bias for the choice); Mistral 4 (softmax)

@@ -87,6 +87,7 @@ class CausalLM(llama.CausalLM):
         device = meta.cos.device
         # Built outside CUDA-graph capture: the graph runner's warm-up steps come first.
         if self._local_table is None or self._local_table[0].device != device:
-            self._local_table = rope_tables(self.cfg, self.cfg.max_context, device, theta=self.cfg.local_rope_theta)
+            cfg = self.cfg
+            self._local_table = rope_tables(cfg, cfg.max_context, device, cfg.local_rope_theta, cfg.local_rope_dim)
         cos, sin = self._local_table
         return cos[meta.positions], sin[meta.positions]

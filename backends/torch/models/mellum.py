@@ -7,6 +7,7 @@ builds that table).
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.attention import TorchAttentionMetadata
@@ -16,8 +17,9 @@ from lantern.backends.torch.parallel import TPGroup
 
 
 class DecoderLayer(llama.DecoderLayer):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
-        super().__init__(cfg, layer_idx, tp)
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup, mlp: nn.Module | None = None):
+        """mlp: the family's own (Laguna's DeepSeek mixture); else layers.feed_forward's."""
+        super().__init__(cfg, layer_idx, tp, mlp=mlp)
         self.local_rope = self.self_attn.window is not None and cfg.local_rope_theta is not None
 
     def forward(

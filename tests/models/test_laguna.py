@@ -1,0 +1,65 @@
+"""Poolside Laguna: config.json read as LagunaConfig / LagunaForCausalLM read it (per-layer query heads, the gate's
+width, windows, each layer type's rope width, the router), refusals naming the key. (Logits and greedy tokens on
+both backends: the "laguna" variant in tests/conformance; an mlx_lm 4-bit folder: test_mlx_moe_folders.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError
+from tests.models.test_config_support import BASE
+
+LAGUNA = {
+    **BASE,
+    "num_hidden_layers": 4,
+    "head_dim": 16,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "num_attention_heads_per_layer": [4, 8, 4, 8],
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+}
+
+
+@pytest.mark.parametrize("gating", [True, "per-element"])
+def test_config_means_what_transformers_builds(gating):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    keys = {**LAGUNA, "gating": gating, "moe_router_logit_softcapping": 2.0, "moe_routed_scaling_factor": 1.5}
+    ours = ModelConfig.from_hf({"model_type": "laguna", **keys})
+    ref = AutoConfig.for_model("laguna", **keys)
+    model = AutoModelForCausalLM.from_config(ref, dtype=torch.float32).model
+    for i, layer in enumerate(model.layers):
+        attn = layer.self_attn
+        assert ours.layer_heads[i] == attn.q_proj.out_features // ref.head_dim
+        per_head = ours.attn_output_gate == "softplus_head"
+        assert attn.g_proj.out_features == ours.layer_heads[i] * (1 if per_head else ref.head_dim)
+        assert ours.layer_windows[i] == attn.sliding_window
+        assert ours.moe.is_sparse(i) == hasattr(layer.mlp, "experts")
+    rope = ref.rope_parameters
+    assert ours.rope_theta == rope["full_attention"]["rope_theta"]
+    assert ours.rope_scaling["partial_rotary_factor"] == rope["full_attention"]["partial_rotary_factor"]
+    assert ours.local_rope_theta == rope["sliding_attention"]["rope_theta"]
+    assert ours.local_rope_dim == ref.head_dim  # the sliding layers turn every dim
+    sparse = model.layers[1].mlp
+    assert ours.moe.logit_softcap == sparse.gate.router_logit_softcapping == 2.0
+    assert ours.moe.routed_scaling_factor == sparse.routed_scaling_factor == 1.5
+    assert ours.moe.shared_size == sparse.shared_experts.down_proj.in_features
+    assert ours.attn_output_gate == ("softplus_head" if gating is True else "softplus")
+
+
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        ({"attention_bias": True}, "attention_bias"),
+        ({"moe_apply_router_weight_on_input": True}, "moe_apply_router_weight_on_input"),
+        ({"gating": "per-token"}, "gating"),
+        ({"num_attention_heads_per_layer": [4, 5, 4, 8]}, "num_attention_heads_per_layer"),  # not whole KV groups
+        ({"num_attention_heads_per_layer": [4, 8]}, "num_attention_heads_per_layer"),
+        ({"mlp_layer_types": ["dense"] * 3}, "mlp_layer_types"),
+    ],
+)
+def test_unimplemented_keys_are_refused_by_name(extra, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf({"model_type": "laguna", **LAGUNA, **extra})
