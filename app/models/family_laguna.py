@@ -17,10 +17,9 @@ from typing import Any
 
 from lantern.app.models.errors import check_silu, refuse
 from lantern.app.models.family_deepseek import DeepSeekMoEConfig
-from lantern.app.models.family_olmo import layer_type_rope
+from lantern.app.models.family_olmo import layer_type_rope, typed_windows
 from lantern.app.models.spec import UnsupportedModelError
 
-_LAYER_TYPES = ("sliding_attention", "full_attention")
 # LagunaConfig's rope_parameters when config.json states none: the full layers turn half of each head
 _DEFAULT_ROPE = {
     "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
@@ -57,13 +56,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     heads = list(cfg.get("num_attention_heads_per_layer") or [fields["num_heads"]] * layers)
     if len(heads) != layers or any(not isinstance(h, int) or h < 1 or h % kv for h in heads):
         raise refuse("num_attention_heads_per_layer", heads, f" (a multiple of the {kv} KV heads for each layer)")
-    types = cfg.get("layer_types") or ["full_attention"] * layers
-    if len(types) != layers or set(types) - set(_LAYER_TYPES):
-        raise refuse("layer_types", types, f" ({' or '.join(_LAYER_TYPES)} for each of the {layers} layers)")
-    window = cfg.get("sliding_window", 512)
-    if "sliding_attention" in types and not window:
-        raise refuse("sliding_window", window, " with sliding_attention layers")
-    windows = [int(window) if t == "sliding_attention" else None for t in types]
+    windows = typed_windows(cfg, layers, ["full_attention"] * layers, 512)
     max_pos = int(cfg.get("max_position_embeddings", 131072))
     cfg = {**cfg, "rope_parameters": cfg.get("rope_parameters") or _DEFAULT_ROPE}
     rope = layer_type_rope(cfg, max_pos, 500000.0, 10000.0, model_type="laguna")
@@ -71,15 +64,15 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     local_dim = int(head_dim * float(local.get("partial_rotary_factor", 1.0)))
     if not 0 < local_dim <= head_dim or local_dim % 2:
         raise refuse("rope_parameters.sliding_attention.partial_rotary_factor", local["partial_rotary_factor"])
-    if not any(windows):
+    if windows is None:
         rope["local_rope_theta"] = None  # no sliding layer: one rope
     return {
         "qk_norm": True,
         "attn_output_gate": _GATES[gating],
         "layer_heads": tuple(heads) if len(set(heads)) > 1 else None,
         "num_heads": heads[0] if len(set(heads)) == 1 else fields["num_heads"],
-        "layer_windows": windows if any(windows) else None,
-        "local_rope_dim": local_dim if any(windows) else None,
+        "layer_windows": windows,
+        "local_rope_dim": None if windows is None else local_dim,
         "moe": _experts(cfg, layers),
         **rope,
     }

@@ -15,10 +15,8 @@ from typing import Any
 
 from lantern.app.models.errors import check_silu, refuse
 from lantern.app.models.family_moe import MoEConfig
-from lantern.app.models.family_olmo import layer_type_rope
+from lantern.app.models.family_olmo import layer_type_rope, typed_windows
 from lantern.app.models.spec import UnsupportedModelError
-
-_LAYER_TYPES = ("sliding_attention", "full_attention")
 
 # MellumConfig's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
 DEFAULTS: dict[str, Any] = {
@@ -42,19 +40,13 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if cfg.get("attention_bias"):  # (Qwen3MoeAttention's would bias o_proj too)
         raise refuse("attention_bias", cfg["attention_bias"], " for mellum (biases on the projections)")
     layers, max_pos = fields["num_layers"], int(cfg.get("max_position_embeddings", 131072))
-    types = cfg.get("layer_types") or ["full_attention"] * layers
-    if len(types) != layers or set(types) - set(_LAYER_TYPES):
-        raise refuse("layer_types", types, f" ({' or '.join(_LAYER_TYPES)} for each of the {layers} layers)")
-    window = cfg.get("sliding_window", 1024)
-    if "sliding_attention" in types and not window:
-        raise refuse("sliding_window", window, " with sliding_attention layers")
-    windows = [int(window) if t == "sliding_attention" else None for t in types]
+    windows = typed_windows(cfg, layers, ["full_attention"] * layers, 1024)
     rope = layer_type_rope(cfg, max_pos, full_theta=500000.0, local_theta=10000.0, model_type="mellum")
-    if not any(windows):
+    if windows is None:
         rope["local_rope_theta"] = None  # no sliding layer: one rope
     return {
         "qk_norm": True,
-        "layer_windows": windows if any(windows) else None,
+        "layer_windows": windows,
         "moe": _experts(cfg, layers),
         **rope,
     }

@@ -70,12 +70,19 @@ def _olmoe_experts(cfg: dict[str, Any]) -> MoEConfig:
 
 
 def _olmo3_windows(cfg: dict[str, Any], num_layers: int) -> list[int | None] | None:
-    types = cfg.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(num_layers)
-    ]
+    default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(num_layers)]
+    return typed_windows(cfg, num_layers, default, 4096)
+
+
+def typed_windows(
+    cfg: dict[str, Any], num_layers: int, default_types: list[str], default_window: int
+) -> list[int | None] | None:
+    """Each layer's window from layer_types (sliding_attention / full_attention; the config class's default types
+    where absent) and sliding_window; None when no layer slides. (OLMo 3, Mellum, Laguna, AFMoE.)"""
+    types = cfg.get("layer_types") or default_types
     if len(types) != num_layers or set(types) - set(_LAYER_TYPES):
         raise _refuse("layer_types", types, f" (one of {', '.join(_LAYER_TYPES)} for each of {num_layers} layers)")
-    window = cfg.get("sliding_window", 4096)
+    window = cfg.get("sliding_window", default_window)
     if "sliding_attention" not in types:
         return None
     if not window:
