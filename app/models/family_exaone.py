@@ -7,6 +7,12 @@ applied before the rope; with a sliding window, the sliding layers ("L" of slidi
 layer_types) attend within it and rotate, the global layers ("G") apply no rope at all (NoPE); without
 one every layer is global and rotates. One rope (llama3 scaling in the 32B) serves every rotating layer.
 Backends: the olmo model files with ModelConfig.qk_norm (per-head) and rope_layers.
+
+K-EXAONE (model_type "exaone_moe": LGAI-EXAONE/K-EXAONE-236B-A23B, ExaoneMoeConfig): the same attention in Llama's
+pre-norm layer (OLMoE's), its MLPs past first_k_dense_replace (or where mlp_layer_types says) DeepSeek-V3's
+mixture -- a sigmoid router choosing by score + e_score_correction_bias within groups, the chosen scores
+renormalised and times routed_scaling_factor, num_shared_experts always-on experts beside; the multi-token-
+prediction module (`mtp.*`) skipped. Backends: the llama_moe model files.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def _layer_types(cfg: dict[str, Any], num_layers: int) -> list[str]:
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides for an exaone4 config.json (spec.ModelConfig.from_hf skips its
     Llama-family checks for configure families: the keys are checked here)."""
-    if model_type != "exaone4":
+    if model_type not in ("exaone4", "exaone_moe"):
         raise UnsupportedModelError(f"family_exaone does not configure model_type {model_type!r}")
     check_silu(cfg, "EXAONE")
     num_layers = fields["num_layers"]
@@ -63,4 +69,48 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "hidden_act": "silu",
         "layer_windows": [int(window) if s else None for s in sliding] if any(sliding) else None,
         "rope_layers": None if all(rotates) else tuple(rotates),
+        **({"moe": _experts(cfg, num_layers)} if model_type == "exaone_moe" else {}),
     }
+
+
+def _experts(cfg: dict[str, Any], num_layers: int) -> Any:
+    """K-EXAONE's mixture as ExaoneMoeConfig states it (DeepSeek-V3's router under its own key names)."""
+    from lantern.app.models.family_deepseek import DeepSeekMoEConfig
+
+    kinds = cfg.get("mlp_layer_types") or [
+        "dense" if i < int(cfg.get("first_k_dense_replace", 1)) else "sparse" for i in range(num_layers)
+    ]
+    if len(kinds) != num_layers or set(kinds) - {"dense", "sparse"}:
+        raise _refuse("mlp_layer_types", kinds, f" ('dense' or 'sparse' for each of {num_layers} layers)")
+    stated = cfg.get("is_moe_layer")  # (the released config's list, which mlx_lm reads and transformers does not)
+    if stated is not None and [bool(x) for x in stated] != [k == "sparse" for k in kinds]:
+        raise _refuse("is_moe_layer", stated, " (disagrees with first_k_dense_replace / mlp_layer_types)")
+    experts, top_k = int(cfg.get("num_experts", 64) or 0), int(cfg.get("num_experts_per_tok", 8))
+    if experts == 0 or "sparse" not in kinds:
+        return None
+    groups, used = int(cfg.get("n_group", 1) or 1), int(cfg.get("topk_group", 1) or 1)
+    if experts % groups or not 1 <= used <= groups or (groups > 1 and experts // groups < 2):
+        raise _refuse("n_group", groups, f" with topk_group={used} and {experts} experts")
+    if not 1 <= top_k <= used * (experts // groups):
+        raise _refuse("num_experts_per_tok", top_k, f" (more than the experts routable among {experts})")
+    inner = int(cfg.get("moe_intermediate_size", 1024))
+    return DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=inner,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        router_weights_fp32=True,
+        scoring="sigmoid",
+        topk_method="noaux_tc",
+        n_group=groups,
+        topk_group=used,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 2.5)),
+        dense_layers=tuple(i for i, kind in enumerate(kinds) if kind == "dense"),
+        correction_bias=True,
+        shared_size=int(cfg.get("num_shared_experts", 1) or 0) * inner,
+    )
+
+
+def checkpoint_name(name: str) -> str:
+    """A K-EXAONE tensor under the model files' names: the router's bias (stored beside the gate) as DeepSeek's."""
+    return name.replace(".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias")

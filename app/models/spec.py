@@ -202,6 +202,20 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "cohere": {"family": "cohere", "configure": "family_cohere"},
     # EXAONE 4: OLMo 2's post-sublayer norms with per-head q/k norms; global layers without rope (NoPE).
     "exaone4": {"family": "olmo", "configure": "family_exaone"},
+    # K-EXAONE: EXAONE 4's attention in Llama's pre-norm layer over DeepSeek-V3's mixture past the first dense layers
+    "exaone_moe": {
+        "family": "llama_moe",
+        "configure": "family_exaone",
+        "names": True,
+        "defaults": {
+            "vocab_size": 102400,
+            "hidden_size": 4096,
+            "intermediate_size": 16384,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+        },
+    },
     # Qwen3-Next / Qwen3.5: gated DeltaNet linear-attention layers (recurrent state) among gated full attention.
     # "defaults": the config classes' values for keys released configs may omit (head_dim is 256, not d / heads).
     "qwen3_next": {

@@ -331,13 +331,14 @@ def _unused_tensors(spec: ModelSpec) -> set[str]:
 
 def _mtp_tensors(spec: ModelSpec) -> set[str]:
     """Multi-token-prediction weights: DeepSeek V3's and GLM-4.5's layers stored after the decoder's as
-    model.layers.{num_hidden_layers}..., ERNIE 4.5's `mtp_*` tensors, Qwen3-Next's, Nemotron 3's and Mellum's `mtp.*`.
-    Next-token decoding does not use them (a whole MoE layer in these checkpoints), so they are skipped unread."""
+    model.layers.{num_hidden_layers}..., ERNIE 4.5's `mtp_*` tensors, Qwen3-Next's, Nemotron 3's, Mellum's and
+    K-EXAONE's `mtp.*`. Next-token decoding does not use them (a whole MoE layer in these checkpoints), so they are
+    skipped unread."""
     if spec.config.architecture in ("ernie4_5", "ernie4_5_moe"):
         from lantern.app.models.family_ernie import is_mtp_tensor
 
         wanted = is_mtp_tensor
-    elif spec.config.family == "qwen3_next" or spec.config.architecture in ("nemotron_h", "mellum"):
+    elif spec.config.family == "qwen3_next" or spec.config.architecture in ("nemotron_h", "mellum", "exaone_moe"):
         wanted = lambda n: n.startswith(("mtp.", "model.mtp."))  # (Qwen3.5 vision-language name maps drop them too)
     else:
         first, count = spec.config.num_layers, spec.config.mtp_layers

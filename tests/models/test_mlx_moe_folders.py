@@ -75,6 +75,8 @@ CASES = {
     "mellum-4bit": ("mellum", {"mode": "affine", "mlp_layer_types": ["sparse"] * 4}),
     # Laguna: per-layer query heads, g_proj, the router's bias under `experts`, shared_expert; ropes nested by type
     "laguna-4bit": ("laguna", {"mode": "affine"}),
+    # K-EXAONE: the router's bias beside the gate; mlx_lm reads the released config's is_moe_layer
+    "exaone_moe-4bit": ("exaone_moe", {"mode": "affine", "is_moe_layer": [False, True, True, True]}),
     "cohere2-4bit": ("cohere2", {"mode": "affine", "tie_word_embeddings": True}),  # parallel block, NoPE globals
     # per-head q/k norms, NoPE global layers; the pattern as EXAONE's configs state it (mlx_lm reads it)
     "exaone4-4bit": (

@@ -1,0 +1,65 @@
+"""K-EXAONE (exaone_moe): config.json read as ExaoneMoeConfig / ExaoneMoeForCausalLM read it, refusals naming the
+key, and its `mtp.*` module left unread. (Logits and greedy tokens on both backends: the "exaone_moe" variant in
+tests/conformance; an mlx_lm 4-bit folder: test_mlx_moe_folders.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from lantern.app.engine import LLM, SamplingParams
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError
+from tests.conformance.test_parity import hf_greedy, hf_model
+from tests.models.test_config_support import BASE
+
+KEXAONE = {**BASE, "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+
+def test_config_means_what_transformers_builds():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    keys = {**KEXAONE, "sliding_window": 16, "sliding_window_pattern": 2, "n_group": 2, "topk_group": 1}
+    ours = ModelConfig.from_hf({"model_type": "exaone_moe", **keys})
+    ref = AutoConfig.for_model("exaone_moe", **keys)
+    model = AutoModelForCausalLM.from_config(ref, dtype=torch.float32).model
+    for i, layer in enumerate(model.layers):
+        sliding = ref.layer_types[i] == "sliding_attention"
+        assert ours.layer_windows[i] == (16 if sliding else None)
+        assert ours.rope_layers[i] == sliding  # the global layers are NoPE
+        assert ours.moe.is_sparse(i) == hasattr(layer.mlp, "experts")
+    gate = model.layers[1].mlp.gate
+    assert (ours.moe.n_group, ours.moe.topk_group, ours.moe.top_k) == (gate.num_group, gate.topk_group, gate.top_k)
+    assert ours.moe.routed_scaling_factor == gate.routed_scaling_factor
+    assert ours.moe.shared_size == model.layers[1].mlp.shared_experts.down_proj.in_features
+    assert ours.qk_norm and ours.family == "llama_moe"
+
+
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"mlp_layer_types": ["dense"] * 3}, "mlp_layer_types"),
+        ({"n_group": 3}, "n_group"),  # 8 experts do not split in 3
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
+        ({"is_moe_layer": [True] * 4}, "is_moe_layer"),  # layer 0 is dense (first_k_dense_replace 1)
+    ],
+)
+def test_unimplemented_keys_are_refused_by_name(extra, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf({"model_type": "exaone_moe", **KEXAONE, **extra})
+
+
+def test_multi_token_prediction_module_is_left_unread(tiny_model_dir, tmp_path, backend):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "k-exaone"
+    shutil.copytree(tiny_model_dir("exaone_moe"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    extra = {k.replace("model.layers.1.", "mtp.layers.0."): v.clone() for k, v in tensors.items() if ".layers.1." in k}
+    save_file({**tensors, **extra}, folder / "model.safetensors", metadata={"format": "pt"})
+    llm = LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=64)
+    ids = llm.tokenizer.encode("Paged attention stores keys and values in blocks")
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert out.outputs[0].token_ids == hf_greedy(hf_model(str(folder)), ids, 12)
