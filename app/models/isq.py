@@ -131,7 +131,7 @@ def isq_candidates(cfg: Any) -> int:
                 total += 2  # DeepSeek Sparse Attention's indexer: wq_b, wk (weights_proj stays float: a router)
         moe = cfg.moe
         if moe is None or not moe.is_sparse(layer):
-            ungated = cfg.family in ("apertus", "arcee", "jais2", "phi", "mpt")
+            ungated = cfg.family in ("apertus", "arcee", "jais2", "phi", "mpt", "nanochat")
             total += 2 if ungated else 3  # gate, up, down (theirs: no gate)
         else:  # stacked experts (gpt-oss) count one by one too: quantize_stream splits them
             shared = moe.shared_expert_size or getattr(moe, "shared_size", 0)  # Qwen2-MoE / DeepSeek

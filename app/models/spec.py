@@ -140,6 +140,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "starcoder2": {"family": "jais2", "configure": "family_starcoder2", "defaults": "family_starcoder2", "names": True},
     # Nemotron / Minitron: Jais 2's layer under LayerNorm1P (weights + 1 as they load), a partial rope
     "nemotron": {"family": "jais2", "configure": "family_nemotron", "defaults": "family_nemotron"},
+    # NanoChat: Llama's layer under weightless RMSNorms (the embedding's too), a rope turning the other way, q/k norms
+    # after it, an ungated relu^2 MLP, soft-capped logits
+    "nanochat": {"family": "nanochat", "configure": "family_nanochat", "defaults": "family_nanochat", "names": True},
     # Arcee AFM: Llama's layer with Nemotron's ungated relu^2 MLP
     "arcee": {"family": "arcee", "configure": "family_arcee", "defaults": "family_arcee"},
     # CWM (Meta's Code World Model): Llama's layer, sliding and full layers alternating, a llama3 rope by default
@@ -381,6 +384,7 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     qk_norm_after_rope: bool = False  # Hunyuan: the per-head q/k norms follow the rope
+    rope_reversed: bool = False  # NanoChat: the rope turns the other way (its rotate_half is negated)
     # attention's output times a gate of x before o_proj (self_attn.gate_proj): "sigmoid" of one value per channel
     # (AFMoE), "softplus" of one per channel or "softplus_head" of one per head (Laguna); None: no gate
     attn_output_gate: str | None = None

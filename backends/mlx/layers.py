@@ -62,6 +62,7 @@ class Attention(nn.Module):
             self.q_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
         self.norm_after_rope = cfg.qk_norm_after_rope
+        self.reversed = cfg.rope_reversed  # (NanoChat)
         theta, scaling, dims = cfg.rope_theta, cfg.rope_scaling, rotary_dim(cfg)
         if self.window is not None and cfg.local_rope_theta is not None:  # (Gemma 3's, Laguna's own width too)
             theta, scaling, dims = cfg.local_rope_theta, None, cfg.local_rope_dim or dims
@@ -85,9 +86,10 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         # Every token has its own position: treat tokens as a batch of length-1 sequences so
         # rope takes one offset per token.
-        if self.rotates:
-            q = self.rope(q[:, :, None, :], offset=meta.positions)[:, :, 0, :]
-            k = self.rope(k[:, :, None, :], offset=meta.positions)[:, :, 0, :]
+        if self.rotates:  # (NanoChat's rope turns the other way round: the angle of -position)
+            at = -meta.positions if self.reversed else meta.positions
+            q = self.rope(q[:, :, None, :], offset=at)[:, :, 0, :]
+            k = self.rope(k[:, :, None, :], offset=at)[:, :, 0, :]
         if hasattr(self, "q_norm") and norm_after:  # (Hunyuan)
             q, k = self.q_norm(q), self.k_norm(k)
         if self.temperature is not None:

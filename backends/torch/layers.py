@@ -153,6 +153,7 @@ class Attention(nn.Module):
             self.gate_proj = nn.Linear(d, width, bias=False)
         self.qk_norm = cfg.qk_norm
         self.norm_after_rope = cfg.qk_norm_after_rope  # (Hunyuan)
+        self.reversed = cfg.rope_reversed  # (NanoChat)
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = norm(self.head_dim, cfg.rms_norm_eps)
@@ -172,6 +173,8 @@ class Attention(nn.Module):
         q, k, v = qkv.split(self.splits, dim=-1)
         v = v.view(t, self.n_kv, self.head_dim)
         cos, sin = rope if rope is not None else (meta.cos, meta.sin)
+        if self.reversed:  # (NanoChat) the other way round: sin negated, once per step
+            sin = reversed_sin(sin, meta)
         if self.qk_norm and self.norm_after_rope:
             q, k = q.view(t, self.n_heads, self.head_dim), k.view(t, self.n_kv, self.head_dim)
             if self.rotates:
@@ -211,6 +214,15 @@ class Attention(nn.Module):
         )
         out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
         return self.tp.all_reduce(self.o_proj(out))
+
+
+def reversed_sin(sin: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
+    """-sin, made once per step and shared by every layer (the same tensor: ops.rotary's cache knows it)."""
+    key = ("reversed_sin", id(sin))
+    held = meta.step_cache.get(key)
+    if held is None or held[0] is not sin:
+        held = meta.step_cache[key] = (sin, -sin)
+    return held[1]
 
 
 def output_gate(kind: str, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,43 @@
+"""NanoChat decoder in MLX over a flattened token batch (maths in app/models/family_nanochat.py; the torch file has
+the same layout): Llama's layer whose RMSNorms have no weight -- around the sublayers, on q and k after the rope
+(which layers.Attention turns the other way: cfg.rope_reversed), on the embedding and at the end -- and Nemotron's
+ungated relu^2 MLP.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.mlx.layers import Attention
+from lantern.backends.mlx.models import llama
+from lantern.backends.mlx.models.nemotron_h import Relu2MLP
+
+
+class PlainRMSNorm(nn.Module):
+    """x / rms(x) in float32, no weight (NanoChatRMSNorm)."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        xf = x.astype(mx.float32)
+        return (xf * mx.rsqrt(mx.mean(xf * xf, axis=-1, keepdims=True) + self.eps)).astype(x.dtype)
+
+
+class DecoderLayer(llama.DecoderLayer):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__(cfg, layer_idx, attn=Attention(cfg, layer_idx, norm=PlainRMSNorm), mlp=Relu2MLP(cfg))
+        self.input_layernorm = PlainRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = PlainRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+
+class CausalLM(llama.CausalLM):
+    decoder_layer = DecoderLayer
+    final_norm = PlainRMSNorm
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.model.embed_norm = PlainRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)  # (not the Backbone's LayerNorm)
