@@ -52,6 +52,9 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     num_layers = fields["num_layers"]
     window = cfg.get("sliding_window", 4096)
     types = _layer_types(cfg, num_layers)
+    if model_type == "exaone_moe" and cfg.get("layer_types") is None and types and types[-1] != "full_attention":
+        # (ExaoneMoeConfig's pattern makes the last layer global whatever it says; transformers' code reads no string)
+        raise _refuse("sliding_window_pattern", cfg.get("sliding_window_pattern"), " (the last layer would slide)")
     sliding = [t == "sliding_attention" for t in types]
     if any(sliding) and not window:
         raise _refuse("sliding_window", window, " with sliding_attention layers")
@@ -76,15 +79,20 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 def _experts(cfg: dict[str, Any], num_layers: int) -> Any:
     """K-EXAONE's mixture as ExaoneMoeConfig states it (DeepSeek-V3's router under its own key names)."""
     from lantern.app.models.family_deepseek import DeepSeekMoEConfig
+    from lantern.app.models.family_moe import mlp_kinds
 
-    kinds = cfg.get("mlp_layer_types") or [
-        "dense" if i < int(cfg.get("first_k_dense_replace", 1)) else "sparse" for i in range(num_layers)
-    ]
-    if len(kinds) != num_layers or set(kinds) - {"dense", "sparse"}:
-        raise _refuse("mlp_layer_types", kinds, f" ('dense' or 'sparse' for each of {num_layers} layers)")
-    stated = cfg.get("is_moe_layer")  # (the released config's list, which mlx_lm reads and transformers does not)
-    if stated is not None and [bool(x) for x in stated] != [k == "sparse" for k in kinds]:
+    first = int(cfg.get("first_k_dense_replace", 1))
+    kinds = mlp_kinds(cfg, num_layers, ["dense" if i < first else "sparse" for i in range(num_layers)])
+    # the released config's is_moe_layer, which mlx_lm reads and transformers does not (a prediction layer's entry
+    # may follow the stack's: only those are compared)
+    stated = cfg.get("is_moe_layer")
+    if stated is not None and (
+        len(stated) < num_layers or [bool(x) for x in stated[:num_layers]] != [k == "sparse" for k in kinds]
+    ):
         raise _refuse("is_moe_layer", stated, " (disagrees with first_k_dense_replace / mlp_layer_types)")
+    for key, value in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):  # (mlx_lm reads them)
+        if cfg.get(key, value) != value:
+            raise _refuse(key, cfg[key], f" for exaone_moe (its router: {key}={value!r})")
     experts, top_k = int(cfg.get("num_experts", 64) or 0), int(cfg.get("num_experts_per_tok", 8))
     if experts == 0 or "sparse" not in kinds:
         return None

@@ -17,6 +17,7 @@ from typing import Any
 
 from lantern.app.models.errors import check_silu, refuse
 from lantern.app.models.family_deepseek import DeepSeekMoEConfig
+from lantern.app.models.family_moe import mlp_kinds
 from lantern.app.models.family_olmo import layer_type_rope, typed_windows
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -25,7 +26,7 @@ _DEFAULT_ROPE = {
     "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
 }
-_GATES = {True: "softplus_head", "per-head": "softplus_head", False: "softplus", "per-element": "softplus"}
+_GATES = {True: "softplus_head", "per-head": "softplus_head", "per-element": "softplus"}
 
 # LagunaConfig's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
 DEFAULTS: dict[str, Any] = {
@@ -46,11 +47,17 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if model_type != "laguna":
         raise UnsupportedModelError(f"family_laguna does not configure model_type {model_type!r}")
     check_silu(cfg, "Laguna")
-    for key in ("attention_bias", "moe_apply_router_weight_on_input"):
+    for key in ("attention_bias", "qkv_bias", "moe_apply_router_weight_on_input"):
         if cfg.get(key):
             raise refuse(key, cfg[key], " for laguna")
+    # Keys mlx_lm or llama.cpp read with other maths (transformers reads none of them): refused when they would
+    # differ, so that no loader computes another model from the same folder.
+    for key, value in (("moe_router_score_func", "sigmoid"), ("gating_types", None), ("partial_rotary_factor", None)):
+        if cfg.get(key, value) != value:
+            raise refuse(key, cfg[key], f" for laguna (transformers: {key}={value!r})")
     gating = cfg.get("gating", True)
-    if not isinstance(gating, (bool, str)) or gating not in _GATES:
+    if not isinstance(gating, (bool, str)) or gating not in _GATES or gating is False:
+        # (false: transformers gates per channel, mlx_lm not at all -- ambiguous)
         raise refuse("gating", gating, " (true / 'per-head' or 'per-element')")
     layers, kv, head_dim = fields["num_layers"], fields["num_kv_heads"], fields["head_dim"]
     heads = list(cfg.get("num_attention_heads_per_layer") or [fields["num_heads"]] * layers)
@@ -59,7 +66,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     windows = typed_windows(cfg, layers, ["full_attention"] * layers, 512)
     max_pos = int(cfg.get("max_position_embeddings", 131072))
     cfg = {**cfg, "rope_parameters": cfg.get("rope_parameters") or _DEFAULT_ROPE}
-    rope = layer_type_rope(cfg, max_pos, 500000.0, 10000.0, model_type="laguna")
+    rope = layer_type_rope(cfg, max_pos, 500000.0, 10000.0, model_type="laguna", legacy=False)
     local = cfg["rope_parameters"].get("sliding_attention") or {}
     local_dim = int(head_dim * float(local.get("partial_rotary_factor", 1.0)))
     if not 0 < local_dim <= head_dim or local_dim % 2:
@@ -79,9 +86,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 
 
 def _experts(cfg: dict[str, Any], layers: int) -> DeepSeekMoEConfig | None:
-    kinds = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
-    if len(kinds) != layers or set(kinds) - {"dense", "sparse"}:
-        raise refuse("mlp_layer_types", kinds, f" ('dense' or 'sparse' for each of the {layers} layers)")
+    kinds = mlp_kinds(cfg, layers, ["dense"] + ["sparse"] * (layers - 1))
     experts = int(cfg.get("num_experts", 256) or 0)
     if experts == 0 or "sparse" not in kinds:
         return None
@@ -100,6 +105,8 @@ def _experts(cfg: dict[str, Any], layers: int) -> DeepSeekMoEConfig | None:
         correction_bias=True,
         shared_size=int(cfg.get("shared_expert_intermediate_size", 512) or 0),
         norm_eps=0.0,
+        # (router weight and bias in float32, as llama.cpp and mlx_lm hold them; transformers' bfloat16 model rounds
+        # them to bfloat16, so its bfloat16 choices may differ near ties)
         logit_softcap=float(cfg.get("moe_router_logit_softcapping", 0.0) or 0.0),
     )
 

@@ -6,7 +6,8 @@ mixture (a softmax over every expert, the top-k kept, renormalised with norm_top
 layers of two types (layer_types) -- sliding ones attend within sliding_window -- each with its own rope
 (rope_parameters nested by type: the full layers' base 500000, possibly scaled, the sliding layers' a plain 10000,
 Gemma 3's arrangement); mlp_layer_types says which layers are dense MLPs. The multi-token-prediction module
-(`mtp.*`) is skipped. llama.cpp's `mellum` GGUFs: gguf_moe_builders._mellum.
+(`mtp.*`) is skipped. (llama.cpp's `mellum` GGUFs are not read: its graph turns the sliding layers with the full
+layers' base.)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from lantern.app.models.errors import check_silu, refuse
-from lantern.app.models.family_moe import MoEConfig
+from lantern.app.models.family_moe import MoEConfig, mlp_kinds
 from lantern.app.models.family_olmo import layer_type_rope, typed_windows
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -41,7 +42,10 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise refuse("attention_bias", cfg["attention_bias"], " for mellum (biases on the projections)")
     layers, max_pos = fields["num_layers"], int(cfg.get("max_position_embeddings", 131072))
     windows = typed_windows(cfg, layers, ["full_attention"] * layers, 1024)
-    rope = layer_type_rope(cfg, max_pos, full_theta=500000.0, local_theta=10000.0, model_type="mellum")
+    rope = layer_type_rope(cfg, max_pos, 500000.0, 10000.0, model_type="mellum", legacy=False)
+    local = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
+    if float(local.get("partial_rotary_factor", 1.0)) != 1.0:  # (MellumAttention turns whole heads)
+        raise refuse("rope_parameters.sliding_attention.partial_rotary_factor", local["partial_rotary_factor"])
     if windows is None:
         rope["local_rope_theta"] = None  # no sliding layer: one rope
     return {
@@ -53,9 +57,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 
 
 def _experts(cfg: dict[str, Any], layers: int) -> MoEConfig | None:
-    kinds = cfg.get("mlp_layer_types") or ["sparse"] * layers
-    if len(kinds) != layers or set(kinds) - {"dense", "sparse"}:
-        raise refuse("mlp_layer_types", kinds, f" ('dense' or 'sparse' for each of the {layers} layers)")
+    kinds = mlp_kinds(cfg, layers, ["sparse"] * layers)
     experts = int(cfg.get("num_experts", cfg.get("num_local_experts", 64)) or 0)
     if experts == 0 or "sparse" not in kinds:
         return None

@@ -121,6 +121,14 @@ _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(\w+)\.(weight|bias)$")
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
+def mlp_kinds(cfg: dict[str, Any], num_layers: int, default: list[str]) -> list[str]:
+    """mlp_layer_types ("dense" / "sparse" per layer; the config class's default where absent), checked."""
+    kinds = cfg.get("mlp_layer_types") or default
+    if len(kinds) != num_layers or set(kinds) - {"dense", "sparse"}:
+        raise _refuse("mlp_layer_types", kinds, f" ('dense' or 'sparse' for each of the {num_layers} layers)")
+    return list(kinds)
+
+
 def moe_name(name: str) -> str:
     """A checkpoint name in the model files' terms (Mixtral's block_sparse_moe -> mlp, w1/w3/w2 ->
     gate/up/down_proj); other names unchanged."""

@@ -78,7 +78,7 @@ def typed_windows(
     cfg: dict[str, Any], num_layers: int, default_types: list[str], default_window: int
 ) -> list[int | None] | None:
     """Each layer's window from layer_types (sliding_attention / full_attention; the config class's default types
-    where absent) and sliding_window; None when no layer slides. (OLMo 3, Mellum, Laguna, AFMoE.)"""
+    where absent) and sliding_window; None when no layer slides. (OLMo 3, Mellum, Laguna.)"""
     types = cfg.get("layer_types") or default_types
     if len(types) != num_layers or set(types) - set(_LAYER_TYPES):
         raise _refuse("layer_types", types, f" (one of {', '.join(_LAYER_TYPES)} for each of {num_layers} layers)")
@@ -96,18 +96,25 @@ def layer_type_rope(
     full_theta: float = _OLMO3_THETA,
     local_theta: float = _OLMO3_THETA,
     model_type: str = "olmo3",
+    legacy: bool = True,
 ) -> dict[str, Any]:
     """The full layers' rope (theta, scaling) and the sliding layers' plain base, as Olmo3Config (and Mellum's,
-    Gemma 3's arrangement) read them: rope_parameters nested by layer type; a legacy rope_scaling and rope_theta
-    go to the full layers only; the bases default to the config class's. A flat rope_parameters (which
-    transformers ignores here) is refused rather than guessed."""
+    Laguna's: Gemma 3's arrangement) read them: rope_parameters nested by layer type, the bases defaulting to the
+    config class's. legacy (OLMo 3): a top-level rope_scaling and rope_theta go to the full layers; without it (the
+    config classes that drop them) they are refused / ignored as transformers does. A flat rope_parameters (which
+    transformers ignores here) is refused rather than guessed; so is a sliding layers' partial rope (handled by the
+    caller where the family has one)."""
     params = dict(cfg.get("rope_parameters") or {})
     flat = sorted(k for k in params if k not in _LAYER_TYPES)
     if flat:
         raise _refuse(f"rope_parameters.{flat[0]}", params[flat[0]], " (rope_parameters nest by layer type here)")
+    if not legacy and cfg.get("rope_scaling"):  # (transformers drops it: its rope would not build)
+        raise _refuse("rope_scaling", cfg["rope_scaling"], f" for {model_type} (rope_parameters nest by layer type)")
+    if params and "sliding_attention" not in params and "sliding_attention" in (cfg.get("layer_types") or []):
+        raise _refuse("rope_parameters", params, " (no sliding_attention rope for the sliding layers)")
     full = dict(params.get("full_attention") or {"rope_type": "default"})
-    full.update(cfg.get("rope_scaling") or {})
-    full.setdefault("rope_theta", cfg.get("rope_theta", full_theta))
+    full.update((cfg.get("rope_scaling") or {}) if legacy else {})
+    full.setdefault("rope_theta", cfg.get("rope_theta", full_theta) if legacy else full_theta)
     local = dict(params.get("sliding_attention") or {"rope_type": "default"})
     local.setdefault("rope_theta", local_theta)
     local_type = local.get("rope_type") or local.get("type") or "default"
@@ -115,6 +122,6 @@ def layer_type_rope(
         raise _refuse("rope_parameters.sliding_attention.rope_type", local_type, " (the sliding layers' rope is plain)")
     return {
         "rope_theta": float(full["rope_theta"]),
-        "rope_scaling": rope_scaling({"model_type": model_type}, full, max_pos),
+        "rope_scaling": rope_scaling({"model_type": model_type, "head_dim": cfg.get("head_dim")}, full, max_pos),
         "local_rope_theta": float(local["rope_theta"]),
     }

@@ -69,6 +69,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("ALiBi (BLOOM, MPT: slopes per head)", cfg.alibi_slopes),
         ("per-layer KV pool (Gemma 4, Gemma 3n)", cfg.kv_shapes),
         ("per-head q/k LayerNorm (Command R+)", True if cfg.family == "cohere" and cfg.qk_norm else None),
+        ("per-layer query heads (Laguna)", cfg.layer_heads),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

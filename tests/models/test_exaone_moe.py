@@ -42,11 +42,19 @@ def test_config_means_what_transformers_builds():
         ({"n_group": 3}, "n_group"),  # 8 experts do not split in 3
         ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
         ({"is_moe_layer": [True] * 4}, "is_moe_layer"),  # layer 0 is dense (first_k_dense_replace 1)
+        ({"scoring_func": "softmax"}, "scoring_func"),  # (mlx_lm reads these; ExaoneMoeConfig's router is V3's)
+        ({"topk_method": "greedy"}, "topk_method"),
+        ({"sliding_window_pattern": "LLG", "num_hidden_layers": 4}, "sliding_window_pattern"),  # the last would slide
     ],
 )
 def test_unimplemented_keys_are_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_hf({"model_type": "exaone_moe", **KEXAONE, **extra})
+
+
+def test_released_is_moe_layer_may_count_the_prediction_layer():
+    stated = {**KEXAONE, "is_moe_layer": [False, True, True, True, True]}  # (a fifth entry: the mtp layer's)
+    assert ModelConfig.from_hf({"model_type": "exaone_moe", **stated}).moe.is_sparse(3)
 
 
 def test_multi_token_prediction_module_is_left_unread(tiny_model_dir, tmp_path, backend):

@@ -58,8 +58,23 @@ def test_config_means_what_transformers_builds(gating):
         ({"num_attention_heads_per_layer": [4, 5, 4, 8]}, "num_attention_heads_per_layer"),  # not whole KV groups
         ({"num_attention_heads_per_layer": [4, 8]}, "num_attention_heads_per_layer"),
         ({"mlp_layer_types": ["dense"] * 3}, "mlp_layer_types"),
+        # keys mlx_lm or llama.cpp read with other maths (transformers reads none of them)
+        ({"gating": False}, "gating"),  # (transformers: a per-channel gate; mlx_lm: none)
+        ({"moe_router_score_func": "sqrtsoftplus"}, "moe_router_score_func"),
+        ({"gating_types": ["per_head"] * 4}, "gating_types"),
+        ({"qkv_bias": True}, "qkv_bias"),
+        ({"partial_rotary_factor": 0.25}, "partial_rotary_factor"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),  # (LagunaConfig drops it)
     ],
 )
 def test_unimplemented_keys_are_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_hf({"model_type": "laguna", **LAGUNA, **extra})
+
+
+def test_tensor_parallelism_is_refused_for_per_layer_heads():
+    from lantern.backends.torch.parallel import local_config
+
+    dense = ModelConfig.from_hf({"model_type": "laguna", **LAGUNA, "mlp_layer_types": ["dense"] * 4})
+    with pytest.raises(ValueError, match="per-layer query heads"):
+        local_config(dense, 2)

@@ -31,6 +31,12 @@ def test_config_means_what_transformers_builds():
     assert ours.qk_norm and ours.moe.norm_topk_prob == ref.norm_topk_prob and ours.head_dim == ref.head_dim
     plain = ModelConfig.from_hf({"model_type": "mellum", **MELLUM})  # MellumConfig's default: every layer full
     assert plain.layer_windows is None and plain.local_rope_theta is None
+    # a top-level rope_theta means nothing to MellumConfig: its nested default stands
+    stated = ModelConfig.from_hf({"model_type": "mellum", **MELLUM, "rope_theta": 1e6})
+    assert (
+        stated.rope_theta
+        == AutoConfig.for_model("mellum", **MELLUM, rope_theta=1e6).rope_parameters["full_attention"]["rope_theta"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -50,6 +56,21 @@ def test_config_means_what_transformers_builds():
                 },
             },
             "sliding_attention.rope_type",
+        ),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),  # (MellumConfig drops it)
+        (
+            {
+                "layer_types": TYPES,
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+                },
+            },
+            "partial_rotary_factor",
+        ),
+        (  # sliding layers without their rope
+            {"layer_types": TYPES, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5}}},
+            "rope_parameters",
         ),
     ],
 )

@@ -17,7 +17,7 @@ from lantern.backends.mlx.moe import SparseMoE
 
 
 class L2Norm(nn.Module):
-    """x / rms(x) in float32, no weight (transformers' Llama4TextL2Norm)."""
+    """x / rms(x) in float32, no weight (transformers' Llama4TextL2Norm, NanoChat's RMSNorm)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()

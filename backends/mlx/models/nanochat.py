@@ -6,25 +6,11 @@ ungated relu^2 MLP.
 
 from __future__ import annotations
 
-import mlx.core as mx
-import mlx.nn as nn
-
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx.layers import Attention
 from lantern.backends.mlx.models import llama
+from lantern.backends.mlx.models.llama4 import L2Norm as PlainRMSNorm
 from lantern.backends.mlx.models.nemotron_h import Relu2MLP
-
-
-class PlainRMSNorm(nn.Module):
-    """x / rms(x) in float32, no weight (NanoChatRMSNorm)."""
-
-    def __init__(self, dims: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-
-    def __call__(self, x: mx.array) -> mx.array:
-        xf = x.astype(mx.float32)
-        return (xf * mx.rsqrt(mx.mean(xf * xf, axis=-1, keepdims=True) + self.eps)).astype(x.dtype)
 
 
 class DecoderLayer(llama.DecoderLayer):

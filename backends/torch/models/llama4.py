@@ -18,15 +18,17 @@ from lantern.backends.torch.parallel import TPGroup
 
 
 class L2Norm(nn.Module):
-    """x / rms(x) in float32, no weight (transformers' Llama4TextL2Norm); RMSNorm's (out, residual) signature."""
+    """x / rms(x) in float32, no weight (transformers' Llama4TextL2Norm, NanoChat's RMSNorm), with layers.RMSNorm's
+    fused residual add: (normed x + r, x + r)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        f = x.float()
-        return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype), None
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x if residual is None else x + residual
+        f = h.float()
+        return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)).to(h.dtype), h
 
 
 class Llama4MoE(SparseMoE):

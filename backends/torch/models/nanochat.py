@@ -6,28 +6,12 @@ ungated relu^2 MLP.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.layers import Attention
 from lantern.backends.torch.models import llama
+from lantern.backends.torch.models.llama4 import L2Norm as PlainRMSNorm
 from lantern.backends.torch.models.nemotron_h import Relu2MLP
 from lantern.backends.torch.parallel import TPGroup
-
-
-class PlainRMSNorm(nn.Module):
-    """x / rms(x) in float32, no weight (NanoChatRMSNorm), with layers.RMSNorm's fused residual add:
-    (normed x + r, x + r)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        h = x if residual is None else x + residual
-        hf = h.float()
-        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps)).to(h.dtype), h
 
 
 class DecoderLayer(llama.DecoderLayer):
