@@ -10,6 +10,7 @@ const state = {
   settings: Object.assign({ system: "", temperature: 0.7, maxTokens: 512, apiKey: "", model: "" },
     JSON.parse(localStorage.getItem(SETTINGS) || "{}")),
   controller: null,
+  chatOff: "",  // the notice when the served model is no chat model (loadModels)
 };
 
 function save() {
@@ -171,19 +172,32 @@ function deleteConversation(conv) {
 }
 
 // ---- talking to the server ----------------------------------------------------------------
+const TASK_ROUTES = { embed: "/v1/embeddings", score: "/v1/rerank and /v1/score", classify: "/v1/classify" };
+
+function offMessage(task) {
+  const what = { embed: "embeddings", score: "reranking scores", classify: "classifications" }[task] || task;
+  return `This model serves ${what} (${TASK_ROUTES[task] || "its own routes"}), not chat: the chat is off.`;
+}
+
 async function loadModels() {
   try {
     const r = await fetch("/v1/models", { headers: headers() });
     if (!r.ok) { showError(await explain(r)); return; }
     const select = $("model");
     select.innerHTML = "";
-    for (const m of (await r.json()).data) {
+    const models = (await r.json()).data;
+    for (const m of models) {
       const opt = document.createElement("option");
       opt.value = opt.textContent = m.id;
       select.appendChild(opt);
     }
     if (state.settings.model && [...select.options].some((o) => o.value === state.settings.model)) select.value = state.settings.model;
     showError("");
+    // An embedding / reranking / classification model answers no chat: say so once, instead of an error per message.
+    const task = (models[0] || {}).task;
+    state.chatOff = Boolean(task) && task !== "generate" ? offMessage(task) : "";
+    $("input").disabled = $("send").disabled = Boolean(state.chatOff);
+    if (state.chatOff) { $("input").placeholder = state.chatOff; showError(state.chatOff); }
   } catch (e) { showError(`Cannot reach the server: ${e.message}`); }
 }
 
@@ -298,7 +312,7 @@ $("stop").onclick = () => state.controller && state.controller.abort();
 $("composer").onsubmit = (e) => {
   e.preventDefault();
   const text = $("input").value.trim();
-  if (!text || state.controller) return;
+  if (!text || state.controller || state.chatOff) return;
   $("input").value = "";
   send(text);
 };

@@ -19,6 +19,8 @@ async def list_models(request: Request) -> dict:
                 "created": request.app.state.started,
                 "owned_by": "lantern",
                 "max_model_len": state.engine.max_model_len,
+                # what the model serves: generate (chat / completions), embed, score (rerank) or classify
+                "task": state.engine.task,
             }
         ],
     }

@@ -207,3 +207,29 @@ def test_wrong_api_key_shows_clear_message(tiny_model_dir, browser, tmp_path):
         page.screenshot(path=str(tmp_path / "wrong_api_key.png"), full_page=True)
         context.close()
         srv.stop()
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_non_chat_model_turns_the_chat_off_saying_why(browser, tmp_path, backend):
+    """An embedding model behind --ui-server: the page says at once what the model serves and where, and the
+    composer is disabled, instead of answering each message with a wrong-task error."""
+    from tests.fixtures.tiny_encoders import build_bert
+
+    srv = start_server(
+        str(build_bert(tmp_path / "embed", "mean")), ServerSettings(served_model_name="tiny", ui_server=True),
+        backend=backend,
+    )  # fmt: skip
+    try:
+        assert httpx.get(srv.base_url + "/v1/models").json()["data"][0]["task"] == "embed"
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(srv.base_url + "/")
+        page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+        notice = page.inner_text("#error")
+        assert "embeddings" in notice and "/v1/embeddings" in notice and "not chat" in notice
+        assert page.is_disabled("#input") and page.is_disabled("#send")
+        page.screenshot(path=str(tmp_path / "non-chat.png"))
+        assert page.locator("#messages .message").count() == 0
+        context.close()
+    finally:
+        srv.stop()
