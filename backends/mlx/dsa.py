@@ -72,8 +72,7 @@ def _sequences(meta: AttentionMetadata, topk: int) -> list[tuple[np.ndarray, np.
     return out
 
 
-# Rows recomputed at a time: bounds the [rows, heads, context] index scores (the latent attention reads only the
-# top-k keys each row picks, gathered: [rows, topk, pool width])
+# Rows recomputed at a time: bounds the [rows, heads, context] index and attention scores
 _SCORE_BUDGET = 1 << 24  # float32 values
 
 
@@ -99,7 +98,6 @@ def restrict(
     pool = meta.pool.k[layer]
     chosen = meta.step_cache.setdefault("dsa_chosen", [None] * len(sequences))
     for i, (rows_np, pos_np, slots_np) in enumerate(sequences):
-        rows = mx.array(rows_np)
         keys = pool[mx.array(slots_np)][:, 0]  # [N, pool width]: [c_kv, k_pe, index key]
         if indexer is not None:  # every row here sees more than topk keys: the top-k are all visible ones
             n = keys.shape[0]
@@ -111,8 +109,28 @@ def restrict(
                 score = mx.where(mx.array(np.arange(n)[None, :] > pos[:, None]), -mx.inf, score)
                 picks.append(mx.argpartition(-score, kth=topk - 1, axis=-1)[:, :topk])
             chosen[i] = mx.concatenate(picks)  # [R, topk]
-        picked = keys[chosen[i]][..., :latent_dim].astype(mx.float32)  # [R, topk, L + R]
-        att = (query[rows][:, :, :latent_dim].astype(mx.float32) @ picked.swapaxes(1, 2)) * scale  # [R, H, topk]
-        att = mx.softmax(att, axis=-1, precise=True)
-        out[rows] = (att @ picked[..., :v_dim]).astype(out.dtype)
+        latent = keys[:, :latent_dim].astype(mx.float32)
+        out = _latent_attention(out, query[:, :, :latent_dim], rows_np, latent, chosen[i], scale, v_dim)
+    return out
+
+
+def _latent_attention(
+    out: mx.array, query: mx.array, rows_np: np.ndarray, latent: mx.array, top: mx.array, scale: float, v_dim: int
+) -> mx.array:
+    """out with out[rows] = each row's attention over its top-k keys (the torch file's _latent_attention: a decode
+    row gathers its keys, a prefill chunk's rows take one matmul over all keys with the others masked, in blocks)."""
+    if len(rows_np) == 1:
+        rows = mx.array(rows_np)
+        picked = latent[top]  # [1, topk, L + R]
+        att = (query[rows].astype(mx.float32) @ picked.swapaxes(1, 2)) * scale  # [1, H, topk]
+        out[rows] = (mx.softmax(att, axis=-1, precise=True) @ picked[..., :v_dim]).astype(out.dtype)
+        return out
+    n, heads = latent.shape[0], query.shape[1]
+    step = max(1, _SCORE_BUDGET // (heads * n))
+    for r in range(0, len(rows_np), step):
+        part, idx = mx.array(rows_np[r : r + step]), top[r : r + step]
+        keep = mx.put_along_axis(mx.zeros((idx.shape[0], n), dtype=mx.bool_), idx, mx.array(True), axis=-1)
+        att = (query[part].astype(mx.float32) @ latent.T) * scale  # [R, H, N]
+        att = mx.softmax(mx.where(keep[:, None, :], att, -mx.inf), axis=-1, precise=True)
+        out[part] = (att @ latent[:, :v_dim]).astype(out.dtype)
     return out

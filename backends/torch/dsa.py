@@ -78,8 +78,7 @@ def _sequences(meta: TorchAttentionMetadata, topk: int) -> list[tuple[torch.Tens
     return out
 
 
-# Rows recomputed at a time: bounds the [rows, heads, context] index scores (the latent attention reads only the
-# top-k keys each row picks, gathered: [rows, topk, pool width])
+# Rows recomputed at a time: bounds the [rows, heads, context] index and attention scores
 _SCORE_BUDGET = 1 << 24  # float32 values
 
 
@@ -116,7 +115,32 @@ def restrict(
                 future = torch.arange(n, device=pos.device)[None, :] > pos[r : r + step, None]
                 picks.append(score.masked_fill(future, float("-inf")).topk(topk, dim=-1).indices)
             chosen[i] = torch.cat(picks)  # [R, topk]
-        picked = keys[chosen[i]][..., :latent_dim].float()  # [R, topk, L + R]
-        att = torch.einsum("rhw,rkw->rhk", query[rows, :, :latent_dim].float(), picked) * scale
-        out[rows] = torch.einsum("rhk,rkv->rhv", att.softmax(dim=-1), picked[..., :v_dim]).to(out.dtype)
+        _latent_attention(out, query[:, :, :latent_dim], rows, keys[:, :latent_dim].float(), chosen[i], scale, v_dim)
     return out
+
+
+def _latent_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    rows: torch.Tensor,
+    latent: torch.Tensor,
+    top: torch.Tensor,
+    scale: float,
+    v_dim: int,
+) -> None:
+    """out[rows] = each row's attention over its top-k keys (latent [N, L + R] float32, top [R, topk]). A decode row
+    gathers its keys; a prefill chunk's rows share theirs, so one matmul over all N keys with the others masked (in
+    blocks of _SCORE_BUDGET scores) beats a gather per row."""
+    if len(rows) == 1:
+        picked = latent[top]  # [1, topk, L + R]
+        att = torch.einsum("rhw,rkw->rhk", query[rows].float(), picked) * scale
+        out[rows] = torch.einsum("rhk,rkv->rhv", att.softmax(dim=-1), picked[..., :v_dim]).to(out.dtype)
+        return
+    n, heads = latent.shape[0], query.shape[1]
+    step = max(1, _SCORE_BUDGET // (heads * n))
+    for r in range(0, len(rows), step):
+        part = rows[r : r + step]
+        keep = torch.zeros(len(part), n, dtype=torch.bool, device=latent.device).scatter_(1, top[r : r + step], True)
+        att = torch.einsum("rhw,nw->rhn", query[part].float(), latent) * scale
+        att = att.masked_fill(~keep[:, None, :], float("-inf")).softmax(dim=-1)
+        out[part] = torch.einsum("rhn,nv->rhv", att, latent[:, :v_dim]).to(out.dtype)
