@@ -56,8 +56,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         if cfg.get(key, value) != value:
             raise refuse(key, cfg[key], f" for laguna (transformers: {key}={value!r})")
     gating = cfg.get("gating", True)
-    if not isinstance(gating, (bool, str)) or gating not in _GATES or gating is False:
-        # (false: transformers gates per channel, mlx_lm not at all -- ambiguous)
+    if not isinstance(gating, (bool, str)) or gating not in _GATES:  # (false: transformers gates per channel, mlx_lm
+        # not at all -- ambiguous, so _GATES has no entry for it)
         raise refuse("gating", gating, " (true / 'per-head' or 'per-element')")
     layers, kv, head_dim = fields["num_layers"], fields["num_kv_heads"], fields["head_dim"]
     heads = list(cfg.get("num_attention_heads_per_layer") or [fields["num_heads"]] * layers)

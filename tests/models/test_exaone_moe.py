@@ -1,14 +1,12 @@
 """K-EXAONE (exaone_moe): config.json read as ExaoneMoeConfig / ExaoneMoeForCausalLM read it, refusals naming the
-key, and its `mtp.*` module left unread. (Logits and greedy tokens on both backends: the "exaone_moe" variant in
-tests/conformance; an mlx_lm 4-bit folder: test_mlx_moe_folders.py.)"""
+key. (Its `mtp.*` module left unread: test_mellum.py. Logits and greedy tokens on both backends: the "exaone_moe"
+variant in tests/conformance; an mlx_lm 4-bit folder: test_mlx_moe_folders.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
-from tests.conformance.test_parity import hf_greedy, hf_model
 from tests.models.test_config_support import BASE
 
 KEXAONE = {**BASE, "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
@@ -55,19 +53,3 @@ def test_unimplemented_keys_are_refused_by_name(extra, key):
 def test_released_is_moe_layer_may_count_the_prediction_layer():
     stated = {**KEXAONE, "is_moe_layer": [False, True, True, True, True]}  # (a fifth entry: the mtp layer's)
     assert ModelConfig.from_hf({"model_type": "exaone_moe", **stated}).moe.is_sparse(3)
-
-
-def test_multi_token_prediction_module_is_left_unread(tiny_model_dir, tmp_path, backend):
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    folder = tmp_path / "k-exaone"
-    shutil.copytree(tiny_model_dir("exaone_moe"), folder)
-    tensors = load_file(folder / "model.safetensors")
-    extra = {k.replace("model.layers.1.", "mtp.layers.0."): v.clone() for k, v in tensors.items() if ".layers.1." in k}
-    save_file({**tensors, **extra}, folder / "model.safetensors", metadata={"format": "pt"})
-    llm = LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=64)
-    ids = llm.tokenizer.encode("Paged attention stores keys and values in blocks")
-    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
-    assert out.outputs[0].token_ids == hf_greedy(hf_model(str(folder)), ids, 12)

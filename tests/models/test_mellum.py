@@ -79,14 +79,16 @@ def test_unimplemented_keys_are_refused_by_name(extra, key):
         ModelConfig.from_hf({"model_type": "mellum", **MELLUM, **extra})
 
 
-def test_multi_token_prediction_module_is_left_unread(tiny_model_dir, tmp_path, backend):
-    """Released checkpoints carry `mtp.*` (MellumPreTrainedModel ignores it): loaded without it, the same tokens."""
+@pytest.mark.parametrize("variant", ["mellum", "exaone_moe"])
+def test_multi_token_prediction_module_is_left_unread(tiny_model_dir, tmp_path, backend, variant):
+    """Released Mellum 2 and K-EXAONE checkpoints carry `mtp.*` (their PreTrainedModels ignore it): loaded without
+    it, the same tokens."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    folder = tmp_path / "mellum"
-    shutil.copytree(tiny_model_dir("mellum"), folder)
+    folder = tmp_path / variant
+    shutil.copytree(tiny_model_dir(variant), folder)
     tensors = load_file(folder / "model.safetensors")
     layer = {k.replace("model.layers.1.", "mtp.layers.0."): v.clone() for k, v in tensors.items() if ".layers.1." in k}
     save_file({**tensors, **layer}, folder / "model.safetensors", metadata={"format": "pt"})
