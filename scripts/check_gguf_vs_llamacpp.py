@@ -40,6 +40,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     """name -> a function writing that family's tiny float32 GGUF under a folder (as the tests write it)."""
     from tests.fixtures.gguf_families import convert_to_gguf
     from tests.fixtures.gguf_gpt_families import convert_gpt_to_gguf
+    from tests.fixtures.gguf_granite import convert_granite
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
     from tests.fixtures.tiny_models import build_model
@@ -62,6 +63,8 @@ def families() -> dict[str, Callable[[Path], Path]]:
         made[name] = lambda d, v=variant, o=overrides, k=options: convert_qwen3_next(
             build_model(v, d / "hf", **o), d, **k
         )[0]
+    for name in ("granite_swa", "granitemoe_swa_shared", "granitemoeshared"):  # (tests/models/test_granite_relatives)
+        made[name] = lambda d, v=name: convert_granite(build_model(v, d / "hf"), d, "f32")[0]
     return made
 
 

@@ -11,6 +11,7 @@ _QWEN3_VL_DEFAULTS = {"rope_theta": 500000.0, "head_dim": 128}  # Qwen3VLTextCon
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": {},
     "mistral": {},
+    "ministral": {},  # Ministral-8B-2410: Mistral with sliding and full layers (layer_types)
     "qwen2": {"attention_bias": True},
     "qwen3": {"qk_norm": True},
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
@@ -92,6 +93,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "configure": "family_llama_moe",
         "defaults": "family_llama_moe:SOLAR_OPEN_DEFAULTS",
     },
+    # Flint: Qwen3-MoE's attention with a sink logit per head, NoPE full layers among sliding ones, a sigmoid router
+    # (no bias) beside an ungated shared expert
+    "flint": {
+        "family": "llama_moe",
+        "configure": "family_llama_moe",
+        "defaults": "family_llama_moe:FLINT_DEFAULTS",
+        "names": True,
+    },
     # Arcee Trinity (AFMoE): Qwen3's q/k norms, a sigmoid gate on the attention's output, NoPE full layers among
     # sliding ones, Gemma 2's sandwich norms, DeepSeek-V3's sigmoid router (no groups) past the first dense layers
     "afmoe": {"family": "afmoe", "configure": "family_afmoe", "defaults": "family_afmoe", "names": True},
@@ -141,6 +150,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "smollm3": {"configure": "family_smollm3"},  # Llama's layer; some layers without rope (NoPE)
     "granite": {"configure": "family_granite"},  # Llama's layer with embedding / residual / logit scalars
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
+    # Granite Swash (granite_swa / granitemoe_swa): Granite's layer with sliding layers and a sink logit per head;
+    # granitemoeshared (and a Swash MoE with shared_intermediate_size): Granite 4.0's dense MLP beside the experts
+    "granite_swa": {"configure": "family_granite"},
+    "granitemoe_swa": {"configure": "family_granite"},
+    "granitemoeshared": {"configure": "family_granite"},
+    "hyperclovax": {"configure": "family_granite"},  # Granite's scalars (logits multiplied), norms on sublayer outputs
     # Granite 4.0-H: Mamba-2 mixer layers (recurrent state) among attention layers, a dense MLP beside the experts.
     "granitemoehybrid": {"family": "granite_hybrid", "configure": "family_granite"},
     # Bamba: Granite 4.0-H's block without its scalars, attention rotating half of each head (family_bamba)
@@ -236,6 +251,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "configure": "family_lfm2",
         "defaults": {"intermediate_size": 7168, "rope_theta": 1e6, "max_position_embeddings": 128000},
     },
+    # LFM3: LFM2's layers plus sliding-window layers, a rope per attention type, a per-head sigmoid gate, sandwich norms
+    "lfm3": {"family": "lfm2", "configure": "family_lfm3", "own_rope": True, "defaults": "family_lfm3"},
     # Qwen3-VL's language model: Qwen3 (or Qwen3-MoE with fused experts) under a multimodal rope that is
     # Qwen3's for text. "defaults": Qwen3VLTextConfig's rope base (default_theta) and head_dim.
     "qwen3_vl_text": {"configure": "family_qwen3_vl", "own_rope": True, "defaults": _QWEN3_VL_DEFAULTS},
@@ -252,7 +269,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Llama 4 (Scout / Maverick): pair-wise rope, NoPE layers with a query temperature, L2 q/k norms, sigmoid-routed
     # top-1 experts beside a shared expert, chunked attention (served within one chunk)
     "llama4_text": {"family": "llama4", "configure": "family_llama4", "defaults": "family_llama4"},
-    "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
+    "ministral3": {"configure": "family_ministral", "own_rope": True},
+    # Another family's maths under other key names and defaults (family_renamed): InternLM3, IQuest-Coder (Llama),
+    # Sarvam-30B (GLM-4.5's mixture), Sarvam-105B (DeepSeek-V3), Youtu-LLM (DeepSeek-V3's attention, dense MLPs)
+    "internlm3": {"same_as": "llama"},
+    "iquestcoder": {"same_as": "llama"},
+    "sarvam_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # (Bailing's tensor names)
+    "sarvam_mla": {"same_as": "deepseek_v3"},
+    "youtu": {"same_as": "deepseek_v3"},  # Llama's layout, YaRN, query temperature
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     # BERT-style encoders: embeddings only (--task embed); family_bert says what each differs in
     "bert": {"family": "bert", "configure": "family_bert"},
@@ -264,3 +288,10 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "distilbert": {"family": "bert", "configure": "family_bert", "prepare": True},  # msmarco-distilbert, ...
     "modernbert": {"family": "modernbert", "configure": "family_modernbert", "tensors": True, "own_rope": True},
 }
+
+
+def checkpoint_traits(model_type: str) -> dict[str, Any]:
+    """The traits that say how a `model_type` checkpoint's tensors read: a renamed one's family's, with its own
+    ("names": its tensors' names) over them."""
+    traits = ARCHITECTURES[model_type]
+    return {**ARCHITECTURES[traits["same_as"]], **traits} if "same_as" in traits else traits

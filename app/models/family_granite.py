@@ -1,6 +1,6 @@
 """Granite 3.x (model_type "granite": ibm-granite/granite-3.*-instruct; "granitemoe": granite-3.*-1b-a400m /
-3b-a800m): what its config.json means, as transformers' GraniteConfig / GraniteMoeConfig read it, turned
-into ModelConfig fields.
+3b-a800m) and its relatives (Granite Swash, GraniteMoeShared, HyperCLOVA X SEED: Granite's layer with Peri-LN's
+output norms): what its config.json means, as transformers' config classes read it, turned into ModelConfig fields.
 
 The maths (transformers' modeling_granite): Llama's decoder with four scalars — embeddings times
 embedding_multiplier, the query scale attention_multiplier (in place of head_dim ** -0.5), each
@@ -41,15 +41,61 @@ def _scalar(cfg: dict[str, Any], key: str) -> float:
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides for a granite config.json (spec.ModelConfig.from_hf skips its
     Llama-family checks for configure families: the keys are checked here)."""
-    if model_type not in ("granite", "granitemoe", "granitemoehybrid"):
+    if model_type not in _TYPES:
         raise UnsupportedModelError(f"family_granite does not configure model_type {model_type!r}")
     if model_type == "granitemoehybrid":
         return _hybrid(cfg, fields)
+    if model_type == "hyperclovax":
+        return _hyperclovax(cfg, fields)
     check_silu(cfg, "Granite")
     for key in ("attention_bias", "mlp_bias"):
         if cfg.get(key):
             raise _refuse(key, cfg[key], " for granite (biases on the projections)")
-    return {**_scalars(cfg), **({"moe": _moe(cfg)} if model_type == "granitemoe" else {})}
+    out = {**_scalars(cfg), **(swa_attention(cfg, fields) if model_type.endswith("_swa") else {})}
+    if model_type in ("granitemoe", "granitemoe_swa", "granitemoeshared"):
+        out["moe"] = _moe(cfg)
+        shared = int(cfg.get("shared_intermediate_size", 0) or 0)
+        if shared and model_type != "granitemoe":  # a dense SwiGLU beside the experts: Granite 4.0's layer
+            out.update(family="granite_hybrid", intermediate_size=shared)
+    return out
+
+
+_TYPES = (
+    "granite",
+    "granitemoe",
+    "granitemoehybrid",
+    "hyperclovax",
+    "granite_swa",
+    "granitemoe_swa",
+    "granitemoeshared",
+)
+
+
+def swa_attention(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """Granite Swash (granite_swa / granitemoe_swa): sliding layers where layer_types says (default: all but every
+    4th from layer 0), a learned sink logit per head, a rope base per layer (layer_rope_theta; 0: no rope)."""
+    layers = fields["num_layers"]
+    types = cfg.get("layer_types") or ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)]
+    if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
+        raise _refuse("layer_types", types, f" (full_attention / sliding_attention for {layers} layers)")
+    window = cfg.get("sliding_window", 128)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise _refuse("sliding_window", window, " (a positive number of tokens)")
+    no_rope = cfg.get("no_rope_layers")  # (llama.cpp's converter reads it; GraniteSWAConfig has no such key)
+    if no_rope is not None and not all(no_rope) and cfg.get("layer_rope_theta") is None:
+        raise _refuse("no_rope_layers", no_rope, " (transformers turns every layer: state layer_rope_theta)")
+    thetas = cfg.get("layer_rope_theta") or [fields["rope_theta"]] * layers
+    if len(thetas) != layers or any(isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0 for t in thetas):
+        raise _refuse("layer_rope_theta", thetas, f" (a rope base, or 0 for none, for each of {layers} layers)")
+    bases = sorted({float(t) for t in thetas if t})
+    if len(bases) > 1:  # (Lantern's Llama layer turns one rope table)
+        raise _refuse("layer_rope_theta", thetas, " (more than one rope base among the layers)")
+    return {
+        "layer_windows": [window if t == "sliding_attention" else None for t in types] if window else None,
+        "attn_sinks": True,
+        "rope_theta": bases[0] if bases else fields["rope_theta"],
+        "rope_layers": None if all(thetas) else tuple(bool(t) for t in thetas),
+    }
 
 
 def _scalars(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +107,24 @@ def _scalars(cfg: dict[str, Any]) -> dict[str, Any]:
         "logits_divisor": _scalar(cfg, "logits_scaling"),
         "max_position_embeddings": int(cfg.get("max_position_embeddings", 2048)),
         "hidden_act": "silu",
+    }
+
+
+def _hyperclovax(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """HyperCLOVA X SEED: Granite's scalars with the logits *multiplied* by logits_scaling, the query scale
+    head_dim ** -0.5 unless attention_multiplier says otherwise, and (use_post_norm, default on) an RMSNorm on
+    each sublayer's output before its residual multiplier (Peri-LN)."""
+    check_silu(cfg, "HyperCLOVA X")
+    for key in ("attention_bias", "mlp_bias"):
+        if cfg.get(key):
+            raise _refuse(key, cfg[key], " for hyperclovax (biases on the projections)")
+    if cfg.get("attention_multiplier") is None:
+        cfg = {**cfg, "attention_multiplier": fields["head_dim"] ** -0.5}
+    return {
+        **_scalars(cfg),
+        # (a divisor of 1 / scale: within an ulp of transformers' product)
+        "logits_divisor": 1.0 / _scalar(cfg, "logits_scaling"),
+        "post_norms": bool(cfg.get("use_post_norm", True)),
     }
 
 
@@ -105,6 +169,10 @@ _MOE_NAMES = {
     ".block_sparse_moe.input_linear.weight": ".mlp.experts.gate_up_proj",  # split per expert by weight_stream
     ".block_sparse_moe.output_linear.weight": ".mlp.experts.down_proj",
     ".block_sparse_moe.router.layer.weight": ".mlp.gate.weight",
+    # (transformers' own names, as it saves the models it has no original layout for: Granite Swash's MoE)
+    ".block_sparse_moe.experts.gate_up_proj": ".mlp.experts.gate_up_proj",
+    ".block_sparse_moe.experts.down_proj": ".mlp.experts.down_proj",
+    ".block_sparse_moe.router.weight": ".mlp.gate.weight",
 }
 
 

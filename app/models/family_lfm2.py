@@ -11,7 +11,7 @@ grouped-query attention layers (transformers 5's Lfm2ForCausalLM).
   adjusted as block_auto_adjust_ff_dim says, a final norm named embedding_norm, tied embeddings.
 
 The checkpoints' names are read as Llama's (checkpoint_name), so the attention and MLP layers are the
-shared ones on both backends.
+shared ones on both backends. LFM3 (family_lfm3) is these layers with its own additions, in the same files.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ _RENAMES = (
     (re.compile(r"\.self_attn\.out_proj\."), ".self_attn.o_proj."),
     (re.compile(r"\.self_attn\.q_layernorm\."), ".self_attn.q_norm."),
     (re.compile(r"\.self_attn\.k_layernorm\."), ".self_attn.k_norm."),
+    (re.compile(r"\.self_attn\.g_proj\."), ".self_attn.gate_proj."),  # LFM3 gate, by transformers in-memory name
     # LFM2-MoE's experts, router and its bias
     (re.compile(r"\.feed_forward\.experts\.(\d+)\.w1\."), r".mlp.experts.\1.gate_proj."),
     (re.compile(r"\.feed_forward\.experts\.(\d+)\.w3\."), r".mlp.experts.\1.up_proj."),

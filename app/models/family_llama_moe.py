@@ -12,6 +12,11 @@ dense MLP of intermediate_size. Layers from max_window_layers on attend within s
 Solar Open (upstage/Solar-Open-100B: model_type solar_open, SolarOpenConfig, a Glm4MoeConfig): Llama's attention
 (q/k/v biases with attention_bias, none on o_proj; no q/k norms) over GLM-4.5's mixture, which is DeepSeek-V3's,
 in every layer (no dense MLP: its config has no intermediate_size).
+
+Flint (RecursiveSI/flint: model_type flint, FlintConfig): Qwen3-MoE's attention (q/k norms) with a learned sink
+logit per head (the checkpoint's `softmax_offset`), sliding layers where layer_types says and the rope on those
+only (the full layers are NoPE); a float32 sigmoid router without a bias, its top-k renormalised (no epsilon),
+beside an ungated shared expert (`shared_expert`, shared_expert_intermediate_size wide); mlp_only_layers dense.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 from lantern.app.models.errors import check_silu
 from lantern.app.models.errors import refuse as _refuse
-from lantern.app.models.family_deepseek import routed_experts
+from lantern.app.models.family_deepseek import DeepSeekMoEConfig, routed_experts
 from lantern.app.models.spec import UnsupportedModelError
 
 # Dots1Config's / SolarOpenConfig's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
@@ -53,6 +58,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     compute."""
     if model_type == "solar_open":
         return _solar_open(cfg, fields)
+    if model_type == "flint":
+        return _flint(cfg, fields)
     if model_type != "dots1":
         raise UnsupportedModelError(f"family_llama_moe does not configure model_type {model_type!r}")
     check_silu(cfg, "dots.llm1")
@@ -83,3 +90,70 @@ def _solar_open(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
         raise _refuse("partial_rotary_factor", partial, " for solar_open (Llama's attention turns the whole head)")
     moe = routed_experts("solar_open", {**cfg, "first_k_dense_replace": 0}, fields["num_layers"])
     return {"moe": moe, "intermediate_size": moe.intermediate_size if moe is not None else fields["intermediate_size"]}
+
+
+# FlintConfig's defaults for the keys ModelConfig.from_hf and _flint read
+FLINT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 150144,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 49,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "sliding_window": 513,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 1024,
+    "num_experts_per_tok": 6,
+    "num_experts": 256,
+    "norm_topk_prob": True,
+    "mlp_only_layers": [0, 1],
+    "decoder_sparse_step": 1,
+}
+
+
+def _flint(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    check_silu(cfg, "Flint")
+    if cfg.get("attention_bias"):  # (Qwen3MoeAttention's would bias o_proj too)
+        raise _refuse("attention_bias", cfg["attention_bias"], " for flint (biases on the projections)")
+    if cfg.get("decoder_sparse_step") not in (None, 1):
+        raise _refuse("decoder_sparse_step", cfg["decoder_sparse_step"], " for flint (every layer past the dense)")
+    layers, window = fields["num_layers"], cfg["sliding_window"]
+    types = cfg.get("layer_types") or [
+        "full_attention" if i < 2 or i % 4 == 1 or i == layers - 1 else "sliding_attention" for i in range(layers)
+    ]
+    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise _refuse("layer_types", types, f" (sliding_attention or full_attention for each of the {layers} layers)")
+    if not isinstance(window, int) or window < 1:
+        raise _refuse("sliding_window", window, " (a positive number of tokens)")
+    experts, top_k = int(cfg["num_experts"]), int(cfg["num_experts_per_tok"])
+    if not 1 <= top_k <= experts:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
+    dense = cfg.get("mlp_only_layers") or []
+    moe = DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=int(cfg["moe_intermediate_size"]),
+        norm_topk_prob=bool(cfg["norm_topk_prob"]),
+        router_weights_fp32=True,
+        dense_layers=tuple(int(i) for i in dense),
+        scoring="sigmoid",
+        shared_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        norm_eps=0.0,
+    )
+    return {
+        "qk_norm": True,
+        "moe": moe,
+        "attn_sinks": True,
+        "layer_windows": [window if t == "sliding_attention" else None for t in types],
+        "rope_layers": tuple(t == "sliding_attention" for t in types),  # (the full layers are NoPE)
+    }
+
+
+def checkpoint_name(name: str) -> str:
+    """Flint's tensor names as the model files': its sinks, its shared expert under DeepSeek's name."""
+    return name.replace(".self_attn.softmax_offset", ".self_attn.sinks").replace(
+        ".mlp.shared_expert.", ".mlp.shared_experts."
+    )

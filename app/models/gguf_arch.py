@@ -125,6 +125,15 @@ ARCH_LAYER["granitehybrid"] = {
     "ssm_out": "mamba.out_proj",
     **{f"ffn_{p}{s}": f"shared_mlp.{p}_proj" for p in ("gate", "up", "down") for s in ("", "_shexp")},
 }
+# GraniteMoeShared (granitemoe with expert_shared_feed_forward_length): the dense shared_mlp as the _shexp tensors;
+# Granite Swash (granite_swa): the sinks, the routed experts' gate and up rows in one tensor (split while read), the
+# shared_mlp's too (ffn_up_shexp: weight_stream.split_fused)
+ARCH_LAYER["granitemoe"] = {f"ffn_{p}_shexp": f"shared_mlp.{p}_proj" for p in ("gate", "up", "down")}
+ARCH_LAYER["granite_swa"] = {
+    "attn_sinks": "self_attn.sinks",
+    "ffn_up_shexp": "shared_mlp.gate_up_proj",
+    "ffn_down_shexp": "shared_mlp.down_proj",
+}
 # Nemotron-H (llama.cpp's NemotronHModel, a GraniteHybridModel): the same mixer tensors; its relu^2 MLP is
 # Llama's ffn_up / ffn_down, each block's one norm attn_norm.
 ARCH_LAYER["nemotron_h"] = {

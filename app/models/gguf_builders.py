@@ -12,7 +12,8 @@ from lantern.app.models.gguf_config import _head_dim, _layer_types, _Meta, _rota
 from lantern.app.models.gguf_dense_builders import DENSE_BUILDERS, qkv_bias
 from lantern.app.models.gguf_encoder import ENCODER_BUILDERS
 from lantern.app.models.gguf_gpt_builders import GPT_BUILDERS
-from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS, granite_scalars
+from lantern.app.models.gguf_granite_builders import GRANITE_BUILDERS
+from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS
 from lantern.app.models.gguf_moe_builders import MOE_BUILDERS
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
@@ -141,26 +142,6 @@ def _apertus(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
         "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_apertus
         "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},  # (ApertusConfig's default is llama3's)
     }
-
-
-def _granite(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """Granite 3 dense and MoE (llama.cpp's GraniteModel / GraniteMoeModel, LlamaModels: q/k permuted as
-    Llama's): its four scalars (granite_scalars), GraniteMoE's experts each feed_forward_length wide."""
-    rope = stated_rope_scaling(meta)
-    out = {
-        "model_type": meta.arch,
-        **granite_scalars(meta, cfg),
-        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_granite
-        **({"rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]}} if rope else {}),
-    }
-    if not meta.get("rope.scaling.finetuned", True):  # llama.cpp's graph: no rope at all
-        raise UnsupportedModelError(f"{meta.label}{meta.arch}.rope.scaling.finetuned=false (no rope): not implemented")
-    if meta.arch == "granitemoe":
-        if meta.get("expert_shared_feed_forward_length"):  # GraniteMoeShared: no Lantern family yet
-            raise UnsupportedModelError(f"{meta.label}granitemoe with shared experts is not implemented")
-        out["num_local_experts"] = int(meta.need("expert_count"))
-        out["num_experts_per_tok"] = int(meta.need("expert_used_count"))
-    return out
 
 
 def _olmo2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
@@ -539,8 +520,7 @@ BUILDERS = {
     "arcee": _arcee,
     "llama4": _llama4,
     "apertus": _apertus,
-    "granite": _granite,
-    "granitemoe": _granite,
+    **GRANITE_BUILDERS,
     **MAMBA_BUILDERS,
     **MOE_BUILDERS,
     **DENSE_BUILDERS,

@@ -1,29 +1,15 @@
 """GGUF config builders of the Mamba-2 hybrids (family_mamba2's mixer among attention layers): Granite 4.0-H,
 Nemotron-H, Nemotron 3 and Falcon-H1 as llama.cpp's GraniteHybridModel, NemotronHModel and FalconH1Model write
-them; and the mixer-only models, Mamba / Falcon-Mamba (MambaModel, arch mamba) and Mamba-2 (Mamba2Model). Granite's
-scalars, which Granite 3's builder (gguf_builders.py) shares, live here too."""
+them; and the mixer-only models, Mamba / Falcon-Mamba (MambaModel, arch mamba) and Mamba-2 (Mamba2Model)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from lantern.app.models.gguf_config import _head_dim, _Meta
+from lantern.app.models.gguf_granite_builders import granite_scalars
 from lantern.app.models.gguf_rope import stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
-
-
-def granite_scalars(meta: _Meta, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Granite's four scalars, each 1 where the file has none (or 0, as llama.cpp's graph reads it), but the
-    query scale, which is then head_dim ** -0.5 as in llama.cpp's graph (GraniteConfig's default of 1.0
-    would be another model)."""
-    head_dim = _head_dim(meta, cfg)
-    return {
-        "head_dim": head_dim,
-        "attention_multiplier": float(meta.get("attention.scale") or head_dim**-0.5),
-        "embedding_multiplier": float(meta.get("embedding_scale") or 1.0),
-        "residual_multiplier": float(meta.get("residual_scale") or 1.0),
-        "logits_scaling": float(meta.get("logit_scale") or 1.0),
-    }
 
 
 def _granite_hybrid(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:

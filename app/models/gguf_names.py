@@ -84,6 +84,7 @@ PERMUTED_ARCHITECTURES = {
     "smollm3",
     "granite",
     "granitemoe",
+    "granite_swa",  # (GraniteSWAModel and GraniteMoeSWAModel are GraniteModels)
     "granitehybrid",
     "nemotron_h",
     "nemotron_h_moe",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from lantern.app.models.architectures import ARCHITECTURES
@@ -71,6 +71,13 @@ def _layer_windows(model_type: str, cfg: dict[str, Any], num_layers: int) -> lis
     if model_type in ("mistral", "mixtral"):
         # MistralConfig's default is 4096 when the key is absent; null turns it off (v0.2 and later).
         window = cfg.get("sliding_window", 4096 if model_type == "mistral" else None)
+    elif model_type == "ministral":  # Mistral's window on the layers layer_types says (default: every layer)
+        window = cfg.get("sliding_window", 4096)
+        types = cfg.get("layer_types")
+        if types is not None:
+            if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
+                raise _refuse("layer_types", types, f" (sliding_attention / full_attention for {num_layers} layers)")
+            slides = [t == "sliding_attention" for t in types]
     elif model_type == "phi3":  # Phi-3-mini-4k: 2047; Phi-4 and the 128k variants: none
         window = cfg.get("sliding_window")
     elif model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
@@ -151,6 +158,8 @@ class ModelConfig:
     embed_multiplier: float = 1.0  # Granite: embeddings times this
     residual_multiplier: float = 1.0  # Granite: each sublayer's output times this before the residual add
     logits_divisor: float = 1.0  # Granite's logits_scaling: logits divided by this
+    attn_sinks: bool = False  # Granite Swash: one learned sink logit per head in every attention layer
+    post_norms: bool = False  # HyperCLOVA X (Peri-LN): an RMSNorm on each sublayer's output before the residual add
     sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
     moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
     mla: Any = None  # family_deepseek.MLAConfig: multi-head latent attention (DeepSeek V2/V3)
@@ -258,6 +267,11 @@ class ModelConfig:
                 f"supported: {', '.join(sorted(ARCHITECTURES))}"
             )
         traits = ARCHITECTURES[model_type]
+        if "same_as" in traits:  # another family's maths under other key names (family_renamed)
+            from lantern.app.models.family_renamed import family_config
+
+            family = cls.from_hf(family_config(model_type, traits["same_as"], cfg))
+            return replace(family, architecture=model_type)
         defaults = traits.get("defaults", {})
         if isinstance(defaults, str):  # a configure module's DEFAULTS (or "module:NAME", another table of it)
             module, _, name = defaults.partition(":")
@@ -288,8 +302,8 @@ class ModelConfig:
         dca = cfg.get("dual_chunk_attention_config") or {}
         if model_type == "qwen2":
             bias = True  # Qwen2 always has q/k/v biases (and no config key for them)
-        elif model_type == "mistral":
-            bias = False  # transformers' Mistral has no attention biases whatever the config says
+        elif model_type in ("mistral", "ministral"):
+            bias = False  # transformers' Mistral (and Ministral) has no attention biases whatever the config says
         else:
             bias = bool(cfg.get("attention_bias", traits.get("attention_bias", False)))
         fields: dict[str, Any] = dict(

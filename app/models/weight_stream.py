@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from lantern.app.engine.contract import ModelSpec
+from lantern.app.models.architectures import checkpoint_traits
 from lantern.app.models.errors import UnsupportedModelError
 from lantern.app.models.isq import IsqMode, quantize_stream
 from lantern.app.models.quant.affine import AffineWeight, Fp8Weight
 from lantern.app.models.quant.microscaled import MxWeight
 from lantern.app.models.quant.mlx_packed import MlxPacked
 from lantern.app.models.quant.stacked import StackedWeights
-from lantern.app.models.spec import ARCHITECTURES
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def iter_weights(
             from lantern.app.models.family_deepseek import join_mla_heads
 
             source = join_mla_heads(source, spec.config.mla, spec.config.num_heads)
-    traits = ARCHITECTURES[spec.config.architecture]
+    traits = checkpoint_traits(spec.config.architecture)
     if traits.get("tensors"):  # the family's own layout changes (its configure module's checkpoint_tensors)
         module = importlib.import_module(f"lantern.app.models.{traits['configure']}")
         if hasattr(module, "checkpoint_tensors"):
@@ -177,6 +177,8 @@ FUSED_CHECKPOINTS = {
     "glm",
     "glm4",
     "granitemoehybrid",
+    "granitemoeshared",
+    "granitemoe_swa",
     "gpt2",
     "gpt_bigcode",
     "gpt_neox",
@@ -184,6 +186,7 @@ FUSED_CHECKPOINTS = {
     "codegen",
     "bloom",
     "mpt",
+    "sarvam_moe",
 }
 
 
@@ -242,7 +245,7 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     """For a vision-language folder: its language model's tensor names (None: a vision tensor);
     for a BERT encoder: the encoder files' names (None: a tensor not loaded); else backbone names
     with their "model." prefix."""
-    traits = ARCHITECTURES[spec.config.architecture]
+    traits = checkpoint_traits(spec.config.architecture)
     if traits.get("tensors"):  # its checkpoint_name renames and skips (None) the family's tensors
         return importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
     base: Callable[[str], str | None] = _backbone_name
@@ -273,7 +276,7 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
         from lantern.app.models.family_bert import weight_namer
 
         return weight_namer(spec.config.architecture)
-    if spec.config.architecture == "granitemoe":  # its fused experts and router under the models' names
+    if spec.config.architecture.startswith("granitemoe") and spec.config.family == "llama":  # its fused experts
         from lantern.app.models.family_granite import granitemoe_name
 
         return lambda name: granitemoe_name(_backbone_name(name))
@@ -282,7 +285,7 @@ def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
 
         kinds = spec.config.mamba.layer_kinds
         return lambda name: nemotron_name(name, kinds)
-    if spec.config.architecture == "granitemoehybrid":  # the same, and its dense shared_mlp
+    if spec.config.family == "granite_hybrid" and spec.config.architecture != "bamba":  # the same, its shared_mlp
         from lantern.app.models.family_granite import hybrid_name
 
         dense = spec.config.moe is None

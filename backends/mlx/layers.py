@@ -52,11 +52,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
-        if sinks:
+        if sinks or cfg.attn_sinks:  # (gpt-oss passes it; Granite Swash's config says it)
             self.sinks = mx.zeros((self.n_heads,))
-        self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna: output_gate)
+        self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna, LFM3)
         if self.gated:
-            width = self.n_heads if self.gated == "softplus_head" else self.n_heads * self.head_dim
+            width = self.n_heads if self.gated.endswith("_head") else self.n_heads * self.head_dim  # one per head
             self.gate_proj = nn.Linear(d, width, bias=False)
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
@@ -112,11 +112,14 @@ class Attention(nn.Module):
 
 
 def output_gate(kind: str, out: mx.array, gate: mx.array) -> mx.array:
-    """Attention's output [T, H, D] times its gate, flattened to [T, H * D]: sigmoid per channel (AFMoE); softplus
-    per channel or per head (Laguna, in float32 as transformers computes it, then in the output's dtype)."""
+    """Attention's output [T, H, D] times its gate, flattened to [T, H * D]: sigmoid per channel (AFMoE) or per head
+    (LFM3, in the output's dtype as transformers computes it); softplus per channel or per head (Laguna, in float32
+    as transformers computes it, then in the output's dtype)."""
     t = out.shape[0]
     if kind == "sigmoid":
         return out.reshape(t, -1) * mx.sigmoid(gate)
+    if kind == "sigmoid_head":
+        return (out * mx.sigmoid(gate)[..., None]).reshape(t, -1)
     g = nn.softplus(gate.astype(mx.float32)).astype(out.dtype)
     return (out * g[..., None]).reshape(t, -1) if kind == "softplus_head" else out.reshape(t, -1) * g
 

@@ -146,10 +146,11 @@ class Attention(nn.Module):
         self.splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
         self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
+        sinks = sinks or cfg.attn_sinks  # (gpt-oss passes it; Granite Swash's config says it)
         self.sinks = nn.Parameter(torch.empty(self.n_heads), requires_grad=False) if sinks else None
-        self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna: output_gate)
+        self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna, LFM3)
         if self.gated:
-            width = self.n_heads if self.gated == "softplus_head" else self.n_heads * self.head_dim
+            width = self.n_heads if self.gated.endswith("_head") else self.n_heads * self.head_dim  # one per head
             self.gate_proj = nn.Linear(d, width, bias=False)
         self.qk_norm = cfg.qk_norm
         self.norm_after_rope = cfg.qk_norm_after_rope  # (Hunyuan)
@@ -226,11 +227,14 @@ def reversed_sin(sin: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tenso
 
 
 def output_gate(kind: str, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """Attention's output [T, H, D] times its gate, flattened to [T, H * D]: sigmoid per channel (AFMoE); softplus
-    per channel or per head (Laguna, in float32 as transformers computes it, then in the output's dtype)."""
+    """Attention's output [T, H, D] times its gate, flattened to [T, H * D]: sigmoid per channel (AFMoE) or per head
+    (LFM3, in the output's dtype as transformers computes it); softplus per channel or per head (Laguna, in float32
+    as transformers computes it, then in the output's dtype)."""
     t = out.shape[0]
     if kind == "sigmoid":
         return out.reshape(t, -1) * torch.sigmoid(gate)
+    if kind == "sigmoid_head":
+        return (out * torch.sigmoid(gate)[..., None]).reshape(t, -1)
     g = F.softplus(gate.float()).to(out.dtype)
     return (out * g[..., None]).reshape(t, -1) if kind == "softplus_head" else out.reshape(t, -1) * g
 

@@ -1,6 +1,9 @@
-"""LFM2 decoder in MLX over a flattened token batch (maths in app/models/family_lfm2.py; the torch
-file has the same layout): gated short-convolution layers with a per-sequence convolution state, and
-Llama's attention with per-head q/k norms over the paged pool (attention layers only).
+"""LFM2 / LFM3 decoder in MLX over a flattened token batch (maths in app/models/family_lfm2.py and
+family_lfm3.py; the torch file has the same layout): gated short-convolution layers with a per-sequence
+convolution state, and Llama's attention with per-head q/k norms over the paged pool (attention layers only).
+LFM3's sliding layers rotate with a plain rope of their own base (layers.Attention's local rope), its full layers
+with the model's, proportional over the whole head where the config says; its sandwich norms follow the operator
+and the MLP.
 """
 
 from __future__ import annotations
@@ -8,12 +11,14 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from lantern.app.models.family_lfm3 import attention_config, full_inv_freq
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx import gated_delta
 from lantern.backends.mlx.layers import MLP, Attention
 from lantern.backends.mlx.models import llama
 from lantern.backends.mlx.models.deepseek import DeepSeekMoE
 from lantern.backends.mlx.paged_attention import AttentionMetadata
+from lantern.backends.mlx.rope import FreqRoPE
 
 
 class ConvState:
@@ -69,17 +74,28 @@ class DecoderLayer(nn.Module):
         if kinds[layer_idx]:
             self.conv = ShortConv(cfg, sum(kinds[:layer_idx]))
         else:  # layer_idx: its K/V's place in the pool (attention layers only)
-            self.self_attn = Attention(cfg, layer_idx - sum(kinds[:layer_idx]))
+            pool_idx = layer_idx - sum(kinds[:layer_idx])
+            self.self_attn = Attention(attention_config(cfg), pool_idx, o_bias=cfg.attention_bias)
+            inv_freq = full_inv_freq(cfg)
+            if inv_freq is not None and self.self_attn.window is None:  # LFM3's full layers: the proportional rope
+                self.self_attn.rope = FreqRoPE(cfg.head_dim, inv_freq, False)
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)  # LFM2-MoE: layers past the dense ones
         self.mlp = DeepSeekMoE(cfg) if sparse else MLP(cfg)
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        d, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = nn.RMSNorm(d, eps=eps)  # (operator_norm)
+        self.post_attention_layernorm = nn.RMSNorm(d, eps=eps)  # (ffn_norm)
+        self.sandwich = cfg.sandwich_norms  # LFM3: norms of the operator's and the MLP's outputs
+        if self.sandwich:
+            self.post_operator_norm = nn.RMSNorm(d, eps=eps)
+            self.post_ffn_norm = nn.RMSNorm(d, eps=eps)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata, state: ConvState) -> mx.array:
         h = self.input_layernorm(x)
         mixer = self.get("conv")
-        h = x + (mixer(h, meta, state) if mixer is not None else self.self_attn(h, meta))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        out = mixer(h, meta, state) if mixer is not None else self.self_attn(h, meta)
+        h = x + (self.post_operator_norm(out) if self.sandwich else out)
+        out = self.mlp(self.post_attention_layernorm(h))
+        return h + (self.post_ffn_norm(out) if self.sandwich else out)
 
 
 class CausalLM(llama.RecurrentCausalLM):

@@ -1,7 +1,9 @@
-"""LFM2 decoder in torch over a flattened token batch (maths in app/models/family_lfm2.py; the same
-layout as the MLX file): gated short-convolution layers keeping the convolution's last inputs per
-sequence (a state slot, as Qwen3-Next's layers: models/qwen3_next.py says how slots work), and Llama's
-attention with per-head q/k norms over the paged pool, which holds the attention layers only.
+"""LFM2 / LFM3 decoder in torch over a flattened token batch (maths in app/models/family_lfm2.py and
+family_lfm3.py; the same layout as the MLX file): gated short-convolution layers keeping the convolution's last
+inputs per sequence (a state slot, as Qwen3-Next's layers: models/qwen3_next.py says how slots work), and Llama's
+attention with per-head q/k norms over the paged pool, which holds the attention layers only. LFM3's sliding layers
+rotate with a plain rope of their own base (CausalLM's local rope), its full layers with the model's (the runner's
+table: proportional where the config says); its sandwich norms follow the operator and the MLP.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lantern.app.models.family_lfm3 import attention_config
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch import gated_delta
 from lantern.backends.torch.attention import TorchAttentionMetadata, lazy_zeros
@@ -16,6 +19,8 @@ from lantern.backends.torch.layers import MLP, Attention, RMSNorm
 from lantern.backends.torch.models import llama
 from lantern.backends.torch.models.deepseek import DeepSeekMoE
 from lantern.backends.torch.parallel import TPGroup
+
+Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 class ConvState:
@@ -62,25 +67,70 @@ class DecoderLayer(nn.Module):
         if kinds[layer_idx]:
             self.conv = ShortConv(cfg, sum(kinds[:layer_idx]))
         else:  # layer_idx: its K/V's place in the pool (attention layers only)
-            self.self_attn = Attention(cfg, layer_idx - sum(kinds[:layer_idx]), tp)
+            pool_idx = layer_idx - sum(kinds[:layer_idx])
+            self.self_attn = Attention(attention_config(cfg), pool_idx, tp, o_bias=cfg.attention_bias)
+        # LFM3's sliding layers rotate with a plain rope of their own base (CausalLM.local_rope)
+        window = self.self_attn.window if hasattr(self, "self_attn") else None
+        self.local_rope = window is not None and cfg.local_rope_theta is not None
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)  # LFM2-MoE: layers past the dense ones
         self.mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        d, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(d, eps)  # (operator_norm)
+        self.post_attention_layernorm = RMSNorm(d, eps)  # (ffn_norm)
+        self.sandwich = cfg.sandwich_norms  # LFM3: norms of the operator's and the MLP's outputs
+        if self.sandwich:
+            self.post_operator_norm = RMSNorm(d, eps)
+            self.post_ffn_norm = RMSNorm(d, eps)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, meta: TorchAttentionMetadata, state: ConvState
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        meta: TorchAttentionMetadata,
+        state: ConvState,
+        local_rope: Rope | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output, not yet added to the residual stream."""
         h, residual = self.input_layernorm(x, residual)
         mixer = getattr(self, "conv", None)
-        h = mixer(h, meta, state) if mixer is not None else self.self_attn(h, meta)
+        if mixer is not None:
+            h = mixer(h, meta, state)
+        else:
+            h = self.self_attn(h, meta, local_rope if self.local_rope else None)
+        if self.sandwich:
+            h = self.post_operator_norm(h)[0]
         h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        out = self.mlp(h)
+        return (self.post_ffn_norm(out)[0] if self.sandwich else out), residual
 
 
 class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
     state_cls = ConvState
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
+        super().__init__(cfg, tp)
+        self._local_inv_freq: torch.Tensor | None = None  # made on first use, on the step's device
+
+    def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
+        return (self.state, self.local_rope(meta))
+
+    def local_rope(self, meta: TorchAttentionMetadata) -> Rope | None:
+        """(cos, sin) of LFM3's sliding layers at each token's position: a plain rope of their base over the whole
+        head, as transformers computes it (float32 inverse frequencies times the float positions), made per step
+        from the positions rather than a table of max_context rows; None: no sliding layer (LFM2)."""
+        theta = self.cfg.local_rope_theta
+        if theta is None:
+            return None
+        device = meta.cos.device
+        if self._local_inv_freq is None or self._local_inv_freq.device != device:
+            # Made outside CUDA-graph capture: the graph runner's warm-up steps come first.
+            dim = self.cfg.local_rope_dim or self.cfg.head_dim
+            self._local_inv_freq = (1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))).to(device)
+        assert meta.positions is not None  # (build_metadata sets it every step)
+        freqs = meta.positions.float()[:, None] * self._local_inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(meta.cos.dtype), emb.sin().to(meta.sin.dtype)
 
     def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
         sc = self.cfg.short_conv
