@@ -38,6 +38,7 @@ PROMPT = [5, 77, 123, 42, 300, 17, 9, 250, 31, 64]
 
 def families() -> dict[str, Callable[[Path], Path]]:
     """name -> a function writing that family's tiny float32 GGUF under a folder (as the tests write it)."""
+    from tests.fixtures.gguf_bailing import convert_bailing
     from tests.fixtures.gguf_families import convert_to_gguf
     from tests.fixtures.gguf_gpt_families import convert_gpt_to_gguf
     from tests.fixtures.gguf_granite import convert_granite
@@ -65,6 +66,10 @@ def families() -> dict[str, Callable[[Path], Path]]:
         )[0]
     for name in ("granite_swa", "granitemoe_swa_shared", "granitemoeshared"):  # (tests/models/test_granite_relatives)
         made[name] = lambda d, v=name: convert_granite(build_model(v, d / "hf"), d, "f32")[0]
+    for name, partial in (("bailingmoe2", 0.5), ("bailingmoe2_sarvam", 1.0)):  # (tests/models/test_renamed_families)
+        made[name] = lambda d, p=partial: convert_bailing(
+            build_model("sarvam_moe", d / "hf", partial_rotary_factor=p, head_dim=16, attention_bias=False), d
+        )[0]
     return made
 
 

@@ -93,6 +93,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "configure": "family_llama_moe",
         "defaults": "family_llama_moe:SOLAR_OPEN_DEFAULTS",
     },
+    # Kolibri-1: EXAONE 4's attention in GLM-4's sandwich layer (AFMoE's files), DeepSeek-V3's mixture choosing by
+    # its logits
+    "kolibri1": {"family": "afmoe", "configure": "family_kolibri", "defaults": "family_kolibri", "names": True},
     # Flint: Qwen3-MoE's attention with a sink logit per head, NoPE full layers among sliding ones, a sigmoid router
     # (no bias) beside an ungated shared expert
     "flint": {

@@ -147,6 +147,7 @@ class DeepSeekMoEConfig(MoEConfig):
     router_fp32: bool = True
     norm_eps: float = 1e-20  # added to the top-k sum before renormalising (LFM2-MoE: 1e-6, Laguna: 0)
     logit_softcap: float = 0.0  # router logits -> cap * tanh(logits / cap) first (Laguna); 0: none
+    choose_on_logits: bool = False  # Kolibri: the top-k of logits + bias (not of the scores + bias), scores as weights
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Sparse from first_k_dense_replace on, except MoEConfig.dense_layers (glm4_moe_lite's mlp_layer_types)."""

@@ -52,6 +52,12 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
         "exp_probs_b": "mlp.gate.e_score_correction",
         **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
     },
+    # Ling / Ring 2.0, Sarvam-30B (bailingmoe2): GLM-4.5's names, q/k/v in one attn_qkv (weight_stream.split_fused)
+    "bailingmoe2": {
+        "attn_qkv": "self_attn.qkv_proj",
+        "exp_probs_b": "mlp.gate.e_score_correction",
+        **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
+    },
     # dots.llm1 (llama.cpp's Dots1Model): DeepSeek's router bias and shared experts under Llama's other names
     "dots1": {
         "exp_probs_b": "mlp.gate.e_score_correction",

@@ -47,6 +47,22 @@ def _glm4moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     return out
 
 
+def _bailingmoe2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Ling / Ring 2.0 and Sarvam-30B (llama.cpp's BailingMoeV2Model / SarvamMoEModel: bailingmoe2): GLM-4.5's maths
+    with q/k/v in one attn_qkv (as stored: the converter is a TextModel), per-head q/k norms, the rope on
+    rope.dimension_count dims, DeepSeek-V3's sigmoid router (its expert groups as TextModel writes them) and shared
+    experts."""
+    out = _glm4moe(meta, tensors, cfg)
+    shared = meta.get("expert_shared_feed_forward_length")
+    if shared is not None and int(shared) != out["moe_intermediate_size"] * out["n_shared_experts"]:
+        raise UnsupportedModelError(
+            f"{meta.label}bailingmoe2.expert_shared_feed_forward_length={shared} (not expert_shared_count times "
+            "expert_feed_forward_length) is not implemented"
+        )
+    out["attention_bias"] = "blk.0.attn_qkv.bias" in tensors
+    return out
+
+
 def _dots1(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """dots.llm1 (llama.cpp's Dots1Model, a Qwen2MoeModel: q/k unpermuted, per-head q/k norms; the router's keys as
     DeepSeek's). Its graph routes without expert groups and attends to all on every layer; a file that does not
@@ -515,6 +531,7 @@ BUILDERS = {
     "hunyuan-dense": _hunyuan_dense,
     "hunyuan-moe": _hunyuan_moe,
     "glm4moe": _glm4moe,
+    "bailingmoe2": _bailingmoe2,
     "dots1": _dots1,
     "smollm3": _smollm3,
     "arcee": _arcee,

@@ -158,3 +158,20 @@ def test_sarvam_qkv_rows_are_split_q_k_v(sarvam_original):
     fused = load_file(str(src / "model.safetensors"))["model.layers.0.attention.query_key_value.weight"]
     attn = hf.model.layers[0].self_attn
     torch.testing.assert_close(fused, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.5])  # Sarvam-30B's full rope; Ling 2.0's half (llama.cpp's default)
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_bailingmoe2_gguf_answers_as_transformers(tmp_path, monkeypatch, partial, backend):
+    """A bailingmoe2 GGUF (llama.cpp's BailingMoeV2Model / SarvamMoEModel) computes what transformers' SarvamMoE
+    computes on its checkpoint: q/k/v from attn_qkv, the rope on rope.dimension_count dims, the router's bias."""
+    from tests.fixtures.gguf_bailing import convert_bailing
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    src = build_model("sarvam_moe", tmp_path / "hf", partial_rotary_factor=partial)
+    path, ref = convert_bailing(src, tmp_path)
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    cfg = llm.engine.model_config
+    assert cfg.architecture == "glm4_moe" and (cfg.moe.n_group, cfg.moe.topk_group) == (2, 1)  # (the variant's)
+    assert cfg.attention_bias and cfg.qk_norm
+    assert_matches_reference(llm, hf_model(ref), PROMPT)

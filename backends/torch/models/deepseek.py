@@ -162,7 +162,8 @@ class DeepSeekMoE(SparseMoE):
         scores = logits.sigmoid() if moe.scoring == "sigmoid" else logits.softmax(dim=-1)
         if moe.topk_method == "noaux_tc":  # V3 and GLM (sigmoid, a bias for the choice); Mistral 4 (softmax)
             bias = getattr(self.gate, "e_score_correction_bias", None)
-            choice = scores if bias is None else scores + bias.float()
+            choice = logits if moe.choose_on_logits else scores  # (Kolibri chooses by the logits)
+            choice = choice if bias is None else choice + bias.float()
             group_scores = choice.view(t, g, e // g).topk(2, dim=-1).values.sum(dim=-1)
             choice = choice.masked_fill(~self._group_mask(group_scores, e), float("-inf"))
             ids = choice.topk(moe.top_k, dim=-1).indices
