@@ -11,7 +11,8 @@ _QWEN3_VL_DEFAULTS = {"rope_theta": 500000.0, "head_dim": 128}  # Qwen3VLTextCon
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": {},
     "mistral": {},
-    "ministral": {},  # Ministral-8B-2410: Mistral with sliding and full layers (layer_types)
+    # Ministral-8B-2410: Mistral with sliding and full layers (layer_types); MistralConfig's defaults
+    "ministral": {"defaults": {"num_key_value_heads": 8, "max_position_embeddings": 131072}},
     "qwen2": {"attention_bias": True},
     "qwen3": {"qk_norm": True},
     # Phi-3 / Phi-3.5 / Phi-4: Llama maths with q/k/v and gate/up stored fused (split while
@@ -155,7 +156,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "granitemoe": {"configure": "family_granite"},  # the same over Mixtral's experts (softmax of the top-k)
     # Granite Swash (granite_swa / granitemoe_swa): Granite's layer with sliding layers and a sink logit per head;
     # granitemoeshared (and a Swash MoE with shared_intermediate_size): Granite 4.0's dense MLP beside the experts
-    "granite_swa": {"configure": "family_granite"},
+    "granite_swa": {"configure": "family_granite", "defaults": "family_granite:SWA_DEFAULTS"},
     "granitemoe_swa": {"configure": "family_granite"},
     "granitemoeshared": {"configure": "family_granite"},
     "hyperclovax": {"configure": "family_granite"},  # Granite's scalars (logits multiplied), norms on sublayer outputs
@@ -272,14 +273,16 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Llama 4 (Scout / Maverick): pair-wise rope, NoPE layers with a query temperature, L2 q/k norms, sigmoid-routed
     # top-1 experts beside a shared expert, chunked attention (served within one chunk)
     "llama4_text": {"family": "llama4", "configure": "family_llama4", "defaults": "family_llama4"},
-    "ministral3": {"configure": "family_ministral", "own_rope": True},
+    "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
     # Another family's maths under other key names and defaults (family_renamed): InternLM3, IQuest-Coder (Llama),
-    # Sarvam-30B (GLM-4.5's mixture), Sarvam-105B (DeepSeek-V3), Youtu-LLM (DeepSeek-V3's attention, dense MLPs)
+    # Sarvam-30B (GLM-4.5's mixture), Sarvam-105B (DeepSeek-V3), Youtu-LLM and MiniCPM3 (DeepSeek-V3's attention,
+    # dense MLPs)
     "internlm3": {"same_as": "llama"},
     "iquestcoder": {"same_as": "llama"},
     "sarvam_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # (Bailing's tensor names)
     "sarvam_mla": {"same_as": "deepseek_v3"},
-    "youtu": {"same_as": "deepseek_v3"},  # Llama's layout, YaRN, query temperature
+    "youtu": {"same_as": "deepseek_v3"},
+    "minicpm3": {"same_as": "deepseek_v3"},  # (and muP's scalars, LongRoPE: family_renamed.extra_fields)
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     # BERT-style encoders: embeddings only (--task embed); family_bert says what each differs in
     "bert": {"family": "bert", "configure": "family_bert"},

@@ -22,3 +22,13 @@ def check_silu(cfg: dict[str, Any], family: str) -> None:
     act = cfg.get("hidden_act", "silu")
     if act not in _SILU:
         raise refuse("hidden_act", act, f"; {family}'s MLP is SiLU-gated in Lantern")
+
+
+def check_attention_types(types: Any, layers: int) -> None:
+    """Refuse, naming layer_types, anything but one of sliding_attention / full_attention for each layer."""
+    if (
+        not isinstance(types, (list, tuple))
+        or len(types) != layers
+        or set(types) - {"sliding_attention", "full_attention"}
+    ):
+        raise refuse("layer_types", types, f" (sliding_attention or full_attention for each of the {layers} layers)")

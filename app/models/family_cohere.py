@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lantern.app.models.errors import UnsupportedModelError, check_silu
+from lantern.app.models.errors import UnsupportedModelError, check_attention_types, check_silu
 from lantern.app.models.errors import refuse as _refuse
 
 
@@ -43,8 +43,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
             raise _refuse("sliding_window_pattern", pattern, " (a positive layer count)")
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
-    if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise _refuse("layer_types", types, f" (sliding_attention or full_attention for each of {num_layers} layers)")
+    check_attention_types(types, num_layers)
     sliding = [t == "sliding_attention" for t in types]
     window = cfg.get("sliding_window", 4096)
     if any(sliding) and not window:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lantern.app.models.errors import check_silu
+from lantern.app.models.errors import check_attention_types, check_silu
 from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.rope_config import rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
@@ -46,8 +46,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise _refuse("mlp_bias", cfg["mlp_bias"], " (biases on the MLP projections)")
     layers = fields["num_layers"]
     types = cfg.get("layer_types") or ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)]
-    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise _refuse("layer_types", types, f" (sliding_attention or full_attention for each of the {layers} layers)")
+    check_attention_types(types, layers)
     window = cfg.get("sliding_window", 8192)
     if "sliding_attention" in types and not window:
         raise _refuse("sliding_window", window, " with sliding_attention layers")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lantern.app.models.errors import UnsupportedModelError, check_silu
+from lantern.app.models.errors import UnsupportedModelError, check_attention_types, check_silu
 from lantern.app.models.errors import refuse as _refuse
 
 
@@ -38,8 +38,7 @@ def _layer_types(cfg: dict[str, Any], num_layers: int) -> list[str]:
             ]
         else:
             raise _refuse("sliding_window_pattern", pattern, " (a layer count or a string of L and G)")
-    if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise _refuse("layer_types", types, f" (sliding_attention or full_attention for each of {num_layers} layers)")
+    check_attention_types(types, num_layers)
     return list(types)
 
 

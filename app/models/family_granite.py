@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lantern.app.models.errors import UnsupportedModelError, check_silu
+from lantern.app.models.errors import UnsupportedModelError, check_attention_types, check_silu
 from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.family_moe import MoEConfig
 
@@ -60,6 +60,21 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     return out
 
 
+# GraniteSWAConfig's defaults where they differ from GraniteConfig's (granitemoe_swa's are GraniteMoeShared's)
+SWA_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 100352,
+    "hidden_size": 2560,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 20,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 100257,
+    "eos_token_id": 100257,
+    "tie_word_embeddings": True,
+}
+
 _TYPES = (
     "granite",
     "granitemoe",
@@ -76,8 +91,7 @@ def swa_attention(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     4th from layer 0), a learned sink logit per head, a rope base per layer (layer_rope_theta; 0: no rope)."""
     layers = fields["num_layers"]
     types = cfg.get("layer_types") or ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)]
-    if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
-        raise _refuse("layer_types", types, f" (full_attention / sliding_attention for {layers} layers)")
+    check_attention_types(types, layers)
     window = cfg.get("sliding_window", 128)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise _refuse("sliding_window", window, " (a positive number of tokens)")

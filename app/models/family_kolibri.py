@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lantern.app.models.errors import UnsupportedModelError, check_silu, refuse
+from lantern.app.models.errors import UnsupportedModelError, check_attention_types, check_silu, refuse
 from lantern.app.models.family_deepseek import DeepSeekMoEConfig
 
 # Kolibri1Config's defaults for the keys ModelConfig.from_hf and configure read
@@ -45,8 +45,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     types = cfg.get("layer_types") or [
         "full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(layers)
     ]
-    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise refuse("layer_types", types, f" (sliding_attention or full_attention for each of the {layers} layers)")
+    check_attention_types(types, layers)
     sliding = [t == "sliding_attention" for t in types]
     if any(sliding) and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise refuse("sliding_window", window, " (a positive number of tokens for the sliding layers)")
@@ -69,6 +68,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     )
     return {
         "qk_norm": True,
+        "attention_bias": False,  # (Kolibri1Attention has no biases, whatever the config says)
         "moe": moe,
         "intermediate_size": moe.intermediate_size,  # (no dense layer)
         "layer_windows": [window if s else None for s in sliding] if window and any(sliding) else None,

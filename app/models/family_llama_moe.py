@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lantern.app.models.errors import check_silu
+from lantern.app.models.errors import check_attention_types, check_silu
 from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.family_deepseek import DeepSeekMoEConfig, routed_experts
 from lantern.app.models.spec import UnsupportedModelError
@@ -70,8 +70,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     types = cfg.get("layer_types") or [
         "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)
     ]
-    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise _refuse("layer_types", types, f" (sliding_attention or full_attention for each of the {layers} layers)")
+    check_attention_types(types, layers)
     if "sliding_attention" in types and not window:
         raise _refuse("sliding_window", window, " with sliding_attention layers")
     windows = [int(window) if t == "sliding_attention" else None for t in types]
@@ -124,14 +123,14 @@ def _flint(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     types = cfg.get("layer_types") or [
         "full_attention" if i < 2 or i % 4 == 1 or i == layers - 1 else "sliding_attention" for i in range(layers)
     ]
-    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise _refuse("layer_types", types, f" (sliding_attention or full_attention for each of the {layers} layers)")
+    check_attention_types(types, layers)
     if not isinstance(window, int) or window < 1:
         raise _refuse("sliding_window", window, " (a positive number of tokens)")
     experts, top_k = int(cfg["num_experts"]), int(cfg["num_experts_per_tok"])
     if not 1 <= top_k <= experts:
         raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
-    dense = cfg.get("mlp_only_layers") or []
+    dense = cfg.get("mlp_only_layers")
+    dense = [0, 1] if dense is None else dense  # (FlintConfig fills a null one so)
     moe = DeepSeekMoEConfig(
         num_experts=experts,
         top_k=top_k,

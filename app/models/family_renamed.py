@@ -7,6 +7,9 @@
 - Sarvam-30B (`sarvam_moe`): GLM-4.5's attention and mixture with the rope over the whole head, q/k norms on.
 - Sarvam-105B (`sarvam_mla`): DeepSeek-V3 (MLA, one expert group); the original config's `deepseek_yarn` is YaRN.
 - Youtu-LLM (`youtu`): DeepSeek-V3's latent attention over a dense SwiGLU MLP in every layer.
+- MiniCPM3 (`minicpm3`): the same, the rope on halves (not pairs), with muP's scalars: embeddings times scale_emb,
+  each sublayer's output times scale_depth / sqrt(layers), the logits divided by hidden_size / dim_model_base; its
+  LongRoPE (MiniCPM3-4B's) with the factors transformers' shared rope update picks.
 
 spec.ModelConfig.from_hf renames the keys (`same_as`), fills the config class's defaults where they differ from
 the family's, then reads the config as the family's model_type; the ModelConfig keeps the original name.
@@ -14,10 +17,12 @@ the family's, then reads the config as the family's model_type; the ModelConfig 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from lantern.app.models.errors import refuse
+from lantern.app.models.rope_config import longrope_scaling
 
 # model_type -> ({this config's key: the family's key}, this config class's defaults where they differ from its
 # family's); the family is the model_type its ARCHITECTURES entry names as "same_as"
@@ -111,6 +116,30 @@ RENAMED: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     ),
 }
 
+RENAMED["minicpm3"] = (
+    {},
+    {
+        "vocab_size": 73448,
+        "hidden_size": 2560,
+        "intermediate_size": 6400,
+        "num_hidden_layers": 62,
+        "num_attention_heads": 40,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": True,
+        "mlp_bias": False,
+        "kv_lora_rank": 256,
+        "q_lora_rank": 768,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 32,
+        "scale_emb": 12,
+        "scale_depth": 1.4,
+        "dim_model_base": 256,
+    },
+)
+
 # YoutuConfig deletes DeepseekV3Config's mixture keys: whatever a config.json says of them, every layer is dense.
 _YOUTU_DROPPED = (
     "n_shared_experts",
@@ -146,10 +175,47 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
                 raise refuse(key, out[key], " for iquestcoder (IQuestCoderConfig refuses it too)")
     if model_type == "sarvam_mla":
         out = _sarvam_mla_legacy(out)
-    if model_type == "youtu":
+    if model_type in ("youtu", "minicpm3"):  # (no mixture keys in their config classes: every layer dense)
         out = {k: v for k, v in out.items() if k not in _YOUTU_DROPPED}
         out["n_routed_experts"], out["num_nextn_predict_layers"] = 0, 0
+    if model_type == "minicpm3":  # (MiniCPM3Config has no rope_interleave: its attention turns halves)
+        out["rope_interleave"] = False
+        out["v_head_dim"] = out.get("v_head_dim") or out["hidden_size"] // out["num_attention_heads"]
+        out["head_dim"] = out["qk_rope_head_dim"]  # (the rope's width, as MiniCPM3Config sets it: LongRoPE's factors)
+        if _longrope_of(out) is not None:  # (MiniCPM3-4B's: extra_fields reads it, the family a plain rope)
+            theta = _longrope_of(out).get("rope_theta") or out.get("rope_theta") or 10000.0
+            out["rope_scaling"], out["rope_parameters"] = None, {"rope_type": "default", "rope_theta": theta}
     return {**out, "model_type": family}
+
+
+def extra_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig fields a renamed architecture sets beyond its family's: MiniCPM3's muP scalars."""
+    if model_type != "minicpm3":
+        return {}
+    out = {**RENAMED[model_type][1], **cfg}
+    values = {key: out[key] for key in ("scale_emb", "scale_depth", "dim_model_base")}
+    for key, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise refuse(key, value, " (a positive number)")
+    layers, hidden = out["num_hidden_layers"], out["hidden_size"]
+    depth = values["scale_depth"] if values["scale_depth"] is not None else math.sqrt(layers)  # (None: no scaling)
+    fields = {
+        "embed_multiplier": float(values["scale_emb"]),
+        "residual_multiplier": float(depth) / math.sqrt(layers),
+        "logits_divisor": hidden / float(values["dim_model_base"] or hidden),
+    }
+    longrope = _longrope_of(out)
+    if longrope is not None:
+        head = {**out, "head_dim": out.get("qk_rope_head_dim", 32)}
+        max_pos = int(out.get("max_position_embeddings", 32768))
+        original = longrope.get("original_max_position_embeddings") or out.get("original_max_position_embeddings")
+        fields["rope_scaling"] = longrope_scaling(head, longrope, int(original or max_pos))
+    return fields
+
+
+def _longrope_of(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    return rope if (rope.get("rope_type") or rope.get("type")) == "longrope" else None
 
 
 def _sarvam_mla_legacy(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -124,9 +124,12 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
     return {k: v for k, v in scaling.items() if v is not None}
 
 
-def _longrope(cfg: dict[str, Any], scaling: dict[str, Any], partial: float | None) -> dict[str, Any]:
+def _longrope(
+    cfg: dict[str, Any], scaling: dict[str, Any], partial: float | None, original: int | None = None
+) -> dict[str, Any]:
     """Phi-3's LongRoPE as Phi3Config reads it: one short and one long factor per rotated pair; the
-    top-level original_max_position_embeddings (default 4096) wins over one inside rope_scaling."""
+    top-level original_max_position_embeddings (default 4096) wins over one inside rope_scaling.
+    original: the pretraining length another family states (MiniCPM3: rope_scaling's own)."""
     heads = cfg["num_attention_heads"]
     pairs = int((cfg.get("head_dim") or cfg["hidden_size"] // heads) * (partial or 1.0)) // 2
     out: dict[str, Any] = {"rope_type": "longrope"}
@@ -142,7 +145,7 @@ def _longrope(cfg: dict[str, Any], scaling: dict[str, Any], partial: float | Non
             raise _refuse(f"rope_scaling.{key}", v, " (must be a positive number)")
         if v is not None:
             out[key] = float(v)
-    out["original_max_position_embeddings"] = int(cfg.get("original_max_position_embeddings", 4096))
+    out["original_max_position_embeddings"] = int(original or cfg.get("original_max_position_embeddings", 4096))
     if partial is not None:
         out["partial_rotary_factor"] = partial
     return out
@@ -162,3 +165,11 @@ def longrope_factors(scaling: dict[str, Any], max_position_embeddings: int) -> s
     context = min(max_position_embeddings, scaling.get("served_context") or max_position_embeddings)
     long = context > scaling["original_max_position_embeddings"]
     return "long_factor" if long else "short_factor"
+
+
+def longrope_scaling(cfg: dict[str, Any], scaling: dict[str, Any], original: int) -> dict[str, Any]:
+    """LongRoPE for a family other than Phi-3 whose transformers code picks the factors as Phi-3's does (transformers
+    5's shared rope update: the long ones past `original` positions): cfg's head_dim is the rope's width."""
+    return _longrope(
+        cfg, {k: v for k, v in scaling.items() if k not in ("type", "rope_type", "rope_theta")}, None, original
+    )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from lantern.app.models.architectures import ARCHITECTURES
-from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.errors import UnsupportedModelError, check_attention_types
 from lantern.app.models.errors import refuse as _refuse
 from lantern.app.models.rope_config import longrope_factors, rope_scaling
 
@@ -75,8 +75,7 @@ def _layer_windows(model_type: str, cfg: dict[str, Any], num_layers: int) -> lis
         window = cfg.get("sliding_window", 4096)
         types = cfg.get("layer_types")
         if types is not None:
-            if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
-                raise _refuse("layer_types", types, f" (sliding_attention / full_attention for {num_layers} layers)")
+            check_attention_types(types, num_layers)
             slides = [t == "sliding_attention" for t in types]
     elif model_type == "phi3":  # Phi-3-mini-4k: 2047; Phi-4 and the 128k variants: none
         window = cfg.get("sliding_window")
@@ -268,10 +267,10 @@ class ModelConfig:
             )
         traits = ARCHITECTURES[model_type]
         if "same_as" in traits:  # another family's maths under other key names (family_renamed)
-            from lantern.app.models.family_renamed import family_config
+            from lantern.app.models.family_renamed import extra_fields, family_config
 
             family = cls.from_hf(family_config(model_type, traits["same_as"], cfg))
-            return replace(family, architecture=model_type)
+            return replace(family, architecture=model_type, **extra_fields(model_type, cfg))
         defaults = traits.get("defaults", {})
         if isinstance(defaults, str):  # a configure module's DEFAULTS (or "module:NAME", another table of it)
             module, _, name = defaults.partition(":")

@@ -57,3 +57,9 @@ def test_released_names():
     assert (
         checkpoint_name("model.layers.3.mlp.experts.0.up_proj.weight") == "model.layers.3.mlp.experts.0.up_proj.weight"
     )
+
+
+def test_null_mlp_only_layers_are_flints_default():
+    """FlintConfig fills a null mlp_only_layers with [0, 1]: those layers stay dense."""
+    cfg = ModelConfig.from_hf({**BASE, "num_hidden_layers": 4, "mlp_only_layers": None})
+    assert [i for i in range(4) if not cfg.moe.is_sparse(i)] == [0, 1]

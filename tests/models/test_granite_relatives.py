@@ -89,7 +89,7 @@ def test_hyperclovax_without_post_norms(tmp_path, backend):
 def test_ministral_windows_match_transformers(window):
     from transformers import MinistralConfig
 
-    raw = {"model_type": "ministral", "num_hidden_layers": 4, **BASE}
+    raw = {"model_type": "ministral", "num_hidden_layers": 4, "num_key_value_heads": 2, **BASE}
     if window != 4096:  # (absent: MistralConfig's 4096)
         raw["sliding_window"] = window
     cfg, ref = ModelConfig.from_hf(raw), MinistralConfig(**raw)

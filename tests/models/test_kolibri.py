@@ -76,3 +76,8 @@ def test_unnormalised_router_weights(tmp_path, backend):
     llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     assert not llm.engine.model_config.moe.norm_topk_prob
     assert_matches_reference(llm, hf_model(folder), PROMPT)
+
+
+def test_attention_bias_is_ignored_as_transformers_does():
+    """Kolibri1Attention builds its projections without biases whatever attention_bias says."""
+    assert not ModelConfig.from_hf({**BASE, "num_hidden_layers": 5, "attention_bias": True}).attention_bias

@@ -47,7 +47,10 @@ def test_defaults_are_the_config_classes(model_type):
                 if value.get(sub) != theirs[key].get(sub):
                     assert defaults[sub] == value[sub], sub
             continue
-        if key == "num_key_value_heads" and family == "deepseek_v3":  # (MLA: one latent, whatever it says)
+        if key in ("num_key_value_heads", "head_dim", "qk_head_dim") and family == "deepseek_v3":  # (MLA: derived)
+            continue
+        if key == "v_head_dim" and model_type == "minicpm3":  # (hidden_size / heads unless stated: family_config)
+            assert value == ours["hidden_size"] // ours["num_attention_heads"]
             continue
         assert key in defaults, f"{model_type}: {key}={value!r} (the family's is {theirs.get(key)!r})"
         assert defaults[key] == value, key
@@ -68,13 +71,31 @@ def test_config_reads_as_its_family(model_type):
         ref.hidden_size,
     )
     assert cfg.tie_word_embeddings == ref.tie_word_embeddings
-    experts = getattr(ref, "n_routed_experts", None) if model_type != "youtu" else None
+    experts = getattr(ref, "n_routed_experts", None) if model_type not in ("youtu", "minicpm3") else None
     assert (cfg.moe.num_experts if cfg.moe else None) == experts
-    assert (cfg.mla is not None) == (model_type in ("sarvam_mla", "youtu"))
+    assert (cfg.mla is not None) == (model_type in ("sarvam_mla", "youtu", "minicpm3"))
     if cfg.mla is None:
         assert cfg.head_dim == ref.head_dim and cfg.num_kv_heads == ref.num_key_value_heads
     if model_type == "sarvam_moe":
         assert cfg.rope_theta == ref.rope_parameters["rope_theta"] == 8e6 and cfg.qk_norm
+
+
+@pytest.mark.parametrize("extra", [{}, {"scale_depth": None, "dim_model_base": None}, {"v_head_dim": 48}])
+def test_minicpm3_config_matches_transformers(extra):
+    """muP's scalars (None: no scaling, as MiniCPM3Config fills them), the value heads' width, the rope on halves."""
+    from transformers import MiniCPM3Config
+
+    raw = {key: getattr(MiniCPM3Config(), key) for key in _STATED} | extra
+    cfg, ref = ModelConfig.from_hf({"model_type": "minicpm3", **raw}), MiniCPM3Config(**raw)
+    assert cfg.embed_multiplier == ref.scale_emb
+    assert cfg.residual_multiplier == pytest.approx(ref.scale_depth / ref.num_hidden_layers**0.5)
+    assert cfg.logits_divisor == pytest.approx(ref.logits_scaling)
+    assert (cfg.mla.v_head_dim, cfg.mla.qk_rope_head_dim, cfg.mla.q_lora_rank) == (
+        ref.v_head_dim,
+        ref.qk_rope_head_dim,
+        ref.q_lora_rank,
+    )
+    assert not cfg.mla.rope_interleave and cfg.moe is None and cfg.tie_word_embeddings
 
 
 def test_released_key_names_are_read():
@@ -175,3 +196,40 @@ def test_bailingmoe2_gguf_answers_as_transformers(tmp_path, monkeypatch, partial
     assert cfg.architecture == "glm4_moe" and (cfg.moe.n_group, cfg.moe.topk_group) == (2, 1)  # (the variant's)
     assert cfg.attention_bias and cfg.qk_norm
     assert_matches_reference(llm, hf_model(ref), PROMPT)
+
+
+def test_minicpm3_released_longrope_config():
+    """MiniCPM3-4B's config.json: LongRoPE over the rope's 32 dims (16 factors each), its pretraining length inside
+    rope_scaling, no head_dim key (MiniCPM3Config sets it to qk_rope_head_dim)."""
+    from transformers import MiniCPM3Config
+
+    long = {"type": "longrope", "long_factor": [1.0 + i / 8 for i in range(16)], "short_factor": [1.0] * 16}
+    long["original_max_position_embeddings"] = 32768
+    raw = {key: getattr(MiniCPM3Config(), key) for key in _STATED} | {"rope_scaling": long}
+    cfg, ref = ModelConfig.from_hf({"model_type": "minicpm3", **raw}), MiniCPM3Config(**raw)
+    assert cfg.rope_scaling["long_factor"] == ref.rope_parameters["long_factor"]
+    assert (
+        cfg.rope_scaling["original_max_position_embeddings"] == ref.rope_parameters["original_max_position_embeddings"]
+    )
+    with pytest.raises(UnsupportedModelError, match="long_factor"):  # one factor per pair of the rope's 32 dims
+        ModelConfig.from_hf({"model_type": "minicpm3", **raw, "rope_scaling": {**long, "long_factor": [1.0] * 32}})
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_minicpm3_longrope_answers_as_transformers(tmp_path, backend):
+    """Served within the pretraining length (--max-model-len 64): the short factors, as transformers' shared rope
+    update picks them for a sequence that short; the attention factor from the whole context, as there."""
+    long = {"rope_type": "longrope", "long_factor": [1.0, 1.5, 3.0, 6.0], "short_factor": [1.0, 1.1, 1.3, 2.0]}
+    long |= {"original_max_position_embeddings": 64, "rope_theta": 10000.0}
+    folder = build_model("minicpm3", tmp_path / "m", rope_parameters=long)
+    llm = LLM(
+        str(folder),
+        backend=backend,
+        dtype="float32",
+        block_size=4,
+        prefill_chunk_size=8,
+        num_kv_blocks=64,
+        max_model_len=64,
+    )
+    assert llm.engine.model_config.rope_scaling["rope_type"] == "longrope"
+    assert_matches_reference(llm, hf_model(folder), PROMPT)
