@@ -118,6 +118,8 @@ _QWEN3NEXT = {
 ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _QWEN3NEXT})
 # LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
 ARCH_LAYER["lfm2"] = {f"shortconv.{t}": f"conv.{t}" for t in ("conv", "in_proj", "out_proj")}
+# MiniCPM3 (llama.cpp's MiniCPM3Model): DeepSeek-V2's latent attention tensors (kv_b_proj whole)
+ARCH_LAYER["minicpm3"] = ARCH_LAYER["deepseek2"]
 # LFM2-MoE: the same, and its router's bias (.bias -> e_score_correction_bias)
 ARCH_LAYER["lfm2moe"] = {**ARCH_LAYER["lfm2"], "exp_probs_b": "mlp.gate.e_score_correction"}
 # Granite 4.0-H (llama.cpp's GraniteHybridModel): the Mamba-2 mixer's tensors (family_mamba2.gguf_tensors

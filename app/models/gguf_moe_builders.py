@@ -1,10 +1,13 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
-helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32) and GLM-5 (glm-dsa).
+helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32) and GLM-5 (glm-dsa); and MiniCPM3
+(minicpm3), whose latent attention is DeepSeek-V2's.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from lantern.app.models.gguf_config import _deepseek2, _head_dim, _layer_types, _Meta
 from lantern.app.models.gguf_rope import stated_rope_scaling
@@ -86,4 +89,43 @@ def _dsa(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str,
     return out
 
 
-MOE_BUILDERS = {"afmoe": _afmoe, "deepseek32": _dsa, "glm-dsa": _dsa}
+# llama.cpp's minicpm3 graph: muP's three scalars as constants (the converter writes none of them)
+_MINICPM3_SCALARS = {"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}
+
+
+def _minicpm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM3 (llama.cpp's MiniCPM3Model: a TextModel, nothing permuted; NeoX rope on the rope.dimension_count dims
+    of the latent attention, kv_b_proj whole): the latent's shape from key_length and the ranks, the value heads
+    hidden_size / heads wide (the graph's default), muP's scalars as the graph's constants, LongRoPE as the two factor
+    tensors with the trained context as the pretraining length (llama.cpp's n_ctx_orig: the short factors unless a
+    context past it is served)."""
+    rope_dims = int(meta.need("rope.dimension_count"))
+    q_lora = meta.get("attention.q_lora_rank")
+    out: dict[str, Any] = {
+        "model_type": "minicpm3",
+        "kv_lora_rank": int(meta.need("attention.kv_lora_rank")),
+        "q_lora_rank": int(q_lora) if q_lora else None,
+        "qk_rope_head_dim": rope_dims,
+        "qk_nope_head_dim": int(meta.need("attention.key_length")) - rope_dims,
+        "v_head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
+        "num_key_value_heads": cfg["num_attention_heads"],
+        **_MINICPM3_SCALARS,
+    }
+    if stated_rope_scaling(meta):
+        raise UnsupportedModelError(
+            f"{meta.label}minicpm3.rope.scaling.* (other than LongRoPE's tensors) is not implemented"
+        )
+    long, short = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+    if (long is None) != (short is None):
+        raise UnsupportedModelError(f"{meta.label}LongRoPE needs both rope_factors_long and rope_factors_short")
+    if long is not None:
+        out["rope_scaling"] = {
+            "type": "longrope",
+            "long_factor": [float(x) for x in np.asarray(long.data, dtype=np.float32)],
+            "short_factor": [float(x) for x in np.asarray(short.data, dtype=np.float32)],
+            "original_max_position_embeddings": cfg["max_position_embeddings"],
+        }
+    return out
+
+
+MOE_BUILDERS = {"afmoe": _afmoe, "deepseek32": _dsa, "glm-dsa": _dsa, "minicpm3": _minicpm3}

@@ -186,7 +186,7 @@ def test_sarvam_qkv_rows_are_split_q_k_v(sarvam_original):
 def test_bailingmoe2_gguf_answers_as_transformers(tmp_path, monkeypatch, partial, backend):
     """A bailingmoe2 GGUF (llama.cpp's BailingMoeV2Model / SarvamMoEModel) computes what transformers' SarvamMoE
     computes on its checkpoint: q/k/v from attn_qkv, the rope on rope.dimension_count dims, the router's bias."""
-    from tests.fixtures.gguf_bailing import convert_bailing
+    from tests.fixtures.gguf_renamed import convert_bailing
 
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
     src = build_model("sarvam_moe", tmp_path / "hf", partial_rotary_factor=partial)
@@ -233,3 +233,28 @@ def test_minicpm3_longrope_answers_as_transformers(tmp_path, backend):
     )
     assert llm.engine.model_config.rope_scaling["rope_type"] == "longrope"
     assert_matches_reference(llm, hf_model(folder), PROMPT)
+
+
+# llama.cpp's minicpm3 graph holds muP's scalars as constants: the folder takes those
+_LLAMA_CPP_MINICPM3 = {"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}
+
+
+@pytest.mark.parametrize("longrope", [False, True])
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_minicpm3_gguf_answers_as_transformers(tmp_path, monkeypatch, longrope, backend):
+    """A minicpm3 GGUF (llama.cpp's MiniCPM3Model) computes what MiniCPM3ForCausalLM computes on its checkpoint: the
+    latent attention from its tensors, muP's scalars as llama.cpp's graph fixes them, LongRoPE from the factor tensors
+    (the trained context as the pretraining length: the short factors)."""
+    from tests.fixtures.gguf_renamed import convert_minicpm3
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    extra = dict(_LLAMA_CPP_MINICPM3)
+    if longrope:
+        extra["rope_parameters"] = {"rope_type": "longrope", "long_factor": [1.0, 1.5, 3.0, 6.0]}
+        extra["rope_parameters"] |= {"short_factor": [1.0, 1.1, 1.3, 2.0], "original_max_position_embeddings": 256}
+    path, ref = convert_minicpm3(build_model("minicpm3", tmp_path / "hf", **extra), tmp_path)
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    cfg = llm.engine.model_config
+    assert cfg.architecture == "minicpm3" and cfg.mla is not None and not cfg.mla.rope_interleave
+    assert (cfg.rope_scaling or {}).get("rope_type") == ("longrope" if longrope else None)
+    assert_matches_reference(llm, hf_model(ref), PROMPT)
