@@ -38,6 +38,7 @@ PROMPT = [5, 77, 123, 42, 300, 17, 9, 250, 31, 64]
 
 def families() -> dict[str, Callable[[Path], Path]]:
     """name -> a function writing that family's tiny float32 GGUF under a folder (as the tests write it)."""
+    from tests.fixtures.gguf_exaone_moe import convert_exaone_moe
     from tests.fixtures.gguf_families import convert_to_gguf
     from tests.fixtures.gguf_gpt_families import convert_gpt_to_gguf
     from tests.fixtures.gguf_granite import convert_granite
@@ -68,6 +69,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
         made[name] = lambda d, v=name: convert_granite(build_model(v, d / "hf"), d, "f32")[0]
     scalars = {"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}  # (llama.cpp's minicpm3 constants)
     made["minicpm3"] = lambda d: convert_minicpm3(build_model("minicpm3", d / "hf", **scalars), d)[0]
+    made["exaone_moe"] = lambda d: convert_exaone_moe(build_model("exaone_moe", d / "hf"), d)[0]
     for name, partial in (("bailingmoe2", 0.5), ("bailingmoe2_sarvam", 1.0)):  # (tests/models/test_renamed_families)
         made[name] = lambda d, p=partial: convert_bailing(
             build_model("sarvam_moe", d / "hf", partial_rotary_factor=p, head_dim=16, attention_bias=False), d

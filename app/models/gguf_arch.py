@@ -118,6 +118,11 @@ _QWEN3NEXT = {
 ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _QWEN3NEXT})
 # LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
 ARCH_LAYER["lfm2"] = {f"shortconv.{t}": f"conv.{t}" for t in ("conv", "in_proj", "out_proj")}
+# K-EXAONE (llama.cpp's ExaoneMoEModel): Llama's pre-norm names, DeepSeek's router bias and shared experts
+ARCH_LAYER["exaone-moe"] = {
+    "exp_probs_b": "mlp.gate.e_score_correction",
+    **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
+}
 # MiniCPM3 (llama.cpp's MiniCPM3Model): DeepSeek-V2's latent attention tensors (kv_b_proj whole)
 ARCH_LAYER["minicpm3"] = ARCH_LAYER["deepseek2"]
 # LFM2-MoE: the same, and its router's bias (.bias -> e_score_correction_bias)

@@ -1,6 +1,6 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
-helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32) and GLM-5 (glm-dsa); and MiniCPM3
-(minicpm3), whose latent attention is DeepSeek-V2's.
+helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa) and K-EXAONE
+(exaone-moe); and MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.gguf_config import _deepseek2, _head_dim, _layer_types, _Meta
-from lantern.app.models.gguf_rope import stated_rope_scaling
+from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
 _AFMOE_PERIOD = 4  # llama.cpp's afmoe graph: the rope skips every 4th layer (n_no_rope_layer_step), whatever is stated
@@ -89,6 +89,46 @@ def _dsa(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str,
     return out
 
 
+_EXAONE_MOE_WINDOW = 128  # llama.cpp's exaone-moe graph: the window where the file states none
+
+
+def _exaone_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """K-EXAONE (llama.cpp's ExaoneMoEModel, an Exaone4Model: q/k as stored, pre-norms): EXAONE 4's attention (per-head
+    q/k norms; sliding layers from attention.sliding_window_pattern, every 4th full by default, within
+    attention.sliding_window, 128 by default as llama.cpp's graph; the full layers NoPE, the sliding ones on
+    rope.freq_base_swa where stated) over DeepSeek-V3's sigmoid router (its groups) and shared experts past
+    leading_dense_block_count; block_count counts the prediction layers after the stack (_common takes them off)."""
+    if int(meta.get("expert_gating_func") or 2) != 2:
+        raise UnsupportedModelError(
+            f"{meta.label}exaone-moe.expert_gating_func other than sigmoid (2) is not implemented"
+        )
+    inner, count = int(meta.need("expert_feed_forward_length")), int(meta.get("expert_shared_count") or 0)
+    shared = meta.get("expert_shared_feed_forward_length")
+    if shared is not None and count and int(shared) != inner * count:
+        raise UnsupportedModelError(
+            f"{meta.label}exaone-moe.expert_shared_feed_forward_length={shared} (not expert_shared_count times "
+            "expert_feed_forward_length) is not implemented"
+        )
+    out: dict[str, Any] = {
+        "model_type": "exaone_moe",
+        "head_dim": _head_dim(meta, cfg),
+        "sliding_window": int(meta.get("attention.sliding_window") or _EXAONE_MOE_WINDOW),
+        "layer_types": _layer_types(meta, cfg["num_hidden_layers"], 4, True),
+        "num_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "num_shared_experts": count,
+        "moe_intermediate_size": inner,
+        "first_k_dense_replace": int(meta.get("leading_dense_block_count") or 0),
+        "routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+        "n_group": int(meta.get("expert_group_count") or 1),
+        "topk_group": int(meta.get("expert_group_used_count") or 1),
+    }
+    theta = float(meta.get("rope.freq_base_swa") or cfg["rope_theta"])  # (only the sliding layers turn)
+    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)) or {"rope_type": "default"}
+    return {**out, "rope_theta": theta, "rope_parameters": {**rope, "rope_theta": theta}}
+
+
 # llama.cpp's minicpm3 graph: muP's three scalars as constants (the converter writes none of them)
 _MINICPM3_SCALARS = {"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}
 
@@ -128,4 +168,4 @@ def _minicpm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     return out
 
 
-MOE_BUILDERS = {"afmoe": _afmoe, "deepseek32": _dsa, "glm-dsa": _dsa, "minicpm3": _minicpm3}
+MOE_BUILDERS = {"afmoe": _afmoe, "deepseek32": _dsa, "glm-dsa": _dsa, "exaone-moe": _exaone_moe, "minicpm3": _minicpm3}

@@ -53,3 +53,21 @@ def test_unimplemented_keys_are_refused_by_name(extra, key):
 def test_released_is_moe_layer_may_count_the_prediction_layer():
     stated = {**KEXAONE, "is_moe_layer": [False, True, True, True, True]}  # (a fifth entry: the mtp layer's)
     assert ModelConfig.from_hf({"model_type": "exaone_moe", **stated}).moe.is_sparse(3)
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_gguf_answers_as_transformers(tmp_path, monkeypatch, backend):
+    """An exaone-moe GGUF (llama.cpp's ExaoneMoEModel) with a prediction layer after the stack computes what
+    transformers computes on its checkpoint: the window pattern, NoPE full layers, the grouped sigmoid router."""
+    from lantern.app.engine import LLM
+    from tests.conformance.test_parity import PROMPT, hf_model
+    from tests.fixtures.gguf_exaone_moe import convert_exaone_moe
+    from tests.fixtures.teacher_forcing import assert_matches_reference
+    from tests.fixtures.tiny_models import build_model
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path, ref = convert_exaone_moe(build_model("exaone_moe", tmp_path / "hf"), tmp_path, nextn=1)
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    cfg = llm.engine.model_config
+    assert cfg.architecture == "exaone_moe" and cfg.moe.n_group == 2 and any(cfg.layer_windows or [])
+    assert_matches_reference(llm, hf_model(ref), PROMPT)
