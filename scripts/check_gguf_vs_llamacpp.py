@@ -45,7 +45,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
     from tests.fixtures.gguf_renamed import convert_bailing, convert_minicpm3
-    from tests.fixtures.tiny_models import build_model
+    from tests.fixtures.tiny_models import ARCH_VARIANTS, build_model
     from tests.models.test_gguf_families import FILES
     from tests.models.test_gguf_gpt_classics import FILES as GPT
     from tests.models.test_gguf_mamba import FILES as MAMBA
@@ -70,6 +70,8 @@ def families() -> dict[str, Callable[[Path], Path]]:
     scalars = {"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}  # (llama.cpp's minicpm3 constants)
     made["minicpm3"] = lambda d: convert_minicpm3(build_model("minicpm3", d / "hf", **scalars), d)[0]
     made["exaone_moe"] = lambda d: convert_exaone_moe(build_model("exaone_moe", d / "hf"), d)[0]
+    rope = {**ARCH_VARIANTS["mistral4"][1]["rope_parameters"], "llama_4_scaling_beta": 0.0}  # (no temperature key)
+    made["mistral4"] = lambda d: convert_to_gguf(build_model("mistral4", d / "hf", rope_parameters=rope), d)[0]
     for name, partial in (("bailingmoe2", 0.5), ("bailingmoe2_sarvam", 1.0)):  # (tests/models/test_renamed_families)
         made[name] = lambda d, p=partial: convert_bailing(
             build_model("sarvam_moe", d / "hf", partial_rotary_factor=p, head_dim=16, attention_bias=False), d

@@ -124,7 +124,7 @@ ARCH_LAYER["exaone-moe"] = {
     **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
 }
 # MiniCPM3 (llama.cpp's MiniCPM3Model): DeepSeek-V2's latent attention tensors (kv_b_proj whole)
-ARCH_LAYER["minicpm3"] = ARCH_LAYER["deepseek2"]
+ARCH_LAYER["minicpm3"] = ARCH_LAYER["mistral4"] = ARCH_LAYER["deepseek2"]  # (and Mistral4Model's, a DeepseekV2Model)
 # LFM2-MoE: the same, and its router's bias (.bias -> e_score_correction_bias)
 ARCH_LAYER["lfm2moe"] = {**ARCH_LAYER["lfm2"], "exp_probs_b": "mlp.gate.e_score_correction"}
 # Granite 4.0-H (llama.cpp's GraniteHybridModel): the Mamba-2 mixer's tensors (family_mamba2.gguf_tensors

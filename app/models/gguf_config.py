@@ -69,7 +69,7 @@ def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name:
         return None
     if meta.arch not in ("exaone", "exaone4", "exaone-moe", "gemma4"):  # (their builders read the tensor)
         rope_freqs_scaling(meta, tensors, None)  # refuses a rope_freqs tensor: no other family here has one
-    if meta.arch != "mistral3":
+    if meta.arch not in ("mistral3", "mistral4"):  # (their builders read it)
         _temperature(meta, refuse=True)
     cfg = _common(meta, tensors)
     cfg.update(builder(meta, tensors, cfg))

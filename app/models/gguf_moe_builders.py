@@ -1,6 +1,6 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
-helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa) and K-EXAONE
-(exaone-moe); and MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's.
+helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
+(exaone-moe) and Mistral Small 4 (mistral4); and MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's.
 """
 
 from __future__ import annotations
@@ -89,6 +89,30 @@ def _dsa(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str,
     return out
 
 
+def _mistral4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Mistral Small 4 (llama.cpp's Mistral4Model, a DeepseekV2Model run by its deepseek2 graph): DeepSeek-V3's latent
+    attention (pairs turned, nothing permuted) and mixture under a softmax router (family_deepseek's mistral4), YaRN
+    as DeepseekV2Model writes it (yarn_log_multiplier: 0.1 * mscale_all_dim); Llama 4's query temperature only
+    where the file states attention.temperature_scale (the converter from transformers' config writes none, and
+    llama.cpp's graph then applies none), stepping at the YaRN original length as Mistral4Config's does."""
+    out = _deepseek2(meta, tensors, cfg)
+    if out.pop("scoring_func") != "softmax":
+        raise UnsupportedModelError(
+            f"{meta.label}mistral4.expert_gating_func other than softmax (1) is not implemented"
+        )
+    rope = dict(out.pop("rope_scaling", None) or {"type": "default"})
+    beta, length = meta.get("attention.temperature_scale"), meta.get("attention.temperature_length")
+    original = rope.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+    if beta and length is not None and int(length) != int(original):
+        raise UnsupportedModelError(
+            f"{meta.label}mistral4.attention.temperature_length={length} (not the YaRN original length {original}) "
+            "is not implemented"
+        )
+    if beta:
+        rope["llama_4_scaling_beta"] = float(str(np.float32(beta)))  # (its shortest decimal: the config's)
+    return {**out, "model_type": "mistral4", "topk_method": "noaux_tc", "rope_parameters": rope}
+
+
 _EXAONE_MOE_WINDOW = 128  # llama.cpp's exaone-moe graph: the window where the file states none
 
 
@@ -168,4 +192,11 @@ def _minicpm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     return out
 
 
-MOE_BUILDERS = {"afmoe": _afmoe, "deepseek32": _dsa, "glm-dsa": _dsa, "exaone-moe": _exaone_moe, "minicpm3": _minicpm3}
+MOE_BUILDERS = {
+    "afmoe": _afmoe,
+    "deepseek32": _dsa,
+    "glm-dsa": _dsa,
+    "exaone-moe": _exaone_moe,
+    "minicpm3": _minicpm3,
+    "mistral4": _mistral4,
+}

@@ -42,7 +42,7 @@ _YARN_KEYS = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow", "yar
 
 
 # llama.cpp architectures converted by its DeepseekV2Model (latent attention, DeepSeek's YaRN keys)
-MLA_ARCHITECTURES = ("deepseek2", "deepseek32", "glm-dsa")
+MLA_ARCHITECTURES = ("deepseek2", "deepseek32", "glm-dsa", "mistral4")
 
 
 def stated_rope_scaling(meta: _Meta) -> dict[str, Any] | None:

@@ -195,3 +195,41 @@ def test_a_linear_rope_takes_no_original_length():
     """transformers fills the original length for llama3 / YaRN / LongRoPE only: a linear rope loads."""
     cfg = ours(rope_parameters={"type": "linear", "factor": 2.0, "rope_theta": 1e4}, max_position_embeddings=512)
     assert cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+
+
+@pytest.mark.parametrize("temperature", [False, True])
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_gguf_answers_as_transformers(tmp_path, monkeypatch, temperature, backend):
+    """A mistral4 GGUF (llama.cpp's Mistral4Model, a DeepseekV2Model: the stacked experts as they are, kv_b_proj split
+    into attn_k_b / attn_v_b, YaRN with 0.1 * mscale_all_dim as the log multiplier) computes what transformers
+    computes on its checkpoint. The converter from transformers' config writes no query temperature (llama.cpp then
+    applies none): without attention.temperature_scale the file is the model with llama_4_scaling_beta 0; with it,
+    the model with it."""
+    import json
+
+    from lantern.app.engine import LLM
+    from tests.conformance.test_parity import PROMPT, hf_model
+    from tests.fixtures.gguf_families import convert_to_gguf
+    from tests.fixtures.teacher_forcing import assert_matches_reference
+    from tests.fixtures.tiny_models import ARCH_VARIANTS, build_model
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    rope = dict(ARCH_VARIANTS["mistral4"][1]["rope_parameters"])
+    beta, rope["llama_4_scaling_beta"] = rope["llama_4_scaling_beta"], 0.0  # (0: Mistral4's scale of exactly 1)
+    src = build_model("mistral4", tmp_path / "hf", rope_parameters=rope)
+    path, ref = convert_to_gguf(src, tmp_path / "gguf")
+    if temperature:  # (as a file from Mistral's own format states it): the reference model has it too
+        import gguf
+
+        from tests.fixtures.gguf_writer import rewrite_with
+
+        path = rewrite_with(path, {"mistral4.attention.temperature_scale": (beta, gguf.GGUFValueType.FLOAT32)})
+        cfg = json.loads((ref / "config.json").read_text())
+        cfg["rope_parameters"]["llama_4_scaling_beta"] = beta
+        (ref / "config.json").write_text(json.dumps(cfg))
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    cfg = llm.engine.model_config
+    assert cfg.architecture == "mistral4" and cfg.moe.scoring == "softmax" and cfg.mla.rope_interleave
+    assert (cfg.attn_temperature is not None) == temperature
+    assert_matches_reference(llm, hf_model(ref), PROMPT, steps=24)  # (past the original length of 16: YaRN and
+    # the temperature both at work)
