@@ -133,7 +133,8 @@ class ModelConfig:
     qk_norm_after_rope: bool = False  # Hunyuan: the per-head q/k norms follow the rope
     rope_reversed: bool = False  # NanoChat: the rope turns the other way (its rotate_half is negated)
     # attention's output times a gate of x before o_proj (self_attn.gate_proj): "sigmoid" of one value per channel
-    # (AFMoE), "softplus" of one per channel or "softplus_head" of one per head (Laguna); None: no gate
+    # (AFMoE) or "sigmoid_head" of one per head (LFM3), "softplus" of one per channel or "softplus_head" of one per
+    # head (Laguna); None: no gate
     attn_output_gate: str | None = None
     layer_heads: tuple[int, ...] | None = None  # per layer: its query heads where layers differ (Laguna)
     eos_token_ids: list[int] = field(default_factory=list)
