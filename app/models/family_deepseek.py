@@ -114,6 +114,9 @@ class MLAConfig:
     v_head_dim: int
     rope_interleave: bool  # rope rotates adjacent pairs (x0, x1), ... rather than halves
     indexer: DSAIndexer | None = None  # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5: family_dsa)
+    # q_a_layernorm / kv_a_layernorm's eps: transformers builds them with the default 1e-6; a GGUF's are the model's
+    # rms eps, as llama.cpp norms them (gguf builders state it as latent_norm_eps)
+    norm_eps: float = 1e-6
 
     @property
     def pool_dim(self) -> int:
@@ -340,6 +343,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         v_head_dim=_int(cfg, model_type, "v_head_dim"),
         rope_interleave=bool(interleave),
         indexer=indexer_config(model_type, cfg, q_lora) if dsa else None,
+        norm_eps=float(cfg.get("latent_norm_eps") or 1e-6),
     )
     if mla.qk_rope_head_dim % 2:
         raise _refuse("qk_rope_head_dim", mla.qk_rope_head_dim, " (rope needs an even size)")

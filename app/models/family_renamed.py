@@ -195,7 +195,10 @@ def extra_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     out = {**RENAMED[model_type][1], **cfg}
     values = {key: out[key] for key in ("scale_emb", "scale_depth", "dim_model_base")}
     for key, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        nullable = key != "scale_emb"  # (MiniCPM3Config fills a null scale_depth / dim_model_base, not scale_emb)
+        if (value is None and not nullable) or (
+            value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0)
+        ):
             raise refuse(key, value, " (a positive number)")
     layers, hidden = out["num_hidden_layers"], out["hidden_size"]
     depth = values["scale_depth"] if values["scale_depth"] is not None else math.sqrt(layers)  # (None: no scaling)
@@ -208,8 +211,9 @@ def extra_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     if longrope is not None:
         head = {**out, "head_dim": out.get("qk_rope_head_dim", 32)}
         max_pos = int(out.get("max_position_embeddings", 32768))
-        original = longrope.get("original_max_position_embeddings") or out.get("original_max_position_embeddings")
-        fields["rope_scaling"] = longrope_scaling(head, longrope, int(original or max_pos))
+        original = longrope.get("original_max_position_embeddings") or max_pos  # (transformers' fill-in; a
+        # top-level original_max_position_embeddings is Phi-3's, not read here)
+        fields["rope_scaling"] = longrope_scaling(head, longrope, int(original))
     return fields
 
 

@@ -53,13 +53,14 @@ def _bailingmoe2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> d
     rope.dimension_count dims, DeepSeek-V3's sigmoid router (its expert groups as TextModel writes them) and shared
     experts."""
     out = _glm4moe(meta, tensors, cfg)
-    shared = meta.get("expert_shared_feed_forward_length")
-    if shared is not None and int(shared) != out["moe_intermediate_size"] * out["n_shared_experts"]:
+    shared = meta.get("expert_shared_feed_forward_length")  # (each shared expert's width in llama.cpp's graph)
+    if shared is not None and int(shared) != out["moe_intermediate_size"]:
         raise UnsupportedModelError(
-            f"{meta.label}bailingmoe2.expert_shared_feed_forward_length={shared} (not expert_shared_count times "
-            "expert_feed_forward_length) is not implemented"
+            f"{meta.label}bailingmoe2.expert_shared_feed_forward_length={shared} (not expert_feed_forward_length) "
+            "is not implemented"
         )
-    out["attention_bias"] = "blk.0.attn_qkv.bias" in tensors
+    if "blk.0.attn_qkv.bias" in tensors:  # (llama.cpp's bailingmoe2 loads no such tensor: it refuses the file)
+        raise UnsupportedModelError(f"{meta.label}bailingmoe2 with attn_qkv biases is not implemented")
     return out
 
 

@@ -300,6 +300,7 @@ def _deepseek2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dic
         "topk_group": used_groups,
         "topk_method": "noaux_tc" if sigmoid else ("group_limited_greedy" if groups > 1 else "greedy"),
         "rope_interleave": True,  # llama.cpp rotates adjacent pairs for deepseek2 and permutes nothing
+        "latent_norm_eps": cfg["rms_norm_eps"],  # (llama.cpp norms the latents with the model's eps)
         "hidden_act": "silu",
     }
     if not cfg["intermediate_size"]:  # every layer a mixture: the dense width is never used

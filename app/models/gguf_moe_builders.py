@@ -101,9 +101,17 @@ def _mistral4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
             f"{meta.label}mistral4.expert_gating_func other than softmax (1) is not implemented"
         )
     rope = dict(out.pop("rope_scaling", None) or {"type": "default"})
+    if rope.get("mscale_all_dim", 1.0) != 1.0:  # (llama.cpp takes mscale = mscale_all_dim for deepseek2 only: for
+        # mistral4 its softmax and rope scales match a config only with mscale_all_dim 1, Mistral4Config's)
+        log_mul = meta.get("rope.scaling.yarn_log_multiplier")
+        raise UnsupportedModelError(
+            f"{meta.label}mistral4.rope.scaling.yarn_log_multiplier={log_mul} is not implemented"
+        )
     beta, length = meta.get("attention.temperature_scale"), meta.get("attention.temperature_length")
     original = rope.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
-    if beta and length is not None and int(length) != int(original):
+    if beta and length is None:  # (llama.cpp's graph asserts on a temperature without its step length)
+        raise UnsupportedModelError(f"{meta.label}mistral4.attention.temperature_scale without temperature_length")
+    if beta and int(length) != int(original):
         raise UnsupportedModelError(
             f"{meta.label}mistral4.attention.temperature_length={length} (not the YaRN original length {original}) "
             "is not implemented"
@@ -113,19 +121,19 @@ def _mistral4(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     return {**out, "model_type": "mistral4", "topk_method": "noaux_tc", "rope_parameters": rope}
 
 
-_EXAONE_MOE_WINDOW = 128  # llama.cpp's exaone-moe graph: the window where the file states none
-
-
 def _exaone_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """K-EXAONE (llama.cpp's ExaoneMoEModel, an Exaone4Model: q/k as stored, pre-norms): EXAONE 4's attention (per-head
     q/k norms; sliding layers from attention.sliding_window_pattern, every 4th full by default, within
-    attention.sliding_window, 128 by default as llama.cpp's graph; the full layers NoPE, the sliding ones on
-    rope.freq_base_swa where stated) over DeepSeek-V3's sigmoid router (its groups) and shared experts past
+    attention.sliding_window; the full layers NoPE, the sliding ones on freq_base, as llama.cpp's graph turns them)
+    over DeepSeek-V3's sigmoid router (its groups) and shared experts past
     leading_dense_block_count; block_count counts the prediction layers after the stack (_common takes them off)."""
-    if int(meta.get("expert_gating_func") or 2) != 2:
+    if int(meta.need("expert_gating_func")) != 2:  # (llama.cpp's exaone-moe requires it, as it does the window)
         raise UnsupportedModelError(
             f"{meta.label}exaone-moe.expert_gating_func other than sigmoid (2) is not implemented"
         )
+    swa_base = meta.get("rope.freq_base_swa")
+    if swa_base is not None and float(swa_base) != cfg["rope_theta"]:  # (llama.cpp's graph turns with freq_base)
+        raise UnsupportedModelError(f"{meta.label}exaone-moe.rope.freq_base_swa={float(swa_base)} is not implemented")
     inner, count = int(meta.need("expert_feed_forward_length")), int(meta.get("expert_shared_count") or 0)
     shared = meta.get("expert_shared_feed_forward_length")
     if shared is not None and count and int(shared) != inner * count:
@@ -136,7 +144,7 @@ def _exaone_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
     out: dict[str, Any] = {
         "model_type": "exaone_moe",
         "head_dim": _head_dim(meta, cfg),
-        "sliding_window": int(meta.get("attention.sliding_window") or _EXAONE_MOE_WINDOW),
+        "sliding_window": int(meta.need("attention.sliding_window")),
         "layer_types": _layer_types(meta, cfg["num_hidden_layers"], 4, True),
         "num_experts": int(meta.need("expert_count")),
         "num_experts_per_tok": int(meta.need("expert_used_count")),
@@ -148,9 +156,8 @@ def _exaone_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
         "n_group": int(meta.get("expert_group_count") or 1),
         "topk_group": int(meta.get("expert_group_used_count") or 1),
     }
-    theta = float(meta.get("rope.freq_base_swa") or cfg["rope_theta"])  # (only the sliding layers turn)
     rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)) or {"rope_type": "default"}
-    return {**out, "rope_theta": theta, "rope_parameters": {**rope, "rope_theta": theta}}
+    return {**out, "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]}}
 
 
 # llama.cpp's minicpm3 graph: muP's three scalars as constants (the converter writes none of them)
@@ -160,19 +167,22 @@ _MINICPM3_SCALARS = {"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}
 def _minicpm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """MiniCPM3 (llama.cpp's MiniCPM3Model: a TextModel, nothing permuted; NeoX rope on the rope.dimension_count dims
     of the latent attention, kv_b_proj whole): the latent's shape from key_length and the ranks, the value heads
-    hidden_size / heads wide (the graph's default), muP's scalars as the graph's constants, LongRoPE as the two factor
-    tensors with the trained context as the pretraining length (llama.cpp's n_ctx_orig: the short factors unless a
-    context past it is served)."""
+    value_length wide (hidden_size / heads by default, as llama.cpp's), the latents normed with the model's eps,
+    muP's scalars as the graph's constants, LongRoPE as the two factor tensors with the trained context as the
+    pretraining length (llama.cpp's n_ctx_orig: the short factors unless a context past it is served)."""
     rope_dims = int(meta.need("rope.dimension_count"))
-    q_lora = meta.get("attention.q_lora_rank")
+    v_head = meta.get("attention.value_length") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    if meta.get("rope.scaling.original_context_length") is not None:  # (llama.cpp's switch to the long factors)
+        raise UnsupportedModelError(f"{meta.label}minicpm3.rope.scaling.original_context_length is not implemented")
     out: dict[str, Any] = {
         "model_type": "minicpm3",
         "kv_lora_rank": int(meta.need("attention.kv_lora_rank")),
-        "q_lora_rank": int(q_lora) if q_lora else None,
+        "q_lora_rank": int(meta.need("attention.q_lora_rank")),  # (llama.cpp's minicpm3 requires it)
         "qk_rope_head_dim": rope_dims,
         "qk_nope_head_dim": int(meta.need("attention.key_length")) - rope_dims,
-        "v_head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
+        "v_head_dim": int(v_head),
         "num_key_value_heads": cfg["num_attention_heads"],
+        "latent_norm_eps": cfg["rms_norm_eps"],  # (llama.cpp norms the latents with the model's eps)
         **_MINICPM3_SCALARS,
     }
     if stated_rope_scaling(meta):

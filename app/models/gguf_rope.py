@@ -27,7 +27,7 @@ ROPE_FREQS = "rope_freqs.weight"
 # (Mistral and Mixtral files are "llama" too). Other converters write it with other meanings
 # (Gemma 4's 1e30 for unrotated dims, Exaone, Deci, Step3, Llama 4): refused.
 # (EXAONE 4's, Llama 4's and Apertus's converters write the llama3 rope as llama's does)
-_LLAMA3_ARCHS = ("llama", "exaone", "exaone4", "llama4", "apertus")
+_LLAMA3_ARCHS = ("llama", "exaone", "exaone4", "exaone-moe", "llama4", "apertus")
 # The converter writes no key for original_max_position_embeddings. llama3's divisors depend on
 # it only through low/high_freq_factor's ratios to it (band edges original / factor, ramp
 # original / wavelength), so Llama 3's 8192 (the converter's default too) is taken and the two

@@ -71,3 +71,21 @@ def test_gguf_answers_as_transformers(tmp_path, monkeypatch, backend):
     cfg = llm.engine.model_config
     assert cfg.architecture == "exaone_moe" and cfg.moe.n_group == 2 and any(cfg.layer_windows or [])
     assert_matches_reference(llm, hf_model(ref), PROMPT)
+
+
+def test_gguf_sliding_base_llama_cpp_does_not_turn_is_refused(tmp_path, monkeypatch):
+    """llama.cpp's exaone-moe graph turns the sliding layers with freq_base: a different rope.freq_base_swa is
+    refused by name rather than read."""
+    import gguf
+
+    from lantern.app.models.loader import resolve_model
+    from lantern.app.models.spec import UnsupportedModelError
+    from tests.fixtures.gguf_exaone_moe import convert_exaone_moe
+    from tests.fixtures.gguf_writer import rewrite_with
+    from tests.fixtures.tiny_models import build_model
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path, _ = convert_exaone_moe(build_model("exaone_moe", tmp_path / "hf"), tmp_path)
+    bad = rewrite_with(path, {"exaone-moe.rope.freq_base_swa": (5e5, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(UnsupportedModelError, match="freq_base_swa"):
+        resolve_model(str(bad))

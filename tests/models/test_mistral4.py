@@ -223,7 +223,12 @@ def test_gguf_answers_as_transformers(tmp_path, monkeypatch, temperature, backen
 
         from tests.fixtures.gguf_writer import rewrite_with
 
-        path = rewrite_with(path, {"mistral4.attention.temperature_scale": (beta, gguf.GGUFValueType.FLOAT32)})
+        keys = {"mistral4.attention.temperature_scale": (beta, gguf.GGUFValueType.FLOAT32)}
+        keys["mistral4.attention.temperature_length"] = (
+            rope["original_max_position_embeddings"],
+            gguf.GGUFValueType.UINT32,
+        )
+        path = rewrite_with(path, keys)
         cfg = json.loads((ref / "config.json").read_text())
         cfg["rope_parameters"]["llama_4_scaling_beta"] = beta
         (ref / "config.json").write_text(json.dumps(cfg))
@@ -233,3 +238,28 @@ def test_gguf_answers_as_transformers(tmp_path, monkeypatch, temperature, backen
     assert (cfg.attn_temperature is not None) == temperature
     assert_matches_reference(llm, hf_model(ref), PROMPT, steps=24)  # (past the original length of 16: YaRN and
     # the temperature both at work)
+
+
+def test_gguf_keys_llama_cpp_reads_otherwise_are_refused(tmp_path, monkeypatch):
+    """A temperature without its step length (llama.cpp's graph asserts on it) and a YaRN log multiplier other than
+    0.1 (llama.cpp's mistral4 keeps mscale 1: no config computes what it then computes) are refused by name."""
+    import gguf
+
+    from lantern.app.models.loader import resolve_model
+    from lantern.app.models.spec import UnsupportedModelError
+    from tests.fixtures.gguf_families import convert_to_gguf
+    from tests.fixtures.gguf_writer import rewrite_with
+    from tests.fixtures.tiny_models import ARCH_VARIANTS, build_model
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    rope = {**ARCH_VARIANTS["mistral4"][1]["rope_parameters"], "llama_4_scaling_beta": 0.0}
+    path, _ = convert_to_gguf(build_model("mistral4", tmp_path / "hf", rope_parameters=rope), tmp_path / "gguf")
+    f32 = gguf.GGUFValueType.FLOAT32
+    for key, value, named in (
+        ("mistral4.attention.temperature_scale", 0.1, "temperature_length"),
+        ("mistral4.rope.scaling.yarn_log_multiplier", 0.0707, "yarn_log_multiplier"),
+    ):
+        bad = rewrite_with(path, {key: (value, f32)})
+        with pytest.raises(UnsupportedModelError, match=named):
+            resolve_model(str(bad))
+        bad.unlink()

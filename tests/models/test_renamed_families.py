@@ -189,12 +189,12 @@ def test_bailingmoe2_gguf_answers_as_transformers(tmp_path, monkeypatch, partial
     from tests.fixtures.gguf_renamed import convert_bailing
 
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
-    src = build_model("sarvam_moe", tmp_path / "hf", partial_rotary_factor=partial)
+    src = build_model("sarvam_moe", tmp_path / "hf", partial_rotary_factor=partial, attention_bias=False)
     path, ref = convert_bailing(src, tmp_path)
     llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     cfg = llm.engine.model_config
     assert cfg.architecture == "glm4_moe" and (cfg.moe.n_group, cfg.moe.topk_group) == (2, 1)  # (the variant's)
-    assert cfg.attention_bias and cfg.qk_norm
+    assert not cfg.attention_bias and cfg.qk_norm  # (llama.cpp's bailingmoe2 loads no q/k/v biases: refused)
     assert_matches_reference(llm, hf_model(ref), PROMPT)
 
 
@@ -258,3 +258,14 @@ def test_minicpm3_gguf_answers_as_transformers(tmp_path, monkeypatch, longrope, 
     assert cfg.architecture == "minicpm3" and cfg.mla is not None and not cfg.mla.rope_interleave
     assert (cfg.rope_scaling or {}).get("rope_type") == ("longrope" if longrope else None)
     assert_matches_reference(llm, hf_model(ref), PROMPT)
+
+
+def test_bailingmoe2_gguf_with_qkv_biases_is_refused(tmp_path, monkeypatch):
+    """llama.cpp's bailingmoe2 loads no attn_qkv bias (it refuses such a file): refused by name here too."""
+    from lantern.app.models.loader import resolve_model
+    from tests.fixtures.gguf_renamed import convert_bailing
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path, _ = convert_bailing(build_model("sarvam_moe", tmp_path / "hf"), tmp_path)  # (the variant's biases)
+    with pytest.raises(UnsupportedModelError, match="attn_qkv biases"):
+        resolve_model(str(path))

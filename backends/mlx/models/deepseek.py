@@ -26,8 +26,6 @@ from lantern.backends.mlx.paged_attention import AttentionMetadata, paged_attent
 from lantern.backends.mlx.quant import PermutedQuantizedLinear
 from lantern.backends.mlx.rope import build_rope
 
-LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
-
 
 class MLAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
@@ -39,10 +37,10 @@ class MLAttention(nn.Module):
             self.q_proj = nn.Linear(d, h * m.qk_head_dim, bias=False)
         else:
             self.q_a_proj = nn.Linear(d, m.q_lora_rank, bias=False)
-            self.q_a_layernorm = nn.RMSNorm(m.q_lora_rank, eps=LORA_NORM_EPS)
+            self.q_a_layernorm = nn.RMSNorm(m.q_lora_rank, eps=m.norm_eps)
             self.q_b_proj = nn.Linear(m.q_lora_rank, h * m.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(d, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
-        self.kv_a_layernorm = nn.RMSNorm(m.kv_lora_rank, eps=LORA_NORM_EPS)
+        self.kv_a_layernorm = nn.RMSNorm(m.kv_lora_rank, eps=m.norm_eps)
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * m.v_head_dim, d, bias=False)
         self.temperature = cfg.attn_temperature  # Mistral 4: Llama 4's per-position query scale

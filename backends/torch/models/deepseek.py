@@ -35,8 +35,6 @@ from lantern.backends.torch.models import llama
 from lantern.backends.torch.moe import SparseMoE
 from lantern.backends.torch.parallel import TPGroup
 
-LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers builds them with the default eps
-
 
 def _linear(d_in: int, d_out: int) -> nn.Linear:
     return nn.Linear(d_in, d_out, bias=False)
@@ -53,10 +51,10 @@ class MLAttention(nn.Module):
             self.q_proj = _linear(d, h * m.qk_head_dim)
         else:
             self.q_a_proj = _linear(d, m.q_lora_rank)
-            self.q_a_layernorm = RMSNorm(m.q_lora_rank, LORA_NORM_EPS)
+            self.q_a_layernorm = RMSNorm(m.q_lora_rank, m.norm_eps)
             self.q_b_proj = _linear(m.q_lora_rank, h * m.qk_head_dim)
         self.kv_a_proj_with_mqa = _linear(d, m.kv_lora_rank + m.qk_rope_head_dim)
-        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, LORA_NORM_EPS)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, m.norm_eps)
         self.kv_b_proj = _linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim))
         self.o_proj = _linear(h * m.v_head_dim, d)
         self.temperature = cfg.attn_temperature  # Mistral 4: Llama 4's per-position query scale
