@@ -280,6 +280,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "internlm3": {"same_as": "llama"},
     "iquestcoder": {"same_as": "llama"},
     "sarvam_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # (Bailing's tensor names)
+    "bailing_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # Ling / Ring 2.0
     "sarvam_mla": {"same_as": "deepseek_v3"},
     "youtu": {"same_as": "deepseek_v3"},
     "minicpm3": {"same_as": "deepseek_v3"},  # (and muP's scalars, LongRoPE: family_renamed.extra_fields)

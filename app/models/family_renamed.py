@@ -5,6 +5,9 @@
 - IQuest-Coder (`iquestcoder`): Llama; the original code's clip_qkv and sliding window are refused, as
   IQuestCoderConfig refuses them.
 - Sarvam-30B (`sarvam_moe`): GLM-4.5's attention and mixture with the rope over the whole head, q/k norms on.
+- Ling / Ring 2.0 (`bailing_moe` with BailingMoeV2's keys: remote code, no transformers class; mlx_lm's
+  bailing_moe reads them): Sarvam-30B's layer and names with the rope on part of the head; the v1 models' softmax
+  router, MLP biases and a normalised head are refused.
 - Sarvam-105B (`sarvam_mla`): DeepSeek-V3 (MLA, one expert group); the original config's `deepseek_yarn` is YaRN.
 - Youtu-LLM (`youtu`): DeepSeek-V3's latent attention over a dense SwiGLU MLP in every layer.
 - MiniCPM3 (`minicpm3`): the same, the rope on halves (not pairs), with muP's scalars: embeddings times scale_emb,
@@ -116,6 +119,31 @@ RENAMED: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     ),
 }
 
+RENAMED["bailing_moe"] = (
+    {
+        "num_experts": "n_routed_experts",
+        "num_shared_experts": "n_shared_experts",
+        "use_qkv_bias": "attention_bias",
+        "num_mtp_layers": "num_nextn_predict_layers",
+    },
+    {  # mlx_lm's ModelArgs defaults (the keys a Ling config always states have none)
+        "partial_rotary_factor": 1.0,
+        "use_qk_norm": False,
+        "n_group": 1,
+        "routed_scaling_factor": 1.0,
+        "num_nextn_predict_layers": 0,
+    },
+)
+# BailingMoeV2's keys whose other values are maths Lantern does not compute (mlx_lm's defaults are the first two's)
+_BAILING_REFUSED = {
+    "score_function": ("sigmoid", " (Ling 1.x's softmax router: not implemented)"),
+    "moe_router_enable_expert_bias": (True, " (a sigmoid router without its expert bias)"),
+    "use_bias": (False, " (biases on o_proj and the MLPs)"),
+    "norm_head": (False, " (a normalised output head)"),
+    "moe_router_enable_shared_expert": (True, " (shared experts stated but switched off)"),
+    "moe_router_enable_routed_scaling": (True, " (routed_scaling_factor stated but switched off)"),
+}
+
 RENAMED["minicpm3"] = (
     {},
     {
@@ -175,6 +203,8 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
                 raise refuse(key, out[key], " for iquestcoder (IQuestCoderConfig refuses it too)")
     if model_type == "sarvam_mla":
         out = _sarvam_mla_legacy(out)
+    if model_type == "bailing_moe":
+        out = _bailing(out)
     if model_type in ("youtu", "minicpm3"):  # (no mixture keys in their config classes: every layer dense)
         out = {k: v for k, v in out.items() if k not in _YOUTU_DROPPED}
         out["n_routed_experts"], out["num_nextn_predict_layers"] = 0, 0
@@ -222,6 +252,30 @@ def _longrope_of(cfg: dict[str, Any]) -> dict[str, Any] | None:
     return rope if (rope.get("rope_type") or rope.get("type")) == "longrope" else None
 
 
+def _bailing(cfg: dict[str, Any]) -> dict[str, Any]:
+    """BailingMoeV2's config as GLM-4.5's: its refusals, the rope's width from rotary_dim where stated, and the head
+    width mlx_lm computes (hidden / heads; a head_dim that says otherwise is refused)."""
+    for key, (wanted, why) in _BAILING_REFUSED.items():
+        value = cfg.get(key, wanted if key != "score_function" else "softmax")
+        if value != wanted:
+            raise refuse(key, value, why)
+    heads = cfg["num_attention_heads"]
+    width = cfg["hidden_size"] // heads
+    if cfg.get("head_dim") not in (None, width):
+        raise refuse(
+            "head_dim", cfg["head_dim"], f" for bailing_moe (its attention is hidden_size / heads = {width} wide)"
+        )
+    inner = cfg.get("moe_shared_expert_intermediate_size")
+    if inner not in (None, cfg["moe_intermediate_size"]):
+        raise refuse("moe_shared_expert_intermediate_size", inner, " (each shared expert as wide as a routed one)")
+    out = {**cfg, "head_dim": width}
+    if cfg.get("rotary_dim") is not None:
+        out["partial_rotary_factor"] = cfg["rotary_dim"] / width
+    if out.get("n_group", 1) == 1:
+        out["topk_group"] = 1  # (mlx_lm's default 4 means nothing without groups)
+    return out
+
+
 def _sarvam_mla_legacy(cfg: dict[str, Any]) -> dict[str, Any]:
     """The original Sarvam-105B config.json (written for its remote code): head_dim / q_head_dim are derived
     (dropped, as SarvamMLAConfig drops them), `deepseek_yarn` is plain YaRN."""
@@ -242,6 +296,7 @@ _SARVAM_MOE_NAMES = (
     (re.compile(r"\.attention\.query_layernorm\."), ".self_attn.q_norm."),
     (re.compile(r"\.attention\.key_layernorm\."), ".self_attn.k_norm."),
     (re.compile(r"\.mlp\.gate\.expert_bias$"), ".mlp.gate.e_score_correction_bias"),
+    (re.compile(r"\.mlp\.gate\.gate_proj\."), ".mlp.gate."),  # (mlx_lm's bailing_moe moves the router there)
 )
 
 

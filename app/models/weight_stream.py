@@ -187,6 +187,7 @@ FUSED_CHECKPOINTS = {
     "bloom",
     "mpt",
     "sarvam_moe",
+    "bailing_moe",
 }
 
 

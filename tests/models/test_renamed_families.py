@@ -32,7 +32,11 @@ def _config_class(model_type: str):
     return type(AutoConfig.for_model(model_type))
 
 
-@pytest.mark.parametrize("model_type", sorted(RENAMED))
+# (bailing_moe has no transformers class: test_bailing.py checks it against mlx_lm and SarvamMoE)
+WITH_CLASSES = sorted(set(RENAMED) - {"bailing_moe"})
+
+
+@pytest.mark.parametrize("model_type", WITH_CLASSES)
 def test_defaults_are_the_config_classes(model_type):
     """Every default the renamed class changes from its family's class is in RENAMED with the class's value (the
     family's configure then reads the rest as its own defaults)."""
@@ -56,7 +60,7 @@ def test_defaults_are_the_config_classes(model_type):
         assert defaults[key] == value, key
 
 
-@pytest.mark.parametrize("model_type", sorted(RENAMED))
+@pytest.mark.parametrize("model_type", WITH_CLASSES)
 def test_config_reads_as_its_family(model_type):
     """The defaults of the renamed class give the model its class builds (shape, experts, latent attention)."""
     cls = _config_class(model_type)
