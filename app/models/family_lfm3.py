@@ -58,6 +58,14 @@ _DEFAULT_ROPE = {
 }
 
 
+def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config inside an LFM3-VL config.json (Lfm3VlConfig: the wrapper ties, by default yes;
+    its token ids and quantization apply when text_config lacks them)."""
+    from lantern.app.models.spec import wrapped_text_config
+
+    return wrapped_text_config(cfg, "lfm3", cfg.get("tie_word_embeddings", True))
+
+
 def layer_types(cfg: dict[str, Any], n: int) -> list[str]:
     """Each layer's type as Lfm3Config states it (its default pattern where config.json has none)."""
     types = cfg.get("layer_types")

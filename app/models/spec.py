@@ -49,6 +49,7 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_5": _text_config("family_qwen3_next"),
     "qwen3_5_moe": _text_config("family_qwen3_next"),
     "lfm2_vl": _text_config("family_lfm2"),
+    "lfm3_vl": _text_config("family_lfm3"),
     "glm4v": _text_config("family_glm"),
     "glm46v": _text_config("family_glm"),
     "glm4v_moe": _text_config("family_glm"),
