@@ -60,11 +60,18 @@ class Gemma4Layers:
 
     def global_inv_freq(self) -> np.ndarray:
         """The full layers' inverse frequencies over the whole head (transformers' proportional rope)."""
-        dim = self.global_head_dim
-        turning = int(self.global_rope_fraction * dim // 2)
-        inv = 1.0 / (self.global_rope_theta ** (np.arange(0, 2 * turning, 2, dtype=np.float32) / dim))
-        inv = np.concatenate([inv.astype(np.float32), np.zeros(dim // 2 - turning, np.float32)])
-        return (inv / np.float32(self.global_rope_factor)).astype(np.float32)
+        return proportional_inv_freq(
+            self.global_head_dim, self.global_rope_fraction, self.global_rope_theta, self.global_rope_factor
+        )
+
+
+def proportional_inv_freq(dim: int, fraction: float, theta: float, factor: float) -> np.ndarray:
+    """transformers' proportional rope (_compute_proportional_rope_parameters) as inverse frequencies over a whole
+    head of `dim`: the first int(fraction * dim // 2) pairs turn by theta ** (-2i / dim) / factor, the rest not."""
+    turning = int(fraction * dim // 2)
+    inv = 1.0 / (theta ** (np.arange(0, 2 * turning, 2, dtype=np.float32) / dim))
+    inv = np.concatenate([inv.astype(np.float32), np.zeros(dim // 2 - turning, np.float32)])
+    return (inv / np.float32(factor)).astype(np.float32)
 
 
 def kv_sources_of(types: list[str], shared: int) -> tuple[int, ...]:

@@ -27,6 +27,7 @@ import numpy as np
 
 from lantern.app.models.errors import UnsupportedModelError
 from lantern.app.models.errors import refuse as _refuse
+from lantern.app.models.family_gemma4 import proportional_inv_freq
 from lantern.app.models.family_lfm2 import ShortConvConfig
 
 if TYPE_CHECKING:
@@ -176,13 +177,10 @@ def attention_config(cfg: ModelConfig) -> ModelConfig:
 
 
 def full_inv_freq(cfg: ModelConfig) -> np.ndarray | None:
-    """The full layers' proportional rope as inverse frequencies over the whole head (transformers'
-    _compute_proportional_rope_parameters, as family_gemma4.Gemma4Layers.global_inv_freq); None: a plain rope."""
+    """The full layers' proportional rope as inverse frequencies over the whole head (Gemma 4's); None: a plain
+    rope."""
     scaling = cfg.rope_scaling or {}
     if scaling.get("rope_type") != "proportional":
         return None
-    dim = cfg.head_dim
-    turning = int(float(scaling["partial_rotary_factor"]) * dim // 2)
-    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, 2 * turning, 2, dtype=np.float32) / dim))
-    inv = np.concatenate([inv.astype(np.float32), np.zeros(dim // 2 - turning, np.float32)])
-    return (inv / np.float32(scaling.get("factor", 1.0))).astype(np.float32)
+    fraction, factor = float(scaling["partial_rotary_factor"]), float(scaling.get("factor", 1.0))
+    return proportional_inv_freq(cfg.head_dim, fraction, cfg.rope_theta, factor)

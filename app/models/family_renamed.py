@@ -168,8 +168,9 @@ RENAMED["minicpm3"] = (
     },
 )
 
-# YoutuConfig deletes DeepseekV3Config's mixture keys: whatever a config.json says of them, every layer is dense.
-_YOUTU_DROPPED = (
+# YoutuConfig and MiniCPM3Config have none of DeepseekV3Config's mixture keys: whatever a config.json says of them,
+# every layer is dense.
+_MIXTURE_KEYS = (
     "n_shared_experts",
     "n_routed_experts",
     "routed_scaling_factor",
@@ -206,7 +207,7 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
     if model_type == "bailing_moe":
         out = _bailing(out)
     if model_type in ("youtu", "minicpm3"):  # (no mixture keys in their config classes: every layer dense)
-        out = {k: v for k, v in out.items() if k not in _YOUTU_DROPPED}
+        out = {k: v for k, v in out.items() if k not in _MIXTURE_KEYS}
         out["n_routed_experts"], out["num_nextn_predict_layers"] = 0, 0
     if model_type == "minicpm3":  # (MiniCPM3Config has no rope_interleave: its attention turns halves)
         out["rope_interleave"] = False
@@ -287,9 +288,9 @@ def _sarvam_mla_legacy(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Sarvam-30B's released tensor names (Bailing's) -> GLM-4.5's; query_key_value [q | k | v] rows is split by
+# Sarvam-30B's and Ling 2.0's tensor names (Bailing's) -> GLM-4.5's; query_key_value [q | k | v] rows is split by
 # weight_stream.split_fused as qkv_proj
-_SARVAM_MOE_NAMES = (
+_BAILING_NAMES = (
     (re.compile(r"^model\.word_embeddings\."), "model.embed_tokens."),
     (re.compile(r"\.attention\.query_key_value\."), ".self_attn.qkv_proj."),
     (re.compile(r"\.attention\.dense\."), ".self_attn.o_proj."),
@@ -302,6 +303,6 @@ _SARVAM_MOE_NAMES = (
 
 def checkpoint_name(name: str) -> str:
     """A renamed family's checkpoint tensor name as its family's model files name it."""
-    for pattern, new in _SARVAM_MOE_NAMES:
+    for pattern, new in _BAILING_NAMES:
         name = pattern.sub(new, name)
     return name

@@ -133,28 +133,21 @@ def test_mlx_lm_folder_equals_the_original_model(tmp_path, backend):
 def test_lfm2_vl_folder_serves_its_language_model(float_folder, tmp_path, backend):
     """An Lfm2VlForConditionalGeneration folder (text_config, model.language_model.* names, a vision
     tower and projector beside, tied by the wrapper) gives the text model's tokens."""
-    from safetensors.torch import load_file, save_file
-
     from lantern.app.engine import SamplingParams
+    from tests.fixtures.tiny_models import vision_language_folder
 
     text = json.loads((float_folder / "config.json").read_text())
-    for f in float_folder.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            (tmp_path / f.name).write_bytes(f.read_bytes())
-    wrapped = {
+    wrapper = {
         "model_type": "lfm2_vl",
         "architectures": ["Lfm2VlForConditionalGeneration"],
-        "text_config": {**{k: v for k, v in text.items() if k != "architectures"}, "tie_word_embeddings": True},
+        "text_config": {"tie_word_embeddings": True},
         "tie_word_embeddings": text["tie_word_embeddings"],  # the wrapper's key decides
     }
-    (tmp_path / "config.json").write_text(json.dumps(wrapped))
-    tensors = {
-        (n if n == "lm_head.weight" else n.replace("model.", "model.language_model.", 1)): t
-        for n, t in load_file(float_folder / "model.safetensors").items()
+    extra = {
+        "model.vision_tower.embeddings.patch_embedding.weight": torch.ones(3, 3),
+        "model.multi_modal_projector.linear_1.weight": torch.ones(4, 4),
     }
-    tensors["model.vision_tower.embeddings.patch_embedding.weight"] = torch.ones(3, 3)
-    tensors["model.multi_modal_projector.linear_1.weight"] = torch.ones(4, 4)
-    save_file(tensors, tmp_path / "model.safetensors")
+    vision_language_folder(float_folder, tmp_path, wrapper, extra)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     ours = LLM(str(tmp_path), backend=backend, dtype="float32", num_kv_blocks=64).generate([PROMPT], params)
     plain = LLM(str(float_folder), backend=backend, dtype="float32", num_kv_blocks=64).generate([PROMPT], params)

@@ -83,7 +83,7 @@ def test_config_matches_transformers(extra):
     if "sliding_attention" in ref.layer_types:
         cos, sin = rotary(x, positions[None], layer_type="sliding_attention")
         step = SimpleNamespace(cos=torch.zeros(1), sin=torch.zeros(1), positions=positions)
-        torch.testing.assert_close(CausalLM(cfg).local_rope(step), (cos[0], sin[0]), rtol=0, atol=0)
+        torch.testing.assert_close(CausalLM(cfg)._local_rope(step), (cos[0], sin[0]), rtol=0, atol=0)
     else:
         assert cfg.local_rope_theta is None
 
@@ -196,34 +196,24 @@ def test_a_follow_up_turn_starts_from_the_snapshot_and_matches_transformers(tiny
 def test_lfm3_vl_folder_serves_its_language_model(tiny_model_dir, tmp_path, backend):
     """An Lfm3VlForConditionalGeneration folder (text_config, model.language_model.* names, a vision tower and
     projector beside, tied by the wrapper) gives the text model's greedy tokens."""
-    import json
     from pathlib import Path
 
-    from safetensors.torch import load_file, save_file
-
     from lantern.app.engine import SamplingParams
+    from tests.fixtures.tiny_models import vision_language_folder
 
     folder = Path(tiny_model_dir("lfm3"))
-    text = json.loads((folder / "config.json").read_text())
-    for f in folder.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            (tmp_path / f.name).write_bytes(f.read_bytes())
-    wrapped = {
+    wrapper_cfg = {
         "model_type": "lfm3_vl",
         "architectures": ["Lfm3VlForConditionalGeneration"],
-        "text_config": {**{k: v for k, v in text.items() if k != "architectures"}, "tie_word_embeddings": False},
-        "tie_word_embeddings": text["tie_word_embeddings"],  # the wrapper's key decides
+        "text_config": {"tie_word_embeddings": False},  # the wrapper's key decides: tied (Lfm3VlConfig's default)
     }
-    (tmp_path / "config.json").write_text(json.dumps(wrapped))
-    tensors = {
-        (n if n == "lm_head.weight" else n.replace("model.", "model.language_model.", 1)): t
-        for n, t in load_file(folder / "model.safetensors").items()
+    extra = {
+        "model.vision_tower.embeddings.patch_embedding.weight": torch.ones(3, 3),
+        "model.multi_modal_projector.linear_1.weight": torch.ones(4, 4),
     }
-    tensors["model.vision_tower.embeddings.patch_embedding.weight"] = torch.ones(3, 3)
-    tensors["model.multi_modal_projector.linear_1.weight"] = torch.ones(4, 4)
-    save_file(tensors, tmp_path / "model.safetensors")
+    vision_language_folder(folder, tmp_path / "vl", wrapper_cfg, extra)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    wrapper = LLM(str(tmp_path), backend=backend, dtype="float32", num_kv_blocks=64)
+    wrapper = LLM(str(tmp_path / "vl"), backend=backend, dtype="float32", num_kv_blocks=64)
     assert wrapper.engine.model_config.multimodal_wrapper == "lfm3_vl"
     ours = wrapper.generate([PROMPT], params)
     plain = LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=64).generate([PROMPT], params)

@@ -24,12 +24,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.residual_multiplier = cfg.residual_multiplier  # Granite's; 1.0 elsewhere
-        if cfg.post_norms:  # HyperCLOVA X: each sublayer's output normed before the residual add
+        self.post_norms = cfg.post_norms  # HyperCLOVA X: each sublayer's output normed before the residual add
+        if self.post_norms:
             self.post_norm1 = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
             self.post_norm2 = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
-        m, post = self.residual_multiplier, "post_norm1" in self
+        m, post = self.residual_multiplier, self.post_norms
         attn = self.self_attn(self.input_layernorm(x), meta)
         attn = self.post_norm1(attn) if post else attn
         h = x + (attn if m == 1.0 else attn * m)

@@ -69,25 +69,36 @@ class DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(h))[0], residual
 
 
+class LocalRope:
+    """The sliding layers' plain rope of their own base (ModelConfig.local_rope_theta: Gemma 3, OLMo 3, Mellum,
+    Laguna, LFM3): (cos, sin) at each token's position from a table built on first use on the step's device, turning
+    `dim` dims of each head (None: local_rope_dim, else the rope table's width)."""
+
+    def __init__(self, cfg: ModelConfig, dim: int | None = None):
+        self.cfg, self.dim = cfg, dim
+        self.table: Rope | None = None
+
+    def __call__(self, meta: TorchAttentionMetadata) -> Rope | None:
+        """None when the model has no such rope (its sliding layers share the model's)."""
+        cfg = self.cfg
+        if cfg.local_rope_theta is None:
+            return None
+        device = meta.cos.device
+        # Built outside CUDA-graph capture: the graph runner's warm-up steps come first.
+        if self.table is None or self.table[0].device != device:
+            dim = self.dim or cfg.local_rope_dim
+            self.table = rope_tables(cfg, cfg.max_context, device, cfg.local_rope_theta, dim)
+        cos, sin = self.table
+        return cos[meta.positions], sin[meta.positions]
+
+
 class CausalLM(llama.CausalLM):
     decoder_layer = DecoderLayer
     final_norm = GemmaRMSNorm
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
         super().__init__(cfg, tp)
-        self._local_table: Rope | None = None  # built on first use, on the weights' device
+        self._local_rope = LocalRope(cfg)
 
     def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
         return (self._local_rope(meta),)
-
-    def _local_rope(self, meta: TorchAttentionMetadata) -> Rope | None:
-        """(cos, sin) of the sliding layers at each token's position; None when they share the model's."""
-        if self.cfg.local_rope_theta is None:
-            return None
-        device = meta.cos.device
-        # Built outside CUDA-graph capture: the graph runner's warm-up steps come first.
-        if self._local_table is None or self._local_table[0].device != device:
-            cfg = self.cfg
-            self._local_table = rope_tables(cfg, cfg.max_context, device, cfg.local_rope_theta, cfg.local_rope_dim)
-        cos, sin = self._local_table
-        return cos[meta.positions], sin[meta.positions]

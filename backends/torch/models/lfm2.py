@@ -18,9 +18,8 @@ from lantern.backends.torch.attention import TorchAttentionMetadata, lazy_zeros
 from lantern.backends.torch.layers import MLP, Attention, RMSNorm
 from lantern.backends.torch.models import llama
 from lantern.backends.torch.models.deepseek import DeepSeekMoE
+from lantern.backends.torch.models.gemma import LocalRope, Rope
 from lantern.backends.torch.parallel import TPGroup
-
-Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 class ConvState:
@@ -110,27 +109,11 @@ class CausalLM(llama.RecurrentCausalLM):
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
         super().__init__(cfg, tp)
-        self._local_inv_freq: torch.Tensor | None = None  # made on first use, on the step's device
+        # LFM3's sliding layers: a plain rope of their base over the whole head; None for LFM2
+        self._local_rope = LocalRope(cfg, cfg.local_rope_dim or cfg.head_dim)
 
     def layer_extras(self, meta: TorchAttentionMetadata) -> tuple:
-        return (self.state, self.local_rope(meta))
-
-    def local_rope(self, meta: TorchAttentionMetadata) -> Rope | None:
-        """(cos, sin) of LFM3's sliding layers at each token's position: a plain rope of their base over the whole
-        head, as transformers computes it (float32 inverse frequencies times the float positions), made per step
-        from the positions rather than a table of max_context rows; None: no sliding layer (LFM2)."""
-        theta = self.cfg.local_rope_theta
-        if theta is None:
-            return None
-        device = meta.cos.device
-        if self._local_inv_freq is None or self._local_inv_freq.device != device:
-            # Made outside CUDA-graph capture: the graph runner's warm-up steps come first.
-            dim = self.cfg.local_rope_dim or self.cfg.head_dim
-            self._local_inv_freq = (1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))).to(device)
-        assert meta.positions is not None  # (build_metadata sets it every step)
-        freqs = meta.positions.float()[:, None] * self._local_inv_freq
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(meta.cos.dtype), emb.sin().to(meta.sin.dtype)
+        return (self.state, self._local_rope(meta))
 
     def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
         sc = self.cfg.short_conv

@@ -33,7 +33,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.residual_multiplier = cfg.residual_multiplier  # Granite's; 1.0 elsewhere
-        if cfg.post_norms:  # HyperCLOVA X: each sublayer's output normed before the residual add
+        self.post_norms = cfg.post_norms  # HyperCLOVA X: each sublayer's output normed before the residual add
+        if self.post_norms:
             self.post_norm1 = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.post_norm2 = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -44,11 +45,11 @@ class DecoderLayer(nn.Module):
         fused into the next norm)."""
         h, residual = self.input_layernorm(x, residual)
         attn, m = self.self_attn(h, meta), self.residual_multiplier
-        if hasattr(self, "post_norm1"):
+        if self.post_norms:
             attn = self.post_norm1(attn)[0]
         h, residual = self.post_attention_layernorm(attn if m == 1.0 else attn * m, residual)
         out = self.mlp(h)
-        if hasattr(self, "post_norm2"):
+        if self.post_norms:
             out = self.post_norm2(out)[0]
         return (out if m == 1.0 else out * m), residual
 
