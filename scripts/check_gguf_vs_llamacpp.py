@@ -42,12 +42,14 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_families import convert_to_gguf
     from tests.fixtures.gguf_gpt_families import convert_gpt_to_gguf
     from tests.fixtures.gguf_granite import convert_granite
+    from tests.fixtures.gguf_llama_relatives import convert
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
     from tests.fixtures.gguf_renamed import convert_bailing, convert_minicpm3
     from tests.fixtures.tiny_models import ARCH_VARIANTS, build_model
     from tests.models.test_gguf_families import FILES
     from tests.models.test_gguf_gpt_classics import FILES as GPT
+    from tests.models.test_gguf_llama_relatives import CASES as LLAMA_RELATIVES
     from tests.models.test_gguf_mamba import FILES as MAMBA
     from tests.models.test_gguf_qwen3_next import FILES as QWEN3_NEXT
 
@@ -76,6 +78,10 @@ def families() -> dict[str, Callable[[Path], Path]]:
         made[name] = lambda d, p=partial: convert_bailing(
             build_model("sarvam_moe", d / "hf", partial_rotary_factor=p, head_dim=16, attention_bias=False), d
         )[0]
+    for name, (variant, overrides) in LLAMA_RELATIVES.items():  # internlm2, xverse, orion, qwen, minicpm
+        made[name] = lambda d, n=name, v=variant, o=overrides: convert(
+            build_model(v, d / "hf", **o), d / f"tiny-{n}.gguf", n.split("_")[0]
+        )
     return made
 
 

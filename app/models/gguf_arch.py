@@ -210,8 +210,9 @@ ARCH_LAYER["gemma4"] = {
 # Plain TextModel converters whose --fuse-qkv (and Phi-2's older checkpoints) give attn_qkv: split by
 # weight_stream.split_fused (their q/k rows are not permuted, so the split is the checkpoint's rows).
 _PLAIN_QKV = ("gemma", "phi2", "stablelm", "starcoder2", "command-r", "nemotron", "exaone", "jais2")
-# (and the GPT-2-era converters, which always fuse q/k/v: GPT-NeoX's and Falcon's regrouped to q, k, v rows)
-for _arch in (*_PLAIN_QKV, "gpt2", "starcoder", "gptneox", "falcon", "bloom", "mpt"):
+# (and the GPT-2-era converters and Qwen (1)'s, which always fuse q/k/v: GPT-NeoX's and Falcon's regrouped to q, k, v
+# rows)
+for _arch in (*_PLAIN_QKV, "gpt2", "starcoder", "gptneox", "falcon", "bloom", "mpt", "qwen"):
     ARCH_LAYER[_arch] = {**ARCH_LAYER.get(_arch, {}), "attn_qkv": "self_attn.qkv_proj"}
 # Falcon 40B's second norm (the gguf map's attn_norm_2 is ln_attn, attn_norm ln_mlp: family_gptneox swaps them back)
 ARCH_LAYER["falcon"]["attn_norm_2"] = "post_attention_layernorm"

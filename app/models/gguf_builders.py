@@ -13,6 +13,7 @@ from lantern.app.models.gguf_dense_builders import DENSE_BUILDERS, qkv_bias
 from lantern.app.models.gguf_encoder import ENCODER_BUILDERS
 from lantern.app.models.gguf_gpt_builders import GPT_BUILDERS
 from lantern.app.models.gguf_granite_builders import GRANITE_BUILDERS
+from lantern.app.models.gguf_llama_builders import LLAMA_RELATIVE_BUILDERS
 from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS
 from lantern.app.models.gguf_moe_builders import MOE_BUILDERS
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
@@ -539,6 +540,7 @@ BUILDERS = {
     "llama4": _llama4,
     "apertus": _apertus,
     **GRANITE_BUILDERS,
+    **LLAMA_RELATIVE_BUILDERS,
     **MAMBA_BUILDERS,
     **MOE_BUILDERS,
     **DENSE_BUILDERS,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from lantern.app.models.gguf_config import _deepseek2, _head_dim, _layer_types, _Meta
-from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
+from lantern.app.models.gguf_rope import longrope_tensors, rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
 _AFMOE_PERIOD = 4  # llama.cpp's afmoe graph: the rope skips every 4th layer (n_no_rope_layer_step), whatever is stated
@@ -172,8 +172,6 @@ def _minicpm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     pretraining length (llama.cpp's n_ctx_orig: the short factors unless a context past it is served)."""
     rope_dims = int(meta.need("rope.dimension_count"))
     v_head = meta.get("attention.value_length") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    if meta.get("rope.scaling.original_context_length") is not None:  # (llama.cpp's switch to the long factors)
-        raise UnsupportedModelError(f"{meta.label}minicpm3.rope.scaling.original_context_length is not implemented")
     out: dict[str, Any] = {
         "model_type": "minicpm3",
         "kv_lora_rank": int(meta.need("attention.kv_lora_rank")),
@@ -185,20 +183,9 @@ def _minicpm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
         "latent_norm_eps": cfg["rms_norm_eps"],  # (llama.cpp norms the latents with the model's eps)
         **_MINICPM3_SCALARS,
     }
-    if stated_rope_scaling(meta):
-        raise UnsupportedModelError(
-            f"{meta.label}minicpm3.rope.scaling.* (other than LongRoPE's tensors) is not implemented"
-        )
-    long, short = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
-    if (long is None) != (short is None):
-        raise UnsupportedModelError(f"{meta.label}LongRoPE needs both rope_factors_long and rope_factors_short")
-    if long is not None:
-        out["rope_scaling"] = {
-            "type": "longrope",
-            "long_factor": [float(x) for x in np.asarray(long.data, dtype=np.float32)],
-            "short_factor": [float(x) for x in np.asarray(short.data, dtype=np.float32)],
-            "original_max_position_embeddings": cfg["max_position_embeddings"],
-        }
+    longrope = longrope_tensors(meta, tensors, cfg)
+    if longrope is not None:
+        out["rope_scaling"] = longrope
     return out
 
 

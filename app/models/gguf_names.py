@@ -88,6 +88,9 @@ PERMUTED_ARCHITECTURES = {
     "granitehybrid",
     "nemotron_h",
     "nemotron_h_moe",
+    "internlm2",  # InternLM2Model permutes the q / k it splits from wqkv as LlamaModel
+    "xverse",  # XverseModel, BaichuanModel and MiniCPMModel permute as LlamaModel
+    "minicpm",
 }
 
 

@@ -245,3 +245,27 @@ def _numpy_divisors(scaling: dict[str, Any], theta: float, dims: int) -> np.ndar
     ramp = ~(wavelen < original / hi) & ~(wavelen > original / lo)
     scaled = np.where(ramp, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
     return (inv / scaled.astype(np.float32)).astype(np.float64)
+
+
+def longrope_tensors(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """LongRoPE as MiniCPM's converters write it (MiniCPMModel, MiniCPM3Model): the factors as two tensors,
+    rope_factors_long / _short, beside (MiniCPM's) or without (MiniCPM3's) rope.scaling.type longrope, and the
+    trained context as the pretraining length (llama.cpp's n_ctx_orig: the short factors unless a context past it
+    is served; the attention factor then 1, as transformers computes it for that ratio). None without the tensors."""
+    if meta.get("rope.scaling.original_context_length") is not None:  # (llama.cpp's switch to the long factors)
+        raise UnsupportedModelError(f"{meta.label}{meta.arch}.rope.scaling.original_context_length is not implemented")
+    stated = meta.get("rope.scaling.type")
+    if stated not in (None, "none", "longrope"):
+        raise UnsupportedModelError(f"{meta.label}{meta.arch}.rope.scaling.type={stated} is not implemented here")
+    long, short = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+    if (long is None) != (short is None) or (long is None and stated == "longrope"):
+        raise UnsupportedModelError(f"{meta.label}LongRoPE needs both rope_factors_long and rope_factors_short")
+    if long is None:
+        return None
+    _attn_factor(meta, None)
+    return {
+        "type": "longrope",
+        "long_factor": [float(x) for x in np.asarray(long.data, dtype=np.float32)],
+        "short_factor": [float(x) for x in np.asarray(short.data, dtype=np.float32)],
+        "original_max_position_embeddings": cfg["max_position_embeddings"],
+    }

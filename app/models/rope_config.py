@@ -72,10 +72,11 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
     model_type = cfg.get("model_type")
     if model_type == "phi3" and rope_type in ("su", "yarn"):
         rope_type = "longrope"  # Phi3Config reads its older configs' names so
-    elif rope_type == "longrope" and model_type not in ("phi3", "phimoe"):
-        # Only Phi-3 / Phi-4-mini checkpoints carry it (and only Phi-3's transformers code
-        # recomputes the cache when a sequence switches factors, the rule longrope_factors follows).
-        raise _refuse("rope_scaling.rope_type", rope_type, f" for {model_type or 'this family'} (Phi-3 only)")
+    elif rope_type == "longrope" and model_type not in ("phi3", "phimoe", "granite"):
+        # Phi-3 / Phi-4-mini checkpoints carry it, and MiniCPM 4 GGUFs (read as Granite: gguf_llama_builders); Phi-3's
+        # transformers code recomputes the cache when a sequence switches factors, the rule longrope_factors follows,
+        # and transformers 5's shared rope update picks the factors the same way for Granite.
+        raise _refuse("rope_scaling.rope_type", rope_type, f" for {model_type or 'this family'} (Phi-3 and MiniCPM)")
     partial = scaling.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor")
     partial = None if partial in (None, 1, 1.0) else float(partial)
     if partial is not None:

@@ -1,0 +1,96 @@
+"""GGUF config builders of the older architectures llama.cpp names apart whose maths is a family Lantern already
+serves: InternLM2 / 2.5 and XVERSE (Llama), Orion (StableLM's layer), Qwen (1) (Qwen2's) and MiniCPM 1 / 2 / 4
+(Granite's scalars), each as llama.cpp's converter writes it and its runtime reads it (see gguf_builders.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lantern.app.models.gguf_config import _head_dim, _Meta
+from lantern.app.models.gguf_dense_builders import qkv_bias
+from lantern.app.models.gguf_rope import longrope_tensors, stated_rope_scaling
+from lantern.app.models.spec import UnsupportedModelError
+
+
+def _plain_rope(meta: _Meta, cfg: dict[str, Any]) -> dict[str, Any]:
+    return {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]}
+
+
+def _llama(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """InternLM2 / 2.5 (llama.cpp's InternLM2Model: wqkv split into q, k and v, q/k permuted as Llama's) and XVERSE
+    (XverseModel: q/k permuted): Llama's layer under the architecture's name. InternLM2's dynamic NTK is not
+    written (the converter drops it), so the file's rope is plain, as llama.cpp computes it."""
+    return {
+        "model_type": "llama",
+        "head_dim": _head_dim(meta, cfg),
+        "attention_bias": qkv_bias(tensors),  # (refused: Llama's attention_bias also puts one on o_proj)
+        "rope_parameters": _plain_rope(meta, cfg),
+    }
+
+
+def _orion(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Orion (llama.cpp's OrionModel: a TextModel, nothing permuted; its config's rms_norm_eps written as the
+    LayerNorms' eps, no rope base, so llama.cpp's 10000): StableLM's layer — LayerNorms with biases before
+    attention and the MLP, one after the last layer — with the NeoX rope over the whole head."""
+    return {
+        "model_type": "stablelm",
+        "layer_norm_eps": cfg["rms_norm_eps"],
+        "use_qkv_bias": qkv_bias(tensors),
+        "use_parallel_residual": False,
+        "qk_layernorm": False,
+        "rope_parameters": {**_plain_rope(meta, cfg), "partial_rotary_factor": 1.0},
+    }
+
+
+def _qwen(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen (1) (llama.cpp's QwenModel: a TextModel; c_attn as attn_qkv with its bias, nothing permuted;
+    feed_forward_length is the HF config's intermediate_size, twice each projection's width, as llama.cpp's graph
+    halves it): Qwen2's layer with q/k/v biases, every query head its own K/V. Qwen's dynamic NTK and log-n
+    attention (past its training length) are not in the file: llama.cpp computes neither."""
+    up = tensors.get("blk.0.ffn_up.weight")
+    return {
+        "model_type": "qwen2",
+        "intermediate_size": int(up.shape[1]) if up is not None else cfg["intermediate_size"] // 2,
+        "num_key_value_heads": cfg["num_attention_heads"],
+        "use_sliding_window": False,
+        "rope_parameters": _plain_rope(meta, cfg),
+    }
+
+
+def _minicpm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM 1 / 2 / 4 (llama.cpp's MiniCPMModel: q/k permuted as Llama's; its runtime runs Granite's graph):
+    muP's three scalars as embedding_scale (scale_emb), residual_scale (scale_depth / sqrt(layers)) and
+    logit_scale (hidden_size / dim_model_base), queries scaled by head_dim ** -0.5, LongRoPE (MiniCPM4) as the two
+    factor tensors. Where a key is missing, the values every MiniCPM shipped with (12, 1.4 / sqrt(layers), a
+    dim_model_base of 256): llama.cpp's defaults for the first two; for the third it divides the logits by
+    256 / hidden_size, the inverse of MiniCPM's (and of its own earlier graph), so such a file is read as the
+    model it was converted from."""
+    if meta.get("expert_count"):
+        raise UnsupportedModelError(f"{meta.label}minicpm.expert_count (MiniCPM-MoE) is not implemented")
+    head_dim = _head_dim(meta, cfg)
+    layers = cfg["num_hidden_layers"]
+    out: dict[str, Any] = {
+        "model_type": "granite",
+        "head_dim": head_dim,
+        "attention_multiplier": float(meta.get("attention.scale") or head_dim**-0.5),
+        "embedding_multiplier": float(meta.get("embedding_scale") or 12.0),
+        "residual_multiplier": float(meta.get("residual_scale") or 1.4 / math.sqrt(layers)),
+        "logits_scaling": float(meta.get("logit_scale") or cfg["hidden_size"] / 256),
+        "attention_bias": qkv_bias(tensors),  # refused by family_granite
+    }
+    longrope = longrope_tensors(meta, tensors, cfg)
+    if longrope is not None:
+        out["rope_scaling"] = longrope
+    else:
+        out["rope_parameters"] = _plain_rope(meta, cfg)
+    return out
+
+
+LLAMA_RELATIVE_BUILDERS = {
+    "internlm2": _llama,
+    "xverse": _llama,
+    "orion": _orion,
+    "qwen": _qwen,
+    "minicpm": _minicpm,
+}
