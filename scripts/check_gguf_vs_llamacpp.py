@@ -46,6 +46,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
     from tests.fixtures.gguf_renamed import convert_bailing, convert_minicpm3
+    from tests.fixtures.nemotron_nas import LLAMA_CPP_BLOCKS, convert_deci, write_folder
     from tests.fixtures.tiny_models import ARCH_VARIANTS, build_model
     from tests.models.test_gguf_families import FILES
     from tests.models.test_gguf_gpt_classics import FILES as GPT
@@ -82,6 +83,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
         made[name] = lambda d, n=name, v=variant, o=overrides: convert(
             build_model(v, d / "hf", **o), d / f"tiny-{n}.gguf", n.split("_")[0]
         )
+    made["deci"] = lambda d: convert_deci(write_folder(d / "hf", LLAMA_CPP_BLOCKS)[0], d / "tiny-deci.gguf")
     return made
 
 

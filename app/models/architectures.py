@@ -274,6 +274,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # top-1 experts beside a shared expert, chunked attention (served within one chunk)
     "llama4_text": {"family": "llama4", "configure": "family_llama4", "defaults": "family_llama4"},
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
+    # Nemotron-NAS (Llama-3.1-Nemotron-51B, -3.3-Nemotron-Super-49B, -3.1-Nemotron-Ultra-253B): Llama 3.1 with each
+    # layer's attention (its KV heads, a linear map, none) and MLP width its own (block_configs)
+    "nemotron-nas": {
+        "family": "deci",
+        "configure": "family_deci",
+        "prepare": True,
+        "defaults": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6},  # (DeciLMConfig is a LlamaConfig)
+    },
     # Another family's maths under other key names and defaults (family_renamed): InternLM3, IQuest-Coder (Llama),
     # Sarvam-30B (GLM-4.5's mixture), Sarvam-105B (DeepSeek-V3), Youtu-LLM and MiniCPM3 (DeepSeek-V3's attention,
     # dense MLPs)

@@ -67,7 +67,7 @@ def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name:
     builder = _BUILDERS.get(meta.arch) or BUILDERS.get(meta.arch)
     if builder is None:
         return None
-    if meta.arch not in ("exaone", "exaone4", "exaone-moe", "gemma4"):  # (their builders read the tensor)
+    if meta.arch not in ("exaone", "exaone4", "exaone-moe", "gemma4", "deci"):  # (their builders read the tensor)
         rope_freqs_scaling(meta, tensors, None)  # refuses a rope_freqs tensor: no other family here has one
     if meta.arch not in ("mistral3", "mistral4"):  # (their builders read it)
         _temperature(meta, refuse=True)
@@ -78,7 +78,10 @@ def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name:
 
 def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
     md = meta.md
-    heads = int(meta.scalar("attention.head_count"))
+    stated = meta.get("attention.head_count")
+    # (Nemotron-NAS states heads per layer, 0 where a layer has no attention: the attention layers' count)
+    heads = int(max(stated)) if meta.arch == "deci" and isinstance(stated, (list, tuple)) else None
+    heads = heads or int(meta.scalar("attention.head_count"))
     eos = [md.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     layers = int(meta.need("block_count")) - int(meta.get("nextn_predict_layers") or 0)
     embd = tensors.get("token_embd.weight")
@@ -111,6 +114,8 @@ def _kv_heads(meta: _Meta, heads: int) -> int:
         return int(next(v for v in value if v))
     if isinstance(value, (list, tuple)) and meta.arch == "gemma4" and value:
         return int(value[0])
+    if isinstance(value, (list, tuple)) and meta.arch == "deci" and value:  # (its builder states each layer's)
+        return int(max(value))
     return int(meta.scalar("attention.head_count_kv", heads))
 
 
@@ -121,7 +126,7 @@ def _per_layer_width(meta: _Meta, key: str) -> int:
     value = meta.get(key)
     if isinstance(value, (list, tuple)) and meta.arch in ("gemma4", "gemma3n") and value:
         return int(min(value))
-    if isinstance(value, (list, tuple)) and meta.arch in ("nemotron_h", "nemotron_h_moe") and value:
+    if isinstance(value, (list, tuple)) and meta.arch in ("nemotron_h", "nemotron_h_moe", "deci") and value:
         return int(max(value))
     return int(meta.scalar(key, 0) or 0)
 

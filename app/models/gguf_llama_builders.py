@@ -1,6 +1,7 @@
-"""GGUF config builders of the older architectures llama.cpp names apart whose maths is a family Lantern already
-serves: InternLM2 / 2.5 and XVERSE (Llama), Orion (StableLM's layer), Qwen (1) (Qwen2's) and MiniCPM 1 / 2 / 4
-(Granite's scalars), each as llama.cpp's converter writes it and its runtime reads it (see gguf_builders.py)."""
+"""GGUF config builders of the architectures llama.cpp names apart whose maths is a family Lantern already serves:
+InternLM2 / 2.5 and XVERSE (Llama), Orion (StableLM's layer), Qwen (1) (Qwen2's), MiniCPM 1 / 2 / 4 (Granite's
+scalars) and Deci / Nemotron-NAS (family_deci's per-layer shapes), each as llama.cpp's converter writes it and its
+runtime reads it (see gguf_builders.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from lantern.app.models.gguf_config import _head_dim, _Meta
 from lantern.app.models.gguf_dense_builders import qkv_bias
-from lantern.app.models.gguf_rope import longrope_tensors, stated_rope_scaling
+from lantern.app.models.gguf_rope import longrope_tensors, rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
 
@@ -94,3 +95,40 @@ LLAMA_RELATIVE_BUILDERS = {
     "qwen": _qwen,
     "minicpm": _minicpm,
 }
+
+
+def _per_layer(meta: _Meta, key: str, layers: int, default: Any = None) -> list[int]:
+    value = meta.get(key, default) if default is not None else meta.need(key)
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * layers
+    if len(values) != layers:
+        raise UnsupportedModelError(f"{meta.label}{meta.arch}.{key} has {len(values)} values for {layers} layers")
+    return [int(v) for v in values]
+
+
+def _deci(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-NAS / DeciLM (llama.cpp's DeciModel: q/k permuted as Llama's, each layer by its own KV heads; the
+    llama3 rope as rope_freqs): the per-layer head_count (0: no attention), head_count_kv (0 under heads: the 51B's
+    linear layer) and feed_forward_length (0: no MLP) as Nemotron-NAS's block_configs, each MLP's width stated."""
+    layers = cfg["num_hidden_layers"]
+    heads = _per_layer(meta, "attention.head_count", layers)
+    kv = _per_layer(meta, "attention.head_count_kv", layers, heads)
+    widths = _per_layer(meta, "feed_forward_length", layers)
+    top, blocks = max(heads), []
+    for i, (h, k, w) in enumerate(zip(heads, kv, widths)):
+        if h not in (0, top) or (k and top % k):
+            raise UnsupportedModelError(f"{meta.label}deci layer {i}: {h} heads over {k} KV heads are not implemented")
+        attention = (
+            {"no_op": True} if h == 0 else {"replace_with_linear": True} if k == 0 else {"n_heads_in_group": top // k}
+        )
+        blocks.append({"attention": attention, "ffn": {"no_op": True} if w == 0 else {"intermediate_size": w}})
+    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)) or {"rope_type": "default"}
+    return {
+        "model_type": "nemotron-nas",
+        "head_dim": _head_dim(meta, cfg),
+        "block_configs": blocks,
+        "attention_bias": qkv_bias(tensors),  # refused by family_deci
+        "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},
+    }
+
+
+LLAMA_RELATIVE_BUILDERS["deci"] = _deci

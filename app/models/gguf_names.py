@@ -91,6 +91,7 @@ PERMUTED_ARCHITECTURES = {
     "internlm2",  # InternLM2Model permutes the q / k it splits from wqkv as LlamaModel
     "xverse",  # XverseModel, BaichuanModel and MiniCPMModel permute as LlamaModel
     "minicpm",
+    "deci",  # DeciModel: each layer's k rows by its own KV heads
 }
 
 
@@ -395,6 +396,9 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
     if widened:
         logger.warning("%s: %s", Path(path).name, widening_note(dict(widened)))
     permuted = arch in PERMUTED_ARCHITECTURES
+    # (K/V heads stated per layer -- Nemotron-NAS, the hybrids' 0 on state layers: each layer's k rows by its own)
+    kv_per_layer = indexes[0].metadata.get(f"{arch}.attention.head_count_kv")
+    kv_per_layer = kv_per_layer if isinstance(kv_per_layer, (list, tuple)) else None
     neox_rotary = glm4v_rotary(indexes[0].metadata, arch)
     halves: dict[str, Any] = {}  # a layer's attn_k_b until its attn_v_b is read (gpt-oss: gate until up)
     for index, t, name in used:
@@ -416,7 +420,7 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
         w = gguf_to_weight(t.tensor_type.name, t.data, rows, cols)
         which = needs_unpermute(name) if permuted else None
         if which:
-            n = num_heads if which == "q" else num_kv_heads
+            n = num_heads if which == "q" else int(kv_per_layer[layer_of(name)]) if kv_per_layer else num_kv_heads
             if isinstance(w, AffineWeight):
                 w = w.map_rows(lambda a, n=n: unpermute_rows(a, n))
             else:

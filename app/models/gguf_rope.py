@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 ROPE_FREQS = "rope_freqs.weight"
 # Where the converter writes rope_freqs for a llama3 rope and Lantern's config is Llama's
 # (Mistral and Mixtral files are "llama" too). Other converters write it with other meanings
-# (Gemma 4's 1e30 for unrotated dims, Exaone, Deci, Step3, Llama 4): refused.
-# (EXAONE 4's, Llama 4's and Apertus's converters write the llama3 rope as llama's does)
-_LLAMA3_ARCHS = ("llama", "exaone", "exaone4", "exaone-moe", "llama4", "apertus")
+# (Gemma 4's 1e30 for unrotated dims, Step3): refused.
+# (EXAONE's, Llama 4's, Apertus's and Deci's converters write the llama3 rope as llama's does)
+_LLAMA3_ARCHS = ("llama", "exaone", "exaone4", "exaone-moe", "llama4", "apertus", "deci")
 # The converter writes no key for original_max_position_embeddings. llama3's divisors depend on
 # it only through low/high_freq_factor's ratios to it (band edges original / factor, ramp
 # original / wavelength), so Llama 3's 8192 (the converter's default too) is taken and the two
@@ -133,8 +133,8 @@ def rope_freqs_scaling(meta: _Meta, tensors: dict[str, Any], stated: dict[str, A
             f"{where} of type {getattr(t.tensor_type, 'name', t.tensor_type)} is not implemented (F32 only)"
         )
     divisors = np.asarray(t.data, dtype=np.float32).reshape(-1).astype(np.float64)
-    heads = int(meta.scalar("attention.head_count"))
-    head_dim = int(meta.get("attention.key_length") or int(meta.need("embedding_length")) // heads)
+    head_dim = int(meta.get("attention.key_length") or 0)
+    head_dim = head_dim or int(meta.need("embedding_length")) // int(meta.scalar("attention.head_count"))
     dims = int(meta.get("rope.dimension_count") or head_dim)
     if divisors.size * 2 != dims or not np.all(np.isfinite(divisors)) or np.any(divisors <= 0):
         raise UnsupportedModelError(

@@ -191,6 +191,7 @@ class ModelConfig:
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every
     # layer is (num_kv_heads, head_dim) or the model's kv_layout.
     kv_shapes: tuple[tuple[int, int], ...] | None = None
+    nas: Any = None  # family_deci.NASBlocks: Nemotron-NAS's per-layer attention kind, KV heads and MLP width
     # Llama 4: its rope layers attend within chunks of this many tokens; served within one (check_servable)
     attention_chunk: int | None = None
     # The vision-language model_type whose folder this language model came from (its tensor names

@@ -87,6 +87,10 @@ def iter_weights(
             source = family_apertus.gguf_tensors(source, metadata, spec.config.num_layers)
         else:
             source = family_apertus.checkpoint_tensors(source)
+    if spec.config.nas is not None and spec.weight_format == "gguf":  # Nemotron-NAS's linear layers, renamed
+        from lantern.app.models.family_deci import gguf_tensors as deci_tensors
+
+        source = deci_tensors(source, spec.config.nas)
     if spec.config.architecture == "ernie4_5_moe" and spec.config.moe is not None:  # its router bias, renamed
         from lantern.app.models.family_ernie import checkpoint_tensors as ernie_tensors
 
