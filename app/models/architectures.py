@@ -292,6 +292,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "sarvam_mla": {"same_as": "deepseek_v3"},
     "youtu": {"same_as": "deepseek_v3"},
     "minicpm3": {"same_as": "deepseek_v3"},  # (and muP's scalars, LongRoPE: family_renamed.extra_fields)
+    "minicpm": {"same_as": "granite"},  # MiniCPM 1 to 4.1: muP's scalars as Granite's; LongRoPE, InfLLM v2's bound
+    # InternLM2 / 2.5: Llama under InternLM2's tensor names, q/k/v fused per KV group (family_internlm2's layout)
+    "internlm2": {"same_as": "llama", "configure": "family_internlm2", "tensors": True},
     "gpt_oss": {"family": "gptoss", "configure": "family_gptoss", "attention_bias": True},
     # BERT-style encoders: embeddings only (--task embed); family_bert says what each differs in
     "bert": {"family": "bert", "configure": "family_bert"},

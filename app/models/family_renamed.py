@@ -13,6 +13,11 @@
 - MiniCPM3 (`minicpm3`): the same, the rope on halves (not pairs), with muP's scalars: embeddings times scale_emb,
   each sublayer's output times scale_depth / sqrt(layers), the logits divided by hidden_size / dim_model_base; its
   LongRoPE (MiniCPM3-4B's) with the factors transformers' shared rope update picks.
+- MiniCPM 1 / 2 / 4 / 4.1 (`minicpm`: remote code, openbmb's modeling_minicpm.py): Granite's layer, muP's scalars as
+  Granite's four (the query scale head_dim ** -0.5); its LongRoPE as its remote code builds it, InfLLM v2's sparse
+  attention (sparse_config) served below dense_len, where the remote code attends densely.
+- InternLM2 / 2.5 (`internlm2`: remote code modeling_internlm2.py): Llama under other tensor names, q/k/v fused in
+  one matrix grouped by KV head (family_internlm2 regroups them).
 
 spec.ModelConfig.from_hf renames the keys (`same_as`), fills the config class's defaults where they differ from
 the family's, then reads the config as the family's model_type; the ModelConfig keeps the original name.
@@ -20,12 +25,15 @@ the family's, then reads the config as the family's model_type; the ModelConfig 
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from typing import Any
 
 from lantern.app.models.errors import refuse
 from lantern.app.models.rope_config import longrope_scaling
+
+logger = logging.getLogger(__name__)
 
 # model_type -> ({this config's key: the family's key}, this config class's defaults where they differ from its
 # family's); the family is the model_type its ARCHITECTURES entry names as "same_as"
@@ -168,6 +176,47 @@ RENAMED["minicpm3"] = (
     },
 )
 
+# MiniCPMConfig (openbmb's remote configuration_minicpm.py, MiniCPM 1 to 4.1 alike: MiniCPM4 adds mup_denominator,
+# an Eagle head's, and sparse_config) over GraniteConfig's defaults; its muP scalars are family_config's
+RENAMED["minicpm"] = (
+    {},
+    {
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": True,
+        "rope_theta": 10000.0,
+        "attention_bias": False,
+        "scale_emb": 1,
+        "dim_model_base": 1,
+        "scale_depth": 1,
+    },
+)
+# InternLM2Config (remote configuration_internlm2.py): `bias` (on wqkv and wo) is on unless stated
+RENAMED["internlm2"] = (
+    {},
+    {
+        "vocab_size": 103168,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": False,
+        "rope_theta": 10000.0,
+        "bias": True,
+    },
+)
+
 # YoutuConfig and MiniCPM3Config have none of DeepseekV3Config's mixture keys: whatever a config.json says of them,
 # every layer is dense.
 _MIXTURE_KEYS = (
@@ -213,14 +262,22 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
         out["rope_interleave"] = False
         out["v_head_dim"] = out.get("v_head_dim") or out["hidden_size"] // out["num_attention_heads"]
         out["head_dim"] = out["qk_rope_head_dim"]  # (the rope's width, as MiniCPM3Config sets it: LongRoPE's factors)
-        if _longrope_of(out) is not None:  # (MiniCPM3-4B's: extra_fields reads it, the family a plain rope)
-            theta = _longrope_of(out).get("rope_theta") or out.get("rope_theta") or 10000.0
-            out["rope_scaling"], out["rope_parameters"] = None, {"rope_type": "default", "rope_theta": theta}
+    if model_type == "minicpm":
+        out = _minicpm(out)
+    if model_type == "internlm2":
+        out = _internlm2(out)
+    if model_type in ("minicpm3", "minicpm") and _longrope_of(out) is not None:  # (extra_fields reads it, the
+        # family a plain rope)
+        theta = _longrope_of(out).get("rope_theta") or out.get("rope_theta") or 10000.0
+        out["rope_scaling"], out["rope_parameters"] = None, {"rope_type": "default", "rope_theta": theta}
     return {**out, "model_type": family}
 
 
 def extra_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig fields a renamed architecture sets beyond its family's: MiniCPM3's muP scalars."""
+    """ModelConfig fields a renamed architecture sets beyond its family's: MiniCPM3's muP scalars, MiniCPM's
+    LongRoPE and the length it attends densely within."""
+    if model_type == "minicpm":
+        return _minicpm_fields({**RENAMED[model_type][1], **cfg})
     if model_type != "minicpm3":
         return {}
     out = {**RENAMED[model_type][1], **cfg}
@@ -251,6 +308,90 @@ def extra_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
 def _longrope_of(cfg: dict[str, Any]) -> dict[str, Any] | None:
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     return rope if (rope.get("rope_type") or rope.get("type")) == "longrope" else None
+
+
+def _minicpm(cfg: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPMConfig's keys as GraniteConfig's: muP's scalars (the remote code applies them whatever else the config
+    says), the query scale head_dim ** -0.5, heads hidden_size / heads wide (its code's only width)."""
+    if cfg.get("num_experts"):
+        raise refuse("num_experts", cfg["num_experts"], " (MiniCPM-MoE's experts)")
+    if cfg.get("use_mup", True) is not True:  # (VoxCPM's MiniCPM4 backbone key, unknown to openbmb's code)
+        raise refuse("use_mup", cfg["use_mup"], " (openbmb's MiniCPM code always applies its muP scalars)")
+    heads, hidden, layers = cfg["num_attention_heads"], cfg["hidden_size"], cfg["num_hidden_layers"]
+    if hidden % heads:
+        raise refuse("num_attention_heads", heads, f" (MiniCPM's heads split hidden_size {hidden} evenly)")
+    width = hidden // heads
+    for key in ("kv_channels", "head_dim"):  # (VoxCPM's and others' widths: MiniCPM's code reads neither)
+        if cfg.get(key) not in (None, width):
+            raise refuse(key, cfg[key], f" for minicpm (its attention is hidden_size / heads = {width} wide)")
+    for key in ("scale_emb", "scale_depth", "dim_model_base"):
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise refuse(key, value, " (a positive number)")
+    out = {k: v for k, v in cfg.items() if k not in ("kv_channels", "use_mup", "mlp_bias")}  # (its MLP: no biases)
+    return {
+        **out,
+        "head_dim": width,
+        "attention_multiplier": width**-0.5,
+        "embedding_multiplier": float(cfg["scale_emb"]),
+        "residual_multiplier": cfg["scale_depth"] / math.sqrt(layers),
+        "logits_scaling": hidden / cfg["dim_model_base"],
+    }
+
+
+def _minicpm_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM's LongRoPE as its remote code builds it, and InfLLM v2 (sparse_config) served where that code attends
+    densely: while a sequence holds fewer than dense_len tokens (`kv_seq_len < dense_len`; default 8192)."""
+    fields: dict[str, Any] = {}
+    longrope = _longrope_of(cfg)
+    if longrope is not None:
+        fields["rope_scaling"] = _minicpm_longrope(cfg, longrope)
+    sparse = cfg.get("sparse_config")
+    if sparse is not None:
+        if not isinstance(sparse, dict):
+            raise refuse("sparse_config", sparse, " (InfLLM v2's settings: a mapping)")
+        dense = sparse.get("dense_len", 8192)
+        if isinstance(dense, bool) or not isinstance(dense, int) or dense < 2:  # (-1: sparse at every length)
+            raise refuse("sparse_config.dense_len", dense, " (InfLLM v2's sparse attention is not implemented)")
+        fields["dense_limit"] = dense - 1  # (the longest context served: check_servable)
+        logger.info(
+            "sparse_config: InfLLM v2 attends densely below dense_len=%d tokens; served within %d", dense, dense - 1
+        )
+    return fields
+
+
+def _minicpm_longrope(cfg: dict[str, Any], longrope: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPMLongRoPE: cos and sin times sqrt(1 + log(max / original) / log(original)) (whatever factor or
+    attention_factor rope_scaling states: the code reads neither), from one table built for max_position_embeddings
+    positions, so past the original length the long factors turn every position (the short ones never do)."""
+    original = longrope.get("original_max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 2:
+        raise refuse("rope_scaling.original_max_position_embeddings", original, " (MiniCPM's LongRoPE needs it)")
+    max_pos = int(cfg["max_position_embeddings"])
+    squared = 1 + math.log(max_pos / original) / math.log(original)
+    if squared <= 0:
+        raise refuse("max_position_embeddings", max_pos, f" below LongRoPE's original length {original}")
+    head = {**cfg, "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"]}
+    stated = {k: v for k, v in longrope.items() if k not in ("factor", "attention_factor")}
+    scaling = longrope_scaling(head, stated, original)
+    if max_pos > original:  # (whatever context Lantern serves, the factors of the remote code's table)
+        scaling["short_factor"] = scaling["long_factor"]
+    return {**scaling, "attention_factor": math.sqrt(squared)}
+
+
+def _internlm2(cfg: dict[str, Any]) -> dict[str, Any]:
+    """InternLM2Config's keys as LlamaConfig's: `bias` (wqkv's and wo's; on unless stated) refused as Llama's
+    attention_bias is; heads hidden_size / heads wide; keys LlamaConfig reads that InternLM2's code does not
+    (attention_bias, mlp_bias: `bias` is its only one) dropped, as attn_implementation (not maths)."""
+    if cfg["bias"]:
+        raise refuse("bias", cfg["bias"], " for internlm2 (biases on wqkv and wo: the o_proj bias)")
+    heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
+    if hidden % heads:
+        raise refuse("num_attention_heads", heads, f" (InternLM2's heads split hidden_size {hidden} evenly)")
+    if cfg.get("head_dim") not in (None, hidden // heads):
+        raise refuse("head_dim", cfg["head_dim"], f" for internlm2 (its attention is {hidden // heads} wide)")
+    dropped = ("bias", "attention_bias", "mlp_bias", "attn_implementation")
+    return {**{k: v for k, v in cfg.items() if k not in dropped}, "head_dim": hidden // heads}
 
 
 def _bailing(cfg: dict[str, Any]) -> dict[str, Any]:

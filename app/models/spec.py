@@ -194,6 +194,9 @@ class ModelConfig:
     nas: Any = None  # family_deci.NASBlocks: Nemotron-NAS's per-layer attention kind, KV heads and MLP width
     # Llama 4: its rope layers attend within chunks of this many tokens; served within one (check_servable)
     attention_chunk: int | None = None
+    # MiniCPM 4's InfLLM v2 (sparse_config): dense attention while a sequence holds fewer than dense_len tokens;
+    # served within dense_len - 1 (check_servable)
+    dense_limit: int | None = None
     # The vision-language model_type whose folder this language model came from (its tensor names
     # carry the wrapper's prefixes; weight_stream renames them and skips the vision tower).
     multimodal_wrapper: str | None = None
@@ -245,7 +248,7 @@ class ModelConfig:
     @property
     def servable_context(self) -> int:
         """The longest context Lantern computes exactly: max_context, within one attention chunk (Llama 4)."""
-        return min(self.max_context, self.attention_chunk or self.max_context)
+        return min(self.max_context, self.attention_chunk or self.max_context, self.dense_limit or self.max_context)
 
     def serve_context(self, max_model_len: int | None) -> None:
         """Called before the weights load with the user's --max-model-len: LongRoPE models served
@@ -357,6 +360,12 @@ def check_servable(config: ModelConfig, max_model_len: int) -> None:
             f"attention_chunk_size={chunk} in config.json (chunked attention) is implemented within one chunk; "
             f"serve with --max-model-len {chunk} (or less)"
         )
+    dense = config.dense_limit
+    if dense is not None and max_model_len > dense:
+        raise ValueError(
+            f"sparse_config.dense_len={dense + 1} in config.json: InfLLM v2's sparse attention is not implemented, "
+            f"its dense attention below that length is; serve with --max-model-len {dense} (or less)"
+        )
     limit = config.dual_chunk_size
     if limit is not None and max_model_len > limit:
         raise ValueError(
@@ -364,7 +373,8 @@ def check_servable(config: ModelConfig, max_model_len: int) -> None:
             f"serve with --max-model-len {limit} (or less)"
         )
     rope = config.rope_scaling or {}
-    longrope = rope.get("rope_type") == "longrope"
+    # (MiniCPM's remote code takes the long factors at every position: its two lists are then one)
+    longrope = rope.get("rope_type") == "longrope" and rope["short_factor"] != rope["long_factor"]
     if longrope and longrope_factors(rope, config.max_position_embeddings) == "long_factor":
         original = rope["original_max_position_embeddings"]
         logger.info(
