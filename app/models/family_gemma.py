@@ -186,6 +186,7 @@ def _gemma3_rope(cfg: dict[str, Any], max_pos: int) -> dict[str, Any]:
 _TEXT_PREFIXES = (
     ("model.language_model.", "model."),  # transformers >= 4.52
     ("language_model.model.", "model."),  # checkpoints saved before (google/gemma-3-*-it)
+    ("model.text_model.", "model."),  # Idefics3 / SmolVLM
     ("language_model.lm_head.", "lm_head."),
     ("lm_head.", "lm_head."),
 )
