@@ -12,6 +12,7 @@ Rerankers (--rerankers): llama-server --reranking's /v1/rerank scores on the tes
 
   python scripts/check_gguf_vs_llamacpp.py --server PATH/TO/llama-server            # every family
   python scripts/check_gguf_vs_llamacpp.py --server ... --only glm4 mamba --steps 24
+  python scripts/check_gguf_vs_llamacpp.py --server ... --tokenizers                # the pre-tokenizer splits only
 
 llama.cpp refuses some tiny files by its own shape rules (Phi-2 / GPT-2 / Falcon-7B: an MLP of 4 x hidden; Qwen3-Next:
 value heads as wide as key heads; Command R+ q/k norms only at 64 layers; DeepSeek-V2 without q_lora_rank only at
@@ -258,12 +259,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18190)
     parser.add_argument("--no-tokenizers", action="store_true")
     parser.add_argument("--rerankers", action="store_true", help="only the reranker GGUFs' scores")
+    parser.add_argument("--tokenizers", action="store_true", help="only the tokenizer.ggml.pre splits")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gguf-vs-llamacpp-"))
     os.environ.setdefault("LANTERN_CACHE", str(root / "cache"))
     try:
         if args.rerankers:
             check_rerankers(args, root)
+            return
+        if args.tokenizers:
+            check_tokenizers(args, root)
             return
         for name, make in families().items():
             if args.only and name not in args.only:

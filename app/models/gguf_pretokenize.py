@@ -72,6 +72,54 @@ _AFMOE = (
     _DEEPSEEK3[2],
 )
 _BLOOM = (" ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+",)
+_CASED = (  # GPT-4o's words (a cased run, its contraction), as llama.cpp spells the contraction
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+)
+_TAIL = r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# Ling / Ring (bailingmoe, bailingmoe2) and LLaDA-MoE: Qwen2's with one newline at a time
+_BAILING = (
+    r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]|\s+(?!\S)|\s+",
+)
+# K-EXAONE: words that run on over single spaces, marks attached
+_EXAONE_MOE = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",
+)
+# Kimi K2 (its tokenization_kimi.py; llama.cpp's custom split): Han runs apart, GPT-4o's words without Han
+_KIMI_K2 = (
+    r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+# MiniCPM 5: digits in threes, then Qwen2's words with whole numbers
+_MINICPM5 = (
+    r"\p{N}{1,3}",
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+# Tiny Aya / Cohere2-MoE: numbers in threes from the right, then GPT-4o's split
+_TINY_AYA = (r"\d{1,3}(?=(?:\d{3})*\b)", _CASED + r"|\p{N}{1,3}|" + _TAIL)
+# Youtu-LLM: Hangul, CJK punctuation, Bopomofo and CJK runs apart, then GPT-4o's words with single digits
+_YOUTU = (
+    "[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c\u3001-\u303f"
+    "\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    _CASED + r"|\p{N}|" + _TAIL,
+)
+# Spark 2.5: DeepSeek-V3's with each newline and digit apart
+_SPARK = (
+    _DEEPSEEK3[0],
+    _DEEPSEEK3[1],
+    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+"""
+    r"|[\r\n]|\s+(?!\S)|\s+",
+    r"\p{N}",
+)
+# UFAKZEKA (Turkish): Qwen2's without the English contractions
+_UFAKZEKA = (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",)
 
 SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("chatglm-bpe", "glm4", "glm5"), (_LLAMA3,)),
@@ -88,9 +136,22 @@ SPLITS: dict[str, tuple[str, ...]] = {
         _DIGITS_THEN_GPT2,
     ),
     **dict.fromkeys(("bloom", "poro-chat", "gpt3-finnish"), _BLOOM),
+    "viking": (*_BLOOM, r"\p{N}"),
+    **dict.fromkeys(("bailingmoe", "bailingmoe2", "llada-moe"), _BAILING),
+    "exaone-moe": _EXAONE_MOE,
+    "grok-2": (_QWEN2,),
+    "laguna": ("[^\n]+|[\n]+", _QWEN2),
+    **dict.fromkeys(("hy_v4", "joyai-llm"), _DEEPSEEK3),
+    "spark2_5": _SPARK,
+    "kimi-k2": _KIMI_K2,
+    "minicpm5": _MINICPM5,
+    **dict.fromkeys(("tiny_aya", "cohere2moe"), _TINY_AYA),
+    "youtu": _YOUTU,
+    "ufakzeka": _UFAKZEKA,
 }
 IGNORE_MERGES = frozenset(
-    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "glm4", "glm5")
+    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano")
+    + ("glm4", "glm5", "tekken", "minicpm5", "youtu")
 )
 
 

@@ -4,7 +4,7 @@ transformers' reader would split it as GPT-2 (app/models/gguf_pretokenize.py).
 Where transformers has the same split under another name (GLM-4's is Llama 3's, StableLM 2's and Hunyuan's are
 Qwen2's), the split is checked against transformers' own; for the rest, against what llama.cpp's regexes do to
 numbers, CJK runs and punctuation. (Against llama-server's /tokenize on these texts, every name here gave the
-same ids: the closing note of the session that added this says how it was run.)"""
+same ids: `python scripts/check_gguf_vs_llamacpp.py --server PATH --tokenizers`.)"""
 
 from __future__ import annotations
 
@@ -56,6 +56,16 @@ def test_splits_equal_transformers_where_it_has_them(pre, same_as):
         ("afmoe", "in 12345678 ways", ["in", " ", "12", "345", "678", " ways"]),
         ("afmoe", "x=1000,7", ["x", "=", "1", "000", ",", "7"]),
         ("afmoe", "\u4f60\u597d,\u4e16\u754c", ["\u4f60\u597d", ",", "\u4e16\u754c"]),
+        # Kimi K2: Han runs apart from the words around them (its class intersection), numbers in threes
+        ("kimi-k2", "ok\u4f60\u597dyes 12345", ["ok", "\u4f60\u597d", "yes", " ", "123", "45"]),
+        # Tiny Aya / Cohere2-MoE: groups of three from the right
+        ("tiny_aya", "in 12345678 ways", ["in", " ", "12", "345", "678", " ways"]),
+        # K-EXAONE: a word runs on over single spaces
+        ("exaone-moe", "one two  three", ["one two", " ", " three"]),
+        # Ling / Ring: Qwen2's single digits, newlines one run at a time after a space
+        ("bailingmoe2", "a 12\n\nb", ["a", " ", "1", "2", "\n\n", "b"]),
+        ("laguna", "x 12\ny", ["x", " ", "1", "2", "\n", "y"]),
+        ("youtu", "\uc548\ub155 \u4f60\u597d 42", ["\uc548\ub155", " ", "\u4f60\u597d", " ", "4", "2"]),
     ],
 )
 def test_llama_cpp_splits(pre, text, pieces):
