@@ -156,12 +156,12 @@ def check_family(name: str, make: Callable[[Path], Path], args: argparse.Namespa
 
 
 def check_tokenizers(args: argparse.Namespace, root: Path) -> None:
-    from lantern.app.models.gguf_pretokenize import SPLITS
+    from lantern.app.models.gguf_pretokenize import IGNORE_MERGES, SPLITS
     from lantern.app.models.loader import resolve_model
     from tests.fixtures.gguf_writer import write_gguf_model
     from tests.models.test_gguf_pretokenize import TEXTS
 
-    for pre in sorted(SPLITS):
+    for pre in sorted(set(SPLITS) | IGNORE_MERGES):
         path, _ = write_gguf_model(root / f"pre-{pre}", arch="llama", qtype="Q8_0", pre=pre)
         server = Server(args.server, path, args.port, root / f"pre-{pre}.log")
         try:
