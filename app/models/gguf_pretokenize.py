@@ -155,12 +155,31 @@ IGNORE_MERGES = frozenset(
 )
 
 
+# Byte-level BPE names llama.cpp tokenizes in ways not rebuilt here: refused rather than split as GPT-2
+_NOT_REBUILT = {
+    "sarvam-moe": "BPE over raw UTF-8 with spaces as U+2581 (SentencePiece-style)",
+    "gemma4": "BPE over raw UTF-8 with spaces as U+2581 (SentencePiece-style)",
+    "granite-embed-multi-311m": "BPE over raw UTF-8 with spaces as U+2581 (SentencePiece-style)",
+    "superbpe": "digits split by a zero-width lookahead",
+    "chameleon": "image sentinel tokens",
+    "granite-embed-multi-97m": "GPT-4o's split with combining marks",
+}
+
+
 def apply_llama_cpp_split(tokenizer: Any, metadata: dict[str, Any]) -> None:
     """Give a byte-level BPE tokenizer built from a GGUF the split (and ignore_merges) llama.cpp uses for its
-    tokenizer.ggml.pre, where SPLITS / IGNORE_MERGES name it; other tokenizers are left as they are."""
+    tokenizer.ggml.pre, where SPLITS / IGNORE_MERGES name it; other tokenizers are left as they are, but for the
+    names refused in one line (_NOT_REBUILT)."""
     from tokenizers import Regex, pre_tokenizers
 
+    from lantern.app.models.spec import UnsupportedModelError
+
     pre = metadata.get("tokenizer.ggml.pre")
+    if metadata.get("tokenizer.ggml.model") == "gpt2" and pre in _NOT_REBUILT:
+        raise UnsupportedModelError(
+            f"GGUF tokenizer.ggml.pre={pre!r} ({_NOT_REBUILT[pre]}) is not implemented: its text would be split "
+            "into other tokens than llama.cpp's"
+        )
     if metadata.get("tokenizer.ggml.model") != "gpt2" or (pre not in SPLITS and pre not in IGNORE_MERGES):
         return
     backend = tokenizer.backend_tokenizer

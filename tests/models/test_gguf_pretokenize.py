@@ -84,3 +84,13 @@ def test_a_gguf_file_gets_its_split(tmp_path, monkeypatch, pre):
     split = [p for p, _ in backend.pre_tokenizer.pre_tokenize_str("in 12345678")]
     assert split == (["in", "\u0120", "123", "456", "78"] if pre != "default" else ["in", "\u012012345678"])
     assert backend.model.ignore_merges == (pre in IGNORE_MERGES)
+
+
+def test_a_split_not_rebuilt_is_refused_by_name(tmp_path, monkeypatch):
+    """Sarvam-30B's SentencePiece-style BPE (raw UTF-8, spaces as U+2581) is not GPT-2's byte-level split: refused."""
+    from lantern.app.models.spec import UnsupportedModelError
+
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path, _ = write_gguf_model(tmp_path / "sarvam", arch="llama", qtype="Q8_0", pre="sarvam-moe")
+    with pytest.raises(UnsupportedModelError, match=r"tokenizer\.ggml\.pre='sarvam-moe'"):
+        resolve_model(str(path))
