@@ -291,6 +291,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "bailing_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # Ling / Ring 2.0
     "sarvam_mla": {"same_as": "deepseek_v3"},
     "youtu": {"same_as": "deepseek_v3"},
+    "youtu_llm": {"same_as": "deepseek_v3"},  # (the released folders' name for it: their remote code's)
+    # Kimi K2 / K2-Thinking and JoyAI-LLM-Flash: DeepSeek-V3 under their own names (as mlx_lm maps them)
+    "kimi_k2": {"same_as": "deepseek_v3"},
+    "joyai_llm_flash": {"same_as": "deepseek_v3"},
+    # MiMo-7B: Qwen2 with multi-token-prediction layers (model.mtp_layers.*, never run: skipped)
+    "mimo": {"same_as": "qwen2", "configure": "family_renamed", "tensors": True},
     "minicpm3": {"same_as": "deepseek_v3"},  # (and muP's scalars, LongRoPE: family_renamed.extra_fields)
     "minicpm": {"same_as": "granite"},  # MiniCPM 1 to 4.1: muP's scalars as Granite's; LongRoPE, InfLLM v2's bound
     # InternLM2 / 2.5: Llama under InternLM2's tensor names, q/k/v fused per KV group (family_internlm2's layout)

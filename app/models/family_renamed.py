@@ -9,7 +9,10 @@
   bailing_moe reads them): Sarvam-30B's layer and names with the rope on part of the head; the v1 models' softmax
   router, MLP biases and a normalised head are refused.
 - Sarvam-105B (`sarvam_mla`): DeepSeek-V3 (MLA, one expert group); the original config's `deepseek_yarn` is YaRN.
-- Youtu-LLM (`youtu`): DeepSeek-V3's latent attention over a dense SwiGLU MLP in every layer.
+- Youtu-LLM (`youtu`, and `youtu_llm` as its released folders name it): DeepSeek-V3's latent attention over a
+  dense SwiGLU MLP in every layer.
+- Kimi K2 / K2-Thinking (`kimi_k2`) and JoyAI-LLM-Flash (`joyai_llm_flash`): DeepSeek-V3 itself; Kimi K2.5
+  (`kimi_k25`, text_config_of) its language model. MiMo-7B (`mimo`): Qwen2, its prediction layers skipped.
 - MiniCPM3 (`minicpm3`): the same, the rope on halves (not pairs), with muP's scalars: embeddings times scale_emb,
   each sublayer's output times scale_depth / sqrt(layers), the logits divided by hidden_size / dim_model_base; its
   LongRoPE (MiniCPM3-4B's) with the factors transformers' shared rope update picks.
@@ -126,6 +129,12 @@ RENAMED: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         },
     ),
 }
+
+RENAMED["youtu_llm"] = RENAMED["youtu"]
+# Kimi K2 and JoyAI-LLM-Flash ship DeepSeek's own DeepseekV3Config (remote code) under their model_type
+RENAMED["kimi_k2"] = RENAMED["joyai_llm_flash"] = ({}, {})
+# MiMo-7B (XiaomiMiMo's remote MiMoConfig, a Qwen2Config): its prediction layers' count is not Qwen2's key
+RENAMED["mimo"] = ({}, {"max_position_embeddings": 32768})
 
 RENAMED["bailing_moe"] = (
     {
@@ -255,7 +264,9 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
         out = _sarvam_mla_legacy(out)
     if model_type == "bailing_moe":
         out = _bailing(out)
-    if model_type in ("youtu", "minicpm3"):  # (no mixture keys in their config classes: every layer dense)
+    if model_type == "mimo":
+        out.pop("num_nextn_predict_layers", None)
+    if model_type in ("youtu", "youtu_llm", "minicpm3"):  # (no mixture keys in their config classes: all dense)
         out = {k: v for k, v in out.items() if k not in _MIXTURE_KEYS}
         out["n_routed_experts"], out["num_nextn_predict_layers"] = 0, 0
     if model_type == "minicpm3":  # (MiniCPM3Config has no rope_interleave: its attention turns halves)
@@ -442,8 +453,20 @@ _BAILING_NAMES = (
 )
 
 
-def checkpoint_name(name: str) -> str:
-    """A renamed family's checkpoint tensor name as its family's model files name it."""
+def checkpoint_name(name: str) -> str | None:
+    """A renamed family's checkpoint tensor name as its family's model files name it; None for MiMo's
+    multi-token-prediction layers (never run)."""
+    if name.startswith("model.mtp_layers."):
+        return None
     for pattern, new in _BAILING_NAMES:
         name = pattern.sub(new, name)
     return name
+
+
+def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Kimi K2.5's language model (mlx_lm's kimi_k25: a DeepSeek-V3 text_config under language_model.*, its vision
+    tower not loaded): text_config as Kimi K2's, untied unless it says otherwise."""
+    from lantern.app.models.spec import wrapped_text_config
+
+    text = cfg.get("text_config") or {}
+    return wrapped_text_config(cfg, "kimi_k2", text.get("tie_word_embeddings", False))

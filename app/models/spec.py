@@ -58,6 +58,7 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_vl": _text_config("family_qwen3_vl"),
     "qwen3_vl_moe": _text_config("family_qwen3_vl"),
     "llama4": _text_config("family_llama4"),
+    "kimi_k25": _text_config("family_renamed"),
     **{wrapper: _text_config("family_vl_wrappers") for wrapper in ("llava", "llava_next", "llava_onevision")},
     **{wrapper: _text_config("family_vl_wrappers") for wrapper in ("aya_vision", "idefics3", "smolvlm", "internvl")},
 }
@@ -278,7 +279,8 @@ class ModelConfig:
             from lantern.app.models.family_renamed import extra_fields, family_config
 
             family = cls.from_hf(family_config(model_type, traits["same_as"], cfg))
-            return replace(family, architecture=model_type, **extra_fields(model_type, cfg))
+            extra = {"multimodal_wrapper": wrapper, **extra_fields(model_type, cfg)}
+            return replace(family, architecture=model_type, **extra)
         defaults = traits.get("defaults", {})
         if isinstance(defaults, str):  # a configure module's DEFAULTS (or "module:NAME", another table of it)
             module, _, name = defaults.partition(":")
