@@ -11,8 +11,8 @@
 - Sarvam-105B (`sarvam_mla`): DeepSeek-V3 (MLA, one expert group); the original config's `deepseek_yarn` is YaRN.
 - Youtu-LLM (`youtu`, and `youtu_llm` as its released folders name it): DeepSeek-V3's latent attention over a
   dense SwiGLU MLP in every layer.
-- Kimi K2 / K2-Thinking (`kimi_k2`) and JoyAI-LLM-Flash (`joyai_llm_flash`): DeepSeek-V3 itself; Kimi K2.5
-  (`kimi_k25`, text_config_of) its language model. MiMo-7B (`mimo`): Qwen2, its prediction layers skipped.
+- Kimi K2 / K2-Thinking (`kimi_k2`) and JoyAI-LLM-Flash (`joyai_llm_flash`): DeepSeek-V3 itself (as mlx_lm maps
+  them). MiMo-7B (`mimo`): Qwen2, its prediction layers skipped.
 - MiniCPM3 (`minicpm3`): the same, the rope on halves (not pairs), with muP's scalars: embeddings times scale_emb,
   each sublayer's output times scale_depth / sqrt(layers), the logits divided by hidden_size / dim_model_base; its
   LongRoPE (MiniCPM3-4B's) with the factors transformers' shared rope update picks.
@@ -461,12 +461,3 @@ def checkpoint_name(name: str) -> str | None:
     for pattern, new in _BAILING_NAMES:
         name = pattern.sub(new, name)
     return name
-
-
-def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Kimi K2.5's language model (mlx_lm's kimi_k25: a DeepSeek-V3 text_config under language_model.*, its vision
-    tower not loaded): text_config as Kimi K2's, untied unless it says otherwise."""
-    from lantern.app.models.spec import wrapped_text_config
-
-    text = cfg.get("text_config") or {}
-    return wrapped_text_config(cfg, "kimi_k2", text.get("tie_word_embeddings", False))

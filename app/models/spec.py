@@ -58,9 +58,9 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_vl": _text_config("family_qwen3_vl"),
     "qwen3_vl_moe": _text_config("family_qwen3_vl"),
     "llama4": _text_config("family_llama4"),
-    "kimi_k25": _text_config("family_renamed"),
     **{wrapper: _text_config("family_vl_wrappers") for wrapper in ("llava", "llava_next", "llava_onevision")},
     **{wrapper: _text_config("family_vl_wrappers") for wrapper in ("aya_vision", "idefics3", "smolvlm", "internvl")},
+    "kimi_k25": _text_config("family_vl_wrappers"),
 }
 
 
