@@ -40,6 +40,14 @@ def _text_config(module: str) -> Any:
     return lambda cfg: importlib.import_module(f"lantern.app.models.{module}").text_config_of(cfg)
 
 
+# Vision-language folders read by transformers' own config class (family_vl_wrappers), their language model a
+# family Lantern serves.
+VL_WRAPPERS = (
+    *("llava", "llava_next", "llava_onevision", "llava_next_video", "video_llava", "vipllava", "aya_vision"),
+    *("cohere2_vision", "idefics2", "idefics3", "smolvlm", "internvl", "kimi_k25", "exaone4_5", "minicpmv4_6"),
+    *("minicpmv4_7", "hyperclovax_vision_v2", "ovis2", "video_llama_3", "deepseek_vl", "deepseek_vl_hybrid"),
+)
+
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.
 MULTIMODAL_WRAPPERS = {
     "gemma3": _text_config("family_gemma"),
@@ -58,9 +66,7 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_vl": _text_config("family_qwen3_vl"),
     "qwen3_vl_moe": _text_config("family_qwen3_vl"),
     "llama4": _text_config("family_llama4"),
-    **{wrapper: _text_config("family_vl_wrappers") for wrapper in ("llava", "llava_next", "llava_onevision")},
-    **{wrapper: _text_config("family_vl_wrappers") for wrapper in ("aya_vision", "idefics3", "smolvlm", "internvl")},
-    "kimi_k25": _text_config("family_vl_wrappers"),
+    **{wrapper: _text_config("family_vl_wrappers") for wrapper in VL_WRAPPERS},
 }
 
 

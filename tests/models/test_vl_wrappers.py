@@ -1,7 +1,8 @@
 """Vision-language folders whose language model Lantern serves (app/models/family_vl_wrappers.py): LLaVA 1.5 / NeXT /
-OneVision, Aya Vision, Idefics3, SmolVLM and InternVL, each built by transformers' own class (a tiny vision tower,
-the language model's weights a tiny random text model's) and saved by it; Lantern serves the folder's language
-model on both backends with logits within 1e-4 of the wrapper's own text-only forward through the paged cache."""
+OneVision, Aya Vision, Idefics3, SmolVLM, InternVL and the GENERIC ones, each built by transformers' own class (a
+tiny vision tower, the language model's weights a tiny random text model's) and saved by it; Lantern serves the
+folder's language model on both backends with logits within 1e-4 of the wrapper's own text-only forward through the
+paged cache."""
 
 from __future__ import annotations
 
@@ -42,17 +43,62 @@ CASES = {
 }
 
 
+# Wrappers built with each sub-config (vision, audio, projector) of their class cut down to these sizes
+GENERIC = {
+    "cohere2_vision": "cohere2",  # (its head never applies Command R's logit_scale)
+    "exaone4_5": "exaone4",
+    "minicpmv4_6": "qwen3_5",
+    "hyperclovax_vision_v2": "hyperclovax",
+    "ovis2": "qwen2",
+    "video_llama_3": "qwen2",
+    "idefics2": "mistral",
+    "deepseek_vl": "llama2",
+    "vipllava": "llama2",
+    "video_llava": "llama2",
+    "llava_next_video": "llama2",
+}
+_TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "image_size": 32,
+    "patch_size": 16,
+    "depth": 1,
+    "embed_dim": 32,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+}
+
+
+def _tiny_sub_configs(wrapper: str) -> dict:
+    from transformers import CONFIG_MAPPING
+
+    base, out = CONFIG_MAPPING[wrapper](), {}
+    for name in getattr(base, "sub_configs", {}):
+        sub = getattr(base, name) if name != "text_config" else None
+        if sub is not None:
+            d = sub.to_dict()
+            out[name] = {**d, **{k: v for k, v in _TINY.items() if k in d}}
+    return out
+
+
 def _wrapper_folder(case: str, root):
     """(folder, the transformers model that saved it)."""
     import torch
     from safetensors.torch import load_file
     from transformers import CONFIG_MAPPING, AutoModelForImageTextToText
 
-    variant, vision, extra = CASES[case]
+    if case in GENERIC:
+        variant, subs, extra = GENERIC[case], _tiny_sub_configs(case), {}
+    else:
+        variant, vision, extra = CASES[case]
+        subs = {"vision_config": vision}
     src = build_model(variant, root / f"{case}-text")
     text = {k: v for k, v in json.loads((src / "config.json").read_text()).items() if k != "architectures"}
     wrapper = case.removesuffix("_untied")
-    config = CONFIG_MAPPING[wrapper](text_config=text, vision_config=vision, **extra)
+    config = CONFIG_MAPPING[wrapper](text_config=text, **subs, **extra)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(config).eval()
     weights = load_file(src / "model.safetensors")
@@ -61,7 +107,7 @@ def _wrapper_folder(case: str, root):
             {k.removeprefix("model."): v for k, v in weights.items() if k != "lm_head.weight"}
         )
         if not model.config.tie_word_embeddings:
-            model.lm_head.weight.copy_(weights["lm_head.weight"])
+            model.lm_head.weight.copy_(weights.get("lm_head.weight", weights["model.embed_tokens.weight"]))
     folder = root / case
     model.save_pretrained(folder)
     for f in src.iterdir():
@@ -73,10 +119,10 @@ def _wrapper_folder(case: str, root):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("vl_wrappers")
-    return {case: _wrapper_folder(case, root) for case in CASES}
+    return {case: _wrapper_folder(case, root) for case in [*CASES, *GENERIC]}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, *GENERIC])
 def test_language_model_matches_the_wrapper(folders, case, backend):
     folder, model = folders[case]
     llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
