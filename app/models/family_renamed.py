@@ -185,20 +185,24 @@ RENAMED["minicpm3"] = (
     },
 )
 
+# The Llama-2-7B shape both remote configs below default to
+_LLAMA_2 = {
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 # MiniCPMConfig (openbmb's remote configuration_minicpm.py, MiniCPM 1 to 4.1 alike: MiniCPM4 adds mup_denominator,
 # an Eagle head's, and sparse_config) over GraniteConfig's defaults; its muP scalars are family_config's
 RENAMED["minicpm"] = (
     {},
     {
+        **_LLAMA_2,
         "vocab_size": 32000,
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-6,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
         "tie_word_embeddings": True,
         "rope_theta": 10000.0,
         "attention_bias": False,
@@ -211,15 +215,8 @@ RENAMED["minicpm"] = (
 RENAMED["internlm2"] = (
     {},
     {
+        **_LLAMA_2,
         "vocab_size": 103168,
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-6,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
         "tie_word_embeddings": False,
         "rope_theta": 10000.0,
         "bias": True,
