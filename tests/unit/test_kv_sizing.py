@@ -37,6 +37,7 @@ class Cfg:
     sliding_window = None
     dual_chunk_size = None
     attention_chunk = None
+    dense_limit = None
     max_context = 8192
     max_position_embeddings = 8192
     rope_scaling = None
