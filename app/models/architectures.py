@@ -274,6 +274,13 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # top-1 experts beside a shared expert, chunked attention (served within one chunk)
     "llama4_text": {"family": "llama4", "configure": "family_llama4", "defaults": "family_llama4"},
     "ministral3": {"configure": "family_ministral", "own_rope": True},  # Llama's layout, YaRN, query temperature
+    # OLMo Hybrid: OLMo 3's attention layers between Llama-style layers around Qwen3.5's gated delta net
+    "olmo_hybrid": {
+        "family": "olmo_hybrid",
+        "configure": "family_olmo_hybrid",
+        "tensors": True,
+        "defaults": "family_olmo_hybrid",
+    },
     # Nemotron-NAS (Llama-3.1-Nemotron-51B, -3.3-Nemotron-Super-49B, -3.1-Nemotron-Ultra-253B): Llama 3.1 with each
     # layer's attention (its KV heads, a linear map, none) and MLP width its own (block_configs)
     "nemotron-nas": {

@@ -24,11 +24,9 @@ def check_silu(cfg: dict[str, Any], family: str) -> None:
         raise refuse("hidden_act", act, f"; {family}'s MLP is SiLU-gated in Lantern")
 
 
-def check_attention_types(types: Any, layers: int) -> None:
-    """Refuse, naming layer_types, anything but one of sliding_attention / full_attention for each layer."""
-    if (
-        not isinstance(types, (list, tuple))
-        or len(types) != layers
-        or set(types) - {"sliding_attention", "full_attention"}
-    ):
-        raise refuse("layer_types", types, f" (sliding_attention or full_attention for each of the {layers} layers)")
+def check_attention_types(
+    types: Any, layers: int, allowed: tuple[str, ...] = ("sliding_attention", "full_attention")
+) -> None:
+    """Refuse, naming layer_types, anything but one of `allowed` (sliding_attention / full_attention) for each layer."""
+    if not isinstance(types, (list, tuple)) or len(types) != layers or set(types) - set(allowed):
+        raise refuse("layer_types", types, f" ({' or '.join(allowed)} for each of the {layers} layers)")

@@ -47,6 +47,8 @@ class LinearAttnConfig:
     # Value heads in llama.cpp's Qwen3.5 order (v head i reads key head i % key heads), not grouped
     # by key head (i // (value heads / key heads)): its converter reorders every value-head tensor so.
     v_heads_tiled: bool = False
+    beta_scale: float = 1.0  # OLMo Hybrid's allow_neg_eigval: beta = 2 * sigmoid(b)
+    norm_eps: float | None = None  # the gated output norm's eps where not the model's (OLMo Hybrid's 1e-5)
 
     @property
     def conv_dim(self) -> int:

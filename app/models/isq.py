@@ -113,6 +113,10 @@ def isq_candidates(cfg: Any) -> int:
         moe = cfg.moe  # Nemotron 3's experts: up and down each, the shared expert's, the latent projections
         experts = 0 if moe is None else 2 * moe.num_experts + 2 + (2 if moe.latent_size else 0)
         return total + sum({"M": 2, "*": 4, "-": 2, "E": experts}[kind] for kind in kinds)
+    nas = getattr(cfg, "nas", None)
+    if nas is not None:  # Nemotron-NAS: q, k, v, o, one linear map or nothing; gate, up, down or nothing
+        per_kind = {"attention": 4, "linear": 1, "none": 0}
+        return total + sum(per_kind[kind] + (3 if width else 0) for kind, width in zip(nas.attention, nas.mlp_widths))
     mla = cfg.mla
     # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
@@ -120,7 +124,9 @@ def isq_candidates(cfg: Any) -> int:
     linear = getattr(cfg, "linear_attn", None)
     for layer in range(cfg.num_layers):
         if linear is not None and linear.linear_layers[layer]:  # gated DeltaNet: its projections and out_proj
-            total += (1 if linear.fused_qkvz else 2) + (1 if linear.fused_ba else 2) + 1
+            # (q/k/v and z fused, or qkv and z; OLMo Hybrid's q, k, v and its gate apart)
+            qkvz = 1 if linear.fused_qkvz else 4 if cfg.family == "olmo_hybrid" else 2
+            total += qkvz + (1 if linear.fused_ba else 2) + 1
         elif getattr(cfg, "short_conv", None) is not None and cfg.short_conv.conv_layers[layer]:
             total += 2  # LFM2's short conv: in_proj, out_proj
         elif getattr(cfg, "mamba", None) is not None and cfg.mamba.mamba_layers[layer]:

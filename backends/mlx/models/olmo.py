@@ -29,8 +29,9 @@ class OlmoAttention(Attention):
         q = self.q_norm(self.q_proj(x)).reshape(t, self.n_heads, 1, self.head_dim)
         k = self.k_norm(self.k_proj(x)).reshape(t, self.n_kv, 1, self.head_dim)
         v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
-        q = self.rope(q, offset=meta.positions)[:, :, 0, :]  # tokens as length-1 sequences: one offset each
-        k = self.rope(k, offset=meta.positions)[:, :, 0, :]
+        if self.rotates:  # (OLMo Hybrid without a rope_theta: no rope at all)
+            q, k = self.rope(q, offset=meta.positions), self.rope(k, offset=meta.positions)  # one offset per token
+        q, k = q[:, :, 0, :], k[:, :, 0, :]
         out = paged_attention(q, k, v, meta, self.layer_idx, self.scale, window=self.window)
         return self.o_proj(out.reshape(t, -1))
 

@@ -88,7 +88,8 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = gated_delta.Conv(la.conv_dim, la.conv_kernel)
         self.dt_bias = mx.ones((la.num_v_heads,))
         self.A_log = mx.zeros((la.num_v_heads,))
-        self.norm = GatedNorm(la.v_dim, cfg.rms_norm_eps)
+        self.norm = GatedNorm(la.v_dim, la.norm_eps or cfg.rms_norm_eps)
+        self.beta_scale = la.beta_scale
         self.out_proj = nn.Linear(value, d, bias=False)
 
     def _project(self, x: mx.array) -> tuple[mx.array, ...]:
@@ -116,6 +117,7 @@ class GatedDeltaNet(nn.Module):
             q, k = mx.repeat(q, r, axis=1), mx.repeat(k, r, axis=1)
         g = -mx.exp(self.A_log.astype(mx.float32)) * nn.softplus(a.astype(mx.float32) + self.dt_bias)
         beta = mx.sigmoid(b).astype(mx.float32)
+        beta = beta if self.beta_scale == 1.0 else beta * self.beta_scale
         return q, k, v.astype(mx.float32).reshape(n, self.nv, self.dv), g, beta
 
     def __call__(self, x: mx.array, meta: AttentionMetadata, state: RecurrentState) -> mx.array:

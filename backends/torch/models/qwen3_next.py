@@ -81,7 +81,8 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = gated_delta.Conv(la.conv_dim, la.conv_kernel)
         self.dt_bias = nn.Parameter(torch.ones(la.num_v_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(la.num_v_heads), requires_grad=False)
-        self.norm = GatedNorm(la.v_dim, cfg.rms_norm_eps)
+        self.norm = GatedNorm(la.v_dim, la.norm_eps or cfg.rms_norm_eps)
+        self.beta_scale = la.beta_scale
         self.out_proj = nn.Linear(value, d, bias=False)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -111,7 +112,8 @@ class GatedDeltaNet(nn.Module):
         elif r > 1:  # each key head serves r consecutive value heads
             q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        return q, k, v.float().view(n, self.nv, self.dv), g, b.sigmoid().float()
+        beta = b.sigmoid().float() if self.beta_scale == 1.0 else b.sigmoid().float() * self.beta_scale
+        return q, k, v.float().view(n, self.nv, self.dv), g, beta
 
     def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata, state: RecurrentState) -> torch.Tensor:
         mixed, z, b, a = self._project(x)
