@@ -63,9 +63,15 @@ def checkpoint_name(name: str) -> str:
     return _LINEAR_RE.sub(lambda m: f".linear_attn.{_LINEAR_NAMES[m.group(1)]}.", name)
 
 
+def _hf_conv(kernel: np.ndarray) -> np.ndarray:
+    """A depthwise kernel in Hugging Face's [C, 1, K] layout (mlx_lm saves MLX's [C, K, 1])."""
+    return kernel.transpose(0, 2, 1) if kernel.ndim == 3 and kernel.shape[2] == 1 and kernel.shape[1] > 1 else kernel
+
+
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
     """The stream with each layer's q, k and v convolution kernels joined (in that order) into conv1d's, as
-    transformers' conversion mapping concatenates them; a checkpoint that already has conv1d passes as it is."""
+    transformers' conversion mapping concatenates them (an mlx_lm folder's in MLX's layout taken back to Hugging
+    Face's first); a checkpoint that already has conv1d passes as it is."""
     held: dict[str, dict[str, Any]] = {}
     for name, value in source:
         conv = _CONV_RE.match(name)
@@ -77,7 +83,7 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator
         if len(parts) == 3:
             del held[conv.group(1)]
             # (a few kernels of a few values each: joined as float32, which every backend loads)
-            joined = np.concatenate([float32_array(parts[p]) for p in "qkv"], axis=0)
+            joined = np.concatenate([_hf_conv(float32_array(parts[p])) for p in "qkv"], axis=0)
             yield f"{conv.group(1)}conv1d.weight", joined
     if held:
         raise UnsupportedModelError(f"olmo_hybrid: {sorted(held)} lack some of q_conv1d / k_conv1d / v_conv1d")

@@ -55,3 +55,25 @@ def test_config_matches_transformers():
 def test_unimplemented_keys_are_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_hf({**BASE, "num_hidden_layers": 4, "intermediate_size": 128, **extra})
+
+
+def test_split_convolutions_join_in_either_layout():
+    """q, k and v kernels joined in that order into conv1d's [3C, 1, K], from Hugging Face's [C, 1, K] or mlx_lm's
+    [C, K, 1]; the released names of the norms read as the model files'."""
+    import numpy as np
+
+    from lantern.app.models.family_olmo_hybrid import checkpoint_name, checkpoint_tensors
+
+    rng = np.random.default_rng(0)
+    parts = {p: rng.standard_normal((6, 1, 4)).astype(np.float32) for p in "qkv"}
+    want = np.concatenate([parts[p] for p in "qkv"])
+    for layout in (lambda a: a, lambda a: a.transpose(0, 2, 1)):
+        stream = [(f"model.layers.0.linear_attn.{p}_conv1d.weight", layout(parts[p])) for p in "kqv"]
+        ((name, value),) = list(checkpoint_tensors(iter(stream), None))
+        assert name == "model.layers.0.linear_attn.conv1d.weight"
+        np.testing.assert_array_equal(value, want)
+    assert (
+        checkpoint_name("model.layers.3.feedforward_layer_norm.weight")
+        == "model.layers.3.post_attention_layernorm.weight"
+    )
+    assert checkpoint_name("model.layers.0.linear_attn.o_norm.weight") == "model.layers.0.linear_attn.norm.weight"
