@@ -88,15 +88,6 @@ def _minicpm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     return out
 
 
-LLAMA_RELATIVE_BUILDERS = {
-    "internlm2": _llama,
-    "xverse": _llama,
-    "orion": _orion,
-    "qwen": _qwen,
-    "minicpm": _minicpm,
-}
-
-
 def _per_layer(meta: _Meta, key: str, layers: int, default: Any = None) -> list[int]:
     value = meta.get(key, default) if default is not None else meta.need(key)
     values = list(value) if isinstance(value, (list, tuple)) else [value] * layers
@@ -131,4 +122,11 @@ def _deci(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
-LLAMA_RELATIVE_BUILDERS["deci"] = _deci
+LLAMA_RELATIVE_BUILDERS = {
+    "internlm2": _llama,
+    "xverse": _llama,
+    "orion": _orion,
+    "qwen": _qwen,
+    "minicpm": _minicpm,
+    "deci": _deci,
+}

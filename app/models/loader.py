@@ -95,10 +95,15 @@ def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
         raise ModelNotFoundError(f"{path} has no *.safetensors weights")
     gen_file = path / "generation_config.json"
     gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
-    # (a generic fast tokenizer loads directly: AutoTokenizer reads config.json first, which transformers cannot
-    # parse for some remote-code architectures -- Nemotron-NAS's -- that Lantern serves)
-    saved = (path / "tokenizer_config.json").is_file()
-    tokenizer = _load_saved_tokenizer(path) if saved else AutoTokenizer.from_pretrained(str(path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # AutoTokenizer reads config.json first, which transformers cannot parse for some remote-code architectures
+        # Lantern serves (Nemotron-NAS's): the tokenizer as tokenizer_config.json names it, without the config
+        if not (path / "tokenizer_config.json").is_file():
+            raise
+        logger.debug("AutoTokenizer could not read %s (%s); loading tokenizer_config.json's class", path, exc)
+        tokenizer = _load_saved_tokenizer(path)
     spec = ModelSpec(name=name, config=config, weight_format="safetensors", weight_files=files, dtype=dtype)
     template = tokenizer.chat_template or _processor_chat_template(path)
     return LoadedModel(spec, tokenizer, _collect_eos(config, tokenizer, gen_cfg), template)
