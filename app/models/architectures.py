@@ -298,7 +298,10 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "bailing_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # Ling / Ring 2.0
     "sarvam_mla": {"same_as": "deepseek_v3"},
     "youtu": {"same_as": "deepseek_v3"},
-    "youtu_llm": {"same_as": "deepseek_v3"},  # (the released folders' name for it: their remote code's)
+    "youtu_llm": {"same_as": "deepseek_v3"},
+    # Gemma 4 unified (the encoder-free Gemma 4, google/gemma-4-12B-it): Gemma 4's text layers, no per-layer
+    # embeddings, no experts (its language model; `gemma4_unified` folders through spec.VL_WRAPPERS)
+    "gemma4_unified_text": {"same_as": "gemma4_text"},  # (the released folders' name for it: their remote code's)
     # Kimi K2 / K2-Thinking and JoyAI-LLM-Flash: DeepSeek-V3 under their own names (as mlx_lm maps them)
     "kimi_k2": {"same_as": "deepseek_v3"},
     "joyai_llm_flash": {"same_as": "deepseek_v3"},

@@ -11,6 +11,8 @@
 - Sarvam-105B (`sarvam_mla`): DeepSeek-V3 (MLA, one expert group); the original config's `deepseek_yarn` is YaRN.
 - Youtu-LLM (`youtu`, and `youtu_llm` as its released folders name it): DeepSeek-V3's latent attention over a
   dense SwiGLU MLP in every layer.
+- Gemma 4 unified's language model (`gemma4_unified_text`): Gemma 4's text layers without per-layer embeddings
+  or experts.
 - Kimi K2 / K2-Thinking (`kimi_k2`) and JoyAI-LLM-Flash (`joyai_llm_flash`): DeepSeek-V3 itself (as mlx_lm maps
   them). MiMo-7B (`mimo`): Qwen2, its prediction layers skipped.
 - MiniCPM3 (`minicpm3`): the same, the rope on halves (not pairs), with muP's scalars: embeddings times scale_emb,
@@ -131,6 +133,12 @@ RENAMED: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
 }
 
 RENAMED["youtu_llm"] = RENAMED["youtu"]
+# Gemma4UnifiedTextConfig over Gemma4TextConfig (its per-layer embedding and expert keys are not its own: off)
+RENAMED["gemma4_unified_text"] = (
+    {},
+    {"max_position_embeddings": 262144, "sliding_window": 1024, "use_bidirectional_attention": "vision"},
+)
+_GEMMA4_ONLY = ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block", "num_experts")
 # Kimi K2 and JoyAI-LLM-Flash ship DeepSeek's own DeepseekV3Config (remote code) under their model_type
 RENAMED["kimi_k2"] = RENAMED["joyai_llm_flash"] = ({}, {})
 # MiMo-7B (XiaomiMiMo's remote MiMoConfig, a Qwen2Config): its prediction layers' count is not Qwen2's key
@@ -263,6 +271,9 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
         out = _bailing(out)
     if model_type == "mimo":
         out.pop("num_nextn_predict_layers", None)
+    if model_type == "gemma4_unified_text":
+        out = {k: v for k, v in out.items() if k not in (*_GEMMA4_ONLY, "top_k_experts", "moe_intermediate_size")}
+        out["hidden_size_per_layer_input"], out["enable_moe_block"] = 0, False
     if model_type in ("youtu", "youtu_llm", "minicpm3"):  # (no mixture keys in their config classes: all dense)
         out = {k: v for k, v in out.items() if k not in _MIXTURE_KEYS}
         out["n_routed_experts"], out["num_nextn_predict_layers"] = 0, 0

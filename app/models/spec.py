@@ -46,6 +46,7 @@ VL_WRAPPERS = (
     *("llava", "llava_next", "llava_onevision", "llava_next_video", "video_llava", "vipllava", "aya_vision"),
     *("cohere2_vision", "idefics2", "idefics3", "smolvlm", "internvl", "kimi_k25", "exaone4_5", "minicpmv4_6"),
     *("minicpmv4_7", "hyperclovax_vision_v2", "ovis2", "video_llama_3", "deepseek_vl", "deepseek_vl_hybrid"),
+    "gemma4_unified",
 )
 
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.

@@ -75,3 +75,10 @@ def test_the_alias_keeps_its_name(folders):
     assert (cfg.architecture, cfg.multimodal_wrapper, cfg.mla is not None) == ("deepseek_v3", "kimi_k25", True)
     del raw["tie_word_embeddings"]  # (Kimi_K25Config ties unless told not to)
     assert ModelConfig.from_hf(raw).tie_word_embeddings
+
+
+def test_gemma4_unified_text_computes_transformers_model(tmp_path, backend):
+    """Gemma 4 unified's language model (no per-layer embeddings, no experts) against transformers' own
+    Gemma4UnifiedForCausalLM on the same folder."""
+    folder = build_model("gemma4_unified", tmp_path / "gemma4_unified")
+    assert_file_matches_folder(folder, folder, backend, "gemma4_unified", forced=32, greedy=64)

@@ -64,7 +64,8 @@ def test_defaults_are_the_config_classes(model_type):
         assert defaults[key] == value, key
 
 
-@pytest.mark.parametrize("model_type", WITH_CLASSES)
+# (Gemma 4's heterogeneous config has no one head_dim to compare: test_model_type_aliases runs its model instead)
+@pytest.mark.parametrize("model_type", [t for t in WITH_CLASSES if t != "gemma4_unified_text"])
 def test_config_reads_as_its_family(model_type):
     """The defaults of the renamed class give the model its class builds (shape, experts, latent attention)."""
     cls = _config_class(model_type)

@@ -56,6 +56,7 @@ GENERIC = {
     "vipllava": "llama2",
     "video_llava": "llama2",
     "llava_next_video": "llama2",
+    "gemma4_unified": "gemma4_unified",
 }
 _TINY = {
     "hidden_size": 32,
