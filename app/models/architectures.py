@@ -287,6 +287,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "family": "deci",
         "configure": "family_deci",
         "prepare": True,
+        "names": True,  # (mlx_lm's name for the linear layer)
         "defaults": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6},  # (DeciLMConfig is a LlamaConfig)
     },
     # Another family's maths under other key names and defaults (family_renamed): InternLM3, IQuest-Coder (Llama),

@@ -134,6 +134,11 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     }
 
 
+def checkpoint_name(name: str) -> str:
+    """mlx_lm's name for the 51B's linear layer (self_attn.linear) as the remote code's (self_attn.linear_attn)."""
+    return name.replace(".self_attn.linear.", ".self_attn.linear_attn.")
+
+
 def gguf_tensors(source: Iterator[tuple[str, Any]], nas: NASBlocks) -> Iterator[tuple[str, Any]]:
     """llama.cpp's deci files store a linear layer's matrix as attn_output (read as o_proj): its own name again."""
     for name, value in source:

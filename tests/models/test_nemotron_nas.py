@@ -100,3 +100,36 @@ def test_tensor_parallelism_is_refused_in_one_line(made):
     cfg = ModelConfig.from_hf(json.loads((made[0] / "config.json").read_text()))
     with pytest.raises(ValueError, match="Nemotron-NAS"):
         local_config(cfg, 2)
+
+
+def test_mlx_lm_made_folder_matches_mlx_lm(tmp_path, backend, monkeypatch):
+    """A 4-bit folder mlx_lm's own code quantized and saved (its nemotron-nas model: no linear layer, which it names
+    otherwise), served against mlx_lm's forward. (mlx_lm loads its tokenizer through AutoTokenizer, which
+    transformers 5 cannot build from this remote-code config: the tokenizer file's own class instead.)"""
+    import transformers
+
+    from tests.fixtures.teacher_forcing import assert_close_to_mlx_lm, quantized_by_mlx_lm
+
+    def by_file(path, *args, **kwargs):
+        return transformers.PreTrainedTokenizerFast.from_pretrained(path)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", by_file)
+    blocks = copy.deepcopy(BLOCKS)
+    blocks[2]["attention"] = {"no_op": True}
+    src, _ = write_folder(tmp_path / "hf", blocks)
+    assert_close_to_mlx_lm(quantized_by_mlx_lm(src, tmp_path / "q4"), backend, "nemotron-nas")
+
+
+def test_mlx_lm_name_of_the_linear_layer_is_read(made, tmp_path):
+    """mlx_lm saves the 51B's linear layer as self_attn.linear: read as the remote code's self_attn.linear_attn."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder, _, ref = made
+    renamed = tmp_path / "renamed"
+    shutil.copytree(folder, renamed)
+    tensors = load_file(renamed / "model.safetensors")
+    tensors["model.layers.2.self_attn.linear.weight"] = tensors.pop("model.layers.2.self_attn.linear_attn.weight")
+    save_file(tensors, renamed / "model.safetensors")
+    _check(renamed, ref, "torch", forced=8)
