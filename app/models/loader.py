@@ -81,7 +81,6 @@ def _collect_eos(config: ModelConfig, tokenizer: Any, gen_cfg: dict[str, Any]) -
 
 
 def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
-    from transformers import AutoTokenizer
 
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -95,15 +94,7 @@ def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
         raise ModelNotFoundError(f"{path} has no *.safetensors weights")
     gen_file = path / "generation_config.json"
     gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        # AutoTokenizer reads config.json first, which transformers cannot parse for some remote-code architectures
-        # Lantern serves (Nemotron-NAS's): the tokenizer as tokenizer_config.json names it, without the config
-        if not (path / "tokenizer_config.json").is_file():
-            raise
-        logger.debug("AutoTokenizer could not read %s (%s); loading tokenizer_config.json's class", path, exc)
-        tokenizer = _load_saved_tokenizer(path)
+    tokenizer = _folder_tokenizer(path)
     spec = ModelSpec(name=name, config=config, weight_format="safetensors", weight_files=files, dtype=dtype)
     template = tokenizer.chat_template or _processor_chat_template(path)
     return LoadedModel(spec, tokenizer, _collect_eos(config, tokenizer, gen_cfg), template)
@@ -170,6 +161,42 @@ def gguf_config_and_tokenizer(path: Path) -> tuple[dict[str, Any], Any]:
     hf_cfg, tokenizer = _convert_gguf(path)
     _save_atomically(folder, hf_cfg, tokenizer)
     return hf_cfg, tokenizer
+
+
+def _folder_tokenizer(path: Path) -> Any:
+    """A folder's tokenizer through AutoTokenizer, never running the folder's own code (trust_remote_code=False:
+    no import, and no prompt on the console, which would stall a server). Where AutoTokenizer fails -- it reads
+    config.json first, which transformers cannot parse for some remote-code architectures Lantern serves
+    (Nemotron-NAS's), or the tokenizer class is the folder's own code (InternLM2's, Baichuan's, ...) --: a
+    tokenizer.json is the tokenizers library's own file of it; a SentencePiece tokenizer.model is read as Llama's
+    tokenizer (the class those modify), with a warning; else one line naming the class."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except (AttributeError, KeyError, OSError, TypeError, ValueError) as exc:
+        failure = exc
+    tok_file = path / "tokenizer_config.json"
+    tokenizer_class = json.loads(tok_file.read_text()).get("tokenizer_class") if tok_file.is_file() else None
+    if (path / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        logger.debug("AutoTokenizer could not load %s (%s): its tokenizer.json instead", path, failure)
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    if (path / "tokenizer.model").is_file():
+        from transformers import LlamaTokenizerFast
+
+        logger.warning(
+            "%s: tokenizer_class %s is the folder's own code, which Lantern does not run; its SentencePiece "
+            "tokenizer.model is read as Llama's tokenizer, the class such tokenizers modify",
+            path.name,
+            tokenizer_class,
+        )
+        return LlamaTokenizerFast.from_pretrained(str(path))
+    raise UnsupportedModelError(
+        f"{path.name}: its tokenizer (tokenizer_class {tokenizer_class!r}) could not be loaded without running the "
+        f"folder's own code, and it has neither tokenizer.json nor tokenizer.model ({failure})"
+    )
 
 
 def _load_saved_tokenizer(folder: Path) -> Any:
