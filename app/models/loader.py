@@ -177,7 +177,8 @@ def _folder_tokenizer(path: Path) -> Any:
     except (AttributeError, KeyError, OSError, TypeError, ValueError) as exc:
         failure = exc
     tok_file = path / "tokenizer_config.json"
-    tokenizer_class = json.loads(tok_file.read_text()).get("tokenizer_class") if tok_file.is_file() else None
+    tok_cfg = json.loads(tok_file.read_text()) if tok_file.is_file() else {}
+    tokenizer_class = tok_cfg.get("tokenizer_class")
     if (path / "tokenizer.json").is_file():
         from transformers import PreTrainedTokenizerFast
 
@@ -193,6 +194,8 @@ def _folder_tokenizer(path: Path) -> Any:
             tokenizer_class,
         )
         return LlamaTokenizerFast.from_pretrained(str(path))
+    if "auto_map" not in tok_cfg:  # (no remote code involved: the folder lacks its tokenizer, or it is unreadable)
+        raise UnsupportedModelError(f"{path.name}: its tokenizer could not be loaded ({failure})")
     raise UnsupportedModelError(
         f"{path.name}: its tokenizer (tokenizer_class {tokenizer_class!r}) could not be loaded without running the "
         f"folder's own code, and it has neither tokenizer.json nor tokenizer.model ({failure})"
