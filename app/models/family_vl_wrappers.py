@@ -37,8 +37,7 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
         raise UnsupportedModelError(f"{wrapper} config.json: transformers cannot read it ({exc})") from None
     text = built.get_text_config()
     filled = {k: v for k, v in text.to_dict().items() if k not in ("architectures", "transformers_version")}
-    unscaled = wrapper in ("aya_vision", "cohere2_vision")  # (their heads never multiply by it; vLLM's do)
-    if unscaled:
-        raw["logit_scale"] = 1.0
     out = wrapped_text_config(cfg, text.model_type, built.tie_word_embeddings, defaults={**filled, **raw})
-    return {**out, **({"logit_scale": 1.0} if unscaled else {})}
+    if wrapper in ("aya_vision", "cohere2_vision"):  # (their heads never multiply by it; vLLM's do)
+        out["logit_scale"] = 1.0
+    return out

@@ -81,7 +81,6 @@ def _collect_eos(config: ModelConfig, tokenizer: Any, gen_cfg: dict[str, Any]) -
 
 
 def _load_hf_dir(path: Path, name: str, dtype: str) -> LoadedModel:
-
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ModelNotFoundError(f"{path} has no config.json")
@@ -189,7 +188,8 @@ def _folder_tokenizer(path: Path) -> Any:
 
         logger.warning(
             "%s: tokenizer_class %s is the folder's own code, which Lantern does not run; its SentencePiece "
-            "tokenizer.model is read as Llama's tokenizer, the class such tokenizers modify",
+            "tokenizer.model is read as Llama's tokenizer, the class such tokenizers modify (text that starts with a "
+            "space or follows a special token may come out in other tokens than the folder's own class gives)",
             path.name,
             tokenizer_class,
         )

@@ -112,8 +112,8 @@ class GatedDeltaNet(nn.Module):
         elif r > 1:  # each key head serves r consecutive value heads
             q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        beta = b.sigmoid().float() if self.beta_scale == 1.0 else b.sigmoid().float() * self.beta_scale
-        return q, k, v.float().view(n, self.nv, self.dv), g, beta
+        beta = b.sigmoid().float()
+        return q, k, v.float().view(n, self.nv, self.dv), g, beta if self.beta_scale == 1.0 else beta * self.beta_scale
 
     def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata, state: RecurrentState) -> torch.Tensor:
         mixed, z, b, a = self._project(x)
