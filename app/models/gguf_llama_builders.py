@@ -1,7 +1,7 @@
 """GGUF config builders of the architectures llama.cpp names apart whose maths is a family Lantern already serves:
 InternLM2 / 2.5 and XVERSE (Llama), Orion (StableLM's layer), Qwen (1) (Qwen2's), MiniCPM 1 / 2 / 4 (Granite's
-scalars) and Deci / Nemotron-NAS (family_deci's per-layer shapes), each as llama.cpp's converter writes it and its
-runtime reads it (see gguf_builders.py)."""
+scalars), Deci / Nemotron-NAS (family_deci's per-layer shapes) and BitNet (Llama with subln norms), each as
+llama.cpp's converter writes it and its runtime reads it (see gguf_builders.py)."""
 
 from __future__ import annotations
 
@@ -122,7 +122,26 @@ def _deci(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
+def _bitnet(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """BitNet b1.58 (llama.cpp's BitnetModel: a TextModel, nothing permuted; the projections ternarized by the
+    absmean rule and stored as ternary times their scale, in float or TQ1_0 / TQ2_0 blocks): Llama's layer with
+    the subln norms, SiLU-gated as llama.cpp's graph computes it. The activations are not quantized per token
+    (llama.cpp's graph does not; its TQ dot products round them to 8 bits per 256 columns), so the file's values
+    are multiplied as they are. Per-projection `.scale` tensors (other converters' layout) are refused."""
+    scaled = sorted(name for name in tensors if name.endswith(".scale"))
+    if scaled:
+        raise UnsupportedModelError(f"{meta.label}bitnet tensor {scaled[0]}: per-projection scales are not implemented")
+    return {
+        "model_type": "bitnet",
+        "hidden_act": "silu",
+        "head_dim": _head_dim(meta, cfg),
+        "attention_bias": qkv_bias(tensors),  # (refused by family_bitnet)
+        "rope_parameters": _plain_rope(meta, cfg),
+    }
+
+
 LLAMA_RELATIVE_BUILDERS = {
+    "bitnet": _bitnet,
     "internlm2": _llama,
     "xverse": _llama,
     "orion": _orion,

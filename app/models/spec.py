@@ -171,6 +171,9 @@ class ModelConfig:
     logits_divisor: float = 1.0  # Granite's logits_scaling: logits divided by this
     attn_sinks: bool = False  # Granite Swash: one learned sink logit per head in every attention layer
     post_norms: bool = False  # HyperCLOVA X (Peri-LN): an RMSNorm on each sublayer's output before the residual add
+    # BitNet's subln: an RMSNorm on the attention's output before o_proj (self_attn.attn_sub_norm) and on the gated
+    # MLP's product before down_proj (mlp.ffn_sub_norm)
+    sub_norms: bool = False
     sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
     moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
     mla: Any = None  # family_deepseek.MLAConfig: multi-head latent attention (DeepSeek V2/V3)

@@ -73,6 +73,8 @@ class Attention(nn.Module):
         self.rotates = cfg.rope_layers is None or cfg.rope_layers[layer_idx]  # SmolLM3's NoPE layers do not
         # BLOOM / MPT's ALiBi slopes (a leading _: not a parameter)
         self._alibi = None if cfg.alibi_slopes is None else mx.array(cfg.alibi_slopes, dtype=mx.float32)
+        if cfg.sub_norms:  # BitNet: the output normed before o_proj
+            self.attn_sub_norm = nn.RMSNorm(self.n_heads * self.head_dim, eps=cfg.rms_norm_eps)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         t = x.shape[0]
@@ -108,6 +110,8 @@ class Attention(nn.Module):
             alibi=self._alibi,
         )
         out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
+        if "attn_sub_norm" in self:
+            out = self.attn_sub_norm(out)
         return self.o_proj(out)
 
 
@@ -141,9 +145,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
         self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+        if cfg.sub_norms:  # BitNet: the product normed before down_proj
+            self.ffn_sub_norm = nn.RMSNorm(inner, eps=cfg.rms_norm_eps)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        act = self.act(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(self.ffn_sub_norm(act) if "ffn_sub_norm" in self else act)
 
 
 def feed_forward(cfg: ModelConfig, layer_idx: int) -> nn.Module:

@@ -5,7 +5,8 @@ and one bias per group, bits 2/3/4/5/6/8, groups 32/64/128. So GGUF Q4_0/Q4_1/Q5
 Q4_K/Q5_K, MLX-community, AWQ and GPTQ weights map exactly (scales stored in the model dtype).
 Group-16 k-quants (Q2_K, Q3_K, Q6_K) have no MLX layout: they are requantized to group 32 with
 two more bits, and the error is logged; wider groups (per-channel GPTQ) map exactly. GPTQ act-order
-weights keep their stored (sorted) columns in a PermutedQuantizedLinear, which gathers x first.
+weights keep their stored (sorted) columns in a PermutedQuantizedLinear, which gathers x first; weights whose
+input is quantized per token (BitNet's act_bits) take an InputQuantizedLinear.
 MLX-community folders in the microscaled modes (mxfp4, nvfp4, mxfp8: quant/microscaled.py) load as stored.
 """
 
@@ -79,13 +80,18 @@ def quantized_module(
     packed, scales, biases, bits, group = to_mlx_arrays(w.stored(), dtype, errors)
     rows, cols = w.shape
     arrays = {"weight": packed, "scales": scales, "biases": biases}
+    act_bits = w.act_bits if isinstance(w, AffineWeight) else None  # (an MLX folder's words: never)
     if isinstance(old, nn.Embedding):
         # The lookup dequantizes in the scales' type: keep the model dtype for exact rows.
         arrays.update(scales=scales.astype(dtype), biases=biases.astype(dtype))
         new: nn.Module = nn.QuantizedEmbedding(rows, cols, group_size=group, bits=bits)
     elif w.perm is not None:
+        if act_bits is not None:
+            raise ValueError(f"{w.source}: an act-order weight whose input is quantized is not implemented")
         new = PermutedQuantizedLinear(cols, rows, bias="bias" in old, group_size=group, bits=bits)
         arrays["perm"] = mx.array(w.perm.astype(np.uint32))
+    elif act_bits is not None:  # BitNet: x quantized per token first
+        new = InputQuantizedLinear(cols, rows, bias="bias" in old, group_size=group, bits=bits, act_bits=act_bits)
     else:
         new = nn.QuantizedLinear(cols, rows, bias="bias" in old, group_size=group, bits=bits)
     return new, arrays
@@ -143,6 +149,27 @@ class PermutedQuantizedLinear(nn.QuantizedLinear):
     def input_order(self, weight: mx.array) -> mx.array:
         """A dequantized weight [out, in] of this layer with its columns back in input order."""
         return mx.take(weight, mx.argsort(self.perm), axis=1)
+
+
+class InputQuantizedLinear(nn.QuantizedLinear):
+    """A weight whose layer quantizes its input per token first (AffineWeight.act_bits: BitNet's 8-bit
+    activations): each row of x becomes round(x * q / max|x|) * max|x| / q, clamped to [-q - 1, q],
+    q = 2**(bits - 1) - 1, in float32 (as transformers' AutoBitLinear computes it), then the quantized matmul."""
+
+    def __init__(self, input_dims: int, output_dims: int, bias: bool, group_size: int, bits: int, act_bits: int):
+        super().__init__(input_dims, output_dims, bias=bias, group_size=group_size, bits=bits)
+        self.levels = float(2 ** (act_bits - 1) - 1)
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return super().__call__(quantize_rows(x, self.levels))
+
+
+def quantize_rows(x: mx.array, levels: float) -> mx.array:
+    """x with each row (last axis) on a symmetric grid of 2 * levels + 1 steps of max|row| / levels."""
+    xf = x.astype(mx.float32)
+    scale = levels / mx.maximum(mx.max(mx.abs(xf), axis=-1, keepdims=True), 1e-5)
+    return (mx.clip(mx.round(xf * scale), -levels - 1, levels) / scale).astype(x.dtype)
 
 
 def set_module(root: nn.Module, path: str, new: nn.Module) -> nn.Module:

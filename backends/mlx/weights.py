@@ -107,6 +107,8 @@ class _ExpertStacker:
             glob = mx.array(value.global_scale, dtype=mx.float32) if value.global_scale != 1.0 else None
             item: Any = ("q", packed, scales, None, value.bits, value.group_size, value.mode, glob)
         elif isinstance(value, (AffineWeight, MlxPacked)):
+            if isinstance(value, AffineWeight) and value.act_bits is not None:
+                raise ValueError(f"{path}.{index}.{proj}: experts whose input is quantized are not implemented")
             # gather_qmm takes no per-expert input permutation: act-order experts in input order.
             if isinstance(value, AffineWeight):  # (an MLX folder's MlxPacked has no permutation)
                 value = in_input_order(value, self.errors, "stacked experts")

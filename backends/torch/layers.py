@@ -162,6 +162,9 @@ class Attention(nn.Module):
         self._alibi: torch.Tensor | None = None
         self.temperature = cfg.attn_temperature  # Ministral 3: queries scaled per position
         self.rotates = cfg.rope_layers is None or cfg.rope_layers[layer_idx]  # SmolLM3's NoPE layers do not
+        self.sub_norm = cfg.sub_norms
+        if cfg.sub_norms:  # BitNet: the output normed before o_proj
+            self.attn_sub_norm = RMSNorm(self.n_heads * self.head_dim, cfg.rms_norm_eps)
 
     def forward(
         self, x: torch.Tensor, meta: TorchAttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -214,6 +217,8 @@ class Attention(nn.Module):
             alibi=alibi,
         )
         out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
+        if self.sub_norm:
+            out = self.attn_sub_norm(out)[0]
         return self.tp.all_reduce(self.o_proj(out))
 
 
@@ -260,6 +265,9 @@ class MLP(nn.Module):
         self.silu = cfg.hidden_act == "silu"
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inner, bias=False)  # gate, up stacked
         self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+        self.sub_norm = cfg.sub_norms
+        if cfg.sub_norms:  # BitNet: the product normed before down_proj
+            self.ffn_sub_norm = RMSNorm(inner, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -267,6 +275,8 @@ class MLP(nn.Module):
         if act is None:
             gate, up = gate_up.chunk(2, dim=-1)
             act = self.act(gate).mul_(up)  # in place: one [T, inner] fewer
+        if self.sub_norm:
+            act = self.ffn_sub_norm(act)[0]
         return self.tp.all_reduce(self.down_proj(act))
 
 

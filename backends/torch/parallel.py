@@ -70,6 +70,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("per-layer KV pool (Gemma 4, Gemma 3n, Nemotron-NAS)", cfg.kv_shapes),
         ("per-head q/k LayerNorm (Command R+)", True if cfg.family == "cohere" and cfg.qk_norm else None),
         ("per-layer query heads (Laguna)", cfg.layer_heads),
+        ("subln norms over whole projections (BitNet)", True if cfg.sub_norms else None),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

@@ -82,6 +82,36 @@ class PermutedInput(QuantLayer):
         return self.inner.rows(ids).index_select(1, self.inverse)
 
 
+class QuantizedInput(QuantLayer):
+    """A layer whose input is quantized per token first (AffineWeight.act_bits: BitNet's 8-bit activations):
+    each row of x becomes round(x * q / max|x|) * max|x| / q, clamped to [-q - 1, q], q = 2**(bits - 1) - 1,
+    computed in float32 as transformers' AutoBitLinear does, then cast back; the inner layer multiplies that."""
+
+    def __init__(self, inner: QuantLayer, bits: int):
+        super().__init__(inner.out_features, inner.in_features)
+        self.inner = inner
+        self.float_x_is_free = inner.float_x_is_free
+        self.levels = float(2 ** (bits - 1) - 1)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.matmul(quantize_rows(x, self.levels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] > 0 and self.bias is None:  # a step's rows: no reshapes around it
+            return self.inner(quantize_rows(x, self.levels))
+        return super().forward(x)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.inner.rows(ids)
+
+
+def quantize_rows(x: torch.Tensor, levels: float) -> torch.Tensor:
+    """x with each row (last dim) on a symmetric grid of 2 * levels + 1 steps of max|row| / levels."""
+    xf = x.float()
+    scale = levels / xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-5)
+    return (xf * scale).round_().clamp_(-levels - 1, levels).div_(scale).to(x.dtype)
+
+
 def record_error(errors: ErrorLog, src: AffineWeight, layer: QuantLayer, target: str, requantized: bool) -> None:
     """Measure what the stored form costs against `src`'s own values (on evenly spaced whole rows, at most
     ~1M weights) and log it unless the mapping is exact."""

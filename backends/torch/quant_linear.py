@@ -29,7 +29,8 @@ An `AffineWeight` (or `Fp8Weight`) becomes one of these kernels (`select_kernel`
 - "dense": the weight dequantized to `dtype` (one INFO line per reason).
 
 A GPTQ act-order weight (`AffineWeight.perm`) takes the same kernels on its stored columns, wrapped in
-quant_layer.PermutedInput, which gathers x's columns into the stored order first.
+quant_layer.PermutedInput, which gathers x's columns into the stored order first; a weight whose input is
+quantized per token (`AffineWeight.act_bits`: BitNet) is wrapped in quant_layer.QuantizedInput.
 
 Every conversion that is not exact adds its measured relative error to the caller's `ErrorLog`.
 """
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -55,7 +57,14 @@ from lantern.backends.torch.packed_decode import (
     int4pack_layout_ok,
     int4pack_rows,
 )
-from lantern.backends.torch.quant_layer import PackedCpuLayer, PermutedInput, QuantLayer, dtype_name, record_error
+from lantern.backends.torch.quant_layer import (
+    PackedCpuLayer,
+    PermutedInput,
+    QuantizedInput,
+    QuantLayer,
+    dtype_name,
+    record_error,
+)
 from lantern.backends.torch.triton_linear import TRITON_GROUPS, TritonLinear, fp8_groups
 
 logger = logging.getLogger(__name__)
@@ -119,7 +128,12 @@ def quantized_linear(
     device = torch.device(device)
     kernel = kernel or select_kernel(w, device)
     layer: QuantLayer
-    if isinstance(w, AffineWeight) and w.perm is not None:  # act-order: the layer gathers x
+    if isinstance(w, AffineWeight) and w.act_bits is not None:  # BitNet: x quantized per token first
+        if w.perm is not None:
+            raise ValueError(f"{w.source}: an act-order weight whose input is quantized is not implemented")
+        inner = quantized_linear(replace(w, act_bits=None), None, device, dtype, errors, kernel=kernel)
+        layer = QuantizedInput(inner, w.act_bits)  # type: ignore[arg-type]
+    elif isinstance(w, AffineWeight) and w.perm is not None:  # act-order: the layer gathers x
         inner = quantized_linear(w.stored(), None, device, dtype, errors, kernel=kernel)
         layer = PermutedInput(inner, torch.from_numpy(w.perm.astype(np.int64)).to(device))  # type: ignore[arg-type]
     elif isinstance(w, Fp8Weight):

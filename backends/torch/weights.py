@@ -229,6 +229,8 @@ class _Loader:
 
         if kind != "weight":
             raise ValueError(f"{path}.{index}.{proj}.{kind}: expert biases are not implemented")
+        if isinstance(value, AffineWeight) and value.act_bits is not None:
+            raise ValueError(f"{path}.{index}.{proj}: experts whose input is quantized are not implemented")
         module = self.model.get_submodule(path)
         # gpt-oss (BiasedExperts): quantized experts arrive one by one (MXFP4 repacked, --isq), biases stacked.
         stacked = isinstance(module, (StackedExperts, BiasedExperts))

@@ -39,6 +39,9 @@ class AffineWeight:
     # int32 [cols] or None: stored column j multiplies input column perm[j] (GPTQ act-order). Layers
     # that honour it compute W_stored @ x[..., perm]; `dequantize` returns the input-order matrix.
     perm: np.ndarray | None = None
+    # The layer quantizes its input to this many bits per token first (symmetric, by each row's absolute
+    # maximum: round(x * q / max|x|) * max|x| / q, q = 2**(bits - 1) - 1): BitNet b1.58's W1.58A8. None: x as is.
+    act_bits: int | None = None
 
     def __post_init__(self) -> None:
         rows, cols = self.codes.shape
@@ -354,6 +357,10 @@ def concat_rows(parts: list[AffineWeight]) -> AffineWeight:
         raise ValueError("cannot stack quantized weights of different modes: " + ", ".join(p.source for p in parts))
     if not same_perm(parts):
         raise ValueError("cannot stack act-order weights whose input permutations differ")
+    if len({p.act_bits for p in parts}) > 1:
+        raise ValueError(
+            "cannot stack weights whose inputs are quantized differently: " + ", ".join(p.source for p in parts)
+        )
     return replace(
         first,
         codes=np.concatenate([p.codes for p in parts]),

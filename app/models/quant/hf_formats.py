@@ -57,7 +57,8 @@ SUPPORTED = (
     "fp8 (e4m3, block or per-tensor scales), fbgemm_fp8, compressed-tensors (pack-quantized / int-quantized integer "
     "weights of 2-8 bits, float-quantized FP8, nvfp4-/mxfp4-pack-quantized, mxfp8-quantized; several config_groups "
     "of these), bitsandbytes (nf4/fp4, int8), modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, "
-    "W4A16_NVFP4, MXFP8; MIXED_PRECISION of these)"
+    "W4A16_NVFP4, MXFP8; MIXED_PRECISION of these), bitnet (BitNet b1.58's ternary weights: bitlinear / "
+    "autobitlinear, offline or online)"
 )
 
 
@@ -66,7 +67,8 @@ class QuantScheme:
     """How a quantized HF folder stores its linear weights (parsed from config.json)."""
 
     # "mlx" | "awq" | "gptq" | "fp8" | "ct-pack" | "ct-int" (compressed-tensors integers) | "ct-fp4" |
-    # "ct-mxfp8" (its microscaled floats) | "modelopt-fp4" | "modelopt-mxfp8" | "bnb4" | "bnb8" | "mixed"
+    # "ct-mxfp8" (its microscaled floats) | "modelopt-fp4" | "modelopt-mxfp8" | "bnb4" | "bnb8" | "mixed" |
+    # "bitnet" (packed ternary) | "bitnet-online" (float masters ternarized at load)
     method: str
     bits: int  # 8 for fp8
     group_size: int  # -1: GPTQ per-channel (one group per row); 0 for fp8
@@ -112,6 +114,8 @@ class QuantScheme:
             return f"ModelOpt {self.checkpoint_format}"
         if self.method == "mixed":
             return self.checkpoint_format
+        if self.method.startswith("bitnet"):
+            return f"BitNet ternary ({self.checkpoint_format})"
         if self.method in ("ct-fp4", "ct-mxfp8"):
             return f"compressed-tensors {self.checkpoint_format}"
         if self.method.startswith("ct-"):
@@ -150,9 +154,10 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
         if "bits" in hf and "group_size" in hf:  # what mlx_lm writes, without the `quantization` copy
             return _parse_mlx(hf, "quantization_config")
         raise _refuse("quantization_config", sorted(hf), " (no quant_method)")
-    from lantern.app.models.quant import bitsandbytes, compressed_tensors, gptq_variants, modelopt
+    from lantern.app.models.quant import bitnet, bitsandbytes, compressed_tensors, gptq_variants, modelopt
 
     parsers = {
+        "bitnet": bitnet.parse,
         "auto-round": gptq_variants.parse_autoround,
         "intel/auto-round": gptq_variants.parse_autoround,  # (older exports)
         "modelopt": modelopt.parse,
@@ -297,6 +302,7 @@ MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
         ("weight_shape", "weight_zero_point", "weight_g_idx"),
     ),
     "bnb8": (("SCB",), ("weight", "SCB"), ("weight_format",)),
+    "bitnet": (("weight_scale",), ("weight", "weight_scale"), ()),
     "bnb4": (
         ("weight.absmax",),
         ("weight", "weight.absmax", "weight.quant_map"),
@@ -330,6 +336,10 @@ def quantized_module_names(scheme: QuantScheme, tensor_names: Iterable[str]) -> 
         from lantern.app.models.quant import mixed
 
         return mixed.module_names(scheme, tensor_names)
+    if scheme.method == "bitnet-online":
+        from lantern.app.models.quant.bitnet import online_module_names
+
+        return online_module_names(scheme, list(tensor_names))
     markers = MEMBERS[scheme.method][0]
     names = list(tensor_names)
     present = set(names)
@@ -368,7 +378,7 @@ def read_quantized_module(
     uint8 bit patterns.
     """
     t = {_suffix(k, prefix): v for k, v in tensors.items()}
-    from lantern.app.models.quant import bitsandbytes, compressed_tensors, mixed, modelopt
+    from lantern.app.models.quant import bitnet, bitsandbytes, compressed_tensors, mixed, modelopt
 
     if scheme.method == "mixed":
         scheme = mixed.module_scheme(scheme, prefix)
@@ -381,6 +391,8 @@ def read_quantized_module(
         "modelopt-fp4": modelopt.read_fp4,
         "bnb4": bitsandbytes.read_4bit,
         "bnb8": bitsandbytes.read_int8,
+        "bitnet": bitnet.read,
+        "bitnet-online": bitnet.read,
         "awq": _read_awq,
         "gptq": _read_gptq,
         "fp8": _read_fp8,
