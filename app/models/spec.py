@@ -122,6 +122,12 @@ def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key):
             raise _refuse(key, cfg[key], " (logit soft-capping)")
+    if "BitnetForCausalLM" in (cfg.get("architectures") or []):  # (transformers' own class is BitNetForCausalLM)
+        raise _refuse(
+            "architectures",
+            ["BitnetForCausalLM"],
+            " (1bitLLM's remote-code BitNet; transformers' `bitnet` folders and llama.cpp's bitnet GGUFs are served)",
+        )
 
 
 @dataclass

@@ -58,6 +58,7 @@ def test_config_matches_transformers():
         ({"quantization_config": {"quant_method": "bitnet", "linear_class": "ternary"}}, "linear_class"),
         ({"quantization_config": {"quant_method": "bitnet", "quantization_mode": "online"}}, "quantization_mode"),
         ({"quantization_config": {"quant_method": "bitnet", "use_rms_norm": True}}, "use_rms_norm"),
+        ({"model_type": "llama", "architectures": ["BitnetForCausalLM"]}, "architectures"),  # (1bitLLM's remote code)
     ],
 )
 def test_unimplemented_keys_are_refused_by_name(extra, key):
