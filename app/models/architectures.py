@@ -37,6 +37,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # GPT-2 / StarCoder (GPT-BigCode) / OPT: Jais 2's layer, a learned position table, no rope; "tensors": the
     # configure module renames the checkpoint's tensors and changes their layout (checkpoint_name / _tensors)
     "gpt2": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
+    # GPT-Neo: GPT-2's block with q/k/v unbiased, scores unscaled, local (sliding) layers between global ones
+    "gpt_neo": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
     "gpt_bigcode": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
     "opt": {"family": "jais2", "configure": "family_gpt2", "prepare": True, "tensors": True},
     # BLOOM / BLOOMZ: Jais 2's layer under an embedding LayerNorm, ALiBi instead of a rope

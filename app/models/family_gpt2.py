@@ -1,11 +1,12 @@
 """GPT-2 (openai-community/gpt2*, DistilGPT2, and the many fine-tunes of them: model_type gpt2), StarCoder /
-SantaCoder / WizardCoder / OctoCoder (model_type gpt_bigcode) and OPT (facebook/opt-*: model_type opt), as
-transformers' GPT2Config / GPTBigCodeConfig / OPTConfig read their config.json (defaults included), turned into
-ModelConfig fields. All three run in the Jais 2 model files (Llama's sequential layer under LayerNorms with
-biases, biased attention, an ungated MLP with biases) with a learned absolute position table added to the token
-embedding (ModelConfig.learned_positions) and no rope.
+SantaCoder / WizardCoder / OctoCoder (model_type gpt_bigcode), OPT (facebook/opt-*: model_type opt) and GPT-Neo
+(EleutherAI/gpt-neo-125m / 1.3B / 2.7B: model_type gpt_neo), as transformers' GPT2Config / GPTBigCodeConfig /
+OPTConfig / GPTNeoConfig read their config.json (defaults included), turned into ModelConfig fields. All four
+run in the Jais 2 model files (Llama's sequential layer under LayerNorms with biases, biased attention, an ungated
+MLP with biases) with a learned absolute position table added to the token embedding
+(ModelConfig.learned_positions) and no rope.
 
-The maths (transformers' modeling_gpt2 / modeling_gpt_bigcode / modeling_opt):
+The maths (transformers' modeling_gpt2 / modeling_gpt_bigcode / modeling_opt / modeling_gpt_neo):
 - GPT-2: q/k/v in one c_attn, stored by its Conv1D as [in, out] (every matrix is; transposed while loading
   unless mlx_lm saved the folder, whose names start "model."), scores scaled by head_dim ** -0.5 (by 1 without
   scale_attn_weights), activation_function gelu_new (tanh GELU) by default, n_inner or 4 * n_embd wide, a
@@ -17,6 +18,10 @@ The maths (transformers' modeling_gpt2 / modeling_gpt_bigcode / modeling_opt):
   positions offset by 2 in its table (the first two rows never read: dropped while loading). OPT-350m's
   post-norm layers (do_layer_norm_before false) and its projection between embedding and model widths
   (word_embed_proj_dim) are refused by name.
+- GPT-Neo: GPT-2's block in nn.Linear layout with separate q/k/v projections without biases (out_proj has one:
+  ModelConfig.attn_out_bias), scores not scaled at all, layers global or local by attention_types (expanded as
+  GPTNeoConfig does: [[["global", "local"], 12]] alternates over 24 layers), a local layer's query attending to
+  the window_size keys up to itself; intermediate_size or 4 * hidden_size wide, gelu_new by default.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ _ACTS_OPT = {**_ACTS, "relu": "relu"}
 # GPT2Config / GPTBigCodeConfig / OPTConfig defaults for the keys a config.json may omit
 _GPT2 = {"vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12}
 _OPT = {"vocab_size": 50272, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "ffn_dim": 3072}
+_NEO = {"vocab_size": 50257, "hidden_size": 2048, "num_layers": 24, "num_heads": 16, "max_position_embeddings": 2048}
 # GPT2Config's attribute_map: its n_* keys and the standard names mean the same
 _GPT2_KEYS = {
     "hidden_size": "n_embd",
@@ -43,7 +49,19 @@ _GPT2_KEYS = {
 
 
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config in the keys ModelConfig.from_hf reads (GPT-2's n_* names; OPT's ffn_dim); heads as stated."""
+    """The config in the keys ModelConfig.from_hf reads (GPT-2's n_* names; OPT's ffn_dim; GPT-Neo's num_layers /
+    num_heads); heads as stated."""
+    if cfg.get("model_type") == "gpt_neo":
+        out = {**_NEO, **cfg}
+        heads, hidden = out["num_heads"], out["hidden_size"]
+        return {
+            **out,
+            "num_hidden_layers": out["num_layers"],
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            "head_dim": hidden // heads,
+            "intermediate_size": out.get("intermediate_size") or 4 * hidden,
+        }
     if cfg.get("model_type") == "opt":
         out = {**_OPT, **cfg}
         heads = out["num_attention_heads"]
@@ -71,8 +89,10 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides; refuses, naming the key, what Lantern does not compute."""
-    if model_type not in ("gpt2", "gpt_bigcode", "opt"):
+    if model_type not in ("gpt2", "gpt_bigcode", "opt", "gpt_neo"):
         raise UnsupportedModelError(f"family_gpt2 does not configure model_type {model_type!r}")
+    if model_type == "gpt_neo":
+        return _configure_neo(cfg, fields)
     opt = model_type == "opt"
     act = cfg.get("activation_function", "relu" if opt else "gelu_new" if model_type == "gpt2" else "gelu_pytorch_tanh")
     acts = _ACTS_OPT if opt else _ACTS
@@ -102,6 +122,34 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     }
 
 
+def _configure_neo(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    act = cfg.get("activation_function", "gelu_new")
+    if act not in _ACTS:
+        raise refuse("activation_function", act, f"; supported: {', '.join(_ACTS)}")
+    layers = fields["num_layers"]
+    types = cfg.get("attention_types") or [[["global", "local"], 12]]
+    try:
+        kinds = [kind for pattern, repeat in types for _ in range(int(repeat)) for kind in pattern]
+    except (TypeError, ValueError):
+        raise refuse("attention_types", types, " (a list of [[layer types], repeats])") from None
+    if len(kinds) != layers or set(kinds) - {"global", "local"}:
+        raise refuse("attention_types", types, f" (global or local for each of the {layers} layers)")
+    window = int(cfg.get("window_size", 256))
+    return {
+        "hidden_act": _ACTS[act],
+        "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)),
+        "attention_bias": False,
+        "attn_out_bias": True,
+        "mlp_bias": True,
+        "learned_positions": True,
+        "rope_layers": (False,) * layers,
+        "rope_scaling": None,
+        "attn_scale": 1.0,
+        "layer_windows": [window if kind == "local" else None for kind in kinds] if "local" in kinds else None,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+    }
+
+
 def _check_opt(cfg: dict[str, Any]) -> None:
     if not cfg.get("do_layer_norm_before", True):
         raise refuse("do_layer_norm_before", False, " (post-norm layers: OPT-350m)")
@@ -121,6 +169,9 @@ _GPT2_LAYER = {
     "ln_2": "post_attention_layernorm",
     "mlp.c_fc": "mlp.up_proj",
     "mlp.c_proj": "mlp.down_proj",
+    # GPT-Neo's
+    **{f"attn.attention.{p}_proj": f"self_attn.{p}_proj" for p in ("q", "k", "v")},
+    "attn.attention.out_proj": "self_attn.o_proj",
 }
 _GPT2_GLOBAL = {"wte": "model.embed_tokens", "wpe": "model.embed_positions", "ln_f": "model.norm"}
 _OPT_LAYER = {
@@ -155,7 +206,7 @@ def checkpoint_name(name: str) -> str | None:
     layer, part, kind = m.groups()
     if layer is None:
         return f"{_GPT2_GLOBAL[part]}.{kind}" if part in _GPT2_GLOBAL else name
-    if part == "attn":  # h.N.attn.bias / attn.masked_bias: causal mask buffers, not weights
+    if part in ("attn", "attn.attention"):  # (GPT-Neo's) attn.bias / attn.masked_bias: mask buffers, not weights
         return None
     mapped = _GPT2_LAYER.get(part)
     return name if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"  # (unknown: refused by name)

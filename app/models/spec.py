@@ -146,6 +146,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool = False
+    attn_out_bias: bool | None = None  # o_proj's bias where it differs from attention_bias (GPT-Neo: o_proj's only)
     qk_norm: bool = False
     qk_norm_after_rope: bool = False  # Hunyuan: the per-head q/k norms follow the rope
     rope_reversed: bool = False  # NanoChat: the rope turns the other way (its rotate_half is negated)

@@ -27,7 +27,7 @@ class UngatedMLP(Relu2MLP):
 
 class DecoderLayer(llama.DecoderLayer):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
-        attn = Attention(cfg, layer_idx, o_bias=cfg.attention_bias)
+        attn = Attention(cfg, layer_idx, o_bias=cfg.attention_bias if cfg.attn_out_bias is None else cfg.attn_out_bias)
         super().__init__(cfg, layer_idx, attn=attn, mlp=UngatedMLP(cfg, bias=cfg.mlp_bias))
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)

@@ -27,7 +27,8 @@ class UngatedMLP(Relu2MLP):
 
 class DecoderLayer(llama.DecoderLayer):
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
-        attn = Attention(cfg, layer_idx, tp, o_bias=cfg.attention_bias)
+        o_bias = cfg.attention_bias if cfg.attn_out_bias is None else cfg.attn_out_bias  # (GPT-Neo: o_proj's only)
+        attn = Attention(cfg, layer_idx, tp, o_bias=o_bias)
         super().__init__(cfg, layer_idx, tp, attn=attn, mlp=UngatedMLP(cfg, tp, bias=cfg.mlp_bias))
         self.input_layernorm = LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
