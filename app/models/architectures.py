@@ -212,6 +212,24 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
             "max_position_embeddings": 4096,
         },
     },
+    # FlexOlmo: OLMo 2's layer (post-sublayer norms, whole-projection q/k norms) around OLMoE's experts and router
+    "flex_olmo": {
+        "family": "olmo",
+        "configure": "family_olmo",
+        "defaults": {  # FlexOlmoConfig's
+            "vocab_size": 100352,
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 500000.0,
+            "num_experts": 7,
+            "num_experts_per_tok": 5,
+            "eos_token_id": 100257,
+        },
+    },
     # Command R7B / A: a parallel block under one LayerNorm, pair-wise rope on sliding layers only.
     "cohere2": {"family": "cohere", "configure": "family_cohere"},
     # Command R / R+ / Aya: the same block with the rope on every layer; R+'s per-head q/k LayerNorms.

@@ -13,6 +13,9 @@ context), the sliding layers' plain (Gemma 3's arrangement: ModelConfig.local_ro
 OLMoE (model_type "olmoe": allenai/OLMoE-1B-7B-*): Llama's pre-norm layer with those whole-projection q/k
 norms, every MLP a mixture of experts (each intermediate_size wide) under Qwen2-MoE's softmax router: the
 top-k probabilities, renormalised only with norm_topk_prob (family_moe's routing).
+
+FlexOlmo (model_type "flex_olmo": allenai/FlexOlmo-7x7B-1T, -RT): OLMo 2's layer (post-sublayer norms, Olmo2Attention)
+with OLMoE's experts and router in place of the MLP.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ _OLMO3_THETA = 500000.0  # Olmo3Config.default_theta
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides for an olmo2 / olmo3 config.json (spec.ModelConfig.from_hf skips its
     Llama-family checks for configure families: the keys are checked here)."""
-    if model_type not in ("olmo2", "olmo3", "olmoe"):
+    if model_type not in ("olmo2", "olmo3", "olmoe", "flex_olmo"):
         raise UnsupportedModelError(f"family_olmo does not configure model_type {model_type!r}")
     check_silu(cfg, "OLMo")
     if model_type == "olmoe" and cfg.get("clip_qkv") is not None:  # OlmoeAttention clamps q, k and v
@@ -46,7 +49,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "max_position_embeddings": int(cfg.get("max_position_embeddings", 2048)),  # Olmo3Config inherits it
         "hidden_act": "silu",
     }
-    if model_type == "olmoe":
+    if model_type in ("olmoe", "flex_olmo"):
         out["moe"] = _olmoe_experts(cfg)
     if model_type == "olmo3":
         num_layers = fields["num_layers"]
