@@ -212,6 +212,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
             "max_position_embeddings": 4096,
         },
     },
+    # DBRX: Llama's layer under weight-only LayerNorms, a clamped fused Wqkv, Mixtral's routing over fused experts
+    "dbrx": {"family": "dbrx", "configure": "family_dbrx", "prepare": True, "tensors": True},
     # FlexOlmo: OLMo 2's layer (post-sublayer norms, whole-projection q/k norms) around OLMoE's experts and router
     "flex_olmo": {
         "family": "olmo",

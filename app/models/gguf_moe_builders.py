@@ -1,6 +1,7 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
 helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
-(exaone-moe) and Mistral Small 4 (mistral4); and MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's.
+(exaone-moe) and Mistral Small 4 (mistral4); MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's; and
+DBRX (dbrx).
 """
 
 from __future__ import annotations
@@ -189,7 +190,36 @@ def _minicpm3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     return out
 
 
+def _dbrx(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """DBRX (llama.cpp's DbrxModel: a TextModel, nothing permuted; Wqkv as attn_qkv, norm_2 as attn_output_norm, the
+    experts stacked with w2 in the down projections' layout; clip_qkv as clamp_kqv): DBRX's own config keys, its
+    router's top-k weights renormalised as llama.cpp's graph does (moe_normalize_expert_weights 1)."""
+    scale = meta.get("expert_weights_scale")
+    if scale is not None and float(scale) not in (0.0, 1.0):
+        raise UnsupportedModelError(f"{meta.label}dbrx.expert_weights_scale={scale} is not implemented")
+    if stated_rope_scaling(meta):
+        raise UnsupportedModelError(f"{meta.label}dbrx rope scaling is not implemented")
+    return {
+        "model_type": "dbrx",
+        "d_model": cfg["hidden_size"],
+        "n_heads": cfg["num_attention_heads"],
+        "n_layers": cfg["num_hidden_layers"],
+        "max_seq_len": cfg["max_position_embeddings"],
+        "attn_config": {
+            "kv_n_heads": cfg["num_key_value_heads"],
+            "clip_qkv": meta.get("attention.clamp_kqv"),
+            "rope_theta": cfg["rope_theta"],
+        },
+        "ffn_config": {
+            "ffn_hidden_size": cfg["intermediate_size"],
+            "moe_num_experts": int(meta.need("expert_count")),
+            "moe_top_k": int(meta.need("expert_used_count")),
+        },
+    }
+
+
 MOE_BUILDERS = {
+    "dbrx": _dbrx,
     "afmoe": _afmoe,
     "deepseek32": _dsa,
     "glm-dsa": _dsa,

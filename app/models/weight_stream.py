@@ -192,6 +192,7 @@ FUSED_CHECKPOINTS = {
     "mpt",
     "sarvam_moe",
     "bailing_moe",
+    "dbrx",
 }
 
 
