@@ -110,6 +110,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_llama_moe:FLINT_DEFAULTS",
         "names": True,
     },
+    # HY-V3 (Hunyuan 3): Apertus's q/k norms in Llama's layer over DeepSeek-V3's sigmoid router (no groups), scaled,
+    # beside shared experts, past the dense layers
+    "hy_v3": {
+        "family": "llama_moe",
+        "configure": "family_llama_moe",
+        "defaults": "family_llama_moe:HY_V3_DEFAULTS",
+        "names": True,
+    },
     # Arcee Trinity (AFMoE): Qwen3's q/k norms, a sigmoid gate on the attention's output, NoPE full layers among
     # sliding ones, Gemma 2's sandwich norms, DeepSeek-V3's sigmoid router (no groups) past the first dense layers
     "afmoe": {"family": "afmoe", "configure": "family_afmoe", "defaults": "family_afmoe", "names": True},

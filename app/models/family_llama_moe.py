@@ -17,6 +17,13 @@ Flint (RecursiveSI/flint: model_type flint, FlintConfig): Qwen3-MoE's attention 
 logit per head (the checkpoint's `softmax_offset`), sliding layers where layer_types says and the rope on those
 only (the full layers are NoPE); a float32 sigmoid router without a bias, its top-k renormalised (no epsilon),
 beside an ungated shared expert (`shared_expert`, shared_expert_intermediate_size wide); mlp_only_layers dense.
+
+HY-V3 (Tencent Hunyuan 3: model_type hy_v3, HYV3Config): Apertus's attention (per-head q/k RMSNorms before the rope)
+in Llama's layer over DeepSeek-V3's mixture without groups -- a float32 sigmoid router whose choice adds
+e_score_correction_bias (stored on the mixture, `mlp.e_score_correction_bias`), the top-k renormalised and
+scaled by router_scaling_factor, num_shared_experts' MLP beside it -- where mlp_layer_types says "sparse" (by
+default every layer but the first). Its multi-token-prediction layers, stored after the stack, are skipped; its
+router (`mlp.router.gate`), router bias (`mlp.expert_bias`) and shared experts (`mlp.shared_mlp`) are renamed.
 """
 
 from __future__ import annotations
@@ -53,9 +60,31 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# HYV3Config's defaults for the keys ModelConfig.from_hf and _hy_v3 read
+HY_V3_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 120832,
+    "hidden_size": 4096,
+    "intermediate_size": 13312,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072,
+    "rope_theta": 11158840.0,  # default_theta
+    "num_experts": 192,
+    "num_experts_per_tok": 8,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 1536,
+    "router_scaling_factor": 2.826,
+}
+
+
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig field overrides for a dots1 or solar_open config; refuses, naming the key, what it does not
-    compute."""
+    """ModelConfig field overrides for a dots1, solar_open, flint or hy_v3 config; refuses, naming the key, what it
+    does not compute."""
+    if model_type == "hy_v3":
+        return _hy_v3(cfg, fields)
     if model_type == "solar_open":
         return _solar_open(cfg, fields)
     if model_type == "flint":
@@ -151,8 +180,48 @@ def _flint(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def checkpoint_name(name: str) -> str:
-    """Flint's tensor names as the model files': its sinks, its shared expert under DeepSeek's name."""
-    return name.replace(".self_attn.softmax_offset", ".self_attn.sinks").replace(
-        ".mlp.shared_expert.", ".mlp.shared_experts."
+def _hy_v3(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    check_silu(cfg, "HY-V3")
+    for key in ("attention_bias", "mlp_bias"):  # (ApertusAttention's would bias o_proj too)
+        if cfg.get(key):
+            raise _refuse(key, cfg[key], " for hy_v3 (biases on the projections)")
+    layers = fields["num_layers"]
+    kinds = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
+    if len(kinds) != layers or set(kinds) - {"dense", "sparse"}:
+        raise _refuse("mlp_layer_types", kinds, f" (dense or sparse for each of the {layers} layers)")
+    experts, top_k = int(cfg["num_experts"]), int(cfg["num_experts_per_tok"])
+    if not 1 <= top_k <= experts or experts < 2:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts, at least 2)")
+    inner = int(cfg["moe_intermediate_size"])
+    moe = DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=inner,
+        norm_topk_prob=True,
+        router_weights_fp32=True,
+        dense_layers=tuple(i for i, kind in enumerate(kinds) if kind == "dense"),
+        scoring="sigmoid",
+        topk_method="noaux_tc",  # (V3's choice with its bias, in one group)
+        correction_bias=True,
+        routed_scaling_factor=float(cfg["router_scaling_factor"]),
+        shared_size=int(cfg.get("num_shared_experts") or 0) * inner,
     )
+    return {"qk_norm": True, "moe": moe if "sparse" in kinds else None}
+
+
+_RENAMES = (
+    (".self_attn.softmax_offset", ".self_attn.sinks"),  # Flint's
+    (".mlp.shared_expert.", ".mlp.shared_experts."),
+    (".mlp.router.gate.", ".mlp.gate."),  # HY-V3's (as released; transformers' own names below)
+    (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
+    (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
+    (".mlp.shared_mlp.", ".mlp.shared_experts."),
+)
+
+
+def checkpoint_name(name: str) -> str:
+    """Flint's and HY-V3's tensor names as the model files' (DeepSeek's names for the router, its bias and the
+    shared experts)."""
+    for old, new in _RENAMES:
+        name = name.replace(old, new)
+    return name

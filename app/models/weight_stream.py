@@ -349,6 +349,10 @@ def _mtp_tensors(spec: ModelSpec) -> set[str]:
         wanted = is_mtp_tensor
     elif spec.config.family == "qwen3_next" or spec.config.architecture in ("nemotron_h", "mellum", "exaone_moe"):
         wanted = lambda n: n.startswith(("mtp.", "model.mtp."))  # (Qwen3.5 vision-language name maps drop them too)
+    elif spec.config.architecture == "hy_v3":  # (however many: every layer past the stack)
+        past = re.compile(r"^model\.layers\.(\d+)\.")
+        stack = spec.config.num_layers
+        wanted = lambda n: (m := past.match(n)) is not None and int(m.group(1)) >= stack
     else:
         first, count = spec.config.num_layers, spec.config.mtp_layers
         if not count:
