@@ -9,6 +9,15 @@ sliding, then one global, window 4096) — the global layers apply no rope; logi
 embeddings tied by default. attention_bias would add biases to q/k/v and o_proj (refused: the released
 models have none). The first generation ("cohere") is the same block with the rope on every layer, and
 Command R+'s use_qk_norm: a LayerNorm over each head of q and k (a weight per head) before the rope.
+
+Cohere2-MoE ("cohere2_moe", Cohere2MoeConfig): Command A's block with a mixture where mlp_layer_types says
+"sparse" (by default past first_k_dense_replace dense layers, prefix_dense_intermediate_size wide): Mixtral's
+experts (intermediate_size wide) chosen by the router's top-k logits, weighted by a softmax over those (or
+their sigmoids, renormalised with norm_topk_prob), beside num_shared_experts' MLP, the two summed or averaged
+(shared_expert_combination_strategy). The dense prefix has its own sliding pattern; a dense layer with
+prefix_dense_sliding_window_pattern 1 (every prefix layer global) turns the rope all the same. DeepSeek's
+mixture computes this routing (family_deepseek.DeepSeekMoEConfig: softmax of all then top-k renormalised is the
+softmax of the top k). The RMSNorm variant (rms_norm_eps) is refused by name.
 """
 
 from __future__ import annotations
@@ -17,12 +26,13 @@ from typing import Any
 
 from lantern.app.models.errors import UnsupportedModelError, check_attention_types, check_silu
 from lantern.app.models.errors import refuse as _refuse
+from lantern.app.models.family_deepseek import DeepSeekMoEConfig
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides for a cohere2 config.json (spec.ModelConfig.from_hf skips its
     Llama-family checks for configure families: the keys are checked here)."""
-    if model_type not in ("cohere", "cohere2"):
+    if model_type not in ("cohere", "cohere2", "cohere2_moe"):
         raise UnsupportedModelError(f"family_cohere does not configure model_type {model_type!r}")
     check_silu(cfg, "Cohere")
     if cfg.get("attention_bias"):
@@ -37,21 +47,79 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
             "max_position_embeddings": context,
         }
     num_layers = fields["num_layers"]
+    moe = model_type == "cohere2_moe"
+    first_dense = int(cfg.get("first_k_dense_replace") or 0) if moe else 0
     types = cfg.get("layer_types")
-    if types is None:
-        pattern = cfg.get("sliding_window_pattern", 4)
-        if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
-            raise _refuse("sliding_window_pattern", pattern, " (a positive layer count)")
-        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if types is None:  # (Cohere2MoeConfig: the dense prefix on its own pattern)
+        prefix = _pattern(cfg, "prefix_dense_sliding_window_pattern", 1) if moe else 1
+        pattern = _pattern(cfg, "sliding_window_pattern", 4)
+        types = [_kind(i, prefix) for i in range(first_dense)]
+        types += [_kind(i, pattern) for i in range(num_layers - first_dense)]
     check_attention_types(types, num_layers)
     sliding = [t == "sliding_attention" for t in types]
     window = cfg.get("sliding_window", 4096)
     if any(sliding) and not window:
         raise _refuse("sliding_window", window, " with sliding_attention layers")
-    return {
+    out = {
         **_common(cfg, fields),
         "layer_windows": [int(window) if s else None for s in sliding] if any(sliding) else None,
         "rope_layers": None if all(sliding) else tuple(sliding),  # the global layers are NoPE
+    }
+    if moe:
+        out.update(_mixture(cfg, fields, first_dense, sliding))
+    return out
+
+
+def _pattern(cfg: dict[str, Any], key: str, default: int) -> int:
+    pattern = cfg.get(key, default)
+    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
+        raise _refuse(key, pattern, " (a positive layer count)")
+    return pattern
+
+
+def _kind(i: int, pattern: int) -> str:
+    return "sliding_attention" if (i + 1) % pattern else "full_attention"
+
+
+def _mixture(cfg: dict[str, Any], fields: dict[str, Any], first_dense: int, sliding: list[bool]) -> dict[str, Any]:
+    """Cohere2-MoE's fields: its experts, the dense layers' width, the rope its dense global layers force."""
+    if cfg.get("rms_norm_eps") is not None:
+        raise _refuse("rms_norm_eps", cfg["rms_norm_eps"], " for cohere2_moe (RMSNorms in place of its LayerNorms)")
+    layers = fields["num_layers"]
+    kinds = cfg.get("mlp_layer_types") or ["dense" if i < first_dense else "sparse" for i in range(layers)]
+    if len(kinds) != layers or set(kinds) - {"dense", "sparse"}:
+        raise _refuse("mlp_layer_types", kinds, f" (dense or sparse for each of the {layers} layers)")
+    selection = cfg.get("expert_selection_fn", "softmax")
+    if selection not in ("softmax", "sigmoid"):
+        raise _refuse("expert_selection_fn", selection, " (softmax or sigmoid)")
+    combine = cfg.get("shared_expert_combination_strategy", "average")
+    if combine not in ("sum", "average"):
+        raise _refuse("shared_expert_combination_strategy", combine, " (sum or average)")
+    experts, top_k = int(cfg.get("num_experts", 8)), int(cfg.get("num_experts_per_tok", 2))
+    if not 1 <= top_k <= experts:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
+    width = fields["intermediate_size"]
+    dense_width = cfg.get("prefix_dense_intermediate_size") or width
+    shared = int(cfg.get("num_shared_experts") or 0) * width
+    moe = DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=width,
+        # the softmax of the top k logits, or their sigmoids (renormalised only with norm_topk_prob)
+        norm_topk_prob=selection == "softmax" or bool(cfg.get("norm_topk_prob", True)),
+        router_weights_fp32=False,  # (cast to the activations' dtype before the experts are weighted)
+        dense_layers=tuple(i for i, kind in enumerate(kinds) if kind == "dense"),
+        scoring=selection,
+        shared_size=shared,
+        shared_average=bool(shared) and combine == "average",
+        norm_eps=0.0,
+    )
+    force = cfg.get("prefix_dense_sliding_window_pattern", 1) == 1  # (Cohere2MoeAttention.force_rope)
+    rotates = tuple(s or (force and kind == "dense") for s, kind in zip(sliding, kinds))
+    return {
+        "moe": moe if "sparse" in kinds else None,
+        "intermediate_size": int(dense_width),
+        "rope_layers": None if all(rotates) else rotates,
     }
 
 

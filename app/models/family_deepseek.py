@@ -144,6 +144,7 @@ class DeepSeekMoEConfig(MoEConfig):
     routed_scaling_factor: float = 1.0
     first_dense: int = 0  # first_k_dense_replace: layers below it are dense MLPs
     shared_size: int = 0  # the ungated shared experts' MLP width (0: none)
+    shared_average: bool = False  # (routed + shared) / 2 rather than their sum (Cohere2-MoE's "average")
     correction_bias: bool = False  # the router adds e_score_correction_bias to the scores it chooses by
     # router weight and bias held in float32 whatever the model dtype (transformers' _keep_in_fp32_modules_strict:
     # a bias near 7 in bfloat16 is off by 0.03, enough to change most choices); Mistral 4 keeps none

@@ -88,3 +88,48 @@ def test_layer_norm_matches_transformers(dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: one rounding of the same float32 result
     np.testing.assert_allclose(got_torch, want, atol=tol, rtol=tol)
     np.testing.assert_allclose(got_mlx, want, atol=tol, rtol=tol)
+
+
+MOE = {"model_type": "cohere2_moe", "num_hidden_layers": 8, **BASE, "num_experts": 4, "num_experts_per_tok": 2}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"first_k_dense_replace": 3, "prefix_dense_intermediate_size": 96, "num_shared_experts": 1},
+        {"first_k_dense_replace": 2, "prefix_dense_sliding_window_pattern": 2, "expert_selection_fn": "sigmoid"},
+        {"first_k_dense_replace": 1, "shared_expert_combination_strategy": "sum", "num_shared_experts": 2},
+    ],
+)
+def test_moe_config_matches_transformers(extra):
+    """Cohere2-MoE's layer kinds, dense prefix, the rope its dense global layers force, and its mixture."""
+    from transformers import Cohere2MoeConfig
+
+    cfg, ref = ModelConfig.from_hf({**MOE, **extra}), Cohere2MoeConfig(**{**MOE, **extra})
+    assert cfg.layer_windows == [ref.sliding_window if t == "sliding_attention" else None for t in ref.layer_types]
+    force = ref.prefix_dense_sliding_window_pattern == 1
+    rotates = [
+        t == "sliding_attention" or (force and m == "dense") for t, m in zip(ref.layer_types, ref.mlp_layer_types)
+    ]
+    assert list(cfg.rope_layers or [True] * 8) == rotates
+    moe = cfg.moe
+    assert [moe.is_sparse(i) for i in range(8)] == [m == "sparse" for m in ref.mlp_layer_types]
+    assert cfg.intermediate_size == (ref.prefix_dense_intermediate_size or ref.intermediate_size)
+    assert moe.intermediate_size == ref.intermediate_size and moe.scoring == ref.expert_selection_fn
+    assert moe.shared_size == ref.num_shared_experts * ref.intermediate_size
+    assert moe.shared_average == (ref.num_shared_experts > 0 and ref.shared_expert_combination_strategy == "average")
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"rms_norm_eps": 1e-6}, "rms_norm_eps"),
+        ({"expert_selection_fn": "sparsemixer"}, "expert_selection_fn"),
+        ({"shared_expert_combination_strategy": "gated"}, "shared_expert_combination_strategy"),
+        ({"mlp_layer_types": ["dense"] * 3}, "mlp_layer_types"),
+    ],
+)
+def test_moe_unimplemented_keys_are_refused_by_name(extra, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf({**MOE, **extra})

@@ -1,6 +1,7 @@
 """Cohere Command R7B / Command A (cohere2) and Command R / R+ / Aya (cohere) decoder for MLX over a flattened
 token batch (maths in app/models/family_cohere.py; the torch file has the same layout): one LayerNorm per layer
-feeding attention and MLP in parallel, the rope on consecutive pairs and (cohere2) only on the sliding layers.
+feeding attention and MLP in parallel, the rope on consecutive pairs and (cohere2) only on the sliding layers;
+Cohere2-MoE's mixture where a layer is sparse (deepseek.DeepSeekMoE: its routing is DeepSeek's).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import mlx.nn as nn
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx.layers import MLP, Attention
 from lantern.backends.mlx.models import llama
+from lantern.backends.mlx.models.deepseek import DeepSeekMoE
 from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 
@@ -47,7 +49,8 @@ class DecoderLayer(nn.Module):
             attn = self.self_attn
             attn.q_norm = CohereHeadNorm(attn.n_heads, attn.head_dim, cfg.rms_norm_eps)
             attn.k_norm = CohereHeadNorm(attn.n_kv, attn.head_dim, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)  # (Cohere2-MoE: DeepSeek's mixture computes it)
+        self.mlp = DeepSeekMoE(cfg) if sparse else MLP(cfg)
         self.input_layernorm = CohereLayerNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:

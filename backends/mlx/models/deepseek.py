@@ -207,6 +207,8 @@ class DeepSeekMoE(nn.Module):
         out = (y * weights[..., None]).astype(x.dtype).sum(axis=1)  # each expert's share in float32
         if "shared_experts" in self:
             out = out + self.shared_experts(x)
+            if self.moe.shared_average:  # (Cohere2-MoE)
+                out = out * 0.5
         return out
 
 

@@ -1,7 +1,8 @@
 """Cohere Command R7B / Command A (cohere2) and Command R / R+ / Aya (cohere) decoder in torch over a flattened
 token batch, the same layout as the MLX file (maths in app/models/family_cohere.py): one LayerNorm per layer
 feeding attention and MLP in parallel, the rope on consecutive pairs and (cohere2) only on the sliding layers
-(layers.Attention with rope_interleaved and ModelConfig.rope_layers), logits scaled (ModelConfig.logits_divisor).
+(layers.Attention with rope_interleaved and ModelConfig.rope_layers), logits scaled (ModelConfig.logits_divisor);
+Cohere2-MoE's mixture where a layer is sparse (deepseek.DeepSeekMoE: its routing is DeepSeek's).
 
 Tensor parallelism works as for Llama: attention and MLP all-reduce their outputs before they are added.
 """
@@ -15,6 +16,7 @@ from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.attention import TorchAttentionMetadata
 from lantern.backends.torch.layers import MLP, Attention
 from lantern.backends.torch.models import llama
+from lantern.backends.torch.models.deepseek import DeepSeekMoE
 from lantern.backends.torch.parallel import TPGroup
 
 
@@ -50,7 +52,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
         self.self_attn = CohereAttention(cfg, layer_idx, tp)
-        self.mlp = MLP(cfg, tp)
+        sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)  # (Cohere2-MoE: DeepSeek's mixture computes it)
+        self.mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
         self.input_layernorm = CohereLayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(

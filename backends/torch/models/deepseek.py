@@ -191,6 +191,8 @@ class DeepSeekMoE(SparseMoE):
         out = self.routed(x, ids, weights)  # float32 weights: each expert's share in float32
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
+            if self.moe.shared_average:  # (Cohere2-MoE)
+                out = out * 0.5
         return out
 
 
