@@ -40,6 +40,7 @@ PROMPT = [5, 77, 123, 42, 300, 17, 9, 250, 31, 64]
 def families() -> dict[str, Callable[[Path], Path]]:
     """name -> a function writing that family's tiny float32 GGUF under a folder (as the tests write it)."""
     from tests.fixtures.gguf_bitnet import bitnet_gguf
+    from tests.fixtures.gguf_cohere2moe import convert_cohere2moe
     from tests.fixtures.gguf_dbrx import convert_dbrx
     from tests.fixtures.gguf_exaone_moe import convert_exaone_moe
     from tests.fixtures.gguf_families import convert_to_gguf
@@ -87,6 +88,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
             build_model(v, d / "hf", **o), d / f"tiny-{n}.gguf", n.split("_")[0]
         )
     made["deci"] = lambda d: convert_deci(write_folder(d / "hf", LLAMA_CPP_BLOCKS)[0], d / "tiny-deci.gguf")
+    made["cohere2moe"] = lambda d: convert_cohere2moe(build_model("cohere2_moe_rms", d / "hf"), d / "tiny-c2moe.gguf")
     made["dbrx"] = lambda d: convert_dbrx(build_model("dbrx", d / "hf"), d / "tiny-dbrx.gguf")
     for qtype in ("F32", "TQ2_0", "TQ1_0"):  # (tests/models/test_bitnet.py)
         made[f"bitnet_{qtype.lower()}"] = lambda d, q=qtype: bitnet_gguf(d, q)[0]

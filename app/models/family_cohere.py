@@ -17,7 +17,8 @@ their sigmoids, renormalised with norm_topk_prob), beside num_shared_experts' ML
 (shared_expert_combination_strategy). The dense prefix has its own sliding pattern; a dense layer with
 prefix_dense_sliding_window_pattern 1 (every prefix layer global) turns the rope all the same. DeepSeek's
 mixture computes this routing (family_deepseek.DeepSeekMoEConfig: softmax of all then top-k renormalised is the
-softmax of the top k). The RMSNorm variant (rms_norm_eps) is refused by name.
+softmax of the top k). With rms_norm_eps set its norms are RMSNorms (ModelConfig.rms_norm); its multi-token-
+prediction layers (num_nextn_predict_layers, stored after the stack) are skipped.
 """
 
 from __future__ import annotations
@@ -83,8 +84,6 @@ def _kind(i: int, pattern: int) -> str:
 
 def _mixture(cfg: dict[str, Any], fields: dict[str, Any], first_dense: int, sliding: list[bool]) -> dict[str, Any]:
     """Cohere2-MoE's fields: its experts, the dense layers' width, the rope its dense global layers force."""
-    if cfg.get("rms_norm_eps") is not None:
-        raise _refuse("rms_norm_eps", cfg["rms_norm_eps"], " for cohere2_moe (RMSNorms in place of its LayerNorms)")
     layers = fields["num_layers"]
     kinds = cfg.get("mlp_layer_types") or ["dense" if i < first_dense else "sparse" for i in range(layers)]
     if len(kinds) != layers or set(kinds) - {"dense", "sparse"}:
@@ -116,10 +115,14 @@ def _mixture(cfg: dict[str, Any], fields: dict[str, Any], first_dense: int, slid
     )
     force = cfg.get("prefix_dense_sliding_window_pattern", 1) == 1  # (Cohere2MoeAttention.force_rope)
     rotates = tuple(s or (force and kind == "dense") for s, kind in zip(sliding, kinds))
+    rms = cfg.get("rms_norm_eps")
     return {
         "moe": moe if "sparse" in kinds else None,
         "intermediate_size": int(dense_width),
         "rope_layers": None if all(rotates) else rotates,
+        "rms_norm": rms is not None,
+        "rms_norm_eps": float(rms) if rms is not None else float(cfg.get("layer_norm_eps", 1e-5)),
+        "mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0),
     }
 
 

@@ -1,7 +1,7 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
 helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
 (exaone-moe) and Mistral Small 4 (mistral4); MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's; and
-DBRX (dbrx).
+DBRX (dbrx) and Cohere2-MoE (cohere2moe).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from lantern.app.models.gguf_config import _deepseek2, _head_dim, _layer_types, _Meta
+from lantern.app.models.gguf_config import _deepseek2, _head_dim, _layer_types, _Meta, _rotary_fraction
 from lantern.app.models.gguf_rope import longrope_tensors, rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -218,7 +218,51 @@ def _dbrx(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
+_GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func
+
+
+def _cohere2moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Cohere2-MoE (llama.cpp's Cohere2MoeModel: a TextModel, nothing permuted; experts stacked, the shared ones
+    averaged in; the norms RMSNorms where layer_norm_rms_epsilon is stated, else Cohere's LayerNorms): its graph
+    ropes the sliding layers and every leading dense one (prefix_dense_sliding_window_pattern 1 says so in
+    Cohere2MoeConfig's terms), gates by a sigmoid unless expert_gating_func says softmax."""
+    layers, head_dim = cfg["num_hidden_layers"], _head_dim(meta, cfg)
+    scale = meta.get("expert_weights_scale")
+    if scale is not None and float(scale) not in (0.0, 1.0):
+        raise UnsupportedModelError(f"{meta.label}cohere2moe.expert_weights_scale={scale} is not implemented")
+    gating = int(meta.get("expert_gating_func") or 2)
+    if gating not in _GATING:
+        raise UnsupportedModelError(f"{meta.label}cohere2moe.expert_gating_func={gating} is not implemented")
+    swa_base = meta.get("rope.freq_base_swa")
+    if swa_base is not None and float(swa_base) != cfg["rope_theta"]:
+        raise UnsupportedModelError(f"{meta.label}cohere2moe.rope.freq_base_swa (a base of the sliding layers' own)")
+    dense = int(meta.get("leading_dense_block_count") or 0)
+    rms = meta.get("attention.layer_norm_rms_epsilon")
+    return {
+        "model_type": "cohere2_moe",
+        "head_dim": head_dim,
+        "layer_norm_eps": float(meta.get("attention.layer_norm_epsilon") or 1e-5),
+        "rms_norm_eps": None if rms is None else float(rms),
+        "logit_scale": float(meta.get("logit_scale") or 1.0),
+        "sliding_window": int(meta.need("attention.sliding_window")),
+        "layer_types": _layer_types(meta, layers, 4, True),
+        "rotary_pct": _rotary_fraction(meta, head_dim),  # refused by family_cohere unless 1
+        "attention_bias": "blk.0.attn_q.bias" in tensors,  # refused by family_cohere
+        "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(layers)],
+        "prefix_dense_sliding_window_pattern": 1,
+        "prefix_dense_intermediate_size": cfg["intermediate_size"],
+        "intermediate_size": int(meta.need("expert_feed_forward_length")),
+        "num_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "num_shared_experts": int(meta.get("expert_shared_count") or 0),
+        "shared_expert_combination_strategy": "average",
+        "expert_selection_fn": _GATING[gating],
+        "norm_topk_prob": bool(meta.get("expert_weights_norm") or False),
+    }
+
+
 MOE_BUILDERS = {
+    "cohere2moe": _cohere2moe,
     "dbrx": _dbrx,
     "afmoe": _afmoe,
     "deepseek32": _dsa,

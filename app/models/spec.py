@@ -181,6 +181,7 @@ class ModelConfig:
     # BitNet's subln: an RMSNorm on the attention's output before o_proj (self_attn.attn_sub_norm) and on the gated
     # MLP's product before down_proj (mlp.ffn_sub_norm)
     sub_norms: bool = False
+    rms_norm: bool = False  # Cohere2-MoE's rms_norm_eps: RMSNorms where its family's norms are LayerNorms
     sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
     moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
     mla: Any = None  # family_deepseek.MLAConfig: multi-head latent attention (DeepSeek V2/V3)

@@ -124,7 +124,6 @@ def test_moe_config_matches_transformers(extra):
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
-        ({"rms_norm_eps": 1e-6}, "rms_norm_eps"),
         ({"expert_selection_fn": "sparsemixer"}, "expert_selection_fn"),
         ({"shared_expert_combination_strategy": "gated"}, "shared_expert_combination_strategy"),
         ({"mlp_layer_types": ["dense"] * 3}, "mlp_layer_types"),
@@ -133,3 +132,44 @@ def test_moe_config_matches_transformers(extra):
 def test_moe_unimplemented_keys_are_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_hf({**MOE, **extra})
+
+
+def test_moe_rms_norms_and_prediction_layers(tmp_path, backend):
+    """North-Mini-Code's layout: RMSNorms (rms_norm_eps), and num_nextn_predict_layers' layers stored after the
+    stack, which are skipped: the folder with a copy of its last layer past the stack answers as transformers."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    from lantern.app.engine import LLM
+    from tests.conformance.test_parity import PROMPT, hf_model
+    from tests.fixtures.teacher_forcing import assert_matches_reference
+    from tests.fixtures.tiny_models import build_model
+
+    folder = build_model("cohere2_moe_rms", tmp_path / "north")
+    ref = hf_model(str(folder))
+    cfg = json.loads((folder / "config.json").read_text())
+    assert ModelConfig.from_hf(cfg).rms_norm
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 1}))
+    tensors = load_file(str(folder / "model.safetensors"))
+    last = cfg["num_hidden_layers"] - 1
+    extra = {
+        k.replace(f"layers.{last}.", f"layers.{last + 1}."): v for k, v in tensors.items() if f"layers.{last}." in k
+    }
+    save_file({**tensors, **extra}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        assert_matches_reference(llm, ref, PROMPT, steps=4)
+    finally:
+        llm.engine.shutdown()
+
+
+def test_moe_gguf_computes_what_transformers_computes(tmp_path, backend):
+    """llama.cpp's cohere2moe GGUF of the North-Mini-Code-shaped folder: transformers on that folder."""
+    from tests.fixtures.gguf_cohere2moe import convert_cohere2moe
+    from tests.fixtures.teacher_forcing import assert_file_matches_folder
+    from tests.fixtures.tiny_models import build_model
+
+    src = build_model("cohere2_moe_rms", tmp_path / "hf")
+    path = convert_cohere2moe(src, tmp_path / "tiny-cohere2moe.gguf")
+    assert_file_matches_folder(path, src, backend, "cohere2moe")

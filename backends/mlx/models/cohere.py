@@ -51,7 +51,8 @@ class DecoderLayer(nn.Module):
             attn.k_norm = CohereHeadNorm(attn.n_kv, attn.head_dim, cfg.rms_norm_eps)
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)  # (Cohere2-MoE: DeepSeek's mixture computes it)
         self.mlp = DeepSeekMoE(cfg) if sparse else MLP(cfg)
-        self.input_layernorm = CohereLayerNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        norm = nn.RMSNorm if cfg.rms_norm else CohereLayerNorm  # (Cohere2-MoE's rms_norm_eps)
+        self.input_layernorm = norm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         h = self.input_layernorm(x)
@@ -61,3 +62,8 @@ class DecoderLayer(nn.Module):
 class CausalLM(llama.CausalLM):
     decoder_layer = DecoderLayer
     final_norm = CohereLayerNorm
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        if cfg.rms_norm:
+            self.model.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)

@@ -14,7 +14,7 @@ from torch import nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.attention import TorchAttentionMetadata
-from lantern.backends.torch.layers import MLP, Attention
+from lantern.backends.torch.layers import MLP, Attention, RMSNorm
 from lantern.backends.torch.models import llama
 from lantern.backends.torch.models.deepseek import DeepSeekMoE
 from lantern.backends.torch.parallel import TPGroup
@@ -54,7 +54,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = CohereAttention(cfg, layer_idx, tp)
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)  # (Cohere2-MoE: DeepSeek's mixture computes it)
         self.mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
-        self.input_layernorm = CohereLayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = cohere_norm(cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, meta: TorchAttentionMetadata
@@ -64,6 +64,16 @@ class DecoderLayer(nn.Module):
         return self.self_attn(h, meta) + self.mlp(h), residual
 
 
+def cohere_norm(dim: int, eps: float, rms: bool = False) -> nn.Module:
+    """The family's LayerNorm, or an RMSNorm where the config says so (Cohere2-MoE's rms_norm_eps)."""
+    return RMSNorm(dim, eps) if rms else CohereLayerNorm(dim, eps)
+
+
 class CausalLM(llama.CausalLM):
     decoder_layer = DecoderLayer
     final_norm = CohereLayerNorm
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
+        super().__init__(cfg, tp)
+        if cfg.rms_norm:
+            self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
