@@ -118,6 +118,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_llama_moe:HY_V3_DEFAULTS",
         "names": True,
     },
+    # MiMo-V2-Flash: Laguna's layer types and ropes, the sliding layers' K/V heads doubled with sinks, narrower value
+    # heads scaled, DeepSeek-V3's sigmoid router past the dense layers
+    "mimo_v2_flash": {
+        "family": "mimo_v2",
+        "configure": "family_mimo_v2",
+        "own_rope": True,
+        "defaults": "family_mimo_v2",
+        "names": True,
+    },
     # Arcee Trinity (AFMoE): Qwen3's q/k norms, a sigmoid gate on the attention's output, NoPE full layers among
     # sliding ones, Gemma 2's sandwich norms, DeepSeek-V3's sigmoid router (no groups) past the first dense layers
     "afmoe": {"family": "afmoe", "configure": "family_afmoe", "defaults": "family_afmoe", "names": True},

@@ -46,6 +46,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "gptj",
     "codegen",
     "laguna",
+    "mimo_v2_flash",
 )
 
 

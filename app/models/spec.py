@@ -147,6 +147,10 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     attn_out_bias: bool | None = None  # o_proj's bias where it differs from attention_bias (GPT-Neo: o_proj's only)
+    # MiMo-V2-Flash: value heads narrower than head_dim (the q/k width; held padded to it in the KV pool), and the
+    # values times attn_value_scale before they are cached
+    v_head_dim: int | None = None
+    attn_value_scale: float = 1.0
     qk_norm: bool = False
     qk_norm_after_rope: bool = False  # Hunyuan: the per-head q/k norms follow the rope
     rope_reversed: bool = False  # NanoChat: the rope turns the other way (its rotate_half is negated)

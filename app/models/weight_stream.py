@@ -347,7 +347,12 @@ def _mtp_tensors(spec: ModelSpec) -> set[str]:
         from lantern.app.models.family_ernie import is_mtp_tensor
 
         wanted = is_mtp_tensor
-    elif spec.config.family == "qwen3_next" or spec.config.architecture in ("nemotron_h", "mellum", "exaone_moe"):
+    elif spec.config.family == "qwen3_next" or spec.config.architecture in (
+        "nemotron_h",
+        "mellum",
+        "exaone_moe",
+        "mimo_v2_flash",
+    ):
         wanted = lambda n: n.startswith(("mtp.", "model.mtp."))  # (Qwen3.5 vision-language name maps drop them too)
     elif spec.config.architecture == "hy_v3":  # (however many: every layer past the stack)
         past = re.compile(r"^model\.layers\.(\d+)\.")

@@ -48,10 +48,12 @@ class Attention(nn.Module):
         self.softcap = cfg.attn_softcap
         d = cfg.hidden_size
         bias = cfg.attention_bias
+        # (MiMo-V2-Flash's narrower values: padded to head_dim for the pool and attention, cut before o_proj)
+        self.v_dim, self.v_scale = cfg.v_head_dim or self.head_dim, cfg.attn_value_scale
         self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
+        self.v_proj = nn.Linear(d, self.n_kv * self.v_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.v_dim, d, bias=o_bias)
         if sinks or cfg.attn_sinks:  # (gpt-oss passes it; Granite Swash's config says it)
             self.sinks = mx.zeros((self.n_heads,))
         self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna, LFM3)
@@ -80,7 +82,11 @@ class Attention(nn.Module):
         t = x.shape[0]
         q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).reshape(t, self.n_kv, self.v_dim)
+        if self.v_scale != 1.0:
+            v = v * self.v_scale
+        if self.v_dim != self.head_dim:
+            v = mx.pad(v, [(0, 0), (0, 0), (0, self.head_dim - self.v_dim)])
         if self.clip is not None:  # (OLMo 1)
             q, k, v = (mx.clip(a, -self.clip, self.clip) for a in (q, k, v))
         norm_after = self.norm_after_rope
@@ -109,6 +115,8 @@ class Attention(nn.Module):
             sinks=sinks,
             alibi=self._alibi,
         )
+        if self.v_dim != self.head_dim:
+            out = out[..., : self.v_dim]
         out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
         if "attn_sub_norm" in self:
             out = self.attn_sub_norm(out)

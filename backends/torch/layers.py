@@ -143,9 +143,11 @@ class Attention(nn.Module):
         self.window = cfg.layer_windows[layer_idx] if cfg.layer_windows else None
         self.softcap = cfg.attn_softcap
         d, bias = cfg.hidden_size, cfg.attention_bias
-        self.splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+        # (MiMo-V2-Flash's narrower values: padded to head_dim for the pool and attention, cut before o_proj)
+        self.v_dim, self.v_scale = cfg.v_head_dim or self.head_dim, cfg.attn_value_scale
+        self.splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.v_dim]
         self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=o_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.v_dim, d, bias=o_bias)
         sinks = sinks or cfg.attn_sinks  # (gpt-oss passes it; Granite Swash's config says it)
         self.sinks = nn.Parameter(torch.empty(self.n_heads), requires_grad=False) if sinks else None
         self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna, LFM3)
@@ -175,7 +177,11 @@ class Attention(nn.Module):
         if self.clip is not None:  # (OLMo 1)
             qkv = qkv.clamp(-self.clip, self.clip)
         q, k, v = qkv.split(self.splits, dim=-1)
-        v = v.view(t, self.n_kv, self.head_dim)
+        v = v.view(t, self.n_kv, self.v_dim)
+        if self.v_scale != 1.0:
+            v = v * self.v_scale
+        if self.v_dim != self.head_dim:
+            v = F.pad(v, (0, self.head_dim - self.v_dim))
         cos, sin = rope if rope is not None else (meta.cos, meta.sin)
         if self.reversed:  # (NanoChat) the other way round: sin negated, once per step
             sin = reversed_sin(sin, meta)
@@ -216,6 +222,8 @@ class Attention(nn.Module):
             sinks=self.sinks,
             alibi=alibi,
         )
+        if self.v_dim != self.head_dim:
+            out = out[..., : self.v_dim]
         out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
         if self.sub_norm:
             out = self.attn_sub_norm(out)[0]
