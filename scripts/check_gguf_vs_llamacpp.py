@@ -48,6 +48,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_granite import convert_granite
     from tests.fixtures.gguf_llama_relatives import convert
     from tests.fixtures.gguf_mamba import convert_mamba
+    from tests.fixtures.gguf_mimo2 import convert_mimo2
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
     from tests.fixtures.gguf_renamed import convert_bailing, convert_minicpm3
     from tests.fixtures.nemotron_nas import LLAMA_CPP_BLOCKS, convert_deci, write_folder
@@ -89,6 +90,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
         )
     made["deci"] = lambda d: convert_deci(write_folder(d / "hf", LLAMA_CPP_BLOCKS)[0], d / "tiny-deci.gguf")
     made["cohere2moe"] = lambda d: convert_cohere2moe(build_model("cohere2_moe_rms", d / "hf"), d / "tiny-c2moe.gguf")
+    made["mimo2"] = lambda d: convert_mimo2(build_model("mimo_v2_flash", d / "hf"), d / "tiny-mimo2.gguf")
     made["dbrx"] = lambda d: convert_dbrx(build_model("dbrx", d / "hf"), d / "tiny-dbrx.gguf")
     for qtype in ("F32", "TQ2_0", "TQ1_0"):  # (tests/models/test_bitnet.py)
         made[f"bitnet_{qtype.lower()}"] = lambda d, q=qtype: bitnet_gguf(d, q)[0]

@@ -114,7 +114,7 @@ def _kv_heads(meta: _Meta, heads: int) -> int:
         return int(next(v for v in value if v))
     if isinstance(value, (list, tuple)) and meta.arch == "gemma4" and value:
         return int(value[0])
-    if isinstance(value, (list, tuple)) and meta.arch == "deci" and value:  # (its builder states each layer's)
+    if isinstance(value, (list, tuple)) and meta.arch in ("deci", "mimo2") and value:  # (their builders state each)
         return int(max(value))
     return int(meta.scalar("attention.head_count_kv", heads))
 

@@ -1,7 +1,7 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
 helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
 (exaone-moe) and Mistral Small 4 (mistral4); MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's; and
-DBRX (dbrx) and Cohere2-MoE (cohere2moe).
+DBRX (dbrx), Cohere2-MoE (cohere2moe) and MiMo-V2-Flash (mimo2).
 """
 
 from __future__ import annotations
@@ -261,7 +261,56 @@ def _cohere2moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
     }
 
 
+def _mimo2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """MiMo-V2-Flash (llama.cpp's MimoV2Model: a TextModel, nothing permuted; q/k and values of their own widths
+    (key_length / value_length), each layer's K/V heads and sliding flag per layer, the sliding layers' base as
+    rope.freq_base_swa, rope.dimension_count dims of each head turned in both layer types, the sinks as attn_sinks,
+    the values' scale as attention.value_scale; its graph's router a sigmoid choosing with exp_probs_b, the top k
+    renormalised, no groups), as MiMoV2FlashConfig's keys; sparse layers where a router is stored."""
+    layers = cfg["num_hidden_layers"]
+    head_dim, v_dim = _head_dim(meta, cfg), int(meta.get("attention.value_length") or _head_dim(meta, cfg))
+    kv = meta.get("attention.head_count_kv")
+    kv = list(kv)[:layers] if isinstance(kv, (list, tuple)) else [int(kv)] * layers
+    sliding = [bool(s) for s in list(meta.need("attention.sliding_window_pattern"))[:layers]]
+    full_kv = {k for k, s in zip(kv, sliding) if not s} or {kv[0]}
+    swa_kv = {k for k, s in zip(kv, sliding) if s} or full_kv
+    if len(full_kv) > 1 or len(swa_kv) > 1:
+        raise UnsupportedModelError(f"{meta.label}mimo2 K/V heads {kv}: one count per layer type is implemented")
+    rot = int(meta.get("rope.dimension_count") or head_dim)
+    partial = rot / head_dim if int(head_dim * (rot / head_dim)) == rot else (rot + 0.25) / head_dim  # (int() as read)
+    base_swa = float(meta.get("rope.freq_base_swa") or cfg["rope_theta"])
+    scale = meta.get("expert_weights_scale")
+    return {
+        "model_type": "mimo_v2_flash",
+        "head_dim": head_dim,
+        "v_head_dim": v_dim,
+        "num_key_value_heads": int(full_kv.pop()),
+        "swa_num_key_value_heads": int(swa_kv.pop()),
+        "hybrid_layer_pattern": [int(s) for s in sliding],
+        "sliding_window": int(meta.need("attention.sliding_window")),
+        "attention_value_scale": meta.get("attention.value_scale"),
+        "rope_parameters": {
+            "full_attention": {
+                "rope_type": "default",
+                "rope_theta": cfg["rope_theta"],
+                "partial_rotary_factor": partial,
+            },
+            "sliding_attention": {"rope_type": "default", "rope_theta": base_swa, "partial_rotary_factor": partial},
+        },
+        "n_routed_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "moe_intermediate_size": int(meta.need("expert_feed_forward_length")),
+        "mlp_layer_types": ["sparse" if f"blk.{i}.ffn_gate_inp.weight" in tensors else "dense" for i in range(layers)],
+        "routed_scaling_factor": float(scale) if scale else 1.0,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+    }
+
+
 MOE_BUILDERS = {
+    "mimo2": _mimo2,
     "cohere2moe": _cohere2moe,
     "dbrx": _dbrx,
     "afmoe": _afmoe,

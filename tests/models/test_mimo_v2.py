@@ -87,3 +87,14 @@ def test_released_keys_state_the_layer_pattern_and_heads():
     assert cfg.layer_windows == [ref.sliding_window if t == "sliding_attention" else None for t in ref.layer_types]
     assert cfg.layer_windows == [129 if p else None for p in pattern]
     assert [k for k, _ in cfg.kv_shapes] == [8 if p else 4 for p in pattern]
+
+
+def test_gguf_computes_what_transformers_computes(tmp_path, backend):
+    """llama.cpp's mimo2 GGUF of the tiny folder: transformers on that folder."""
+    from tests.fixtures.gguf_mimo2 import convert_mimo2
+    from tests.fixtures.teacher_forcing import assert_file_matches_folder
+    from tests.fixtures.tiny_models import build_model
+
+    src = build_model("mimo_v2_flash", tmp_path / "hf")
+    path = convert_mimo2(src, tmp_path / "tiny-mimo2.gguf")
+    assert_file_matches_folder(path, src, backend, "mimo2")
