@@ -69,6 +69,20 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"qk_norm": True, "configure": "family_moe"},
     "deepseek_v2": {"family": "deepseek", "configure": "family_deepseek"},
     "deepseek_v3": {"family": "deepseek", "configure": "family_deepseek"},
+    # A.X-K1 (SK Telecom): DeepSeek-V3 with an RMSNorm on the mixture's output
+    "axk1": {
+        "family": "deepseek",
+        "configure": "family_deepseek",
+        "defaults": {  # AXK1Config's
+            "vocab_size": 163840,
+            "hidden_size": 7168,
+            "intermediate_size": 18432,
+            "num_hidden_layers": 61,
+            "num_attention_heads": 64,
+            "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6,
+        },
+    },
     # DeepSeek-V3.2: V3 with DeepSeek Sparse Attention (a lightning indexer per layer picks the keys each query reads)
     "deepseek_v32": {
         "family": "deepseek",

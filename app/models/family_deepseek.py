@@ -52,9 +52,18 @@ from lantern.app.models.spec import UnsupportedModelError
 # Families with multi-head latent attention: DeepSeek V2 / V3, GLM-4.7-Flash (glm4_moe_lite:
 # transformers builds it from DeepseekV3Attention and GLM-4.5's router, which is V3's) and Mistral 4
 # (V3's attention and experts, a softmax router ranking groups as V3 does, Llama 4's query temperature).
-DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "mistral4")
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "mistral4", "axk1")
 # The GLM-4.5 family (glm4_moe) shares only the routed experts (routed_experts()).
-_SIGMOID_ROUTED = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "glm4_moe_lite", "dots1", "solar_open")
+_SIGMOID_ROUTED = (
+    "deepseek_v3",
+    "deepseek_v32",
+    "glm_moe_dsa",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "dots1",
+    "solar_open",
+    "axk1",
+)
 # "noaux_tc": top-k within the topk_group groups whose two best scores sum highest (V3's ranking)
 _TOPK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "mistral4": ("noaux_tc",)}
 _TOPK_METHODS |= {t: ("noaux_tc",) for t in _SIGMOID_ROUTED}
@@ -103,6 +112,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 _DEFAULTS["deepseek_v32"] = _DEFAULTS["deepseek_v3"]  # DeepseekV32Config: V3's values (the indexer's: family_dsa)
 _DEFAULTS["glm_moe_dsa"] = {**_DEFAULTS["deepseek_v3"], **GLM_DSA_DEFAULTS}  # GlmMoeDsaConfig
+# A.X-K1 (SK Telecom, AXK1Config): V3 with 192 experts past one dense layer and an RMSNorm on the mixture's output
+_DEFAULTS["axk1"] = {**_DEFAULTS["deepseek_v3"], "n_routed_experts": 192, "first_k_dense_replace": 1}
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,7 @@ class DeepSeekMoEConfig(MoEConfig):
     first_dense: int = 0  # first_k_dense_replace: layers below it are dense MLPs
     shared_size: int = 0  # the ungated shared experts' MLP width (0: none)
     shared_average: bool = False  # (routed + shared) / 2 rather than their sum (Cohere2-MoE's "average")
+    post_norm: bool = False  # an RMSNorm (mlp.post_mlp_layernorm) on the mixture's output (A.X-K1)
     correction_bias: bool = False  # the router adds e_score_correction_bias to the scores it chooses by
     # router weight and bias held in float32 whatever the model dtype (transformers' _keep_in_fp32_modules_strict:
     # a bias near 7 in bfloat16 is off by 0.03, enough to change most choices); Mistral 4 keeps none
@@ -172,6 +184,20 @@ def _int(cfg: dict[str, Any], model_type: str, key: str) -> int:
     if value is None:
         raise UnsupportedModelError(f"{key} is missing from config.json ({model_type} needs it)")
     return int(value)
+
+
+def axk1_tensors(source: Iterator[tuple[str, Any]], moe: Any) -> Iterator[tuple[str, Any]]:
+    """A.X-K1's checkpoint stores the mixture's output norm at the decoder layer (post_mlp_layernorm): the sparse
+    layers' under the mixture, where the model files hold it; a dense layer's is not used (transformers ignores it)."""
+    for name, value in source:
+        m = _POST_MLP_NORM.match(name)
+        if m is None:
+            yield name, value
+        elif moe is not None and moe.is_sparse(int(m.group(1))):
+            yield f"model.layers.{m.group(1)}.mlp.post_mlp_layernorm.{m.group(2)}", value
+
+
+_POST_MLP_NORM = re.compile(r"^model\.layers\.(\d+)\.post_mlp_layernorm\.(\w+)$")
 
 
 def softmax_scale(cfg: dict[str, Any], qk_head_dim: int) -> float:
@@ -203,10 +229,12 @@ def mtp_layers(model_type: str, cfg: dict[str, Any]) -> int:
 def _dense_layers(model_type: str, cfg: dict[str, Any], num_layers: int) -> tuple[int, tuple[int, ...]]:
     """(first_k_dense_replace, other dense layers). glm4_moe_lite reads mlp_layer_types (default:
     layer 0 dense), as transformers does; a first_k_dense_replace that says otherwise is refused."""
+    if model_type == "axk1" and cfg.get("mlp_layer_types") is None:  # (AXK1Config derives it so)
+        return int(_key(cfg, model_type, "first_k_dense_replace") or 0), ()
     if model_type in ("deepseek_v32", "glm_moe_dsa") and cfg.get("mlp_layer_types") is None:
         first = min(int(_key(cfg, model_type, "first_k_dense_replace") or 0), num_layers)
         return 0, tuple(range(first))  # DeepseekV32Config's mlp_layer_types: that many dense, then sparse
-    if model_type not in ("glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"):
+    if model_type not in ("glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "axk1"):
         return int(_key(cfg, model_type, "first_k_dense_replace") or 0), ()
     types = cfg.get("mlp_layer_types")
     if types is None:
@@ -270,6 +298,7 @@ def routed_experts(model_type: str, cfg: dict[str, Any], num_layers: int) -> Dee
         correction_bias=scoring == "sigmoid",
         router_fp32=model_type != "mistral4",
         shared_size=int(get("n_shared_experts") or 0) * inner,
+        post_norm=model_type == "axk1",
     )
 
 
@@ -336,6 +365,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if interleave not in (True, False) or (dsa and not interleave):
         raise _refuse("rope_interleave", interleave, f" ({model_type}'s latent rope always turns pairs)")
     q_lora = _key(cfg, model_type, "q_lora_rank")
+    if model_type == "axk1" and q_lora is None:  # (AXK1Attention always compresses q)
+        raise _refuse("q_lora_rank", None, " for axk1 (its attention always has a q LoRA)")
     mla = MLAConfig(
         kv_lora_rank=_int(cfg, model_type, "kv_lora_rank"),
         q_lora_rank=None if q_lora is None else int(q_lora),

@@ -69,6 +69,10 @@ def iter_weights(
             from lantern.app.models.family_deepseek import join_mla_heads
 
             source = join_mla_heads(source, spec.config.mla, spec.config.num_heads)
+        if spec.config.architecture == "axk1":  # its mixture's output norm stored at the decoder layer
+            from lantern.app.models.family_deepseek import axk1_tensors
+
+            source = axk1_tensors(source, spec.config.moe)
     traits = checkpoint_traits(spec.config.architecture)
     if traits.get("tensors"):  # the family's own layout changes (its configure module's checkpoint_tensors)
         module = importlib.import_module(f"lantern.app.models.{traits['configure']}")

@@ -163,6 +163,8 @@ class DeepSeekMoE(nn.Module):
             shared_experts = MLP(cfg, moe.shared_size)
         if shared_experts is not None:
             self.shared_experts = shared_experts
+        if moe.post_norm:  # (A.X-K1: the mixture's output normed)
+            self.post_mlp_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def _group_mask(self, group_scores: mx.array, num_experts: int) -> mx.array:
         """[T, E] bool: experts in each token's topk_group best groups."""
@@ -209,6 +211,8 @@ class DeepSeekMoE(nn.Module):
             out = out + self.shared_experts(x)
             if self.moe.shared_average:  # (Cohere2-MoE)
                 out = out * 0.5
+        if "post_mlp_layernorm" in self:
+            out = self.post_mlp_layernorm(out)
         return out
 
 

@@ -149,6 +149,8 @@ class DeepSeekMoE(SparseMoE):
         if shared_experts is None and moe.shared_size:
             shared_experts = MLP(cfg, tp, moe.shared_size)
         self.shared_experts = shared_experts
+        if moe.post_norm:  # (A.X-K1: the mixture's output normed)
+            self.post_mlp_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k], float32 weights [T, k]) as transformers' DeepSeek routers pick them."""
@@ -193,6 +195,8 @@ class DeepSeekMoE(SparseMoE):
             out = out + self.shared_experts(x)
             if self.moe.shared_average:  # (Cohere2-MoE)
                 out = out * 0.5
+        if self.moe.post_norm:
+            out = self.post_mlp_layernorm(out)[0]
         return out
 
 
