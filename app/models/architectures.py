@@ -25,11 +25,11 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "phi": {"family": "phi", "configure": "family_phi", "defaults": "family_phi", "names": True},
     # Phi-3.5-MoE: LayerNorms with biases, biased attention and head, Mixtral's experts under SparseMixer's routing
     "phimoe": {"family": "phimoe", "configure": "family_phimoe", "defaults": "family_phimoe", "own_rope": True},
-    # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's
-    # defaults for the keys a config.json may omit.
     # BitNet b1.58: Llama with "subln" norms before o_proj and down_proj, a relu^2-gated MLP (its ternary weights:
     # the checkpoint's quant_method "bitnet")
     "bitnet": {"configure": "family_bitnet", "defaults": "family_bitnet"},
+    # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's
+    # defaults for the keys a config.json may omit.
     "seed_oss": {"attention_bias": True, "defaults": {"head_dim": 128, "max_position_embeddings": 524288}},
     # Other families: "family" names the model file both backends build (backends/*/models/),
     # "configure" the module whose configure(model_type, cfg, fields) reads the family's keys; "names": that

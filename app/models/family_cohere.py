@@ -31,7 +31,7 @@ from lantern.app.models.family_deepseek import DeepSeekMoEConfig
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig field overrides for a cohere2 config.json (spec.ModelConfig.from_hf skips its
+    """ModelConfig field overrides for a cohere, cohere2 or cohere2_moe config.json (spec.ModelConfig.from_hf skips its
     Llama-family checks for configure families: the keys are checked here)."""
     if model_type not in ("cohere", "cohere2", "cohere2_moe"):
         raise UnsupportedModelError(f"family_cohere does not configure model_type {model_type!r}")

@@ -75,7 +75,10 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if any(heads % k for k in kv_heads):
         raise refuse("num_key_value_heads", kv, f" (the sliding layers hold twice as many: {heads} heads each)")
     max_pos = int(cfg.get("max_position_embeddings", 131072))
-    cfg = {**cfg, "rope_parameters": cfg.get("rope_parameters") or _DEFAULT_ROPE}
+    stated = cfg.get("rope_parameters") or _DEFAULT_ROPE
+    # (each type's factor defaults to 0.334 where unstated: MiMoV2FlashRotaryEmbedding's)
+    nested = {k: {"partial_rotary_factor": 0.334, **v} if isinstance(v, dict) else v for k, v in stated.items()}
+    cfg = {**cfg, "rope_parameters": nested}
     rope = layer_type_rope(cfg, max_pos, 5_000_000.0, 10_000.0, model_type="mimo_v2_flash", legacy=False)
     local = cfg["rope_parameters"].get("sliding_attention") or {}
     local_dim = int(head_dim * float(local.get("partial_rotary_factor", 1.0)))

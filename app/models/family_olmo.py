@@ -32,8 +32,8 @@ _OLMO3_THETA = 500000.0  # Olmo3Config.default_theta
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig field overrides for an olmo2 / olmo3 config.json (spec.ModelConfig.from_hf skips its
-    Llama-family checks for configure families: the keys are checked here)."""
+    """ModelConfig field overrides for an olmo2 / olmo3 / olmoe / flex_olmo config.json (spec.ModelConfig.from_hf
+    skips its Llama-family checks for configure families: the keys are checked here)."""
     if model_type not in ("olmo2", "olmo3", "olmoe", "flex_olmo"):
         raise UnsupportedModelError(f"family_olmo does not configure model_type {model_type!r}")
     check_silu(cfg, "OLMo")

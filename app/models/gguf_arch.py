@@ -116,11 +116,12 @@ _QWEN3NEXT = {
     "post_attention_norm": "post_attention_layernorm",
 }
 ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _QWEN3NEXT})
-# LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
+# Cohere2-MoE's shared experts, MiMo-V2-Flash's sinks and router bias, DBRX's fused q/k/v and norm_2, BitNet's subln
 ARCH_LAYER["cohere2moe"] = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")}
 ARCH_LAYER["mimo2"] = {"attn_sinks": "self_attn.sinks", "exp_probs_b": "mlp.gate.e_score_correction"}
 ARCH_LAYER["dbrx"] = {"attn_qkv": "self_attn.qkv_proj", "attn_output_norm": "post_attention_layernorm"}
 ARCH_LAYER["bitnet"] = {"attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}
+# LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
 ARCH_LAYER["lfm2"] = {f"shortconv.{t}": f"conv.{t}" for t in ("conv", "in_proj", "out_proj")}
 # K-EXAONE (llama.cpp's ExaoneMoEModel): Llama's pre-norm names, DeepSeek's router bias and shared experts
 ARCH_LAYER["exaone-moe"] = {

@@ -236,6 +236,9 @@ def _cohere2moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> di
     swa_base = meta.get("rope.freq_base_swa")
     if swa_base is not None and float(swa_base) != cfg["rope_theta"]:
         raise UnsupportedModelError(f"{meta.label}cohere2moe.rope.freq_base_swa (a base of the sliding layers' own)")
+    if _GATING[gating] == "softmax" and not meta.get("expert_weights_norm"):
+        # (llama.cpp's graph then weights by the unrenormalised softmax; transformers' by the softmax of the top k)
+        raise UnsupportedModelError(f"{meta.label}cohere2moe softmax gating without expert_weights_norm")
     dense = int(meta.get("leading_dense_block_count") or 0)
     rms = meta.get("attention.layer_norm_rms_epsilon")
     return {

@@ -58,7 +58,7 @@ class Attention(nn.Module):
             self.sinks = mx.zeros((self.n_heads,))
         self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna, LFM3)
         if self.gated:
-            width = self.n_heads if self.gated.endswith("_head") else self.n_heads * self.head_dim  # one per head
+            width = self.n_heads if self.gated.endswith("_head") else self.n_heads * self.v_dim  # one per head
             self.gate_proj = nn.Linear(d, width, bias=False)
         if cfg.qk_norm:
             self.q_norm = norm(self.head_dim, eps=cfg.rms_norm_eps)
@@ -76,19 +76,19 @@ class Attention(nn.Module):
         # BLOOM / MPT's ALiBi slopes (a leading _: not a parameter)
         self._alibi = None if cfg.alibi_slopes is None else mx.array(cfg.alibi_slopes, dtype=mx.float32)
         if cfg.sub_norms:  # BitNet: the output normed before o_proj
-            self.attn_sub_norm = nn.RMSNorm(self.n_heads * self.head_dim, eps=cfg.rms_norm_eps)
+            self.attn_sub_norm = nn.RMSNorm(self.n_heads * self.v_dim, eps=cfg.rms_norm_eps)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         t = x.shape[0]
         q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
         v = self.v_proj(x).reshape(t, self.n_kv, self.v_dim)
+        if self.clip is not None:  # (OLMo 1)
+            q, k, v = (mx.clip(a, -self.clip, self.clip) for a in (q, k, v))
         if self.v_scale != 1.0:
             v = v * self.v_scale
         if self.v_dim != self.head_dim:
             v = mx.pad(v, [(0, 0), (0, 0), (0, self.head_dim - self.v_dim)])
-        if self.clip is not None:  # (OLMo 1)
-            q, k, v = (mx.clip(a, -self.clip, self.clip) for a in (q, k, v))
         norm_after = self.norm_after_rope
         if hasattr(self, "q_norm") and not norm_after:
             q, k = self.q_norm(q), self.k_norm(k)

@@ -154,7 +154,8 @@ class PermutedQuantizedLinear(nn.QuantizedLinear):
 class InputQuantizedLinear(nn.QuantizedLinear):
     """A weight whose layer quantizes its input per token first (AffineWeight.act_bits: BitNet's 8-bit
     activations): each row of x becomes round(x * q / max|x|) * max|x| / q, clamped to [-q - 1, q],
-    q = 2**(bits - 1) - 1, in float32 (as transformers' AutoBitLinear computes it), then the quantized matmul."""
+    q = 2**(bits - 1) - 1, in float32 (as transformers' AutoBitLinear computes it; its BitLinear rounds in the
+    activations' dtype), then the quantized matmul."""
 
     def __init__(self, input_dims: int, output_dims: int, bias: bool, group_size: int, bits: int, act_bits: int):
         super().__init__(input_dims, output_dims, bias=bias, group_size=group_size, bits=bits)

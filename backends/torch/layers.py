@@ -152,7 +152,7 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.empty(self.n_heads), requires_grad=False) if sinks else None
         self.gated = cfg.attn_output_gate  # the output times a gate of x before o_proj (AFMoE, Laguna, LFM3)
         if self.gated:
-            width = self.n_heads if self.gated.endswith("_head") else self.n_heads * self.head_dim  # one per head
+            width = self.n_heads if self.gated.endswith("_head") else self.n_heads * self.v_dim  # one per head
             self.gate_proj = nn.Linear(d, width, bias=False)
         self.qk_norm = cfg.qk_norm
         self.norm_after_rope = cfg.qk_norm_after_rope  # (Hunyuan)
@@ -166,7 +166,7 @@ class Attention(nn.Module):
         self.rotates = cfg.rope_layers is None or cfg.rope_layers[layer_idx]  # SmolLM3's NoPE layers do not
         self.sub_norm = cfg.sub_norms
         if cfg.sub_norms:  # BitNet: the output normed before o_proj
-            self.attn_sub_norm = RMSNorm(self.n_heads * self.head_dim, cfg.rms_norm_eps)
+            self.attn_sub_norm = RMSNorm(self.n_heads * self.v_dim, cfg.rms_norm_eps)
 
     def forward(
         self, x: torch.Tensor, meta: TorchAttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -46,6 +46,11 @@ class TPGroup:
         return torch.cat(parts, dim=-1)
 
 
+def _bitnet(cfg: ModelConfig) -> bool | None:
+    scheme = cfg.quantization
+    return True if scheme is not None and scheme.method.startswith("bitnet") else None
+
+
 def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
     """The per-rank shapes: heads, kv heads and FFN width divided by the world size.
 
@@ -71,6 +76,8 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("per-head q/k LayerNorm (Command R+)", True if cfg.family == "cohere" and cfg.qk_norm else None),
         ("per-layer query heads (Laguna)", cfg.layer_heads),
         ("subln norms over whole projections (BitNet)", True if cfg.sub_norms else None),
+        # (each rank would take max|x| over its own columns of o_proj's / down_proj's input, not the whole row)
+        ("per-token activation quantization (BitNet)", _bitnet(cfg)),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

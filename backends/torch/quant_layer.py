@@ -85,7 +85,8 @@ class PermutedInput(QuantLayer):
 class QuantizedInput(QuantLayer):
     """A layer whose input is quantized per token first (AffineWeight.act_bits: BitNet's 8-bit activations):
     each row of x becomes round(x * q / max|x|) * max|x| / q, clamped to [-q - 1, q], q = 2**(bits - 1) - 1,
-    computed in float32 as transformers' AutoBitLinear does, then cast back; the inner layer multiplies that."""
+    computed in float32 as transformers' AutoBitLinear does (its BitLinear rounds in the activations' dtype: in
+    bfloat16 the two part on ties), then cast back; the inner layer multiplies that."""
 
     def __init__(self, inner: QuantLayer, bits: int):
         super().__init__(inner.out_features, inner.in_features)

@@ -59,6 +59,7 @@ def test_config_matches_transformers():
         ({"quantization_config": {"quant_method": "bitnet", "quantization_mode": "online"}}, "quantization_mode"),
         ({"quantization_config": {"quant_method": "bitnet", "use_rms_norm": True}}, "use_rms_norm"),
         ({"model_type": "llama", "architectures": ["BitnetForCausalLM"]}, "architectures"),  # (1bitLLM's remote code)
+        ({"architectures": ["BitnetForCausalLM"]}, "architectures"),
     ],
 )
 def test_unimplemented_keys_are_refused_by_name(extra, key):
@@ -176,3 +177,12 @@ def test_gguf_with_per_projection_scales_is_refused(tmp_path):
     tensors["blk.0.attn_q.scale"] = tensors["output_norm.weight"]  # (bitnet.cpp's layout names one per projection)
     with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.scale"):
         hf_config_from_gguf(index.metadata, tensors, path.name)
+
+
+def test_tensor_parallelism_is_refused_for_bitnet_activations():
+    """Each rank would take max|x| over its own columns of o_proj's / down_proj's input: refused by name."""
+    from lantern.backends.torch.parallel import local_config
+
+    cfg = ModelConfig.from_hf({**BASE, "model_type": "llama", "quantization_config": LAYOUTS["bitlinear"]})
+    with pytest.raises(ValueError, match="activation quantization"):
+        local_config(cfg, 2)

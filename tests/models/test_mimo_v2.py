@@ -14,7 +14,17 @@ from lantern.app.models.spec import ModelConfig
 BASE = {"model_type": "mimo_v2_flash", "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 8}
 
 
-@pytest.mark.parametrize("extra", [{}, {"sliding_window_size": 127, "v_head_dim": 192, "attention_value_scale": None}])
+UNSTATED_FACTORS = {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"sliding_window_size": 127, "v_head_dim": 192, "attention_value_scale": None},
+        {"rope_parameters": UNSTATED_FACTORS},  # (each type's partial_rotary_factor then 0.334, as transformers')
+    ],
+)
 def test_config_matches_transformers(extra):
     from transformers import MiMoV2FlashConfig
 
@@ -26,8 +36,8 @@ def test_config_matches_transformers(extra):
     assert cfg.attn_value_scale == (ref.attention_value_scale if ref.attention_value_scale is not None else 1.0)
     full, local = ref.rope_parameters["full_attention"], ref.rope_parameters["sliding_attention"]
     assert (cfg.rope_theta, cfg.local_rope_theta) == (full["rope_theta"], local["rope_theta"])
-    assert cfg.local_rope_dim == int(ref.head_dim * local["partial_rotary_factor"])
-    assert cfg.rope_scaling["partial_rotary_factor"] == full["partial_rotary_factor"]
+    assert cfg.local_rope_dim == int(ref.head_dim * local.get("partial_rotary_factor", 0.334))
+    assert cfg.rope_scaling["partial_rotary_factor"] == full.get("partial_rotary_factor", 0.334)
     moe = cfg.moe
     assert (moe.num_experts, moe.top_k, moe.intermediate_size) == (
         ref.n_routed_experts,
