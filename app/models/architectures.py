@@ -366,6 +366,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "joyai_llm_flash": {"same_as": "deepseek_v3"},
     # MiMo-7B: Qwen2 with multi-token-prediction layers (model.mtp_layers.*, never run: skipped)
     "mimo": {"same_as": "qwen2", "configure": "family_renamed", "tensors": True},
+    "apertus1p5_text": {"same_as": "apertus"},  # (Apertus 1.5: Apertus's layer, a pruned head: family_renamed)
     "minicpm3": {"same_as": "deepseek_v3"},  # (and muP's scalars, LongRoPE: family_renamed.extra_fields)
     "minicpm": {"same_as": "granite"},  # MiniCPM 1 to 4.1: muP's scalars as Granite's; LongRoPE, InfLLM v2's bound
     # InternLM2 / 2.5: Llama under InternLM2's tensor names, q/k/v fused per KV group (family_internlm2's layout)

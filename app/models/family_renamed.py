@@ -143,6 +143,9 @@ _GEMMA4_ONLY = ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "en
 RENAMED["kimi_k2"] = RENAMED["joyai_llm_flash"] = ({}, {})
 # MiMo-7B (XiaomiMiMo's remote MiMoConfig, a Qwen2Config): its prediction layers' count is not Qwen2's key
 RENAMED["mimo"] = ({}, {"max_position_embeddings": 32768})
+# Apertus 1.5's language model (Apertus1p5TextConfig, an ApertusConfig): its vocabulary extended by the visual and
+# audio codes, its head possibly pruned to the text ids (output_vocab_size: extra_fields)
+RENAMED["apertus1p5_text"] = ({}, {"vocab_size": 266752})
 
 RENAMED["bailing_moe"] = (
     {
@@ -292,11 +295,26 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
     return {**out, "model_type": family}
 
 
+def _pruned_head(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Apertus 1.5's output_vocab_size: the head's rows (the ids past them input-only), when fewer than the
+    vocabulary's."""
+    rows, vocab = cfg.get("output_vocab_size"), int(cfg["vocab_size"])
+    if rows is None or int(rows) == vocab:
+        return {}
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= vocab:
+        raise refuse("output_vocab_size", rows, f" (between 1 and vocab_size, {vocab})")
+    if cfg.get("tie_word_embeddings"):  # (a tied head is the embedding: all of its rows)
+        raise refuse("output_vocab_size", rows, " with tie_word_embeddings")
+    return {"head_rows": rows}
+
+
 def extra_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig fields a renamed architecture sets beyond its family's: MiniCPM3's muP scalars, MiniCPM's
     LongRoPE and the length it attends densely within."""
     if model_type == "minicpm":
         return _minicpm_fields({**RENAMED[model_type][1], **cfg})
+    if model_type == "apertus1p5_text":
+        return _pruned_head({**RENAMED[model_type][1], **cfg})
     if model_type != "minicpm3":
         return {}
     out = {**RENAMED[model_type][1], **cfg}

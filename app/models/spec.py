@@ -47,6 +47,7 @@ VL_WRAPPERS = (
     *("cohere2_vision", "idefics2", "idefics3", "smolvlm", "internvl", "kimi_k25", "exaone4_5", "minicpmv4_6"),
     *("minicpmv4_7", "hyperclovax_vision_v2", "ovis2", "video_llama_3", "deepseek_vl", "deepseek_vl_hybrid"),
     "gemma4_unified",
+    "apertus1p5",
 )
 
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.
@@ -186,6 +187,9 @@ class ModelConfig:
     # MLP's product before down_proj (mlp.ffn_sub_norm)
     sub_norms: bool = False
     rms_norm: bool = False  # Cohere2-MoE's rms_norm_eps: RMSNorms where its family's norms are LayerNorms
+    # Apertus 1.5: the untied head's rows (output_vocab_size) where fewer than the vocabulary's (its multimodal code
+    # ids are input-only): the logits past them are -inf, so those ids are never chosen
+    head_rows: int | None = None
     sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
     moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
     mla: Any = None  # family_deepseek.MLAConfig: multi-head latent attention (DeepSeek V2/V3)

@@ -81,7 +81,7 @@ def iter_weights(
     if traits.get("names"):  # its checkpoint's names as the model files' (folders and GGUF alike)
         rename = importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
         source = ((rename(name), value) for name, value in source)
-    if spec.config.architecture == "apertus":  # xIELU's constants checked, its scalars as vectors
+    if spec.config.family == "apertus":  # xIELU's constants checked, its scalars as vectors (Apertus 1.5 too)
         from lantern.app.models import family_apertus
 
         if spec.weight_format == "gguf":  # (llama.cpp keeps the scalars in metadata)

@@ -78,6 +78,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("subln norms over whole projections (BitNet)", True if cfg.sub_norms else None),
         # (each rank would take max|x| over its own columns of o_proj's / down_proj's input, not the whole row)
         ("per-token activation quantization (BitNet)", _bitnet(cfg)),
+        ("a head narrower than the vocabulary (Apertus 1.5)", cfg.head_rows),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

@@ -63,7 +63,8 @@ class CausalLM(nn.Module):
         self.cfg = cfg
         self.model = Backbone(cfg, self.decoder_layer, self.final_norm)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=cfg.lm_head_bias)  # (PhiMoE's has one)
+            rows = cfg.head_rows or cfg.vocab_size  # (Apertus 1.5's pruned head)
+            self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=cfg.lm_head_bias)  # (PhiMoE's has one)
 
     def hidden_states(self, input_ids: mx.array, meta: AttentionMetadata, rows: mx.array) -> mx.array:
         """Every token through the layers; the final norm's output at the flattened batch's `rows`:
@@ -100,7 +101,10 @@ class CausalLM(nn.Module):
         if self.cfg.logits_divisor != 1.0:  # Granite's logits_scaling
             logits = logits / self.cfg.logits_divisor
         cap = self.cfg.final_softcap
-        return logits if cap is None else mx.tanh(logits / cap) * cap
+        logits = logits if cap is None else mx.tanh(logits / cap) * cap
+        if self.cfg.head_rows:  # (the ids past a pruned head are never chosen)
+            logits = mx.pad(logits, [(0, 0), (0, self.cfg.vocab_size - self.cfg.head_rows)], constant_values=-mx.inf)
+        return logits
 
 
 class RecurrentCausalLM(CausalLM):

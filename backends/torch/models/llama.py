@@ -92,6 +92,7 @@ class CausalLM(nn.Module):
         rows = vocab_shard(cfg.vocab_size, tp)[2] if tp.active else cfg.vocab_size
         self.model = Backbone(local_config(cfg, tp.world), tp, rows, self.decoder_layer, self.final_norm)
         if not cfg.tie_word_embeddings:
+            rows = cfg.head_rows or rows  # (Apertus 1.5's pruned head: refused with tensor parallelism)
             self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=cfg.lm_head_bias)  # (PhiMoE's has one)
 
     @torch.inference_mode()
@@ -101,7 +102,10 @@ class CausalLM(nn.Module):
         if self.cfg.logits_divisor != 1.0:  # Granite's logits_scaling
             logits = logits / self.cfg.logits_divisor
         cap = self.cfg.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        logits = logits if cap is None else torch.tanh(logits / cap) * cap
+        if self.cfg.head_rows:  # (the ids past a pruned head are never chosen)
+            logits = F.pad(logits, (0, self.cfg.vocab_size - self.cfg.head_rows), value=float("-inf"))
+        return logits
 
     def hidden_states(self, input_ids: torch.Tensor, meta: TorchAttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
         """The final norm's output at the flattened batch's `rows`: what the head reads, and what
