@@ -64,25 +64,34 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if len(heads) != layers or any(not isinstance(h, int) or h < 1 or h % kv for h in heads):
         raise refuse("num_attention_heads_per_layer", heads, f" (a multiple of the {kv} KV heads for each layer)")
     windows = typed_windows(cfg, layers, ["full_attention"] * layers, 512)
-    max_pos = int(cfg.get("max_position_embeddings", 131072))
     cfg = {**cfg, "rope_parameters": cfg.get("rope_parameters") or _DEFAULT_ROPE}
-    rope = layer_type_rope(cfg, max_pos, 500000.0, 10000.0, model_type="laguna", legacy=False)
-    local = cfg["rope_parameters"].get("sliding_attention") or {}
-    local_dim = int(head_dim * float(local.get("partial_rotary_factor", 1.0)))
-    if not 0 < local_dim <= head_dim or local_dim % 2:
-        raise refuse("rope_parameters.sliding_attention.partial_rotary_factor", local["partial_rotary_factor"])
-    if windows is None:
-        rope["local_rope_theta"] = None  # no sliding layer: one rope
+    rope = typed_ropes(cfg, head_dim, windows, (500000.0, 10000.0), "laguna")
     return {
         "qk_norm": True,
         "attn_output_gate": _GATES[gating],
         "layer_heads": tuple(heads) if len(set(heads)) > 1 else None,
         "num_heads": heads[0] if len(set(heads)) == 1 else fields["num_heads"],
         "layer_windows": windows,
-        "local_rope_dim": None if windows is None else local_dim,
         "moe": _experts(cfg, layers),
         **rope,
     }
+
+
+def typed_ropes(
+    cfg: dict[str, Any], head_dim: int, windows: list[int | None] | None, thetas: tuple[float, float], model_type: str
+) -> dict[str, Any]:
+    """The rope fields of a config whose rope_parameters nest by layer type with a partial rotary factor each
+    (Laguna, MiMo-V2-Flash): the full layers' rope (and scaling), the sliding layers' base and the dims they turn;
+    one rope where no layer slides. thetas: the config class's (full, sliding) default bases."""
+    max_pos = int(cfg.get("max_position_embeddings", 131072))
+    rope = layer_type_rope(cfg, max_pos, thetas[0], thetas[1], model_type=model_type, legacy=False)
+    local = cfg["rope_parameters"].get("sliding_attention") or {}
+    local_dim = int(head_dim * float(local.get("partial_rotary_factor", 1.0)))
+    if not 0 < local_dim <= head_dim or local_dim % 2:
+        raise refuse("rope_parameters.sliding_attention.partial_rotary_factor", local["partial_rotary_factor"])
+    if windows is None:
+        rope["local_rope_theta"] = None  # no sliding layer: one rope
+    return {**rope, "local_rope_dim": None if windows is None else local_dim}
 
 
 def _experts(cfg: dict[str, Any], layers: int) -> DeepSeekMoEConfig | None:

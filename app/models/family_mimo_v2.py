@@ -27,8 +27,9 @@ from typing import Any
 
 from lantern.app.models.errors import check_silu, refuse
 from lantern.app.models.family_deepseek import DeepSeekMoEConfig
+from lantern.app.models.family_laguna import typed_ropes
 from lantern.app.models.family_moe import mlp_kinds
-from lantern.app.models.family_olmo import layer_type_rope, typed_windows
+from lantern.app.models.family_olmo import typed_windows
 from lantern.app.models.spec import UnsupportedModelError
 
 _DEFAULT_ROPE = {
@@ -74,18 +75,11 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     kv_heads = tuple(kv if windows is None or windows[i] is None else swa_kv for i in range(layers))
     if any(heads % k for k in kv_heads):
         raise refuse("num_key_value_heads", kv, f" (the sliding layers hold twice as many: {heads} heads each)")
-    max_pos = int(cfg.get("max_position_embeddings", 131072))
     stated = cfg.get("rope_parameters") or _DEFAULT_ROPE
     # (each type's factor defaults to 0.334 where unstated: MiMoV2FlashRotaryEmbedding's)
     nested = {k: {"partial_rotary_factor": 0.334, **v} if isinstance(v, dict) else v for k, v in stated.items()}
     cfg = {**cfg, "rope_parameters": nested}
-    rope = layer_type_rope(cfg, max_pos, 5_000_000.0, 10_000.0, model_type="mimo_v2_flash", legacy=False)
-    local = cfg["rope_parameters"].get("sliding_attention") or {}
-    local_dim = int(head_dim * float(local.get("partial_rotary_factor", 1.0)))
-    if not 0 < local_dim <= head_dim or local_dim % 2:
-        raise refuse("rope_parameters.sliding_attention.partial_rotary_factor", local["partial_rotary_factor"])
-    if windows is None:
-        rope["local_rope_theta"] = None  # no sliding layer: one rope
+    rope = typed_ropes(cfg, head_dim, windows, (5_000_000.0, 10_000.0), "mimo_v2_flash")
     scale = cfg.get("attention_value_scale", 0.707)
     return {
         "num_kv_heads": max(kv_heads),
@@ -93,7 +87,6 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "v_head_dim": v_dim if v_dim != head_dim else None,
         "attn_value_scale": 1.0 if scale is None else float(scale),
         "layer_windows": windows,
-        "local_rope_dim": None if windows is None else local_dim,
         "moe": _experts(cfg, layers),
         **rope,
     }
