@@ -83,8 +83,9 @@ def test_config_reads_as_its_family(model_type):
     experts = getattr(ref, "n_routed_experts", None) if model_type not in ("youtu", "minicpm3") else None
     assert (cfg.moe.num_experts if cfg.moe else None) == experts
     assert (cfg.mla is not None) == (model_type in ("sarvam_mla", "youtu", "minicpm3"))
-    if cfg.mla is None:
-        assert cfg.head_dim == ref.head_dim and cfg.num_kv_heads == ref.num_key_value_heads
+    if cfg.mla is None:  # (ApertusConfig's head_dim is derived, not an attribute)
+        head_dim = getattr(ref, "head_dim", None) or ref.hidden_size // ref.num_attention_heads
+        assert cfg.head_dim == head_dim and cfg.num_kv_heads == ref.num_key_value_heads
     if model_type == "sarvam_moe":
         assert cfg.rope_theta == ref.rope_parameters["rope_theta"] == 8e6 and cfg.qk_norm
 
