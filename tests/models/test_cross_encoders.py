@@ -85,8 +85,9 @@ def test_scores_match_transformers(folders, backend, name):
     want = reference(folders[name], [(QUERY, d) for d in DOCS], activation)
     got = [o.score for o in outs]
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
-    if activation == "identity":  # raw logits: not squashed into (0, 1)
-        assert any(not 0 < s < 1 for s in got)
+    if activation == "identity":  # raw logits, not their sigmoids (the tiny tokenizer's training is not
+        # deterministic, so whether a logit falls outside (0, 1) changes from build to build)
+        assert np.abs(np.array(got) - 1 / (1 + np.exp(-np.array(want)))).max() > 1e-3
     assert [o.num_prompt_tokens for o in outs] == [len(tokenize_pair(llm.engine, QUERY, d)[0]) for d in DOCS]
     stats = llm.engine.stats_snapshot()
     decoder = llm.engine.model_config.encoder is None  # (a last-token head: its inputs use the prefix cache)
