@@ -37,8 +37,6 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     """ModelConfig field overrides for a bitnet config; refuses, naming the key, what it does not compute."""
     if model_type != "bitnet":
         raise UnsupportedModelError(f"family_bitnet does not configure model_type {model_type!r}")
-    if "BitnetForCausalLM" in (cfg.get("architectures") or []):  # (1bitLLM's remote code; transformers' is BitNet...)
-        raise refuse("architectures", ["BitnetForCausalLM"], " (1bitLLM's remote-code BitNet)")
     act = cfg.get("hidden_act", "relu2")
     if act not in _GATED:
         raise refuse("hidden_act", act, f" for bitnet ({', '.join(_GATED)})")

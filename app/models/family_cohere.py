@@ -115,13 +115,13 @@ def _mixture(cfg: dict[str, Any], fields: dict[str, Any], first_dense: int, slid
     )
     force = cfg.get("prefix_dense_sliding_window_pattern", 1) == 1  # (Cohere2MoeAttention.force_rope)
     rotates = tuple(s or (force and kind == "dense") for s, kind in zip(sliding, kinds))
-    rms = cfg.get("rms_norm_eps")
+    rms = cfg.get("rms_norm_eps")  # (else _common's LayerNorm eps stands)
     return {
         "moe": moe if "sparse" in kinds else None,
         "intermediate_size": int(dense_width),
         "rope_layers": None if all(rotates) else rotates,
         "rms_norm": rms is not None,
-        "rms_norm_eps": float(rms) if rms is not None else float(cfg.get("layer_norm_eps", 1e-5)),
+        **({"rms_norm_eps": float(rms)} if rms is not None else {}),
         "mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0),
     }
 

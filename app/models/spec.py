@@ -123,12 +123,6 @@ def _check_unimplemented(model_type: str, cfg: dict[str, Any]) -> None:
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key):
             raise _refuse(key, cfg[key], " (logit soft-capping)")
-    if "BitnetForCausalLM" in (cfg.get("architectures") or []):  # (transformers' own class is BitNetForCausalLM)
-        raise _refuse(
-            "architectures",
-            ["BitnetForCausalLM"],
-            " (1bitLLM's remote-code BitNet; transformers' `bitnet` folders and llama.cpp's bitnet GGUFs are served)",
-        )
 
 
 @dataclass
@@ -295,6 +289,12 @@ class ModelConfig:
             # A vision-language folder: serve its language model (the vision tower is not loaded).
             wrapper, cfg = model_type, MULTIMODAL_WRAPPERS[model_type](cfg)
             model_type = cfg["model_type"]
+        if "BitnetForCausalLM" in (cfg.get("architectures") or []):  # (transformers' own class is BitNetForCausalLM)
+            raise _refuse(
+                "architectures",
+                ["BitnetForCausalLM"],
+                " (1bitLLM's remote-code BitNet; transformers' `bitnet` folders and llama.cpp's bitnet GGUFs load)",
+            )
         if model_type not in ARCHITECTURES:
             raise UnsupportedModelError(
                 f"unsupported architecture {model_type!r} ({', '.join(cfg.get('architectures') or [])}); "
