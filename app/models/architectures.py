@@ -28,6 +28,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # BitNet b1.58: Llama with "subln" norms before o_proj and down_proj, a relu^2-gated MLP (its ternary weights:
     # the checkpoint's quant_method "bitnet")
     "bitnet": {"configure": "family_bitnet", "defaults": "family_bitnet"},
+    # Llama 3.2 Vision's language model: Llama's layers, the cross-attention ones between them skipped on text alone
+    "mllama_text_model": {"configure": "family_mllama", "defaults": "family_mllama"},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's
     # defaults for the keys a config.json may omit.
     "seed_oss": {"attention_bias": True, "defaults": {"head_dim": 128, "max_position_embeddings": 524288}},

@@ -3,8 +3,8 @@ read them (spec.VL_WRAPPERS): LLaVA 1.5 / 1.6 (llava_next) / OneVision / NeXT-Vi
 Pixtral-12B folder (llava over Mistral), Aya Vision and Command A Vision (Command R7B's layers), Idefics2 / Idefics3
 / SmolVLM, InternVL 3 / 3.5 in transformers' layout, Kimi K2.5 (DeepSeek-V3; its text config's `kimi_k2` read as
 deepseek_v3 as transformers does), EXAONE 4.5 (EXAONE 4), MiniCPM-V 4.6 / 4.7 (Qwen3.5), HyperCLOVA X SEED Vision,
-Ovis2, VideoLLaMA3 and DeepSeek-VL (hybrid too). The vision tower and projector are not loaded (an image in a
-request is refused, as for every text model).
+Ovis2, VideoLLaMA3, DeepSeek-VL (hybrid too) and Llama 3.2 Vision (mllama: family_mllama). The vision tower and
+projector are not loaded (an image in a request is refused, as for every text model).
 
 transformers builds the wrapper's text config from its text_config (the text class's defaults for what it leaves
 out: LLaVA 1.5's folders state six keys of Vicuna's config) and ties the head by the wrapper's tie_word_embeddings
@@ -37,7 +37,8 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
         raise UnsupportedModelError(f"{wrapper} config.json: transformers cannot read it ({exc})") from None
     text = built.get_text_config()
     filled = {k: v for k, v in text.to_dict().items() if k not in ("architectures", "transformers_version")}
-    out = wrapped_text_config(cfg, text.model_type, built.tie_word_embeddings, defaults={**filled, **raw})
+    tie = getattr(built, "tie_word_embeddings", False)  # (MllamaConfig has none: its model never ties the head)
+    out = wrapped_text_config(cfg, text.model_type, tie, defaults={**filled, **raw})
     if wrapper in ("aya_vision", "cohere2_vision"):  # (their heads never multiply by it; vLLM's do)
         out["logit_scale"] = 1.0
     return out

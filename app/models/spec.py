@@ -48,6 +48,7 @@ VL_WRAPPERS = (
     *("minicpmv4_7", "hyperclovax_vision_v2", "ovis2", "video_llama_3", "deepseek_vl", "deepseek_vl_hybrid"),
     "gemma4_unified",
     "apertus1p5",
+    "mllama",
 )
 
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.
@@ -184,6 +185,9 @@ class ModelConfig:
     # Apertus 1.5: the untied head's rows (output_vocab_size) where fewer than the vocabulary's (its multimodal code
     # ids are input-only): the logits past them are -inf, so those ids are never chosen
     head_rows: int | None = None
+    # per layer: its index among the checkpoint's where they differ (Llama 3.2 Vision: the cross-attention layers
+    # text never reaches are not loaded); None: the same
+    checkpoint_layers: tuple[int, ...] | None = None
     sandwich_norms: bool = False  # Gemma 2/3: norms after attention and before/after the MLP
     moe: Any = None  # family_moe.MoEConfig: the experts of a mixture-of-experts model
     mla: Any = None  # family_deepseek.MLAConfig: multi-head latent attention (DeepSeek V2/V3)

@@ -252,6 +252,25 @@ def _row_slice(value: Any, start: int, end: int) -> Any:
 
 # ---- safetensors folders ---------------------------------------------------------------------------
 def _text_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
+    """The model files' name of each checkpoint tensor (None: not loaded), its layer renumbered where the model
+    keeps only some of the checkpoint's layers (ModelConfig.checkpoint_layers)."""
+    names = _family_name_map(spec)
+    kept = spec.config.checkpoint_layers
+    if kept is None or names is None:
+        return names
+    served = {str(source): str(i) for i, source in enumerate(kept)}
+
+    def renumbered(name: str) -> str | None:
+        mapped = names(name)
+        if mapped is None or not mapped.startswith("model.layers."):
+            return mapped
+        index, _, rest = mapped[len("model.layers.") :].partition(".")
+        return None if index not in served else f"model.layers.{served[index]}.{rest}"
+
+    return renumbered
+
+
+def _family_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     """For a vision-language folder: its language model's tensor names (None: a vision tensor);
     for a BERT encoder: the encoder files' names (None: a tensor not loaded); else backbone names
     with their "model." prefix."""

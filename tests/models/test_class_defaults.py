@@ -23,6 +23,7 @@ TYPES = [
     "internlm3",
     "iquestcoder",
     "sarvam_moe",
+    "mllama_text_model",
 ]
 
 
