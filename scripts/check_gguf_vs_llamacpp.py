@@ -46,6 +46,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_families import convert_to_gguf
     from tests.fixtures.gguf_gpt_families import convert_gpt_to_gguf
     from tests.fixtures.gguf_granite import convert_granite
+    from tests.fixtures.gguf_hrm_text import convert_hrm_text, hrm_text_folder
     from tests.fixtures.gguf_llama_relatives import convert
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_mimo2 import convert_mimo2
@@ -92,6 +93,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     made["cohere2moe"] = lambda d: convert_cohere2moe(build_model("cohere2_moe_rms", d / "hf"), d / "tiny-c2moe.gguf")
     made["mimo2"] = lambda d: convert_mimo2(build_model("mimo_v2_flash", d / "hf"), d / "tiny-mimo2.gguf")
     made["dbrx"] = lambda d: convert_dbrx(build_model("dbrx", d / "hf"), d / "tiny-dbrx.gguf")
+    made["hrm_text"] = lambda d: convert_hrm_text(hrm_text_folder(d / "hf")[0], d / "tiny-hrm-text.gguf")
     for qtype in ("F32", "TQ2_0", "TQ1_0"):  # (tests/models/test_bitnet.py)
         made[f"bitnet_{qtype.lower()}"] = lambda d, q=qtype: bitnet_gguf(d, q)[0]
     return made
@@ -136,7 +138,10 @@ def check_family(name: str, make: Callable[[Path], Path], args: argparse.Namespa
     folder = root / name
     folder.mkdir(parents=True)
     path = make(folder)
-    server = Server(args.server, path, args.port, folder / "llama-server.log")
+    # float32 K/V and no flash attention (whose CPU path rounds through float16) unless --f16-attention: the
+    # maths compared, not llama.cpp's default rounding (a 12-pass HRM-Text drifts 0.045 in log-prob through it)
+    exact = () if args.f16_attention else ("-ctk", "f32", "-ctv", "f32", "-fa", "off")
+    server = Server(args.server, path, args.port, folder / "llama-server.log", exact)
     try:
         refused = server.wait()
         if refused:
@@ -266,6 +271,7 @@ def main() -> None:
     parser.add_argument("--tie", type=float, default=0.02, help="log-prob gap under which a flip is a tie")
     parser.add_argument("--backend", default="torch", choices=["torch", "mlx"])
     parser.add_argument("--port", type=int, default=18190)
+    parser.add_argument("--f16-attention", action="store_true", help="llama-server's default f16 KV and attention")
     parser.add_argument("--no-tokenizers", action="store_true")
     parser.add_argument("--rerankers", action="store_true", help="only the reranker GGUFs' scores")
     parser.add_argument("--tokenizers", action="store_true", help="only the tokenizer.ggml.pre splits")

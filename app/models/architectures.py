@@ -30,6 +30,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "bitnet": {"configure": "family_bitnet", "defaults": "family_bitnet"},
     # Llama 3.2 Vision's language model: Llama's layers, the cross-attention ones between them skipped on text alone
     "mllama_text_model": {"configure": "family_mllama", "defaults": "family_mllama"},
+    # HRM-Text: two stacks of gated-attention layers without norm weights, run in cycles (family_hrm_text)
+    "hrm_text": {"family": "hrm_text", "configure": "family_hrm_text", "defaults": "family_hrm_text", "tensors": True},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's
     # defaults for the keys a config.json may omit.
     "seed_oss": {"attention_bias": True, "defaults": {"head_dim": 128, "max_position_embeddings": 524288}},

@@ -120,6 +120,7 @@ ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _
 ARCH_LAYER["cohere2moe"] = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")}
 ARCH_LAYER["mimo2"] = {"attn_sinks": "self_attn.sinks", "exp_probs_b": "mlp.gate.e_score_correction"}
 ARCH_LAYER["dbrx"] = {"attn_qkv": "self_attn.qkv_proj", "attn_output_norm": "post_attention_layernorm"}
+ARCH_LAYER["hrm_text"] = {"attn_gate": "self_attn.gate_proj"}  # (its stacks' layers: L's first, then H's)
 ARCH_LAYER["bitnet"] = {"attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}
 # LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
 ARCH_LAYER["lfm2"] = {f"shortconv.{t}": f"conv.{t}" for t in ("conv", "in_proj", "out_proj")}

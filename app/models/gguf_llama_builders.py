@@ -1,6 +1,6 @@
 """GGUF config builders of the architectures llama.cpp names apart whose maths is a family Lantern already serves:
 InternLM2 / 2.5 and XVERSE (Llama), Orion (StableLM's layer), Qwen (1) (Qwen2's), MiniCPM 1 / 2 / 4 (Granite's
-scalars), Deci / Nemotron-NAS (family_deci's per-layer shapes) and BitNet (Llama with subln norms), each as
+scalars), Deci / Nemotron-NAS (family_deci's per-layer shapes), BitNet (Llama with subln norms) and HRM-Text, each as
 llama.cpp's converter writes it and its runtime reads it (see gguf_builders.py)."""
 
 from __future__ import annotations
@@ -140,7 +140,33 @@ def _bitnet(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     }
 
 
+def _hrm_text(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """HRM-Text (llama.cpp's HrmTextModel: a TextModel, nothing permuted; the fused gqkv / gate_up split into
+    attn_gate, q, k, v and ffn_gate, up; the L stack's layers as blocks 0.., the H stack's after them, block_count
+    the stack passes' KV layers): its stacks' shape and cycles from hrm.*, embedding_scale as written (none: 1, as
+    llama.cpp's graph), multi-head (no head_count_kv written), its plain NeoX rope. No norm tensors: its norms have
+    no weight. Causal only, as llama.cpp computes it (hrm.prefix_lm is not read)."""
+    per_stack, h, low = (int(meta.need(f"hrm.{k}")) for k in ("layers_per_stack", "h_cycles", "l_cycles"))
+    if cfg["num_hidden_layers"] != per_stack * h * (low + 1):
+        raise UnsupportedModelError(
+            f"{meta.label}hrm_text.block_count={cfg['num_hidden_layers']} is not layers_per_stack x h_cycles x "
+            f"(l_cycles + 1) = {per_stack * h * (low + 1)}"
+        )
+    head_dim = int(meta.get("attention.key_length") or meta.get("rope.dimension_count") or _head_dim(meta, cfg))
+    return {
+        "model_type": "hrm_text",
+        "num_layers_per_stack": per_stack,
+        "H_cycles": h,
+        "L_cycles": low,
+        "head_dim": head_dim,
+        "embedding_scale": float(meta.get("embedding_scale") or 1.0),
+        "attention_bias": qkv_bias(tensors),  # (refused by family_hrm_text)
+        "rope_parameters": _plain_rope(meta, cfg),
+    }
+
+
 LLAMA_RELATIVE_BUILDERS = {
+    "hrm_text": _hrm_text,
     "bitnet": _bitnet,
     "internlm2": _llama,
     "xverse": _llama,

@@ -125,6 +125,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if m:
         bare = ARCH_BARE.get(arch, {"ssm_a": "linear_attn.A_log"}).get(m.group(2))
         return None if bare is None else f"model.layers.{m.group(1)}.{bare}"
+    if arch == "hrm_text" and gguf_name == "hrm.z_l_init":  # (HRM-Text's initial z_L, written without a suffix)
+        return "model.z_L_init"
     m = _GLOBAL_RE.match(gguf_name)
     if m and m.group(1) in ARCH_GLOBAL.get(arch, {}):
         return f"{ARCH_GLOBAL[arch][m.group(1)]}.{m.group(2)}"

@@ -218,6 +218,8 @@ class ModelConfig:
     # Per layer of the KV pool: (kv heads, head dim) where layers differ in shape (Gemma 4); None: every
     # layer is (num_kv_heads, head_dim) or the model's kv_layout.
     kv_shapes: tuple[tuple[int, int], ...] | None = None
+    kv_layers: int | None = None  # layers of the KV pool where not one per layer (HRM-Text: one per stack pass)
+    hrm: Any = None  # family_hrm_text.HrmCycles: HRM-Text's two stacks and their cycles
     nas: Any = None  # family_deci.NASBlocks: Nemotron-NAS's per-layer attention kind, KV heads and MLP width
     # Llama 4: its rope layers attend within chunks of this many tokens; served within one (check_servable)
     attention_chunk: int | None = None
@@ -244,6 +246,8 @@ class ModelConfig:
         """Layers that keep K/V in the paged pool (a linear-attention or short-conv layer keeps a state instead)."""
         if self.kv_shapes is not None:
             return len(self.kv_shapes)
+        if self.kv_layers is not None:
+            return self.kv_layers
         stateful = self.linear_attn or self.short_conv or self.mamba or self.mamba1
         return self.num_layers if stateful is None else len(stateful.attention_layers())
 

@@ -276,7 +276,8 @@ def _family_name_map(spec: ModelSpec) -> Callable[[str], str | None] | None:
     with their "model." prefix."""
     traits = checkpoint_traits(spec.config.architecture)
     if traits.get("tensors"):  # its checkpoint_name renames and skips (None) the family's tensors
-        return importlib.import_module(f"lantern.app.models.{traits['configure']}").checkpoint_name
+        module = importlib.import_module(f"lantern.app.models.{traits['configure']}")
+        return module.name_map(spec) if hasattr(module, "name_map") else module.checkpoint_name  # (by its config)
     base: Callable[[str], str | None] = _backbone_name
     if spec.config.multimodal_wrapper in ("qwen2_vl", "qwen2_5_vl"):  # also the released layout: model.layers.*
         from lantern.app.models.family_qwen2_vl import text_weight_name as qwen2_vl_name

@@ -78,7 +78,9 @@ class Attention(nn.Module):
         if cfg.sub_norms:  # BitNet: the output normed before o_proj
             self.attn_sub_norm = nn.RMSNorm(self.n_heads * self.v_dim, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
+    def __call__(self, x: mx.array, meta: AttentionMetadata, kv_layer: int | None = None) -> mx.array:
+        """kv_layer: the pool layer this call reads and writes where not its own (HRM-Text: each stack pass keeps
+        its K/V)."""
         t = x.shape[0]
         q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
@@ -108,7 +110,7 @@ class Attention(nn.Module):
             k,
             v,
             meta,
-            self.layer_idx,
+            self.layer_idx if kv_layer is None else kv_layer,
             self.scale,
             window=self.window,
             softcap=self.softcap,

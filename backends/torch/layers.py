@@ -169,9 +169,14 @@ class Attention(nn.Module):
             self.attn_sub_norm = RMSNorm(self.n_heads * self.v_dim, cfg.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, meta: TorchAttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        x: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_layer: int | None = None,
     ) -> torch.Tensor:
-        """rope: this layer's (cos, sin) at each token's position; None: the model's (meta.cos/sin)."""
+        """rope: this layer's (cos, sin) at each token's position; None: the model's (meta.cos/sin). kv_layer: the
+        pool layer this call reads and writes where not its own (HRM-Text: each stack pass keeps its K/V)."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         if self.clip is not None:  # (OLMo 1)
@@ -215,7 +220,7 @@ class Attention(nn.Module):
             k,
             v,
             meta,
-            self.layer_idx,
+            self.layer_idx if kv_layer is None else kv_layer,
             self.scale,
             window=self.window,
             softcap=self.softcap,

@@ -79,6 +79,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         # (each rank would take max|x| over its own columns of o_proj's / down_proj's input, not the whole row)
         ("per-token activation quantization (BitNet)", _bitnet(cfg)),
         ("a head narrower than the vocabulary (Apertus 1.5)", cfg.head_rows),
+        ("stacks run in cycles (HRM-Text)", cfg.hrm),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

@@ -1,0 +1,113 @@
+"""HRM-Text (hrm_text): its L and H stacks run in cycles, each pass keeping its own K/V. Tiny random models built and
+saved by transformers' HrmTextForCausalLM (fused gqkv / gate_up as it saves them, a random z_L_init); Lantern's
+logits equal transformers' through the paged cache (prefill in chunks, then decode) on both backends, for the
+config as transformers saves it and as the released (training) configs state it; what it cannot compute is refused
+by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.spec import ModelConfig
+from tests.fixtures.gguf_hrm_text import SHAPE
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from tests.fixtures.gguf_hrm_text import hrm_text_folder
+
+    return hrm_text_folder(tmp_path_factory.mktemp("hrm_text"))
+
+
+def _assert_matches(folder, reference, backend) -> None:
+    import torch
+
+    from lantern.app.engine import LLM, SamplingParams
+    from tests.conformance.test_parity import PROMPT
+    from tests.fixtures.teacher_forcing import teacher_forced_logits
+
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        cfg = llm.engine.model_config
+        assert (cfg.num_layers, cfg.num_kv_layers) == (4, 12)  # 2 stacks of 2; 2 per pass x 2 x (2 + 1) passes
+        ids = llm.tokenizer.encode(PROMPT)
+        with torch.no_grad():
+            want = reference.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids) :].tolist()
+            expected = reference(input_ids=torch.tensor([ids + want])).logits[0].numpy()
+        rows = list(teacher_forced_logits(llm.engine, ids, want))
+        assert len(rows) == len(want)
+        for pos, logits in rows:
+            np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"position {pos}")
+        out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+        assert out[0].outputs[0].token_ids == want
+    finally:
+        llm.engine.shutdown()
+
+
+def test_logits_match_transformers(folder, backend):
+    out, model = folder
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["num_hidden_layers"], saved["num_layers_per_stack"]) == (12, 2)
+    _assert_matches(out, model, backend)
+
+
+def test_a_released_config_states_the_per_stack_count_as_num_hidden_layers(folder, tmp_path, backend):
+    """The training configs (HRM-Text-1B's) carry the stack's layer count in num_hidden_layers alone."""
+    out, model = folder
+    legacy = tmp_path / "released"
+    legacy.mkdir()
+    for f in out.iterdir():
+        (legacy / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["num_hidden_layers"] = cfg.pop("num_layers_per_stack")
+    (legacy / "config.json").write_text(json.dumps(cfg))
+    _assert_matches(legacy, model, backend)
+
+
+def _base(**extra) -> dict:
+    return {"model_type": "hrm_text", "vocab_size": 300, "num_hidden_layers": 2, **SHAPE, **extra}
+
+
+def test_defaults_follow_transformers_config_class():
+    from transformers import HrmTextConfig
+
+    ref = HrmTextConfig(num_hidden_layers=2, **SHAPE)
+    cfg = ModelConfig.from_hf(_base())
+    assert cfg.hrm.kv_layers == ref.num_hidden_layers == 16  # H 2 x (L 3 + 1) x 2
+    assert cfg.embed_multiplier == ref.embedding_scale == 50.0 and cfg.rms_norm_eps == ref.rms_norm_eps
+    assert cfg.num_kv_heads == cfg.num_heads == 4 and cfg.rope_theta == 10000.0
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ({"attention_bias": True}, "attention_bias"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"L_cycles": 0}, "L_cycles"),
+        ({"num_layers_per_stack": 2, "num_hidden_layers": 7}, "num_hidden_layers"),
+    ],
+)
+def test_what_it_cannot_compute_is_refused_by_name(extra, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf(_base(**extra))
+
+
+def test_tensor_parallelism_is_refused():
+    from lantern.backends.torch.parallel import local_config
+
+    with pytest.raises(ValueError, match="HRM-Text"):
+        local_config(ModelConfig.from_hf(_base()), 2)
+
+
+def test_llama_cpp_gguf_matches_transformers(folder, tmp_path, backend):
+    """The folder as llama.cpp's HrmTextModel converts it: the same logits (its stacks as blocks, z_L_init as
+    hrm.z_l_init, the split gqkv / gate_up)."""
+    from tests.fixtures.gguf_hrm_text import convert_hrm_text
+
+    out, model = folder
+    _assert_matches(convert_hrm_text(out, tmp_path / "tiny-hrm-text.gguf"), model, backend)
