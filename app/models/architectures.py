@@ -30,6 +30,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "bitnet": {"configure": "family_bitnet", "defaults": "family_bitnet"},
     # Llama 3.2 Vision's language model: Llama's layers, the cross-attention ones between them skipped on text alone
     "mllama_text_model": {"configure": "family_mllama", "defaults": "family_mllama"},
+    # Kimi Linear: Kimi Delta Attention layers between rope-less latent-attention ones, DeepSeek-V3's mixture
+    "kimi_linear": {"family": "kimi_linear", "configure": "family_kimi_linear", "prepare": True, "tensors": True},
     # HRM-Text: two stacks of gated-attention layers without norm weights, run in cycles (family_hrm_text)
     "hrm_text": {"family": "hrm_text", "configure": "family_hrm_text", "defaults": "family_hrm_text", "tensors": True},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's

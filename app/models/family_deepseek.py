@@ -128,6 +128,7 @@ class MLAConfig:
     # q_a_layernorm / kv_a_layernorm's eps: transformers builds them with the default 1e-6; a GGUF's are the model's
     # rms eps, as llama.cpp norms them (gguf builders state it as latent_norm_eps)
     norm_eps: float = 1e-6
+    rope: bool = True  # False: q_pe and k_pe are never rotated (Kimi Linear's latent attention)
 
     @property
     def pool_dim(self) -> int:

@@ -169,7 +169,9 @@ def _placed_dtype(model: Any, name: str, dtype: Any) -> Any:
     """float32 for the tensors of routers that keep it (DeepSeek's: models/deepseek.Router) and for a gated
     delta net's A_log (as its checkpoints store it) and a sparse-attention indexer's head weights (transformers keeps
     them so), else dtype."""
-    if name.endswith((".linear_attn.A_log", ".mamba.A_log", ".indexer.weights_proj.weight")):
+    if name.endswith((".linear_attn.A_log", ".mamba.A_log", ".indexer.weights_proj.weight")) or (
+        name.endswith((".self_attn.A_log", ".self_attn.dt_bias"))  # (Kimi Linear's KDA keeps both in float32)
+    ):
         return mx.float32
     if not name.endswith((".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")):
         return dtype

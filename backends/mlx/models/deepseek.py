@@ -112,7 +112,8 @@ class MLAttention(nn.Module):
         kv = self.kv_a_proj_with_mqa(x)
         latent = self.kv_a_layernorm(kv[:, : m.kv_lora_rank])
         k_pe = kv[:, None, m.kv_lora_rank :]  # [T, 1, R]
-        q_pe, k_pe = self._rotate(q_pe, meta.positions), self._rotate(k_pe, meta.positions)
+        if m.rope:  # (Kimi Linear's are never rotated)
+            q_pe, k_pe = self._rotate(q_pe, meta.positions), self._rotate(k_pe, meta.positions)
         w = self.kv_b_weight().astype(x.dtype)
         w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]  # [H, nope, L], [H, v, L]
         q_latent = (q_nope.transpose(1, 0, 2) @ w_uk).transpose(1, 0, 2)  # [T, H, L]

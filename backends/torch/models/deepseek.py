@@ -103,8 +103,9 @@ class MLAttention(nn.Module):
         if m.rope_interleave:  # pairs (x0, x1), ... -> halves: evens then odds
             q_pe = torch.cat([q_pe[..., 0::2], q_pe[..., 1::2]], dim=-1)
             k_pe = torch.cat([k_pe[..., 0::2], k_pe[..., 1::2]], dim=-1)
-        q_pe = ops.rotary(q_pe.contiguous(), meta.cos, meta.sin)
-        k_pe = ops.rotary(k_pe.contiguous(), meta.cos, meta.sin)
+        if m.rope:  # (Kimi Linear's are never rotated)
+            q_pe = ops.rotary(q_pe.contiguous(), meta.cos, meta.sin)
+            k_pe = ops.rotary(k_pe.contiguous(), meta.cos, meta.sin)
         w = self.kv_b_weight().to(x.dtype)
         w_uk, w_uv = w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]  # [H, nope, L], [H, v, L]
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, L]

@@ -1,0 +1,176 @@
+"""Kimi Linear (kimi_linear): Kimi Delta Attention layers (a decay per key channel) between rope-less latent-attention
+layers, DeepSeek-V3's mixture. Tiny random models built and saved by transformers' KimiLinearForCausalLM (its
+block_sparse_moe / w1-w3 names and split convolutions as it saves them); Lantern's logits equal transformers'
+through the paged cache and the recurrent-state slots (prefill in chunks, then decode; one prompt longer than the
+64-token chunk of the delta rule) on both backends, for transformers' config and the released remote-code config;
+the KDA rule itself against transformers' reference implementation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.spec import ModelConfig
+
+LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "linear_head_dim": 16,
+    "linear_num_heads": 4,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    import torch
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    from tests.fixtures.tiny_models import build_tokenizer
+
+    out = tmp_path_factory.mktemp("kimi_linear")
+    tokenizer = build_tokenizer(out)
+    ids = {"pad_token_id": 0, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    config = KimiLinearConfig(vocab_size=len(tokenizer), layer_types=LAYERS, initializer_range=0.2, **SHAPE, **ids)
+    torch.manual_seed(0)
+    model = KimiLinearForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None:  # (zero at init: the correction bias must be read to choose as transformers)
+                gate.e_score_correction_bias.copy_(0.5 * torch.randn_like(gate.e_score_correction_bias))
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out, model
+
+
+def _assert_matches(folder, reference, backend, prompt_tokens: int | None = None, chunk: int = 8) -> None:
+    import torch
+
+    from lantern.app.engine import LLM
+    from tests.conformance.test_parity import PROMPT
+    from tests.fixtures.teacher_forcing import teacher_forced_logits
+
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=chunk, num_kv_blocks=96)
+    try:
+        cfg = llm.engine.model_config
+        assert cfg.num_kv_layers == 1 and cfg.mla is not None and not cfg.mla.rope
+        ids = llm.tokenizer.encode(PROMPT)
+        if prompt_tokens is not None:
+            ids = (ids * (prompt_tokens // len(ids) + 1))[:prompt_tokens]
+        with torch.no_grad():
+            want = reference.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids) :].tolist()
+            expected = reference(input_ids=torch.tensor([ids + want])).logits[0].float().numpy()
+        rows = list(teacher_forced_logits(llm.engine, ids, want))
+        assert len(rows) == len(want)
+        for pos, logits in rows:
+            np.testing.assert_allclose(logits, expected[pos], atol=2e-4, rtol=0, err_msg=f"position {pos}")
+    finally:
+        llm.engine.shutdown()
+
+
+def test_logits_match_transformers(folder, backend):
+    _assert_matches(*folder, backend)
+
+
+def test_a_prompt_longer_than_the_delta_rules_chunk(folder, backend):
+    """150 prompt tokens in one prefill chunk: three of the rule's 64-token chunks, the state carried across."""
+    _assert_matches(*folder, backend, prompt_tokens=150, chunk=256)
+
+
+def test_the_released_config_reads_as_transformers_reads_it(folder, tmp_path, backend):
+    """moonshotai's config.json: the remote code's names (linear_attn_config with 1-based kda_layers /
+    full_attn_layers, num_experts, num_experts_per_token, model_max_length, first_k_dense_replace, ...)."""
+    out, model = folder
+    released = tmp_path / "released"
+    released.mkdir()
+    for f in out.iterdir():
+        (released / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((out / "config.json").read_text())
+    for key in ("layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim"):
+        cfg.pop(key)
+    cfg["linear_attn_config"] = {
+        "head_dim": SHAPE["linear_head_dim"],
+        "num_heads": SHAPE["linear_num_heads"],
+        "short_conv_kernel_size": 4,
+        "kda_layers": [i + 1 for i, t in enumerate(LAYERS) if t == "linear_attention"],
+        "full_attn_layers": [i + 1 for i, t in enumerate(LAYERS) if t == "full_attention"],
+    }
+    cfg |= {"first_k_dense_replace": 1, "mla_use_nope": True, "moe_router_activation_func": "sigmoid"}
+    cfg |= {
+        "moe_layer_freq": 1,
+        "use_grouped_topk": True,
+        "auto_map": {"AutoConfig": "configuration_kimi.KimiLinearConfig"},
+    }
+    (released / "config.json").write_text(json.dumps(cfg))
+    _assert_matches(released, model, backend)
+
+
+def test_the_kda_rule_matches_transformers_reference():
+    """Lantern's chunked KDA (torch and MLX) against transformers' token-by-token reference, state carried in."""
+    import mlx.core as mx
+    import torch
+    from transformers.models.kimi_linear.modeling_kimi_linear import recurrent_kimi_delta_attention
+
+    from lantern.backends.mlx import kimi_delta as mlx_kda
+    from lantern.backends.torch import gated_delta, kimi_delta
+
+    torch.manual_seed(0)
+    length, heads, dim = 150, 3, 16
+    q, k, v = (torch.randn(length, heads, dim) for _ in range(3))
+    g, beta, s0 = -4 * torch.rand(length, heads, dim), torch.rand(length, heads), torch.randn(heads, dim, dim)
+    ref, ref_state = recurrent_kimi_delta_attention(
+        q[None], k[None], v[None], g[None], beta[None], s0[None], True, use_qk_l2norm_in_kernel=True
+    )
+    qn, kn = gated_delta.l2norm(q) * dim**-0.5, gated_delta.l2norm(k)
+    out, state = kimi_delta.chunked(qn, kn, v, g, beta, s0)
+    np.testing.assert_allclose(out.numpy(), ref[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(state.numpy(), ref_state[0].numpy(), atol=1e-5)
+    a = lambda t: mx.array(t.numpy())
+    mlx_out, mlx_state = mlx_kda.chunked(a(qn), a(kn), a(v), a(g), a(beta), a(s0))
+    np.testing.assert_allclose(np.array(mlx_out), ref[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(np.array(mlx_state), ref_state[0].numpy(), atol=1e-5)
+
+
+def _base(**extra) -> dict:
+    return {"model_type": "kimi_linear", "vocab_size": 300, "layer_types": LAYERS, **SHAPE, **extra}
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ({"mla_use_nope": False}, "mla_use_nope"),
+        ({"moe_router_activation_func": "softmax"}, "moe_router_activation_func"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"num_key_value_heads": 2}, "num_key_value_heads"),
+        ({"layer_types": ["linear_attention"] * 4}, "layer_types"),
+        ({"num_experts_per_tok": 9}, "num_experts_per_token"),
+    ],
+)
+def test_what_it_cannot_compute_is_refused_by_name(extra, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf(_base(**extra))
+
+
+def test_tensor_parallelism_is_refused():
+    from lantern.backends.torch.parallel import local_config
+
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        local_config(ModelConfig.from_hf(_base()), 2)
