@@ -123,7 +123,9 @@ def isq_candidates(cfg: Any) -> int:
     attention += 1 if getattr(cfg, "attn_output_gate", False) else 0  # AFMoE's gate_proj beside q, k, v, o
     linear = getattr(cfg, "linear_attn", None)
     for layer in range(cfg.num_layers):
-        if linear is not None and linear.linear_layers[layer]:  # gated DeltaNet: its projections and out_proj
+        if linear is not None and linear.linear_layers[layer] and cfg.family == "kimi_linear":
+            total += 9  # KDA: q, k, v, f_a, f_b, b, g_a, g_b, o
+        elif linear is not None and linear.linear_layers[layer]:  # gated DeltaNet: its projections and out_proj
             # (q/k/v and z fused, or qkv and z; OLMo Hybrid's q, k, v and its gate apart)
             qkvz = 1 if linear.fused_qkvz else 4 if cfg.family == "olmo_hybrid" else 2
             total += qkvz + (1 if linear.fused_ba else 2) + 1
