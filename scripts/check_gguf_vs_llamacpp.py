@@ -53,6 +53,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_gpt_families import convert_gpt_to_gguf
     from tests.fixtures.gguf_granite import convert_granite
     from tests.fixtures.gguf_hrm_text import convert_hrm_text, hrm_text_folder
+    from tests.fixtures.gguf_kimi_linear import convert_kimi_linear, kimi_linear_folder
     from tests.fixtures.gguf_llama_relatives import convert
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_mimo2 import convert_mimo2
@@ -100,6 +101,9 @@ def families() -> dict[str, Callable[[Path], Path]]:
     made["mimo2"] = lambda d: convert_mimo2(build_model("mimo_v2_flash", d / "hf"), d / "tiny-mimo2.gguf")
     made["dbrx"] = lambda d: convert_dbrx(build_model("dbrx", d / "hf"), d / "tiny-dbrx.gguf")
     made["hrm_text"] = lambda d: convert_hrm_text(hrm_text_folder(d / "hf")[0], d / "tiny-hrm-text.gguf")
+    made["kimi_linear"] = lambda d: convert_kimi_linear(
+        kimi_linear_folder(d / "hf", n_group=1)[0], d / "tiny-kimi-linear.gguf"
+    )
     for qtype in ("F32", "TQ2_0", "TQ1_0"):  # (tests/models/test_bitnet.py)
         made[f"bitnet_{qtype.lower()}"] = lambda d, q=qtype: bitnet_gguf(d, q)[0]
     return made

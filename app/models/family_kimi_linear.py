@@ -119,6 +119,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         v_head_dim=int(cfg["v_head_dim"]),
         rope_interleave=False,
         rope=False,
+        norm_eps=float(cfg.get("latent_norm_eps") or 1e-6),  # (a GGUF's: the model's eps, as llama.cpp norms them)
     )
     return {
         "num_kv_heads": 1,  # the pool's one latent "head"
@@ -178,8 +179,16 @@ def checkpoint_name(name: str) -> str | None:
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
     """The stream with KDA's A_log [1, 1, H, 1] as [H] and dt_bias as [H x d_k] (the layouts checkpoints differ
-    in)."""
+    in); from a llama.cpp GGUF, A_log back from the -exp(A_log) written and each convolution's [1, C, 1, K] (or
+    [C, 1, K]) as [C, 1, K]."""
+    import numpy as np
+
+    gguf = spec.weight_format == "gguf"
     for name, value in source:
+        if gguf and name.endswith(".self_attn.A_log"):
+            value = np.log(-np.asarray(value, dtype=np.float32))
         if name.endswith(".self_attn.A_log") or name.endswith(".self_attn.dt_bias"):
             value = value.reshape(-1)
+        elif gguf and name.endswith("_conv1d.weight"):
+            value = value.reshape(-1, 1, value.shape[-1])
         yield name, value

@@ -120,6 +120,15 @@ ARCH_LAYER.update({"qwen3next": _QWEN3NEXT, "qwen35": _QWEN3NEXT, "qwen35moe": _
 ARCH_LAYER["cohere2moe"] = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")}
 ARCH_LAYER["mimo2"] = {"attn_sinks": "self_attn.sinks", "exp_probs_b": "mlp.gate.e_score_correction"}
 ARCH_LAYER["dbrx"] = {"attn_qkv": "self_attn.qkv_proj", "attn_output_norm": "post_attention_layernorm"}
+# Kimi Linear: DeepSeek-V2's latent attention names, and KDA's under ssm_* (A bare: ARCH_BARE)
+ARCH_LAYER["kimi-linear"] = {
+    **ARCH_LAYER["deepseek2"],
+    **{f"ssm_conv1d_{p}": f"self_attn.{p}_conv1d" for p in "qkv"},
+    **{f"ssm_{p}": f"self_attn.{p}_proj" for p in ("f_a", "f_b", "g_a", "g_b")},
+    "ssm_beta": "self_attn.b_proj",
+    "ssm_dt": "self_attn.dt",  # .bias -> dt_bias
+    "ssm_norm": "self_attn.o_norm",
+}
 ARCH_LAYER["hrm_text"] = {"attn_gate": "self_attn.gate_proj"}  # (its stacks' layers: L's first, then H's)
 ARCH_LAYER["bitnet"] = {"attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}
 # LFM2: the short-conv layers' tensors (the names hold a dot: hf_name's pattern allows it)
@@ -198,6 +207,7 @@ ARCH_BARE: dict[str, dict[str, str]] = {
     "mamba2": _MAMBA_BARE,
     "mamba": _MAMBA_BARE,
     "jamba": _MAMBA_BARE,
+    "kimi-linear": {"ssm_a": "self_attn.A_log"},  # (-exp(A_log) as written: family_kimi_linear takes the log back)
 }
 # Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
 # scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in

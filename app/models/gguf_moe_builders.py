@@ -1,7 +1,7 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
 helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
 (exaone-moe) and Mistral Small 4 (mistral4); MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's; and
-DBRX (dbrx), Cohere2-MoE (cohere2moe) and MiMo-V2-Flash (mimo2).
+DBRX (dbrx), Cohere2-MoE (cohere2moe), MiMo-V2-Flash (mimo2) and Kimi Linear (kimi-linear).
 """
 
 from __future__ import annotations
@@ -312,7 +312,44 @@ def _mimo2(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     }
 
 
+def _kimi_linear(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Kimi Linear (llama.cpp's KimiLinearModel: a TextModel, nothing permuted): head_count_kv 0 marks a KDA layer
+    (whose heads are the model's, kda.head_dim wide), 1 a latent-attention one (DeepSeek-V2's keys, kv_b_proj split
+    as attn_k_b / attn_v_b); the router DeepSeek-V3's over one group, always renormalised, as llama.cpp's graph
+    computes it. The latents and
+    q/k are normed with the model's eps there, as Lantern then does for the latents."""
+    if int(meta.get("expert_gating_func") or 0) != 2:
+        raise UnsupportedModelError(
+            f"{meta.label}kimi-linear.expert_gating_func other than sigmoid (2) is not implemented"
+        )
+    layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    kv = meta.get("attention.head_count_kv")
+    kinds = list(kv) if isinstance(kv, (list, tuple)) else [kv] * layers
+    latent = _deepseek2(meta, tensors, cfg)
+    dense = int(meta.get("leading_dense_block_count") or 0)
+    return {
+        **{k: latent[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")},
+        "model_type": "kimi_linear",
+        "num_key_value_heads": heads,
+        "layer_types": ["linear_attention" if not k else "full_attention" for k in kinds],
+        "linear_num_heads": heads,
+        "linear_head_dim": int(meta.need("kda.head_dim")),
+        "linear_conv_kernel_dim": int(meta.need("ssm.conv_kernel")),
+        "latent_norm_eps": cfg["rms_norm_eps"],
+        "num_local_experts": int(meta.get("expert_count") or 0),
+        "num_experts_per_tok": int(meta.get("expert_used_count") or 1),
+        "n_shared_experts": int(meta.get("expert_shared_count") or 0),
+        "moe_intermediate_size": int(meta.scalar("expert_feed_forward_length", 0) or 0),
+        "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(layers)],
+        "routed_scaling_factor": latent["routed_scaling_factor"],
+        "n_group": 1,  # (llama.cpp's kimi-linear reads no expert groups: the released models have one)
+        "topk_group": 1,
+        "norm_topk_prob": True,
+    }
+
+
 MOE_BUILDERS = {
+    "kimi-linear": _kimi_linear,
     "mimo2": _mimo2,
     "cohere2moe": _cohere2moe,
     "dbrx": _dbrx,

@@ -117,7 +117,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         hf = hf.replace(".layer_scalar.weight", ".layer_scalar").replace(
             ".correct_output_scale.weight", ".correct_output_scale"
         )
-        return hf.replace(".linear_attn.dt.bias", ".linear_attn.dt_bias").replace(".mamba.dt.bias", ".mamba.dt_bias")
+        hf = hf.replace(".linear_attn.dt.bias", ".linear_attn.dt_bias").replace(".mamba.dt.bias", ".mamba.dt_bias")
+        return hf.replace(".self_attn.dt.bias", ".self_attn.dt_bias")  # (Kimi Linear's)
     m = _SCALE_RE.match(gguf_name)
     if m:
         return f"model.layers.{m.group(1)}.{_SCALES[m.group(2)]}"

@@ -14,51 +14,18 @@ import pytest
 
 from lantern.app.models.errors import UnsupportedModelError
 from lantern.app.models.spec import ModelConfig
-
-LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
-SHAPE = {
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "moe_intermediate_size": 32,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "kv_lora_rank": 16,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 16,
-    "linear_head_dim": 16,
-    "linear_num_heads": 4,
-    "num_local_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_group": 2,
-    "topk_group": 1,
-}
+from tests.fixtures.gguf_kimi_linear import LAYERS, SHAPE, kimi_linear_folder
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    import torch
-    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+    return kimi_linear_folder(tmp_path_factory.mktemp("kimi_linear"))
 
-    from tests.fixtures.tiny_models import build_tokenizer
 
-    out = tmp_path_factory.mktemp("kimi_linear")
-    tokenizer = build_tokenizer(out)
-    ids = {"pad_token_id": 0, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    config = KimiLinearConfig(vocab_size=len(tokenizer), layer_types=LAYERS, initializer_range=0.2, **SHAPE, **ids)
-    torch.manual_seed(0)
-    model = KimiLinearForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-        for layer in model.model.layers:
-            gate = getattr(layer.mlp, "gate", None)
-            if gate is not None:  # (zero at init: the correction bias must be read to choose as transformers)
-                gate.e_score_correction_bias.copy_(0.5 * torch.randn_like(gate.e_score_correction_bias))
-    model.save_pretrained(str(out), safe_serialization=True)
-    return out, model
+@pytest.fixture(scope="module")
+def one_group_folder(tmp_path_factory):
+    """The released models' routing: one expert group (all llama.cpp's kimi-linear graph computes)."""
+    return kimi_linear_folder(tmp_path_factory.mktemp("kimi_linear_one_group"), n_group=1)
 
 
 def _assert_matches(folder, reference, backend, prompt_tokens: int | None = None, chunk: int = 8) -> None:
@@ -193,3 +160,19 @@ def test_isq_matches_the_dequantized_reference(folder, tmp_path, backend, scheme
     assert err <= tolerance(backend, str(ref)), f"{backend} {scheme}: logits differ by {err:.4f} of their spread"
     assert logits_error(str(src), str(ref), backend) > err  # the quantization is real
     assert "were expected" not in caplog.text  # quantize_stream saw exactly isq_candidates' matrices
+
+
+def test_llama_cpp_gguf_matches_transformers(one_group_folder, tmp_path, backend):
+    """The folder as llama.cpp's KimiLinearModel converts it: the same logits, its latents normed with the model's
+    eps as llama.cpp norms them (the reference's kv_a_layernorm eps set to match)."""
+    import copy
+
+    from tests.fixtures.gguf_kimi_linear import convert_kimi_linear
+
+    out, model = one_group_folder
+    reference = copy.deepcopy(model)
+    for layer in reference.model.layers:
+        norm = getattr(layer.self_attn, "kv_a_layernorm", None)
+        if norm is not None:
+            norm.variance_epsilon = reference.config.rms_norm_eps
+    _assert_matches(convert_kimi_linear(out, tmp_path / "tiny-kimi-linear.gguf"), reference, backend)
