@@ -165,14 +165,21 @@ def _experts(cfg: dict[str, Any], layers: int) -> DeepSeekMoEConfig | None:
 
 _EXPERT = re.compile(r"^(.*\.mlp\.experts\.\d+)\.(w1|w2|w3)\.(\w+)$")
 _EXPERT_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+_MLX_CONV = re.compile(r"^(.*\.self_attn)\.([qkv])_conv\.conv\.weight$")
 
 
 def checkpoint_name(name: str) -> str | None:
     """A Kimi Linear checkpoint's tensor under the model files' name: the mixture (block_sparse_moe) as mlp, its
-    experts' w1 / w2 / w3 as gate / down / up_proj; multi-token-prediction layers skipped."""
+    experts' w1 / w2 / w3 as gate / down / up_proj, mlx_lm's convolutions and router bias under the checkpoints'
+    names; multi-token-prediction layers skipped."""
     if name.startswith("model.mtp"):
         return None
     name = name.replace(".block_sparse_moe.", ".mlp.")
+    conv = _MLX_CONV.match(name)
+    if conv is not None:  # mlx_lm's ShortConv1d: self_attn.q_conv.conv.weight (MLX's [C, K, 1]: checkpoint_tensors)
+        return f"{conv.group(1)}.{conv.group(2)}_conv1d.weight"
+    if name.endswith(".mlp.e_score_correction_bias"):  # (mlx_lm keeps the router's bias beside it)
+        return name.replace(".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias")
     m = _EXPERT.match(name)
     return f"{m.group(1)}.{_EXPERT_PROJ[m.group(2)]}.{m.group(3)}" if m else name
 
@@ -191,4 +198,6 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator
             value = value.reshape(-1)
         elif gguf and name.endswith("_conv1d.weight"):
             value = value.reshape(-1, 1, value.shape[-1])
+        elif name.endswith("_conv1d.weight") and value.shape[-1] == 1 and value.shape[1] > 1:  # MLX's [C, K, 1]
+            value = value.swapaxes(1, 2)
         yield name, value

@@ -66,28 +66,44 @@ def test_the_released_config_reads_as_transformers_reads_it(folder, tmp_path, ba
     """moonshotai's config.json: the remote code's names (linear_attn_config with 1-based kda_layers /
     full_attn_layers, num_experts, num_experts_per_token, model_max_length, first_k_dense_replace, ...)."""
     out, model = folder
-    released = tmp_path / "released"
-    released.mkdir()
-    for f in out.iterdir():
-        (released / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((out / "config.json").read_text())
-    for key in ("layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim"):
-        cfg.pop(key)
-    cfg["linear_attn_config"] = {
-        "head_dim": SHAPE["linear_head_dim"],
-        "num_heads": SHAPE["linear_num_heads"],
-        "short_conv_kernel_size": 4,
-        "kda_layers": [i + 1 for i, t in enumerate(LAYERS) if t == "linear_attention"],
-        "full_attn_layers": [i + 1 for i, t in enumerate(LAYERS) if t == "full_attention"],
-    }
-    cfg |= {"first_k_dense_replace": 1, "mla_use_nope": True, "moe_router_activation_func": "sigmoid"}
-    cfg |= {
-        "moe_layer_freq": 1,
-        "use_grouped_topk": True,
-        "auto_map": {"AutoConfig": "configuration_kimi.KimiLinearConfig"},
-    }
-    (released / "config.json").write_text(json.dumps(cfg))
-    _assert_matches(released, model, backend)
+    _assert_matches(_released(out, tmp_path / "released"), model, backend)
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_folders(folder, tmp_path_factory):
+    """mlx_lm's conversions of the released folder (mlx-community's layout: convolutions as MLX's [C, K, 1] under
+    q_conv.conv, experts stacked in switch_mlp, the router's bias beside it, kv_b_proj as per-head embed_q /
+    unembed_out): float, and 4-bit affine g32."""
+    pytest.importorskip("mlx_lm")
+    from mlx_lm.utils import load, quantize_model, save
+
+    root = tmp_path_factory.mktemp("kimi_mlx_lm")
+    released = _released(folder[0], root / "released")
+    made = {}
+    for mode in (None, "affine"):
+        model, tokenizer, config = load(str(released), return_config=True)
+        if mode is not None:
+            model, config = quantize_model(model, config, 32, 4, mode=mode)
+        made[mode] = root / f"mlx-{mode or 'float'}"
+        save(made[mode], str(released), model, tokenizer, config)
+    return made
+
+
+def test_an_mlx_lm_float_folder_equals_the_original_model(mlx_lm_folders, folder, backend):
+    _assert_matches(mlx_lm_folders[None], folder[1], backend)
+
+
+def test_an_mlx_lm_4bit_folder_computes_what_mlx_lm_computes(mlx_lm_folders, backend):
+    from lantern.app.engine import LLM
+    from tests.fixtures.teacher_forcing import mlx_lm_error
+
+    path = mlx_lm_folders["affine"]
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        worst, scale = mlx_lm_error(llm, path, "Paged attention stores keys and values in blocks", [5, 17, 42, 99, 7])
+    finally:
+        llm.engine.shutdown()
+    assert worst < (2e-3 if backend == "mlx" else 2e-2) * scale  # torch: activations in bf16 in its int4 kernel
 
 
 def test_the_kda_rule_matches_transformers_reference():
@@ -176,3 +192,31 @@ def test_llama_cpp_gguf_matches_transformers(one_group_folder, tmp_path, backend
         if norm is not None:
             norm.variance_epsilon = reference.config.rms_norm_eps
     _assert_matches(convert_kimi_linear(out, tmp_path / "tiny-kimi-linear.gguf"), reference, backend)
+
+
+def _released(folder, out):
+    """The folder as moonshotai publishes it: the remote code's config (linear_attn_config, first_k_dense_replace,
+    ...) and the dense layer's MLP under `mlp` (transformers saves it under block_sparse_moe)."""
+    from safetensors.numpy import load_file, save_file
+
+    out.mkdir()
+    for f in folder.iterdir():
+        if f.name != "model.safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((folder / "config.json").read_text())
+    for key in ("layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim"):
+        cfg.pop(key)
+    cfg["linear_attn_config"] = {
+        "head_dim": SHAPE["linear_head_dim"],
+        "num_heads": SHAPE["linear_num_heads"],
+        "short_conv_kernel_size": 4,
+        "kda_layers": [i + 1 for i, t in enumerate(LAYERS) if t == "linear_attention"],
+        "full_attn_layers": [i + 1 for i, t in enumerate(LAYERS) if t == "full_attention"],
+    }
+    cfg |= {"first_k_dense_replace": 1, "mla_use_nope": True, "moe_router_activation_func": "sigmoid"}
+    cfg |= {"moe_layer_freq": 1, "use_grouped_topk": True, "rope_theta": 10000.0}
+    (out / "config.json").write_text(json.dumps(cfg))
+    weights = load_file(str(folder / "model.safetensors"))
+    dense = {k.replace(".layers.0.block_sparse_moe.", ".layers.0.mlp."): v for k, v in weights.items()}
+    save_file(dense, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
