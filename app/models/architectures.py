@@ -32,6 +32,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "mllama_text_model": {"configure": "family_mllama", "defaults": "family_mllama"},
     # Kimi Linear: Kimi Delta Attention layers between rope-less latent-attention ones, DeepSeek-V3's mixture
     "kimi_linear": {"family": "kimi_linear", "configure": "family_kimi_linear", "prepare": True, "tensors": True},
+    # Dory (NVIDIA Nemotron Labs): nGPT's unit-sphere layers, a recurrent section run in loops (family_dory)
+    "dory": {"family": "dory", "configure": "family_dory", "prepare": True, "tensors": True, "own_rope": True},
     # HRM-Text: two stacks of gated-attention layers without norm weights, run in cycles (family_hrm_text)
     "hrm_text": {"family": "hrm_text", "configure": "family_hrm_text", "defaults": "family_hrm_text", "tensors": True},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's

@@ -120,7 +120,8 @@ def isq_candidates(cfg: Any) -> int:
     mla = cfg.mla
     # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
-    attention += 1 if getattr(cfg, "attn_output_gate", False) else 0  # AFMoE's gate_proj beside q, k, v, o
+    gated = getattr(cfg, "attn_output_gate", False) or getattr(cfg, "dory", None) is not None
+    attention += 1 if gated else 0  # AFMoE's (Dory's) gate_proj beside q, k, v, o
     linear = getattr(cfg, "linear_attn", None)
     for layer in range(cfg.num_layers):
         if linear is not None and linear.linear_layers[layer] and cfg.family == "kimi_linear":

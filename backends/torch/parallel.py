@@ -80,6 +80,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("per-token activation quantization (BitNet)", _bitnet(cfg)),
         ("a head narrower than the vocabulary (Apertus 1.5)", cfg.head_rows),
         ("stacks run in cycles (HRM-Text)", cfg.hrm),
+        ("nGPT's whole-projection norms (Dory)", cfg.dory),
     )
     unsplit = [what for what, present in parts if present is not None]
     if unsplit:

@@ -1,0 +1,147 @@
+"""NVIDIA Nemotron-Labs Dory (dory): nGPT's unit-sphere layers (L2 norms without weights, learned interpolation
+rates, per-channel query / gate / MLP / logit scales) with a recurrent section run in loops, each pass keeping its
+own K/V, sliding layers on their own rope base. Tiny random models built and saved by transformers' DoryForCausalLM
+(its backbone.* / g_proj names); Lantern's logits equal transformers' through the paged cache on both backends, for
+transformers' folder and for the released layout (attention and MLP as blocks 2i / 2i+1, layer_types with "mlp"
+entries and doubled counts); what it cannot compute is refused by name."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from lantern.app.models.errors import UnsupportedModelError
+from lantern.app.models.spec import ModelConfig
+
+SHAPE = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2}
+SHAPE |= {"head_dim": 16, "num_hidden_layers": 6, "n_input_layers": 2, "n_output_layers": 2, "n_recurrent_loops": 3}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    import torch
+    from transformers import DoryConfig, DoryForCausalLM
+
+    from tests.fixtures.tiny_models import build_tokenizer
+
+    out = tmp_path_factory.mktemp("dory")
+    tokenizer = build_tokenizer(out)
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    config = DoryConfig(vocab_size=len(tokenizer), sliding_window=6, **SHAPE, **ids)
+    torch.manual_seed(0)
+    model = DoryForCausalLM(config).eval()
+    with torch.no_grad():  # (the scales start as constants: made to differ per channel, so each is read right)
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.mul_(1.0 + 0.3 * torch.rand_like(p))
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out, model
+
+
+def _assert_matches(folder, reference, backend) -> None:
+    import torch
+
+    from lantern.app.engine import LLM, SamplingParams
+    from tests.conformance.test_parity import PROMPT
+    from tests.fixtures.teacher_forcing import teacher_forced_logits
+
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        cfg = llm.engine.model_config
+        assert (cfg.num_layers, cfg.num_kv_layers) == (6, 2 + 3 * 2 + 2)  # the recurrent pair kept once per loop
+        ids = llm.tokenizer.encode(PROMPT)
+        with torch.no_grad():
+            want = reference.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids) :].tolist()
+            expected = reference(input_ids=torch.tensor([ids + want])).logits[0].float().numpy()
+        rows = list(teacher_forced_logits(llm.engine, ids, want))
+        assert len(rows) == len(want)
+        for pos, logits in rows:
+            np.testing.assert_allclose(logits, expected[pos], atol=2e-4, rtol=0, err_msg=f"position {pos}")
+        out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+        assert out[0].outputs[0].token_ids == want
+    finally:
+        llm.engine.shutdown()
+
+
+def test_logits_match_transformers(folder, backend):
+    _assert_matches(*folder, backend)
+
+
+def test_the_released_layout_reads_as_transformers_reads_it(folder, tmp_path, backend):
+    """nvidia's layout: each layer as an attention block layers.{2i} (mixer.*, attn_alpha) and an MLP block
+    layers.{2i+1} (mixer.*, mlp_alpha); layer_types with an "mlp" entry after each and every count doubled."""
+    from safetensors.numpy import load_file, save_file
+
+    out, model = folder
+    released = tmp_path / "released"
+    released.mkdir()
+    for f in out.iterdir():
+        if f.name != "model.safetensors":
+            (released / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((out / "config.json").read_text())
+    assert "mlp" in cfg["layer_types"]  # (transformers saves the released layout of the config already)
+    renamed = {}
+    for name, value in load_file(str(out / "model.safetensors")).items():
+        m = re.match(r"backbone\.layers\.(\d+)\.(self_attn|mlp|lambda_1|lambda_2)(.*)$", name)
+        if m is None:
+            renamed[name] = value
+            continue
+        i, part, rest = int(m.group(1)), m.group(2), m.group(3)
+        block = {"self_attn": (2 * i, "mixer"), "mlp": (2 * i + 1, "mixer")}.get(part)
+        block = block or {"lambda_1": (2 * i, "attn_alpha"), "lambda_2": (2 * i + 1, "mlp_alpha")}[part]
+        renamed[f"backbone.layers.{block[0]}.{block[1]}{rest}"] = value
+    save_file(renamed, str(released / "model.safetensors"), metadata={"format": "pt"})
+    _assert_matches(released, model, backend)
+
+
+def _base(**extra) -> dict:
+    return {"model_type": "dory", "vocab_size": 300, **SHAPE, **extra}
+
+
+def test_the_config_reads_as_dory_config_reads_it():
+    cfg = ModelConfig.from_hf(_base())
+    assert cfg.num_layers == 6 and cfg.dory.n_recurrent == 2 and cfg.kv_layers == 2 + 3 * 2 + 2
+    assert cfg.layer_windows == [1024, 1024, 1024, None, 1024, 1024]  # DoryConfig: every 4th layer full
+    assert (cfg.rope_theta, cfg.local_rope_theta) == (10_000_000.0, 10_000.0)
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ({"recurrent_kv_cache_mode": "last_loop"}, "recurrent_kv_cache_mode"),
+        ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
+def test_what_it_cannot_compute_is_refused_by_name(extra, key):
+    with pytest.raises(UnsupportedModelError, match=key):
+        ModelConfig.from_hf(_base(**extra))
+
+
+def test_tensor_parallelism_is_refused():
+    from lantern.backends.torch.parallel import local_config
+
+    with pytest.raises(ValueError, match="Dory"):
+        local_config(ModelConfig.from_hf(_base()), 2)
+
+
+@pytest.mark.parametrize("scheme", ["q4", "q8"])
+def test_isq_matches_the_dequantized_reference(folder, tmp_path, backend, scheme, caplog):
+    """--isq over q, k, v, the gate, o and the MLP (the per-channel scales stay exact), every matrix counted."""
+    import logging
+
+    from lantern.app.models import isq
+    from tests.models.quant_logits import logits_error, reference_folder, tolerance
+    from tests.models.test_isq import isq_reference
+
+    src = folder[0]
+    ref = reference_folder(src, tmp_path / "ref", isq_reference(backend, scheme))
+    with caplog.at_level(logging.DEBUG, logger=isq.__name__):
+        err = logits_error(str(src), str(ref), backend, quantization=scheme)
+    assert err <= tolerance(backend, str(ref)), f"{backend} {scheme}: logits differ by {err:.4f} of their spread"
+    assert logits_error(str(src), str(ref), backend) > err  # the quantization is real
+    assert "were expected" not in caplog.text  # quantize_stream saw exactly isq_candidates' matrices
