@@ -441,6 +441,7 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
 
 
 _KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale")
+_KV_SCALES += (".k_proj.output_scale", ".v_proj.output_scale", ".q_proj.output_scale", ".prob_output_scale")  # Quark
 
 
 def _portable(weight: Any) -> Any:

@@ -57,8 +57,9 @@ SUPPORTED = (
     "fp8 (e4m3, block or per-tensor scales), fbgemm_fp8, compressed-tensors (pack-quantized / int-quantized integer "
     "weights of 2-8 bits, float-quantized FP8, nvfp4-/mxfp4-pack-quantized, mxfp8-quantized; several config_groups "
     "of these), bitsandbytes (nf4/fp4, int8), modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, "
-    "W4A16_NVFP4, MXFP8; MIXED_PRECISION of these), bitnet (BitNet b1.58's ternary weights: bitlinear / "
-    "autobitlinear, offline or online)"
+    "W4A16_NVFP4, MXFP8; MIXED_PRECISION of these), quark (fp8_e4m3 tensor / channel / 128x128 block, int8, "
+    "int4 / uint4 groups, MXFP4, NVFP4, MXFP8; per-layer configs and excludes), bitnet (BitNet b1.58's ternary "
+    "weights: bitlinear / autobitlinear, offline or online)"
 )
 
 
@@ -116,6 +117,8 @@ class QuantScheme:
             return self.checkpoint_format
         if self.method.startswith("bitnet"):
             return f"BitNet ternary ({self.checkpoint_format})"
+        if self.method.startswith("quark-"):
+            return f"Quark {self.checkpoint_format}"
         if self.method in ("ct-fp4", "ct-mxfp8"):
             return f"compressed-tensors {self.checkpoint_format}"
         if self.method.startswith("ct-"):
@@ -154,7 +157,7 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
         if "bits" in hf and "group_size" in hf:  # what mlx_lm writes, without the `quantization` copy
             return _parse_mlx(hf, "quantization_config")
         raise _refuse("quantization_config", sorted(hf), " (no quant_method)")
-    from lantern.app.models.quant import bitnet, bitsandbytes, compressed_tensors, gptq_variants, modelopt
+    from lantern.app.models.quant import bitnet, bitsandbytes, compressed_tensors, gptq_variants, modelopt, quark
 
     parsers = {
         "bitnet": bitnet.parse,
@@ -167,6 +170,7 @@ def parse_quant_scheme(cfg: dict[str, Any]) -> QuantScheme | None:
         "fp8": _parse_fp8,
         "fbgemm_fp8": _parse_fbgemm_fp8,
         "compressed-tensors": compressed_tensors.parse,
+        "quark": quark.parse,
     }
     parse = parsers.get(str(method).lower())
     if parse is None:
@@ -322,6 +326,15 @@ MEMBERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
         ("weight", "weight_scale"),
         ("weight_zero_point", "weight_g_idx", "input_scale", "input_zero_point"),
     ),
+    "quark-int8": (
+        ("weight_scale",),
+        ("weight", "weight_scale"),
+        ("weight_zero_point", "input_scale", "input_zero_point"),
+    ),
+    "quark-int4": (("weight_scale",), ("weight", "weight_scale"), ("weight_zero_point",)),
+    "quark-mxfp4": (("weight_scale",), ("weight", "weight_scale"), ("input_scale",)),
+    "quark-mxfp8": (("weight_scale",), ("weight", "weight_scale"), ()),
+    "quark-nvfp4": (("weight_scale_2",), ("weight", "weight_scale", "weight_scale_2"), ("input_scale_2",)),
 }
 
 
@@ -378,7 +391,7 @@ def read_quantized_module(
     uint8 bit patterns.
     """
     t = {_suffix(k, prefix): v for k, v in tensors.items()}
-    from lantern.app.models.quant import bitnet, bitsandbytes, compressed_tensors, mixed, modelopt
+    from lantern.app.models.quant import bitnet, bitsandbytes, compressed_tensors, mixed, modelopt, quark
 
     if scheme.method == "mixed":
         scheme = mixed.module_scheme(scheme, prefix)
@@ -401,6 +414,11 @@ def read_quantized_module(
         "ct-fp4": compressed_tensors.read_fp4,
         "ct-mxfp8": compressed_tensors.read_mxfp8,
         "modelopt-mxfp8": compressed_tensors.read_mxfp8,  # (the same tensors)
+        "quark-int8": compressed_tensors.read_int,  # (the same tensors)
+        "quark-int4": quark.read_int4,
+        "quark-mxfp4": quark.read_mxfp4,
+        "quark-mxfp8": quark.read_mxfp8,
+        "quark-nvfp4": quark.read_nvfp4,
     }
     return readers[scheme.method](scheme, prefix, t)
 

@@ -45,7 +45,7 @@ class SchemeTable:
             *(s for _, s in self.patterns),
             *([self.default] if self.default is not None else []),
         ]
-        return list({id(s): s for s in every}.values())
+        return list({id(s): s for s in every if s is not None}.values())  # (None: a module kept in float)
 
 
 # A multimodal model's language model is `model.language_model.*` in newer checkpoints and
