@@ -166,3 +166,16 @@ def test_offline_rotations_and_kv_cache_scales_are_accepted(tiny_model_dir, tmp_
     finally:
         llm.engine.shutdown()
     assert json.loads((quant / "config.json").read_text())["quantization_config"]["quant_method"] == "quark"
+
+
+@pytest.mark.parametrize("kind", ["int4_g32", "mxfp4"])
+def test_a_mixture_of_experts_keeps_each_expert_quantized(tiny_model_dir, tmp_path, backend, kind):
+    """Quark exports a MoE's experts one by one (experts.N.gate_proj, ...); amd's configs keep the routers float
+    (exclude `re:.*mlp.gate$`): the experts stack quantized, logits equal transformers' on the stored values."""
+    from tests.models.quant_logits import logits_error, tolerance
+
+    config = quark_config(*KINDS[kind])
+    config["exclude"] = ["lm_head", "re:.*mlp.gate$"]
+    quant, ref = quark_folder(Path(tiny_model_dir("qwen3_moe")), tmp_path, kind, config)
+    err = logits_error(str(quant), str(ref), backend)
+    assert err <= tolerance(backend, str(ref)), f"{backend} {kind}: logits differ by {err:.4f} of their spread"
