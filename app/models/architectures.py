@@ -34,6 +34,13 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "kimi_linear": {"family": "kimi_linear", "configure": "family_kimi_linear", "prepare": True, "tensors": True},
     # Dory (NVIDIA Nemotron Labs): nGPT's unit-sphere layers, a recurrent section run in loops (family_dory)
     "dory": {"family": "dory", "configure": "family_dory", "prepare": True, "tensors": True, "own_rope": True},
+    # Lara Mini: Qwen3.5's gated delta nets beside sliding / rope-less full attention, a softmax mixture
+    "lara_mini": {
+        "family": "lara_mini",
+        "configure": "family_lara_mini",
+        "defaults": "family_lara_mini",
+        "tensors": True,
+    },
     # HRM-Text: two stacks of gated-attention layers without norm weights, run in cycles (family_hrm_text)
     "hrm_text": {"family": "hrm_text", "configure": "family_hrm_text", "defaults": "family_hrm_text", "tensors": True},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's
