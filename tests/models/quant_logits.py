@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,3 +84,20 @@ def tolerance(backend: str, reference: str) -> float:
     if reference not in _BF16_BASELINE:
         _BF16_BASELINE[reference] = logits_error(reference, reference, "torch", dtype="bfloat16")
     return max(0.15, 5 * _BF16_BASELINE[reference])
+
+
+def assert_isq_matches_reference(src: Path, out: Path, backend: str, scheme: str, caplog: Any) -> None:
+    """--isq `scheme` of the float folder `src` against transformers on what it holds (tests/models/test_isq's
+    isq_reference), the quantization real (the float model further away) and every matrix counted by the progress
+    bar (quantize_stream saw exactly isq_candidates' matrices)."""
+    import logging
+
+    from lantern.app.models import isq
+    from tests.models.test_isq import isq_reference
+
+    ref = reference_folder(src, out, isq_reference(backend, scheme))
+    with caplog.at_level(logging.DEBUG, logger=isq.__name__):
+        err = logits_error(str(src), str(ref), backend, quantization=scheme)
+    assert err <= tolerance(backend, str(ref)), f"{backend} {scheme}: logits differ by {err:.4f} of their spread"
+    assert logits_error(str(src), str(ref), backend) > err
+    assert "were expected" not in caplog.text

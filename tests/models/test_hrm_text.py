@@ -116,16 +116,6 @@ def test_llama_cpp_gguf_matches_transformers(folder, tmp_path, backend):
 @pytest.mark.parametrize("scheme", ["q4", "q8"])
 def test_isq_matches_the_dequantized_reference(folder, tmp_path, backend, scheme, caplog):
     """--isq over the split gqkv / gate_up (rows quantized alike fused or apart), every matrix counted."""
-    import logging
+    from tests.models.quant_logits import assert_isq_matches_reference
 
-    from lantern.app.models import isq
-    from tests.models.quant_logits import logits_error, reference_folder, tolerance
-    from tests.models.test_isq import isq_reference
-
-    src = folder[0]
-    ref = reference_folder(src, tmp_path / "ref", isq_reference(backend, scheme))
-    with caplog.at_level(logging.DEBUG, logger=isq.__name__):
-        err = logits_error(str(src), str(ref), backend, quantization=scheme)
-    assert err <= tolerance(backend, str(ref)), f"{backend} {scheme}: logits differ by {err:.4f} of their spread"
-    assert logits_error(str(src), str(ref), backend) > err  # the quantization is real
-    assert "were expected" not in caplog.text  # quantize_stream saw exactly isq_candidates' matrices
+    assert_isq_matches_reference(folder[0], tmp_path / "ref", backend, scheme, caplog)
