@@ -6,6 +6,9 @@ depthwise convolution as a sum of K shifted products. Everything in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -110,3 +113,39 @@ def chunked(
         state = state * last[:, c, None, None] + k_to_end[:, c].swapaxes(-1, -2) @ u
     out = mx.stack(outs, axis=1).transpose(1, 2, 0, 3).reshape(n * CHUNK, heads, v.shape[-1])
     return out[:length], state
+
+
+def over_batch(
+    meta: Any,
+    mixed: mx.array,
+    conv_w: mx.array,
+    windows: mx.array,
+    matrices: mx.array,
+    heads: Callable[[mx.array, Any], tuple[mx.array, ...]],
+    step: Callable[..., tuple[mx.array, mx.array]],
+    chunk: Callable[..., tuple[mx.array, mx.array]],
+) -> tuple[mx.array, mx.array, mx.array]:
+    """One layer's delta rule over a step's flattened batch (torch's gated_delta.over_batch says how): returns (the
+    output rows in the batch's order, the windows, the states)."""
+    pieces: list[mx.array] = []  # decode rows first, then each prefill
+    rows = meta.decode_token_idx
+    if rows is not None:
+        slots = meta.decode_state_slots
+        fresh = meta.decode_state_fresh  # a one-token prompt starts from zeros (where, not a product: 0 * NaN)
+        window = mx.where(fresh[:, None, None], 0, windows[slots])
+        conv, windows[slots] = conv_step(mixed[rows], window, conv_w)
+        q, k, v, g, beta = heads(conv, rows)
+        out, matrices[slots] = step(q, k, v, g, beta, mx.where(fresh[:, None, None, None], 0, matrices[slots]))
+        pieces.append(out)
+    for p in meta.prefills:
+        span, slot = slice(p.q_start, p.q_end), p.state_slot
+        first = p.first_pos == 0
+        window = mx.zeros_like(windows[slot]) if first else windows[slot]
+        conv, windows[slot] = conv_chunk(mixed[span], window, conv_w)
+        q, k, v, g, beta = heads(conv, span)
+        out, matrices[slot] = chunk(q, k, v, g, beta, mx.zeros_like(matrices[slot]) if first else matrices[slot])
+        pieces.append(out)
+    out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
+    if meta.restore_order is not None:
+        out = out[meta.restore_order]
+    return out, windows, matrices

@@ -12,6 +12,9 @@ does: no triangular solve there on every device). Everything runs in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -117,3 +120,37 @@ def chunked(
         state = state * last[:, c, None, None] + k_to_end[:, c].transpose(-1, -2) @ u
     out = out.permute(1, 2, 0, 3).reshape(n * CHUNK, -1, v.shape[-1])
     return out[:length], state
+
+
+def over_batch(
+    meta: Any,
+    mixed: torch.Tensor,
+    conv_w: torch.Tensor,
+    windows: torch.Tensor,
+    matrices: torch.Tensor,
+    heads: Callable[[torch.Tensor, Any], tuple[torch.Tensor, ...]],
+    step: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    chunk: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    out: torch.Tensor,
+) -> None:
+    """One layer's delta rule over a step's flattened batch: the decode rows one token each (`step`, batched over
+    their state slots), each prefill chunk its own (`chunk`), from zeros where a sequence starts (a one-token prompt,
+    a chunk at position 0), so a slot needs no clearing. `heads(conv, rows)`: the convolved q/k/v of those rows ->
+    (q, k, v, g, beta); each rule's output goes to `out` at its rows, the windows and states are updated in place."""
+    rows = meta.decode_token_idx
+    if rows is not None:
+        slots = meta.decode_state_slots
+        fresh = meta.decode_state_fresh[:, None, None]
+        window = windows[slots].masked_fill(fresh, 0)
+        conv, windows[slots] = conv_step(mixed[rows], window, conv_w)
+        q, k, v, g, beta = heads(conv, rows)
+        out[rows], matrices[slots] = step(q, k, v, g, beta, matrices[slots].masked_fill(fresh[..., None], 0))
+    for p in meta.prefills:
+        span, slot = slice(p.q_start, p.q_end), p.state_slot
+        first = p.ctx_len == p.q_end - p.q_start  # the chunk starts at position 0
+        window = torch.zeros_like(windows[slot]) if first else windows[slot]
+        conv, windows[slot] = conv_chunk(mixed[span], window, conv_w)
+        q, k, v, g, beta = heads(conv, span)
+        out[span], matrices[slot] = chunk(
+            q, k, v, g, beta, torch.zeros_like(matrices[slot]) if first else matrices[slot]
+        )

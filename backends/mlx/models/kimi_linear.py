@@ -52,30 +52,11 @@ class KimiDeltaAttention(nn.Module):
         conv_w = mx.concatenate([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
         i = self.state_index
         windows, matrices = state.conv[i], state.ssm[i]
-        pieces: list[mx.array] = []
-        rows = meta.decode_token_idx
-        if rows is not None:
-            slots = meta.decode_state_slots
-            fresh = meta.decode_state_fresh  # a one-token prompt starts from zeros (where, not a product: 0 * NaN)
-            window = mx.where(fresh[:, None, None], 0, windows[slots])
-            conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
-            q, k, v, g, beta = self._heads(conv, x[rows])
-            s = mx.where(fresh[:, None, None, None], 0, matrices[slots])
-            out, matrices[slots] = kimi_delta.recurrent_step(q, k, v, g, beta, s)
-            pieces.append(out)
-        for p in meta.prefills:
-            span, slot = slice(p.q_start, p.q_end), p.state_slot
-            first = p.first_pos == 0
-            window = mx.zeros_like(windows[slot]) if first else windows[slot]
-            conv, windows[slot] = gated_delta.conv_chunk(mixed[span], window, conv_w)
-            q, k, v, g, beta = self._heads(conv, x[span])
-            s = mx.zeros_like(matrices[slot]) if first else matrices[slot]
-            out, matrices[slot] = kimi_delta.chunked(q, k, v, g, beta, s)
-            pieces.append(out)
-        state.conv[i], state.ssm[i] = windows, matrices
-        out = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
-        if meta.restore_order is not None:  # pieces are decode rows first, then each prefill
-            out = out[meta.restore_order]
+        heads = lambda conv, rows: self._heads(conv, x[rows])
+        step, chunk = kimi_delta.recurrent_step, kimi_delta.chunked
+        out, state.conv[i], state.ssm[i] = gated_delta.over_batch(
+            meta, mixed, conv_w, windows, matrices, heads, step, chunk
+        )
         t = x.shape[0]
         gate = self.g_b_proj(self.g_a_proj(x)).astype(mx.float32).reshape(t, self.h, self.dk)
         normed = mx.fast.rms_norm(

@@ -124,30 +124,11 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self._project(x)
         conv_w, i = self.conv1d.weight, self.state_index
         windows, matrices = state.conv[i], state.ssm[i]
-        pieces: list[tuple[mx.array, mx.array]] = []  # (rows, output)
-        rows = meta.decode_token_idx
-        if rows is not None:
-            slots = meta.decode_state_slots
-            fresh = meta.decode_state_fresh  # a one-token prompt starts from zeros (where, not a product: 0 * NaN)
-            window = mx.where(fresh[:, None, None], 0, windows[slots])
-            conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
-            q, k, v, g, beta = self._heads(conv, b[rows], a[rows])
-            s = mx.where(fresh[:, None, None, None], 0, matrices[slots])
-            out, matrices[slots] = gated_delta.recurrent_step(q, k, v, g, beta, s)
-            pieces.append((rows, out))
-        for p in meta.prefills:
-            span, slot = slice(p.q_start, p.q_end), p.state_slot
-            first = p.first_pos == 0
-            window = mx.zeros_like(windows[slot]) if first else windows[slot]
-            conv, windows[slot] = gated_delta.conv_chunk(mixed[span], window, conv_w)
-            q, k, v, g, beta = self._heads(conv, b[span], a[span])
-            s = mx.zeros_like(matrices[slot]) if first else matrices[slot]
-            out, matrices[slot] = gated_delta.chunked(q, k, v, g, beta, s)
-            pieces.append((mx.arange(p.q_start, p.q_end), out))
-        state.conv[i], state.ssm[i] = windows, matrices
-        out = pieces[0][1] if len(pieces) == 1 else mx.concatenate([o for _, o in pieces])
-        if meta.restore_order is not None:  # pieces are decode rows first, then each prefill
-            out = out[meta.restore_order]
+        heads = lambda conv, rows: self._heads(conv, b[rows], a[rows])
+        step, chunk = gated_delta.recurrent_step, gated_delta.chunked
+        out, state.conv[i], state.ssm[i] = gated_delta.over_batch(
+            meta, mixed, conv_w, windows, matrices, heads, step, chunk
+        )
         t = x.shape[0]
         return self.out_proj(self.norm(out.astype(x.dtype), z).reshape(t, -1))
 

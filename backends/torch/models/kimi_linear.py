@@ -62,23 +62,9 @@ class KimiDeltaAttention(nn.Module):
         mixed, conv_w = self.qkv_proj(x), self._conv_weight()
         windows, matrices = state.conv[self.state_index], state.ssm[self.state_index]
         out = torch.empty(x.shape[0], self.h, self.dk, dtype=torch.float32, device=x.device)
-        rows = meta.decode_token_idx
-        if rows is not None:
-            slots = meta.decode_state_slots
-            fresh = meta.decode_state_fresh[:, None, None]  # a one-token prompt starts from zeros
-            window = windows[slots].masked_fill(fresh, 0)
-            conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
-            q, k, v, g, beta = self._heads(conv, x[rows])
-            s = matrices[slots].masked_fill(fresh[..., None], 0)
-            out[rows], matrices[slots] = kimi_delta.recurrent_step(q, k, v, g, beta, s)
-        for p in meta.prefills:
-            span, slot = slice(p.q_start, p.q_end), p.state_slot
-            first = p.ctx_len == p.q_end - p.q_start  # the chunk starts at position 0
-            window = torch.zeros_like(windows[slot]) if first else windows[slot]
-            conv, windows[slot] = gated_delta.conv_chunk(mixed[span], window, conv_w)
-            q, k, v, g, beta = self._heads(conv, x[span])
-            s = torch.zeros_like(matrices[slot]) if first else matrices[slot]
-            out[span], matrices[slot] = kimi_delta.chunked(q, k, v, g, beta, s)
+        heads = lambda conv, rows: self._heads(conv, x[rows])
+        step, chunk = kimi_delta.recurrent_step, kimi_delta.chunked
+        gated_delta.over_batch(meta, mixed, conv_w, windows, matrices, heads, step, chunk, out)
         gate = self.g_b_proj(self.g_a_proj(x)).float().view(x.shape[0], self.h, self.dk)
         normed = F.rms_norm(out.to(x.dtype).float(), (self.dk,), self.o_norm.weight.float(), self.o_norm.eps)
         return self.o_proj((normed * gate.sigmoid()).to(x.dtype).reshape(x.shape[0], -1))

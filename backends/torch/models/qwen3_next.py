@@ -120,23 +120,9 @@ class GatedDeltaNet(nn.Module):
         conv_w = self.conv1d.weight
         windows, matrices = state.conv[self.state_index], state.ssm[self.state_index]
         out = torch.empty(x.shape[0], self.nv, self.dv, dtype=torch.float32, device=x.device)
-        rows = meta.decode_token_idx
-        if rows is not None:
-            slots = meta.decode_state_slots
-            fresh = meta.decode_state_fresh[:, None, None]  # a one-token prompt starts from zeros
-            window = windows[slots].masked_fill(fresh, 0)
-            conv, windows[slots] = gated_delta.conv_step(mixed[rows], window, conv_w)
-            q, k, v, g, beta = self._heads(conv, b[rows], a[rows])
-            s = matrices[slots].masked_fill(fresh[..., None], 0)
-            out[rows], matrices[slots] = gated_delta.recurrent_step(q, k, v, g, beta, s)
-        for p in meta.prefills:
-            span, slot = slice(p.q_start, p.q_end), p.state_slot
-            first = p.ctx_len == p.q_end - p.q_start  # the chunk starts at position 0
-            window = torch.zeros_like(windows[slot]) if first else windows[slot]
-            conv, windows[slot] = gated_delta.conv_chunk(mixed[span], window, conv_w)
-            q, k, v, g, beta = self._heads(conv, b[span], a[span])
-            s = torch.zeros_like(matrices[slot]) if first else matrices[slot]
-            out[span], matrices[slot] = gated_delta.chunked(q, k, v, g, beta, s)
+        heads = lambda conv, rows: self._heads(conv, b[rows], a[rows])
+        step, chunk = gated_delta.recurrent_step, gated_delta.chunked
+        gated_delta.over_batch(meta, mixed, conv_w, windows, matrices, heads, step, chunk, out)
         return self.out_proj(self.norm(out.to(x.dtype), z).reshape(x.shape[0], -1))
 
 
