@@ -210,3 +210,19 @@ def _released(folder, out):
     dense = {k.replace(".layers.0.block_sparse_moe.", ".layers.0.mlp."): v for k, v in weights.items()}
     save_file(dense, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def test_sequences_batched_together_decode_as_each_alone(folder, backend):
+    """Three prompts of different lengths in one batch (their KDA states in separate slots, decode rows stepped
+    together): each one's greedy tokens are those it gets alone."""
+    from lantern.app.engine import LLM, SamplingParams
+
+    prompts = ["Paged attention stores keys", "Continuous batching keeps the GPU busy while", "A"]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    llm = LLM(str(folder[0]), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=96)
+    try:
+        together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        alone = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    finally:
+        llm.engine.shutdown()
+    assert together == alone
