@@ -108,9 +108,12 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
         raise refuse("layer_types", types, f" (sliding_attention / full_attention for each of {layers} layers)")
     rope = cfg["rope_parameters"]
+    for kind in set(types):  # (DoryRotaryEmbedding reads one entry per layer type)
+        if not isinstance(rope, dict) or not isinstance(rope.get(kind), dict) or "rope_theta" not in rope[kind]:
+            raise refuse("rope_parameters", rope, f" (an entry with rope_theta for each layer type: {kind})")
     full, local = rope.get("full_attention", {}), rope.get("sliding_attention", {})
-    if local.get("rope_type", "default") != "default":
-        raise refuse("rope_parameters.sliding_attention.rope_type", local["rope_type"], " (the sliding rope is plain)")
+    if local.get("rope_type", "default") != "default" or set(local) - {"rope_type", "rope_theta"}:
+        raise refuse("rope_parameters.sliding_attention", local, " (the sliding layers' rope is plain)")
     init, hidden, head_dim = float(cfg["initializer_range"]), int(cfg["hidden_size"]), int(cfg["head_dim"])
     loops = DoryLoops(
         n_input=int(cfg["n_input_layers"]),

@@ -79,7 +79,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     # transformers' saved configs: the per-stack count in num_layers_per_stack, num_hidden_layers the slots; released
     # (training) configs: the per-stack count in num_hidden_layers (HrmTextConfig.__post_init__)
     per_stack = cfg.get("num_layers_per_stack") or cfg["num_hidden_layers"]
-    if "num_layers_per_stack" in cfg and cfg["num_hidden_layers"] != per_stack * h * (low + 1):
+    if cfg.get("num_layers_per_stack") is not None and cfg["num_hidden_layers"] != per_stack * h * (low + 1):
         raise refuse(
             "num_hidden_layers", cfg["num_hidden_layers"], " (num_layers_per_stack x H_cycles x (L_cycles + 1))"
         )

@@ -7,7 +7,8 @@ per-head q/k norms on the other layers -- sliding ones (a window of sliding_wind
 ones without any rope -- and a mixture in every layer: a float32 softmax router's top-k (renormalised where
 norm_topk_prob says), plus one shared expert added ungated (DeepSeek's shape: DeepSeekMoEConfig). RMSNorms scale
 by their weight. The released checkpoints fuse the delta net's input projections into `in_proj` (rows q | k | v | z |
-b | a) and call its norm `out_norm`: split and renamed while loading, as transformers' conversion mapping does.
+b | a) and call its norm `out_norm`: split and renamed while loading, as transformers' conversion mapping does. Its
+norms apply their weight in float32 and round once (the model files' Fp32RMSNorm, GatedNorm's fp32).
 """
 
 from __future__ import annotations
@@ -62,9 +63,12 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
         fused_qkvz=False,
         fused_ba=False,
+        norm_fp32=True,
     )
-    if linear.num_v_heads % linear.num_k_heads or linear.conv_kernel < 2:
+    if linear.num_v_heads % linear.num_k_heads:
         raise refuse("linear_num_value_heads", linear.num_v_heads, " (a multiple of linear_num_key_heads)")
+    if linear.conv_kernel < 2:
+        raise refuse("linear_conv_kernel_dim", linear.conv_kernel, " (must be at least 2)")
     experts, top_k = int(cfg.get("num_experts", 128)), int(cfg.get("num_experts_per_tok", 4))
     if not 1 <= top_k <= experts:
         raise refuse("num_experts_per_tok", top_k, f" (between 1 and the {experts} experts)")

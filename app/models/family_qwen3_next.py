@@ -49,6 +49,7 @@ class LinearAttnConfig:
     v_heads_tiled: bool = False
     beta_scale: float = 1.0  # OLMo Hybrid's allow_neg_eigval: beta = 2 * sigmoid(b)
     norm_eps: float | None = None  # the gated output norm's eps where not the model's (OLMo Hybrid's 1e-5)
+    norm_fp32: bool = False  # the gated norm's weight applied in float32, rounded once (Lara Mini's RMSNormGated)
 
     @property
     def conv_dim(self) -> int:

@@ -442,6 +442,7 @@ def _read_safetensors(spec: ModelSpec, framework: str, skip: set[str]) -> Iterat
 
 _KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale")
 _KV_SCALES += (".k_proj.output_scale", ".v_proj.output_scale", ".q_proj.output_scale", ".prob_output_scale")  # Quark
+_KV_SCALES += (".k_proj.output_zero_point", ".v_proj.output_zero_point")  # (Quark's integer KV caches)
 
 
 def _portable(weight: Any) -> Any:

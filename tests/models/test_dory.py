@@ -115,6 +115,7 @@ def test_the_config_reads_as_dory_config_reads_it():
         ({"tie_word_embeddings": True}, "tie_word_embeddings"),
         ({"attention_bias": True}, "attention_bias"),
         ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, "rope_parameters"),  # (not by layer type)
     ],
 )
 def test_what_it_cannot_compute_is_refused_by_name(extra, key):

@@ -80,6 +80,7 @@ def test_defaults_follow_transformers_config_class():
     assert cfg.hrm.kv_layers == ref.num_hidden_layers == 16  # H 2 x (L 3 + 1) x 2
     assert cfg.embed_multiplier == ref.embedding_scale == 50.0 and cfg.rms_norm_eps == ref.rms_norm_eps
     assert cfg.num_kv_heads == cfg.num_heads == 4 and cfg.rope_theta == 10000.0
+    assert ModelConfig.from_hf(_base(num_layers_per_stack=None)).hrm == cfg.hrm  # (a null: the released reading)
 
 
 @pytest.mark.parametrize(

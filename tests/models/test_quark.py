@@ -132,6 +132,7 @@ def _config(**changes) -> dict:
         ),
         ({"global_quant_config": {"weight": {**KINDS["int8_channel"][0], "symmetric": False}}}, "symmetric"),
         ({"global_quant_config": {"weight": None}}, "global_quant_config"),
+        ({"layer_type_quant_config": {"Linear": {"weight": KINDS["int4_g32"][0]}}}, "layer_type_quant_config"),
     ],
 )
 def test_what_it_does_not_compute_is_refused_by_name(changes, key):
@@ -147,6 +148,8 @@ def test_offline_rotations_and_kv_cache_scales_are_accepted(tiny_model_dir, tmp_
     from lantern.app.engine import LLM
 
     rotation = [{"name": "rotation", "r1": True, "r2": True, "online_r1_rotation": False}]
+    quarot = [{"name": "quarot", "r1": True, "r2": True, "r3": False, "r4": False}]  # (offline only: folded in)
+    assert parse_quant_scheme(_config(algo_config=quarot)).method == "mixed"
     config = quark_config(KINDS["fp8_tensor"][0], "reorder", algo_config=rotation)
     kv = {"weight": KINDS["fp8_tensor"][0], "output_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor"}}
     config["layer_quant_config"] = {"*k_proj": kv, "*v_proj": kv}

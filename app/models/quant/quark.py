@@ -3,7 +3,8 @@ the shared FP8 / affine / microscaled forms, exactly as stored.
 
 config.json's `quantization_config` holds `global_quant_config` (every Linear), `layer_quant_config` (module name or
 glob -> its own), `exclude` (module names, globs, or `re:` patterns kept in float; first) and `export` (its
-`pack_method`). A layer config's `weight` spec decides the module:
+`pack_method`), resolved in that order as vLLM resolves them (a per-class `layer_type_quant_config` is refused). A
+layer config's `weight` spec decides the module:
 - fp8_e4m3 per_tensor / per_channel: `weight` e4m3 [out, in], `weight_scale` 0-d or [out] (a multiplier);
   per_block 128 x 128: `weight_scale` [ceil(out/128), ceil(in/128)] (hf_formats' FP8 reader);
   per_group 32 (or per_block [1, 32]) with scale_format e8m0: MXFP8, `weight_scale` e8m0 bytes [out, in/32].
@@ -51,6 +52,8 @@ def parse(q: dict[str, Any]) -> QuantScheme:
     if pack not in ("reorder", "order"):
         raise _refuse(f"{_KEY}.export.pack_method", pack)
     _check_rotations(q.get("algo_config"))
+    if q.get("layer_type_quant_config"):  # (by module class: Lantern resolves module names only)
+        raise _refuse(f"{_KEY}.layer_type_quant_config", q["layer_type_quant_config"], " (per-class configs)")
     kv_group = [str(g) for g in export.get("kv_cache_group") or ()]
     made: dict[str, QuantScheme | None] = {}
 
@@ -66,13 +69,13 @@ def parse(q: dict[str, Any]) -> QuantScheme:
     for entry in map(str, q.get("exclude") or ()):  # kept in float, before anything else
         if entry.startswith("re:"):
             patterns.append((_regex(entry[3:], f"{_KEY}.exclude"), None))
-        elif any(c in entry for c in "*?["):
+        elif "*" in entry:  # (an older Quark's glob)
             patterns.append((fnmatch.translate(entry), None))
         else:
             exact[entry] = None
     for name, layer in (q.get("layer_quant_config") or {}).items():
         key = f"{_KEY}.layer_quant_config.{name}"
-        glob = any(c in name for c in "*?[")
+        glob = "*" in name  # (vLLM's rule: a key with * is a glob, else the module's name)
         patterns.append((fnmatch.translate(name) if glob else re.escape(name) + r"\Z", scheme_of(key, layer, name)))
     default = scheme_of(f"{_KEY}.global_quant_config", q.get("global_quant_config"))
     if default is None and not any(s is not None for _, s in patterns):
@@ -94,9 +97,9 @@ def _check_rotations(algos: Any) -> None:
         if not isinstance(algo, dict) or algo.get("name") not in ("rotation", "quarot"):
             continue
         online = (algo.get("online_config") or {}).get("online_rotation_layers")
-        legacy = algo.get("name") == "quarot"  # (all four rotations)
+        legacy = algo.get("name") == "quarot"  # (its rotations default to on)
         for flag in ("r3", "r4", "online_r1_rotation"):
-            if algo.get(flag) or (legacy and flag != "online_r1_rotation"):
+            if algo.get(flag, legacy and flag != "online_r1_rotation"):
                 raise _refuse(f"{_KEY}.algo_config[{i}].{flag}", True, " (an online rotation of activations)")
         if online:
             raise _refuse(f"{_KEY}.algo_config[{i}].online_config.online_rotation_layers", online)

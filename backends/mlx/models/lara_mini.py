@@ -14,6 +14,19 @@ from lantern.backends.mlx.models import deepseek, llama, qwen3_next
 from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 
+class Fp32RMSNorm(nn.Module):
+    """LaraMiniRMSNorm: the weight applied in float32 and the product rounded once (mx.fast.rms_norm rounds the norm
+    first in a half dtype)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((dim,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x.astype(mx.float32), self.weight.astype(mx.float32), self.eps).astype(x.dtype)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -22,11 +35,11 @@ class DecoderLayer(nn.Module):
         if kinds[layer_idx]:
             self.linear_attn = qwen3_next.GatedDeltaNet(cfg, before)
         else:  # (built by its layer's index: its window and rope; its K/V by its order among attention layers)
-            self.self_attn = Attention(cfg, layer_idx)
+            self.self_attn = Attention(cfg, layer_idx, norm=Fp32RMSNorm)
             self.kv_index = layer_idx - before
         self.mlp = deepseek.DeepSeekMoE(cfg)
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = Fp32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = Fp32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata, state: qwen3_next.RecurrentState) -> mx.array:
         h = self.input_layernorm(x)
@@ -37,6 +50,7 @@ class DecoderLayer(nn.Module):
 
 class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
+    final_norm = Fp32RMSNorm
     state_cls = qwen3_next.RecurrentState
 
     def state_bytes_per_seq(self, dtype: mx.Dtype) -> int:

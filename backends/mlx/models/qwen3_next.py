@@ -38,15 +38,19 @@ class GatedAttention(Attention):
 class GatedNorm(nn.Module):
     """RMSNorm of each head's output times its weight, then times SiLU(z) (transformers' order)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fp32: bool = False):
+        """fp32: the weight applied in float32 and the product rounded once (Lara Mini's), not after the norm."""
         super().__init__()
         self.weight = mx.ones((dim,))
-        self.eps = eps
+        self.eps, self.fp32 = eps, fp32
 
     def __call__(self, x: mx.array, z: mx.array) -> mx.array:
         xf = x.astype(mx.float32)
-        normed = (xf * mx.rsqrt((xf * xf).mean(-1, keepdims=True) + self.eps)).astype(x.dtype)
-        return (self.weight * normed * nn.silu(z.astype(mx.float32))).astype(x.dtype)
+        normed = xf * mx.rsqrt((xf * xf).mean(-1, keepdims=True) + self.eps)
+        weight = self.weight.astype(mx.float32) if self.fp32 else self.weight
+        return (weight * (normed if self.fp32 else normed.astype(x.dtype)) * nn.silu(z.astype(mx.float32))).astype(
+            x.dtype
+        )
 
 
 class RecurrentState:
@@ -88,7 +92,7 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = gated_delta.Conv(la.conv_dim, la.conv_kernel)
         self.dt_bias = mx.ones((la.num_v_heads,))
         self.A_log = mx.zeros((la.num_v_heads,))
-        self.norm = GatedNorm(la.v_dim, la.norm_eps or cfg.rms_norm_eps)
+        self.norm = GatedNorm(la.v_dim, la.norm_eps or cfg.rms_norm_eps, la.norm_fp32)
         self.beta_scale = la.beta_scale
         self.out_proj = nn.Linear(value, d, bias=False)
 

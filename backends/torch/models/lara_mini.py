@@ -7,13 +7,28 @@ norms on the others (the rope on the sliding layers only), each attention layer 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.torch.attention import TorchAttentionMetadata
-from lantern.backends.torch.layers import Attention, RMSNorm
+from lantern.backends.torch.layers import Attention
 from lantern.backends.torch.models import deepseek, llama, qwen3_next
 from lantern.backends.torch.parallel import TPGroup
+
+
+class Fp32RMSNorm(nn.Module):
+    """LaraMiniRMSNorm: the weight applied in float32 and the product rounded once (layers.RMSNorm rounds the norm
+    first, as Llama's does), called as layers.RMSNorm: (normed x + r, x + r)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x if residual is None else x + residual
+        return F.rms_norm(h.float(), (h.shape[-1],), self.weight.float(), self.eps).to(h.dtype), h
 
 
 class DecoderLayer(nn.Module):
@@ -24,11 +39,11 @@ class DecoderLayer(nn.Module):
         if kinds[layer_idx]:
             self.linear_attn = qwen3_next.GatedDeltaNet(cfg, before)
         else:  # (built by its layer's index: its window and rope; its K/V by its order among attention layers)
-            self.self_attn = Attention(cfg, layer_idx, tp)
+            self.self_attn = Attention(cfg, layer_idx, tp, norm=Fp32RMSNorm)
             self.kv_index = layer_idx - before
         self.mlp = deepseek.DeepSeekMoE(cfg, tp)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = Fp32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = Fp32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
         self,
@@ -46,6 +61,7 @@ class DecoderLayer(nn.Module):
 
 class CausalLM(llama.RecurrentCausalLM):
     decoder_layer = DecoderLayer
+    final_norm = Fp32RMSNorm
     state_cls = qwen3_next.RecurrentState
 
     def state_bytes_per_seq(self, dtype: torch.dtype) -> int:

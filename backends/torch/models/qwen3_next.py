@@ -47,15 +47,17 @@ class GatedAttention(Attention):
 class GatedNorm(nn.Module):
     """RMSNorm of each head's output times its weight, then times SiLU(z) (transformers' order)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fp32: bool = False):
+        """fp32: the weight applied in float32 and the product rounded once (Lara Mini's), not after the norm."""
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.eps = eps
+        self.eps, self.fp32 = eps, fp32
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * normed * F.silu(z.float())).to(x.dtype)
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = self.weight.float() if self.fp32 else self.weight
+        return (weight * (normed if self.fp32 else normed.to(x.dtype)) * F.silu(z.float())).to(x.dtype)
 
 
 class GatedDeltaNet(nn.Module):
@@ -81,7 +83,7 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = gated_delta.Conv(la.conv_dim, la.conv_kernel)
         self.dt_bias = nn.Parameter(torch.ones(la.num_v_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(la.num_v_heads), requires_grad=False)
-        self.norm = GatedNorm(la.v_dim, la.norm_eps or cfg.rms_norm_eps)
+        self.norm = GatedNorm(la.v_dim, la.norm_eps or cfg.rms_norm_eps, la.norm_fp32)
         self.beta_scale = la.beta_scale
         self.out_proj = nn.Linear(value, d, bias=False)
 
