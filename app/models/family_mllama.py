@@ -4,13 +4,15 @@ meta-llama/Llama-3.2-11B-Vision-Instruct, or a MllamaForCausalLM folder), as tra
 Its decoder is Llama's with cross-attention layers (cross_attention_layers) between the self-attention ones. On text
 alone transformers skips them (MllamaTextModel: no cross-attention states, none cached), so the served model is the
 self-attention layers in order -- ModelConfig.checkpoint_layers says which checkpoint layer each one is. The
-embedding has 8 rows more than the head (the image token and its reserved neighbours are input-only): the
-vocabulary is the embedding's, the head's rows ModelConfig.head_rows, so the ids past them are never chosen. The
-vision tower is not loaded (an image in a request is refused, as for every text model).
+embedding has 8 rows more than the head (the image token and its reserved neighbours, read only with an image's
+cross-attention): the vocabulary is the head's, the embedding loaded to its rows, so a prompt holding one of those
+ids is refused as any id past the vocabulary is (and tensor parallelism splits both alike). The vision tower is not
+loaded (an image in a request is refused, as for every text model).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from lantern.app.models.errors import check_silu, refuse
@@ -51,11 +53,19 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         raise refuse("cross_attention_layers", cross, " (every layer: no language model on text alone)")
     if cfg.get("tie_word_embeddings"):  # (the head is narrower than the embedding: transformers cannot tie them)
         raise refuse("tie_word_embeddings", True, " for Llama 3.2 Vision (its embedding has 8 input-only rows)")
-    vocab = int(fields["vocab_size"])
     return {
         "num_layers": len(kept),
         "checkpoint_layers": kept,
-        "vocab_size": vocab + _EXTRA_EMBEDDING_ROWS,
-        "head_rows": vocab,
         "head_dim": int(fields["hidden_size"]) // int(fields["num_heads"]),  # (MllamaTextSelfAttention's; no key)
     }
+
+
+def checkpoint_tensors(source: Iterator[tuple[str, Any]], vocab: int) -> Iterator[tuple[str, Any]]:
+    """The stream with the embedding cut to the vocabulary's rows (a quantized table by whole rows): the 8 past it
+    are input-only rows text never reaches."""
+    from lantern.app.models.weight_stream import _row_slice
+
+    for name, value in source:
+        if name == "model.embed_tokens.weight" and value.shape[0] == vocab + _EXTRA_EMBEDDING_ROWS:
+            value = _row_slice(value, 0, vocab)
+        yield name, value

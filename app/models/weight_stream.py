@@ -73,6 +73,10 @@ def iter_weights(
             from lantern.app.models.family_deepseek import axk1_tensors
 
             source = axk1_tensors(source, spec.config.moe)
+        if spec.config.architecture == "mllama_text_model":  # its embedding's input-only rows past the vocabulary
+            from lantern.app.models.family_mllama import checkpoint_tensors as mllama_tensors
+
+            source = mllama_tensors(source, spec.config.vocab_size)
     traits = checkpoint_traits(spec.config.architecture)
     if traits.get("tensors"):  # the family's own layout changes (its configure module's checkpoint_tensors)
         module = importlib.import_module(f"lantern.app.models.{traits['configure']}")

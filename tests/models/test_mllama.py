@@ -1,8 +1,8 @@
 """Llama 3.2 Vision (mllama) served on text: transformers' MllamaForConditionalGeneration and MllamaForCausalLM,
 tiny and random, saved by transformers; Lantern serves their language model -- the self-attention layers, the
 cross-attention layers between them skipped as transformers skips them without an image -- with logits over the
-head's rows within 1e-4 of transformers' own text-only forward through the paged cache, the embedding's extra
-input-only ids never chosen, on both backends."""
+head's rows within 1e-4 of transformers' own text-only forward through the paged cache on both backends (two torch
+ranks too); the embedding's 8 input-only rows are not loaded and a prompt holding one of their ids is refused."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 
+from lantern.app.engine.errors import InvalidRequestError
 from lantern.app.models.errors import UnsupportedModelError
 from lantern.app.models.spec import ModelConfig
 
@@ -59,18 +60,20 @@ def wrapper_folder(tmp_path_factory):
     return out, model
 
 
-def _assert_serves(folder, reference, backend) -> None:
+def _assert_serves(folder, reference, backend, **options) -> None:
     import torch
 
     from lantern.app.engine import LLM, SamplingParams
     from tests.conformance.test_parity import PROMPT
     from tests.fixtures.teacher_forcing import teacher_forced_logits
 
-    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    llm = LLM(
+        str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64, **options
+    )
     try:
         cfg = llm.engine.model_config
-        head = cfg.head_rows
-        assert cfg.num_layers == 3 and cfg.checkpoint_layers == (0, 2, 4) and cfg.vocab_size == head + 8
+        head = cfg.vocab_size
+        assert cfg.num_layers == 3 and cfg.checkpoint_layers == (0, 2, 4) and cfg.head_rows is None
         ids = llm.tokenizer.encode(PROMPT)
         with torch.no_grad():
             greedy = reference.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids) :]
@@ -80,11 +83,11 @@ def _assert_serves(folder, reference, backend) -> None:
         rows = list(teacher_forced_logits(llm.engine, ids, want))
         assert len(rows) == len(want)
         for pos, logits in rows:
-            np.testing.assert_allclose(logits[:head], expected[pos], atol=1e-4, rtol=0, err_msg=f"position {pos}")
-            assert np.isneginf(logits[head:]).all()
+            np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"position {pos}")
         params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=0)
-        sampled = llm.generate([ids], params)[0].outputs[0].token_ids
-        assert len(sampled) == 24 and max(sampled) < head
+        assert len(llm.generate([ids], params)[0].outputs[0].token_ids) == 24
+        with pytest.raises(InvalidRequestError, match="prompt token ids"):  # (the image token, an input-only row)
+            llm.generate([ids + [head]], params)
     finally:
         llm.engine.shutdown()
 
@@ -94,6 +97,12 @@ def test_the_vision_folder_serves_its_language_model(wrapper_folder, backend):
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "mllama" and "vision_config" in config
     _assert_serves(folder, model, backend)
+
+
+def test_two_torch_ranks_serve_it(wrapper_folder):
+    """Tensor parallelism splits the vocabulary's embedding and head alike (the input-only rows are not loaded)."""
+    folder, model = wrapper_folder
+    _assert_serves(folder, model, "torch", tensor_parallel_size=2)
 
 
 def test_a_text_only_folder_serves_the_same_model(wrapper_folder, tmp_path, backend):
@@ -124,7 +133,7 @@ def test_defaults_follow_transformers_config_class():
     """A text_config that leaves cross_attention_layers out gets MllamaTextConfig's eight (the 11B's)."""
     cfg = ModelConfig.from_hf(_base(num_hidden_layers=40))
     assert cfg.num_layers == 32 and 3 not in cfg.checkpoint_layers and 38 not in cfg.checkpoint_layers
-    assert cfg.head_rows == 300 and cfg.vocab_size == 308 and cfg.rope_theta == 500000.0
+    assert cfg.head_rows is None and cfg.vocab_size == 300 and cfg.rope_theta == 500000.0
 
 
 @pytest.mark.parametrize(
