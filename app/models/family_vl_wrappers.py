@@ -3,8 +3,9 @@ read them (spec.VL_WRAPPERS): LLaVA 1.5 / 1.6 (llava_next) / OneVision / NeXT-Vi
 Pixtral-12B folder (llava over Mistral), Aya Vision and Command A Vision (Command R7B's layers), Idefics2 / Idefics3
 / SmolVLM, InternVL 3 / 3.5 in transformers' layout, Kimi K2.5 (DeepSeek-V3; its text config's `kimi_k2` read as
 deepseek_v3 as transformers does), EXAONE 4.5 (EXAONE 4), MiniCPM-V 4.6 / 4.7 (Qwen3.5), HyperCLOVA X SEED Vision,
-Ovis2, VideoLLaMA3, DeepSeek-VL (hybrid too) and Llama 3.2 Vision (mllama: family_mllama). The vision tower and
-projector are not loaded (an image in a request is refused, as for every text model).
+Ovis2, VideoLLaMA3, DeepSeek-VL (hybrid too), Llama 3.2 Vision (mllama: family_mllama) and Kimi-VL (remote code:
+kimi_vl_text_config). The vision tower and projector are not loaded (an image in a request is refused, as for every
+text model).
 
 transformers builds the wrapper's text config from its text_config (the text class's defaults for what it leaves
 out: LLaVA 1.5's folders state six keys of Vicuna's config) and ties the head by the wrapper's tie_word_embeddings
@@ -42,3 +43,14 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     if wrapper in ("aya_vision", "cohere2_vision"):  # (their heads never multiply by it; vLLM's do)
         out["logit_scale"] = 1.0
     return out
+
+
+def kimi_vl_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Kimi-VL's language model (moonshotai/Kimi-VL-A3B-Instruct / -Thinking: remote code, which transformers has no
+    class for): its text_config is DeepSeek-V3's config (Moonlight's 16B-A3B), read as transformers' DeepseekV3Config
+    reads it; untied unless it says so (the remote DeepseekV3Config's default)."""
+    text = cfg.get("text_config") or {}
+    kind = text.get("model_type", "deepseek_v3")
+    if kind != "deepseek_v3":
+        raise UnsupportedModelError(f"kimi_vl text_config.model_type={kind!r} is not implemented (deepseek_v3)")
+    return wrapped_text_config(cfg, "deepseek_v3", bool(text.get("tie_word_embeddings", False)))

@@ -70,6 +70,8 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_vl_moe": _text_config("family_qwen3_vl"),
     "llama4": _text_config("family_llama4"),
     **{wrapper: _text_config("family_vl_wrappers") for wrapper in VL_WRAPPERS},
+    # Kimi-VL (remote code, no transformers class): its text_config is DeepSeek-V3's
+    "kimi_vl": lambda cfg: importlib.import_module("lantern.app.models.family_vl_wrappers").kimi_vl_text_config(cfg),
 }
 
 

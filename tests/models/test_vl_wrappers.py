@@ -157,3 +157,40 @@ def test_a_text_model_lantern_does_not_serve_is_refused_by_name():
     raw = {"model_type": "llava", "text_config": {"model_type": "mamba2_unknown"}}
     with pytest.raises(UnsupportedModelError):
         ModelConfig.from_hf(raw)
+
+
+def test_kimi_vl_serves_its_deepseek_v3_language_model(tmp_path, backend):
+    """Kimi-VL (remote code, no transformers class): its text_config is DeepSeek-V3's, its language model stored under
+    language_model.* beside the vision tower and projector (skipped); the logits are transformers' DeepSeek-V3 on
+    the same weights."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from tests.conformance.test_parity import hf_model
+
+    src = build_model("deepseek_v3", tmp_path / "text")
+    text = {k: v for k, v in json.loads((src / "config.json").read_text()).items() if k != "architectures"}
+    folder = tmp_path / "kimi_vl"
+    folder.mkdir()
+    config = {"model_type": "kimi_vl", "architectures": ["KimiVLForConditionalGeneration"], "text_config": text}
+    config |= {"vision_config": {"model_type": "moonvit", "hidden_size": 32}, "media_placeholder_token_id": 7}
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = {f"language_model.{k}": v for k, v in load_file(str(src / "model.safetensors")).items()}
+    weights["vision_tower.encoder.blocks.0.wqkv.weight"] = np.ones((96, 32), np.float32)
+    weights["multi_modal_projector.linear_1.weight"] = np.ones((64, 32), np.float32)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation")):
+            (folder / f.name).write_bytes(f.read_bytes())
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        cfg = llm.engine.model_config
+        assert cfg.multimodal_wrapper == "kimi_vl" and cfg.mla is not None and not cfg.tie_word_embeddings
+        assert_matches_reference(llm, hf_model(str(src)), PROMPT)
+    finally:
+        llm.engine.shutdown()
+
+
+def test_kimi_vl_with_another_language_model_is_refused_by_name():
+    with pytest.raises(UnsupportedModelError, match="text_config.model_type"):
+        ModelConfig.from_hf({"model_type": "kimi_vl", "text_config": {"model_type": "qwen2"}})
