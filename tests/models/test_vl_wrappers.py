@@ -192,5 +192,5 @@ def test_kimi_vl_serves_its_deepseek_v3_language_model(tmp_path, backend):
 
 
 def test_kimi_vl_with_another_language_model_is_refused_by_name():
-    with pytest.raises(UnsupportedModelError, match="text_config.model_type"):
+    with pytest.raises(UnsupportedModelError, match=r"text_config\.model_type"):
         ModelConfig.from_hf({"model_type": "kimi_vl", "text_config": {"model_type": "qwen2"}})
