@@ -24,6 +24,7 @@ from typing import Any
 
 from lantern.app.models.errors import refuse
 from lantern.app.models.family_deepseek import DeepSeekMoEConfig, MLAConfig
+from lantern.app.models.family_qwen3_next import join_qkv_convs
 from lantern.app.models.spec import UnsupportedModelError
 
 
@@ -176,7 +177,7 @@ def checkpoint_name(name: str) -> str | None:
         return None
     name = name.replace(".block_sparse_moe.", ".mlp.")
     conv = _MLX_CONV.match(name)
-    if conv is not None:  # mlx_lm's ShortConv1d: self_attn.q_conv.conv.weight (MLX's [C, K, 1]: checkpoint_tensors)
+    if conv is not None:  # mlx_lm's ShortConv1d: self_attn.q_conv.conv.weight (MLX's [C, K, 1]: joined back to HF's)
         return f"{conv.group(1)}.{conv.group(2)}_conv1d.weight"
     if name.endswith(".mlp.e_score_correction_bias"):  # (mlx_lm keeps the router's bias beside it)
         return name.replace(".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias")
@@ -186,18 +187,20 @@ def checkpoint_name(name: str) -> str | None:
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
     """The stream with KDA's A_log [1, 1, H, 1] as [H] and dt_bias as [H x d_k] (the layouts checkpoints differ
-    in); from a llama.cpp GGUF, A_log back from the -exp(A_log) written and each convolution's [1, C, 1, K] (or
-    [C, 1, K]) as [C, 1, K]."""
+    in), from a llama.cpp GGUF A_log back from the -exp(A_log) written and each convolution's [1, C, 1, K] as
+    [C, 1, K]; then each layer's q, k and v convolutions joined into conv1d (family_qwen3_next.join_qkv_convs)."""
     import numpy as np
 
     gguf = spec.weight_format == "gguf"
-    for name, value in source:
-        if gguf and name.endswith(".self_attn.A_log"):
-            value = np.log(-np.asarray(value, dtype=np.float32))
-        if name.endswith(".self_attn.A_log") or name.endswith(".self_attn.dt_bias"):
-            value = value.reshape(-1)
-        elif gguf and name.endswith("_conv1d.weight"):
-            value = value.reshape(-1, 1, value.shape[-1])
-        elif name.endswith("_conv1d.weight") and value.shape[-1] == 1 and value.shape[1] > 1:  # MLX's [C, K, 1]
-            value = value.swapaxes(1, 2)
-        yield name, value
+
+    def normalized() -> Iterator[tuple[str, Any]]:
+        for name, value in source:
+            if gguf and name.endswith(".self_attn.A_log"):
+                value = np.log(-np.asarray(value, dtype=np.float32))
+            if name.endswith(".self_attn.A_log") or name.endswith(".self_attn.dt_bias"):
+                value = value.reshape(-1)
+            elif gguf and name.endswith("_conv1d.weight"):
+                value = value.reshape(-1, 1, value.shape[-1])
+            yield name, value
+
+    return join_qkv_convs(normalized(), "self_attn", "kimi_linear")

@@ -18,11 +18,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from lantern.app.models.errors import check_attention_types, check_silu, refuse
-from lantern.app.models.family_qwen3_next import LinearAttnConfig
-from lantern.app.models.quant.affine import float32_array
+from lantern.app.models.family_qwen3_next import LinearAttnConfig, join_qkv_convs
 from lantern.app.models.spec import UnsupportedModelError
 
 # OlmoHybridConfig's defaults for the keys ModelConfig.from_hf reads (spec.ARCHITECTURES "defaults").
@@ -63,30 +60,9 @@ def checkpoint_name(name: str) -> str:
     return _LINEAR_RE.sub(lambda m: f".linear_attn.{_LINEAR_NAMES[m.group(1)]}.", name)
 
 
-def _hf_conv(kernel: np.ndarray) -> np.ndarray:
-    """A depthwise kernel in Hugging Face's [C, 1, K] layout (mlx_lm saves MLX's [C, K, 1])."""
-    return kernel.transpose(0, 2, 1) if kernel.ndim == 3 and kernel.shape[2] == 1 and kernel.shape[1] > 1 else kernel
-
-
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
-    """The stream with each layer's q, k and v convolution kernels joined (in that order) into conv1d's, as
-    transformers' conversion mapping concatenates them (an mlx_lm folder's in MLX's layout taken back to Hugging
-    Face's first); a checkpoint that already has conv1d passes as it is."""
-    held: dict[str, dict[str, Any]] = {}
-    for name, value in source:
-        conv = _CONV_RE.match(name)
-        if conv is None:
-            yield name, value
-            continue
-        parts = held.setdefault(conv.group(1), {})
-        parts[conv.group(2)] = value
-        if len(parts) == 3:
-            del held[conv.group(1)]
-            # (a few kernels of a few values each: joined as float32, which every backend loads)
-            joined = np.concatenate([_hf_conv(float32_array(parts[p])) for p in "qkv"], axis=0)
-            yield f"{conv.group(1)}conv1d.weight", joined
-    if held:
-        raise UnsupportedModelError(f"olmo_hybrid: {sorted(held)} lack some of q_conv1d / k_conv1d / v_conv1d")
+    """The stream with each layer's q, k and v convolution kernels joined into conv1d's (family_qwen3_next)."""
+    return join_qkv_convs(source, "linear_attn", "olmo_hybrid")
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:

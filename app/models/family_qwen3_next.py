@@ -21,6 +21,7 @@ What differs from Qwen3 (transformers 5's Qwen3NextForCausalLM / Qwen3_5ForCausa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -202,3 +203,35 @@ def gguf_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]
         elif name.endswith(".linear_attn.conv1d.weight"):
             value = np.asarray(value, dtype=np.float32)[:, None, :]
         yield name, value
+
+
+def _hf_conv(kernel: Any) -> Any:
+    """A depthwise kernel in Hugging Face's [C, 1, K] layout (mlx_lm saves MLX's [C, K, 1])."""
+    return kernel.transpose(0, 2, 1) if kernel.ndim == 3 and kernel.shape[2] == 1 and kernel.shape[1] > 1 else kernel
+
+
+def join_qkv_convs(source: Iterator[tuple[str, Any]], sublayer: str, family: str) -> Iterator[tuple[str, Any]]:
+    """The stream with each layer's q, k and v convolution kernels (`<sublayer>.q_conv1d.weight`, ...: OLMo Hybrid's,
+    Kimi Linear's) joined in that order into `<sublayer>.conv1d.weight`, as transformers' conversion mappings
+    concatenate them (an mlx_lm folder's MLX layout taken back to Hugging Face's first); a checkpoint that already
+    has conv1d passes as it is."""
+    import numpy as np
+
+    from lantern.app.models.quant.affine import float32_array
+
+    pattern = re.compile(rf"^(.*\.{sublayer}\.)([qkv])_conv1d\.weight$")
+    held: dict[str, dict[str, Any]] = {}
+    for name, value in source:
+        conv = pattern.match(name)
+        if conv is None:
+            yield name, value
+            continue
+        parts = held.setdefault(conv.group(1), {})
+        parts[conv.group(2)] = value
+        if len(parts) == 3:
+            del held[conv.group(1)]
+            # (a few kernels of a few values each: joined as float32, which every backend loads)
+            joined = np.concatenate([_hf_conv(float32_array(parts[p])) for p in "qkv"], axis=0)
+            yield f"{conv.group(1)}conv1d.weight", joined
+    if held:
+        raise UnsupportedModelError(f"{family}: {sorted(held)} lack some of q_conv1d / k_conv1d / v_conv1d")

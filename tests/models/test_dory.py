@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pytest
 
 from lantern.app.models.errors import UnsupportedModelError
@@ -42,26 +41,18 @@ def folder(tmp_path_factory):
 
 
 def _assert_matches(folder, reference, backend) -> None:
-    import torch
-
     from lantern.app.engine import LLM, SamplingParams
-    from tests.conformance.test_parity import PROMPT
-    from tests.fixtures.teacher_forcing import teacher_forced_logits
+    from tests.conformance.test_parity import PROMPT, hf_greedy
+    from tests.fixtures.teacher_forcing import assert_matches_reference
 
     llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     try:
         cfg = llm.engine.model_config
         assert (cfg.num_layers, cfg.num_kv_layers) == (6, 2 + 3 * 2 + 2)  # the recurrent pair kept once per loop
+        assert_matches_reference(llm, reference, PROMPT, steps=10, atol=2e-4)
         ids = llm.tokenizer.encode(PROMPT)
-        with torch.no_grad():
-            want = reference.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids) :].tolist()
-            expected = reference(input_ids=torch.tensor([ids + want])).logits[0].float().numpy()
-        rows = list(teacher_forced_logits(llm.engine, ids, want))
-        assert len(rows) == len(want)
-        for pos, logits in rows:
-            np.testing.assert_allclose(logits, expected[pos], atol=2e-4, rtol=0, err_msg=f"position {pos}")
         out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
-        assert out[0].outputs[0].token_ids == want
+        assert out[0].outputs[0].token_ids == hf_greedy(reference, ids, 10)
     finally:
         llm.engine.shutdown()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from lantern.app.engine.errors import InvalidRequestError
@@ -61,33 +60,24 @@ def wrapper_folder(tmp_path_factory):
 
 
 def _assert_serves(folder, reference, backend, **options) -> None:
-    import torch
-
     from lantern.app.engine import LLM, SamplingParams
     from tests.conformance.test_parity import PROMPT
-    from tests.fixtures.teacher_forcing import teacher_forced_logits
+    from tests.fixtures.teacher_forcing import assert_matches_reference
 
     llm = LLM(
         str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64, **options
     )
     try:
         cfg = llm.engine.model_config
-        head = cfg.vocab_size
+        vocab = cfg.vocab_size
         assert cfg.num_layers == 3 and cfg.checkpoint_layers == (0, 2, 4) and cfg.head_rows is None
+        assert vocab == reference.config.get_text_config().vocab_size  # (the head's width: the 8 image rows not loaded)
+        assert_matches_reference(llm, reference, PROMPT, steps=10)
         ids = llm.tokenizer.encode(PROMPT)
-        with torch.no_grad():
-            greedy = reference.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids) :]
-            want = greedy.tolist()
-            expected = reference(input_ids=torch.tensor([ids + want])).logits[0].float().numpy()
-        assert expected.shape[-1] == head
-        rows = list(teacher_forced_logits(llm.engine, ids, want))
-        assert len(rows) == len(want)
-        for pos, logits in rows:
-            np.testing.assert_allclose(logits, expected[pos], atol=1e-4, rtol=0, err_msg=f"position {pos}")
         params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=0)
         assert len(llm.generate([ids], params)[0].outputs[0].token_ids) == 24
         with pytest.raises(InvalidRequestError, match="prompt token ids"):  # (the image token, an input-only row)
-            llm.generate([ids + [head]], params)
+            llm.generate([ids + [vocab]], params)
     finally:
         llm.engine.shutdown()
 

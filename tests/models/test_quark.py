@@ -6,7 +6,6 @@ compute is refused by name."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -143,9 +142,10 @@ def test_what_it_does_not_compute_is_refused_by_name(changes, key):
 def test_offline_rotations_and_kv_cache_scales_are_accepted(tiny_model_dir, tmp_path):
     """An offline rotation is folded into the weights (nothing to undo); FP8-KV exports' k_proj / v_proj output
     scales are not applied (the KV cache keeps the model's dtype) and skipped by the weight stream."""
+    import torch
     from safetensors.torch import load_file, save_file
 
-    from lantern.app.engine import LLM
+    from lantern.app.engine import LLM, SamplingParams
 
     rotation = [{"name": "rotation", "r1": True, "r2": True, "online_r1_rotation": False}]
     quarot = [{"name": "quarot", "r1": True, "r2": True, "r3": False, "r4": False}]  # (offline only: folded in)
@@ -155,20 +155,22 @@ def test_offline_rotations_and_kv_cache_scales_are_accepted(tiny_model_dir, tmp_
     config["layer_quant_config"] = {"*k_proj": kv, "*v_proj": kv}
     config["export"]["kv_cache_group"] = ["*k_proj", "*v_proj"]
     quant, _ = quark_folder(Path(tiny_model_dir("llama2")), tmp_path, "fp8_tensor", config)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    def greedy() -> list[int]:
+        llm = LLM(str(quant), dtype="float32", num_kv_blocks=16)
+        try:
+            return llm.generate(["Lantern serves"], params)[0].outputs[0].token_ids
+        finally:
+            llm.engine.shutdown()
+
+    without = greedy()
     tensors = load_file(str(quant / "model.safetensors"))
     for i in range(2):
         for proj in ("k_proj", "v_proj"):
-            import torch
-
             tensors[f"model.layers.{i}.self_attn.{proj}.output_scale"] = torch.tensor(0.05)
     save_file(tensors, str(quant / "model.safetensors"), metadata={"format": "pt"})
-    llm = LLM(str(quant), dtype="float32", num_kv_blocks=16)
-    try:
-        assert llm.engine.model_config.quantization.method == "mixed"
-        assert len(llm.generate(["Hello"], None)[0].outputs[0].token_ids) > 0
-    finally:
-        llm.engine.shutdown()
-    assert json.loads((quant / "config.json").read_text())["quantization_config"]["quant_method"] == "quark"
+    assert greedy() == without  # (skipped: neither refused as an unexpected tensor nor applied)
 
 
 @pytest.mark.parametrize("kind", ["int4_g32", "mxfp4"])

@@ -25,9 +25,7 @@ class KimiDeltaAttention(nn.Module):
         self.q_proj = nn.Linear(d, width, bias=False)
         self.k_proj = nn.Linear(d, width, bias=False)
         self.v_proj = nn.Linear(d, width, bias=False)
-        self.q_conv1d = gated_delta.Conv(width, kda.conv_kernel)
-        self.k_conv1d = gated_delta.Conv(width, kda.conv_kernel)
-        self.v_conv1d = gated_delta.Conv(width, kda.conv_kernel)
+        self.conv1d = gated_delta.Conv(kda.conv_dim, kda.conv_kernel)  # q, k, v's kernels joined while loading
         self.f_a_proj = nn.Linear(d, self.dk, bias=False)
         self.f_b_proj = nn.Linear(self.dk, width, bias=False)
         self.dt_bias = mx.zeros((width,))
@@ -49,7 +47,7 @@ class KimiDeltaAttention(nn.Module):
 
     def __call__(self, x: mx.array, meta: AttentionMetadata, state: RecurrentState) -> mx.array:
         mixed = mx.concatenate([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=-1)
-        conv_w = mx.concatenate([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
+        conv_w = self.conv1d.weight
         i = self.state_index
         windows, matrices = state.conv[i], state.ssm[i]
         heads = lambda conv, rows: self._heads(conv, x[rows])

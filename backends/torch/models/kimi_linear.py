@@ -32,9 +32,7 @@ class KimiDeltaAttention(nn.Module):
         self.state_index, self.h, self.dk = state_index, kda.num_heads, kda.head_dim
         d, width = cfg.hidden_size, kda.width
         self.qkv_proj = nn.Linear(d, 3 * width, bias=False)  # q, k, v stacked by weights.py
-        self.q_conv1d = gated_delta.Conv(width, kda.conv_kernel)
-        self.k_conv1d = gated_delta.Conv(width, kda.conv_kernel)
-        self.v_conv1d = gated_delta.Conv(width, kda.conv_kernel)
+        self.conv1d = gated_delta.Conv(kda.conv_dim, kda.conv_kernel)  # q, k, v's kernels joined while loading
         self.f_a_proj = nn.Linear(d, self.dk, bias=False)
         self.f_b_proj = nn.Linear(self.dk, width, bias=False)
         self.dt_bias = nn.Parameter(torch.empty(width), requires_grad=False)
@@ -44,9 +42,6 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = nn.Linear(self.dk, width, bias=False)
         self.o_norm = RMSNorm(self.dk, cfg.rms_norm_eps)
         self.o_proj = nn.Linear(width, d, bias=False)
-
-    def _conv_weight(self) -> torch.Tensor:
-        return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
 
     def _heads(self, conv: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Convolved q/k/v [N, 3 x width] and the layer's input rows [N, d] -> float32 q, k (l2-normed, q scaled),
@@ -59,7 +54,7 @@ class KimiDeltaAttention(nn.Module):
         return q, k, v, g, self.b_proj(x).sigmoid().float()
 
     def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata, state: RecurrentState) -> torch.Tensor:
-        mixed, conv_w = self.qkv_proj(x), self._conv_weight()
+        mixed, conv_w = self.qkv_proj(x), self.conv1d.weight
         windows, matrices = state.conv[self.state_index], state.ssm[self.state_index]
         out = torch.empty(x.shape[0], self.h, self.dk, dtype=torch.float32, device=x.device)
         heads = lambda conv, rows: self._heads(conv, x[rows])
