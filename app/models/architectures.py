@@ -41,6 +41,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_lara_mini",
         "tensors": True,
     },
+    # Zamba2: Mamba-2 layers, some running one of a few shared attention blocks on [x, embedding] first
+    "zamba2": {
+        "family": "zamba2",
+        "configure": "family_zamba2",
+        "defaults": "family_zamba2",
+        "prepare": True,
+        "tensors": True,
+    },
     # HRM-Text: two stacks of gated-attention layers without norm weights, run in cycles (family_hrm_text)
     "hrm_text": {"family": "hrm_text", "configure": "family_hrm_text", "defaults": "family_hrm_text", "tensors": True},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's

@@ -113,6 +113,10 @@ def isq_candidates(cfg: Any) -> int:
         moe = cfg.moe  # Nemotron 3's experts: up and down each, the shared expert's, the latent projections
         experts = 0 if moe is None else 2 * moe.num_experts + 2 + (2 if moe.latent_size else 0)
         return total + sum({"M": 2, "*": 4, "-": 2, "E": experts}[kind] for kind in kinds)
+    zamba2 = getattr(cfg, "zamba2", None)
+    if zamba2 is not None:  # a mixer's in_proj, out_proj per layer; q, k, v, o, gate_up, down per shared block;
+        per_hybrid = 1 + 2 + (6 if zamba2.attention_adapters else 0)  # linear and the adapters' pairs per hybrid layer
+        return total + 2 * cfg.num_layers + 6 * zamba2.num_blocks + per_hybrid * len(zamba2.hybrid_layers)
     nas = getattr(cfg, "nas", None)
     if nas is not None:  # Nemotron-NAS: q, k, v, o, one linear map or nothing; gate, up, down or nothing
         per_kind = {"attention": 4, "linear": 1, "none": 0}

@@ -223,6 +223,7 @@ class ModelConfig:
     kv_layers: int | None = None  # layers of the KV pool where not one per layer (HRM-Text: one per stack pass)
     hrm: Any = None  # family_hrm_text.HrmCycles: HRM-Text's two stacks and their cycles
     dory: Any = None  # family_dory.DoryLoops: Dory's looped section and nGPT's scales
+    zamba2: Any = None  # family_zamba2.Zamba2Blocks: Zamba2's shared transformer blocks and per-layer adapters
     nas: Any = None  # family_deci.NASBlocks: Nemotron-NAS's per-layer attention kind, KV heads and MLP width
     # Llama 4: its rope layers attend within chunks of this many tokens; served within one (check_servable)
     attention_chunk: int | None = None

@@ -34,11 +34,12 @@ class Attention(nn.Module):
         rope_interleaved: bool | None = None,
         o_bias: bool = False,
         sinks: bool = False,
+        input_size: int | None = None,
     ):
         """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves (None: as the config
-        says). mlx's rope
-        rotates the first rotary_dim(cfg) dims of each head and passes the rest through.
-        o_bias: o_proj has a bias too; sinks: one learned sink logit per head (gpt-oss)."""
+        says). mlx's rope rotates the first rotary_dim(cfg) dims of each head and passes the rest through.
+        o_bias: o_proj has a bias too; sinks: one learned sink logit per head (gpt-oss); input_size: the width
+        of x where not hidden_size (Zamba2's shared blocks read [x, embedding])."""
         super().__init__()
         self.layer_idx = layer_idx
         heads = cfg.layer_heads[layer_idx] if cfg.layer_heads else cfg.num_heads  # (Laguna's differ per layer)
@@ -46,13 +47,13 @@ class Attention(nn.Module):
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
         self.window = cfg.layer_windows[layer_idx] if cfg.layer_windows else None
         self.softcap = cfg.attn_softcap
-        d = cfg.hidden_size
+        d, width = cfg.hidden_size, input_size or cfg.hidden_size
         bias = cfg.attention_bias
         # (MiMo-V2-Flash's narrower values: padded to head_dim for the pool and attention, cut before o_proj)
         self.v_dim, self.v_scale = cfg.v_head_dim or self.head_dim, cfg.attn_value_scale
-        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv * self.v_dim, bias=bias)
+        self.q_proj = nn.Linear(width, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(width, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(width, self.n_kv * self.v_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.v_dim, d, bias=o_bias)
         if sinks or cfg.attn_sinks:  # (gpt-oss passes it; Granite Swash's config says it)
             self.sinks = mx.zeros((self.n_heads,))
@@ -78,13 +79,23 @@ class Attention(nn.Module):
         if cfg.sub_norms:  # BitNet: the output normed before o_proj
             self.attn_sub_norm = nn.RMSNorm(self.n_heads * self.v_dim, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x: mx.array, meta: AttentionMetadata, kv_layer: int | None = None) -> mx.array:
+    def __call__(
+        self,
+        x: mx.array,
+        meta: AttentionMetadata,
+        kv_layer: int | None = None,
+        qkv_delta: tuple[mx.array, ...] | None = None,
+    ) -> mx.array:
         """kv_layer: the pool layer this call reads and writes where not its own (HRM-Text: each stack pass keeps
-        its K/V)."""
+        its K/V). qkv_delta: (q, k, v) terms added to the projections (Zamba2's per-layer adapters on a shared
+        block)."""
         t = x.shape[0]
-        q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).reshape(t, self.n_kv, self.v_dim)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if qkv_delta is not None:
+            q, k, v = q + qkv_delta[0], k + qkv_delta[1], v + qkv_delta[2]
+        q = q.reshape(t, self.n_heads, self.head_dim)
+        k = k.reshape(t, self.n_kv, self.head_dim)
+        v = v.reshape(t, self.n_kv, self.v_dim)
         if self.clip is not None:  # (OLMo 1)
             q, k, v = (mx.clip(a, -self.clip, self.clip) for a in (q, k, v))
         if self.v_scale != 1.0:

@@ -128,10 +128,12 @@ class Attention(nn.Module):
         rope_interleaved: bool | None = None,
         o_bias: bool = False,
         sinks: bool = False,
+        input_size: int | None = None,
     ):
         """rope_interleaved: the family rotates consecutive pairs (GLM-4), not halves (None: as the config
         says); the width rotated is the rope table's (rope_tables: rotary_dim(cfg)). o_bias: o_proj has a
-        bias too; sinks: one learned sink logit per head (gpt-oss)."""
+        bias too; sinks: one learned sink logit per head (gpt-oss); input_size: the width of x where not
+        hidden_size (Zamba2's shared blocks read [x, embedding])."""
         super().__init__()
         self.tp = tp
         self.rope_interleaved = cfg.rope_interleaved if rope_interleaved is None else rope_interleaved
@@ -146,7 +148,7 @@ class Attention(nn.Module):
         # (MiMo-V2-Flash's narrower values: padded to head_dim for the pool and attention, cut before o_proj)
         self.v_dim, self.v_scale = cfg.v_head_dim or self.head_dim, cfg.attn_value_scale
         self.splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.v_dim]
-        self.qkv_proj = nn.Linear(d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
+        self.qkv_proj = nn.Linear(input_size or d, sum(self.splits), bias=bias)  # q, k, v stacked by weights.py
         self.o_proj = nn.Linear(self.n_heads * self.v_dim, d, bias=o_bias)
         sinks = sinks or cfg.attn_sinks  # (gpt-oss passes it; Granite Swash's config says it)
         self.sinks = nn.Parameter(torch.empty(self.n_heads), requires_grad=False) if sinks else None
@@ -174,11 +176,15 @@ class Attention(nn.Module):
         meta: TorchAttentionMetadata,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         kv_layer: int | None = None,
+        qkv_delta: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """rope: this layer's (cos, sin) at each token's position; None: the model's (meta.cos/sin). kv_layer: the
-        pool layer this call reads and writes where not its own (HRM-Text: each stack pass keeps its K/V)."""
+        pool layer this call reads and writes where not its own (HRM-Text: each stack pass keeps its K/V).
+        qkv_delta: (q, k, v) terms added to the projections (Zamba2's per-layer adapters on a shared block)."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
+        if qkv_delta is not None:
+            qkv = qkv + torch.cat(qkv_delta, dim=-1)
         if self.clip is not None:  # (OLMo 1)
             qkv = qkv.clamp(-self.clip, self.clip)
         q, k, v = qkv.split(self.splits, dim=-1)
