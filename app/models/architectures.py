@@ -41,6 +41,13 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_lara_mini",
         "tensors": True,
     },
+    # RecurrentGemma (Griffin): Gemma's residual blocks around RG-LRU recurrent layers and local attention
+    "recurrent_gemma": {
+        "family": "recurrent_gemma",
+        "configure": "family_recurrent_gemma",
+        "defaults": "family_recurrent_gemma",
+        "tensors": True,
+    },
     # Zamba2: Mamba-2 layers, some running one of a few shared attention blocks on [x, embedding] first
     "zamba2": {
         "family": "zamba2",

@@ -136,6 +136,8 @@ def isq_candidates(cfg: Any) -> int:
             total += qkvz + (1 if linear.fused_ba else 2) + 1
         elif getattr(cfg, "short_conv", None) is not None and cfg.short_conv.conv_layers[layer]:
             total += 2  # LFM2's short conv: in_proj, out_proj
+        elif getattr(cfg, "rglru", None) is not None and cfg.rglru.recurrent_layers[layer]:
+            total += 3  # RG-LRU's linear_x, linear_y, linear_out (its block-diagonal gates are 3-D: kept float)
         elif getattr(cfg, "mamba", None) is not None and cfg.mamba.mamba_layers[layer]:
             total += 2 + (attention if cfg.mamba.parallel else 0)  # Mamba-2: in_proj, out_proj (Falcon-H1: attention)
         else:

@@ -47,6 +47,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "codegen",
     "laguna",
     "mimo_v2_flash",
+    "recurrent_gemma",
 )
 
 

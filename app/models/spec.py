@@ -165,8 +165,8 @@ class ModelConfig:
     # of the gated MLP: "silu" or "gelu_tanh"; "relu2": an ungated relu^2 MLP (Arcee); the ungated MLPs (Jais 2's,
     # Phi's) also "gelu" (erf) and "relu"
     hidden_act: str = "silu"
-    # Per layer: the keys a query attends to (itself included), None for full attention; the
-    # whole list is None when no layer slides.
+    # Per layer (of the KV pool, where it holds only the attention layers: RecurrentGemma): the keys a query attends
+    # to (itself included), None for full attention; the whole list is None when no layer slides.
     layer_windows: list[int | None] | None = None
     attn_scale: float | None = None  # query scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax
@@ -200,6 +200,7 @@ class ModelConfig:
     short_conv: Any = None  # family_lfm2.ShortConvConfig: gated short-convolution layers with a conv state
     mamba: Any = None  # family_mamba2.Mamba2Config: Mamba-2 mixer layers with a conv and SSM state
     mamba1: Any = None  # family_mamba.Mamba1Config: Mamba-1 selective-scan mixer layers with a conv and SSM state
+    rglru: Any = None  # family_recurrent_gemma.RGLRUConfig: RecurrentGemma's RG-LRU layers with a conv and a recurrence
     falcon_h1: Any = None  # family_falcon_h1.FalconH1Scalars: Falcon-H1's per-layer multipliers
     lm_head_bias: bool = False  # PhiMoE: the head has a bias
     mlp_bias: bool = False  # Jais 2: its (ungated) MLP's projections have biases
@@ -243,7 +244,7 @@ class ModelConfig:
     @property
     def recurrent(self) -> bool:
         """Some layers keep a per-sequence state instead of K/V (the engine gives each running sequence a slot)."""
-        return any(x is not None for x in (self.linear_attn, self.short_conv, self.mamba, self.mamba1))
+        return any(x is not None for x in (self.linear_attn, self.short_conv, self.mamba, self.mamba1, self.rglru))
 
     @property
     def num_kv_layers(self) -> int:
@@ -252,7 +253,7 @@ class ModelConfig:
             return len(self.kv_shapes)
         if self.kv_layers is not None:
             return self.kv_layers
-        stateful = self.linear_attn or self.short_conv or self.mamba or self.mamba1
+        stateful = self.linear_attn or self.short_conv or self.mamba or self.mamba1 or self.rglru
         return self.num_layers if stateful is None else len(stateful.attention_layers())
 
     @property

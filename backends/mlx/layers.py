@@ -159,13 +159,14 @@ def query_temperature(temp: Any, positions: mx.array, dtype: mx.Dtype) -> mx.arr
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None):
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None, bias: bool = False):
+        """bias: the three projections have biases (RecurrentGemma's)."""
         super().__init__()
         inner = intermediate_size or cfg.intermediate_size
         self.act = ACTIVATIONS[cfg.hidden_act]
-        self.gate_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
-        self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(cfg.hidden_size, inner, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=bias)
         if cfg.sub_norms:  # BitNet: the product normed before down_proj
             self.ffn_sub_norm = nn.RMSNorm(inner, eps=cfg.rms_norm_eps)
 

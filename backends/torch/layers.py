@@ -276,14 +276,15 @@ def query_temperature(temp: Any, meta: TorchAttentionMetadata, dtype: torch.dtyp
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup, intermediate_size: int | None = None):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, intermediate_size: int | None = None, bias: bool = False):
+        """bias: the three projections have biases (RecurrentGemma's)."""
         super().__init__()
         self.tp = tp
         inner = intermediate_size or cfg.intermediate_size
         self.act = ACTIVATIONS[cfg.hidden_act]
         self.silu = cfg.hidden_act == "silu"
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inner, bias=False)  # gate, up stacked
-        self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inner, bias=bias)  # gate, up stacked
+        self.down_proj = nn.Linear(inner, cfg.hidden_size, bias=bias)
         self.sub_norm = cfg.sub_norms
         if cfg.sub_norms:  # BitNet: the product normed before down_proj
             self.ffn_sub_norm = RMSNorm(inner, cfg.rms_norm_eps)
