@@ -124,4 +124,7 @@ def plan_attention(batch: ScheduledBatch) -> AttentionPlan:
             inverse[flat] = np.arange(flat.size)
             plan.restore_order = inverse.astype(np.int32)
     plan.logits_idx = (starts[1:][batch.sample_seq_indices] - 1).astype(np.int32)
+    if batch.prompt_rows:  # rows scoring prompt tokens (prompt_logprobs), after the sampled ones
+        scored = [np.arange(r.start, r.start + len(r.targets)) for r in batch.prompt_rows]
+        plan.logits_idx = np.concatenate([plan.logits_idx, *scored]).astype(np.int32)
     return plan

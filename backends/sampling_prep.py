@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lantern.app.engine.contract import SamplingRow
+from lantern.app.engine.contract import PromptLogprobs, PromptRows, SamplingRow
 
 MIX_C1 = 0x21F0AAAD
 MIX_C2 = 0x735A2D97
@@ -196,4 +196,21 @@ def top_logprobs_lists(
             out.append([])
             continue
         out.append(list(zip(ids[r][:n], vals[r][:n], strict=True)))
+    return out
+
+
+def prompt_logprob_lists(
+    entries: list[PromptRows], chosen: list[float], ids: list[list[int]] | None, vals: list[list[float]] | None
+) -> PromptLogprobs:
+    """Flat per-row results (the rows of `entries` in order: each target's logprob, the top ids and values at its
+    row, as many as the largest `top` asked) split per entry, each row's alternatives cut to its entry's `top`."""
+    out: PromptLogprobs = []
+    at = 0
+    for e in entries:
+        rows = []
+        for r in range(at, at + len(e.targets)):
+            top = [] if ids is None or vals is None else list(zip(ids[r][: e.top], vals[r][: e.top], strict=True))
+            rows.append((chosen[r], top))
+        out.append(rows)
+        at += len(e.targets)
     return out

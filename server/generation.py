@@ -216,6 +216,25 @@ def completion_logprobs(tokenizer: Any, lps: list[TokenLogprob], offset: int = 0
     }
 
 
+def echo_logprobs(tokenizer: Any, prompt_ids: list[int], scored: list[TokenLogprob | None] | None, then: dict) -> dict:
+    """A completion's logprobs object with the echoed prompt's tokens first (OpenAI's echo with logprobs): each
+    prompt token's logprob given those before it (None for the first), then `then`'s, text offsets counted from the
+    prompt's start."""
+    tokens = [token_text(tokenizer, t) for t in prompt_ids]
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    lps = scored or [None] * len(prompt_ids)
+    return {
+        "tokens": tokens + then["tokens"],
+        "token_logprobs": [None if lp is None else lp.logprob for lp in lps] + then["token_logprobs"],
+        "top_logprobs": [None if lp is None else {token_text(tokenizer, t): v for t, v in lp.top.items()} for lp in lps]
+        + then["top_logprobs"],
+        "text_offset": offsets + then["text_offset"],
+    }
+
+
 def sse(data: dict | str) -> str:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {payload}\n\n"

@@ -214,7 +214,9 @@ class _SamplingFields(Lenient):
     def num_choices(self) -> int:
         return 1 if self.n is None else self.n
 
-    def _sampling(self, max_tokens: int | None, logprobs: int | None, renames: dict[str, str]) -> SamplingParams:
+    def _sampling(
+        self, max_tokens: int | None, logprobs: int | None, renames: dict[str, str], prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         """SamplingParams with OpenAI's defaults for absent fields. `is None`, never `or`: an
         explicit 0 is a value to validate, not a request for the default."""
 
@@ -243,6 +245,7 @@ class _SamplingFields(Lenient):
                 stop_token_ids=self.stop_token_ids,
                 ignore_eos=self.ignore_eos,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=self.skip_special_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 logit_bias=self.logit_bias,  # type: ignore[arg-type]  # str keys: SamplingParams parses them
@@ -331,7 +334,10 @@ class CompletionRequest(_SamplingFields):
     def sampling_params(self) -> SamplingParams:
         if self.suffix:
             raise _refuse("suffix", "is not supported by this server (no fill-in-the-middle)")
-        return self._sampling(self.max_tokens, self.logprobs, {})
+        # echo with logprobs scores the prompt's tokens too (OpenAI's legacy completions; lm-evaluation-harness's
+        # log-likelihoods): the engine's prompt_logprobs
+        scored = self.logprobs if self.echo else None
+        return self._sampling(self.max_tokens, self.logprobs, {}, prompt_logprobs=scored)
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lantern.app.engine.contract import SamplingRow, ScheduledBatch
+from lantern.app.engine.contract import PromptRows, SamplingRow, ScheduledBatch
 from lantern.app.engine.penalty_state import PenaltyState
 from lantern.app.engine.scheduler import SchedulerOutput
 
@@ -26,9 +26,13 @@ def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[in
     tables: list[list[int]] = []
     sample_idx: list[int] = []
     rows: list[SamplingRow] = []
+    prompt_rows: list[PromptRows] = []
     for i, item in enumerate(out.scheduled):
         seq, n = item.seq, item.num_new_tokens
         start = seq.num_computed_tokens
+        scored = prompt_rows_of(seq, i, starts[-1], start, n)
+        if scored is not None:
+            prompt_rows.append(scored)
         ids += seq.tokens_range(start, start + n)
         pos = range(start, start + n)
         positions += pos
@@ -63,4 +67,15 @@ def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[in
         sample_seq_indices=sample_idx,
         sampling=rows,
         state_slots=None if not held or held[0] is None else np.asarray(held, dtype=np.int32),
+        prompt_rows=prompt_rows,
     )
+
+
+def prompt_rows_of(seq, index: int, row: int, start: int, n: int) -> PromptRows | None:
+    """The rows of a chunk (positions start .. start + n - 1 at flattened row `row`) that score the prompt token
+    after them, for the request's first sample when it asks for prompt_logprobs; None when none do."""
+    k = seq.params.prompt_logprobs
+    end = min(start + n, seq.num_prompt_tokens - 1)  # (the last prompt position's logits sample the first token)
+    if k is None or seq.index != 0 or end <= start:
+        return None
+    return PromptRows(index, row, start, seq.prompt_token_ids[start + 1 : end + 1], k)

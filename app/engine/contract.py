@@ -73,6 +73,9 @@ class ScheduledBatch:
     # [T] int32: each token's segment for an encoder with a token-type table (a cross-encoder's pair: 0 the
     # query, 1 the document); None: all 0. Set by the embedding side only (app/engine/embedding.py).
     token_types: np.ndarray | None = None
+    # Prompt tokens whose log-probabilities this step computes (SamplingParams.prompt_logprobs): their logits rows
+    # come after the sampled ones (backends/paged_plan.logits_idx).
+    prompt_rows: list[PromptRows] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -87,12 +90,30 @@ class ScheduledBatch:
 
 
 @dataclass
+class PromptRows:
+    """One sequence's chunk rows whose logits score the next prompt token: the logits at flattened rows
+    start .. start + len(targets) - 1 (positions position .. ) give the log-probabilities of `targets`, the prompt
+    tokens at the positions after them, plus the `top` most likely tokens at each."""
+
+    seq_index: int  # into the batch's sequences
+    start: int  # first row in the flattened batch
+    position: int  # that row's position in the sequence
+    targets: list[int]
+    top: int
+
+
+# Per PromptRows entry: for each target, (its log-probability, the top alternatives as (token id, logprob)).
+PromptLogprobs = list[list[tuple[float, list[tuple[int, float]]]]]
+
+
+@dataclass
 class StepOutput:
     """Per sampled sequence (same order as ScheduledBatch.sampling)."""
 
     token_ids: list[int]
     logprobs: list[float] | None = None  # log-probability of each chosen token
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # per ScheduledBatch.prompt_rows entry, same order
 
 
 @dataclass

@@ -217,6 +217,8 @@ class LLMEngine:
         seqs = [
             Sequence(request_id, ids, params, index=i, seed=base_seed + i, cache_salt=salt) for i in range(params.n)
         ]
+        if params.prompt_logprobs is not None:  # the first sample computes every prompt position: no cached prefix
+            seqs[0].cacheable, seqs[0].prompt_logprobs = False, [None] * len(ids)
         for seq in seqs:
             self.outputs.track(state, seq, self.grammars.constraint(params))
         self.budgets.track(seqs)
@@ -354,6 +356,10 @@ class LLMEngine:
         self.stats.steps += 1
         touched: dict[str, RequestState] = {}
         failed: list[RequestOutput] = []
+        for entry, scored in zip(batch.prompt_rows, result.prompt_logprobs or [], strict=True):
+            seq = sched.scheduled[entry.seq_index].seq
+            for j, (target, (logprob, top)) in enumerate(zip(entry.targets, scored, strict=True)):
+                seq.prompt_logprobs[entry.position + j + 1] = TokenLogprob(target, logprob, dict(top))
         for row, seq_idx in enumerate(batch.sample_seq_indices):
             seq = sched.scheduled[seq_idx].seq
             state = self.requests.get(seq.request_id)

@@ -120,6 +120,7 @@ class OutputProcessor:
             out.sent_tokens = len(seq.output_token_ids)
         outputs.sort(key=lambda o: o.index)
         cached = state.seqs[0].seq.num_cached_tokens if state.seqs else 0
+        scored = state.seqs[0].seq.prompt_logprobs if state.seqs and state.params.prompt_logprobs is not None else None
         return RequestOutput(
             request_id=state.request_id,
             prompt=state.prompt,
@@ -127,4 +128,5 @@ class OutputProcessor:
             outputs=outputs,
             finished=state.finished,
             num_cached_tokens=cached,
+            prompt_logprobs=list(scored) if scored is not None else None,
         )

@@ -34,6 +34,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    # SamplingParams.prompt_logprobs: each prompt token's logprob given those before it (None for the first), once
+    # the prompt is computed; None when not asked for.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None  # set (with finished=True) when the engine failed this request
     # Set with `error` when the request itself is at fault (InvalidRequestError's param): a 400.
     error_param: str | None = None

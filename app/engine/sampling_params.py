@@ -4,7 +4,7 @@ Bounds (documented in the README): n 1..128, temperature 0..100, top_p (0, 1], t
 or 1..2^31-1 (above the vocabulary = off), min_p 0..1, repetition_penalty (0, 100],
 frequency/presence penalties -2..2, |seed| < 2^63, max_tokens 1..2^31-1 (then capped by the
 context), min_tokens 0..max_tokens, at most 64 stop strings of at most 1024 characters (4096 in
-all), at most 1024 stop_token_ids, logprobs 0..20, logit_bias at most 1024 entries with values
+all), at most 1024 stop_token_ids, logprobs and prompt_logprobs 0..20, logit_bias at most 1024 entries with values
 -100..100, allowed_token_ids non-empty, thinking_token_budget 0..2^31-1 (reasoning tokens before
 `</think>` is forced: app/engine/reasoning_budget.py). `structured` (a StructuredSpec) constrains
 the output to a JSON schema, regex, choice list or grammar.
@@ -125,6 +125,9 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; k: chosen token plus k most likely
+    # None: off; k: each prompt token's log-probability given the tokens before it, plus the k most likely there
+    # (vLLM's prompt_logprobs; the server's echo with logprobs). Its prompt is computed whole: no prefix cache.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
@@ -227,6 +230,9 @@ class SamplingParams:
             fail("thinking_token_budget", f"must be an integer in [0, {MAX_INT32}], got {budget!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        k = self.prompt_logprobs
+        if k is not None and (not _is_int(k) or not 0 <= k <= MAX_TOP_LOGPROBS):
+            fail("prompt_logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {k!r}")
 
     @property
     def greedy(self) -> bool:

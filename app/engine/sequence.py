@@ -40,6 +40,9 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # SamplingParams.prompt_logprobs: per prompt position, that token's logprob given those before it (the first
+    # has none), filled as the prompt's chunks are computed; empty when not asked for.
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     # Chained digests of this sequence's full blocks, computed once per block (prefix caching).

@@ -15,7 +15,7 @@ from lantern.backends.base import kv_layer_layouts, kv_layout_of
 from lantern.backends.mlx import layers as _layers  # noqa: F401  (mlx_lm's rope: imported with the backend, not mid-load)
 from lantern.backends.mlx.models import build_model
 from lantern.backends.mlx.paged_attention import PagedKVPool, build_metadata
-from lantern.backends.mlx.sampler import sample
+from lantern.backends.mlx.sampler import prompt_logprobs, sample
 from lantern.backends.mlx.weights import load_weights
 from lantern.backends.paged_plan import plan_attention
 
@@ -114,11 +114,11 @@ class MLXBackend:
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         logits = self.compute_logits(batch)
-        if not batch.sampling:
-            self._materialize()
-            return StepOutput(token_ids=[])
-        out = sample(logits, batch.sampling)
+        n = len(batch.sampling)  # (the rows past them score prompt tokens: prompt_logprobs)
+        scored = prompt_logprobs(logits[n:], batch.prompt_rows) if batch.prompt_rows else None
+        out = sample(logits[:n], batch.sampling) if n else StepOutput(token_ids=[])
         self._materialize()
+        out.prompt_logprobs = scored
         return out
 
     def _materialize(self) -> None:

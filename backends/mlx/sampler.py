@@ -12,13 +12,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from lantern.app.engine.contract import SamplingRow, StepOutput
+from lantern.app.engine.contract import PromptLogprobs, PromptRows, SamplingRow, StepOutput
 from lantern.backends.sampling_prep import (
     MIX_C1,
     MIX_C2,
     SamplingArrays,
     mask_bytes,
     prepare_sampling,
+    prompt_logprob_lists,
     top_logprobs_lists,
 )
 
@@ -179,3 +180,18 @@ def sample(logits: mx.array, rows: list[SamplingRow]) -> StepOutput:
         ids, vals = top_ids.tolist(), top_vals.tolist()
     mx.eval(tokens, chosen)
     return StepOutput(token_ids=_list(tokens), logprobs=_list(chosen), top_logprobs=top_logprobs_lists(rows, ids, vals))
+
+
+def prompt_logprobs(logits: mx.array, entries: list[PromptRows]) -> PromptLogprobs:
+    """logits [R, V]: the rows of `entries` in order -> each prompt target's log-probability there (of the model's
+    raw distribution, as sampled tokens' logprobs are) and the most likely tokens."""
+    logits = logits.astype(mx.float32)
+    raw = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    targets = mx.array([t for e in entries for t in e.targets])
+    chosen = mx.take_along_axis(raw, targets[:, None], axis=1)[:, 0].tolist()
+    k = min(max(e.top for e in entries), raw.shape[-1])
+    ids = vals = None
+    if k:
+        top_ids = mx.argsort(-raw, axis=-1)[:, :k]
+        ids, vals = top_ids.tolist(), mx.take_along_axis(raw, top_ids, axis=1).tolist()
+    return prompt_logprob_lists(entries, chosen, ids, vals)

@@ -73,6 +73,7 @@ class DecodeGraphRunner:
             0 < n <= self.buckets[-1]
             and batch.num_tokens == n  # every sequence decodes one token
             and len(batch.sample_seq_indices) == n
+            and not batch.prompt_rows  # (logits of sampled rows only)
             and max(len(t) for t in batch.block_tables) <= self.max_blocks
         )
 

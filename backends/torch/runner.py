@@ -29,7 +29,7 @@ from lantern.backends.torch.layers import rope_tables
 from lantern.backends.torch.models import build_model
 from lantern.backends.torch.parallel import TPGroup, broadcast_command, local_config
 from lantern.backends.torch.quant_linear import quantized_bytes
-from lantern.backends.torch.sampler import sample, use_native_cpu_ops
+from lantern.backends.torch.sampler import prompt_logprobs, sample, use_native_cpu_ops
 from lantern.backends.torch.weights import load_weights
 
 logger = logging.getLogger(__name__)
@@ -293,9 +293,11 @@ class TorchBackend:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         logits = self.compute_logits(batch)
-        if not batch.sampling:
-            return StepOutput(token_ids=[])
-        return sample(logits, batch.sampling)
+        n = len(batch.sampling)  # (the rows past them score prompt tokens: prompt_logprobs)
+        scored = prompt_logprobs(logits[n:], batch.prompt_rows) if batch.prompt_rows else None
+        out = sample(logits[:n], batch.sampling) if n else StepOutput(token_ids=[])
+        out.prompt_logprobs = scored
+        return out
 
     def embed(self, batch: ScheduledBatch, rows: list) -> list:
         """Pooled final hidden states instead of samples (backends/base.EmbeddingBackend)."""

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import torch
 
-from lantern.app.engine.contract import SamplingRow, StepOutput
+from lantern.app.engine.contract import PromptLogprobs, PromptRows, SamplingRow, StepOutput
 from lantern.backends.sampling_prep import (
     M32,
     MIX_C1,
@@ -21,6 +21,7 @@ from lantern.backends.sampling_prep import (
     SamplingArrays,
     mask_bytes,
     prepare_sampling,
+    prompt_logprob_lists,
     top_logprobs_lists,
 )
 
@@ -310,3 +311,17 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> StepOutput:
     return StepOutput(
         token_ids=tokens.tolist(), logprobs=chosen.tolist(), top_logprobs=top_logprobs_lists(rows, ids, vals)
     )
+
+
+def prompt_logprobs(logits: torch.Tensor, entries: list[PromptRows]) -> PromptLogprobs:
+    """logits [R, V]: the rows of `entries` in order -> each prompt target's log-probability there (of the model's
+    raw distribution, as sampled tokens' logprobs are) and the most likely tokens."""
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    targets = torch.tensor([t for e in entries for t in e.targets], device=raw.device)
+    chosen = raw.gather(1, targets[:, None])[:, 0].tolist()
+    k = max(e.top for e in entries)
+    ids = vals = None
+    if k:
+        top_vals, top_ids = torch.topk(raw, min(k, raw.shape[-1]), dim=-1)
+        ids, vals = top_ids.tolist(), top_vals.tolist()
+    return prompt_logprob_lists(entries, chosen, ids, vals)

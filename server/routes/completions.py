@@ -13,6 +13,7 @@ from lantern.server.generation import (
     ServerState,
     collect,
     completion_logprobs,
+    echo_logprobs,
     generate,
     guarded,
     merge,
@@ -54,11 +55,7 @@ async def completions(body: CompletionRequest, request: Request):
                 {
                     "index": i * params.n + o.index,
                     "text": echo[i] + o.text,
-                    "logprobs": (
-                        completion_logprobs(tokenizer, o.logprobs or [], len(echo[i]))
-                        if body.logprobs is not None
-                        else None
-                    ),
+                    "logprobs": _logprobs(tokenizer, body, prompt_ids[i], finals[i], o.logprobs, len(echo[i])),
                     "finish_reason": o.finish_reason,
                     "stop_reason": o.stop_reason,
                 }
@@ -96,17 +93,18 @@ async def _stream(
             index = i * n + o.index
             if index in done:
                 continue
-            text = o.text_delta
+            text, first = o.text_delta, False
             if echo[i] and index not in sent_echo:
-                text = echo[i] + text
+                text, first = echo[i] + text, True
                 sent_echo.add(index)
             if not (text or o.token_ids_delta or o.finished):
                 continue
-            lps = (
-                completion_logprobs(tokenizer, o.logprobs_delta)
-                if body.logprobs is not None and o.logprobs_delta
-                else None
-            )
+            if first:  # the echoed prompt's logprobs come with it
+                lps = _logprobs(tokenizer, body, prompt_ids[i], out, o.logprobs_delta, len(echo[i]))
+            elif body.logprobs is not None and o.logprobs_delta:
+                lps = completion_logprobs(tokenizer, o.logprobs_delta)
+            else:
+                lps = None
             finish = o.finish_reason if o.finished else None
             if o.finished:
                 done.add(index)
@@ -121,3 +119,11 @@ async def _stream(
             }
         )
     yield sse("[DONE]")
+
+
+def _logprobs(tokenizer, body: CompletionRequest, prompt_ids: list[int], out: RequestOutput, lps, echoed: int):
+    """A choice's logprobs object: None unless asked for; with echo, the prompt's tokens and theirs first."""
+    if body.logprobs is None:
+        return None
+    generated = completion_logprobs(tokenizer, lps or [], echoed)
+    return echo_logprobs(tokenizer, prompt_ids, out.prompt_logprobs, generated) if body.echo else generated

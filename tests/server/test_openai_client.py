@@ -101,7 +101,8 @@ def test_completions_prompt_forms_echo_and_stop(client, server):
         model="tiny", prompt="Lantern serves", max_tokens=4, temperature=0, echo=True, logprobs=2
     )
     assert echo.choices[0].text.startswith("Lantern serves")
-    assert len(echo.choices[0].logprobs.tokens) == 4
+    n = len(tok.encode("Lantern serves"))  # the prompt's tokens first (tests/server/test_echo_logprobs.py), then 4
+    assert len(echo.choices[0].logprobs.tokens) == n + 4 and echo.choices[0].logprobs.token_logprobs[0] is None
     text = one.choices[0].text
     stop = text[3:5]
     cut = client.completions.create(model="tiny", prompt="Lantern serves", max_tokens=8, temperature=0, stop=[stop])
