@@ -41,6 +41,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_lara_mini",
         "tensors": True,
     },
+    # JetMoE: Llama's layer with a mixture of attention heads (routed query / output projections, one K/V) and of
+    # SiLU-gated experts, each with a bias
+    "jetmoe": {
+        "family": "jetmoe",
+        "configure": "family_jetmoe",
+        "defaults": "family_jetmoe",
+        "prepare": True,
+        "tensors": True,
+    },
     # RecurrentGemma (Griffin): Gemma's residual blocks around RG-LRU recurrent layers and local attention
     "recurrent_gemma": {
         "family": "recurrent_gemma",

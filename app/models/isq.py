@@ -126,6 +126,7 @@ def isq_candidates(cfg: Any) -> int:
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
     gated = getattr(cfg, "attn_output_gate", False) or getattr(cfg, "dory", None) is not None
     attention += 1 if gated else 0  # AFMoE's (Dory's) gate_proj beside q, k, v, o
+    attention = 1 if cfg.family == "jetmoe" else attention  # JetMoE: kv_proj (its experts' q / o are 3-D: float)
     linear = getattr(cfg, "linear_attn", None)
     for layer in range(cfg.num_layers):
         if linear is not None and linear.linear_layers[layer] and cfg.family == "kimi_linear":

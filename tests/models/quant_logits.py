@@ -86,16 +86,20 @@ def tolerance(backend: str, reference: str) -> float:
     return max(0.15, 5 * _BF16_BASELINE[reference])
 
 
-def assert_isq_matches_reference(src: Path, out: Path, backend: str, scheme: str, caplog: Any) -> None:
+def assert_isq_matches_reference(
+    src: Path, out: Path, backend: str, scheme: str, caplog: Any, exact: Callable[[str], bool] | None = None
+) -> None:
     """--isq `scheme` of the float folder `src` against transformers on what it holds (tests/models/test_isq's
-    isq_reference), the quantization real (the float model further away) and every matrix counted by the progress
-    bar (quantize_stream saw exactly isq_candidates' matrices)."""
+    isq_reference; `exact`: the checkpoint tensors --isq keeps float beside those), the quantization real (the float
+    model further away) and every matrix counted by the progress bar (quantize_stream saw exactly isq_candidates'
+    matrices)."""
     import logging
 
     from lantern.app.models import isq
     from tests.models.test_isq import isq_reference
 
-    ref = reference_folder(src, out, isq_reference(backend, scheme))
+    quantized = isq_reference(backend, scheme)
+    ref = reference_folder(src, out, lambda n, w: w if exact is not None and exact(n) else quantized(n, w))
     with caplog.at_level(logging.DEBUG, logger=isq.__name__):
         err = logits_error(str(src), str(ref), backend, quantization=scheme)
     assert err <= tolerance(backend, str(ref)), f"{backend} {scheme}: logits differ by {err:.4f} of their spread"
