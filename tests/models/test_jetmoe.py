@@ -38,21 +38,12 @@ def folder(tmp_path_factory):
 
 
 def test_logits_match_transformers(folder, backend):
-    from lantern.app.engine import LLM, SamplingParams
-    from tests.conformance.test_parity import PROMPT, hf_greedy
-    from tests.fixtures.teacher_forcing import assert_matches_reference
+    from tests.fixtures.teacher_forcing import assert_serves_like
 
-    out, model = folder
-    llm = LLM(str(out), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    try:
-        cfg = llm.engine.model_config
-        assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (4, 2, 8)  # k x K/V heads of queries per token
-        assert_matches_reference(llm, model, PROMPT, steps=10, atol=2e-4)
-        ids = llm.tokenizer.encode(PROMPT)
-        got = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
-        assert got[0].outputs[0].token_ids == hf_greedy(model, ids, 10)
-    finally:
-        llm.engine.shutdown()
+    def check(cfg):  # k x K/V heads of queries per token
+        assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (4, 2, 8)
+
+    assert_serves_like(*folder, backend, check)
 
 
 def _base(**extra) -> dict:

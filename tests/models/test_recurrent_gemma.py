@@ -37,21 +37,13 @@ def folder(tmp_path_factory):
     return out, model
 
 
-def _assert_matches(folder, reference, backend, prompt=None) -> None:
-    from lantern.app.engine import LLM, SamplingParams
-    from tests.conformance.test_parity import PROMPT, hf_greedy
-    from tests.fixtures.teacher_forcing import assert_matches_reference
+def _assert_matches(folder, reference, backend) -> None:
+    from tests.fixtures.teacher_forcing import assert_serves_like
 
-    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=128)
-    try:
-        cfg = llm.engine.model_config
-        assert (cfg.num_kv_layers, cfg.layer_windows) == (1, [6])  # one attention layer, its window
-        assert_matches_reference(llm, reference, prompt or PROMPT, steps=10, atol=2e-4)
-        ids = llm.tokenizer.encode(prompt or PROMPT)
-        out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
-        assert out[0].outputs[0].token_ids == hf_greedy(reference, ids, 10)
-    finally:
-        llm.engine.shutdown()
+    def check(cfg):  # one attention layer, its window
+        assert (cfg.num_kv_layers, cfg.layer_windows) == (1, [6])
+
+    assert_serves_like(folder, reference, backend, check)
 
 
 def test_logits_match_transformers(folder, backend):
