@@ -216,22 +216,26 @@ def completion_logprobs(tokenizer: Any, lps: list[TokenLogprob], offset: int = 0
     }
 
 
-def echo_logprobs(tokenizer: Any, prompt_ids: list[int], scored: list[TokenLogprob | None] | None, then: dict) -> dict:
+def echo_logprobs(
+    tokenizer: Any, prompt_ids: list[int], scored: list[TokenLogprob | None] | None, generated: list[TokenLogprob]
+) -> dict:
     """A completion's logprobs object with the echoed prompt's tokens first (OpenAI's echo with logprobs): each
-    prompt token's logprob given those before it (None for the first), then `then`'s, text offsets counted from the
-    prompt's start."""
-    tokens = [token_text(tokenizer, t) for t in prompt_ids]
+    prompt token's logprob given those before it (None for the first), then the generated tokens', text offsets
+    counted over both. A logprob of -inf (a token the model's head cannot produce) is sent as -9999.0, as vLLM does:
+    JSON has no infinity."""
+    lps = list(scored or [None] * len(prompt_ids)) + list(generated)
+    tokens = [token_text(tokenizer, t) for t in prompt_ids] + [token_text(tokenizer, lp.token_id) for lp in generated]
     offsets, pos = [], 0
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    lps = scored or [None] * len(prompt_ids)
     return {
-        "tokens": tokens + then["tokens"],
-        "token_logprobs": [None if lp is None else lp.logprob for lp in lps] + then["token_logprobs"],
-        "top_logprobs": [None if lp is None else {token_text(tokenizer, t): v for t, v in lp.top.items()} for lp in lps]
-        + then["top_logprobs"],
-        "text_offset": offsets + then["text_offset"],
+        "tokens": tokens,
+        "token_logprobs": [None if lp is None else max(lp.logprob, -9999.0) for lp in lps],
+        "top_logprobs": [
+            None if lp is None else {token_text(tokenizer, t): max(v, -9999.0) for t, v in lp.top.items()} for lp in lps
+        ],
+        "text_offset": offsets,
     }
 
 

@@ -74,8 +74,7 @@ def build_batch(out: SchedulerOutput, block_size: int, banned: dict[int, list[in
 def prompt_rows_of(seq, index: int, row: int, start: int, n: int) -> PromptRows | None:
     """The rows of a chunk (positions start .. start + n - 1 at flattened row `row`) that score the prompt token
     after them, for the request's first sample when it asks for prompt_logprobs; None when none do."""
-    k = seq.params.prompt_logprobs
     end = min(start + n, seq.num_prompt_tokens - 1)  # (the last prompt position's logits sample the first token)
-    if k is None or seq.index != 0 or end <= start:
+    if not seq.scores_prompt or end <= start:
         return None
-    return PromptRows(index, row, start, seq.prompt_token_ids[start + 1 : end + 1], k)
+    return PromptRows(index, row, start, seq.prompt_token_ids[start + 1 : end + 1], seq.params.prompt_logprobs)

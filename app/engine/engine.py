@@ -217,12 +217,13 @@ class LLMEngine:
         seqs = [
             Sequence(request_id, ids, params, index=i, seed=base_seed + i, cache_salt=salt) for i in range(params.n)
         ]
-        if params.prompt_logprobs is not None:  # the first sample computes every prompt position: no cached prefix
-            seqs[0].cacheable, seqs[0].prompt_logprobs = False, [None] * len(ids)
+        scored = params.prompt_logprobs is not None
+        if scored:  # the first sample computes every prompt position (Sequence.scores_prompt)
+            seqs[0].prompt_logprobs = [None] * len(ids)
         for seq in seqs:
             self.outputs.track(state, seq, self.grammars.constraint(params))
         self.budgets.track(seqs)
-        if self.config.enable_prefix_caching:
+        if self.config.enable_prefix_caching or scored:  # (scored: its prompt's logprobs are whole before any sample)
             state.pending_children = seqs[1:]
             seqs = seqs[:1]
         self.requests[request_id] = state

@@ -128,5 +128,5 @@ class OutputProcessor:
             outputs=outputs,
             finished=state.finished,
             num_cached_tokens=cached,
-            prompt_logprobs=list(scored) if scored is not None else None,
+            prompt_logprobs=scored,  # (the sequence's own list: filled while the prompt runs, then unchanged)
         )

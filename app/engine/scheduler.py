@@ -23,6 +23,10 @@ from lantern.app.engine.state_cache import Snapshot, StateCache, checkpoints
 
 logger = logging.getLogger(__name__)
 
+# Prompt positions per step whose log-probabilities are computed (SamplingParams.prompt_logprobs): each needs a
+# whole vocabulary of float32 logits and their log-softmax at once (~2 MB per position at a 256K vocabulary).
+SCORED_ROWS_PER_STEP = 256
+
 
 @dataclass
 class SchedulerConfig:
@@ -110,11 +114,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        scored = SCORED_ROWS_PER_STEP  # prompt positions whose log-probabilities this step may compute
         queue = list(self.running)
         kept: list[Sequence] = []
         while queue:
             seq = queue.pop(0)
-            n = self.chunk_tokens(seq, budget)
+            n = self._scored_cap(seq, self.chunk_tokens(seq, budget), scored)
             if n == 0:
                 kept.append(seq)
                 continue
@@ -132,6 +137,7 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             kept.append(seq)
             budget -= n
+            scored -= n if seq.scores_prompt else 0
         self.running = kept
 
         # Admit waiting sequences only while nothing had to be preempted this step.
@@ -139,13 +145,16 @@ class Scheduler:
             if self.config.state_slots and not self.free_state_slots:
                 break
             seq = self.waiting[0]
-            cached = self.bm.find_cached_prefix(seq) if seq.num_computed_tokens == 0 and seq.cacheable else []
+            reads = seq.cacheable and not seq.scores_prompt  # (a scored prompt is computed whole: its logits)
+            cached = self.bm.find_cached_prefix(seq) if seq.num_computed_tokens == 0 and reads else []
             snapshot: int | None = None
             cuts: list[int] = []
-            if self.states is not None and seq.cacheable:
+            if self.states is not None and reads:
                 cached, snapshot, cuts = self._recurrent_prefix(seq, cached)
             computed = len(cached) * self.bm.block_size
-            n = min(seq.num_tokens - computed, self.config.prefill_chunk_size, budget)
+            n = self._scored_cap(seq, min(seq.num_tokens - computed, self.config.prefill_chunk_size, budget), scored)
+            if n == 0:
+                break
             if cuts:  # the first chunk ends at the first snapshot point
                 n = min(n, cuts[0] - computed)
             if self.config.whole_prompts and n < seq.num_tokens - computed:
@@ -159,6 +168,7 @@ class Scheduler:
                 else:
                     break
             self.waiting.popleft()
+            scored -= n if seq.scores_prompt else 0
             if seq.num_preemptions == 0 and seq.cacheable:
                 self.bm.record_lookup(seq.num_prompt_tokens, computed)
                 seq.num_cached_tokens = computed
@@ -195,6 +205,13 @@ class Scheduler:
         if seq.state_checkpoints:  # a chunk ends where the recurrent state is to be snapshotted
             remaining = min(remaining, seq.state_checkpoints[0] - seq.num_computed_tokens)
         return max(min(remaining, budget), 0)
+
+    def _scored_cap(self, seq: Sequence, n: int, scored: int) -> int:
+        """n, cut to the step's scored-rows budget while seq computes a prompt whose logprobs it returns: each such
+        row holds a whole vocabulary of float32 logits (and their log-softmax) at once."""
+        if not seq.scores_prompt or self.config.whole_prompts or seq.num_computed_tokens >= seq.num_prompt_tokens - 1:
+            return n
+        return max(min(n, scored), 0)
 
     def _blocks_to_write(self, seq: Sequence, end: int) -> int:
         """New blocks needed to cover `end` tokens (writes never land in shared blocks)."""

@@ -80,6 +80,12 @@ class Sequence:
             self.penalty.append(token)
 
     @property
+    def scores_prompt(self) -> bool:
+        """It computes its prompt's log-probabilities (SamplingParams.prompt_logprobs: the request's first sample):
+        every prompt position is computed, none read from the prefix cache (its blocks are published)."""
+        return self.params.prompt_logprobs is not None and self.index == 0
+
+    @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 

@@ -78,6 +78,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     kinds = [types[i % len(types)] == "recurrent" for i in range(layers)]
     if all(kinds):
         raise refuse("block_types", types, " (no attention layer at all)")
+    if cfg.get("embeddings_scale_by_sqrt_dim", True) is not True:  # (transformers scales whatever it says)
+        raise refuse("embeddings_scale_by_sqrt_dim", cfg["embeddings_scale_by_sqrt_dim"], " (the embedding is scaled)")
     act = cfg.get("hidden_activation", "gelu_pytorch_tanh")
     if act != "gelu_pytorch_tanh":
         raise refuse("hidden_activation", act, " (gelu_pytorch_tanh)")

@@ -71,6 +71,7 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         ("short-convolution (LFM2)", cfg.short_conv),
         ("Mamba-2 mixer (Granite 4.0-H, Bamba, Nemotron-H, Falcon-H1)", cfg.mamba),
         ("Mamba-1 mixer (Mamba, Falcon-Mamba, Jamba)", cfg.mamba1),
+        ("RG-LRU (RecurrentGemma)", cfg.rglru),
         ("ALiBi (BLOOM, MPT: slopes per head)", cfg.alibi_slopes),
         ("per-layer KV pool (Gemma 4, Gemma 3n, Nemotron-NAS)", cfg.kv_shapes),
         ("per-head q/k LayerNorm (Command R+)", True if cfg.family == "cohere" and cfg.qk_norm else None),

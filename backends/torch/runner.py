@@ -229,6 +229,10 @@ class TorchBackend:
             why = "KV layout" if v_in_k else "ALiBi attention"
             logger.info("decode steps run eagerly: this model's %s takes the reference attention path", why)
             self.static_decode = self.capture_graphs = False
+        eager = getattr(self.model, "eager_decode", None)  # a model file whose decode syncs with the host says why
+        if eager and self.static_decode:
+            logger.info("decode steps run eagerly: %s", eager)
+            self.static_decode = self.capture_graphs = False
         if self.static_decode:
             max_blocks = min(num_blocks, -(-self.max_context // block_size))
             self.graphs = DecodeGraphRunner(

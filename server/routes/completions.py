@@ -93,12 +93,12 @@ async def _stream(
             index = i * n + o.index
             if index in done:
                 continue
-            text, first = o.text_delta, False
-            if echo[i] and index not in sent_echo:
-                text, first = echo[i] + text, True
-                sent_echo.add(index)
-            if not (text or o.token_ids_delta or o.finished):
+            first = body.echo and index not in sent_echo  # (with its prompt's logprobs, even if its text is empty)
+            text = echo[i] + o.text_delta if first else o.text_delta
+            if not (text or o.token_ids_delta or o.finished or first):
                 continue
+            if first:
+                sent_echo.add(index)
             if first:  # the echoed prompt's logprobs come with it
                 lps = _logprobs(tokenizer, body, prompt_ids[i], out, o.logprobs_delta, len(echo[i]))
             elif body.logprobs is not None and o.logprobs_delta:
@@ -125,5 +125,6 @@ def _logprobs(tokenizer, body: CompletionRequest, prompt_ids: list[int], out: Re
     """A choice's logprobs object: None unless asked for; with echo, the prompt's tokens and theirs first."""
     if body.logprobs is None:
         return None
-    generated = completion_logprobs(tokenizer, lps or [], echoed)
-    return echo_logprobs(tokenizer, prompt_ids, out.prompt_logprobs, generated) if body.echo else generated
+    if body.echo:
+        return echo_logprobs(tokenizer, prompt_ids, out.prompt_logprobs, lps or [])
+    return completion_logprobs(tokenizer, lps or [], echoed)

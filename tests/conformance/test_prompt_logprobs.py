@@ -60,6 +60,32 @@ def test_a_cached_prompt_is_still_scored_whole_beside_other_sequences(llm, refer
     _assert_scored(outs[0].prompt_logprobs, prompts[0], reference, top=2)
     _assert_scored(outs[1].prompt_logprobs, prompts[1], reference, top=0)
     assert outs[2].prompt_logprobs is None and len(outs[1].outputs) == 2
+    # the scored prompt's blocks were published: a later request reads them
+    again = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=1))[0]
+    assert again.num_cached_tokens == (len(prompts[1]) - 1) // 8 * 8 > 0
+
+
+def test_the_scored_rows_of_a_step_are_capped_and_every_position_still_scored(llm, reference, monkeypatch):
+    """Each scored position holds a vocabulary of logits at once: a step computes at most SCORED_ROWS_PER_STEP of
+    them (here 5), the prompts taking more steps, every position scored once."""
+    from lantern.app.engine import scheduler
+
+    monkeypatch.setattr(scheduler, "SCORED_ROWS_PER_STEP", 5)
+    backend, rows = llm.engine.backend, []
+    execute = backend.execute
+
+    def counted(batch):
+        rows.append(sum(len(r.targets) for r in batch.prompt_rows))
+        return execute(batch)
+
+    monkeypatch.setattr(backend, "execute", counted)
+    prompts = make_prompts(llm.tokenizer, 3, seed=23, min_len=14, max_len=22)
+    params = [SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1) for _ in prompts[:2]]
+    outs = llm.generate(prompts, [*params, SamplingParams(temperature=0, max_tokens=2)])
+    assert max(rows) == 5 and sum(rows) == sum(len(p) - 1 for p in prompts[:2])
+    for prompt, out in zip(prompts[:2], outs, strict=False):
+        _assert_scored(out.prompt_logprobs, prompt, reference, top=1)
+    assert outs[2].prompt_logprobs is None
 
 
 def test_out_of_range_is_refused_by_name():

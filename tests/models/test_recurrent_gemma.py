@@ -104,6 +104,7 @@ def test_the_config_reads_as_recurrent_gemma_config_reads_it():
         ({"block_types": ["recurrent"]}, "block_types"),
         ({"block_types": ["recurrent", "mlp"]}, "block_types"),
         ({"hidden_activation": "silu"}, "hidden_activation"),
+        ({"embeddings_scale_by_sqrt_dim": False}, "embeddings_scale_by_sqrt_dim"),
         ({"lru_width": 30}, "lru_width"),
         ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "rope_type"),
     ],
@@ -111,6 +112,13 @@ def test_the_config_reads_as_recurrent_gemma_config_reads_it():
 def test_what_it_cannot_compute_is_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_hf(_base(**extra))
+
+
+def test_tensor_parallelism_is_refused():
+    from lantern.backends.torch.parallel import local_config
+
+    with pytest.raises(ValueError, match="RG-LRU"):  # (its recurrent layers run whole on every rank)
+        local_config(ModelConfig.from_hf(_base(num_key_value_heads=2)), 2)
 
 
 @pytest.mark.parametrize("scheme", ["q4", "q8"])

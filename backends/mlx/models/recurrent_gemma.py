@@ -15,6 +15,7 @@ from lantern.backends.mlx.models import gemma, llama
 from lantern.backends.mlx.paged_attention import AttentionMetadata
 
 CHUNK = 64  # tokens per block of the prefill scan (a [CHUNK, CHUNK, width] decay table each)
+TINY = 1.1754944e-38  # float32's smallest normal: the decay's floor (a log of 0 would be -inf)
 
 
 class LRUState:
@@ -68,10 +69,13 @@ class RGLRU(nn.Module):
         blocks = u.reshape(t, self._heads, -1).transpose(1, 0, 2)  # [H, T, block]
         gate_x = mx.sigmoid((blocks @ self.input_gate_weight).transpose(1, 0, 2) + self.input_gate_bias)
         gate_a = mx.sigmoid((blocks @ self.recurrent_gate_weight).transpose(1, 0, 2) + self.recurrent_gate_bias)
-        log_a = -8.0 * gate_a.reshape(t, -1) * nn.softplus(self.recurrent_param)  # (the model dtype, as transformers)
+        # log a, a and the input's multiplier in the model dtype, as transformers computes them (in bfloat16 a slow
+        # channel's a rounds to 1 and its multiplier to 0); the scan then runs on that a in float32
+        log_a = -8.0 * gate_a.reshape(t, -1) * nn.softplus(self.recurrent_param)
         multiplier = mx.where(first[:, None], 1.0, mx.sqrt(1 - mx.exp(2 * log_a)))
         normed = u * gate_x.reshape(t, -1) * multiplier.astype(u.dtype)
-        return log_a.astype(mx.float32), normed.astype(mx.float32)
+        a = mx.maximum(mx.exp(log_a).astype(mx.float32), TINY)
+        return mx.log(a), normed.astype(mx.float32)
 
 
 class RecurrentBlock(nn.Module):

@@ -85,3 +85,5 @@ class DecoderLayer(nn.Module):
 
 class CausalLM(llama.CausalLM):
     decoder_layer = DecoderLayer
+    # (runner: no CUDA-graph capture) the output projection loops over the experts a step chose
+    eager_decode = "JetMoE's attention experts are applied expert by expert, as the step's routing chose them"

@@ -70,9 +70,12 @@ class RGLRU(nn.Module):
         gate_a = torch.sigmoid(
             torch.einsum("thi,hio->tho", blocks, self.recurrent_gate_weight) + self.recurrent_gate_bias
         )
-        log_a = -8.0 * gate_a.reshape(t, -1) * F.softplus(self.recurrent_param)  # (the model dtype, as transformers)
+        # log a, a and the input's multiplier in the model dtype, as transformers computes them (in bfloat16 a slow
+        # channel's a rounds to 1 and its multiplier to 0); the scan then runs on that a in float32
+        log_a = -8.0 * gate_a.reshape(t, -1) * F.softplus(self.recurrent_param)
         multiplier = torch.sqrt(1 - torch.exp(2 * log_a)).masked_fill(first[:, None], 1.0)
-        return log_a.float(), (u * gate_x.reshape(t, -1) * multiplier.to(u.dtype)).float()
+        a = torch.exp(log_a).float().clamp_min(torch.finfo(torch.float32).tiny)  # (a log of 0 would be -inf)
+        return a.log(), (u * gate_x.reshape(t, -1) * multiplier.to(u.dtype)).float()
 
 
 class RecurrentBlock(nn.Module):
