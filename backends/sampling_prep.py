@@ -200,17 +200,22 @@ def top_logprobs_lists(
 
 
 def prompt_logprob_lists(
-    entries: list[PromptRows], chosen: list[float], ids: list[list[int]] | None, vals: list[list[float]] | None
+    entries: list[PromptRows],
+    chosen: list[float],
+    ranks: list[int],
+    ids: list[list[int]] | None,
+    vals: list[list[float]] | None,
 ) -> PromptLogprobs:
-    """Flat per-row results (the rows of `entries` in order: each target's logprob, the top ids and values at its
-    row, as many as the largest `top` asked) split per entry, each row's alternatives cut to its entry's `top`."""
+    """Flat per-row results (the rows of `entries` in order: each target's logprob and rank, the top ids and values
+    at its row, as many as the largest `top` asked) split per entry, each row's alternatives cut to its entry's
+    `top`."""
     out: PromptLogprobs = []
     at = 0
     for e in entries:
         rows = []
         for r in range(at, at + len(e.targets)):
             top = [] if ids is None or vals is None else list(zip(ids[r][: e.top], vals[r][: e.top], strict=True))
-            rows.append((chosen[r], top))
+            rows.append((chosen[r], ranks[r], top))
         out.append(rows)
         at += len(e.targets)
     return out

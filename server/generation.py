@@ -239,6 +239,24 @@ def echo_logprobs(
     }
 
 
+def vllm_prompt_logprobs(tokenizer: Any, scored: list[TokenLogprob | None] | None, k: int) -> list[dict | None]:
+    """vLLM's prompt_logprobs: per prompt position None (the first) or {token id: {logprob, rank, decoded_token}}
+    for the prompt's token and the k most likely there (-inf sent as -9999.0, as vLLM does)."""
+    out: list[dict | None] = []
+    for lp in scored or []:
+        if lp is None:
+            out.append(None)
+            continue
+        text = token_text(tokenizer, lp.token_id)
+        entry = {str(lp.token_id): {"logprob": max(lp.logprob, -9999.0), "rank": lp.rank, "decoded_token": text}}
+        for rank, (t, v) in enumerate(sorted(lp.top.items(), key=lambda kv: -kv[1])[:k], start=1):
+            entry.setdefault(
+                str(t), {"logprob": max(v, -9999.0), "rank": rank, "decoded_token": token_text(tokenizer, t)}
+            )
+        out.append(entry)
+    return out
+
+
 def sse(data: dict | str) -> str:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {payload}\n\n"

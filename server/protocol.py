@@ -169,6 +169,11 @@ def _check_template_kwargs(value: dict[str, Any] | None) -> dict[str, Any] | Non
     return value
 
 
+def _is_count(values: list[Any]) -> bool:
+    """All plain integers (not bools): what max() may combine before SamplingParams validates them."""
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
 def _refuse(param: str, why: str) -> InvalidRequestError:
     return InvalidRequestError(f"{param} {why}", param=param)
 
@@ -209,6 +214,8 @@ class _SamplingFields(Lenient):
     allowed_token_ids: list[int] | None = None
     # vLLM's name: tokens of reasoning before </think> is forced (app/engine/reasoning_budget.py).
     thinking_token_budget: int | None = None
+    # vLLM's: each prompt token's logprob and rank, with its k most likely alternatives (non-streamed responses)
+    prompt_logprobs: int | None = None
 
     @property
     def num_choices(self) -> int:
@@ -223,6 +230,8 @@ class _SamplingFields(Lenient):
         def pick(value: Any, default: Any) -> Any:
             return default if value is None else value
 
+        if self.stream and self.prompt_logprobs is not None:
+            raise _refuse("prompt_logprobs", "is returned with non-streamed responses only (as vLLM)")
         if self.best_of is not None and self.best_of != self.num_choices:
             raise _refuse(
                 "best_of",
@@ -318,7 +327,7 @@ class ChatCompletionRequest(_SamplingFields):
         max_tokens = self.max_tokens
         if self.max_completion_tokens is not None:
             max_tokens, renames["max_tokens"] = self.max_completion_tokens, "max_completion_tokens"
-        return self._sampling(max_tokens, k, renames)
+        return self._sampling(max_tokens, k, renames, prompt_logprobs=self.prompt_logprobs)
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_message() for m in self.messages]
@@ -335,8 +344,10 @@ class CompletionRequest(_SamplingFields):
         if self.suffix:
             raise _refuse("suffix", "is not supported by this server (no fill-in-the-middle)")
         # echo with logprobs scores the prompt's tokens too (OpenAI's legacy completions; lm-evaluation-harness's
-        # log-likelihoods): the engine's prompt_logprobs
-        scored = self.logprobs if self.echo else None
+        # log-likelihoods), as vLLM's prompt_logprobs does: the engine's prompt_logprobs, as many alternatives as
+        # the larger asks
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        scored = max(asked) if len(asked) == 2 and _is_count(asked) else (asked[0] if asked else None)
         return self._sampling(self.max_tokens, self.logprobs, {}, prompt_logprobs=scored)
 
     def prompts(self) -> list[str | list[int]]:

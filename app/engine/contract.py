@@ -102,8 +102,9 @@ class PromptRows:
     top: int
 
 
-# Per PromptRows entry: for each target, (its log-probability, the top alternatives as (token id, logprob)).
-PromptLogprobs = list[list[tuple[float, list[tuple[int, float]]]]]
+# Per PromptRows entry: for each target, (its log-probability, its rank among the vocabulary (1: the most likely),
+# the top alternatives as (token id, logprob)).
+PromptLogprobs = list[list[tuple[float, int, list[tuple[int, float]]]]]
 
 
 @dataclass

@@ -359,8 +359,8 @@ class LLMEngine:
         failed: list[RequestOutput] = []
         for entry, scored in zip(batch.prompt_rows, result.prompt_logprobs or [], strict=True):
             seq = sched.scheduled[entry.seq_index].seq
-            for j, (target, (logprob, top)) in enumerate(zip(entry.targets, scored, strict=True)):
-                seq.prompt_logprobs[entry.position + j + 1] = TokenLogprob(target, logprob, dict(top))
+            for j, (target, (logprob, rank, top)) in enumerate(zip(entry.targets, scored, strict=True)):
+                seq.prompt_logprobs[entry.position + j + 1] = TokenLogprob(target, logprob, dict(top), rank)
         for row, seq_idx in enumerate(batch.sample_seq_indices):
             seq = sched.scheduled[seq_idx].seq
             state = self.requests.get(seq.request_id)

@@ -27,6 +27,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: dict[int, float] = field(default_factory=dict)
+    rank: int | None = None  # among the vocabulary (1: the most likely); set for prompt tokens (prompt_logprobs)
 
 
 @dataclass

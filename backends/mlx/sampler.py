@@ -188,10 +188,11 @@ def prompt_logprobs(logits: mx.array, entries: list[PromptRows]) -> PromptLogpro
     logits = logits.astype(mx.float32)
     raw = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     targets = mx.array([t for e in entries for t in e.targets])
-    chosen = mx.take_along_axis(raw, targets[:, None], axis=1)[:, 0].tolist()
+    chosen = mx.take_along_axis(raw, targets[:, None], axis=1)
+    ranks = ((raw > chosen).sum(axis=-1) + 1).tolist()  # (1: the most likely)
     k = min(max(e.top for e in entries), raw.shape[-1])
     ids = vals = None
     if k:
         top_ids = mx.argsort(-raw, axis=-1)[:, :k]
         ids, vals = top_ids.tolist(), mx.take_along_axis(raw, top_ids, axis=1).tolist()
-    return prompt_logprob_lists(entries, chosen, ids, vals)
+    return prompt_logprob_lists(entries, chosen[:, 0].tolist(), ranks, ids, vals)

@@ -318,10 +318,11 @@ def prompt_logprobs(logits: torch.Tensor, entries: list[PromptRows]) -> PromptLo
     raw distribution, as sampled tokens' logprobs are) and the most likely tokens."""
     raw = torch.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor([t for e in entries for t in e.targets], device=raw.device)
-    chosen = raw.gather(1, targets[:, None])[:, 0].tolist()
+    chosen = raw.gather(1, targets[:, None])
+    ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()  # (1: the most likely)
     k = max(e.top for e in entries)
     ids = vals = None
     if k:
         top_vals, top_ids = torch.topk(raw, min(k, raw.shape[-1]), dim=-1)
         ids, vals = top_ids.tolist(), top_vals.tolist()
-    return prompt_logprob_lists(entries, chosen, ids, vals)
+    return prompt_logprob_lists(entries, chosen[:, 0].tolist(), ranks, ids, vals)

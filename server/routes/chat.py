@@ -24,6 +24,7 @@ from lantern.server.generation import (
     sse,
     usage,
     validated,
+    vllm_prompt_logprobs,
 )
 from lantern.server.protocol import ChatCompletionRequest, ChatMessage
 from lantern.server.request_fields import effort_template_kwargs
@@ -107,6 +108,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state.check_model(body.model)
     mcp = getattr(request.app.state, "mcp", None)
     if mcp is not None and mcp.tools and body.tool_choice != "none":
+        if body.prompt_logprobs is not None:  # (several generations, each with its own prompt)
+            raise InvalidRequestError("prompt_logprobs is not returned when MCP tools run", param="prompt_logprobs")
         from lantern.server.mcp_loop import chat_with_mcp_tools
 
         return await chat_with_mcp_tools(state, request, body, mcp)
@@ -141,6 +144,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         "model": state.model_name,
         "choices": choices,
         "usage": usage([len(ids)], [final], final.num_cached_tokens),
+        **(
+            {"prompt_logprobs": vllm_prompt_logprobs(tokenizer, final.prompt_logprobs, body.prompt_logprobs)}
+            if body.prompt_logprobs is not None
+            else {}
+        ),
     }
 
 

@@ -21,6 +21,7 @@ from lantern.server.generation import (
     sse,
     usage,
     validated,
+    vllm_prompt_logprobs,
 )
 from lantern.server.protocol import CompletionRequest
 from lantern.server.structured import compile_structured
@@ -58,6 +59,7 @@ async def completions(body: CompletionRequest, request: Request):
                     "logprobs": _logprobs(tokenizer, body, prompt_ids[i], finals[i], o.logprobs, len(echo[i])),
                     "finish_reason": o.finish_reason,
                     "stop_reason": o.stop_reason,
+                    **_prompt_logprobs(tokenizer, body, finals[i]),
                 }
             )
     outs = [finals[i] for i in range(len(prompts))]
@@ -128,3 +130,10 @@ def _logprobs(tokenizer, body: CompletionRequest, prompt_ids: list[int], out: Re
     if body.echo:
         return echo_logprobs(tokenizer, prompt_ids, out.prompt_logprobs, lps or [])
     return completion_logprobs(tokenizer, lps or [], echoed)
+
+
+def _prompt_logprobs(tokenizer, body: CompletionRequest, out: RequestOutput) -> dict:
+    """vLLM's per-choice prompt_logprobs, when asked for."""
+    if body.prompt_logprobs is None:
+        return {}
+    return {"prompt_logprobs": vllm_prompt_logprobs(tokenizer, out.prompt_logprobs, body.prompt_logprobs)}

@@ -1,7 +1,8 @@
 """Completions with echo and logprobs, as OpenAI's legacy endpoint returns them and lm-evaluation-harness reads them
 for log-likelihoods: the prompt's tokens first, each with its log-probability given the tokens before it (none for
-the first) and its most likely alternatives, then the generated tokens'. Driven by the official openai client on
-each backend; the numbers are transformers' log-softmax on the same tiny model."""
+the first) and its most likely alternatives, then the generated tokens'. And vLLM's prompt_logprobs on completions
+and chat: per prompt position the token's logprob and rank with the k most likely. Driven by the official openai
+client on each backend; the numbers are transformers' log-softmax on the same tiny model."""
 
 from __future__ import annotations
 
@@ -68,3 +69,41 @@ def test_echo_without_logprobs_and_logprobs_without_echo_are_unchanged(client, s
     plain = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=2, temperature=0, logprobs=1)
     assert len(plain.choices[0].logprobs.tokens) == 2 and plain.choices[0].logprobs.token_logprobs[0] is not None
     assert plain.choices[0].logprobs.text_offset[0] == 0 and tok.encode(PROMPTS[0])
+
+
+def _assert_vllm_form(scored, ids: list[int], reference, k: int) -> None:
+    with torch.no_grad():
+        ref = torch.log_softmax(reference(torch.tensor([ids])).logits[0], dim=-1).numpy()
+    assert len(scored) == len(ids) and scored[0] is None
+    for j in range(1, len(ids)):
+        entry, row = scored[j], ref[j - 1]
+        mine = entry[str(ids[j])]
+        assert abs(mine["logprob"] - row[ids[j]]) < 1e-4 and mine["rank"] == 1 + int((row > row[ids[j]]).sum())
+        best = [int(t) for t in np.argsort(-row)[:k]]
+        assert set(entry) == {str(ids[j]), *map(str, best)}
+        assert all(entry[str(t)]["rank"] == r for r, t in enumerate(best, start=1) if t != ids[j])
+
+
+def test_vllm_prompt_logprobs_on_completions_and_chat(client, server, reference):
+    tok = server.engine.tokenizer
+    r = client.completions.create(
+        model="tiny", prompt=PROMPTS[1], max_tokens=2, temperature=0, extra_body={"prompt_logprobs": 2}
+    )
+    _assert_vllm_form(r.choices[0].model_extra["prompt_logprobs"], tok.encode(PROMPTS[1]), reference, 2)
+    assert r.choices[0].logprobs is None  # (logprobs not asked: only the prompt's)
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    chat = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=2, temperature=0, extra_body={"prompt_logprobs": 1}
+    )
+    scored = chat.model_extra["prompt_logprobs"]  # (top-level, as vLLM's chat response has it)
+    assert len(scored) == chat.usage.prompt_tokens and scored[0] is None
+    for entry in scored[1:]:  # the prompt's token (its rank) and the most likely one (rank 1)
+        assert 1 <= len(entry) <= 2 and 1 in {e["rank"] for e in entry.values()}
+        assert all(e["logprob"] <= 0 and e["decoded_token"] is not None for e in entry.values())
+
+
+def test_prompt_logprobs_with_a_stream_or_out_of_range_is_refused_by_name(client):
+    for extra in ({"prompt_logprobs": 1, "stream": True}, {"prompt_logprobs": 21}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=2, extra_body=extra)
+        assert err.value.body["param"] == "prompt_logprobs"
