@@ -41,6 +41,13 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_lara_mini",
         "tensors": True,
     },
+    # OpenELM (Apple): Llama's layer scaled layer-wise (its own heads and MLP width each), q/k norms (family_openelm)
+    "openelm": {
+        "family": "openelm",
+        "configure": "family_openelm",
+        "prepare": True,
+        "tensors": True,
+    },
     # JetMoE: Llama's layer with a mixture of attention heads (routed query / output projections, one K/V) and of
     # SiLU-gated experts, each with a bias
     "jetmoe": {

@@ -226,6 +226,7 @@ class ModelConfig:
     dory: Any = None  # family_dory.DoryLoops: Dory's looped section and nGPT's scales
     zamba2: Any = None  # family_zamba2.Zamba2Blocks: Zamba2's shared transformer blocks and per-layer adapters
     nas: Any = None  # family_deci.NASBlocks: Nemotron-NAS's per-layer attention kind, KV heads and MLP width
+    openelm: Any = None  # family_openelm.OpenELMLayers: OpenELM's per-layer query / K/V heads and MLP widths
     # Llama 4: its rope layers attend within chunks of this many tokens; served within one (check_servable)
     attention_chunk: int | None = None
     # MiniCPM 4's InfLLM v2 (sparse_config): dense attention while a sequence holds fewer than dense_len tokens;
