@@ -57,6 +57,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_llama_relatives import convert
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_mimo2 import convert_mimo2
+    from tests.fixtures.gguf_openelm import convert_openelm
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
     from tests.fixtures.gguf_renamed import convert_bailing, convert_minicpm3
     from tests.fixtures.nemotron_nas import LLAMA_CPP_BLOCKS, convert_deci, write_folder
@@ -66,6 +67,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.models.test_gguf_llama_relatives import CASES as LLAMA_RELATIVES
     from tests.models.test_gguf_mamba import FILES as MAMBA
     from tests.models.test_gguf_qwen3_next import FILES as QWEN3_NEXT
+    from tests.models.test_openelm import openelm_folder
 
     made: dict[str, Callable[[Path], Path]] = {}
     for name, (variant, overrides, _, options) in FILES.items():
@@ -104,6 +106,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     made["kimi_linear"] = lambda d: convert_kimi_linear(
         kimi_linear_folder(d / "hf", n_group=1)[0], d / "tiny-kimi-linear.gguf"
     )
+    made["openelm"] = lambda d: convert_openelm(openelm_folder(d / "hf"), d / "tiny-openelm.gguf")
     for qtype in ("F32", "TQ2_0", "TQ1_0"):  # (tests/models/test_bitnet.py)
         made[f"bitnet_{qtype.lower()}"] = lambda d, q=qtype: bitnet_gguf(d, q)[0]
     return made

@@ -46,8 +46,11 @@ def _layers(cfg: dict[str, Any]) -> OpenELMLayers:
     for i, (a, b) in enumerate(zip(q, kv, strict=True)):
         if not (isinstance(a, int) and isinstance(b, int) and 0 < b <= a and a % b == 0):
             raise refuse(f"num_query_heads[{i}] / num_kv_heads[{i}]", [a, b], " (query heads a multiple of K/V heads)")
-    divisor = int(cfg.get("ffn_dim_divisor", 256))
-    widths = [make_divisible(float(m) * dim, divisor) for m in _per_layer(cfg, "ffn_multipliers", layers)]
+    if "ffn_widths" in cfg:  # (a GGUF states the widths: gguf_llama_builders._openelm)
+        widths = [int(w) for w in _per_layer(cfg, "ffn_widths", layers)]
+    else:
+        divisor = int(cfg.get("ffn_dim_divisor", 256))
+        widths = [make_divisible(float(m) * dim, divisor) for m in _per_layer(cfg, "ffn_multipliers", layers)]
     return OpenELMLayers(tuple(q), tuple(kv), tuple(widths))
 
 

@@ -31,6 +31,7 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     "gemma3": _GEMMA,
     "gemma-embedding": _GEMMA,  # EmbeddingGemma: Gemma 3's tensors
     "phi3": _FUSED,
+    "openelm": {"attn_qkv": "attn.qkv_proj"},  # (split per layer, by its own head counts: family_openelm)
     "chatglm": _FUSED,  # glm-4-9b-chat's attn_qkv (remote-code checkpoints) and gate + up in ffn_up
     "glm4": {**_FUSED, "post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm"},
     "deepseek2": {

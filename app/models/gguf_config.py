@@ -80,7 +80,8 @@ def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
     md = meta.md
     stated = meta.get("attention.head_count")
     # (Nemotron-NAS states heads per layer, 0 where a layer has no attention: the attention layers' count)
-    heads = int(max(stated)) if meta.arch == "deci" and isinstance(stated, (list, tuple)) else None
+    per_layer = meta.arch in ("deci", "openelm") and isinstance(stated, (list, tuple))  # (their builders state each)
+    heads = int(max(stated)) if per_layer else None
     heads = heads or int(meta.scalar("attention.head_count"))
     eos = [md.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     layers = int(meta.need("block_count")) - int(meta.get("nextn_predict_layers") or 0)
@@ -114,7 +115,7 @@ def _kv_heads(meta: _Meta, heads: int) -> int:
         return int(next(v for v in value if v))
     if isinstance(value, (list, tuple)) and meta.arch == "gemma4" and value:
         return int(value[0])
-    if isinstance(value, (list, tuple)) and meta.arch in ("deci", "mimo2") and value:  # (their builders state each)
+    if isinstance(value, (list, tuple)) and meta.arch in ("deci", "mimo2", "openelm") and value:  # (builders: each)
         return int(max(value))
     return int(meta.scalar("attention.head_count_kv", heads))
 
@@ -126,7 +127,7 @@ def _per_layer_width(meta: _Meta, key: str) -> int:
     value = meta.get(key)
     if isinstance(value, (list, tuple)) and meta.arch in ("gemma4", "gemma3n") and value:
         return int(min(value))
-    if isinstance(value, (list, tuple)) and meta.arch in ("nemotron_h", "nemotron_h_moe", "deci") and value:
+    if isinstance(value, (list, tuple)) and meta.arch in ("nemotron_h", "nemotron_h_moe", "deci", "openelm") and value:
         return int(max(value))
     return int(meta.scalar(key, 0) or 0)
 

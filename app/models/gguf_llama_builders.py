@@ -122,6 +122,26 @@ def _deci(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
+def _openelm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """OpenELM (llama.cpp's OpenELMModel: a TextModel, nothing permuted, q / k / v fused in attn_qkv, proj_1 split
+    into ffn_gate / ffn_up): the per-layer head_count, head_count_kv and feed_forward_length as OpenELM's
+    num_query_heads / num_kv_heads and its MLP widths (ffn_widths: stated, not recomputed from multipliers)."""
+    layers = cfg["num_hidden_layers"]
+    return {
+        "model_type": "openelm",
+        "num_transformer_layers": layers,
+        "model_dim": cfg["hidden_size"],
+        "head_dim": _head_dim(meta, cfg),
+        "num_query_heads": _per_layer(meta, "attention.head_count", layers),
+        "num_kv_heads": _per_layer(meta, "attention.head_count_kv", layers),
+        "ffn_widths": _per_layer(meta, "feed_forward_length", layers),
+        "max_context_length": cfg["max_position_embeddings"],
+        "rope_freq_constant": cfg["rope_theta"],
+        "share_input_output_layers": cfg["tie_word_embeddings"],
+        "normalize_qk_projections": "blk.0.attn_q_norm.weight" in tensors,
+    }
+
+
 def _bitnet(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """BitNet b1.58 (llama.cpp's BitnetModel: a TextModel, nothing permuted; the projections ternarized by the
     absmean rule and stored as ternary times their scale, in float or TQ1_0 / TQ2_0 blocks): Llama's layer with
@@ -174,4 +194,5 @@ LLAMA_RELATIVE_BUILDERS = {
     "qwen": _qwen,
     "minicpm": _minicpm,
     "deci": _deci,
+    "openelm": _openelm,
 }

@@ -1,7 +1,8 @@
 """Apple's OpenELM (openelm, remote code: no transformers class): each layer its own query / K/V heads and MLP width,
 q/k RMSNorms, fused qkv_proj and proj_1. Tiny random folders in the released layout, checked against a reference
 nobody here wrote: mlx_lm's own openelm model, teacher-forced through the paged cache on both backends -- float
-folders with the head shared or not, and a 4-bit folder mlx_lm's code quantized (mlx-community's form)."""
+folders with the head shared or not, a 4-bit folder mlx_lm's code quantized (mlx-community's form), and the float
+folder as llama.cpp's converter writes it to GGUF (per-layer head / width arrays, fused attn_qkv)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,26 @@ def test_an_mlx_lm_quantized_folder_matches_mlx_lm(tmp_path, backend, by_file_to
 
     folder = quantized_by_mlx_lm(openelm_folder(tmp_path / "openelm"), tmp_path / "q4")
     assert_close_to_mlx_lm(folder, backend, "openelm")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_llama_cpp_gguf_matches_mlx_lm_on_the_folder(tmp_path, backend, shared, by_file_tokenizer):
+    """The GGUF holds the folder's values (F32): Lantern on it computes what mlx_lm computes on the folder."""
+    from lantern.app.engine import LLM
+    from tests.fixtures.gguf_openelm import convert_openelm
+    from tests.fixtures.teacher_forcing import mlx_lm_error
+
+    folder = openelm_folder(tmp_path / "openelm", shared)
+    path = convert_openelm(folder, tmp_path / "tiny-openelm.gguf")
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        cfg = llm.engine.model_config
+        assert cfg.layer_heads == (2, 4, 4) and cfg.kv_shapes == ((1, 16), (2, 16), (1, 16))
+        assert cfg.openelm.mlp_widths == (32, 64, 96) and cfg.tie_word_embeddings == shared
+        worst, scale = mlx_lm_error(llm, folder, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
+        assert worst < 1e-4 * scale, (worst, scale)
+    finally:
+        llm.engine.shutdown()
 
 
 def _base(**extra) -> dict:
