@@ -41,6 +41,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_lara_mini",
         "tensors": True,
     },
+    # Nanbeige 4.2: Llama's layers run num_loops times, each pass with its own K/V (family_nanbeige)
+    "nanbeige": {"family": "nanbeige", "configure": "family_nanbeige"},
     # OpenELM (Apple): Llama's layer scaled layer-wise (its own heads and MLP width each), q/k norms (family_openelm)
     "openelm": {
         "family": "openelm",

@@ -67,7 +67,7 @@ def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name:
     builder = _BUILDERS.get(meta.arch) or BUILDERS.get(meta.arch)
     if builder is None:
         return None
-    if meta.arch not in ("exaone", "exaone4", "exaone-moe", "gemma4", "deci"):  # (their builders read the tensor)
+    if meta.arch not in ("exaone", "exaone4", "exaone-moe", "gemma4", "deci", "nanbeige"):  # (builders read it)
         rope_freqs_scaling(meta, tensors, None)  # refuses a rope_freqs tensor: no other family here has one
     if meta.arch not in ("mistral3", "mistral4"):  # (their builders read it)
         _temperature(meta, refuse=True)

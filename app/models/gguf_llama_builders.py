@@ -122,6 +122,20 @@ def _deci(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str
     }
 
 
+def _nanbeige(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Nanbeige 4.2 (llama.cpp's NanbeigeModel, a LlamaModel: q/k permuted, a llama3 rope as rope_freqs) with its
+    num_loops and skip_loop_final_norm (absent: one loop, the norm between loops)."""
+    rope = rope_freqs_scaling(meta, tensors, stated_rope_scaling(meta)) or {"rope_type": "default"}
+    return {
+        "model_type": "nanbeige",
+        "head_dim": _head_dim(meta, cfg),
+        "num_loops": int(meta.get("num_loops") or 1),
+        "skip_loop_final_norm": bool(meta.get("skip_loop_final_norm", False)),
+        "attention_bias": qkv_bias(tensors),
+        "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},
+    }
+
+
 def _openelm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """OpenELM (llama.cpp's OpenELMModel: a TextModel, nothing permuted, q / k / v fused in attn_qkv, proj_1 split
     into ffn_gate / ffn_up): the per-layer head_count, head_count_kv and feed_forward_length as OpenELM's
@@ -195,4 +209,5 @@ LLAMA_RELATIVE_BUILDERS = {
     "minicpm": _minicpm,
     "deci": _deci,
     "openelm": _openelm,
+    "nanbeige": _nanbeige,
 }

@@ -92,6 +92,7 @@ PERMUTED_ARCHITECTURES = {
     "xverse",  # XverseModel, BaichuanModel and MiniCPMModel permute as LlamaModel
     "minicpm",
     "deci",  # DeciModel: each layer's k rows by its own KV heads
+    "nanbeige",  # NanbeigeModel is a LlamaModel
 }
 
 

@@ -26,8 +26,8 @@ ROPE_FREQS = "rope_freqs.weight"
 # Where the converter writes rope_freqs for a llama3 rope and Lantern's config is Llama's
 # (Mistral and Mixtral files are "llama" too). Other converters write it with other meanings
 # (Gemma 4's 1e30 for unrotated dims, Step3): refused.
-# (EXAONE's, Llama 4's, Apertus's and Deci's converters write the llama3 rope as llama's does)
-_LLAMA3_ARCHS = ("llama", "exaone", "exaone4", "exaone-moe", "llama4", "apertus", "deci")
+# (EXAONE's, Llama 4's, Apertus's, Deci's and Nanbeige's converters write the llama3 rope as llama's does)
+_LLAMA3_ARCHS = ("llama", "exaone", "exaone4", "exaone-moe", "llama4", "apertus", "deci", "nanbeige")
 # The converter writes no key for original_max_position_embeddings. llama3's divisors depend on
 # it only through low/high_freq_factor's ratios to it (band edges original / factor, ramp
 # original / wavelength), so Llama 3's 8192 (the converter's default too) is taken and the two
