@@ -41,6 +41,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_lara_mini",
         "tensors": True,
     },
+    # Muse Glimmer (Meta): Gemma's sandwich layer, weightless q/k norms, a sigmoid output gate, NoPE full layers, a
+    # normed embedding (family_muse_glimmer); "muse_glimmer": mlx-community's flat text-only conversions
+    "muse_glimmer_text": {
+        "family": "muse_glimmer",
+        "configure": "family_muse_glimmer",
+        "defaults": "family_muse_glimmer",
+    },
+    "muse_glimmer": {"family": "muse_glimmer", "configure": "family_muse_glimmer", "defaults": "family_muse_glimmer"},
     # Nanbeige 4.2: Llama's layers run num_loops times, each pass with its own K/V (family_nanbeige)
     "nanbeige": {"family": "nanbeige", "configure": "family_nanbeige"},
     # OpenELM (Apple): Llama's layer scaled layer-wise (its own heads and MLP width each), q/k norms (family_openelm)

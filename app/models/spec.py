@@ -49,6 +49,7 @@ VL_WRAPPERS = (
     "gemma4_unified",
     "apertus1p5",
     "mllama",
+    "muse_glimmer",
 )
 
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.
@@ -180,6 +181,9 @@ class ModelConfig:
     logits_divisor: float = 1.0  # Granite's logits_scaling: logits divided by this
     attn_sinks: bool = False  # Granite Swash: one learned sink logit per head in every attention layer
     post_norms: bool = False  # HyperCLOVA X (Peri-LN): an RMSNorm on each sublayer's output before the residual add
+    post_norm_eps: float | None = (
+        None  # the sandwich's norms after each sublayer, where their eps differs (Muse Glimmer)
+    )
     # BitNet's subln: an RMSNorm on the attention's output before o_proj (self_attn.attn_sub_norm) and on the gated
     # MLP's product before down_proj (mlp.ffn_sub_norm)
     sub_norms: bool = False

@@ -1,0 +1,30 @@
+"""Muse Glimmer's language model in MLX over a flattened token batch (maths in app/models/family_muse_glimmer.py;
+the torch file has the same layout): Gemma's sandwich layer (its post-sublayer norms at their own eps) around
+attention with weightless q/k norms and a sigmoid output gate; a weightless norm on the embedding, a weighted final
+norm.
+"""
+
+from __future__ import annotations
+
+import mlx.nn as nn
+
+from lantern.app.models.spec import ModelConfig
+from lantern.backends.mlx.layers import Attention
+from lantern.backends.mlx.models import gemma
+from lantern.backends.mlx.models.hrm_text import PlainRMSNorm
+
+
+class DecoderLayer(gemma.DecoderLayer):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__(cfg, layer_idx)
+        self.self_attn = Attention(cfg, layer_idx, norm=PlainRMSNorm)  # (q/k norms without weights)
+        self.post_attention_layernorm.eps = self.post_feedforward_layernorm.eps = cfg.post_norm_eps
+
+
+class CausalLM(gemma.CausalLM):
+    decoder_layer = DecoderLayer
+    final_norm = nn.RMSNorm  # (a plain weighted norm, not Gemma's 1 + w)
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.model.embed_norm = PlainRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # (cfg.embed_norm: weightless)
