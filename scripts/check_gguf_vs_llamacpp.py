@@ -67,6 +67,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.models.test_gguf_llama_relatives import CASES as LLAMA_RELATIVES
     from tests.models.test_gguf_mamba import FILES as MAMBA
     from tests.models.test_gguf_qwen3_next import FILES as QWEN3_NEXT
+    from tests.models.test_muse_glimmer import convert_muse_glimmer, muse_glimmer_folder
     from tests.models.test_nanbeige import CASES as NANBEIGE
     from tests.models.test_nanbeige import convert_nanbeige, nanbeige_folder
     from tests.models.test_openelm import openelm_folder
@@ -109,6 +110,9 @@ def families() -> dict[str, Callable[[Path], Path]]:
         kimi_linear_folder(d / "hf", n_group=1)[0], d / "tiny-kimi-linear.gguf"
     )
     made["openelm"] = lambda d: convert_openelm(openelm_folder(d / "hf"), d / "tiny-openelm.gguf")
+    made["muse_glimmer"] = lambda d: convert_muse_glimmer(
+        muse_glimmer_folder(d / "hf", post_norm_eps=1e-8)[0], d / "tiny-muse-glimmer.gguf"
+    )
     for case, loops in NANBEIGE.items():  # (tests/models/test_nanbeige.py)
         made[f"nanbeige_{case}"] = lambda d, k=loops: convert_nanbeige(
             nanbeige_folder(d / "hf", bias=False, **k), d / "nb.gguf"

@@ -30,6 +30,7 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     "gemma2": _GEMMA,
     "gemma3": _GEMMA,
     "gemma-embedding": _GEMMA,  # EmbeddingGemma: Gemma 3's tensors
+    "muse-glimmer": {**_GEMMA, "attn_gate": "self_attn.gate_proj"},  # (its q/k norms: gguf_names drops them)
     "phi3": _FUSED,
     "openelm": {"attn_qkv": "attn.qkv_proj"},  # (split per layer, by its own head counts: family_openelm)
     "chatglm": _FUSED,  # glm-4-9b-chat's attn_qkv (remote-code checkpoints) and gate + up in ffn_up
@@ -271,6 +272,8 @@ ARCH_GLOBAL: dict[str, dict[str, str]] = {
 }
 # Architectures whose converter stored every RMSNorm weight w as 1 + w (Gemma's norms scale by 1 + w).
 NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3", "gemma-embedding", "nemotron"}  # (Nemotron's LayerNorm1P: 1 + w too)
+# ... only the layers' norms (`*layernorm.weight`): Muse Glimmer's (its final norm is a plain one)
+LAYER_NORMS_PLUS_ONE = {"muse-glimmer"}
 
 
 # ---- gpt-oss: experts in ggml's MXFP4, gate and up apart ----------------------------------------------

@@ -155,6 +155,48 @@ def _gemma3n(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[
     return out
 
 
+def _muse_glimmer(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Muse Glimmer's language model (llama.cpp's MuseGlimmerModel: q/k permuted, the four layer norms stored as
+    1 + w, qk_scale_factor folded into synthesized q-norm weights and the k norm's ones, output_multiplier as
+    logit_scale; its graph rotates the sliding layers only and fixes the post-sublayer norms' eps at 1e-8)."""
+    import numpy as np
+
+    from lantern.app.models.gguf_config import _layer_types
+    from lantern.app.models.spec import UnsupportedModelError
+
+    layers, head_dim = cfg["num_hidden_layers"], _head_dim(meta, cfg)
+    scales = {}
+    for i in range(layers):
+        for part in ("attn_q_norm", "attn_k_norm"):
+            t = tensors.get(f"blk.{i}.{part}.weight")
+            values = None if t is None else np.unique(np.asarray(t.data, dtype=np.float32))
+            if values is None or len(values) != 1:
+                raise UnsupportedModelError(
+                    f"{meta.label}blk.{i}.{part}.weight is not one value (Muse Glimmer's scale)"
+                )
+            scales[part, i] = float(values[0])
+    q_scale = scales["attn_q_norm", 0]
+    if any(v != q_scale for (part, _), v in scales.items() if part == "attn_q_norm") or any(
+        v != 1.0 for (part, _), v in scales.items() if part == "attn_k_norm"
+    ):
+        raise UnsupportedModelError(f"{meta.label}muse-glimmer q/k norm weights are not one scale and ones")
+    swa_base = meta.get("rope.freq_base_swa")
+    if swa_base is not None and float(swa_base) != cfg["rope_theta"]:
+        raise UnsupportedModelError(f"{meta.label}muse-glimmer.rope.freq_base_swa={swa_base} is not implemented")
+    types = _layer_types(meta, layers, 4, True)
+    cap = meta.get("final_logit_softcapping")
+    return {
+        "model_type": "muse_glimmer_text",
+        "head_dim": head_dim,
+        "layer_types": types,
+        "sliding_window": int(meta.need("attention.sliding_window")),
+        "qk_scale_factor": q_scale,
+        "output_multiplier": float(meta.need("logit_scale")),
+        "final_logit_softcapping": float(cap) if cap else None,
+        "post_norm_eps": 1e-8,  # (llama.cpp's graph: no key states it)
+    }
+
+
 DENSE_BUILDERS = {
     "command-r": _command_r,
     "starcoder2": _starcoder2,
@@ -163,4 +205,5 @@ DENSE_BUILDERS = {
     "nemotron": _nemotron,
     "exaone": _exaone,
     "gemma3n": _gemma3n,
+    "muse-glimmer": _muse_glimmer,
 }

@@ -22,6 +22,7 @@ from lantern.app.models.gguf_arch import (
     ARCH_BARE,
     ARCH_GLOBAL,
     ARCH_LAYER,
+    LAYER_NORMS_PLUS_ONE,
     NORM_PLUS_ONE,
     decoder_layers,
     glm4v_rotary,
@@ -93,6 +94,7 @@ PERMUTED_ARCHITECTURES = {
     "minicpm",
     "deci",  # DeciModel: each layer's k rows by its own KV heads
     "nanbeige",  # NanbeigeModel is a LlamaModel
+    "muse-glimmer",  # MuseGlimmerModel un-permutes transformers' q/k layout the same way
 }
 
 
@@ -111,7 +113,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         if part == "ffn_gate_up_exps":  # Gemma 4's experts, gate and up rows in one tensor (split while read)
             return f"model.layers.{layer}.mlp.experts.gate_up_proj.{kind}"
         mapped = ARCH_LAYER.get(arch, {}).get(part) or _LAYER.get(part)
-        if mapped is None:
+        dropped = arch == "muse-glimmer" and part in ("attn_q_norm", "attn_k_norm")  # (its builder read their scale)
+        if mapped is None or dropped:
             return None
         hf = f"model.layers.{layer}.{mapped}.{kind}"
         hf = hf.replace(".e_score_correction.bias", ".e_score_correction_bias").replace(".sinks.weight", ".sinks")
@@ -437,7 +440,8 @@ def iter_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> It
                 w = pairs_from_halves(w, n, neox_rotary)
         if name.endswith("shared_expert_gate.weight") and len(w.shape) == 1:
             w = w.reshape(1, -1)  # llama.cpp stores the shared expert's gate as a vector
-        if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
+        plus_one = arch in LAYER_NORMS_PLUS_ONE and name.endswith("layernorm.weight")
+        if plus_one or (arch in NORM_PLUS_ONE and name.endswith("norm.weight")):
             w = np.asarray(w, dtype=np.float32) - np.float32(1.0)  # Gemma's converter stored 1 + w
         index.release(t)
         yield name, w
