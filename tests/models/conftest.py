@@ -21,3 +21,15 @@ def gguf_path():
 def backend(request) -> str:
     """Every quantized format is checked on both backends (CPU here; torch takes a GPU if present)."""
     return request.param
+
+
+@pytest.fixture
+def by_file_tokenizer(monkeypatch):
+    """mlx_lm loads its tokenizer through AutoTokenizer, which cannot read a remote-code config (OpenELM, Nanbeige,
+    MiniCPM, InternLM2): the tokenizer file's own class instead."""
+    import transformers
+
+    def by_file(path, *args, **kwargs):
+        return transformers.PreTrainedTokenizerFast.from_pretrained(path)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", by_file)

@@ -49,17 +49,6 @@ def convert_nanbeige(src, path):
     return path
 
 
-@pytest.fixture
-def by_file_tokenizer(monkeypatch):
-    """mlx_lm loads its tokenizer through AutoTokenizer, which cannot read a remote-code config: the file's own."""
-    import transformers
-
-    def by_file(path, *args, **kwargs):
-        return transformers.PreTrainedTokenizerFast.from_pretrained(path)
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", by_file)
-
-
 def _assert_matches_mlx_lm(model_path, folder, backend, loops: int) -> None:
     from lantern.app.engine import LLM
     from tests.fixtures.teacher_forcing import mlx_lm_error

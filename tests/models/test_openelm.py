@@ -54,17 +54,6 @@ def openelm_folder(out, shared: bool = True):
     return out
 
 
-@pytest.fixture
-def by_file_tokenizer(monkeypatch):
-    """mlx_lm loads its tokenizer through AutoTokenizer, which cannot read a remote-code config: the file's own."""
-    import transformers
-
-    def by_file(path, *args, **kwargs):
-        return transformers.PreTrainedTokenizerFast.from_pretrained(path)
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", by_file)
-
-
 @pytest.mark.parametrize("shared", [True, False])
 def test_logits_match_mlx_lm(tmp_path, backend, shared, by_file_tokenizer):
     from lantern.app.engine import LLM

@@ -1,8 +1,7 @@
 """Remote-code folders Lantern reads as another family (MiniCPM as Granite, InternLM2 as Llama) checked against a
 second reference nobody here wrote: mlx_lm's own minicpm and internlm2 models, on a 4-bit folder mlx_lm's code
 quantized and saved from the tests' folder (MiniCPM's plain rope and its LongRoPE past the original length, where its
-remote code takes the long factors at every position). (mlx_lm loads its tokenizer through AutoTokenizer, which
-transformers 5 cannot build from these remote-code configs: the tokenizer file's own class instead.)"""
+remote code takes the long factors at every position)."""
 
 from __future__ import annotations
 
@@ -24,11 +23,5 @@ def _folder(case: str, root):
 
 
 @pytest.mark.parametrize("case", ["minicpm", "minicpm_long_rope", "internlm2"])
-def test_mlx_lm_made_folder_matches_mlx_lm(case, tmp_path, backend, monkeypatch):
-    import transformers
-
-    def by_file(path, *args, **kwargs):
-        return transformers.PreTrainedTokenizerFast.from_pretrained(path)
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", by_file)
+def test_mlx_lm_made_folder_matches_mlx_lm(case, tmp_path, backend, by_file_tokenizer):
     assert_close_to_mlx_lm(quantized_by_mlx_lm(_folder(case, tmp_path), tmp_path / "q4"), backend, case)
