@@ -183,11 +183,16 @@ def _muse_glimmer(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> 
     swa_base = meta.get("rope.freq_base_swa")
     if swa_base is not None and float(swa_base) != cfg["rope_theta"]:
         raise UnsupportedModelError(f"{meta.label}muse-glimmer.rope.freq_base_swa={swa_base} is not implemented")
+    rotated = int(meta.get("rope.dimension_count") or head_dim)
+    if rotated != head_dim:
+        raise UnsupportedModelError(f"{meta.label}muse-glimmer.rope.dimension_count={rotated} (part of a head)")
     types = _layer_types(meta, layers, 4, True)
     cap = meta.get("final_logit_softcapping")
+    rope = stated_rope_scaling(meta) or {"rope_type": "default"}  # (TextModel writes linear / yarn scaling's keys)
     return {
         "model_type": "muse_glimmer_text",
         "head_dim": head_dim,
+        "rope_parameters": {**rope, "rope_theta": cfg["rope_theta"]},
         "layer_types": types,
         "sliding_window": int(meta.need("attention.sliding_window")),
         "qk_scale_factor": q_scale,

@@ -189,7 +189,7 @@ def prompt_logprobs(logits: mx.array, entries: list[PromptRows]) -> PromptLogpro
     raw = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     targets = mx.array([t for e in entries for t in e.targets])
     chosen = mx.take_along_axis(raw, targets[:, None], axis=1)
-    ranks = ((raw > chosen).sum(axis=-1) + 1).tolist()  # (1: the most likely)
+    ranks = (raw >= chosen).sum(axis=-1).tolist()  # (1: the most likely; ties counted, as vLLM counts them)
     k = min(max(e.top for e in entries), raw.shape[-1])
     ids = vals = None
     if k:

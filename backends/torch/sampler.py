@@ -319,7 +319,7 @@ def prompt_logprobs(logits: torch.Tensor, entries: list[PromptRows]) -> PromptLo
     raw = torch.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor([t for e in entries for t in e.targets], device=raw.device)
     chosen = raw.gather(1, targets[:, None])
-    ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()  # (1: the most likely)
+    ranks = (raw >= chosen).sum(dim=-1).tolist()  # (1: the most likely; ties counted, as vLLM counts them)
     k = max(e.top for e in entries)
     ids = vals = None
     if k:

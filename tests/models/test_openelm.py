@@ -15,7 +15,8 @@ from lantern.app.models.errors import UnsupportedModelError
 from lantern.app.models.spec import ModelConfig
 
 SHAPE = {"num_transformer_layers": 3, "model_dim": 64, "head_dim": 16, "ffn_dim_divisor": 32}
-SHAPE |= {"num_query_heads": [2, 4, 4], "num_kv_heads": [1, 2, 1], "ffn_multipliers": [0.5, 1.0, 1.6]}
+# (no one K/V count divides every layer's query heads, as in OpenELM-270M)
+SHAPE |= {"num_query_heads": [3, 4, 5], "num_kv_heads": [3, 2, 5], "ffn_multipliers": [0.5, 1.0, 1.6]}
 
 
 def openelm_folder(out, shared: bool = True):
@@ -63,7 +64,7 @@ def test_logits_match_mlx_lm(tmp_path, backend, shared, by_file_tokenizer):
     llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     try:
         cfg = llm.engine.model_config
-        assert cfg.kv_shapes == ((1, 16), (2, 16), (1, 16)) and cfg.openelm.mlp_widths == (32, 64, 96)
+        assert cfg.kv_shapes == ((3, 16), (2, 16), (5, 16)) and cfg.openelm.mlp_widths == (32, 64, 96)
         worst, scale = mlx_lm_error(llm, folder, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
         assert worst < 1e-4 * scale, (worst, scale)
     finally:
@@ -89,7 +90,7 @@ def test_llama_cpp_gguf_matches_mlx_lm_on_the_folder(tmp_path, backend, shared, 
     llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     try:
         cfg = llm.engine.model_config
-        assert cfg.layer_heads == (2, 4, 4) and cfg.kv_shapes == ((1, 16), (2, 16), (1, 16))
+        assert cfg.layer_heads == (3, 4, 5) and cfg.kv_shapes == ((3, 16), (2, 16), (5, 16))
         assert cfg.openelm.mlp_widths == (32, 64, 96) and cfg.tie_word_embeddings == shared
         worst, scale = mlx_lm_error(llm, folder, "Paged attention stores keys and values in blocks", [5, 17, 42, 99])
         assert worst < 1e-4 * scale, (worst, scale)
@@ -101,11 +102,19 @@ def _base(**extra) -> dict:
     return {"model_type": "openelm", "vocab_size": 300, **SHAPE, **extra}
 
 
+def test_openelm_270m_s_head_counts_read():
+    """OpenELM-270M's layers: 12 / 16 / 20 query heads over 3 / 4 / 5 K/V heads (no one K/V count divides all)."""
+    q, kv = [12] * 5 + [16] * 7 + [20] * 4, [3] * 5 + [4] * 7 + [5] * 4
+    shape = {"num_transformer_layers": 16, "num_query_heads": q, "num_kv_heads": kv, "ffn_multipliers": [1.0] * 16}
+    cfg = ModelConfig.from_hf(_base(**shape, model_dim=1280, head_dim=64))
+    assert cfg.layer_heads == tuple(q) and cfg.kv_shapes == tuple((k, 64) for k in kv) and cfg.num_heads == 20
+
+
 @pytest.mark.parametrize(
     "extra, key",
     [
         ({"num_kv_heads": [1, 2]}, "num_kv_heads"),
-        ({"num_query_heads": [2, 3, 4]}, "num_query_heads"),
+        ({"num_query_heads": [2, 3, 4]}, "num_query_heads"),  # (3 over 2 K/V heads)
         ({"ffn_multipliers": 2.0}, "ffn_multipliers"),
         ({"ffn_with_glu": False}, "ffn_with_glu"),
         ({"activation_fn_name": "gelu"}, "activation_fn_name"),

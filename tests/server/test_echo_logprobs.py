@@ -78,7 +78,7 @@ def _assert_vllm_form(scored, ids: list[int], reference, k: int) -> None:
     for j in range(1, len(ids)):
         entry, row = scored[j], ref[j - 1]
         mine = entry[str(ids[j])]
-        assert abs(mine["logprob"] - row[ids[j]]) < 1e-4 and mine["rank"] == 1 + int((row > row[ids[j]]).sum())
+        assert abs(mine["logprob"] - row[ids[j]]) < 1e-4 and mine["rank"] == int((row >= row[ids[j]]).sum())
         best = [int(t) for t in np.argsort(-row)[:k]]
         assert set(entry) == {str(ids[j]), *map(str, best)}
         assert all(entry[str(t)]["rank"] == r for r, t in enumerate(best, start=1) if t != ids[j])

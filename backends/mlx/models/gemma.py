@@ -21,14 +21,22 @@ class GemmaRMSNorm(nn.Module):
     """x / rms(x) * (1 + weight), all in float32, then back to x's dtype (transformers' Gemma
     norm: the (1 + w) is not rounded to bfloat16 first)."""
 
+    offset = 1.0  # (FloatRMSNorm: 0, the weight as stored)
+
     def __init__(self, dims: int, eps: float = 1e-6):
         super().__init__()
         self.weight = mx.zeros((dims,))
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        scale = 1.0 + self.weight.astype(mx.float32)
+        scale = self.offset + self.weight.astype(mx.float32)
         return mx.fast.rms_norm(x.astype(mx.float32), scale, self.eps).astype(x.dtype)
+
+
+class FloatRMSNorm(GemmaRMSNorm):
+    """x / rms(x) * weight, the product in float32 and one rounding (Muse Glimmer's final norm)."""
+
+    offset = 0.0
 
 
 class DecoderLayer(nn.Module):

@@ -6,8 +6,6 @@ norm.
 
 from __future__ import annotations
 
-import mlx.nn as nn
-
 from lantern.app.models.spec import ModelConfig
 from lantern.backends.mlx.layers import Attention
 from lantern.backends.mlx.models import gemma
@@ -23,7 +21,7 @@ class DecoderLayer(gemma.DecoderLayer):
 
 class CausalLM(gemma.CausalLM):
     decoder_layer = DecoderLayer
-    final_norm = nn.RMSNorm  # (a plain weighted norm, not Gemma's 1 + w)
+    final_norm = gemma.FloatRMSNorm  # (a plain weighted norm, not Gemma's 1 + w; the product in float32)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

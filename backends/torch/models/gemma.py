@@ -25,6 +25,8 @@ class GemmaRMSNorm(nn.Module):
     """x / rms(x) * (1 + weight) with the residual add fused in, like layers.RMSNorm. The weight is
     the checkpoint's (centred on 0): the loader fills it by name, the 1 is added here in float32."""
 
+    offset = 1.0  # (FloatRMSNorm: 0, the weight as stored)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
@@ -32,13 +34,20 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(normed x + residual, x + residual)."""
-        scale = self.weight.float() + 1.0
+        scale = self.weight.float() + self.offset
         if ops.use_triton(x):  # the fused kernel reads a float32 weight as is
             return ops.rms_norm(x, scale, self.eps, residual)
         # transformers' order: norm and (1 + w) product in float32, one rounding at the end.
         h = x if residual is None else x + residual
         hf = h.float()
         return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps) * scale).to(h.dtype), h
+
+
+class FloatRMSNorm(GemmaRMSNorm):
+    """x / rms(x) * weight, the product in float32 and one rounding (Muse Glimmer's final norm; Llama's layers.RMSNorm
+    rounds the normed x first)."""
+
+    offset = 0.0
 
 
 class DecoderLayer(nn.Module):

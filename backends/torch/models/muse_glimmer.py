@@ -6,7 +6,7 @@ with weightless q/k norms and a sigmoid output gate; a weightless norm on the em
 from __future__ import annotations
 
 from lantern.app.models.spec import ModelConfig
-from lantern.backends.torch.layers import Attention, RMSNorm
+from lantern.backends.torch.layers import Attention
 from lantern.backends.torch.models import gemma
 from lantern.backends.torch.models.hrm_text import PlainRMSNorm
 from lantern.backends.torch.parallel import TPGroup
@@ -21,7 +21,7 @@ class DecoderLayer(gemma.DecoderLayer):
 
 class CausalLM(gemma.CausalLM):
     decoder_layer = DecoderLayer
-    final_norm = RMSNorm  # (a plain weighted norm, not Gemma's 1 + w)
+    final_norm = gemma.FloatRMSNorm  # (a plain weighted norm, not Gemma's 1 + w; the product in float32)
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()):
         super().__init__(cfg, tp)
