@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -223,19 +224,18 @@ def echo_logprobs(
     prompt token's logprob given those before it (None for the first), then the generated tokens', text offsets
     counted over both. A logprob of -inf (a token the model's head cannot produce) is sent as -9999.0, as vLLM does:
     JSON has no infinity."""
-    lps = list(scored or [None] * len(prompt_ids)) + list(generated)
-    tokens = [token_text(tokenizer, t) for t in prompt_ids] + [token_text(tokenizer, lp.token_id) for lp in generated]
-    offsets, pos = [], 0
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
+    tokens = [token_text(tokenizer, t) for t in prompt_ids]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0))
+    lps = scored or [None] * len(prompt_ids)
+    then = completion_logprobs(tokenizer, generated, sum(map(len, tokens)))
     return {
-        "tokens": tokens,
-        "token_logprobs": [None if lp is None else max(lp.logprob, -9999.0) for lp in lps],
+        "tokens": tokens + then["tokens"],
+        "token_logprobs": [None if lp is None else max(lp.logprob, -9999.0) for lp in lps] + then["token_logprobs"],
         "top_logprobs": [
             None if lp is None else {token_text(tokenizer, t): max(v, -9999.0) for t, v in lp.top.items()} for lp in lps
-        ],
-        "text_offset": offsets,
+        ]
+        + then["top_logprobs"],
+        "text_offset": offsets + then["text_offset"],
     }
 
 

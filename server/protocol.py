@@ -169,11 +169,6 @@ def _check_template_kwargs(value: dict[str, Any] | None) -> dict[str, Any] | Non
     return value
 
 
-def _is_count(values: list[Any]) -> bool:
-    """All plain integers (not bools): what max() may combine before SamplingParams validates them."""
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-
-
 def _refuse(param: str, why: str) -> InvalidRequestError:
     return InvalidRequestError(f"{param} {why}", param=param)
 
@@ -346,8 +341,9 @@ class CompletionRequest(_SamplingFields):
         # echo with logprobs scores the prompt's tokens too (OpenAI's legacy completions; lm-evaluation-harness's
         # log-likelihoods), as vLLM's prompt_logprobs does: the engine's prompt_logprobs, as many alternatives as
         # the larger asks
-        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
-        scored = max(asked) if len(asked) == 2 and _is_count(asked) else (asked[0] if asked else None)
+        scored = self.prompt_logprobs  # (an invalid one kept: SamplingParams refuses it by name)
+        if self.echo and self.logprobs is not None and (scored is None or 0 <= scored < self.logprobs):
+            scored = self.logprobs
         return self._sampling(self.max_tokens, self.logprobs, {}, prompt_logprobs=scored)
 
     def prompts(self) -> list[str | list[int]]:

@@ -62,7 +62,6 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "attn_output_gate": "sigmoid",
         "qk_norm": True,
         "sandwich_norms": True,
-        "norm_offset": True,
         "embed_norm": True,
         "post_norm_eps": float(cfg.get("post_norm_eps", 1e-8)),
         "logits_divisor": 1.0 / mult,

@@ -101,7 +101,6 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "rglru": RGLRUConfig(tuple(kinds), width, heads, conv),
         "intermediate_size": int(cfg["intermediate_size"]) // 2,  # (RecurrentGemmaMlp's width)
         "hidden_act": "gelu_tanh",
-        "norm_offset": True,
         "embed_multiplier": float(np.float32(_bf16(hidden**0.5))),
         "final_softcap": float(cap) if cap else None,
         "rope_scaling": {**rope, "rope_type": "default", "partial_rotary_factor": factor},

@@ -16,8 +16,9 @@ from tests.conformance.test_parity import PROMPT, hf_model
 from tests.fixtures.teacher_forcing import teacher_forced_logits
 
 
-def reference_folder(src: Path, out: Path, transform: Callable[[str, np.ndarray], np.ndarray]) -> Path:
-    """A copy of the float folder `src` whose weights went through `transform(name, w)`."""
+def relaid_folder(src: Path, out: Path, relay: Callable[[str, np.ndarray], dict[str, np.ndarray]]) -> Path:
+    """A copy of the folder `src` (its other files as they are) whose tensors are relay(name, w): the names and
+    values each one becomes (none: dropped)."""
     from safetensors.numpy import load_file, save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -25,11 +26,14 @@ def reference_folder(src: Path, out: Path, transform: Callable[[str, np.ndarray]
         if f.suffix != ".safetensors" and f.is_file():
             shutil.copy(f, out / f.name)
     for f in src.glob("*.safetensors"):
-        weights = load_file(str(f))
-        save_file(
-            {k: np.ascontiguousarray(transform(k, v), dtype=np.float32) for k, v in weights.items()}, out / f.name
-        )
+        relaid = {k2: v2 for k, v in load_file(str(f)).items() for k2, v2 in relay(k, v).items()}
+        save_file(relaid, str(out / f.name), metadata={"format": "pt"})
     return out
+
+
+def reference_folder(src: Path, out: Path, transform: Callable[[str, np.ndarray], np.ndarray]) -> Path:
+    """A copy of the float folder `src` whose weights went through `transform(name, w)`."""
+    return relaid_folder(src, out, lambda k, v: {k: np.ascontiguousarray(transform(k, v), dtype=np.float32)})
 
 
 def logits_error(model: str, reference: str, backend: str, steps: int = 6, dtype: str = "float32", **options) -> float:

@@ -56,28 +56,22 @@ def test_logits_match_transformers(folder, backend):
 def test_the_released_layout_reads_as_transformers_reads_it(folder, tmp_path, backend):
     """nvidia's layout: each layer as an attention block layers.{2i} (mixer.*, attn_alpha) and an MLP block
     layers.{2i+1} (mixer.*, mlp_alpha); layer_types with an "mlp" entry after each and every count doubled."""
-    from safetensors.numpy import load_file, save_file
+    from tests.models.quant_logits import relaid_folder
 
     out, model = folder
-    released = tmp_path / "released"
-    released.mkdir()
-    for f in out.iterdir():
-        if f.name != "model.safetensors":
-            (released / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((out / "config.json").read_text())
     assert "mlp" in cfg["layer_types"]  # (transformers saves the released layout of the config already)
-    renamed = {}
-    for name, value in load_file(str(out / "model.safetensors")).items():
+
+    def released(name, value):
         m = re.match(r"backbone\.layers\.(\d+)\.(self_attn|mlp|lambda_1|lambda_2)(.*)$", name)
         if m is None:
-            renamed[name] = value
-            continue
+            return {name: value}
         i, part, rest = int(m.group(1)), m.group(2), m.group(3)
         block = {"self_attn": (2 * i, "mixer"), "mlp": (2 * i + 1, "mixer")}.get(part)
         block = block or {"lambda_1": (2 * i, "attn_alpha"), "lambda_2": (2 * i + 1, "mlp_alpha")}[part]
-        renamed[f"backbone.layers.{block[0]}.{block[1]}{rest}"] = value
-    save_file(renamed, str(released / "model.safetensors"), metadata={"format": "pt"})
-    _assert_matches(released, model, backend)
+        return {f"backbone.layers.{block[0]}.{block[1]}{rest}": value}
+
+    _assert_matches(relaid_folder(out, tmp_path / "released", released), model, backend)
 
 
 def _base(**extra) -> dict:

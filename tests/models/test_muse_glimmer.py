@@ -58,24 +58,19 @@ def test_logits_match_transformers(folder, backend):
 
 def test_mlx_communitys_flat_text_folder_reads_the_same(folder, tmp_path, backend):
     """mlx_lm's conversions: the text config's keys at the top (model_type muse_glimmer), model.* / lm_head names."""
-    from safetensors.numpy import load_file, save_file
-
     from tests.fixtures.teacher_forcing import assert_serves_like
+    from tests.models.quant_logits import relaid_folder
 
     out, model = folder
-    flat = tmp_path / "flat"
-    flat.mkdir()
-    for f in out.iterdir():
-        if f.name not in ("model.safetensors", "config.json"):
-            (flat / f.name).write_bytes(f.read_bytes())
+
+    def text_only(name, value):
+        if name.startswith(("model.vision", "model.multi_modal", "model.adapter")):
+            return {}
+        return {name.replace("model.language_model.", "model.", 1): value}
+
+    flat = relaid_folder(out, tmp_path / "flat", text_only)
     cfg = json.loads((out / "config.json").read_text())
     (flat / "config.json").write_text(json.dumps({**cfg["text_config"], "model_type": "muse_glimmer"}))
-    tensors = {
-        ("model." + n.removeprefix("model.language_model.") if n.startswith("model.language_model.") else n): v
-        for n, v in load_file(str(out / "model.safetensors")).items()
-        if not n.startswith(("model.vision", "model.multi_modal", "model.adapter"))
-    }
-    save_file(tensors, str(flat / "model.safetensors"), metadata={"format": "pt"})
     assert_serves_like(flat, model, backend, _check)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from lantern.app.models.errors import UnsupportedModelError
 from lantern.app.models.spec import ModelConfig
+from tests.models.quant_logits import relaid_folder
 
 SHAPE = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 7, "num_attention_heads": 4}
 SHAPE |= {"n_mamba_heads": 4, "mamba_d_state": 16, "mamba_ngroups": 2, "mamba_d_conv": 4, "adapter_rank": 8}
@@ -63,20 +64,6 @@ def test_logits_match_transformers(folder, backend):
     _assert_matches(*folder, backend)
 
 
-def _relaid(folder, dest, rename) -> None:
-    """A copy of `folder` with its tensors renamed by rename(name, value) -> {name: value}."""
-    from safetensors.numpy import load_file, save_file
-
-    dest.mkdir()
-    for f in folder.iterdir():
-        if f.name != "model.safetensors":
-            (dest / f.name).write_bytes(f.read_bytes())
-    tensors = {}
-    for name, value in load_file(str(folder / "model.safetensors")).items():
-        tensors.update(rename(name, value))
-    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-
-
 def test_shared_blocks_repeated_in_every_hybrid_layer_are_read_once(folder, tmp_path, backend):
     """Released folders store each hybrid layer's shared_transformer (the same values for layers of one block):
     the first hybrid layer of each block is read, the others' copies skipped -- here made different, so reading
@@ -96,7 +83,7 @@ def test_shared_blocks_repeated_in_every_hybrid_layer_are_read_once(folder, tmp_
                 copies[f"model.layers.{layer}.shared_transformer.{m.group(2)}"] = value * 0 + 7.0
         return copies
 
-    _relaid(out, tmp_path / "repeated", repeat)
+    relaid_folder(out, tmp_path / "repeated", repeat)
     _assert_matches(tmp_path / "repeated", model, backend)
 
 
@@ -124,7 +111,7 @@ def test_zyphras_blocks_layout_reads_as_mlx_lm_reads_it(folder, tmp_path, backen
             return {f"model.linear_layers.{hybrid.index(layer)}.{rest.removeprefix('linear.')}": value}
         return {f"model.mamba_layers.{layer}.{rest.removeprefix('mamba_decoder.')}": value}
 
-    _relaid(out, tmp_path / "zyphra", zyphra)
+    relaid_folder(out, tmp_path / "zyphra", zyphra)
     assert not any(n.startswith("model.layers.") for n in _names(tmp_path / "zyphra"))
     _assert_matches(tmp_path / "zyphra", model, backend)
 

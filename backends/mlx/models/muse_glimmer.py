@@ -7,16 +7,12 @@ norm.
 from __future__ import annotations
 
 from lantern.app.models.spec import ModelConfig
-from lantern.backends.mlx.layers import Attention
 from lantern.backends.mlx.models import gemma
 from lantern.backends.mlx.models.hrm_text import PlainRMSNorm
 
 
 class DecoderLayer(gemma.DecoderLayer):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__(cfg, layer_idx)
-        self.self_attn = Attention(cfg, layer_idx, norm=PlainRMSNorm)  # (q/k norms without weights)
-        self.post_attention_layernorm.eps = self.post_feedforward_layernorm.eps = cfg.post_norm_eps
+    qk_norm = PlainRMSNorm  # (q/k norms without weights; the post-sublayer norms' eps: cfg.post_norm_eps)
 
 
 class CausalLM(gemma.CausalLM):

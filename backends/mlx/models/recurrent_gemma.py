@@ -96,22 +96,23 @@ class RecurrentBlock(nn.Module):
         u = self.linear_x(h)
         w, bias = self.conv_1d.weight, self.conv_1d.bias
         windows, recurrences = state.conv[i], state.ssm[i]
-        pieces, spans = [], []
+        pieces, positions, spans = [], [], []  # decode rows first, then each prefill
         rows = meta.decode_token_idx
         if rows is not None:
             slots, fresh = meta.decode_state_slots, meta.decode_state_fresh  # (where, not a product: 0 * NaN)
             window = mx.where(fresh[:, None, None], 0, windows[slots])
             conv, windows[slots] = gated_delta.conv_step(u[rows], window, w, bias, silu=False)
             pieces.append(conv)
+            positions.append(meta.positions[rows])
         for p in meta.prefills:
             first = p.first_pos == 0
             window = mx.zeros_like(windows[p.state_slot]) if first else windows[p.state_slot]
             conv, windows[p.state_slot] = gated_delta.conv_chunk(u[p.q_start : p.q_end], window, w, bias, silu=False)
             pieces.append(conv)
+            positions.append(meta.positions[p.q_start : p.q_end])
             spans.append(first)
-        conv = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)  # decode rows first, then each prefill
-        positions = meta.positions if meta.restore_order is None else meta.positions[_batch_order(meta)]
-        log_a, x = self.rg_lru.gates(conv, positions == 0)
+        conv = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces)
+        log_a, x = self.rg_lru.gates(conv, mx.concatenate(positions) == 0)
         outs, at = [], 0
         if rows is not None:
             n = rows.shape[0]
@@ -131,12 +132,6 @@ class RecurrentBlock(nn.Module):
         if meta.restore_order is not None:
             out = out[meta.restore_order]
         return self.linear_out(out.astype(h.dtype) * y)
-
-
-def _batch_order(meta: AttentionMetadata) -> mx.array:
-    """The flattened batch's rows in the pieces' order (decode rows first, then each prefill): restore_order's
-    inverse."""
-    return mx.argsort(meta.restore_order)
 
 
 class DecoderLayer(nn.Module):

@@ -51,17 +51,20 @@ class FloatRMSNorm(GemmaRMSNorm):
 
 
 class DecoderLayer(nn.Module):
+    qk_norm: type[nn.Module] = GemmaRMSNorm  # the per-head q/k norms' class, when the config has them
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, tp, norm=GemmaRMSNorm)
+        self.self_attn = Attention(cfg, layer_idx, tp, norm=self.qk_norm)
         self.mlp = feed_forward(cfg, layer_idx, tp)
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(d, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(d, eps)
         self.sandwich = cfg.sandwich_norms  # (VaultGemma has no norm after attention nor after the MLP)
-        if self.sandwich:
-            self.post_attention_layernorm = GemmaRMSNorm(d, eps)
-            self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
+        if self.sandwich:  # (their eps: post_norm_eps where it differs, Muse Glimmer's)
+            post_eps = cfg.post_norm_eps if cfg.post_norm_eps is not None else eps
+            self.post_attention_layernorm = GemmaRMSNorm(d, post_eps)
+            self.post_feedforward_layernorm = GemmaRMSNorm(d, post_eps)
         # Gemma 3's sliding layers rotate with a plain rope of their own base (CausalLM's table).
         self.local_rope = self.self_attn.window is not None and cfg.local_rope_theta is not None
 

@@ -6,17 +6,13 @@ with weightless q/k norms and a sigmoid output gate; a weightless norm on the em
 from __future__ import annotations
 
 from lantern.app.models.spec import ModelConfig
-from lantern.backends.torch.layers import Attention
 from lantern.backends.torch.models import gemma
 from lantern.backends.torch.models.hrm_text import PlainRMSNorm
 from lantern.backends.torch.parallel import TPGroup
 
 
 class DecoderLayer(gemma.DecoderLayer):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
-        super().__init__(cfg, layer_idx, tp)
-        self.self_attn = Attention(cfg, layer_idx, tp, norm=PlainRMSNorm)  # (q/k norms without weights)
-        self.post_attention_layernorm.eps = self.post_feedforward_layernorm.eps = cfg.post_norm_eps
+    qk_norm = PlainRMSNorm  # (q/k norms without weights; the post-sublayer norms' eps: cfg.post_norm_eps)
 
 
 class CausalLM(gemma.CausalLM):
