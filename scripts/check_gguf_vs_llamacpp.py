@@ -19,7 +19,9 @@ value heads as wide as key heads; Command R+ q/k norms only at 64 layers; DeepSe
 26-27 layers): those print as refused with llama.cpp's reason. Two tiny files differ by llama.cpp's shortcuts, not
 in what they hold: olmo3 (llama.cpp rotates the sliding layers with the full layers' base, reading rope.freq_base_swa
 but not using it: the same 16 tokens when both bases are 500000, as OLMo 3's are) and exaone4 (llama.cpp slides
-only in a 64-layer EXAONE 4, so the tiny file's sliding and NoPE layers run as full rope layers there).
+only in a 64-layer EXAONE 4, so the tiny file's sliding and NoPE layers run as full rope layers there). phimoe differs
+by llama.cpp's graph, not the file: it runs Phi-3.5-MoE's LayerNorms as RMS norms and its SparseMixer as a
+renormalised softmax top-2 (Lantern computes the checkpoint's maths, as transformers does).
 
 Compared with float32 K/V and no flash attention (--f16-attention: llama-server's defaults, whose float16 rounding
 moves log-probs by up to 0.05 through HRM-Text's 12 passes): most families then agree to 1e-4.
@@ -58,10 +60,12 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_mimo2 import convert_mimo2
     from tests.fixtures.gguf_openelm import convert_openelm
+    from tests.fixtures.gguf_phimoe import convert_phimoe
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
     from tests.fixtures.gguf_renamed import convert_bailing, convert_minicpm3
     from tests.fixtures.nemotron_nas import LLAMA_CPP_BLOCKS, convert_deci, write_folder
     from tests.fixtures.tiny_models import ARCH_VARIANTS, build_model
+    from tests.models.test_deepseek_moe import convert_deepseek, deepseek_folder
     from tests.models.test_gguf_families import FILES
     from tests.models.test_gguf_gpt_classics import FILES as GPT
     from tests.models.test_gguf_llama_relatives import CASES as LLAMA_RELATIVES
@@ -113,6 +117,8 @@ def families() -> dict[str, Callable[[Path], Path]]:
     made["muse_glimmer"] = lambda d: convert_muse_glimmer(
         muse_glimmer_folder(d / "hf", post_norm_eps=1e-8)[0], d / "tiny-muse-glimmer.gguf"
     )
+    made["phimoe"] = lambda d: convert_phimoe(build_model("phimoe", d / "hf", router_jitter_noise=0.01), d / "pm.gguf")
+    made["deepseek"] = lambda d: convert_deepseek(deepseek_folder(d / "hf"), d / "tiny-deepseek.gguf")
     for case, loops in NANBEIGE.items():  # (tests/models/test_nanbeige.py)
         made[f"nanbeige_{case}"] = lambda d, k=loops: convert_nanbeige(
             nanbeige_folder(d / "hf", bias=False, **k), d / "nb.gguf"

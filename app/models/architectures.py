@@ -162,6 +162,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Hunyuan dense: Llama's layer with per-head q/k norms after the rope, NTK-alpha rope (family_hunyuan)
     "hunyuan_v1_dense": {"configure": "family_hunyuan", "own_rope": True, "defaults": "family_hunyuan", "names": True},
     # dots.llm1: Qwen3's attention over DeepSeek-V3's sigmoid-routed and shared experts past the first dense layers
+    # DeepSeek-MoE 16B (remote code): Llama's layer over DeepSeek's first mixture (softmax, shared experts)
+    "deepseek": {
+        "family": "llama_moe",
+        "configure": "family_llama_moe",
+        "defaults": "family_llama_moe:DEEPSEEK_DEFAULTS",
+    },
     "dots1": {"family": "llama_moe", "configure": "family_llama_moe", "defaults": "family_llama_moe"},
     # Solar Open: Llama's attention over GLM-4.5's (DeepSeek-V3's) mixture in every layer
     "solar_open": {

@@ -24,6 +24,12 @@ e_score_correction_bias (stored on the mixture, `mlp.e_score_correction_bias`), 
 scaled by router_scaling_factor, num_shared_experts' MLP beside it -- where mlp_layer_types says "sparse" (by
 default every layer but the first). Its multi-token-prediction layers, stored after the stack, are skipped; its
 router (`mlp.router.gate`), router bias (`mlp.expert_bias`) and shared experts (`mlp.shared_mlp`) are renamed.
+
+DeepSeek-MoE (deepseek-ai/deepseek-moe-16b-base / -chat: model_type deepseek, remote code, DeepseekConfig): Llama's
+layer over DeepSeek's first mixture -- a softmax over every routed expert in the model dtype, the top-k weights as
+they are (renormalised only with norm_topk_prob, + 1e-20 as its MoEGate does), n_shared_experts' MLP
+(n_shared_experts x moe_intermediate_size wide) always added -- from first_k_dense_replace on (every
+moe_layer_freq-th layer: 1 in the releases), a dense MLP of intermediate_size before.
 """
 
 from __future__ import annotations
@@ -80,9 +86,24 @@ HY_V3_DEFAULTS: dict[str, Any] = {
 }
 
 
+# DeepseekConfig's defaults (deepseek-moe's configuration_deepseek.py) for the keys ModelConfig.from_hf reads
+DEEPSEEK_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 102400,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 2048,
+}
+
+
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig field overrides for a dots1, solar_open, flint or hy_v3 config; refuses, naming the key, what it
-    does not compute."""
+    """ModelConfig field overrides for a dots1, solar_open, flint, hy_v3 or deepseek config; refuses, naming the key,
+    what it does not compute."""
+    if model_type == "deepseek":
+        return _deepseek(cfg, fields)
     if model_type == "hy_v3":
         return _hy_v3(cfg, fields)
     if model_type == "solar_open":
@@ -207,6 +228,37 @@ def _hy_v3(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
         shared_size=int(cfg.get("num_shared_experts") or 0) * inner,
     )
     return {"qk_norm": True, "moe": moe if "sparse" in kinds else None}
+
+
+def _deepseek(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    check_silu(cfg, "DeepSeek-MoE")
+    if cfg.get("attention_bias"):  # (its DeepseekAttention would bias o_proj too)
+        raise _refuse("attention_bias", cfg["attention_bias"], " for deepseek (biases on the projections)")
+    if cfg.get("scoring_func", "softmax") != "softmax":  # (its MoEGate computes no other)
+        raise _refuse("scoring_func", cfg["scoring_func"], " for deepseek (its router is a softmax)")
+    if cfg.get("moe_layer_freq", 1) != 1:
+        raise _refuse("moe_layer_freq", cfg["moe_layer_freq"], " (every layer past first_k_dense_replace sparse)")
+    experts, layers = int(cfg.get("n_routed_experts") or 0), fields["num_layers"]
+    first = int(cfg.get("first_k_dense_replace") or 0)
+    if experts == 0 or first >= layers:
+        return {"moe": None}  # (DeepseekDecoderLayer: a dense MLP in every layer)
+    top_k = cfg.get("num_experts_per_tok")
+    if not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts)")
+    inner = cfg.get("moe_intermediate_size", 1407)
+    if not isinstance(inner, int) or inner < 1:
+        raise _refuse("moe_intermediate_size", inner, " (a positive width)")
+    moe = DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=inner,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) and top_k > 1,
+        router_weights_fp32=True,
+        first_dense=first,
+        shared_size=int(cfg.get("n_shared_experts") or 0) * inner,
+        router_fp32=False,  # (its MoEGate scores in the model dtype)
+    )
+    return {"moe": moe}
 
 
 _RENAMES = (

@@ -1,7 +1,8 @@
 """GGUF config builders of the newer mixture-of-experts families, each as llama.cpp's converter writes it (the
 helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
 (exaone-moe) and Mistral Small 4 (mistral4); MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's; and
-DBRX (dbrx), Cohere2-MoE (cohere2moe), MiMo-V2-Flash (mimo2) and Kimi Linear (kimi-linear).
+DBRX (dbrx), Cohere2-MoE (cohere2moe), MiMo-V2-Flash (mimo2) and Kimi Linear (kimi-linear); the older DeepSeek-MoE
+(deepseek) and Phi-3.5-MoE (phimoe).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from lantern.app.models.gguf_config import _deepseek2, _head_dim, _layer_types, _Meta, _rotary_fraction
+from lantern.app.models.gguf_config import _deepseek2, _head_dim, _layer_types, _Meta, _phi3, _rotary_fraction
 from lantern.app.models.gguf_rope import longrope_tensors, rope_freqs_scaling, stated_rope_scaling
 from lantern.app.models.spec import UnsupportedModelError
 
@@ -348,7 +349,62 @@ def _kimi_linear(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> d
     }
 
 
+def _deepseek_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-MoE 16B (llama.cpp's DeepseekModel: q/k permuted as Llama's, the experts stacked, the shared experts
+    as ffn_*_shexp). Its graph: a softmax over the experts, the top-k weights as they are (whatever the file's
+    gating function), times expert_weights_scale (1 as converted); the shared experts' width n_ff_exp x count."""
+    scale = meta.get("expert_weights_scale")
+    if scale is not None and float(scale) != 1.0:
+        raise UnsupportedModelError(f"{meta.label}deepseek.expert_weights_scale={scale} is not implemented")
+    head_dim = _head_dim(meta, cfg)
+    if head_dim != cfg["hidden_size"] // cfg["num_attention_heads"] or _rotary_fraction(meta, head_dim) != 1.0:
+        raise UnsupportedModelError(
+            f"{meta.label}deepseek heads other than hidden_size / heads, or a partial rope, are not implemented"
+        )
+    out: dict[str, Any] = {
+        "model_type": "deepseek",
+        "n_routed_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "n_shared_experts": int(meta.get("expert_shared_count") or 0),
+        "moe_intermediate_size": int(meta.scalar("expert_feed_forward_length")),
+        "first_k_dense_replace": int(meta.get("leading_dense_block_count") or 0),
+        "norm_topk_prob": False,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+    }
+    rope = stated_rope_scaling(meta)
+    if rope:
+        out["rope_scaling"] = rope
+    return out
+
+
+def _phimoe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3.5-MoE (llama.cpp's PhiMoeModel, a Phi3MiniModel: its keys, LongRoPE as factor tensors with the converter's
+    attention factor, nothing permuted, the experts stacked). Computed as the checkpoint is (transformers'
+    modeling_phimoe: LayerNorms with biases, SparseMixer's choice with PhimoeConfig's router_jitter_noise 0.01, which
+    the file does not state), not as llama.cpp's graph shortcuts it (RMS norms, a renormalised softmax top-2)."""
+    out = _phi3(meta, tensors, cfg)
+    rope = out.get("rope_scaling")
+    if rope is not None:  # family_phimoe reads LongRoPE's attention factor as short_mscale = long_mscale
+        factor = rope.pop("attention_factor", None)
+        if factor is None:
+            scale = cfg["max_position_embeddings"] / out["original_max_position_embeddings"]
+            original = out["original_max_position_embeddings"]
+            factor = float(np.sqrt(1 + np.log(scale) / np.log(original))) if scale > 1 else 1.0
+        rope |= {"short_mscale": factor, "long_mscale": factor}
+    return {
+        **out,
+        "model_type": "phimoe",
+        "num_local_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "router_jitter_noise": 0.01,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "lm_head_bias": "output.bias" in tensors,
+    }
+
+
 MOE_BUILDERS = {
+    "deepseek": _deepseek_moe,
+    "phimoe": _phimoe,
     "kimi-linear": _kimi_linear,
     "mimo2": _mimo2,
     "cohere2moe": _cohere2moe,

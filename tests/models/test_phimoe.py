@@ -104,3 +104,22 @@ def test_longrope_model_matches_transformers(tmp_path, backend):
         assert_matches_reference(llm, hf_model(str(path)), PROMPT)
     finally:
         llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("longrope", [False, True])
+def test_llama_cpp_gguf_computes_what_transformers_computes(tmp_path, backend, longrope):
+    """llama.cpp's PhiMoeModel file (F32) of a folder whose router jitter is the released 0.01 and whose LongRoPE
+    mscale is the converter's own factor (what the file can hold): Lantern on it computes what transformers computes
+    on the folder -- LayerNorms and SparseMixer, not llama.cpp's RMS-norm / renormalised-softmax shortcut."""
+    from tests.fixtures.gguf_phimoe import convert_phimoe, converter_attn_factor
+    from tests.fixtures.teacher_forcing import assert_file_matches_folder
+
+    over: dict = {"router_jitter_noise": 0.01}
+    options = {"max_model_len": 256} if longrope else {}  # (the short factors, as transformers' phimoe takes them)
+    if longrope:
+        factor = converter_attn_factor(1024, 256)
+        rope = {**LONGROPE, "original_max_position_embeddings": 256, "short_mscale": factor, "long_mscale": factor}
+        over |= {"rope_parameters": rope, "head_dim": 16, "max_position_embeddings": 1024}
+    src = build_model("phimoe", tmp_path / "hf", **over)
+    path = convert_phimoe(src, tmp_path / "tiny-phimoe.gguf")
+    assert_file_matches_folder(path, src, backend, "phimoe", **options)
