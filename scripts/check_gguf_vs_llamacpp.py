@@ -59,6 +59,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_llama_relatives import convert
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_mimo2 import convert_mimo2
+    from tests.fixtures.gguf_laguna import convert_laguna
     from tests.fixtures.gguf_openelm import convert_openelm
     from tests.fixtures.gguf_phimoe import convert_phimoe
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
@@ -118,6 +119,18 @@ def families() -> dict[str, Callable[[Path], Path]]:
         muse_glimmer_folder(d / "hf", post_norm_eps=1e-8)[0], d / "tiny-muse-glimmer.gguf"
     )
     made["phimoe"] = lambda d: convert_phimoe(build_model("phimoe", d / "hf", router_jitter_noise=0.01), d / "pm.gguf")
+    for gating in (True, "per-element"):  # (tests/models/test_laguna.py's: XS.2's layer pattern, no router cap)
+        made[f"laguna_{'head' if gating is True else 'channel'}"] = lambda d, g=gating: convert_laguna(
+            build_model(
+                "laguna",
+                d / "hf",
+                layer_types=["full_attention"] + ["sliding_attention"] * 3,
+                num_attention_heads_per_layer=[8, 4, 4, 4],
+                moe_router_logit_softcapping=0.0,
+                gating=g,
+            ),
+            d / "tiny-laguna.gguf",
+        )
     made["deepseek"] = lambda d: convert_deepseek(deepseek_folder(d / "hf"), d / "tiny-deepseek.gguf")
     for case, loops in NANBEIGE.items():  # (tests/models/test_nanbeige.py)
         made[f"nanbeige_{case}"] = lambda d, k=loops: convert_nanbeige(

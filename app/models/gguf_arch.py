@@ -69,6 +69,11 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
         "exp_probs_b": "mlp.moe_statics.e_score_correction",  # .bias -> e_score_correction_bias
         **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
     },
+    "laguna": {  # the attention's gate, DeepSeek's router bias and shared expert
+        "attn_gate": "self_attn.gate_proj",
+        "exp_probs_b": "mlp.gate.e_score_correction",
+        **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
+    },
     "deepseek": {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},  # DeepSeek-MoE
     "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
     "minimax-m2": {"exp_probs_b": "mlp.gate.e_score_correction"},  # .bias -> e_score_correction_bias

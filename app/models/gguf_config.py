@@ -80,7 +80,9 @@ def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
     md = meta.md
     stated = meta.get("attention.head_count")
     # (Nemotron-NAS states heads per layer, 0 where a layer has no attention: the attention layers' count)
-    per_layer = meta.arch in ("deci", "openelm") and isinstance(stated, (list, tuple))  # (their builders state each)
+    per_layer = meta.arch in ("deci", "openelm", "laguna") and isinstance(
+        stated, (list, tuple)
+    )  # (their builders state each)
     heads = int(max(stated)) if per_layer else None
     heads = heads or int(meta.scalar("attention.head_count"))
     eos = [md.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]

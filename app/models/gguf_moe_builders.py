@@ -2,7 +2,7 @@
 helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
 (exaone-moe) and Mistral Small 4 (mistral4); MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's; and
 DBRX (dbrx), Cohere2-MoE (cohere2moe), MiMo-V2-Flash (mimo2) and Kimi Linear (kimi-linear); the older DeepSeek-MoE
-(deepseek) and Phi-3.5-MoE (phimoe).
+(deepseek) and Phi-3.5-MoE (phimoe); Poolside Laguna (laguna).
 """
 
 from __future__ import annotations
@@ -402,7 +402,63 @@ def _phimoe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     }
 
 
+def _laguna(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Poolside Laguna (llama.cpp's LagunaModel: a TextModel, nothing permuted): query heads per layer
+    (attention.head_count as an array), the softplus output gate per head or per channel as attn_gate's rows say,
+    sliding layers by attention.sliding_window_pattern or llama.cpp's XS.2 default (every 4th layer full, the first
+    of each period), the full layers' rope (base, width, YaRN) and the sliding ones' (rope.freq_base_swa,
+    rope.dimension_count_swa, plain), leading dense layers, a sigmoid router with its bias renormalised and scaled
+    beside one shared expert. Its router's logit cap is not in the file (llama.cpp has none)."""
+    layers, head_dim = cfg["num_hidden_layers"], _head_dim(meta, cfg)
+    stated = meta.need("attention.head_count")
+    heads = [int(h) for h in stated] if isinstance(stated, (list, tuple)) else [int(stated)] * layers
+    if len(heads) != layers:
+        raise UnsupportedModelError(f"{meta.label}laguna.attention.head_count has {len(heads)} values for {layers}")
+    widths = {int(tensors[f"blk.{i}.attn_gate.weight"].shape[1]) // h for i, h in enumerate(heads)}
+    if widths not in ({1}, {head_dim}):  # (llama.cpp reads each layer's; the checkpoints gate every layer alike)
+        raise UnsupportedModelError(f"{meta.label}laguna attn_gate rows mix per-head and per-channel gates")
+    window = int(meta.get("attention.sliding_window") or 0)
+    pattern = meta.get("attention.sliding_window_pattern", 4)
+    if isinstance(pattern, (list, tuple)):
+        slides = [bool(p) for p in pattern]
+    else:
+        slides = [int(pattern) == 0 or i % int(pattern) != 0 for i in range(layers)]
+    if len(slides) != layers:
+        raise UnsupportedModelError(f"{meta.label}laguna.attention.sliding_window_pattern has {len(slides)} flags")
+    full = {**(stated_rope_scaling(meta) or {"rope_type": "default"}), "rope_theta": cfg["rope_theta"]}
+    full["partial_rotary_factor"] = _rotary_fraction(meta, head_dim)
+    local_dims = int(meta.get("rope.dimension_count_swa") or head_dim)
+    local = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base_swa") or cfg["rope_theta"])}
+    if int(meta.get("expert_gating_func") or 2) != 2:
+        raise UnsupportedModelError(f"{meta.label}laguna.expert_gating_func other than sigmoid (2) is not implemented")
+    if not meta.get("expert_weights_norm", True) or int(meta.get("expert_shared_count") or 1) != 1:
+        raise UnsupportedModelError(
+            f"{meta.label}laguna experts unnormalised or shared other than once: not implemented"
+        )
+    dense = int(meta.get("leading_dense_block_count") or 0)
+    return {
+        "model_type": "laguna",
+        "head_dim": head_dim,
+        "num_attention_heads": heads[0],
+        "num_attention_heads_per_layer": heads,
+        "gating": True if widths == {1} else "per-element",
+        "sliding_window": window or None,
+        "layer_types": ["sliding_attention" if s and window else "full_attention" for s in slides],
+        "rope_parameters": {
+            "full_attention": full,
+            "sliding_attention": {**local, "partial_rotary_factor": local_dims / head_dim},
+        },
+        "num_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "moe_intermediate_size": int(meta.scalar("expert_feed_forward_length")),
+        "shared_expert_intermediate_size": int(meta.need("expert_shared_feed_forward_length")),
+        "moe_routed_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
+        "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(layers)],
+    }
+
+
 MOE_BUILDERS = {
+    "laguna": _laguna,
     "deepseek": _deepseek_moe,
     "phimoe": _phimoe,
     "kimi-linear": _kimi_linear,

@@ -78,3 +78,25 @@ def test_tensor_parallelism_is_refused_for_per_layer_heads():
     dense = ModelConfig.from_hf({"model_type": "laguna", **LAGUNA, "mlp_layer_types": ["dense"] * 4})
     with pytest.raises(ValueError, match="per-layer query heads"):
         local_config(dense, 2)
+
+
+@pytest.mark.parametrize("gating", [True, "per-element"])
+def test_llama_cpp_gguf_computes_what_transformers_computes(tmp_path, backend, gating):
+    """llama.cpp's LagunaModel file (F32) of a folder llama.cpp can mean (XS.2's layer pattern -- every 4th layer full,
+    from the first --, no router logit cap: the file has neither): Lantern on it computes what transformers computes
+    on the folder -- per-layer heads, the gate per head or per channel, each layer type's rope, the router."""
+    from tests.fixtures.gguf_laguna import convert_laguna
+    from tests.fixtures.teacher_forcing import assert_file_matches_folder
+    from tests.fixtures.tiny_models import build_model
+
+    types = ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"]
+    src = build_model(
+        "laguna",
+        tmp_path / "hf",
+        layer_types=types,
+        num_attention_heads_per_layer=[8, 4, 4, 4],
+        moe_router_logit_softcapping=0.0,
+        gating=gating,
+    )
+    path = convert_laguna(src, tmp_path / "tiny-laguna.gguf")
+    assert_file_matches_folder(path, src, backend, "laguna")
