@@ -56,10 +56,10 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_granite import convert_granite
     from tests.fixtures.gguf_hrm_text import convert_hrm_text, hrm_text_folder
     from tests.fixtures.gguf_kimi_linear import convert_kimi_linear, kimi_linear_folder
+    from tests.fixtures.gguf_laguna import convert_laguna
     from tests.fixtures.gguf_llama_relatives import convert
     from tests.fixtures.gguf_mamba import convert_mamba
     from tests.fixtures.gguf_mimo2 import convert_mimo2
-    from tests.fixtures.gguf_laguna import convert_laguna
     from tests.fixtures.gguf_openelm import convert_openelm
     from tests.fixtures.gguf_phimoe import convert_phimoe
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
