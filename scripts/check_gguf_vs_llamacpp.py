@@ -55,6 +55,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_gpt_families import convert_gpt_to_gguf
     from tests.fixtures.gguf_granite import convert_granite
     from tests.fixtures.gguf_hrm_text import convert_hrm_text, hrm_text_folder
+    from tests.fixtures.gguf_hy_v3 import convert_hy_v3
     from tests.fixtures.gguf_kimi_linear import convert_kimi_linear, kimi_linear_folder
     from tests.fixtures.gguf_laguna import convert_laguna
     from tests.fixtures.gguf_llama_relatives import convert
@@ -131,6 +132,10 @@ def families() -> dict[str, Callable[[Path], Path]]:
             ),
             d / "tiny-laguna.gguf",
         )
+    made["hy_v3"] = lambda d: convert_hy_v3(  # (tests/models/test_hy_v3.py's)
+        build_model("hy_v3", d / "hf", num_hidden_layers=3, mlp_layer_types=["sparse", "dense", "sparse"]),
+        d / "tiny-hy-v3.gguf",
+    )
     made["deepseek"] = lambda d: convert_deepseek(deepseek_folder(d / "hf"), d / "tiny-deepseek.gguf")
     for case, loops in NANBEIGE.items():  # (tests/models/test_nanbeige.py)
         made[f"nanbeige_{case}"] = lambda d, k=loops: convert_nanbeige(

@@ -74,6 +74,7 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
         "exp_probs_b": "mlp.gate.e_score_correction",
         **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
     },
+    "hy_v3": {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},  # (exp_probs_b bare)
     "deepseek": {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},  # DeepSeek-MoE
     "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
     "minimax-m2": {"exp_probs_b": "mlp.gate.e_score_correction"},  # .bias -> e_score_correction_bias
@@ -216,6 +217,7 @@ ARCH_BARE: dict[str, dict[str, str]] = {
     "mamba": _MAMBA_BARE,
     "jamba": _MAMBA_BARE,
     "kimi-linear": {"ssm_a": "self_attn.A_log"},  # (-exp(A_log) as written: family_kimi_linear takes the log back)
+    "hy_v3": {"exp_probs_b": "mlp.gate.e_score_correction_bias"},  # (HY-V3's converter names its router bias bare)
 }
 # Gemma 4: Gemma's sandwich norms, the MoE layers' extra norms, the per-layer-embedding tensors and the layer
 # scalar; the router's and experts' scales (`.scale` tensors) and the fused gate/up experts are named in

@@ -2,7 +2,7 @@
 helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
 (exaone-moe) and Mistral Small 4 (mistral4); MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's; and
 DBRX (dbrx), Cohere2-MoE (cohere2moe), MiMo-V2-Flash (mimo2) and Kimi Linear (kimi-linear); the older DeepSeek-MoE
-(deepseek) and Phi-3.5-MoE (phimoe); Poolside Laguna (laguna).
+(deepseek) and Phi-3.5-MoE (phimoe); Poolside Laguna (laguna) and Tencent's HY-V3 (hy_v3).
 """
 
 from __future__ import annotations
@@ -457,7 +457,38 @@ def _laguna(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     }
 
 
+def _hy_v3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """HY-V3 (llama.cpp's HYV3Model: a TextModel, nothing permuted; its prediction layers appended past the stack,
+    counted by nextn_predict_layers). A layer is a mixture where the file holds its router (llama.cpp's graph asks
+    no key); the router's bias is a bare exp_probs_b; the weights renormalised (expert_weights_norm, which the
+    converter writes) and scaled; the shared experts' width a whole number of expert widths."""
+    if int(meta.get("expert_gating_func") or 2) != 2:
+        raise UnsupportedModelError(f"{meta.label}hy_v3.expert_gating_func other than sigmoid (2) is not implemented")
+    if not meta.get("expert_weights_norm", False):  # (absent: llama.cpp does not renormalise)
+        raise UnsupportedModelError(f"{meta.label}hy_v3 without expert_weights_norm is not implemented")
+    inner = int(meta.scalar("expert_feed_forward_length"))
+    shared = int(meta.get("expert_shared_feed_forward_length") or 0)
+    if shared % inner:
+        raise UnsupportedModelError(f"{meta.label}hy_v3 shared experts {shared} wide, not a multiple of {inner}")
+    layers = cfg["num_hidden_layers"]
+    out: dict[str, Any] = {
+        "model_type": "hy_v3",
+        "head_dim": _head_dim(meta, cfg),
+        "num_experts": int(meta.need("expert_count")),
+        "num_experts_per_tok": int(meta.need("expert_used_count")),
+        "num_shared_experts": shared // inner,
+        "moe_intermediate_size": inner,
+        "router_scaling_factor": float(meta.get("expert_weights_scale") or 1.0),
+        "mlp_layer_types": ["sparse" if f"blk.{i}.ffn_gate_inp.weight" in tensors else "dense" for i in range(layers)],
+    }
+    rope = stated_rope_scaling(meta)
+    if rope:
+        out["rope_scaling"] = rope
+    return out
+
+
 MOE_BUILDERS = {
+    "hy_v3": _hy_v3,
     "laguna": _laguna,
     "deepseek": _deepseek_moe,
     "phimoe": _phimoe,

@@ -70,7 +70,7 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_.]+)\.(weight|bias|scales|biases)
 _SCALE_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate_inp|ffn_down_exps)\.scale$")
 _SCALES = {"ffn_gate_inp": "mlp.router_scale", "ffn_down_exps": "mlp.per_expert_scale"}
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
-_BARE_RE = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d)$")
+_BARE_RE = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d|exp_probs_b)$")
 
 # Architectures whose llama.cpp converter permuted q/k rows for its interleaved rotary layout.
 # mistral3 / smollm3 / arcee / granite / granitemoe: Ministral3Model, SmolLM3Model, ArceeModel, GraniteModel and
@@ -127,7 +127,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     m = _SCALE_RE.match(gguf_name)
     if m:
         return f"model.layers.{m.group(1)}.{_SCALES[m.group(2)]}"
-    m = _BARE_RE.match(gguf_name)  # Qwen3-Next's A, Granite 4.0-H's A and D (converters name them without a suffix)
+    m = _BARE_RE.match(gguf_name)  # Qwen3-Next's A, Granite 4.0-H's A and D, HY-V3's router bias (without a suffix)
     if m:
         bare = ARCH_BARE.get(arch, {"ssm_a": "linear_attn.A_log"}).get(m.group(2))
         return None if bare is None else f"model.layers.{m.group(1)}.{bare}"

@@ -79,3 +79,16 @@ def test_prediction_layers_after_the_stack_are_skipped(tmp_path, backend):
         assert_matches_reference(llm, ref, PROMPT, steps=4)
     finally:
         llm.engine.shutdown()
+
+
+def test_llama_cpp_gguf_computes_what_transformers_computes(tmp_path, backend):
+    """llama.cpp's HYV3Model file (F32; a mixture wherever the file holds a router, here not only past a dense
+    prefix): Lantern on it computes what transformers computes on the folder."""
+    from tests.fixtures.gguf_hy_v3 import convert_hy_v3
+    from tests.fixtures.teacher_forcing import assert_file_matches_folder
+    from tests.fixtures.tiny_models import build_model
+
+    kinds = ["sparse", "dense", "sparse"]
+    src = build_model("hy_v3", tmp_path / "hf", num_hidden_layers=3, mlp_layer_types=kinds, num_shared_experts=2)
+    path = convert_hy_v3(src, tmp_path / "tiny-hy-v3.gguf")
+    assert_file_matches_folder(path, src, backend, "hy_v3")
