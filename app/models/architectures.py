@@ -74,6 +74,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_recurrent_gemma",
         "tensors": True,
     },
+    # Step 3.5 Flash: Laguna's layer under zero-centred norms, a sigmoid gate per head, clamped SwiGLUs (family_step3p5)
+    "step3p5": {
+        "family": "step3p5",
+        "configure": "family_step3p5",
+        "defaults": "family_step3p5",
+        "prepare": True,
+        "own_rope": True,
+        "tensors": True,
+    },
     # Zamba2: Mamba-2 layers, some running one of a few shared attention blocks on [x, embedding] first
     "zamba2": {
         "family": "zamba2",

@@ -46,6 +46,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "gptj",
     "codegen",
     "laguna",
+    "step3p5",
     "mimo_v2_flash",
     "recurrent_gemma",
 )
