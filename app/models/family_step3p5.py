@@ -1,5 +1,7 @@
-"""StepFun Step 3.5 Flash (model_type "step3p5": stepfun-ai/Step-3.5-Flash, remote code): what its config.json
-means, as mlx_lm's step3p5 and StepFun's own code read it, turned into ModelConfig fields.
+"""StepFun Step 3.5 Flash (model_type "step3p5": stepfun-ai/Step-3.5-Flash, remote code) and Step 3.7 Flash's
+language model (step3p7: transformers' Step3p7ForConditionalGeneration, its vision tower not loaded): what the
+config.json means, as mlx_lm's step3p5, StepFun's code and transformers' Step3p7TextConfig read it (StepFun's keys or
+transformers'), turned into ModelConfig fields.
 
 The maths: Llama's pre-norm layer under zero-centred RMSNorms (x / rms(x) * (1 + w), in float32; the per-head q/k
 norms too); sliding and full layers (layer_types) with heads of their own (attention_other_setting's for the sliding
@@ -45,9 +47,46 @@ class SwigluLimits:
     shared: tuple[float | None, ...]
 
 
+def step3p7_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Step 3.7 Flash (model_type step3p7: Step 3.5's language model beside a vision tower, which is not loaded): its
+    text_config, in StepFun's keys or transformers' (Step3p7TextConfig's, read by prepare)."""
+    from lantern.app.models.spec import wrapped_text_config
+
+    text = cfg.get("text_config") or {}
+    tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+    return wrapped_text_config(cfg, "step3p5", bool(tie))
+
+
+def _from_transformers(cfg: dict[str, Any]) -> dict[str, Any]:
+    """transformers' Step3p7TextConfig keys (what its save_pretrained writes) as StepFun's: the experts' counts,
+    the sliding layers' heads, mlp_layer_types, rope_parameters nested by layer type."""
+    out = dict(cfg)
+    for ours, theirs in (("moe_num_experts", "n_routed_experts"), ("moe_top_k", "num_experts_per_tok")):
+        if ours not in out and theirs in cfg:
+            out[ours] = cfg[theirs]
+    if "attention_other_setting" not in out and cfg.get("num_sliding_attention_heads") is not None:
+        out["attention_other_setting"] = {"num_attention_heads": cfg["num_sliding_attention_heads"]}
+    if "moe_layers_enum" not in out and isinstance(cfg.get("mlp_layer_types"), list):
+        out["moe_layers_enum"] = ",".join(str(i) for i, k in enumerate(cfg["mlp_layer_types"]) if k == "sparse")
+    nested = cfg.get("rope_parameters") or {}
+    if isinstance(nested.get("full_attention", nested.get("sliding_attention")), dict) and "rope_theta" not in cfg:
+        types = cfg.get("layer_types") or []
+        by_type = {t: dict(nested.get(t) or {}) for t in dict.fromkeys(types)}
+        out["rope_theta"] = [float(by_type[t].get("rope_theta", 10000.0)) for t in types]
+        out["partial_rotary_factors"] = [float(by_type[t].get("partial_rotary_factor", 1.0)) for t in types]
+        full = by_type.get("full_attention") or {}
+        if (full.get("rope_type") or "default") != "default":  # (transformers scales the full layers only)
+            out["rope_scaling"] = {k: v for k, v in full.items() if k not in ("rope_theta", "partial_rotary_factor")}
+            out["yarn_only_types"] = ["full_attention"]
+        if (by_type.get("sliding_attention") or {}).get("rope_type", "default") != "default":
+            raise refuse("rope_parameters.sliding_attention.rope_type", nested["sliding_attention"]["rope_type"])
+    return out
+
+
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     """The keys spec.ModelConfig.from_hf reads: the K/V heads (num_attention_groups), the full layers' scalar rope
     base (the per-layer ones: configure), the per-layer lists cut to the decoder's layers."""
+    cfg = _from_transformers(cfg)
     layers = int(cfg["num_hidden_layers"])
     out = {**cfg, "num_key_value_heads": cfg.get("num_attention_groups", cfg.get("num_key_value_heads"))}
     for key in ("layer_types", "rope_theta", "partial_rotary_factors", "swiglu_limits", "swiglu_limits_shared"):
@@ -70,6 +109,13 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     for key in ("attention_bias", "mlp_bias", "use_bidirectional_attention"):
         if cfg.get(key):
             raise refuse(key, cfg[key], " for step3p5")
+    sparse_attention = (cfg.get("sparse_attention_config") or {}).get("sparse_attention_freq") or []
+    if any(sparse_attention) or set(cfg.get("layer_types") or []) - {"full_attention", "sliding_attention"}:
+        raise refuse("sparse_attention_config", cfg.get("sparse_attention_config"), " (its sparse attention layers)")
+    if cfg.get("gating", True) not in (True, "per-head"):  # (transformers' per-element gate does not compute)
+        raise refuse("gating", cfg["gating"], " (one gate per head)")
+    if "moe_router_scaling_factor" not in cfg:  # (mlx_lm's default 3, transformers' 1: state it)
+        raise refuse("moe_router_scaling_factor", None, " (its readers' defaults differ: state it)")
     layers, kv, head_dim = fields["num_layers"], fields["num_kv_heads"], fields["head_dim"]
     if cfg.get("query_pre_attn_scalar") not in (None, head_dim):  # (mlx_lm: head_dim ** -0.5 always)
         raise refuse("query_pre_attn_scalar", cfg["query_pre_attn_scalar"], f" other than head_dim ({head_dim})")
@@ -150,7 +196,7 @@ def _experts(cfg: dict[str, Any], layers: int) -> DeepSeekMoEConfig | None:
         scoring="sigmoid",
         topk_method="noaux_tc",  # (V3's choice with its bias, in one group)
         correction_bias=bool(cfg.get("use_moe_router_bias", True)),
-        routed_scaling_factor=float(cfg.get("moe_router_scaling_factor", 3.0)),
+        routed_scaling_factor=float(cfg["moe_router_scaling_factor"]),
         shared_size=int(cfg.get("share_expert_dim", 1280)),
     )
 
@@ -181,6 +227,7 @@ _NAMES = (
 )
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _MLX_NAMES = (".mlp.switch_mlp.", ".mlp.gate.gate.", ".mlp.share_expert.")
+_VISION = ("vision_model.", "vit_large_projector.", "model.vision_model.", "model.multi_modal_projector.")
 
 
 def name_map(spec: Any) -> Any:
@@ -188,6 +235,9 @@ def name_map(spec: Any) -> Any:
     layers = spec.config.num_layers
 
     def rename(name: str) -> str | None:
+        if name.startswith(_VISION):  # (Step 3.7's vision tower and projector)
+            return None
+        name = name.replace("model.language_model.", "model.", 1)
         m = _LAYER.match(name)
         if ".mtp" in name or (m and int(m.group(1)) >= layers):
             return None

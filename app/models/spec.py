@@ -71,6 +71,8 @@ MULTIMODAL_WRAPPERS = {
     "qwen3_vl_moe": _text_config("family_qwen3_vl"),
     "llama4": _text_config("family_llama4"),
     **{wrapper: _text_config("family_vl_wrappers") for wrapper in VL_WRAPPERS},
+    # Step 3.7 Flash: Step 3.5's language model (family_step3p5)
+    "step3p7": lambda cfg: importlib.import_module("lantern.app.models.family_step3p5").step3p7_text_config(cfg),
     # Kimi-VL (remote code, no transformers class): its text_config is DeepSeek-V3's
     "kimi_vl": lambda cfg: importlib.import_module("lantern.app.models.family_vl_wrappers").kimi_vl_text_config(cfg),
 }

@@ -163,3 +163,72 @@ def _config(**extra) -> dict:
 def test_what_it_cannot_compute_is_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_hf(_config(**extra))
+
+
+def step3p7_folder(out):
+    """transformers' own Step 3.7 Flash (a tiny vision tower beside the language model) as its save_pretrained writes
+    it: Step3p7TextConfig's keys, StepFun's tensor layout; norms, gates and router bias made non-trivial."""
+    import torch
+    from transformers import Step3p7Config, Step3p7ForConditionalGeneration
+
+    from tests.fixtures.tiny_models import build_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out)
+    text = {
+        "vocab_size": len(tokenizer),
+        **{
+            k: CONFIG[k]
+            for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "head_dim", "sliding_window")
+        },
+        **{k: CONFIG[k] for k in ("moe_intermediate_size", "share_expert_dim", "moe_router_scaling_factor")},
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_sliding_attention_heads": 8,
+        "layer_types": CONFIG["layer_types"][:4],
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "swiglu_limits": CONFIG["swiglu_limits"][:4],
+        "swiglu_limits_shared": CONFIG["swiglu_limits_shared"][:4],
+        "rope_theta": CONFIG["rope_theta"][:4],
+        "partial_rotary_factors": CONFIG["partial_rotary_factors"][:4],
+        "rope_scaling": CONFIG["rope_scaling"],
+        "max_position_embeddings": 256,
+        "initializer_range": 0.2,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    torch.manual_seed(0)
+    model = Step3p7ForConditionalGeneration(Step3p7Config(text_config=text, vision_config=vision | {"image_size": 56}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or ".g_proj." in name:
+                p.copy_(torch.randn_like(p) * 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.3)
+    model.save_pretrained(out)
+    return out
+
+
+def test_step3p7_language_model_matches_transformers(tmp_path, backend):
+    """Step 3.7 Flash's folder (transformers' keys and save_pretrained layout, a vision tower skipped): Lantern's
+    logits equal transformers' Step3p7ForConditionalGeneration on text."""
+    import torch
+    from transformers import Step3p7ForConditionalGeneration
+
+    from lantern.app.engine import LLM
+    from tests.fixtures.teacher_forcing import assert_matches_reference
+
+    folder = step3p7_folder(tmp_path / "step37")
+    ref = Step3p7ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        cfg = llm.engine.model_config
+        assert cfg.multimodal_wrapper == "step3p7" and cfg.layer_heads == (4, 8, 8, 8)
+        assert cfg.moe.routed_scaling_factor == 3.0 and cfg.swiglu_limits.routed[3] == 0.5
+        assert_matches_reference(llm, ref, PROMPT, steps=12)
+    finally:
+        llm.engine.shutdown()
