@@ -65,6 +65,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_phimoe import convert_phimoe
     from tests.fixtures.gguf_qwen3_next import convert_qwen3_next
     from tests.fixtures.gguf_renamed import convert_bailing, convert_minicpm3
+    from tests.fixtures.gguf_step35 import convert_step35
     from tests.fixtures.nemotron_nas import LLAMA_CPP_BLOCKS, convert_deci, write_folder
     from tests.fixtures.tiny_models import ARCH_VARIANTS, build_model
     from tests.models.test_deepseek_moe import convert_deepseek, deepseek_folder
@@ -77,6 +78,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.models.test_nanbeige import CASES as NANBEIGE
     from tests.models.test_nanbeige import convert_nanbeige, nanbeige_folder
     from tests.models.test_openelm import openelm_folder
+    from tests.models.test_step3p5 import step3p5_folder
 
     made: dict[str, Callable[[Path], Path]] = {}
     for name, (variant, overrides, _, options) in FILES.items():
@@ -136,6 +138,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
         build_model("hy_v3", d / "hf", num_hidden_layers=3, mlp_layer_types=["sparse", "dense", "sparse"]),
         d / "tiny-hy-v3.gguf",
     )
+    made["step35"] = lambda d: convert_step35(step3p5_folder(d / "hf"), d / "tiny-step35.gguf")
     made["deepseek"] = lambda d: convert_deepseek(deepseek_folder(d / "hf"), d / "tiny-deepseek.gguf")
     for case, loops in NANBEIGE.items():  # (tests/models/test_nanbeige.py)
         made[f"nanbeige_{case}"] = lambda d, k=loops: convert_nanbeige(

@@ -249,9 +249,10 @@ def name_map(spec: Any) -> Any:
 
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
-    """An mlx_lm-made folder stores the norms with the 1 added (its sanitize adds it to the released weights): taken
-    back, so that every layout holds them centred on 0 as the model files read them."""
-    if spec.weight_format == "gguf" or not _mlx_layout(spec):
+    """An mlx_lm-made folder and llama.cpp's GGUF store the norms with the 1 added (mlx_lm's sanitize and the converter
+    add it to the released weights): taken back, so that every layout holds them centred on 0 as the model files
+    read them."""
+    if spec.weight_format != "gguf" and not _mlx_layout(spec):
         yield from source
         return
     for name, value in source:

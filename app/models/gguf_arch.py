@@ -74,6 +74,11 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
         "exp_probs_b": "mlp.gate.e_score_correction",
         **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
     },
+    "step35": {  # Step 3.5's attention gate, DeepSeek's router bias and shared expert
+        "attn_gate": "self_attn.gate_proj",
+        "exp_probs_b": "mlp.gate.e_score_correction",
+        **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},
+    },
     "hy_v3": {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},  # (exp_probs_b bare)
     "deepseek": {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},  # DeepSeek-MoE
     "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},

@@ -17,6 +17,7 @@ from lantern.app.models.gguf_llama_builders import LLAMA_RELATIVE_BUILDERS
 from lantern.app.models.gguf_mamba_builders import MAMBA_BUILDERS
 from lantern.app.models.gguf_moe_builders import MOE_BUILDERS
 from lantern.app.models.gguf_rope import rope_freqs_scaling, stated_rope_scaling
+from lantern.app.models.gguf_step_builder import STEP_BUILDERS
 from lantern.app.models.spec import UnsupportedModelError
 
 
@@ -540,6 +541,7 @@ BUILDERS = {
     "llama4": _llama4,
     "apertus": _apertus,
     **GRANITE_BUILDERS,
+    **STEP_BUILDERS,
     **LLAMA_RELATIVE_BUILDERS,
     **MAMBA_BUILDERS,
     **MOE_BUILDERS,

@@ -67,7 +67,7 @@ def hf_config_from_gguf(metadata: dict[str, Any], tensors: dict[str, Any], name:
     builder = _BUILDERS.get(meta.arch) or BUILDERS.get(meta.arch)
     if builder is None:
         return None
-    if meta.arch not in ("exaone", "exaone4", "exaone-moe", "gemma4", "deci", "nanbeige"):  # (builders read it)
+    if meta.arch not in ("exaone", "exaone4", "exaone-moe", "gemma4", "deci", "nanbeige", "step35"):  # (builders: it)
         rope_freqs_scaling(meta, tensors, None)  # refuses a rope_freqs tensor: no other family here has one
     if meta.arch not in ("mistral3", "mistral4"):  # (their builders read it)
         _temperature(meta, refuse=True)
@@ -80,9 +80,8 @@ def _common(meta: _Meta, tensors: dict[str, Any]) -> dict[str, Any]:
     md = meta.md
     stated = meta.get("attention.head_count")
     # (Nemotron-NAS states heads per layer, 0 where a layer has no attention: the attention layers' count)
-    per_layer = meta.arch in ("deci", "openelm", "laguna") and isinstance(
-        stated, (list, tuple)
-    )  # (their builders state each)
+    # (their builders state each)
+    per_layer = meta.arch in ("deci", "openelm", "laguna", "step35") and isinstance(stated, (list, tuple))
     heads = int(max(stated)) if per_layer else None
     heads = heads or int(meta.scalar("attention.head_count"))
     eos = [md.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]

@@ -136,6 +136,12 @@ def rope_freqs_scaling(meta: _Meta, tensors: dict[str, Any], stated: dict[str, A
     head_dim = int(meta.get("attention.key_length") or 0)
     head_dim = head_dim or int(meta.need("embedding_length")) // int(meta.scalar("attention.head_count"))
     dims = int(meta.get("rope.dimension_count") or head_dim)
+    return llama3_from_divisors(divisors, float(meta.get("rope.freq_base", 10000.0)), dims, where)
+
+
+def llama3_from_divisors(divisors: np.ndarray, theta: float, dims: int, where: str) -> dict[str, Any] | None:
+    """The llama3 (or linear) rope_scaling whose per-frequency divisors over a `dims`-wide rope of base `theta` are
+    `divisors`; None when every one is 1; refused naming `where` when none gives them back."""
     if divisors.size * 2 != dims or not np.all(np.isfinite(divisors)) or np.any(divisors <= 0):
         raise UnsupportedModelError(
             f"{where} is not implemented: it holds {divisors.size} values, not a positive divisor for "
@@ -143,7 +149,6 @@ def rope_freqs_scaling(meta: _Meta, tensors: dict[str, Any], stated: dict[str, A
         )
     if np.all(divisors == 1.0):
         return None
-    theta = float(meta.get("rope.freq_base", 10000.0))
     for scaling in _candidates(divisors, theta, dims):
         if np.allclose(_divisors(scaling, theta, dims), divisors, rtol=_REL, atol=0.0):
             return scaling

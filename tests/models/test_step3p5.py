@@ -31,9 +31,9 @@ CONFIG = {  # Step-3.5-Flash's keys, its sizes scaled down (one prediction layer
     "rope_scaling": {
         "rope_type": "llama3",
         "factor": 2.0,
-        "original_max_position_embeddings": 64,
+        "original_max_position_embeddings": 16384,  # (two of the full layers' 4 frequencies on its ramp)
         "low_freq_factor": 1.0,
-        "high_freq_factor": 32.0,
+        "high_freq_factor": 128.0,
     },
     "max_position_embeddings": 256,
     "sliding_window": 8,
@@ -100,14 +100,17 @@ def step3p5_folder(out, **extra):
     return out
 
 
-def _assert_matches_mlx_lm(folder, backend, tolerance: float = 1e-4) -> None:
+def _assert_matches_mlx_lm(folder, backend, tolerance: float = 1e-4, model=None) -> None:
+    """Lantern on `model` (default: the folder) against mlx_lm on the folder."""
     from lantern.app.engine import LLM
     from tests.fixtures.teacher_forcing import mlx_lm_error
 
-    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    path = model or folder
+    llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
     try:
         cfg = llm.engine.model_config
-        assert cfg.layer_heads == (4, 8, 8, 8) and cfg.layer_windows == [None, 8, 8, 8] and cfg.mtp_layers == 1
+        assert cfg.layer_heads == (4, 8, 8, 8) and cfg.layer_windows == [None, 8, 8, 8]
+        assert cfg.rope_scaling["rope_type"] == "llama3" and cfg.local_rope_dim == 16
         assert cfg.swiglu_limits.routed == (None, None, None, 0.5) and cfg.swiglu_limits.shared[0] == 0.4
         forced = [5, 17, 42, 99, 7, 250, 31, 64, 120, 200, 3, 77]  # (past the window of 8)
         worst, scale = mlx_lm_error(llm, folder, PROMPT, forced)
@@ -118,6 +121,15 @@ def _assert_matches_mlx_lm(folder, backend, tolerance: float = 1e-4) -> None:
 
 def test_released_folder_matches_mlx_lm(tmp_path, backend, by_file_tokenizer):
     _assert_matches_mlx_lm(step3p5_folder(tmp_path / "step"), backend)
+
+
+def test_llama_cpp_gguf_matches_mlx_lm_on_the_folder(tmp_path, backend, by_file_tokenizer):
+    """llama.cpp's Step35Model file (F32, without the prediction layer) holds the folder's values: Lantern on it
+    computes what mlx_lm computes on the folder (the llama3 scaling recovered from rope_freqs, norms taken back)."""
+    from tests.fixtures.gguf_step35 import convert_step35
+
+    folder = step3p5_folder(tmp_path / "step")
+    _assert_matches_mlx_lm(folder, backend, model=convert_step35(folder, tmp_path / "tiny-step35.gguf"))
 
 
 def test_an_mlx_lm_quantized_folder_matches_mlx_lm(tmp_path, backend, by_file_tokenizer):
