@@ -338,6 +338,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "cohere2": {"family": "cohere", "configure": "family_cohere"},
     # Cohere2-MoE: Command A's parallel block over a mixture (its routing DeepSeek's), shared experts averaged in
     "cohere2_moe": {"family": "cohere", "configure": "family_cohere"},
+    # Cohere Compass (North-*-Vision's language model): Command A's block, its rope on the halves, per layer type
+    "cohere_compass_text": {"family": "cohere", "configure": "family_cohere"},
     # Command R / R+ / Aya: the same block with the rope on every layer; R+'s per-head q/k LayerNorms.
     "cohere": {"family": "cohere", "configure": "family_cohere"},
     # EXAONE 4: OLMo 2's post-sublayer norms with per-head q/k norms; global layers without rope (NoPE).

@@ -19,6 +19,12 @@ prefix_dense_sliding_window_pattern 1 (every prefix layer global) turns the rope
 mixture computes this routing (family_deepseek.DeepSeekMoEConfig: softmax of all then top-k renormalised is the
 softmax of the top k). With rms_norm_eps set its norms are RMSNorms (ModelConfig.rms_norm); its multi-token-
 prediction layers (num_nextn_predict_layers, stored after the stack) are skipped.
+
+Cohere Compass ("cohere_compass_text": the language model of CohereLabs/North-*-Vision, CohereCompassTextConfig):
+Command A's block whose rope turns the two halves of each head (Qwen3's rotate_half, not Cohere's pairs), each
+layer type on its own rope (rope_parameters by type; null: NoPE) -- its M-RoPE sections collapse to the plain rope
+on text, whose three position axes are equal --, head_dim hidden_size / heads, every layer full unless layer_types
+says, logits times logit_scale where stated (1 otherwise).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from lantern.app.models.family_deepseek import DeepSeekMoEConfig
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig field overrides for a cohere, cohere2 or cohere2_moe config.json (spec.ModelConfig.from_hf skips its
     Llama-family checks for configure families: the keys are checked here)."""
-    if model_type not in ("cohere", "cohere2", "cohere2_moe"):
+    if model_type not in ("cohere", "cohere2", "cohere2_moe", "cohere_compass_text"):
         raise UnsupportedModelError(f"family_cohere does not configure model_type {model_type!r}")
     check_silu(cfg, "Cohere")
     if cfg.get("attention_bias"):
@@ -47,6 +53,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
             "qk_norm": bool(cfg.get("use_qk_norm", False)),
             "max_position_embeddings": context,
         }
+    if model_type == "cohere_compass_text":
+        return _compass(cfg, fields)
     num_layers = fields["num_layers"]
     moe = model_type == "cohere2_moe"
     first_dense = int(cfg.get("first_k_dense_replace") or 0) if moe else 0
@@ -69,6 +77,38 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if moe:
         out.update(_mixture(cfg, fields, first_dense, sliding))
     return out
+
+
+def _compass(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    layers = fields["num_layers"]
+    types = cfg.get("layer_types") or ["full_attention"] * layers
+    check_attention_types(types, layers)
+    params = cfg.get("rope_parameters") or {}
+    thetas = {}
+    for kind in dict.fromkeys(types):
+        if kind not in params:
+            raise _refuse("rope_parameters", params, f" (a rope, or null, for the {kind} layers)")
+        rope = params[kind]
+        if rope is not None and (rope.get("rope_type") or "default") != "default":
+            raise _refuse(f"rope_parameters.{kind}.rope_type", rope["rope_type"], " (a plain rope)")
+        if rope is not None:
+            thetas[kind] = float(rope.get("rope_theta", 10000.0))
+    if len(set(thetas.values())) > 1:  # (the family's one rope table)
+        raise _refuse("rope_parameters", params, " (the layer types' ropes on different bases)")
+    sliding = [t == "sliding_attention" for t in types]
+    window = cfg.get("sliding_window", 4096)
+    if any(sliding) and not window:
+        raise _refuse("sliding_window", window, " with sliding_attention layers")
+    rotates = tuple(t in thetas for t in types)
+    scale = cfg.get("logit_scale")
+    return {
+        **_common({**cfg, "logit_scale": 1.0 if scale is None else scale}, fields),
+        "head_dim": fields["hidden_size"] // fields["num_heads"],  # (CohereCompassTextConfig sets it so)
+        "rope_interleaved": False,
+        "rope_theta": next(iter(thetas.values()), fields["rope_theta"]),
+        "rope_layers": None if all(rotates) else rotates,
+        "layer_windows": [int(window) if s else None for s in sliding] if any(sliding) else None,
+    }
 
 
 def _pattern(cfg: dict[str, Any], key: str, default: int) -> int:
@@ -139,5 +179,6 @@ def _common(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
         "attention_bias": False,
         "hidden_act": "silu",
+        "rope_interleaved": True,  # (Cohere's rope turns consecutive pairs)
         "logits_divisor": 1.0 / float(scale),
     }

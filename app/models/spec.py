@@ -50,6 +50,7 @@ VL_WRAPPERS = (
     "apertus1p5",
     "mllama",
     "muse_glimmer",
+    "cohere_compass",
 )
 
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.

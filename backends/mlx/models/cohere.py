@@ -1,6 +1,7 @@
 """Cohere Command R7B / Command A (cohere2) and Command R / R+ / Aya (cohere) decoder for MLX over a flattened
 token batch (maths in app/models/family_cohere.py; the torch file has the same layout): one LayerNorm per layer
-feeding attention and MLP in parallel, the rope on consecutive pairs and (cohere2) only on the sliding layers;
+feeding attention and MLP in parallel, the rope on consecutive pairs (Cohere Compass: the halves) and (cohere2) only
+on the sliding layers;
 Cohere2-MoE's mixture where a layer is sparse (deepseek.DeepSeekMoE: its routing is DeepSeek's).
 """
 
@@ -44,7 +45,7 @@ class CohereHeadNorm(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, rope_interleaved=True)
+        self.self_attn = Attention(cfg, layer_idx)  # (pairs or halves: ModelConfig.rope_interleaved)
         if cfg.qk_norm:
             attn = self.self_attn
             attn.q_norm = CohereHeadNorm(attn.n_heads, attn.head_dim, cfg.rms_norm_eps)

@@ -1,6 +1,7 @@
 """Cohere Command R7B / Command A (cohere2) and Command R / R+ / Aya (cohere) decoder in torch over a flattened
 token batch, the same layout as the MLX file (maths in app/models/family_cohere.py): one LayerNorm per layer
-feeding attention and MLP in parallel, the rope on consecutive pairs and (cohere2) only on the sliding layers
+feeding attention and MLP in parallel, the rope on consecutive pairs (Cohere Compass: the halves) and (cohere2) only
+on the sliding layers
 (layers.Attention with rope_interleaved and ModelConfig.rope_layers), logits scaled (ModelConfig.logits_divisor);
 Cohere2-MoE's mixture where a layer is sparse (deepseek.DeepSeekMoE: its routing is DeepSeek's).
 
@@ -42,7 +43,7 @@ class CohereAttention(Attention):
     ([heads, head_dim], broadcast over the tokens)."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
-        super().__init__(cfg, layer_idx, tp, rope_interleaved=True)
+        super().__init__(cfg, layer_idx, tp)  # (pairs or halves: ModelConfig.rope_interleaved)
         if cfg.qk_norm:
             self.q_norm = CohereLayerNorm((self.n_heads, self.head_dim), cfg.rms_norm_eps)
             self.k_norm = CohereLayerNorm((self.n_kv, self.head_dim), cfg.rms_norm_eps)
