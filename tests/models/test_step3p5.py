@@ -123,13 +123,15 @@ def test_released_folder_matches_mlx_lm(tmp_path, backend, by_file_tokenizer):
     _assert_matches_mlx_lm(step3p5_folder(tmp_path / "step"), backend)
 
 
-def test_llama_cpp_gguf_matches_mlx_lm_on_the_folder(tmp_path, backend, by_file_tokenizer):
-    """llama.cpp's Step35Model file (F32, without the prediction layer) holds the folder's values: Lantern on it
-    computes what mlx_lm computes on the folder (the llama3 scaling recovered from rope_freqs, norms taken back)."""
+@pytest.mark.parametrize("mtp", [False, True])
+def test_llama_cpp_gguf_matches_mlx_lm_on_the_folder(tmp_path, backend, mtp, by_file_tokenizer):
+    """llama.cpp's Step35Model file (F32, with or without the prediction layer's block, which is never run) holds the
+    folder's values: Lantern on it computes what mlx_lm computes on the folder (the llama3 scaling recovered from
+    rope_freqs, norms taken back)."""
     from tests.fixtures.gguf_step35 import convert_step35
 
     folder = step3p5_folder(tmp_path / "step")
-    _assert_matches_mlx_lm(folder, backend, model=convert_step35(folder, tmp_path / "tiny-step35.gguf"))
+    _assert_matches_mlx_lm(folder, backend, model=convert_step35(folder, tmp_path / "tiny-step35.gguf", mtp))
 
 
 def test_an_mlx_lm_quantized_folder_matches_mlx_lm(tmp_path, backend, by_file_tokenizer):
