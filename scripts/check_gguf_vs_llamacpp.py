@@ -74,6 +74,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.models.test_gguf_llama_relatives import CASES as LLAMA_RELATIVES
     from tests.models.test_gguf_mamba import FILES as MAMBA
     from tests.models.test_gguf_qwen3_next import FILES as QWEN3_NEXT
+    from tests.models.test_ling1 import convert_ling1, ling1_folder
     from tests.models.test_muse_glimmer import convert_muse_glimmer, muse_glimmer_folder
     from tests.models.test_nanbeige import CASES as NANBEIGE
     from tests.models.test_nanbeige import convert_nanbeige, nanbeige_folder
@@ -139,6 +140,9 @@ def families() -> dict[str, Callable[[Path], Path]]:
         d / "tiny-hy-v3.gguf",
     )
     made["step35"] = lambda d: convert_step35(step3p5_folder(d / "hf"), d / "tiny-step35.gguf")
+    made["ling1"] = lambda d: convert_ling1(  # (tests/models/test_ling1.py's)
+        ling1_folder(d / "hf", rotary_dim=None, first_k_dense_replace=0), d / "tiny-ling1.gguf"
+    )
     made["deepseek"] = lambda d: convert_deepseek(deepseek_folder(d / "hf"), d / "tiny-deepseek.gguf")
     for case, loops in NANBEIGE.items():  # (tests/models/test_nanbeige.py)
         made[f"nanbeige_{case}"] = lambda d, k=loops: convert_nanbeige(

@@ -427,7 +427,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "internlm3": {"same_as": "llama"},
     "iquestcoder": {"same_as": "llama"},
     "sarvam_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # (Bailing's tensor names)
-    "bailing_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # Ling / Ring 2.0
+    # Ling / Ring 2.0 (Ling 1.x: DeepSeek-MoE's maths, family_renamed)
+    "bailing_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True, "tensors": True},
     "sarvam_mla": {"same_as": "deepseek_v3"},
     "youtu": {"same_as": "deepseek_v3"},
     "youtu_llm": {"same_as": "deepseek_v3"},

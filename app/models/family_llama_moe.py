@@ -232,7 +232,7 @@ def _hy_v3(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
 
 def _deepseek(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     check_silu(cfg, "DeepSeek-MoE")
-    if cfg.get("attention_bias"):  # (its DeepseekAttention would bias o_proj too)
+    if cfg.get("attention_bias") and cfg.get("attention_out_bias", True):  # (its DeepseekAttention biases o_proj too)
         raise _refuse("attention_bias", cfg["attention_bias"], " for deepseek (biases on the projections)")
     if cfg.get("scoring_func", "softmax") != "softmax":  # (its MoEGate computes no other)
         raise _refuse("scoring_func", cfg["scoring_func"], " for deepseek (its router is a softmax)")
@@ -257,8 +257,9 @@ def _deepseek(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
         first_dense=first,
         shared_size=int(cfg.get("n_shared_experts") or 0) * inner,
         router_fp32=False,  # (its MoEGate scores in the model dtype)
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),  # (Ling 1.x's; DeepSeek-MoE has none)
     )
-    return {"moe": moe}
+    return {"moe": moe, "attention_bias": bool(cfg.get("attention_bias"))}  # (Ling 1.x's q/k/v biases, none on o_proj)
 
 
 _RENAMES = (

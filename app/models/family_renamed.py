@@ -5,9 +5,10 @@
 - IQuest-Coder (`iquestcoder`): Llama; the original code's clip_qkv and sliding window are refused, as
   IQuestCoderConfig refuses them.
 - Sarvam-30B (`sarvam_moe`): GLM-4.5's attention and mixture with the rope over the whole head, q/k norms on.
-- Ling / Ring 2.0 (`bailing_moe` with BailingMoeV2's keys: remote code, no transformers class; mlx_lm's
-  bailing_moe reads them): Sarvam-30B's layer and names with the rope on part of the head; the v1 models' softmax
-  router, MLP biases and a normalised head are refused.
+- Ling / Ring 2.0 (`bailing_moe` with BailingMoeV2's keys, a sigmoid router: remote code, no transformers class;
+  mlx_lm's bailing_moe reads them): Sarvam-30B's layer and names with the rope on part of the head. Ling 1.x /
+  Ring-lite (the same model_type, a softmax router): DeepSeek-MoE's layer (q/k/v biases, a partial rope) with the
+  head's columns L2-normalised (norm_head); their MLP biases and q/k norms are refused.
 - Sarvam-105B (`sarvam_mla`): DeepSeek-V3 (MLA, one expert group); the original config's `deepseek_yarn` is YaRN.
 - Youtu-LLM (`youtu`, and `youtu_llm` as its released folders name it): DeepSeek-V3's latent attention over a
   dense SwiGLU MLP in every layer.
@@ -33,7 +34,10 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from lantern.app.models.errors import refuse
 from lantern.app.models.rope_config import longrope_scaling
@@ -164,7 +168,7 @@ RENAMED["bailing_moe"] = (
 )
 # BailingMoeV2's keys whose other values are maths Lantern does not compute (mlx_lm's defaults are the first two's)
 _BAILING_REFUSED = {
-    "score_function": ("sigmoid", " (Ling 1.x's softmax router: not implemented)"),
+    "score_function": ("sigmoid", ""),  # (softmax: Ling 1.x, _ling1)
     "moe_router_enable_expert_bias": (True, " (a sigmoid router without its expert bias)"),
     "use_bias": (False, " (biases on o_proj and the MLPs)"),
     "norm_head": (False, " (a normalised output head)"),
@@ -270,6 +274,8 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
                 raise refuse(key, out[key], " for iquestcoder (IQuestCoderConfig refuses it too)")
     if model_type == "sarvam_mla":
         out = _sarvam_mla_legacy(out)
+    if model_type == "bailing_moe" and out.get("score_function", "softmax") == "softmax":
+        return _ling1(out)  # (Ling 1.x: DeepSeek-MoE's maths)
     if model_type == "bailing_moe":
         out = _bailing(out)
     if model_type == "mimo":
@@ -310,7 +316,9 @@ def _pruned_head(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def extra_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig fields a renamed architecture sets beyond its family's: MiniCPM3's muP scalars, MiniCPM's
-    LongRoPE and the length it attends densely within."""
+    LongRoPE and the length it attends densely within, Ling 1.x's normalised head."""
+    if model_type == "bailing_moe":
+        return {"norm_head": bool(cfg.get("norm_head"))}
     if model_type == "minicpm":
         return _minicpm_fields({**RENAMED[model_type][1], **cfg})
     if model_type == "apertus1p5_text":
@@ -453,6 +461,66 @@ def _bailing(cfg: dict[str, Any]) -> dict[str, Any]:
     if out.get("n_group", 1) == 1:
         out["topk_group"] = 1  # (mlx_lm's default 4 means nothing without groups)
     return out
+
+
+# Ling 1.x keys whose other values are maths Lantern does not compute (mlx_lm's defaults are these)
+_LING1_REFUSED = {
+    "use_bias": (False, " (biases on o_proj and the MLPs)"),
+    "use_qk_norm": (False, " for Ling 1.x (its q/k norms)"),
+    "moe_router_enable_expert_bias": (False, " (a softmax router with an expert bias)"),
+    "n_group": (1, " for Ling 1.x (expert groups)"),
+}
+
+
+def _ling1(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Ling 1.x / Ring-lite (BailingMoeForCausalLM: remote code, mlx_lm's bailing_moe reads it) as DeepSeek-MoE's
+    config: Llama's attention (q/k/v biases with use_qkv_bias, none on o_proj; a partial rope with rotary_dim) over a
+    softmax router, its top-k renormalised with norm_topk_prob and scaled, beside the shared experts; norm_head's
+    column-normalised head is extra_fields'."""
+    for key, (wanted, why) in _LING1_REFUSED.items():
+        if cfg.get(key, wanted) not in (wanted, None if wanted is False else wanted):
+            raise refuse(key, cfg[key], why)
+    heads = cfg["num_attention_heads"]
+    width = cfg["hidden_size"] // heads
+    if cfg.get("head_dim") not in (None, width):
+        raise refuse("head_dim", cfg["head_dim"], f" for bailing_moe (its attention is hidden / heads = {width} wide)")
+    inner = cfg.get("moe_shared_expert_intermediate_size")
+    if inner not in (None, cfg["moe_intermediate_size"]):
+        raise refuse("moe_shared_expert_intermediate_size", inner, " (each shared expert as wide as a routed one)")
+    out = {k: v for k, v in cfg.items() if k not in ("score_function", "n_group", "topk_group", "norm_head")}
+    out |= {"model_type": "deepseek", "head_dim": width, "attention_out_bias": False}  # (use_qkv_bias: q/k/v only)
+    if cfg.get("rotary_dim") is not None:
+        out["partial_rotary_factor"] = cfg["rotary_dim"] / width
+    if not cfg.get("moe_router_enable_shared_expert", True):
+        out["n_shared_experts"] = 0
+    if not cfg.get("moe_router_enable_routed_scaling", True):
+        out["routed_scaling_factor"] = 1.0
+    return out
+
+
+def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
+    """Ling 1.x's norm_head: the head's columns divided by their L2 norms (+ 1e-7) in float32, as its code and mlx_lm
+    compute them, once while loading (a quantized head is taken as its converter normalised it); the rest as is."""
+    if not spec.config.norm_head:
+        yield from source
+        return
+    for name, value in source:
+        yield name, (_column_normalised(value) if name == "lm_head.weight" else value)
+
+
+def _column_normalised(w: Any) -> Any:
+    if type(w).__module__.startswith("mlx"):
+        import mlx.core as mx
+
+        f = w.astype(mx.float32)
+        return (f / (mx.sqrt((f * f).sum(axis=0, keepdims=True)) + 1e-7)).astype(w.dtype)
+    if type(w).__module__.startswith("torch"):
+        f = w.float()
+        return (f / (f.norm(dim=0, keepdim=True) + 1e-7)).to(w.dtype)
+    if isinstance(w, np.ndarray) and w.dtype.kind == "f":
+        f = w.astype(np.float32)
+        return (f / (np.sqrt((f * f).sum(axis=0, keepdims=True)) + 1e-7)).astype(w.dtype)
+    return w  # (quantized: its converter stored the normalised head)
 
 
 def _sarvam_mla_legacy(cfg: dict[str, Any]) -> dict[str, Any]:

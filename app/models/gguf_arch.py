@@ -81,6 +81,7 @@ ARCH_LAYER: dict[str, dict[str, str]] = {
     },
     "hy_v3": {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},  # (exp_probs_b bare)
     "deepseek": {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},  # DeepSeek-MoE
+    "bailingmoe": {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")},  # Ling 1.x
     "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
     "minimax-m2": {"exp_probs_b": "mlp.gate.e_score_correction"},  # .bias -> e_score_correction_bias
     # Arcee Trinity: Gemma 2's four norms under AFMoE's names, the attention's output gate, the router as DeepSeek's

@@ -2,7 +2,7 @@
 helpers are gguf_config's): Arcee Trinity (afmoe), DeepSeek-V3.2 (deepseek32), GLM-5 (glm-dsa), K-EXAONE
 (exaone-moe) and Mistral Small 4 (mistral4); MiniCPM3 (minicpm3), whose latent attention is DeepSeek-V2's; and
 DBRX (dbrx), Cohere2-MoE (cohere2moe), MiMo-V2-Flash (mimo2) and Kimi Linear (kimi-linear); the older DeepSeek-MoE
-(deepseek) and Phi-3.5-MoE (phimoe); Poolside Laguna (laguna) and Tencent's HY-V3 (hy_v3).
+(deepseek), Ling 1.x (bailingmoe) and Phi-3.5-MoE (phimoe); Poolside Laguna (laguna) and Tencent's HY-V3 (hy_v3).
 """
 
 from __future__ import annotations
@@ -377,6 +377,23 @@ def _deepseek_moe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> 
     return out
 
 
+def _ling1(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Ling 1.x (llama.cpp's BailingMoeModel: query_key_value split into q / k / v, q and k permuted as Llama's, the
+    head's columns normalised when converted): DeepSeek-MoE's graph with the top-k weights renormalised where
+    expert_weights_norm says; read as Ling 1.x's config (family_renamed), its head stored normalised."""
+    out = _deepseek_moe(meta, tensors, cfg)
+    return {
+        **out,
+        "model_type": "bailing_moe",
+        "num_experts": out.pop("n_routed_experts"),
+        "num_shared_experts": out.pop("n_shared_experts"),
+        "norm_topk_prob": bool(meta.get("expert_weights_norm", False)),
+        "use_qkv_bias": out.pop("attention_bias"),
+        "score_function": "softmax",
+        "norm_head": False,  # (the converter stored it normalised)
+    }
+
+
 def _phimoe(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """Phi-3.5-MoE (llama.cpp's PhiMoeModel, a Phi3MiniModel: its keys, LongRoPE as factor tensors with the converter's
     attention factor, nothing permuted, the experts stacked). Computed as the checkpoint is (transformers'
@@ -488,6 +505,7 @@ def _hy_v3(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
 
 
 MOE_BUILDERS = {
+    "bailingmoe": _ling1,
     "hy_v3": _hy_v3,
     "laguna": _laguna,
     "deepseek": _deepseek_moe,

@@ -94,7 +94,8 @@ PERMUTED_ARCHITECTURES = {
     "minicpm",
     "deci",  # DeciModel: each layer's k rows by its own KV heads
     "nanbeige",  # NanbeigeModel is a LlamaModel
-    "deepseek",  # DeepseekModel permutes as LlamaModel
+    "deepseek",  # DeepseekModel and BailingMoeModel permute as LlamaModel
+    "bailingmoe",
     "muse-glimmer",  # MuseGlimmerModel un-permutes transformers' q/k layout the same way
 }
 

@@ -47,6 +47,7 @@ _PARTIAL_ROPE_FAMILIES = (
     "codegen",
     "laguna",
     "step3p5",
+    "deepseek",  # (Ling 1.x's partial rope: family_renamed reads it as DeepSeek-MoE's layer)
     "mimo_v2_flash",
     "recurrent_gemma",
 )

@@ -1,8 +1,8 @@
 """Ling / Ring 2.0 (`bailing_moe`, BailingMoeV2's config keys): no transformers class exists, so two references
 nobody here wrote — transformers' SarvamMoE (the same layer and tensor names: llama.cpp's converter says Sarvam-30B
 is BailingMoeV2 with a full rope) on the same weights, and mlx_lm's own bailing_moe model on an mlx_lm-made 4-bit
-folder. Config keys that ask for maths Lantern does not compute (Ling 1.x's softmax router, biases, a normalised
-head) are refused by name."""
+folder. Config keys that ask for maths Lantern does not compute (biases, a normalised head, Ling 2.0's routing
+switched off) are refused by name."""
 
 from __future__ import annotations
 
@@ -70,7 +70,6 @@ def test_config_is_sarvams_with_its_rope(folders):
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        ("score_function", "softmax"),
         ("moe_router_enable_expert_bias", False),
         ("use_bias", True),
         ("norm_head", True),
