@@ -512,9 +512,13 @@ def _column_normalised(w: Any) -> Any:
     if type(w).__module__.startswith("mlx"):
         import mlx.core as mx
 
+        if w.dtype not in (mx.float16, mx.bfloat16, mx.float32):  # (packed: normalised by its converter)
+            return w
         f = w.astype(mx.float32)
         return (f / (mx.sqrt((f * f).sum(axis=0, keepdims=True)) + 1e-7)).astype(w.dtype)
     if type(w).__module__.startswith("torch"):
+        if not w.is_floating_point():
+            return w
         f = w.float()
         return (f / (f.norm(dim=0, keepdim=True) + 1e-7)).to(w.dtype)
     if isinstance(w, np.ndarray) and w.dtype.kind == "f":

@@ -191,3 +191,55 @@ def test_the_normalised_head_matters(tmp_path, by_file_tokenizer):
 def test_what_it_cannot_compute_is_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_hf({**CONFIG, "vocab_size": 300, **extra})
+
+
+def _dequantized_copy(quantized, out):
+    """The mlx_lm-made folder's values as a float folder in its own layout (mx.dequantize of each quantized tensor;
+    the head as stored: already normalised, so norm_head off): what the quantized folder means, for mlx_lm."""
+    import shutil
+
+    import mlx.core as mx
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in quantized.iterdir():
+        if f.suffix != ".safetensors" and f.is_file():
+            shutil.copy(f, out / f.name)
+    cfg = json.loads((quantized / "config.json").read_text())
+    args = cfg.pop("quantization")
+    cfg.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps({**cfg, "norm_head": False}))
+    stored = {k: v for f in quantized.glob("*.safetensors") for k, v in mx.load(str(f)).items()}
+    floats = {}
+    for name, value in stored.items():
+        if name.endswith((".scales", ".biases")):
+            continue
+        module = name.rsplit(".", 1)[0]
+        if name.endswith(".weight") and f"{module}.scales" in stored:
+            group = args.get(module, args)
+            value = mx.dequantize(
+                value,
+                stored[f"{module}.scales"],
+                stored.get(f"{module}.biases"),
+                group_size=group["group_size"],
+                bits=group["bits"],
+            )
+        floats[name] = value.astype(mx.float32)
+    mx.save_safetensors(str(out / "model.safetensors"), floats, metadata={"format": "mlx"})
+    return out
+
+
+def test_an_mlx_lm_quantized_folder_serves_its_stored_head(tmp_path, backend, by_file_tokenizer):
+    """mlx_lm's 4-bit conversion stores the head normalised, then quantized: served as stored (not normalised
+    again), it computes what mlx_lm computes on the float values the folder holds."""
+    from lantern.app.engine import LLM
+    from tests.fixtures.teacher_forcing import mlx_lm_error, quantized_by_mlx_lm
+
+    quantized = quantized_by_mlx_lm(ling1_folder(tmp_path / "ling"), tmp_path / "q4")
+    reference = _dequantized_copy(quantized, tmp_path / "ref")
+    llm = LLM(str(quantized), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+    try:
+        assert llm.engine.model_config.norm_head
+        worst, scale = mlx_lm_error(llm, reference, PROMPT, [5, 17, 42, 99])
+        assert worst < (1e-3 if backend == "mlx" else 4e-2) * scale, (worst, scale)
+    finally:
+        llm.engine.shutdown()
