@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from lantern.app.models.errors import UnsupportedModelError
@@ -40,27 +39,13 @@ SHAPE = {  # deepseek-moe-16b's keys, its sizes scaled down
 
 
 def deepseek_folder(out):
-    from safetensors.numpy import save_file
+    from tests.fixtures.remote_code_folders import save_folder, start_folder
 
-    from tests.fixtures.tiny_models import build_tokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out)
-    v, d = len(tokenizer), SHAPE["hidden_size"]
-    cfg = {"model_type": "deepseek", "architectures": ["DeepseekForCausalLM"], "vocab_size": v, **SHAPE}
-    cfg |= {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    (out / "config.json").write_text(json.dumps(cfg))
-    rng = np.random.default_rng(0)
-
-    def w(*shape, scale=0.1):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    cfg, w = start_folder(out, {"model_type": "deepseek", "architectures": ["DeepseekForCausalLM"], **SHAPE})
+    v, d = cfg["vocab_size"], SHAPE["hidden_size"]
 
     def mlp(prefix: str, width: int) -> dict:
-        return {
-            f"{prefix}.gate_proj.weight": w(width, d),
-            f"{prefix}.up_proj.weight": w(width, d),
-            f"{prefix}.down_proj.weight": w(d, width),
-        }
+        return w.mlp(prefix, width, d)
 
     tensors = {"model.embed_tokens.weight": w(v, d, scale=0.5), "model.norm.weight": 1 + w(d)}
     tensors["lm_head.weight"] = w(v, d, scale=0.5)
@@ -76,8 +61,7 @@ def deepseek_folder(out):
         tensors |= mlp(f"{p}.mlp.shared_experts", SHAPE["n_shared_experts"] * inner)
         for e in range(SHAPE["n_routed_experts"]):
             tensors |= mlp(f"{p}.mlp.experts.{e}", inner)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
+    return save_folder(out, tensors)
 
 
 def convert_deepseek(src, path):
@@ -87,7 +71,7 @@ def convert_deepseek(src, path):
     from safetensors.numpy import load_file
     from transformers import PreTrainedTokenizerFast
 
-    from tests.fixtures.gguf_writer import write_llama_hparams, write_llama_tensors, write_tokenizer
+    from tests.fixtures.gguf_writer import stack_experts, write_llama_hparams, write_llama_tensors, write_tokenizer
 
     cfg = json.loads((src / "config.json").read_text())
     w = gguf.GGUFWriter(path, "deepseek")
@@ -105,12 +89,8 @@ def convert_deepseek(src, path):
     w.add_expert_shared_count(cfg["n_shared_experts"])
     write_tokenizer(w, PreTrainedTokenizerFast.from_pretrained(str(src)))
     tensors = load_file(str(src / "model.safetensors"))
-    for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"]):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            each = [
-                tensors.pop(f"model.layers.{i}.mlp.experts.{e}.{proj}.weight") for e in range(cfg["n_routed_experts"])
-            ]
-            tensors[f"model.layers.{i}.mlp.experts.{proj}.weight"] = np.stack(each)
+    for i in range(cfg["num_hidden_layers"]):
+        stack_experts(tensors, f"model.layers.{i}.mlp.experts", cfg["n_routed_experts"])
     heads = cfg["num_attention_heads"]
     write_llama_tensors(w, src, gguf.MODEL_ARCH.DEEPSEEK, heads, cfg["num_key_value_heads"], tensors=tensors)
     return path

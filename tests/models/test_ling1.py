@@ -40,26 +40,14 @@ CONFIG = {  # Ling-lite's keys, its sizes scaled down
 
 
 def ling1_folder(out, **extra):
-    from safetensors.numpy import save_file
+    from tests.fixtures.remote_code_folders import save_folder, start_folder
 
-    from tests.fixtures.tiny_models import build_tokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out)
-    cfg = {**CONFIG, "vocab_size": len(tokenizer), **extra}
-    cfg |= {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    (out / "config.json").write_text(json.dumps(cfg))
-    rng = np.random.default_rng(0)
-    d, v, hd = cfg["hidden_size"], len(tokenizer), cfg["hidden_size"] // cfg["num_attention_heads"]
+    cfg, w = start_folder(out, {**CONFIG, **extra})
+    d, v, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
     qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd
 
-    def w(*shape, scale=0.1):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
     def mlp(prefix: str, width: int) -> dict:
-        return {f"{prefix}.gate_proj.weight": w(width, d), f"{prefix}.up_proj.weight": w(width, d)} | {
-            f"{prefix}.down_proj.weight": w(d, width)
-        }
+        return w.mlp(prefix, width, d)
 
     tensors = {"model.word_embeddings.weight": w(v, d, scale=0.5), "model.norm.weight": 1 + w(d)}
     tensors["lm_head.weight"] = w(v, d, scale=0.5)
@@ -77,8 +65,7 @@ def ling1_folder(out, **extra):
         tensors |= mlp(f"{p}.mlp.shared_experts", cfg["num_shared_experts"] * inner)
         for e in range(cfg["num_experts"]):
             tensors |= mlp(f"{p}.mlp.experts.{e}", inner)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
+    return save_folder(out, tensors)
 
 
 def convert_ling1(src, path):
@@ -89,7 +76,13 @@ def convert_ling1(src, path):
     from safetensors.numpy import load_file
     from transformers import PreTrainedTokenizerFast
 
-    from tests.fixtures.gguf_writer import permute_qk, write_llama_hparams, write_tokenizer
+    from tests.fixtures.gguf_writer import (
+        permute_qk,
+        stack_experts,
+        write_llama_hparams,
+        write_named_tensors,
+        write_tokenizer,
+    )
 
     cfg = json.loads((src / "config.json").read_text())
     heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"] // 4
@@ -118,23 +111,17 @@ def convert_ling1(src, path):
                 tensors[f"{p}.attention.q.{kind}"] = permute_qk(q, heads)
                 tensors[f"{p}.attention.k.{kind}"] = permute_qk(k, kv)
                 tensors[f"{p}.attention.v.{kind}"] = v
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            if f"{p}.mlp.experts.0.{proj}.weight" in tensors:
-                each = [tensors.pop(f"{p}.mlp.experts.{e}.{proj}.weight") for e in range(cfg["num_experts"])]
-                tensors[f"{p}.mlp.experts.{proj}.weight"] = np.stack(each)
+        stack_experts(tensors, f"{p}.mlp.experts", cfg["num_experts"])
     head = tensors["lm_head.weight"]
     tensors["lm_head.weight"] = head / (np.linalg.norm(head, axis=0, keepdims=True) + 1e-7)
     ours = {"attention.q": "attn_q", "attention.k": "attn_k", "attention.v": "attn_v", "attention.dense": "attn_output"}
-    for name, value in tensors.items():
+
+    def gguf_name(name: str) -> str | None:
         stem, kind = name.rsplit(".", 1)
         layer, part = (stem.split(".", 3)[2], stem.split(".", 3)[3]) if stem.startswith("model.layers.") else (0, "")
-        gguf_name = f"blk.{layer}.{ours[part]}.{kind}" if part in ours else names.get_name(name, (".weight", ".bias"))
-        assert gguf_name is not None, name
-        w.add_tensor(gguf_name, np.ascontiguousarray(value, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        return f"blk.{layer}.{ours[part]}.{kind}" if part in ours else names.get_name(name, (".weight", ".bias"))
+
+    write_named_tensors(w, tensors, gguf_name)
     return path
 
 

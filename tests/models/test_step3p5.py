@@ -7,9 +7,6 @@ added)."""
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pytest
 
 from lantern.app.models.errors import UnsupportedModelError
@@ -58,26 +55,14 @@ CONFIG = {  # Step-3.5-Flash's keys, its sizes scaled down (one prediction layer
 
 def step3p5_folder(out, **extra):
     """A released-layout folder: norms centred on 0, each MoE layer's experts stacked under `moe`."""
-    from safetensors.numpy import save_file
+    from tests.fixtures.remote_code_folders import save_folder, start_folder
 
-    from tests.fixtures.tiny_models import build_tokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out)
-    cfg = {**CONFIG, "vocab_size": len(tokenizer), **extra}
-    cfg |= {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    (out / "config.json").write_text(json.dumps(cfg))
-    rng = np.random.default_rng(0)
-    d, hd, v, kv = cfg["hidden_size"], cfg["head_dim"], len(tokenizer), cfg["num_attention_groups"]
+    cfg, w = start_folder(out, {**CONFIG, **extra})
+    d, hd, v, kv = cfg["hidden_size"], cfg["head_dim"], cfg["vocab_size"], cfg["num_attention_groups"]
     e, inner = cfg["moe_num_experts"], cfg["moe_intermediate_size"]
 
-    def w(*shape, scale=0.1):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
     def mlp(prefix: str, width: int) -> dict:
-        return {f"{prefix}.gate_proj.weight": w(width, d), f"{prefix}.up_proj.weight": w(width, d)} | {
-            f"{prefix}.down_proj.weight": w(d, width)
-        }
+        return w.mlp(prefix, width, d)
 
     tensors = {"model.embed_tokens.weight": w(v, d, scale=0.5), "model.norm.weight": w(d, scale=0.3)}
     tensors["lm_head.weight"] = w(v, d, scale=0.5)
@@ -96,8 +81,7 @@ def step3p5_folder(out, **extra):
         tensors |= {f"{p}.moe.gate_proj.weight": w(e, inner, d), f"{p}.moe.up_proj.weight": w(e, inner, d)}
         tensors |= {f"{p}.moe.down_proj.weight": w(e, d, inner), f"{p}.moe.gate.weight": w(e, d, scale=0.5)}
         tensors |= {f"{p}.moe.router_bias": w(e, scale=0.3)} | mlp(f"{p}.share_expert", cfg["share_expert_dim"])
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
+    return save_folder(out, tensors)
 
 
 def _assert_matches_mlx_lm(folder, backend, tolerance: float = 1e-4, model=None) -> None:
