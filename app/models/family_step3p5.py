@@ -80,6 +80,7 @@ def _from_transformers(cfg: dict[str, Any]) -> dict[str, Any]:
             out["yarn_only_types"] = ["full_attention"]
         if (by_type.get("sliding_attention") or {}).get("rope_type", "default") != "default":
             raise refuse("rope_parameters.sliding_attention.rope_type", nested["sliding_attention"]["rope_type"])
+        out.pop("rope_parameters")  # (read)
     return out
 
 
@@ -97,7 +98,9 @@ def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     thetas = out.get("rope_theta", 10000.0)
     out["rope_theta"] = float(thetas[0] if isinstance(thetas, list) else thetas)
     out["per_layer_rope_theta"] = thetas if isinstance(thetas, list) else [thetas] * layers
-    out.pop("rope_parameters", None)
+    flat = {k: v for k, v in (out.pop("rope_parameters", None) or {}).items() if k != "rope_theta"}
+    if flat and flat != {"rope_type": "default"}:  # (transformers drops a flat one, other readers take it as scaling)
+        raise refuse("rope_parameters", flat, " (a scaling stated outside rope_scaling: its readers disagree)")
     return out
 
 

@@ -431,7 +431,10 @@ def _laguna(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[s
     heads = [int(h) for h in stated] if isinstance(stated, (list, tuple)) else [int(stated)] * layers
     if len(heads) != layers:
         raise UnsupportedModelError(f"{meta.label}laguna.attention.head_count has {len(heads)} values for {layers}")
-    widths = {int(tensors[f"blk.{i}.attn_gate.weight"].shape[1]) // h for i, h in enumerate(heads)}
+    gates = [tensors.get(f"blk.{i}.attn_gate.weight") for i in range(layers)]
+    if any(g is None for g in gates):  # (llama.cpp's laguna graph needs every layer's)
+        raise UnsupportedModelError(f"{meta.label}laguna without an attn_gate tensor in every layer is not implemented")
+    widths = {int(g.shape[1]) // h for g, h in zip(gates, heads)}
     if widths not in ({1}, {head_dim}):  # (llama.cpp reads each layer's; the checkpoints gate every layer alike)
         raise UnsupportedModelError(f"{meta.label}laguna attn_gate rows mix per-head and per-channel gates")
     window = int(meta.get("attention.sliding_window") or 0)
