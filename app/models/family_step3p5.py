@@ -115,6 +115,9 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     sparse_attention = (cfg.get("sparse_attention_config") or {}).get("sparse_attention_freq") or []
     if any(sparse_attention) or set(cfg.get("layer_types") or []) - {"full_attention", "sliding_attention"}:
         raise refuse("sparse_attention_config", cfg.get("sparse_attention_config"), " (its sparse attention layers)")
+    rope_layers = cfg.get("use_rope_layers") or []  # (StepFun's vLLM code: NoPE where false; mlx_lm ignores it)
+    if not all(rope_layers[: fields["num_layers"]]):
+        raise refuse("use_rope_layers", rope_layers, " (rope-less layers: its readers disagree)")
     if cfg.get("gating", True) not in (True, "per-head"):  # (transformers' per-element gate does not compute)
         raise refuse("gating", cfg["gating"], " (one gate per head)")
     if "moe_router_scaling_factor" not in cfg:  # (mlx_lm's default 3, transformers' 1: state it)

@@ -154,6 +154,7 @@ def _config(**extra) -> dict:
         ({"attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 4}}, "num_attention_groups"),
         ({"attention_other_setting": {"num_attention_heads": 5}}, "num_attention_heads"),
         ({"query_pre_attn_scalar": 64}, "query_pre_attn_scalar"),
+        ({"use_rope_layers": [True, False, True, True, True]}, "use_rope_layers"),
         ({"swiglu_limits": [-1.0, 0, 0, 0, 0]}, "swiglu_limits"),
         ({"rope_parameters": {"factor": 2.0, "original_max_position_embeddings": 64}}, "rope_parameters"),
         ({"hidden_act": "gelu"}, "hidden_act"),
