@@ -469,6 +469,7 @@ _LING1_REFUSED = {
     "use_qk_norm": (False, " for Ling 1.x (its q/k norms)"),
     "moe_router_enable_expert_bias": (False, " (a softmax router with an expert bias)"),
     "n_group": (1, " for Ling 1.x (expert groups)"),
+    "use_sliding_window": (False, " for Ling 1.x (its sliding window)"),
 }
 
 

@@ -131,6 +131,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     local_heads = int(other.get("num_attention_heads", fields["num_heads"]))
     if int(other.get("num_attention_groups", kv)) != kv:  # (one K/V head count across the pool)
         raise refuse("attention_other_setting.num_attention_groups", other["num_attention_groups"], f" (not {kv})")
+    if int(other.get("head_dim", head_dim)) != head_dim:
+        raise refuse("attention_other_setting.head_dim", other["head_dim"], f" (the full layers' {head_dim})")
     heads = [local_heads if t == "sliding_attention" else fields["num_heads"] for t in types]
     if any(h % kv for h in heads):
         raise refuse("attention_other_setting.num_attention_heads", local_heads, f" (a multiple of {kv} K/V heads)")

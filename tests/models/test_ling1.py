@@ -173,7 +173,12 @@ def test_the_normalised_head_matters(tmp_path, by_file_tokenizer):
 
 @pytest.mark.parametrize(
     "extra, key",
-    [({"use_bias": True}, "use_bias"), ({"use_qk_norm": True}, "use_qk_norm"), ({"n_group": 2}, "n_group")],
+    [
+        ({"use_bias": True}, "use_bias"),
+        ({"use_qk_norm": True}, "use_qk_norm"),
+        ({"n_group": 2}, "n_group"),
+        ({"use_sliding_window": True}, "use_sliding_window"),
+    ],
 )
 def test_what_it_cannot_compute_is_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):

@@ -153,6 +153,7 @@ def _config(**extra) -> dict:
         ({"yarn_only_types": None}, "yarn_only_types"),
         ({"attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 4}}, "num_attention_groups"),
         ({"attention_other_setting": {"num_attention_heads": 5}}, "num_attention_heads"),
+        ({"attention_other_setting": {"num_attention_heads": 8, "head_dim": 32}}, "head_dim"),
         ({"query_pre_attn_scalar": 64}, "query_pre_attn_scalar"),
         ({"use_rope_layers": [True, False, True, True, True]}, "use_rope_layers"),
         ({"swiglu_limits": [-1.0, 0, 0, 0, 0]}, "swiglu_limits"),
