@@ -83,6 +83,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "own_rope": True,
         "tensors": True,
     },
+    # LongCat-Flash: two latent-attention sublayers and two MLPs per layer, a shortcut mixture with zero experts
+    "longcat_flash": {
+        "family": "longcat",
+        "configure": "family_longcat",
+        "defaults": "family_longcat",
+        "prepare": True,
+        "tensors": True,
+    },
     # Zamba2: Mamba-2 layers, some running one of a few shared attention blocks on [x, embedding] first
     "zamba2": {
         "family": "zamba2",

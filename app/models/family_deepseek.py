@@ -129,6 +129,9 @@ class MLAConfig:
     # rms eps, as llama.cpp norms them (gguf builders state it as latent_norm_eps)
     norm_eps: float = 1e-6
     rope: bool = True  # False: q_pe and k_pe are never rotated (Kimi Linear's latent attention)
+    # LongCat-Flash's LoRA scaling: the query times q_scale, the normed latent (keys' and values' source) times kv_scale
+    q_scale: float = 1.0
+    kv_scale: float = 1.0
 
     @property
     def pool_dim(self) -> int:
@@ -164,6 +167,7 @@ class DeepSeekMoEConfig(MoEConfig):
     router_fp32: bool = True
     norm_eps: float = 1e-20  # added to the top-k sum before renormalising (LFM2-MoE: 1e-6, Laguna: 0)
     logit_softcap: float = 0.0  # router logits -> cap * tanh(logits / cap) first (Laguna); 0: none
+    zero_experts: int = 0  # LongCat-Flash: router choices past num_experts, each adding its weight times the input
     choose_on_logits: bool = False  # Kolibri: the top-k of logits + bias (not of the scores + bias), scores as weights
 
     def is_sparse(self, layer_idx: int) -> bool:
@@ -397,7 +401,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
 
 
 # ---- MLX-format folders ---------------------------------------------------------------------------------
-_HALVES = re.compile(r"^(.*\.self_attn)\.(embed_q|unembed_out)\.weight$")
+_HALVES = re.compile(r"^(.*\.self_attn(?:\.\d+)?)\.(embed_q|unembed_out)\.weight$")  # (LongCat: self_attn.<i>)
 
 
 def join_mla_heads(source: Iterator[tuple[str, Any]], mla: MLAConfig, num_heads: int) -> Iterator[tuple[str, Any]]:

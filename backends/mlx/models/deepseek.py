@@ -107,10 +107,14 @@ class MLAttention(nn.Module):
         else:
             qr = self.q_a_layernorm(self.q_a_proj(x))
             q = self.q_b_proj(qr)
+        if m.q_scale != 1.0:  # (LongCat-Flash)
+            q = q * m.q_scale
         q = q.reshape(t, h, m.qk_head_dim)
         q_nope, q_pe = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
         kv = self.kv_a_proj_with_mqa(x)
         latent = self.kv_a_layernorm(kv[:, : m.kv_lora_rank])
+        if m.kv_scale != 1.0:  # (LongCat-Flash: keys and values alike, both read the latent)
+            latent = latent * m.kv_scale
         k_pe = kv[:, None, m.kv_lora_rank :]  # [T, 1, R]
         if m.rope:  # (Kimi Linear's are never rotated)
             q_pe, k_pe = self._rotate(q_pe, meta.positions), self._rotate(k_pe, meta.positions)

@@ -96,9 +96,13 @@ class MLAttention(nn.Module):
         else:
             qr = self.q_a_layernorm(self.q_a_proj(x))[0]
             q = self.q_b_proj(qr)
+        if m.q_scale != 1.0:  # (LongCat-Flash)
+            q = q * m.q_scale
         q_nope, q_pe = q.view(t, h, m.qk_head_dim).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
         latent = self.kv_a_layernorm(latent.contiguous())[0]
+        if m.kv_scale != 1.0:  # (LongCat-Flash: keys and values alike, both read the latent)
+            latent = latent * m.kv_scale
         k_pe = k_pe.reshape(t, 1, m.qk_rope_head_dim)
         if m.rope_interleave:  # pairs (x0, x1), ... -> halves: evens then odds
             q_pe = torch.cat([q_pe[..., 0::2], q_pe[..., 1::2]], dim=-1)
