@@ -185,6 +185,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "configure": "family_llama_moe",
         "defaults": "family_llama_moe:DEEPSEEK_DEFAULTS",
     },
+    # Klear (Kwai, remote code): Qwen3's attention over a biased sigmoid router, shared experts mixed in by a softmax
+    "Klear": {"family": "llama_moe", "configure": "family_llama_moe", "names": True},
     "dots1": {"family": "llama_moe", "configure": "family_llama_moe", "defaults": "family_llama_moe"},
     # Solar Open: Llama's attention over GLM-4.5's (DeepSeek-V3's) mixture in every layer
     "solar_open": {

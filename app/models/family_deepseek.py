@@ -168,6 +168,7 @@ class DeepSeekMoEConfig(MoEConfig):
     norm_eps: float = 1e-20  # added to the top-k sum before renormalising (LFM2-MoE: 1e-6, Laguna: 0)
     logit_softcap: float = 0.0  # router logits -> cap * tanh(logits / cap) first (Laguna); 0: none
     zero_experts: int = 0  # LongCat-Flash: router choices past num_experts, each adding its weight times the input
+    shared_mix: bool = False  # Klear: routed and shared outputs mixed by a softmax over mlp.coefficient(x)
     choose_on_logits: bool = False  # Kolibri: the top-k of logits + bias (not of the scores + bias), scores as weights
 
     def is_sparse(self, layer_idx: int) -> bool:

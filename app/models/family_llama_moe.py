@@ -30,6 +30,12 @@ layer over DeepSeek's first mixture -- a softmax over every routed expert in the
 they are (renormalised only with norm_topk_prob, + 1e-20 as its MoEGate does), n_shared_experts' MLP
 (n_shared_experts x moe_intermediate_size wide) always added -- from first_k_dense_replace on (every
 moe_layer_freq-th layer: 1 in the releases), a dense MLP of intermediate_size before.
+
+Klear (Kwai-Klear/Klear-46B-A2.5B: model_type "Klear", remote code; mlx_lm's Klear reads it): Qwen3's attention
+(per-head q/k RMSNorms, heads hidden_size / heads wide, a plain rope) over a float32 sigmoid router whose choice adds
+expert_bias, the top-k renormalised with norm_topk_prob, beside n_shared_experts' MLP; the two outputs mixed by a
+softmax over mlp.coefficient(x) (two logits, with a bias). Layers in mlp_only_layers (or off decoder_sparse_step) are
+a dense MLP.
 """
 
 from __future__ import annotations
@@ -100,10 +106,12 @@ DEEPSEEK_DEFAULTS: dict[str, Any] = {
 
 
 def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig field overrides for a dots1, solar_open, flint, hy_v3 or deepseek config; refuses, naming the key,
-    what it does not compute."""
+    """ModelConfig field overrides for a dots1, solar_open, flint, hy_v3, deepseek or Klear config; refuses, naming the
+    key, what it does not compute."""
     if model_type == "deepseek":
         return _deepseek(cfg, fields)
+    if model_type == "Klear":
+        return _klear(cfg, fields)
     if model_type == "hy_v3":
         return _hy_v3(cfg, fields)
     if model_type == "solar_open":
@@ -260,6 +268,45 @@ def _deepseek(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),  # (Ling 1.x's; DeepSeek-MoE has none)
     )
     return {"moe": moe, "attention_bias": bool(cfg.get("attention_bias"))}  # (Ling 1.x's q/k/v biases, none on o_proj)
+
+
+def _klear(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    check_silu(cfg, "Klear")
+    if cfg.get("attention_bias"):  # (its attention would bias o_proj too)
+        raise _refuse("attention_bias", cfg["attention_bias"], " for Klear (biases on the projections)")
+    if cfg.get("rope_scaling"):  # (its attention's rope is plain: mlx_lm's and its own code)
+        raise _refuse("rope_scaling", cfg["rope_scaling"], " for Klear (a plain rope)")
+    heads = fields["num_heads"]
+    if cfg.get("head_dim") not in (None, fields["hidden_size"] // heads):
+        raise _refuse("head_dim", cfg["head_dim"], " for Klear (its heads are hidden_size / heads wide)")
+    layers, step = fields["num_layers"], int(cfg.get("decoder_sparse_step", 1))
+    if step < 1:
+        raise _refuse("decoder_sparse_step", step, " (a positive layer count)")
+    only = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+    experts, top_k = int(cfg.get("num_experts") or 0), int(cfg.get("num_experts_per_tok", 1))
+    sparse = [experts > 0 and i not in only and (i + 1) % step == 0 for i in range(layers)]
+    if not any(sparse):
+        return {"qk_norm": True, "moe": None}
+    if not 1 <= top_k <= experts or experts < 2:
+        raise _refuse("num_experts_per_tok", top_k, f" (must be between 1 and the {experts} experts, at least 2)")
+    inner, shared = int(cfg["moe_intermediate_size"]), int(cfg.get("n_shared_experts") or 0)
+    if shared < 1:  # (its mixture always mixes in the shared experts)
+        raise _refuse("n_shared_experts", cfg.get("n_shared_experts"), " for Klear (at least one)")
+    moe = DeepSeekMoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=inner,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        router_weights_fp32=False,  # (the weights in the activations' dtype before the experts are scaled)
+        dense_layers=tuple(i for i, s in enumerate(sparse) if not s),
+        scoring="sigmoid",
+        topk_method="noaux_tc",  # (the choice by score + expert_bias, one group)
+        correction_bias=True,
+        shared_size=shared * inner,
+        norm_eps=0.0,
+        shared_mix=True,
+    )
+    return {"qk_norm": True, "moe": moe, "tie_word_embeddings": False}
 
 
 _RENAMES = (

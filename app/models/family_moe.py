@@ -162,6 +162,7 @@ _ROUTERS = (
     # DeepSeek-V3.2's indexer: its per-head weights choose the keys each query reads (transformers keeps it float32)
     ".indexer.weights_proj.weight",
     ".self_attn.router.weight",  # JetMoE's mixture of attention heads
+    ".mlp.coefficient.weight",  # Klear's mix of the routed and shared outputs
 )
 
 

@@ -170,6 +170,8 @@ class DeepSeekMoE(nn.Module):
             self.shared_experts = shared_experts
         if moe.post_norm:  # (A.X-K1: the mixture's output normed)
             self.post_mlp_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if moe.shared_mix:  # (Klear: the routed and shared outputs' weights, a softmax over two logits)
+            self.coefficient = nn.Linear(cfg.hidden_size, 2, bias=True)
 
     def _group_mask(self, group_scores: mx.array, num_experts: int) -> mx.array:
         """[T, E] bool: experts in each token's topk_group best groups."""
@@ -212,6 +214,9 @@ class DeepSeekMoE(nn.Module):
             weights = weights.astype(x.dtype)
         y = self.experts(x, ids)  # [T, k, hidden]
         out = (y * weights[..., None]).astype(x.dtype).sum(axis=1)  # each expert's share in float32
+        if self.moe.shared_mix:
+            mix = mx.softmax(self.coefficient(x).astype(mx.float32), axis=-1, precise=True).astype(x.dtype)
+            return out * mix[:, :1] + self.shared_experts(x) * mix[:, 1:]
         if "shared_experts" in self:
             out = out + self.shared_experts(x)
             if self.moe.shared_average:  # (Cohere2-MoE)

@@ -156,6 +156,8 @@ class DeepSeekMoE(SparseMoE):
         self.shared_experts = shared_experts
         if moe.post_norm:  # (A.X-K1: the mixture's output normed)
             self.post_mlp_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if moe.shared_mix:  # (Klear: the routed and shared outputs' weights, a softmax over two logits)
+            self.coefficient = nn.Linear(cfg.hidden_size, 2, bias=True)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k], float32 weights [T, k]) as transformers' DeepSeek routers pick them."""
@@ -196,6 +198,9 @@ class DeepSeekMoE(SparseMoE):
         if not self.moe.router_weights_fp32:  # ERNIE casts the weights to the model dtype first
             weights = weights.to(x.dtype)
         out = self.routed(x, ids, weights)  # float32 weights: each expert's share in float32
+        if self.moe.shared_mix:
+            mix = torch.softmax(self.coefficient(x).float(), dim=-1).to(x.dtype)
+            return out * mix[:, :1] + self.shared_experts(x) * mix[:, 1:]
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
             if self.moe.shared_average:  # (Cohere2-MoE)
