@@ -37,8 +37,6 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from lantern.app.models.errors import refuse
 from lantern.app.models.rope_config import longrope_scaling
 
@@ -510,22 +508,17 @@ def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator
 
 
 def _column_normalised(w: Any) -> Any:
+    """A float head (an MLX array or a torch tensor, as the stream yields them) normalised; a quantized one (its
+    wrapper types) as its converter stored it."""
     if type(w).__module__.startswith("mlx"):
         import mlx.core as mx
 
-        if w.dtype not in (mx.float16, mx.bfloat16, mx.float32):  # (packed: normalised by its converter)
-            return w
         f = w.astype(mx.float32)
         return (f / (mx.sqrt((f * f).sum(axis=0, keepdims=True)) + 1e-7)).astype(w.dtype)
     if type(w).__module__.startswith("torch"):
-        if not w.is_floating_point():
-            return w
         f = w.float()
         return (f / (f.norm(dim=0, keepdim=True) + 1e-7)).to(w.dtype)
-    if isinstance(w, np.ndarray) and w.dtype.kind == "f":
-        f = w.astype(np.float32)
-        return (f / (np.sqrt((f * f).sum(axis=0, keepdims=True)) + 1e-7)).astype(w.dtype)
-    return w  # (quantized: its converter stored the normalised head)
+    return w
 
 
 def _sarvam_mla_legacy(cfg: dict[str, Any]) -> dict[str, Any]:

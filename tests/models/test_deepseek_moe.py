@@ -44,9 +44,6 @@ def deepseek_folder(out):
     cfg, w = start_folder(out, {"model_type": "deepseek", "architectures": ["DeepseekForCausalLM"], **SHAPE})
     v, d = cfg["vocab_size"], SHAPE["hidden_size"]
 
-    def mlp(prefix: str, width: int) -> dict:
-        return w.mlp(prefix, width, d)
-
     tensors = {"model.embed_tokens.weight": w(v, d, scale=0.5), "model.norm.weight": 1 + w(d)}
     tensors["lm_head.weight"] = w(v, d, scale=0.5)
     inner = SHAPE["moe_intermediate_size"]
@@ -55,12 +52,9 @@ def deepseek_folder(out):
         tensors |= {f"{p}.self_attn.{n}_proj.weight": w(d, d) for n in "qkvo"}
         tensors |= {f"{p}.input_layernorm.weight": 1 + w(d), f"{p}.post_attention_layernorm.weight": 1 + w(d)}
         if i < SHAPE["first_k_dense_replace"]:
-            tensors |= mlp(f"{p}.mlp", SHAPE["intermediate_size"])
+            tensors |= w.mlp(f"{p}.mlp", SHAPE["intermediate_size"], d)
             continue
-        tensors[f"{p}.mlp.gate.weight"] = w(SHAPE["n_routed_experts"], d, scale=0.5)
-        tensors |= mlp(f"{p}.mlp.shared_experts", SHAPE["n_shared_experts"] * inner)
-        for e in range(SHAPE["n_routed_experts"]):
-            tensors |= mlp(f"{p}.mlp.experts.{e}", inner)
+        tensors |= w.moe(f"{p}.mlp", SHAPE["n_routed_experts"], inner, SHAPE["n_shared_experts"] * inner, d)
     return save_folder(out, tensors)
 
 

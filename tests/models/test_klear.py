@@ -50,11 +50,10 @@ def klear_folder(out):
         if i in cfg["mlp_only_layers"]:
             tensors |= w.mlp(f"{p}.mlp", cfg["intermediate_size"], d)
             continue
-        tensors |= {f"{p}.mlp.gate.weight": w(cfg["num_experts"], d, scale=0.5), f"{p}.mlp.expert_bias": w(8)}
-        tensors |= {f"{p}.mlp.coefficient.weight": w(2, d, scale=0.5), f"{p}.mlp.coefficient.bias": w(2)}
-        tensors |= w.mlp(f"{p}.mlp.shared_experts", cfg["n_shared_experts"] * cfg["moe_intermediate_size"], d)
-        for e in range(cfg["num_experts"]):
-            tensors |= w.mlp(f"{p}.mlp.experts.{e}", cfg["moe_intermediate_size"], d)
+        inner = cfg["moe_intermediate_size"]
+        tensors |= w.moe(f"{p}.mlp", cfg["num_experts"], inner, cfg["n_shared_experts"] * inner, d)
+        tensors |= {f"{p}.mlp.expert_bias": w(8), f"{p}.mlp.coefficient.bias": w(2)}
+        tensors[f"{p}.mlp.coefficient.weight"] = w(2, d, scale=0.5)
     return save_folder(out, tensors)
 
 

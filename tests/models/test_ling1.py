@@ -46,9 +46,6 @@ def ling1_folder(out, **extra):
     d, v, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
     qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd
 
-    def mlp(prefix: str, width: int) -> dict:
-        return w.mlp(prefix, width, d)
-
     tensors = {"model.word_embeddings.weight": w(v, d, scale=0.5), "model.norm.weight": 1 + w(d)}
     tensors["lm_head.weight"] = w(v, d, scale=0.5)
     inner = cfg["moe_intermediate_size"]
@@ -59,12 +56,9 @@ def ling1_folder(out, **extra):
             tensors[f"{p}.attention.query_key_value.bias"] = w(qkv, scale=0.3)
         tensors |= {f"{p}.input_layernorm.weight": 1 + w(d), f"{p}.post_attention_layernorm.weight": 1 + w(d)}
         if i < cfg["first_k_dense_replace"]:
-            tensors |= mlp(f"{p}.mlp", cfg["intermediate_size"])
+            tensors |= w.mlp(f"{p}.mlp", cfg["intermediate_size"], d)
             continue
-        tensors[f"{p}.mlp.gate.weight"] = w(cfg["num_experts"], d, scale=0.5)
-        tensors |= mlp(f"{p}.mlp.shared_experts", cfg["num_shared_experts"] * inner)
-        for e in range(cfg["num_experts"]):
-            tensors |= mlp(f"{p}.mlp.experts.{e}", inner)
+        tensors |= w.moe(f"{p}.mlp", cfg["num_experts"], inner, cfg["num_shared_experts"] * inner, d)
     return save_folder(out, tensors)
 
 

@@ -61,9 +61,6 @@ def step3p5_folder(out, **extra):
     d, hd, v, kv = cfg["hidden_size"], cfg["head_dim"], cfg["vocab_size"], cfg["num_attention_groups"]
     e, inner = cfg["moe_num_experts"], cfg["moe_intermediate_size"]
 
-    def mlp(prefix: str, width: int) -> dict:
-        return w.mlp(prefix, width, d)
-
     tensors = {"model.embed_tokens.weight": w(v, d, scale=0.5), "model.norm.weight": w(d, scale=0.3)}
     tensors["lm_head.weight"] = w(v, d, scale=0.5)
     sparse = {int(i) for i in cfg["moe_layers_enum"].split(",")}
@@ -76,11 +73,11 @@ def step3p5_folder(out, **extra):
         tensors |= {f"{p}.self_attn.{n}_norm.weight": w(hd, scale=0.3) for n in "qk"}
         tensors |= {f"{p}.{n}.weight": w(d, scale=0.3) for n in ("input_layernorm", "post_attention_layernorm")}
         if i not in sparse:
-            tensors |= mlp(f"{p}.mlp", cfg["intermediate_size"])
+            tensors |= w.mlp(f"{p}.mlp", cfg["intermediate_size"], d)
             continue
         tensors |= {f"{p}.moe.gate_proj.weight": w(e, inner, d), f"{p}.moe.up_proj.weight": w(e, inner, d)}
         tensors |= {f"{p}.moe.down_proj.weight": w(e, d, inner), f"{p}.moe.gate.weight": w(e, d, scale=0.5)}
-        tensors |= {f"{p}.moe.router_bias": w(e, scale=0.3)} | mlp(f"{p}.share_expert", cfg["share_expert_dim"])
+        tensors |= {f"{p}.moe.router_bias": w(e, scale=0.3)} | w.mlp(f"{p}.share_expert", cfg["share_expert_dim"], d)
     return save_folder(out, tensors)
 
 
