@@ -245,6 +245,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_hunyuan",
         "names": True,
     },
+    # Tencent's remote-code Hunyuan folders (A13B as released, 7B-0124, Hunyuan-Large): the class above or the dense
+    # one by its experts (family_hunyuan_remote: its config defaults, its fused q/k/v and MLP tensors)
+    "hunyuan": {"same_as": "hunyuan_v1_moe", "configure": "family_hunyuan_remote", "tensors": True},
     # Apertus: Llama's layer with per-head q/k norms and an ungated xIELU MLP (two trained scalars per layer)
     "apertus": {
         "family": "apertus",

@@ -72,9 +72,12 @@ def _experts(cfg: dict[str, Any], fields: dict[str, Any]) -> Any:
     experts, top_k = _uniform(cfg, "num_experts", 1, layers), _uniform(cfg, "moe_topk", 1, layers)
     if _uniform(cfg, "moe_intermediate_size", width, layers) != width:  # (transformers sizes both by the latter)
         raise _refuse("moe_intermediate_size", cfg["moe_intermediate_size"], f" (other than intermediate_size {width})")
-    if _uniform(cfg, "num_shared_expert", 1, layers) != 1 or cfg.get("use_mixed_mlp_moe", True) is False:
-        key = "num_shared_expert" if "num_shared_expert" in cfg else "use_mixed_mlp_moe"
-        raise _refuse(key, cfg[key], " (transformers' Hunyuan MoE adds one shared MLP)")
+    for key, bad in (
+        ("num_shared_expert", _uniform(cfg, "num_shared_expert", 1, layers) != 1),
+        ("use_mixed_mlp_moe", cfg.get("use_mixed_mlp_moe", True) is False),
+    ):
+        if bad:
+            raise _refuse(key, cfg[key], " (transformers' Hunyuan MoE adds one shared MLP)")
     if not 1 <= top_k <= experts:
         raise _refuse("moe_topk", cfg.get("moe_topk"), f" (must be between 1 and the {experts} experts)")
     return DeepSeekMoEConfig(

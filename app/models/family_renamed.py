@@ -37,6 +37,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from lantern.app.models import family_hunyuan_remote
 from lantern.app.models.errors import refuse
 from lantern.app.models.rope_config import longrope_scaling
 
@@ -148,6 +149,7 @@ RENAMED["mimo"] = ({}, {"max_position_embeddings": 32768})
 # Apertus 1.5's language model (Apertus1p5TextConfig, an ApertusConfig): its vocabulary extended by the visual and
 # audio codes, its head possibly pruned to the text ids (output_vocab_size: extra_fields)
 RENAMED["apertus1p5_text"] = ({}, {"vocab_size": 266752})
+RENAMED["hunyuan"] = ({}, family_hunyuan_remote.DEFAULTS)  # (Tencent's HunYuanConfig: family_hunyuan_remote)
 
 RENAMED["bailing_moe"] = (
     {
@@ -266,6 +268,8 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
         out[target] = value
     for key, value in defaults.items():
         out.setdefault(key, value)
+    if model_type == "hunyuan":  # (the dense or the mixture class, by its experts)
+        return family_hunyuan_remote.transformers_config(out)
     if model_type == "iquestcoder":
         for key in ("clip_qkv", "use_sliding_window"):
             if out.get(key):

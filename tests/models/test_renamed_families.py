@@ -33,10 +33,11 @@ def _config_class(model_type: str):
 
 
 # (bailing_moe has no transformers class: test_bailing.py checks it against mlx_lm and SarvamMoE; minicpm and
-# internlm2 neither: test_minicpm_internlm2_folders.py checks them against their remote code's defaults)
+# internlm2 neither: test_minicpm_internlm2_folders.py checks them against their remote code's defaults; hunyuan's
+# remote HunYuanConfig: test_hunyuan_remote.py)
 # (remote code only: no transformers config class to compare with)
 WITH_CLASSES = sorted(
-    set(RENAMED) - {"bailing_moe", "minicpm", "internlm2", "kimi_k2", "joyai_llm_flash", "mimo", "youtu_llm"}
+    set(RENAMED) - {"bailing_moe", "minicpm", "internlm2", "kimi_k2", "joyai_llm_flash", "mimo", "youtu_llm", "hunyuan"}
 )
 
 
