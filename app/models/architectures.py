@@ -434,10 +434,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "names": True,  # (mlx_lm's name for the linear layer)
         "defaults": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6},  # (DeciLMConfig is a LlamaConfig)
     },
-    # Another family's maths under other key names and defaults (family_renamed): InternLM3, IQuest-Coder (Llama),
-    # Sarvam-30B (GLM-4.5's mixture), Sarvam-105B (DeepSeek-V3), Youtu-LLM and MiniCPM3 (DeepSeek-V3's attention,
-    # dense MLPs)
+    # Another family's maths under other key names and defaults (family_renamed): InternLM3, IQuest-Coder, TeleChat3,
+    # XVERSE (Llama), Sarvam-30B (GLM-4.5's mixture), Sarvam-105B (DeepSeek-V3), Youtu-LLM and MiniCPM3 (DeepSeek-V3's
+    # attention, dense MLPs)
     "internlm3": {"same_as": "llama"},
+    "telechat3": {"same_as": "llama"},  # TeleChat3 (Tele-AI): Llama under its own YaRN (rope_config: telechat3-yarn)
+    "xverse": {"same_as": "llama"},  # XVERSE-7B / 13B / 65B (remote code): Llama under XverseConfig's defaults
     "iquestcoder": {"same_as": "llama"},
     "sarvam_moe": {"same_as": "glm4_moe", "configure": "family_renamed", "names": True},  # (Bailing's tensor names)
     # Ling / Ring 2.0 (Ling 1.x: DeepSeek-MoE's maths, family_renamed)

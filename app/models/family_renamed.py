@@ -149,6 +149,9 @@ RENAMED["mimo"] = ({}, {"max_position_embeddings": 32768})
 # Apertus 1.5's language model (Apertus1p5TextConfig, an ApertusConfig): its vocabulary extended by the visual and
 # audio codes, its head possibly pruned to the text ids (output_vocab_size: extra_fields)
 RENAMED["apertus1p5_text"] = ({}, {"vocab_size": 266752})
+RENAMED["telechat3"] = ({}, {})  # (its released configs state every key; its YaRN: rope_config)
+# XverseConfig's defaults (XVERSE-13B's shape; no KV heads key: every head its own, the rope's base 10000)
+RENAMED["xverse"] = ({}, {"vocab_size": 100278, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6})
 RENAMED["hunyuan"] = ({}, family_hunyuan_remote.DEFAULTS)  # (Tencent's HunYuanConfig: family_hunyuan_remote)
 
 RENAMED["bailing_moe"] = (
@@ -270,6 +273,10 @@ def family_config(model_type: str, family: str, cfg: dict[str, Any]) -> dict[str
         out.setdefault(key, value)
     if model_type == "hunyuan":  # (the dense or the mixture class, by its experts)
         return family_hunyuan_remote.transformers_config(out)
+    if model_type == "xverse":
+        for key in ("num_experts", "quantization_bit"):  # (XVERSE-MoE's mixture; its own int4 / int8 layout)
+            if out.get(key):
+                raise refuse(key, out[key], " for xverse (XVERSE's dense Llama layers only)")
     if model_type == "iquestcoder":
         for key in ("clip_qkv", "use_sliding_window"):
             if out.get(key):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lantern.app.models.errors import refuse as _refuse
@@ -91,6 +92,8 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
     plain = None if partial is None else {"rope_type": "default", "partial_rotary_factor": partial}
     if rope_type == "default":
         return plain
+    if rope_type == "telechat3-yarn":
+        rope_type, scaling = "yarn", _telechat3_yarn(scaling)
     if rope_type not in _ROPE_KEYS:
         raise _refuse("rope_scaling.rope_type", rope_type, f"; supported: default, {', '.join(sorted(_ROPE_KEYS))}")
     # truncate true: transformers' default (and mlx_lm's). False, an untruncated YaRN range (gpt-oss; any
@@ -127,6 +130,20 @@ def rope_scaling(cfg: dict[str, Any], rope: dict[str, Any], max_pos: int) -> dic
     if partial is not None:
         scaling["partial_rotary_factor"] = partial
     return {k: v for k, v in scaling.items() if v is not None}
+
+
+def _telechat3_yarn(scaling: dict[str, Any]) -> dict[str, Any]:
+    """TeleChat3's YaRN (rope_type "telechat3-yarn"): YaRN's frequencies, its attention factor 0.07 ln(factor) + 1
+    instead of YaRN's 0.1 ln(factor) + 1 (vLLM's TeleChat3RoPEScaledRotaryEmbedding; mlx_lm computes plain YaRN)."""
+    for key in ("attention_factor", "mscale", "mscale_all_dim"):  # (its code's factor reads none of them)
+        if scaling.get(key) is not None:
+            raise _refuse(f"rope_scaling.{key}", scaling[key], " for rope_type telechat3-yarn")
+    factor = scaling.get("factor")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+        raise _refuse("rope_scaling.factor", factor, " (rope_type telechat3-yarn needs a positive factor)")
+    if scaling.get("original_max_position_embeddings") is None:  # (vLLM derives it; the released configs state it)
+        raise _refuse("rope_scaling.original_max_position_embeddings", None, " for rope_type telechat3-yarn")
+    return {**scaling, "attention_factor": 0.07 * math.log(factor) + 1.0 if factor > 1 else 1.0}
 
 
 def _longrope(

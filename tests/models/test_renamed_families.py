@@ -34,10 +34,22 @@ def _config_class(model_type: str):
 
 # (bailing_moe has no transformers class: test_bailing.py checks it against mlx_lm and SarvamMoE; minicpm and
 # internlm2 neither: test_minicpm_internlm2_folders.py checks them against their remote code's defaults; hunyuan's
-# remote HunYuanConfig: test_hunyuan_remote.py)
+# remote HunYuanConfig: test_hunyuan_remote.py; telechat3, xverse: test_telechat3_xverse.py)
 # (remote code only: no transformers config class to compare with)
 WITH_CLASSES = sorted(
-    set(RENAMED) - {"bailing_moe", "minicpm", "internlm2", "kimi_k2", "joyai_llm_flash", "mimo", "youtu_llm", "hunyuan"}
+    set(RENAMED)
+    - {
+        "bailing_moe",
+        "minicpm",
+        "internlm2",
+        "kimi_k2",
+        "joyai_llm_flash",
+        "mimo",
+        "youtu_llm",
+        "hunyuan",
+        "telechat3",
+        "xverse",
+    }
 )
 
 
