@@ -49,6 +49,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_muse_glimmer",
     },
     "muse_glimmer": {"family": "muse_glimmer", "configure": "family_muse_glimmer", "defaults": "family_muse_glimmer"},
+    # IQuest-Coder-V1 Loop: Llama's layers run twice, the second pass mixing attention to the first pass's K/V with
+    # a sliding window over its own by a per-head gate (family_iquest_loop)
+    "iquestloopcoder": {
+        "family": "iquest_loop",
+        "configure": "family_iquest_loop",
+        "defaults": "family_iquest_loop",
+        "names": True,
+    },
     # Nanbeige 4.2: Llama's layers run num_loops times, each pass with its own K/V (family_nanbeige)
     "nanbeige": {"family": "nanbeige", "configure": "family_nanbeige"},
     # OpenELM (Apple): Llama's layer scaled layer-wise (its own heads and MLP width each), q/k norms (family_openelm)

@@ -46,6 +46,7 @@ MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whol
 # MPNet's relative-position bias (small, and every input reads them)
 _NOT_MATRICES = (
     "norm.weight",
+    ".loop_gate.weight",  # (IQuest-Coder Loop's per-head gate vectors: a row per head, float as mlx_lm keeps them)
     "model.embed_positions.weight",
     "embeddings.position_embeddings.weight",
     "embeddings.token_type_embeddings.weight",

@@ -235,6 +235,7 @@ class ModelConfig:
     nas: Any = None  # family_deci.NASBlocks: Nemotron-NAS's per-layer attention kind, KV heads and MLP width
     openelm: Any = None  # family_openelm.OpenELMLayers: OpenELM's per-layer query / K/V heads and MLP widths
     loops: Any = None  # family_nanbeige.LayerLoops: Nanbeige 4.2's layer stack run several times over the tokens
+    loop_window: int | None = None  # IQuest-Coder Loop: its second pass's local attention window (family_iquest_loop)
     swiglu_limits: Any = None  # family_step3p5.SwigluLimits: Step 3.5's per-layer clamps of its gated MLPs
     norm_head: bool = False  # Ling 1.x: the head's columns L2-normalised, as its code does (once, while loading)
     # Llama 4: its rope layers attend within chunks of this many tokens; served within one (check_servable)

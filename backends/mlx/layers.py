@@ -90,6 +90,33 @@ class Attention(nn.Module):
         its K/V). qkv_delta: (q, k, v) terms added to the projections (Zamba2's per-layer adapters on a shared
         block)."""
         t = x.shape[0]
+        q, k, v = self.qkv(x, meta, qkv_delta)
+        sinks = self.get("sinks")
+        out = paged_attention(
+            q,
+            k,
+            v,
+            meta,
+            self.layer_idx if kv_layer is None else kv_layer,
+            self.scale,
+            window=self.window,
+            softcap=self.softcap,
+            sinks=sinks,
+            alibi=self._alibi,
+        )
+        if self.v_dim != self.head_dim:
+            out = out[..., : self.v_dim]
+        out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
+        if "attn_sub_norm" in self:
+            out = self.attn_sub_norm(out)
+        return self.o_proj(out)
+
+    def qkv(
+        self, x: mx.array, meta: AttentionMetadata, qkv_delta: tuple[mx.array, ...] | None = None
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """This step's q [T, H, D] and k / v [T, KVH, D] as attention reads them: projected, normed and rotated
+        (qkv_delta: as __call__'s)."""
+        t = x.shape[0]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if qkv_delta is not None:
             q, k, v = q + qkv_delta[0], k + qkv_delta[1], v + qkv_delta[2]
@@ -115,25 +142,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.temperature is not None:
             q = q * query_temperature(self.temperature, meta.positions, q.dtype)
-        sinks = self.get("sinks")
-        out = paged_attention(
-            q,
-            k,
-            v,
-            meta,
-            self.layer_idx if kv_layer is None else kv_layer,
-            self.scale,
-            window=self.window,
-            softcap=self.softcap,
-            sinks=sinks,
-            alibi=self._alibi,
-        )
-        if self.v_dim != self.head_dim:
-            out = out[..., : self.v_dim]
-        out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
-        if "attn_sub_norm" in self:
-            out = self.attn_sub_norm(out)
-        return self.o_proj(out)
+        return q, k, v
 
 
 def output_gate(kind: str, out: mx.array, gate: mx.array) -> mx.array:

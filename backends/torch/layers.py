@@ -182,6 +182,41 @@ class Attention(nn.Module):
         pool layer this call reads and writes where not its own (HRM-Text: each stack pass keeps its K/V).
         qkv_delta: (q, k, v) terms added to the projections (Zamba2's per-layer adapters on a shared block)."""
         t = x.shape[0]
+        q, k, v = self.qkv(x, meta, rope, qkv_delta)
+        alibi = None
+        if self.alibi_slopes is not None:
+            if self._alibi is None or self._alibi.device != q.device:
+                self._alibi = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=q.device)
+            alibi = self._alibi
+        out = paged_attention(
+            q,
+            k,
+            v,
+            meta,
+            self.layer_idx if kv_layer is None else kv_layer,
+            self.scale,
+            window=self.window,
+            softcap=self.softcap,
+            sinks=self.sinks,
+            alibi=alibi,
+        )
+        if self.v_dim != self.head_dim:
+            out = out[..., : self.v_dim]
+        out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
+        if self.sub_norm:
+            out = self.attn_sub_norm(out)[0]
+        return self.tp.all_reduce(self.o_proj(out))
+
+    def qkv(
+        self,
+        x: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        qkv_delta: tuple[torch.Tensor, ...] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This step's q [T, H, D] and k / v [T, KVH, D] as attention reads them: projected, normed and rotated
+        (rope / qkv_delta: as forward's)."""
+        t = x.shape[0]
         qkv = self.qkv_proj(x)
         if qkv_delta is not None:
             qkv = qkv + torch.cat(qkv_delta, dim=-1)
@@ -216,29 +251,7 @@ class Attention(nn.Module):
             q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         if self.temperature is not None:
             q = q * query_temperature(self.temperature, meta, q.dtype)
-        alibi = None
-        if self.alibi_slopes is not None:
-            if self._alibi is None or self._alibi.device != q.device:
-                self._alibi = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=q.device)
-            alibi = self._alibi
-        out = paged_attention(
-            q,
-            k,
-            v,
-            meta,
-            self.layer_idx if kv_layer is None else kv_layer,
-            self.scale,
-            window=self.window,
-            softcap=self.softcap,
-            sinks=self.sinks,
-            alibi=alibi,
-        )
-        if self.v_dim != self.head_dim:
-            out = out[..., : self.v_dim]
-        out = out.reshape(t, -1) if not self.gated else output_gate(self.gated, out, self.gate_proj(x))
-        if self.sub_norm:
-            out = self.attn_sub_norm(out)[0]
-        return self.tp.all_reduce(self.o_proj(out))
+        return q, k, v
 
 
 def reversed_sin(sin: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
