@@ -57,6 +57,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_iquest_loop",
         "names": True,
     },
+    # RWKV-7 (flash-linear-attention's layout): token-shifted time and channel mixes with a state per layer
+    "rwkv7": {"family": "rwkv7", "configure": "family_rwkv7", "prepare": True, "tensors": True, "names": True},
     # Nanbeige 4.2: Llama's layers run num_loops times, each pass with its own K/V (family_nanbeige)
     "nanbeige": {"family": "nanbeige", "configure": "family_nanbeige"},
     # OpenELM (Apple): Llama's layer scaled layer-wise (its own heads and MLP width each), q/k norms (family_openelm)

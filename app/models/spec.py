@@ -208,6 +208,7 @@ class ModelConfig:
     mamba: Any = None  # family_mamba2.Mamba2Config: Mamba-2 mixer layers with a conv and SSM state
     mamba1: Any = None  # family_mamba.Mamba1Config: Mamba-1 selective-scan mixer layers with a conv and SSM state
     rglru: Any = None  # family_recurrent_gemma.RGLRUConfig: RecurrentGemma's RG-LRU layers with a conv and a recurrence
+    rwkv7: Any = None  # family_rwkv7.Rwkv7Config: RWKV-7's time and channel mixes, a state per layer and sequence
     falcon_h1: Any = None  # family_falcon_h1.FalconH1Scalars: Falcon-H1's per-layer multipliers
     lm_head_bias: bool = False  # PhiMoE: the head has a bias
     mlp_bias: bool = False  # Jais 2: its (ungated) MLP's projections have biases
@@ -256,7 +257,8 @@ class ModelConfig:
     @property
     def recurrent(self) -> bool:
         """Some layers keep a per-sequence state instead of K/V (the engine gives each running sequence a slot)."""
-        return any(x is not None for x in (self.linear_attn, self.short_conv, self.mamba, self.mamba1, self.rglru))
+        stateful = (self.linear_attn, self.short_conv, self.mamba, self.mamba1, self.rglru, self.rwkv7)
+        return any(x is not None for x in stateful)
 
     @property
     def num_kv_layers(self) -> int:
@@ -265,7 +267,7 @@ class ModelConfig:
             return len(self.kv_shapes)
         if self.kv_layers is not None:
             return self.kv_layers
-        stateful = self.linear_attn or self.short_conv or self.mamba or self.mamba1 or self.rglru
+        stateful = self.linear_attn or self.short_conv or self.mamba or self.mamba1 or self.rglru or self.rwkv7
         return self.num_layers if stateful is None else len(stateful.attention_layers())
 
     @property

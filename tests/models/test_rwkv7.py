@@ -1,0 +1,122 @@
+"""RWKV-7 folders (model_type rwkv7 in flash-linear-attention's layout: no transformers class): mlx_lm's rwkv7 model
+is the reference. A tiny folder (2 layers of 4 heads of 16, random weights drawn where trained ones lie: mixes in
+[0, 1], unit-norm-ish key scales) is served on both backends through 4-token prefill chunks (each chunk carries the
+token shifts and wkv states of the one before) and compared, teacher-forced, with mlx_lm's forward on the float
+folder and on a 4-bit folder its code made; sequences batched together answer as each alone."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from lantern.app.engine import LLM, SamplingParams
+from lantern.app.models.spec import ModelConfig, UnsupportedModelError
+from tests.fixtures.remote_code_folders import save_folder, start_folder
+from tests.fixtures.teacher_forcing import assert_close_to_mlx_lm, mlx_lm_error, quantized_by_mlx_lm
+
+HIDDEN, HEAD_DIM, LAYERS, WIDTH = 64, 16, 2, 128
+RANKS = {"decay_low_rank_dim": 8, "gate_low_rank_dim": 16, "a_low_rank_dim": 8, "v_low_rank_dim": 4}
+PROMPT = "Paged attention stores keys and values in blocks of a fixed size"
+FORCED = [5, 17, 42, 99, 7, 3, 250, 11, 60, 2, 33, 18]
+
+
+def rwkv7_folder(out, tie: bool = False):
+    """A folder as flash-linear-attention saves an RWKV7ForCausalLM (its mixes [1, 1, D], k_k, k_a and g_norm [D])."""
+    cfg = {"model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"], "hidden_size": HIDDEN, "head_dim": HEAD_DIM}
+    cfg |= {"num_hidden_layers": LAYERS, "intermediate_size": WIDTH, "norm_eps": 1e-5, "hidden_act": "sqrelu"}
+    cfg |= {"attn_mode": "chunk", "norm_first": True, "norm_bias": True, "tie_word_embeddings": tie, **RANKS}
+    cfg, w = start_folder(out, cfg)
+    d, vocab = HIDDEN, cfg["vocab_size"]
+    t = {"model.embeddings.weight": w(vocab, d, scale=1.0), "model.norm.weight": 1 + w(d), "model.norm.bias": w(d)}
+    if not tie:
+        t["lm_head.weight"] = w(vocab, d, scale=0.3)
+    uniform = lambda *shape: w.rng.uniform(0, 1, shape).astype(np.float32)  # noqa: E731
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        norms = ("pre_norm", "attn_norm", "ffn_norm") if i == 0 else ("attn_norm", "ffn_norm")
+        for norm in norms:
+            t[f"{p}.{norm}.weight"], t[f"{p}.{norm}.bias"] = 1 + w(d), w(d)
+        a = f"{p}.attn"
+        for mu in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g"):
+            t[f"{a}.{mu}"] = uniform(1, 1, d)
+        t[f"{a}.k_k"], t[f"{a}.k_a"] = 0.85 + w(d), 1 + w(d)
+        t[f"{a}.r_k"] = w(d // HEAD_DIM, HEAD_DIM, scale=0.5)  # (its own parameter is [heads, head_dim])
+        for proj in ("r_proj", "k_proj", "v_proj", "o_proj"):
+            t[f"{a}.{proj}.weight"] = w(d, d, scale=0.25)
+        loras = [("w_lora", RANKS["decay_low_rank_dim"], True), ("a_lora", RANKS["a_low_rank_dim"], True)]
+        loras += [("g_lora", RANKS["gate_low_rank_dim"], False)] + ([("v_lora", RANKS["v_low_rank_dim"], True)] * i)
+        for name, rank, bias in loras:
+            t[f"{a}.{name}.lora.0.weight"] = w(rank, d, scale=0.3)
+            t[f"{a}.{name}.lora.2.weight"] = w(d, rank, scale=0.3)
+            if bias:
+                t[f"{a}.{name}.lora.2.bias"] = w(d, scale=0.5)
+        t[f"{a}.g_norm.weight"], t[f"{a}.g_norm.bias"] = 1 + w(d), w(d)
+        t[f"{p}.ffn.x_k"] = uniform(d)
+        t[f"{p}.ffn.key.weight"], t[f"{p}.ffn.value.weight"] = w(WIDTH, d, scale=0.2), w(d, WIDTH, scale=0.2)
+    return save_folder(out, t)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return rwkv7_folder(tmp_path_factory.mktemp("rwkv7"))
+
+
+def _llm(path, backend: str) -> LLM:
+    return LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=4, num_kv_blocks=64)
+
+
+def test_float_folder_matches_mlx_lm(folder, backend, by_file_tokenizer):
+    llm = _llm(folder, backend)
+    try:
+        worst, scale = mlx_lm_error(llm, folder, PROMPT, FORCED)
+    finally:
+        llm.engine.shutdown()
+    assert worst < 1e-4 * scale, (worst, scale)
+
+
+def test_tied_head_matches_mlx_lm(tmp_path, backend, by_file_tokenizer):
+    folder = rwkv7_folder(tmp_path / "tied", tie=True)
+    llm = _llm(folder, backend)
+    try:
+        worst, scale = mlx_lm_error(llm, folder, PROMPT, FORCED[:4])
+    finally:
+        llm.engine.shutdown()
+    assert worst < 1e-4 * scale, (worst, scale)
+
+
+def test_mlx_lm_made_folder_matches_mlx_lm(folder, tmp_path, backend, by_file_tokenizer):
+    assert_close_to_mlx_lm(quantized_by_mlx_lm(folder, tmp_path / "q4"), backend, "rwkv7")
+
+
+def test_a_batch_answers_as_each_prompt_alone(folder, backend):
+    """Decode rows beside other sequences' prefill chunks each read and write only their own state slot."""
+    prompts = ["Continuous batching lets new requests join", "Blocks", "A state per sequence, then more tokens"]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = _llm(folder, backend)
+    try:
+        together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        alone = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    finally:
+        llm.engine.shutdown()
+    assert together == alone
+
+
+_BASE = {"model_type": "rwkv7", "vocab_size": 400, "hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16}
+
+
+def test_config():
+    cfg = ModelConfig.from_hf(_BASE)  # (RWKV7Config's defaults: hidden_ratio 4 up to a multiple of 32, its ranks)
+    assert (cfg.intermediate_size, cfg.num_heads, cfg.num_kv_layers, cfg.recurrent) == (256, 4, 0, True)
+    assert (cfg.rwkv7.decay_rank, cfg.rwkv7.gate_rank, cfg.rwkv7.a_rank, cfg.rwkv7.v_rank) == (64, 128, 64, 16)
+    for key, value in (
+        ("hidden_act", "relu"),
+        ("norm_first", False),
+        ("norm_bias", False),
+        ("value_dim", 128),
+        ("attn", {"layers": [1]}),
+        ("head_dim", 24),
+    ):
+        with pytest.raises(UnsupportedModelError, match=f"^{re.escape(key)}="):
+            ModelConfig.from_hf({**_BASE, key: value})
