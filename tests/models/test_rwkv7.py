@@ -32,7 +32,7 @@ def rwkv7_folder(out, tie: bool = False):
     t = {"model.embeddings.weight": w(vocab, d, scale=1.0), "model.norm.weight": 1 + w(d), "model.norm.bias": w(d)}
     if not tie:
         t["lm_head.weight"] = w(vocab, d, scale=0.3)
-    uniform = lambda *shape: w.rng.uniform(0, 1, shape).astype(np.float32)  # noqa: E731
+    uniform = lambda *shape: w.rng.uniform(0, 1, shape).astype(np.float32)
     for i in range(LAYERS):
         p = f"model.layers.{i}"
         norms = ("pre_norm", "attn_norm", "ffn_norm") if i == 0 else ("attn_norm", "ffn_norm")
