@@ -167,8 +167,9 @@ def _folder_tokenizer(path: Path) -> Any:
     no import, and no prompt on the console, which would stall a server). Where AutoTokenizer fails -- it reads
     config.json first, which transformers cannot parse for some remote-code architectures Lantern serves
     (Nemotron-NAS's), or the tokenizer class is the folder's own code (InternLM2's, Baichuan's, ...) --: a
-    tokenizer.json is the tokenizers library's own file of it; a SentencePiece tokenizer.model is read as Llama's
-    tokenizer (the class those modify), with a warning; else one line naming the class."""
+    tokenizer.json is the tokenizers library's own file of it; RWKV's World vocabulary is read by rwkv_tokenizer; a
+    SentencePiece tokenizer.model is read as Llama's tokenizer (the class those modify), with a warning; else one line
+    naming the class."""
     from transformers import AutoTokenizer
 
     try:
@@ -178,6 +179,12 @@ def _folder_tokenizer(path: Path) -> Any:
     tok_file = path / "tokenizer_config.json"
     tok_cfg = json.loads(tok_file.read_text()) if tok_file.is_file() else {}
     tokenizer_class = tok_cfg.get("tokenizer_class")
+    from lantern.app.models.rwkv_tokenizer import VOCAB_FILE
+
+    if tokenizer_class == "RwkvTokenizer" and (path / VOCAB_FILE).is_file():  # (RWKV's World vocabulary)
+        from lantern.app.models.rwkv_tokenizer import RwkvWorldTokenizer
+
+        return RwkvWorldTokenizer.from_pretrained(str(path))
     if (path / "tokenizer.json").is_file():
         from transformers import PreTrainedTokenizerFast
 
