@@ -67,6 +67,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.fixtures.gguf_renamed import convert_bailing, convert_minicpm3
     from tests.fixtures.gguf_step35 import convert_step35
     from tests.fixtures.nemotron_nas import LLAMA_CPP_BLOCKS, convert_deci, write_folder
+    from tests.fixtures.rwkv_world import convert_rwkv7
     from tests.fixtures.tiny_models import ARCH_VARIANTS, build_model
     from tests.models.test_deepseek_moe import convert_deepseek, deepseek_folder
     from tests.models.test_gguf_families import FILES
@@ -79,6 +80,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.models.test_nanbeige import CASES as NANBEIGE
     from tests.models.test_nanbeige import convert_nanbeige, nanbeige_folder
     from tests.models.test_openelm import openelm_folder
+    from tests.models.test_rwkv7 import rwkv7_folder
     from tests.models.test_step3p5 import step3p5_folder
 
     made: dict[str, Callable[[Path], Path]] = {}
@@ -144,6 +146,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
         ling1_folder(d / "hf", rotary_dim=None, first_k_dense_replace=0), d / "tiny-ling1.gguf"
     )
     made["deepseek"] = lambda d: convert_deepseek(deepseek_folder(d / "hf"), d / "tiny-deepseek.gguf")
+    made["rwkv7"] = lambda d: convert_rwkv7(rwkv7_folder(d / "hf", world=1000), d / "tiny-rwkv7.gguf")
     for case, loops in NANBEIGE.items():  # (tests/models/test_nanbeige.py)
         made[f"nanbeige_{case}"] = lambda d, k=loops: convert_nanbeige(
             nanbeige_folder(d / "hf", bias=False, **k), d / "nb.gguf"

@@ -16,10 +16,10 @@ and per head a state S [Dh (values), Dh (keys)] carried from token to token:
 
     S <- S diag(w) + (S a) b^T + v k^T;    y = S r
 
-then y is LayerNormed per head (g_norm, eps 64e-5), y += (r . (k * r_k))_head * v, and o_proj(y * g) leaves the
-time mix. The channel mix: value(relu(key(x_k))^2) with its own token shift (mu x_k). A final LayerNorm and the
-head. Each sequence keeps, per layer, both mixes' last input and S: a state slot, as Mamba's layers have. No
-attention and no positions: the K/V pool has no layers and nothing but memory limits the context.
+then y is LayerNormed per head (g_norm, eps head_dim x norm_eps), y += (r . (k * r_k))_head * v, and o_proj(y * g)
+leaves the time mix. The channel mix: value(relu(key(x_k))^2) with its own token shift (mu x_k). A final LayerNorm
+and the head. Each sequence keeps, per layer, both mixes' last input and S: a state slot, as Mamba's layers have.
+No attention and no positions: the K/V pool has no layers and nothing but memory limits the context.
 """
 
 from __future__ import annotations
@@ -53,7 +53,13 @@ class Rwkv7Config:
     gate_rank: int  # g_lora's
     a_rank: int  # a_lora's
     v_rank: int  # v_lora's (layers after the first)
-    norm_eps: float  # the LayerNorms' (g_norm's is 64e-5 whatever the config says)
+    norm_eps: float  # the LayerNorms'
+
+    @property
+    def group_norm_eps(self) -> float:
+        """g_norm's: head_dim x norm_eps, as flash-linear-attention's GroupNorm takes it (64e-5 in every released
+        model, the constant mlx_lm's and llama.cpp's graphs use)."""
+        return self.head_dim * self.norm_eps
 
     def state_elements(self, hidden: int) -> tuple[int, int]:
         """Per layer and sequence: (token-shift values of both mixes, wkv state values: float32)."""
@@ -125,11 +131,36 @@ _PER_HEAD = (".k_k", ".k_a", ".r_k", ".g_norm.weight", ".g_norm.bias")  # [D]: [
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
     """The token-shift mixes as vectors and the per-head vectors as [heads, head_dim], whichever shape the folder
-    (flash-linear-attention's or mlx_lm's) stored."""
+    (flash-linear-attention's or mlx_lm's) or GGUF (gguf_tensors first) stored."""
     rwkv = spec.config.rwkv7
+    if spec.weight_format == "gguf":
+        source = gguf_tensors(source)
     for name, value in source:
         if name.endswith(_PER_CHANNEL):
             value = value.reshape(-1)
         elif name.endswith(_PER_HEAD):
             value = value.reshape(rwkv.heads, rwkv.head_dim)
+        yield name, value
+
+
+_MIXES = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")  # (the fused tensor's order: llama.cpp's lerp_list)
+
+
+def gguf_tensors(source: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """llama.cpp's RWKV-7 tensors (named by gguf_arch.ARCH_LAYER["rwkv7"]) as flash-linear-attention's: the six
+    token-shift mixes out of lerp_fused [6, 1, 1, D], each LoRA's bias0 as lora.2.bias, suffix-less vectors without
+    the `.weight` the reader gives them, layer 0's placeholder v LoRA (copies of its a LoRA) dropped."""
+    for name, value in source:
+        if name.endswith(".attn.lerp_fused.weight"):
+            base = name[: -len("lerp_fused.weight")]
+            rows = value.reshape(len(_MIXES), -1)
+            for i, mix in enumerate(_MIXES):
+                yield base + mix, rows[i]
+            continue
+        if name.startswith("model.layers.0.attn.v_lora."):
+            continue
+        name = name.replace(".bias0.weight", ".lora.2.bias")
+        for vector in (".attn.k_k.", ".attn.k_a.", ".attn.r_k.", ".ffn.x_k."):
+            if name.endswith(vector + "weight"):
+                name = name[: -len(".weight")]
         yield name, value

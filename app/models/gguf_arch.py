@@ -212,6 +212,30 @@ ARCH_LAYER["jamba"] = {
     "ssm_b_norm": "mamba.b_layernorm",
     "ssm_c_norm": "mamba.c_layernorm",
 }
+# RWKV-7 (Rwkv7Model): flash-linear-attention's names; a LoRA's first map (`*1`), second (`*2`) and bias (`*0`,
+# renamed lora.2.bias by family_rwkv7.gguf_tensors, which also splits the six fused token-shift mixes and drops layer
+# 0's placeholder v LoRA)
+ARCH_LAYER["rwkv7"] = {
+    "attn_norm": "attn_norm",
+    "attn_norm_2": "ffn_norm",
+    "time_mix_lerp_fused": "attn.lerp_fused",
+    **{
+        f"time_mix_{x}{i}": f"attn.{x}_lora.{part}"
+        for x in "wavg"
+        for i, part in ((0, "bias0"), (1, "lora.0"), (2, "lora.2"))
+    },
+    "time_mix_k_k": "attn.k_k",
+    "time_mix_k_a": "attn.k_a",
+    "time_mix_r_k": "attn.r_k",
+    "time_mix_key": "attn.k_proj",
+    "time_mix_value": "attn.v_proj",
+    "time_mix_receptance": "attn.r_proj",
+    "time_mix_output": "attn.o_proj",
+    "time_mix_ln": "attn.g_norm",
+    "channel_mix_lerp_k": "ffn.x_k",
+    "channel_mix_key": "ffn.key",
+    "channel_mix_value": "ffn.value",
+}
 # Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, the Mamba-2 mixers' A and D.
 _MAMBA_BARE = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
 ARCH_BARE: dict[str, dict[str, str]] = {
@@ -267,6 +291,7 @@ ARCH_LAYER["gemma3n"] = {
 # Global tensors whose meaning differs by architecture: LFM2's token_embd_norm is its final norm
 # (embedding_norm, applied after the last layer), not an embedding LayerNorm.
 ARCH_GLOBAL: dict[str, dict[str, str]] = {
+    "rwkv7": {"token_embd_norm": "model.layers.0.pre_norm"},  # (layer 0's LayerNorm of the embedding)
     "lfm2": {"token_embd_norm": "model.norm"},
     "bloom": {"token_embd_norm": "model.embed_norm"},  # BLOOM's word_embeddings_layernorm
     "lfm2moe": {"token_embd_norm": "model.norm"},

@@ -218,7 +218,24 @@ def _jamba(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     }
 
 
+def _rwkv7(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """RWKV-7 (llama.cpp's Rwkv7Model): heads of wkv.head_size, the four LoRA ranks, LayerNorms' eps, the head's rows
+    as its tensor's (the converter pads the World vocabulary's 65530 tokens to the embedding's rows)."""
+    return {
+        "model_type": "rwkv7",
+        "head_dim": int(meta.need("wkv.head_size")),
+        "decay_low_rank_dim": int(meta.need("attention.decay_lora_rank")),
+        "a_low_rank_dim": int(meta.need("attention.iclr_lora_rank")),
+        "v_low_rank_dim": int(meta.need("attention.value_residual_mix_lora_rank")),
+        "gate_low_rank_dim": int(meta.need("attention.gate_lora_rank")),
+        "norm_eps": float(meta.need("attention.layer_norm_epsilon")),
+        "num_attention_heads": None,  # (prepare: hidden_size / head_dim; the file states 0)
+        "num_key_value_heads": None,
+    }
+
+
 MAMBA_BUILDERS = {
+    "rwkv7": _rwkv7,
     "jamba": _jamba,
     "mamba": _mamba,
     "mamba2": _mamba2,

@@ -213,6 +213,10 @@ def _load_saved_tokenizer(folder: Path) -> Any:
     """The generic fast tokenizer class loads directly (skipping AutoTokenizer's ~1 s of imports
     and lookups); a model-specific class goes through AutoTokenizer as it was saved."""
     tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    if tok_cfg.get("tokenizer_class") == "RwkvWorldTokenizer":  # (an RWKV GGUF's: rwkv_tokenizer)
+        from lantern.app.models.rwkv_tokenizer import RwkvWorldTokenizer
+
+        return RwkvWorldTokenizer.from_pretrained(str(folder))
     if tok_cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
         from transformers import PreTrainedTokenizerFast
 
@@ -243,6 +247,10 @@ def _convert_gguf(path: Path) -> tuple[dict[str, Any], Any]:
     hf_cfg = hf_config_from_gguf(indexes[0].metadata, tensors, path.name)
     if hf_cfg is not None and indexes[0].architecture in ENCODER_ARCHITECTURES:  # transformers builds none
         return hf_cfg, encoder_tokenizer(path)
+    if hf_cfg is not None and indexes[0].metadata.get("tokenizer.ggml.model") == "rwkv":  # (RWKV's World vocabulary)
+        from lantern.app.models.rwkv_tokenizer import gguf_tokenizer
+
+        return hf_cfg, gguf_tokenizer(path, indexes[0].metadata)
     if hf_cfg is not None:
         if indexes[0].architecture == "gemma-embedding":
             _gemma_sentencepiece_for("gemma-embedding")

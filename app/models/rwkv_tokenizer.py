@@ -12,7 +12,10 @@ come from its tokenizer_config.json as for any transformers tokenizer.
 from __future__ import annotations
 
 import ast
+import codecs
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizer
@@ -79,3 +82,53 @@ class RwkvWorldTokenizer(PreTrainedTokenizer):
         if os.path.abspath(target) != os.path.abspath(self.vocab_file):
             shutil.copyfile(self.vocab_file, target)
         return (target,)
+
+
+_CONTROL, _UNUSED = 3, 5  # gguf.TokenType
+
+
+def gguf_tokenizer(path: Path, metadata: dict[str, Any]) -> RwkvWorldTokenizer:
+    """The World tokenizer of an RWKV GGUF (tokenizer.ggml.model "rwkv"): llama.cpp's converter stores each token's
+    bytes as the body of their Python bytes literal (unescaped here), `<s>` as control token 0 and padding past the
+    vocabulary; its bos / eos / eot ids and chat template as the file states them. The vocabulary file is written
+    to a temporary folder (the GGUF cache keeps a copy: save_vocabulary)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    lines, specials = [], {}
+    for i, (text, kind) in enumerate(zip(tokens, types)):
+        if kind == _CONTROL:
+            specials[i] = text
+        elif kind != _UNUSED:
+            data = codecs.escape_decode(text.encode("utf-8"))[0]
+            try:
+                literal = repr(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                literal = repr(data)
+            lines.append(f"{i} {literal} {len(data)}\n")
+    vocab = Path(tempfile.mkdtemp(prefix="lantern-rwkv-")) / VOCAB_FILE
+    vocab.write_text("".join(lines), encoding="utf-8")
+
+    from transformers import AddedToken
+
+    named = {}
+    for key in ("bos", "eos", "eot", "unk", "padding"):
+        token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        if token_id is not None and 0 <= int(token_id) < len(tokens):
+            named[key] = int(token_id)
+    text_of = {
+        i: specials.get(i) or codecs.escape_decode(tokens[i].encode("utf-8"))[0].decode("utf-8", "replace")
+        for i in named.values()
+    }
+    tokenizer = RwkvWorldTokenizer(
+        vocab_file=str(vocab),
+        added_tokens_decoder={i: AddedToken(t, special=True, normalized=False) for i, t in specials.items()},
+        bos_token=text_of.get(named.get("bos")),
+        eos_token=text_of.get(named.get("eot", named.get("eos"))),
+        unk_token=text_of.get(named.get("unk")),
+        pad_token=text_of.get(named.get("padding")),
+    )
+    tokenizer.chat_template = metadata.get("tokenizer.chat_template")
+    return tokenizer

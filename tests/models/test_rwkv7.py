@@ -1,11 +1,12 @@
 """RWKV-7 folders (model_type rwkv7 in flash-linear-attention's layout: no transformers class): mlx_lm's rwkv7 model
-is the reference. A tiny folder (2 layers of 4 heads of 16, random weights drawn where trained ones lie: mixes in
+is the reference. A tiny folder (2 layers of 2 heads of 64, random weights drawn where trained ones lie: mixes in
 [0, 1], unit-norm-ish key scales) is served on both backends through 4-token prefill chunks (each chunk carries the
 token shifts and wkv states of the one before) and compared, teacher-forced, with mlx_lm's forward on the float
 folder and on a 4-bit folder its code made; sequences batched together answer as each alone."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -14,20 +15,26 @@ import pytest
 from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.fixtures.remote_code_folders import save_folder, start_folder
+from tests.fixtures.rwkv_world import convert_rwkv7, write_tokenizer
 from tests.fixtures.teacher_forcing import assert_close_to_mlx_lm, mlx_lm_error, quantized_by_mlx_lm
 
-HIDDEN, HEAD_DIM, LAYERS, WIDTH = 64, 16, 2, 128
+HIDDEN, HEAD_DIM, LAYERS, WIDTH = 128, 64, 2, 256  # (head_dim 64: every RWKV-7's, where mlx_lm's g_norm eps is fla's)
 RANKS = {"decay_low_rank_dim": 8, "gate_low_rank_dim": 16, "a_low_rank_dim": 8, "v_low_rank_dim": 4}
 PROMPT = "Paged attention stores keys and values in blocks of a fixed size"
 FORCED = [5, 17, 42, 99, 7, 3, 250, 11, 60, 2, 33, 18]
 
 
-def rwkv7_folder(out, tie: bool = False):
-    """A folder as flash-linear-attention saves an RWKV7ForCausalLM (its mixes [1, 1, D], k_k, k_a and g_norm [D])."""
+def rwkv7_folder(out, tie: bool = False, world: int | None = None):
+    """A folder as flash-linear-attention saves an RWKV7ForCausalLM (its mixes [1, 1, D], k_k, k_a and g_norm [D]);
+    world: with RWKV's World tokenizer cut to that many tokens (rwkv_world.write_tokenizer), not the tests' BPE one."""
     cfg = {"model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"], "hidden_size": HIDDEN, "head_dim": HEAD_DIM}
     cfg |= {"num_hidden_layers": LAYERS, "intermediate_size": WIDTH, "norm_eps": 1e-5, "hidden_act": "sqrelu"}
     cfg |= {"attn_mode": "chunk", "norm_first": True, "norm_bias": True, "tie_word_embeddings": tie, **RANKS}
     cfg, w = start_folder(out, cfg)
+    if world is not None:
+        write_tokenizer(out, world)
+        cfg |= {"vocab_size": world + 1, "bos_token_id": 0, "eos_token_id": 0}
+        (out / "config.json").write_text(json.dumps(cfg))
     d, vocab = HIDDEN, cfg["vocab_size"]
     t = {"model.embeddings.weight": w(vocab, d, scale=1.0), "model.norm.weight": 1 + w(d), "model.norm.bias": w(d)}
     if not tie:
@@ -101,6 +108,34 @@ def test_a_batch_answers_as_each_prompt_alone(folder, backend):
     finally:
         llm.engine.shutdown()
     assert together == alone
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(folder with a cut World vocabulary, its GGUF as llama.cpp's converter writes it)."""
+    root = tmp_path_factory.mktemp("rwkv7_world")
+    folder = rwkv7_folder(root / "hf", world=1000)
+    return folder, convert_rwkv7(folder, root / "tiny-rwkv7.gguf")
+
+
+def test_gguf_answers_as_its_folder(world, backend):
+    """llama.cpp's rwkv7 GGUF (its names, fused mixes, escaped World tokens) reads as the folder it came from: the
+    same tokenizer ids and, teacher-forced, the same logits. (llama-server computes the same tokens on it:
+    scripts/check_gguf_vs_llamacpp.py --only rwkv7.)"""
+    from tests.fixtures.teacher_forcing import teacher_forced_logits
+
+    rows = []
+    for path in world:
+        llm = _llm(path, backend)
+        try:
+            ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+            rows.append((ids, [logits for _, logits in teacher_forced_logits(llm.engine, ids, FORCED)]))
+            assert llm.engine.model_config.eos_token_ids[-1] == 261 or path == world[0]  # (the GGUF's eot: "\n\n")
+        finally:
+            llm.engine.shutdown()
+    (folder_ids, folder_rows), (gguf_ids, gguf_rows) = rows
+    assert folder_ids == gguf_ids and len(folder_rows) == len(FORCED)
+    np.testing.assert_allclose(np.array(gguf_rows), np.array(folder_rows), atol=1e-5, rtol=0)
 
 
 _BASE = {"model_type": "rwkv7", "vocab_size": 400, "hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16}

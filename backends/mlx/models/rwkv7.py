@@ -42,14 +42,15 @@ class LoRA(nn.Module):
 
 
 class HeadNorm(nn.Module):
-    """g_norm: a LayerNorm over each head's channels, with a weight and bias per head [H, Dh] (eps 64e-5)."""
+    """g_norm: a LayerNorm over each head's channels, with a weight and bias per head [H, Dh]."""
 
-    def __init__(self, heads: int, head_dim: int):
+    def __init__(self, heads: int, head_dim: int, eps: float):
         super().__init__()
         self.weight, self.bias = mx.ones((heads, head_dim)), mx.zeros((heads, head_dim))
+        self._eps = eps  # (leading _: not a parameter)
 
     def __call__(self, y: mx.array) -> mx.array:
-        return self.weight * mx.fast.layer_norm(y, None, None, 64e-5) + self.bias
+        return self.weight * mx.fast.layer_norm(y, None, None, self._eps) + self.bias
 
 
 class TimeMixing(nn.Module):
@@ -68,7 +69,7 @@ class TimeMixing(nn.Module):
             self.v_lora = LoRA(d, r.v_rank, nn.Identity())
         self.a_lora = LoRA(d, r.a_rank, nn.Identity())
         self.g_lora = LoRA(d, r.gate_rank, nn.Sigmoid(), bias=False)
-        self.g_norm = HeadNorm(r.heads, r.head_dim)
+        self.g_norm = HeadNorm(r.heads, r.head_dim, r.group_norm_eps)
 
     def __call__(
         self, x: mx.array, meta: AttentionMetadata, state: Rwkv7State, v_first: mx.array | None

@@ -48,7 +48,7 @@ class TimeMixing(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         r, d = cfg.rwkv7, cfg.hidden_size
-        self.layer_idx, self.heads, self.head_dim = layer_idx, r.heads, r.head_dim
+        self.layer_idx, self.heads, self.head_dim, self.gn_eps = layer_idx, r.heads, r.head_dim, r.group_norm_eps
         for mu in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g"):
             setattr(self, mu, _vector(d))
         for per_head in ("k_k", "k_a", "r_k"):
@@ -82,7 +82,7 @@ class TimeMixing(nn.Module):
         kk = kk / kk.norm(dim=-1, keepdim=True).clamp_min(1e-7)
         k = k * (1 + (iclr - 1) * self.k_a)
         y = rwkv7.wkv(meta, state.wkv[self.layer_idx], r, w, k, v, -kk, kk * iclr).to(x.dtype)
-        y = F.layer_norm(y, (self.head_dim,), eps=64e-5) * self.g_norm.weight + self.g_norm.bias
+        y = F.layer_norm(y, (self.head_dim,), eps=self.gn_eps) * self.g_norm.weight + self.g_norm.bias
         y = y + (r * k * self.r_k).sum(-1, keepdim=True) * v
         return self.o_proj(y.reshape(t, -1) * self.g_lora(xg)), v_first
 
