@@ -1,5 +1,6 @@
 """Models with recurrent layers (Qwen3-Next's linear attention, Granite 4.0-H's, Nemotron-H's and Falcon-H1's
-Mamba-2 mixers, Mamba's Mamba-1 mixers with no KV cache at all: a state per sequence beside the paged KV cache)
+Mamba-2 mixers, Mamba's Mamba-1 mixers and RWKV-7's mixes (with RWKV's World tokenizer) with no KV cache at all: a
+state per sequence beside the paged KV cache)
 served through the real server and the official openai client, on both backends: concurrent streams, more of them
 than state slots, give what each request gives alone; a client that leaves mid-stream gives its slot back and
 leaves nothing behind for the next request; a follow-up turn starts from the prefix cache's snapshot of the state
@@ -25,11 +26,19 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h_moe", "falcon_h1", "mamba"])
-def hybrid_server(tiny_model_dir, backend, request):
+@pytest.fixture(
+    scope="module", params=["qwen3_next", "granite_hybrid_moe", "nemotron_h_moe", "falcon_h1", "mamba", "rwkv7"]
+)
+def hybrid_server(tiny_model_dir, tmp_path_factory, backend, request):
     threads = {"num_threads": 1} if backend == "torch" else {}
+    if request.param == "rwkv7":  # (no transformers class: the tests' own folder, with the World vocabulary cut)
+        from tests.models.test_rwkv7 import rwkv7_folder
+
+        path = rwkv7_folder(tmp_path_factory.mktemp("rwkv7"), world=2000)
+    else:
+        path = tiny_model_dir(request.param)
     # 4 slots for 6 concurrent requests: some wait, then take a slot another sequence just gave back.
-    srv = start_server(tiny_model_dir(request.param), backend=backend, max_num_seqs=4, prefill_chunk_size=8, **threads)
+    srv = start_server(path, backend=backend, max_num_seqs=4, prefill_chunk_size=8, **threads)
     yield srv
     srv.stop()
 
