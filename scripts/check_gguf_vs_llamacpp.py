@@ -82,6 +82,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     from tests.models.test_openelm import openelm_folder
     from tests.models.test_rwkv7 import rwkv7_folder
     from tests.models.test_step3p5 import step3p5_folder
+    from tests.models.test_talkie import convert_talkie, talkie_folder
 
     made: dict[str, Callable[[Path], Path]] = {}
     for name, (variant, overrides, _, options) in FILES.items():
@@ -147,6 +148,7 @@ def families() -> dict[str, Callable[[Path], Path]]:
     )
     made["deepseek"] = lambda d: convert_deepseek(deepseek_folder(d / "hf"), d / "tiny-deepseek.gguf")
     made["rwkv7"] = lambda d: convert_rwkv7(rwkv7_folder(d / "hf", world=1000), d / "tiny-rwkv7.gguf")
+    made["talkie"] = lambda d: convert_talkie(talkie_folder(d / "hf"), d / "tiny-talkie.gguf")
     for case, loops in NANBEIGE.items():  # (tests/models/test_nanbeige.py)
         made[f"nanbeige_{case}"] = lambda d, k=loops: convert_nanbeige(
             nanbeige_folder(d / "hf", bias=False, **k), d / "nb.gguf"

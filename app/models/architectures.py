@@ -57,6 +57,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_iquest_loop",
         "names": True,
     },
+    # Talkie: NanoChat's weightless norms and reversed rope with learned gains, the normed embedding added back after
+    # every block (family_talkie)
+    "talkie": {
+        "family": "talkie",
+        "configure": "family_talkie",
+        "defaults": "family_talkie",
+        "tensors": True,
+        "names": True,
+    },
     # RWKV-7 (flash-linear-attention's layout): token-shifted time and channel mixes with a state per layer
     "rwkv7": {"family": "rwkv7", "configure": "family_rwkv7", "prepare": True, "tensors": True, "names": True},
     # Nanbeige 4.2: Llama's layers run num_loops times, each pass with its own K/V (family_nanbeige)

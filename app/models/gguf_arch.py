@@ -236,6 +236,9 @@ ARCH_LAYER["rwkv7"] = {
     "channel_mix_key": "ffn.key",
     "channel_mix_value": "ffn.value",
 }
+# Talkie (TalkieModel): its per-head query gain as attn_q_norm, the embedding's skip scale per layer (the sublayers'
+# gains are `.scale` tensors: gguf_names.hf_name)
+ARCH_LAYER["talkie"] = {"attn_q_norm": "self_attn.head_gain", "layer_output_scale": "embed_skip"}
 # Suffix-less tensors (hf_name's bare pattern): Qwen3-Next's A, the Mamba-2 mixers' A and D.
 _MAMBA_BARE = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D"}
 ARCH_BARE: dict[str, dict[str, str]] = {

@@ -136,6 +136,17 @@ def _nanbeige(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict
     }
 
 
+def _talkie(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Talkie (llama.cpp's TalkieModel: a TextModel, q / k with the reversed rope folded in, the head's gain as
+    logit_scale)."""
+    return {
+        "model_type": "talkie",
+        "head_dim": _head_dim(meta, cfg),
+        "logit_scale": float(meta.need("logit_scale")),
+        "talkie_rope_absorbed": True,  # (family_talkie: a plain rope on these q / k)
+    }
+
+
 def _openelm(meta: _Meta, tensors: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """OpenELM (llama.cpp's OpenELMModel: a TextModel, nothing permuted, q / k / v fused in attn_qkv, proj_1 split
     into ffn_gate / ffn_up): the per-layer head_count, head_count_kv and feed_forward_length as OpenELM's
@@ -210,4 +221,5 @@ LLAMA_RELATIVE_BUILDERS = {
     "deci": _deci,
     "openelm": _openelm,
     "nanbeige": _nanbeige,
+    "talkie": _talkie,
 }

@@ -69,6 +69,8 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z0-9_.]+)\.(weight|bias|scales|biases)
 # (family_gemma4 names them mlp.router_scale / mlp.per_expert_scale)
 _SCALE_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate_inp|ffn_down_exps)\.scale$")
 _SCALES = {"ffn_gate_inp": "mlp.router_scale", "ffn_down_exps": "mlp.per_expert_scale"}
+_TALKIE_SCALE_RE = re.compile(r"^blk\.(\d+)\.(attn_output|ffn_down)\.scale$")
+_TALKIE_SCALES = {"attn_output": "attn_gain", "ffn_down": "mlp_gain"}
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
 _BARE_RE = re.compile(r"^blk\.(\d+)\.(ssm_a|ssm_d|exp_probs_b)$")
 
@@ -128,6 +130,9 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     m = _SCALE_RE.match(gguf_name)
     if m:
         return f"model.layers.{m.group(1)}.{_SCALES[m.group(2)]}"
+    m = _TALKIE_SCALE_RE.match(gguf_name) if arch == "talkie" else None
+    if m:  # (Talkie's sublayer gains, which its converter writes as the output projections' scales)
+        return f"model.layers.{m.group(1)}.{_TALKIE_SCALES[m.group(2)]}"
     m = _BARE_RE.match(gguf_name)  # Qwen3-Next's A, Granite 4.0-H's A and D, HY-V3's router bias (without a suffix)
     if m:
         bare = ARCH_BARE.get(arch, {"ssm_a": "linear_attn.A_log"}).get(m.group(2))

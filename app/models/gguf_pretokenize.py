@@ -79,6 +79,8 @@ _CASED = (  # GPT-4o's words (a cased run, its contraction), as llama.cpp spells
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
 )
 _TAIL = r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# Talkie: GPT-4o's split (llama.cpp's GPT4O pre-type; transformers knows it only as gpt-4o / llama4 / kanana2)
+_GPT4O = (_CASED + r"|\p{N}{1,3}|" + _TAIL,)
 # Ling / Ring (bailingmoe, bailingmoe2) and LLaDA-MoE: Qwen2's with one newline at a time
 _BAILING = (
     r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -148,6 +150,7 @@ SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("tiny_aya", "cohere2moe"), _TINY_AYA),
     "youtu": _YOUTU,
     "ufakzeka": _UFAKZEKA,
+    "talkie": _GPT4O,
 }
 IGNORE_MERGES = frozenset(
     ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano")
