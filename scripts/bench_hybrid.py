@@ -9,6 +9,8 @@ does: a 128-token forward of the Qwen3-Next shape takes mlx_lm ~14 s on 2 cores)
 --arch nemotron_h_moe: Nemotron 3's Mamba-2 mixers and relu^2 expert layers (top 4 of 32), two attending;
 --arch gemma4: Gemma 4's sliding / full layers of two head sizes, shared K/V in the last layers and
 per-layer embeddings, ~0.35B params;
+--arch rwkv7: RWKV-7 at the 0.1B release's shape (12 layers of 768, heads of 64; a 32k vocabulary), its token-by-token
+wkv recurrence in plain torch / MLX; no transformers class: both backends against mlx_lm, in float32;
 --arch gpt2 / bloom / mamba / jamba: families on Lantern's generic paths (learned positions; ALiBi through the
 reference attention; the Mamba-1 scan in plain torch / MLX; Mamba-1 among NoPE attention with experts). mlx_lm has
 no BLOOM: run it with --backends torch.
@@ -124,7 +126,11 @@ SIMPLE_SHAPES = {
         },
     ),
 }
+# RWKV-7 0.1B (flash-linear-attention's release), a 32k vocabulary: tests/models/test_rwkv7.rwkv7_folder's keys
+RWKV7_SHAPE = {"vocab": 32000, "hidden": 768, "head_dim": 64, "layers": 12, "width": 3072}
+RWKV7_SHAPE |= {"decay_low_rank_dim": 64, "a_low_rank_dim": 64, "v_low_rank_dim": 32, "gate_low_rank_dim": 128}
 SHAPES = {
+    "rwkv7": {**RWKV7_SHAPE, "vocab_size": RWKV7_SHAPE["vocab"]},
     "qwen3_next": SHAPE,
     "gemma4": GEMMA4_SHAPE,
     "granite_hybrid": GRANITE_HYBRID_SHAPE,
@@ -141,6 +147,10 @@ def prepare(out: Path, arch: str = "qwen3_next") -> Path:
 
     from tests.fixtures.tiny_models import build_tokenizer
 
+    if arch == "rwkv7":
+        from tests.models.test_rwkv7 import rwkv7_folder
+
+        return rwkv7_folder(out, **RWKV7_SHAPE)
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out)
     if arch in SIMPLE_SHAPES:
@@ -225,9 +235,9 @@ def main() -> None:
     print(f"{'backend':8} {'metric':28} {'lantern':>9} {'reference':>22} {'ratio':>6}", flush=True)
     for backend in args.backends.split(","):
         rows = []
-        dtype = "bfloat16" if backend == "torch" else "float32"
+        dtype = "bfloat16" if backend == "torch" and args.arch != "rwkv7" else "float32"
         ours = bench_lantern(path, backend, dtype, prompts, args.out_len, enforce_eager=True)
-        if backend == "torch":
+        if backend == "torch" and args.arch != "rwkv7":
             ref_name, ref = "transformers", bench_hf(path, torch.bfloat16, torch.device("cpu"), prompts, args.out_len)
         else:
             ref_name, ref = "mlx_lm", bench_mlx_lm(path, prompts[0], args.out_len)

@@ -24,23 +24,28 @@ PROMPT = "Paged attention stores keys and values in blocks of a fixed size"
 FORCED = [5, 17, 42, 99, 7, 3, 250, 11, 60, 2, 33, 18]
 
 
-def rwkv7_folder(out, tie: bool = False, world: int | None = None):
+def rwkv7_folder(out, tie: bool = False, world: int | None = None, **shape: int):
     """A folder as flash-linear-attention saves an RWKV7ForCausalLM (its mixes [1, 1, D], k_k, k_a and g_norm [D]);
-    world: with RWKV's World tokenizer cut to that many tokens (rwkv_world.write_tokenizer), not the tests' BPE one."""
-    cfg = {"model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"], "hidden_size": HIDDEN, "head_dim": HEAD_DIM}
-    cfg |= {"num_hidden_layers": LAYERS, "intermediate_size": WIDTH, "norm_eps": 1e-5, "hidden_act": "sqrelu"}
-    cfg |= {"attn_mode": "chunk", "norm_first": True, "norm_bias": True, "tie_word_embeddings": tie, **RANKS}
+    world: with RWKV's World tokenizer cut to that many tokens (rwkv_world.write_tokenizer), not the tests' BPE one.
+    shape: hidden / head_dim / layers / width / vocab other than the tests' (scripts/bench_hybrid.py's real ones)."""
+    d, head_dim = shape.get("hidden", HIDDEN), shape.get("head_dim", HEAD_DIM)
+    layers, width = shape.get("layers", LAYERS), shape.get("width", WIDTH)
+    ranks = {key: shape.get(key, rank) for key, rank in RANKS.items()}
+    cfg = {"model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"], "hidden_size": d, "head_dim": head_dim}
+    cfg |= {"num_hidden_layers": layers, "intermediate_size": width, "norm_eps": 1e-5, "hidden_act": "sqrelu"}
+    cfg |= {"attn_mode": "chunk", "norm_first": True, "norm_bias": True, "tie_word_embeddings": tie, **ranks}
     cfg, w = start_folder(out, cfg)
     if world is not None:
         write_tokenizer(out, world)
         cfg |= {"vocab_size": world + 1, "bos_token_id": 0, "eos_token_id": 0}
-        (out / "config.json").write_text(json.dumps(cfg))
-    d, vocab = HIDDEN, cfg["vocab_size"]
+    cfg["vocab_size"] = shape.get("vocab", cfg["vocab_size"])
+    (out / "config.json").write_text(json.dumps(cfg))
+    vocab, scale = cfg["vocab_size"], (HIDDEN / d) ** 0.5  # (wider matrices drawn smaller: outputs of one size)
     t = {"model.embeddings.weight": w(vocab, d, scale=1.0), "model.norm.weight": 1 + w(d), "model.norm.bias": w(d)}
     if not tie:
-        t["lm_head.weight"] = w(vocab, d, scale=0.3)
+        t["lm_head.weight"] = w(vocab, d, scale=0.3 * scale)
     uniform = lambda *shape: w.rng.uniform(0, 1, shape).astype(np.float32)
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"model.layers.{i}"
         norms = ("pre_norm", "attn_norm", "ffn_norm") if i == 0 else ("attn_norm", "ffn_norm")
         for norm in norms:
@@ -49,19 +54,20 @@ def rwkv7_folder(out, tie: bool = False, world: int | None = None):
         for mu in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g"):
             t[f"{a}.{mu}"] = uniform(1, 1, d)
         t[f"{a}.k_k"], t[f"{a}.k_a"] = 0.85 + w(d), 1 + w(d)
-        t[f"{a}.r_k"] = w(d // HEAD_DIM, HEAD_DIM, scale=0.5)  # (its own parameter is [heads, head_dim])
+        t[f"{a}.r_k"] = w(d // head_dim, head_dim, scale=0.5)  # (its own parameter is [heads, head_dim])
         for proj in ("r_proj", "k_proj", "v_proj", "o_proj"):
-            t[f"{a}.{proj}.weight"] = w(d, d, scale=0.25)
-        loras = [("w_lora", RANKS["decay_low_rank_dim"], True), ("a_lora", RANKS["a_low_rank_dim"], True)]
-        loras += [("g_lora", RANKS["gate_low_rank_dim"], False)] + ([("v_lora", RANKS["v_low_rank_dim"], True)] * i)
+            t[f"{a}.{proj}.weight"] = w(d, d, scale=0.25 * scale)
+        loras = [("w_lora", ranks["decay_low_rank_dim"], True), ("a_lora", ranks["a_low_rank_dim"], True)]
+        loras += [("g_lora", ranks["gate_low_rank_dim"], False)] + ([("v_lora", ranks["v_low_rank_dim"], True)] * i)
         for name, rank, bias in loras:
-            t[f"{a}.{name}.lora.0.weight"] = w(rank, d, scale=0.3)
+            t[f"{a}.{name}.lora.0.weight"] = w(rank, d, scale=0.3 * scale)
             t[f"{a}.{name}.lora.2.weight"] = w(d, rank, scale=0.3)
             if bias:
                 t[f"{a}.{name}.lora.2.bias"] = w(d, scale=0.5)
         t[f"{a}.g_norm.weight"], t[f"{a}.g_norm.bias"] = 1 + w(d), w(d)
         t[f"{p}.ffn.x_k"] = uniform(d)
-        t[f"{p}.ffn.key.weight"], t[f"{p}.ffn.value.weight"] = w(WIDTH, d, scale=0.2), w(d, WIDTH, scale=0.2)
+        t[f"{p}.ffn.key.weight"] = w(width, d, scale=0.2 * scale)
+        t[f"{p}.ffn.value.weight"] = w(d, width, scale=0.2 * (WIDTH / width) ** 0.5)
     return save_folder(out, t)
 
 
