@@ -7,7 +7,7 @@ under ffn_norm, each added to the residual. Both mix each token's input x with t
 first token of a sequence sees zeros): xx = x_prev - x, and per projection x_* = x + xx * mu_* (mu: x_r, x_w, x_k,
 x_v, x_a, x_g). With H heads of size Dh:
 
-    r, k, v = r_proj(x_r), k_proj(x_k), v_proj(x_v);  iclr = sigmoid(a_lora(x_a));  g = g_lora(x_g)   (sigmoid'd)
+    r, k, v = r_proj(x_r), k_proj(x_k), v_proj(x_v);  iclr = sigmoid(a_lora(x_a));  g = g_lora(x_g)  (sigmoid inside)
     v <- v + (v_first - v) * sigmoid(v_lora(x_v))     (layers after 0; v_first: layer 0's v of the same token)
     w = exp(-e^-0.5 * sigmoid(w_lora(x_w)))           (the decay, in float32; w_lora: tanh between its two maps)
     kk = l2norm_per_head(k * k_k);  k <- k * (1 + (iclr - 1) * k_a);  a = -kk;  b = kk * iclr
@@ -104,8 +104,11 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     for key, value in _FIXED:
         if cfg.get(key, value) != value:
             raise refuse(key, cfg[key], f" (RWKV-7's {key} is {value!r})")
-    if cfg.get("value_dim") not in (None, fields["hidden_size"]):
-        raise refuse("value_dim", cfg["value_dim"], " (values as wide as the hidden size only)")
+    value_dim = cfg.get("value_dim")  # (newer flash-linear-attention configs state one per layer)
+    if value_dim is not None and set(value_dim if isinstance(value_dim, list) else [value_dim]) != {
+        fields["hidden_size"]
+    }:
+        raise refuse("value_dim", value_dim, " (values as wide as the hidden size only)")
     if cfg.get("attn") is not None:  # (flash-linear-attention's hybrids: softmax attention in some layers)
         raise refuse("attn", cfg["attn"], " (RWKV-7 layers only)")
     rwkv = Rwkv7Config(

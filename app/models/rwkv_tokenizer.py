@@ -3,17 +3,18 @@ rwkv_vocab_v20230424.txt) as a transformers tokenizer, without running the folde
 
 The tokenization is a greedy longest match over the text's UTF-8 bytes against the vocabulary (BlinkDL's
 TRIE_TOKENIZER); pyrwkv_tokenizer computes it (Rust, checked by its authors against that reference; the tests hold it
-to the reference too). Each vocabulary line is `<id> <Python literal of the str or bytes> <byte length>`; a token's
-text here is its bytes read as Latin-1 (one character per byte, so tokens that split a character keep their bytes
-and decoding joins them back before reading UTF-8). The folder's added and special tokens, and its chat template,
-come from its tokenizer_config.json as for any transformers tokenizer.
+to the reference too). Each vocabulary line is `<id> <Python literal of the str or bytes> <byte length>`. A token's
+text here is its text where its bytes are whole UTF-8 (so a special token such as "✿" is found by its text), else
+each byte as a character of Unicode's plane-15 private use area (U+F0000 + byte: no World token holds one), so
+tokens that split a character keep their bytes and decoding joins them back before reading UTF-8. The folder's added
+and special tokens, and its chat template, come from its tokenizer_config.json as for any transformers tokenizer.
 """
 
 from __future__ import annotations
 
 import ast
 import codecs
-import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from transformers import PreTrainedTokenizer
 
 VOCAB_FILE = "rwkv_vocab_v20230424.txt"
+_BYTE = 0xF0000  # a byte of a token that is not whole UTF-8: chr(_BYTE + byte)
 
 
 def read_vocabulary(path: str) -> dict[int, bytes]:
@@ -41,6 +43,25 @@ def read_vocabulary(path: str) -> dict[int, bytes]:
     return tokens
 
 
+def write_vocabulary(path: str, tokens: dict[int, bytes]) -> None:
+    """The file read_vocabulary reads: a str literal where the bytes are whole UTF-8, else a bytes literal."""
+    lines = []
+    for i, data in sorted(tokens.items()):
+        try:
+            literal = repr(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            literal = repr(data)
+        lines.append(f"{i} {literal} {len(data)}\n")
+    Path(path).write_text("".join(lines), encoding="utf-8")
+
+
+def _text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "".join(chr(_BYTE + b) for b in data)
+
+
 class RwkvWorldTokenizer(PreTrainedTokenizer):
     vocab_files_names = {"vocab_file": VOCAB_FILE}
     model_input_names = ["input_ids", "attention_mask"]
@@ -51,7 +72,8 @@ class RwkvWorldTokenizer(PreTrainedTokenizer):
         self.vocab_file = vocab_file
         self._matcher = WorldTokenizer(vocab_file)
         self._bytes = read_vocabulary(vocab_file)
-        self._ids = {data.decode("latin-1"): i for i, data in self._bytes.items()}
+        self._texts = {i: _text(data) for i, data in self._bytes.items()}
+        self._ids = {text: i for i, text in self._texts.items()}
         kwargs.setdefault("clean_up_tokenization_spaces", False)
         super().__init__(**kwargs)
 
@@ -59,76 +81,78 @@ class RwkvWorldTokenizer(PreTrainedTokenizer):
     def vocab_size(self) -> int:
         return max(self._bytes) + 1  # (id 0 is the end-of-text token the folders add)
 
+    def __len__(self) -> int:  # (a new added token's id: past every vocabulary id, not at the count of them)
+        return max(self.vocab_size, max(self.added_tokens_decoder, default=-1) + 1)
+
     def get_vocab(self) -> dict[str, int]:
         return {**self._ids, **self.added_tokens_encoder}
 
     def _tokenize(self, text: str, **kwargs: Any) -> list[str]:
-        return [self._bytes[i].decode("latin-1") for i in self._matcher.encode(text)]
+        return [self._texts[i] for i in self._matcher.encode(text)]
 
     def _convert_token_to_id(self, token: str) -> int:
         return self._ids.get(token, self.unk_token_id if self.unk_token_id is not None else 0)
 
     def _convert_id_to_token(self, index: int) -> str:
-        data = self._bytes.get(index)
-        return data.decode("latin-1") if data is not None else (self.unk_token or "")
+        return self._texts.get(index, self.unk_token or "")
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
-        return "".join(tokens).encode("latin-1", errors="replace").decode("utf-8", errors="replace")
+        text = "".join(tokens)
+        data = bytearray()
+        for ch in text:
+            code = ord(ch)
+            data += bytes((code - _BYTE,)) if _BYTE <= code < _BYTE + 256 else ch.encode("utf-8")
+        return data.decode("utf-8", errors="replace")
 
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
-        import shutil
-
-        target = os.path.join(save_directory, (filename_prefix + "-" if filename_prefix else "") + VOCAB_FILE)
-        if os.path.abspath(target) != os.path.abspath(self.vocab_file):
-            shutil.copyfile(self.vocab_file, target)
+        target = str(Path(save_directory) / ((filename_prefix + "-" if filename_prefix else "") + VOCAB_FILE))
+        write_vocabulary(target, self._bytes)
         return (target,)
 
 
 _CONTROL, _UNUSED = 3, 5  # gguf.TokenType
 
+# llama.cpp's built-in "rwkv-world" chat format (llama-chat.cpp) as a template: what a GGUF whose converter found no
+# Jinja file states by that name. System / User / Assistant turns, each trimmed and closed by a blank line.
+RWKV_WORLD_TEMPLATE = (
+    "{% for m in messages %}{% set role = {'system': 'System', 'user': 'User', 'assistant': 'Assistant'}"
+    "[m['role']] %}{{ role + ': ' + m['content'] | trim + '\\n\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
 
 def gguf_tokenizer(path: Path, metadata: dict[str, Any]) -> RwkvWorldTokenizer:
     """The World tokenizer of an RWKV GGUF (tokenizer.ggml.model "rwkv"): llama.cpp's converter stores each token's
     bytes as the body of their Python bytes literal (unescaped here), `<s>` as control token 0 and padding past the
-    vocabulary; its bos / eos / eot ids and chat template as the file states them. The vocabulary file is written
-    to a temporary folder (the GGUF cache keeps a copy: save_vocabulary)."""
+    vocabulary. `<s>` is the tokenizer's bos / eos / unk / pad; the file's end-of-turn token ("\\n\\n", 261) stays an
+    ordinary token, as llama.cpp keeps it (the config's eos_token_id list stops generation there). Its chat template
+    as the file states it (llama.cpp's "rwkv-world" name: RWKV_WORLD_TEMPLATE)."""
     import gguf
+    from transformers import AddedToken
 
     reader = gguf.GGUFReader(str(path))
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     types = reader.fields["tokenizer.ggml.token_type"].contents()
-    lines, specials = [], {}
+    vocabulary, specials = {}, {}
     for i, (text, kind) in enumerate(zip(tokens, types)):
         if kind == _CONTROL:
             specials[i] = text
         elif kind != _UNUSED:
-            data = codecs.escape_decode(text.encode("utf-8"))[0]
-            try:
-                literal = repr(data.decode("utf-8"))
-            except UnicodeDecodeError:
-                literal = repr(data)
-            lines.append(f"{i} {literal} {len(data)}\n")
-    vocab = Path(tempfile.mkdtemp(prefix="lantern-rwkv-")) / VOCAB_FILE
-    vocab.write_text("".join(lines), encoding="utf-8")
-
-    from transformers import AddedToken
-
-    named = {}
-    for key in ("bos", "eos", "eot", "unk", "padding"):
-        token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
-        if token_id is not None and 0 <= int(token_id) < len(tokens):
-            named[key] = int(token_id)
-    text_of = {
-        i: specials.get(i) or codecs.escape_decode(tokens[i].encode("utf-8"))[0].decode("utf-8", "replace")
-        for i in named.values()
-    }
-    tokenizer = RwkvWorldTokenizer(
-        vocab_file=str(vocab),
-        added_tokens_decoder={i: AddedToken(t, special=True, normalized=False) for i, t in specials.items()},
-        bos_token=text_of.get(named.get("bos")),
-        eos_token=text_of.get(named.get("eot", named.get("eos"))),
-        unk_token=text_of.get(named.get("unk")),
-        pad_token=text_of.get(named.get("padding")),
-    )
-    tokenizer.chat_template = metadata.get("tokenizer.chat_template")
+            vocabulary[i] = codecs.escape_decode(text.encode("utf-8"))[0]
+    folder = tempfile.mkdtemp(prefix="lantern-rwkv-")
+    try:
+        write_vocabulary(str(Path(folder) / VOCAB_FILE), vocabulary)
+        first = specials.get(0)
+        tokenizer = RwkvWorldTokenizer(
+            vocab_file=str(Path(folder) / VOCAB_FILE),
+            added_tokens_decoder={i: AddedToken(t, special=True, normalized=False) for i, t in specials.items()},
+            bos_token=first,
+            eos_token=first,
+            unk_token=first,
+            pad_token=first,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # (read: the tokenizer holds the vocabulary in memory)
+    template = metadata.get("tokenizer.chat_template")
+    tokenizer.chat_template = RWKV_WORLD_TEMPLATE if template == "rwkv-world" else template
     return tokenizer

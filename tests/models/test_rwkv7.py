@@ -144,11 +144,31 @@ def test_gguf_answers_as_its_folder(world, backend):
     np.testing.assert_allclose(np.array(gguf_rows), np.array(folder_rows), atol=1e-5, rtol=0)
 
 
+def test_gguf_tokenizer_keeps_the_end_of_turn_an_ordinary_token(world):
+    """ "\n\n" (261, the file's eot) is where generation stops, yet text holding it tokenizes as llama.cpp does (not
+    split around it as a special token); a file naming llama.cpp's built-in "rwkv-world" format chats in it."""
+    from rwkv.rwkv_tokenizer import TRIE_TOKENIZER
+
+    from lantern.app.models.loader import gguf_config_and_tokenizer
+    from tests.fixtures.rwkv_world import VOCAB_FILE
+
+    cfg, tok = gguf_config_and_tokenizer(world[1])
+    trie = TRIE_TOKENIZER(str(world[0] / VOCAB_FILE))
+    for text in ("Hi\n\n\nthere", "a\n\nb", "\n\n\n\n"):
+        assert tok.encode(text, add_special_tokens=False) == trie.encode(text), repr(text)
+    assert 261 in cfg["eos_token_id"] and tok.eos_token_id == 0
+    assert tok.decode(trie.encode("a\n\nb"), skip_special_tokens=True) == "a\n\nb"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "System: Be brief.\n\nUser: Hi\n\nAssistant:"
+
+
 _BASE = {"model_type": "rwkv7", "vocab_size": 400, "hidden_size": 64, "num_hidden_layers": 2, "head_dim": 16}
 
 
 def test_config():
     cfg = ModelConfig.from_hf(_BASE)  # (RWKV7Config's defaults: hidden_ratio 4 up to a multiple of 32, its ranks)
+    assert ModelConfig.from_hf({**_BASE, "value_dim": [64, 64]}).rwkv7 == cfg.rwkv7
     assert (cfg.intermediate_size, cfg.num_heads, cfg.num_kv_layers, cfg.recurrent) == (256, 4, 0, True)
     assert (cfg.rwkv7.decay_rank, cfg.rwkv7.gate_rank, cfg.rwkv7.a_rank, cfg.rwkv7.v_rank) == (64, 128, 64, 16)
     for key, value in (
@@ -156,6 +176,7 @@ def test_config():
         ("norm_first", False),
         ("norm_bias", False),
         ("value_dim", 128),
+        ("value_dim", [64, 128]),  # (newer configs state it per layer: [hidden_size] * layers is accepted)
         ("attn", {"layers": [1]}),
         ("head_dim", 24),
     ):

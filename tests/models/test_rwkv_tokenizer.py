@@ -74,6 +74,27 @@ def test_special_tokens_and_chat_template(tokenizer):
     assert text == f"{END}User: Hi\n\nAssistant:"
 
 
+def test_special_tokens_of_any_script_are_the_vocabularys_own(tmp_path):
+    """A special token stated by its text ("✿": bytes e2 9c bf in the vocabulary) takes the vocabulary's id, not a
+    new one; an added token past the vocabulary takes an id past every vocabulary id; both decode as their text."""
+    import json
+
+    from rwkv.rwkv_tokenizer import TRIE_TOKENIZER
+
+    folder = write_tokenizer(tmp_path / "tok")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config |= {"eos_token": "✿", "additional_special_tokens": ["<|im_start|>"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "special_tokens_map.json").unlink()
+    tok = _folder_tokenizer(folder)
+    flower = TRIE_TOKENIZER(str(official_vocab())).encode("✿")
+    assert len(flower) == 1 and tok.eos_token_id == flower[0]
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert start >= 65530 and start != flower[0]
+    ids = tok.encode("a✿é<|im_start|>b", add_special_tokens=False)
+    assert start in ids and tok.decode(ids) == "a✿é<|im_start|>b"
+
+
 def test_rwkv7_folder_with_the_world_tokenizer_serves(tmp_path, backend):
     """A tiny RWKV-7 with the World vocabulary (cut to its first 2000 tokens) answers a chat through it."""
     folder = rwkv7_folder(tmp_path / "m", world=2000)
