@@ -182,3 +182,20 @@ def test_config():
     ):
         with pytest.raises(UnsupportedModelError, match=f"^{re.escape(key)}="):
             ModelConfig.from_hf({**_BASE, key: value})
+
+
+@pytest.mark.parametrize(
+    ("raw", "part"),
+    [
+        (_BASE, "RWKV-7"),
+        ({"model_type": "talkie", "num_hidden_layers": 2}, "Talkie"),
+        ({"model_type": "iquestloopcoder", "vocab_size": 400, "hidden_size": 64, "intermediate_size": 96}, "IQuest"),
+    ],
+)
+def test_tensor_parallelism_is_refused_for_per_head_vectors(raw, part):
+    """(RWKV-7's state and vectors, Talkie's query gains and IQuest Loop's gates are per head: not split by rank)"""
+    from lantern.backends.torch.parallel import local_config
+
+    cfg = ModelConfig.from_hf({"num_attention_heads": 4, "num_hidden_layers": 2, **raw})
+    with pytest.raises(ValueError, match=part):
+        local_config(cfg, 2)
