@@ -175,6 +175,22 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
             "rms_norm_eps": 1e-6,
         },
     },
+    # A.X-K2 (SK Telecom): DeepSeek-V3.2's sparse attention with a gated query / output, sigmoid-gated norms
+    "axk2": {
+        "family": "deepseek",
+        "configure": "family_deepseek",
+        "defaults": {  # AXK2Config's
+            "vocab_size": 163840,
+            "hidden_size": 2048,
+            "intermediate_size": 5120,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-6,
+            "bos_token_id": 163691,
+            "eos_token_id": 163691,
+        },
+    },
     # DeepSeek-V3.2: V3 with DeepSeek Sparse Attention (a lightning indexer per layer picks the keys each query reads)
     "deepseek_v32": {
         "family": "deepseek",

@@ -52,7 +52,16 @@ from lantern.app.models.spec import UnsupportedModelError
 # Families with multi-head latent attention: DeepSeek V2 / V3, GLM-4.7-Flash (glm4_moe_lite:
 # transformers builds it from DeepseekV3Attention and GLM-4.5's router, which is V3's) and Mistral 4
 # (V3's attention and experts, a softmax router ranking groups as V3 does, Llama 4's query temperature).
-DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "mistral4", "axk1")
+DEEPSEEK_TYPES = (
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "glm_moe_dsa",
+    "glm4_moe_lite",
+    "mistral4",
+    "axk1",
+    "axk2",
+)
 # The GLM-4.5 family (glm4_moe) shares only the routed experts (routed_experts()).
 _SIGMOID_ROUTED = (
     "deepseek_v3",
@@ -63,6 +72,7 @@ _SIGMOID_ROUTED = (
     "dots1",
     "solar_open",
     "axk1",
+    "axk2",
 )
 # "noaux_tc": top-k within the topk_group groups whose two best scores sum highest (V3's ranking)
 _TOPK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "mistral4": ("noaux_tc",)}
@@ -114,6 +124,13 @@ _DEFAULTS["deepseek_v32"] = _DEFAULTS["deepseek_v3"]  # DeepseekV32Config: V3's 
 _DEFAULTS["glm_moe_dsa"] = {**_DEFAULTS["deepseek_v3"], **GLM_DSA_DEFAULTS}  # GlmMoeDsaConfig
 # A.X-K1 (SK Telecom, AXK1Config): V3 with 192 experts past one dense layer and an RMSNorm on the mixture's output
 _DEFAULTS["axk1"] = {**_DEFAULTS["deepseek_v3"], "n_routed_experts": 192, "first_k_dense_replace": 1}
+# A.X-K2 (AXK2Config, a DeepseekV32Config): its own shapes, an ungrouped router unless n_group / topk_group are stated
+_DEFAULTS["axk2"] = {
+    **_DEFAULTS["deepseek_v3"],
+    **dict(kv_lora_rank=128, q_lora_rank=384, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64),
+    **dict(n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=512, n_group=None, topk_group=None),
+    "first_k_dense_replace": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -132,6 +149,8 @@ class MLAConfig:
     # LongCat-Flash's LoRA scaling: the query times q_scale, the normed latent (keys' and values' source) times kv_scale
     q_scale: float = 1.0
     kv_scale: float = 1.0
+    # A.X-K2: q_b_proj reads [normed q latent, raw q latent] and gives each head's query and an output gate (v wide)
+    q_gate: bool = False
 
     @property
     def pool_dim(self) -> int:
@@ -237,10 +256,13 @@ def _dense_layers(model_type: str, cfg: dict[str, Any], num_layers: int) -> tupl
     layer 0 dense), as transformers does; a first_k_dense_replace that says otherwise is refused."""
     if model_type == "axk1" and cfg.get("mlp_layer_types") is None:  # (AXK1Config derives it so)
         return int(_key(cfg, model_type, "first_k_dense_replace") or 0), ()
+    if model_type == "axk2" and cfg.get("mlp_layer_types") is None:  # (AXK2Config: from both legacy keys)
+        first, freq = int(cfg.get("first_k_dense_replace", 1)), int(cfg.get("moe_layer_freq", 1))
+        return 0, tuple(i for i in range(num_layers) if i < first or i % freq)
     if model_type in ("deepseek_v32", "glm_moe_dsa") and cfg.get("mlp_layer_types") is None:
         first = min(int(_key(cfg, model_type, "first_k_dense_replace") or 0), num_layers)
         return 0, tuple(range(first))  # DeepseekV32Config's mlp_layer_types: that many dense, then sparse
-    if model_type not in ("glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "axk1"):
+    if model_type not in ("glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "axk1", "axk2"):
         return int(_key(cfg, model_type, "first_k_dense_replace") or 0), ()
     types = cfg.get("mlp_layer_types")
     if types is None:
@@ -262,7 +284,9 @@ def routed_experts(model_type: str, cfg: dict[str, Any], num_layers: int) -> Dee
     if experts == 0 or first_dense >= num_layers or len(dense) == num_layers:
         return None  # every layer a dense MLP
     freq = cfg.get("moe_layer_freq", 1)
-    if freq not in (None, 1):  # transformers makes every layer from first_k_dense_replace on sparse
+    if (
+        freq not in (None, 1) and model_type != "axk2"
+    ):  # (A.X-K2's: read into its dense layers)  # transformers makes every layer from first_k_dense_replace on sparse
         raise _refuse("moe_layer_freq", freq, " (transformers makes every layer past first_k_dense_replace sparse)")
     top_k = get("num_experts_per_tok")
     if top_k is None or not 1 <= int(top_k) <= experts:
@@ -274,7 +298,8 @@ def routed_experts(model_type: str, cfg: dict[str, Any], num_layers: int) -> Dee
     if method not in _TOPK_METHODS[model_type]:
         raise _refuse("topk_method", method, f"; {model_type} supports {', '.join(_TOPK_METHODS[model_type])}")
     n_group, topk_group = 1, 1
-    if method != "greedy":
+    ungrouped = model_type == "axk2" and get("n_group") is None and get("topk_group") is None  # (A.X-K2-Light)
+    if method != "greedy" and not ungrouped:
         n_group, topk_group = get("n_group"), get("topk_group")
         if n_group is None or topk_group is None or experts % n_group or not 1 <= topk_group <= n_group:
             raise _refuse("n_group", n_group, f" with topk_group={topk_group} and {experts} experts")
@@ -367,12 +392,12 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
     if cfg.get("num_key_value_heads") not in (None, heads):  # transformers' MLA expands to every head
         raise _refuse("num_key_value_heads", cfg["num_key_value_heads"], f" (MLA needs num_attention_heads={heads})")
     interleave = True if model_type == "deepseek_v2" else _key(cfg, model_type, "rope_interleave")
-    dsa = model_type in ("deepseek_v32", "glm_moe_dsa")
+    dsa = model_type in ("deepseek_v32", "glm_moe_dsa", "axk2")
     if interleave not in (True, False) or (dsa and not interleave):
         raise _refuse("rope_interleave", interleave, f" ({model_type}'s latent rope always turns pairs)")
     q_lora = _key(cfg, model_type, "q_lora_rank")
-    if model_type == "axk1" and q_lora is None:  # (AXK1Attention always compresses q)
-        raise _refuse("q_lora_rank", None, " for axk1 (its attention always has a q LoRA)")
+    if model_type in ("axk1", "axk2") and q_lora is None:  # (their attention always compresses q)
+        raise _refuse("q_lora_rank", None, f" for {model_type} (its attention always has a q LoRA)")
     mla = MLAConfig(
         kv_lora_rank=_int(cfg, model_type, "kv_lora_rank"),
         q_lora_rank=None if q_lora is None else int(q_lora),
@@ -382,6 +407,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         rope_interleave=bool(interleave),
         indexer=indexer_config(model_type, cfg, q_lora) if dsa else None,
         norm_eps=float(cfg.get("latent_norm_eps") or 1e-6),
+        q_gate=model_type == "axk2",
     )
     if mla.qk_rope_head_dim % 2:
         raise _refuse("qk_rope_head_dim", mla.qk_rope_head_dim, " (rope needs an even size)")
@@ -397,6 +423,7 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         "moe": routed_experts(model_type, cfg, num_layers),
         "mtp_layers": mtp_layers(model_type, cfg),
         **(_lite_defaults(cfg) if model_type == "glm4_moe_lite" else {}),
+        **({"gated_norm_rank": int(cfg.get("gated_norm_rank", 16))} if model_type == "axk2" else {}),
         **(mistral4_rope(cfg, mla) if model_type == "mistral4" else {}),
     }
 

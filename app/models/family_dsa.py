@@ -17,6 +17,7 @@ from lantern.app.models.errors import refuse
 _DEFAULTS = {
     "deepseek_v32": {"index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64, "qk_rope_head_dim": 64},
     "glm_moe_dsa": {"index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32, "qk_rope_head_dim": 64},
+    "axk2": {"index_topk": 2048, "index_head_dim": 128, "index_n_heads": 16, "qk_rope_head_dim": 32},  # (AXK2Config)
 }
 # GlmMoeDsaConfig's latent-attention and router defaults where they are not DeepseekV3Config's (family_deepseek)
 GLM_DSA_DEFAULTS = dict(q_lora_rank=2048, qk_nope_head_dim=192, v_head_dim=256, n_group=1, topk_group=1)

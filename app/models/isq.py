@@ -147,6 +147,8 @@ def isq_candidates(cfg: Any) -> int:
             if mla is not None and mla.indexer is not None and mla.indexer.runs(layer):
                 total += 2  # DeepSeek Sparse Attention's indexer: wq_b, wk (weights_proj stays float: a router)
         moe = cfg.moe
+        if getattr(cfg, "gated_norm_rank", None):  # A.X-K2's norm gates (W_down, W_up): the input norm's, a mixture's
+            total += 2 + (2 if moe is not None and moe.is_sparse(layer) else 0)
         if moe is None or not moe.is_sparse(layer):
             ungated = cfg.family in ("apertus", "arcee", "jais2", "phi", "mpt", "nanochat")
             total += 2 if ungated else 3  # gate, up, down (theirs: no gate)

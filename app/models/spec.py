@@ -239,6 +239,9 @@ class ModelConfig:
     loop_window: int | None = None  # IQuest-Coder Loop: its second pass's local attention window (family_iquest_loop)
     swiglu_limits: Any = None  # family_step3p5.SwigluLimits: Step 3.5's per-layer clamps of its gated MLPs
     norm_head: bool = False  # Ling 1.x: the head's columns L2-normalised, as its code does (once, while loading)
+    # A.X-K2: the input norm (and a mixture layer's post-attention norm) times sigmoid(W_up(silu(W_down(y)))) of its
+    # output y, W_down of this rank (the backends' deepseek model files)
+    gated_norm_rank: int | None = None
     # Llama 4: its rope layers attend within chunks of this many tokens; served within one (check_servable)
     attention_chunk: int | None = None
     # MiniCPM 4's InfLLM v2 (sparse_config): dense attention while a sequence holds fewer than dense_len tokens;

@@ -218,3 +218,28 @@ def test_indexer_tensors_on_a_shared_layer_are_left_unread(glm5_with_idle_indexe
     ids = llm.tokenizer.encode(PROMPTS[1])
     out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     assert out.outputs[0].token_ids == hf_greedy(hf_model(str(folder)), ids, 8)
+
+
+def test_axk2_config_reads_as_its_class():
+    """A.X-K2's AXK2Config defaults (its shapes, the ungrouped router, index heads, the gated norms' rank) and its
+    legacy first_k_dense_replace / moe_layer_freq read as the class derives mlp_layer_types from them."""
+    from transformers import AXK2Config
+
+    ref, ours = AXK2Config(), ModelConfig.from_hf({"model_type": "axk2"})
+    m, moe = ours.mla, ours.moe
+    assert (m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == (
+        ref.kv_lora_rank,
+        ref.q_lora_rank,
+        ref.qk_nope_head_dim,
+        ref.qk_rope_head_dim,
+        ref.v_head_dim,
+    )
+    assert m.q_gate and ours.gated_norm_rank == ref.gated_norm_rank
+    assert (m.indexer.n_heads, m.indexer.head_dim, m.indexer.topk) == (ref.index_n_heads, ref.index_head_dim, 2048)
+    assert (moe.num_experts, moe.top_k, moe.routed_scaling_factor) == (128, ref.num_experts_per_tok, 2.5)
+    assert (moe.n_group, moe.topk_group, moe.intermediate_size) == (1, 1, ref.moe_intermediate_size)
+    sparse = [moe.is_sparse(i) for i in range(ours.num_layers)]
+    assert sparse == [kind == "sparse" for kind in ref.mlp_layer_types]
+    legacy = {"num_hidden_layers": 6, "first_k_dense_replace": 2, "moe_layer_freq": 2}
+    ref, ours = AXK2Config(**legacy), ModelConfig.from_hf({"model_type": "axk2", **legacy})
+    assert [ours.moe.is_sparse(i) for i in range(6)] == [kind == "sparse" for kind in ref.mlp_layer_types]

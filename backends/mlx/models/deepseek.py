@@ -38,7 +38,10 @@ class MLAttention(nn.Module):
         else:
             self.q_a_proj = nn.Linear(d, m.q_lora_rank, bias=False)
             self.q_a_layernorm = nn.RMSNorm(m.q_lora_rank, eps=m.norm_eps)
-            self.q_b_proj = nn.Linear(m.q_lora_rank, h * m.qk_head_dim, bias=False)
+            if m.q_gate:  # (A.X-K2: [normed, raw] latent in; each head's query and output gate out)
+                self.q_b_proj = nn.Linear(2 * m.q_lora_rank, h * (m.qk_head_dim + m.v_head_dim), bias=False)
+            else:
+                self.q_b_proj = nn.Linear(m.q_lora_rank, h * m.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(d, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
         self.kv_a_layernorm = nn.RMSNorm(m.kv_lora_rank, eps=m.norm_eps)
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
@@ -102,8 +105,14 @@ class MLAttention(nn.Module):
 
     def __call__(self, x: mx.array, meta: AttentionMetadata) -> mx.array:
         m, t, h = self.mla, x.shape[0], self.n_heads
+        gate = None
         if m.q_lora_rank is None:
             q = qr = self.q_proj(x)
+        elif m.q_gate:
+            qa = self.q_a_proj(x)
+            qr = self.q_a_layernorm(qa)
+            qg = self.q_b_proj(mx.concatenate([qr, qa], axis=-1)).reshape(t, h, -1)
+            q, gate = qg[..., : m.qk_head_dim], qg[..., m.qk_head_dim :]
         else:
             qr = self.q_a_layernorm(self.q_a_proj(x))
             q = self.q_b_proj(qr)
@@ -137,6 +146,8 @@ class MLAttention(nn.Module):
             topk, lat = dsa_spec.topk, m.latent_dim
             out = dsa.restrict(out, query, x, qr, meta, self.layer_idx, indexer, topk, self.scale, lat, m.kv_lora_rank)
         out = (out.transpose(1, 0, 2) @ w_uv.swapaxes(1, 2)).transpose(1, 0, 2)  # [T, H, v]
+        if gate is not None:  # (A.X-K2's output gate, in float32 as transformers computes it)
+            out = (out * mx.sigmoid(gate.astype(mx.float32))).astype(out.dtype)
         return self.o_proj(out.reshape(t, h * m.v_head_dim))
 
 
@@ -226,6 +237,20 @@ class DeepSeekMoE(nn.Module):
         return out
 
 
+class GatedRMSNorm(nn.Module):
+    """A.X-K2's norm: y = RMSNorm(x), then y * sigmoid(W_up(silu(W_down(y)))) (the gate in float32)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.W_down = nn.Linear(cfg.hidden_size, cfg.gated_norm_rank, bias=False)
+        self.W_up = nn.Linear(cfg.gated_norm_rank, cfg.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self.norm(x)
+        return (y * mx.sigmoid(self.W_up(nn.silu(self.W_down(y))).astype(mx.float32))).astype(y.dtype)
+
+
 class DecoderLayer(llama.DecoderLayer):
     """Llama's layer over multi-head latent attention and DeepSeek's mixture."""
 
@@ -233,6 +258,10 @@ class DecoderLayer(llama.DecoderLayer):
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
         mlp = DeepSeekMoE(cfg) if sparse else MLP(cfg)
         super().__init__(cfg, layer_idx, attn=MLAttention(cfg, layer_idx), mlp=mlp)
+        if cfg.gated_norm_rank:  # (A.X-K2: the input norm gated, and a mixture layer's second norm)
+            self.input_layernorm = GatedRMSNorm(cfg)
+            if sparse:
+                self.post_attention_layernorm = GatedRMSNorm(cfg)
 
 
 class CausalLM(llama.CausalLM):

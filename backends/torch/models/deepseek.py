@@ -52,7 +52,10 @@ class MLAttention(nn.Module):
         else:
             self.q_a_proj = _linear(d, m.q_lora_rank)
             self.q_a_layernorm = RMSNorm(m.q_lora_rank, m.norm_eps)
-            self.q_b_proj = _linear(m.q_lora_rank, h * m.qk_head_dim)
+            if m.q_gate:  # (A.X-K2: [normed, raw] latent in; each head's query and output gate out)
+                self.q_b_proj = _linear(2 * m.q_lora_rank, h * (m.qk_head_dim + m.v_head_dim))
+            else:
+                self.q_b_proj = _linear(m.q_lora_rank, h * m.qk_head_dim)
         self.kv_a_proj_with_mqa = _linear(d, m.kv_lora_rank + m.qk_rope_head_dim)
         self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, m.norm_eps)
         self.kv_b_proj = _linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim))
@@ -91,14 +94,19 @@ class MLAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
         m, t, h = self.mla, x.shape[0], self.n_heads
+        gate = None
         if m.q_lora_rank is None:
             q = qr = self.q_proj(x)
+        elif m.q_gate:
+            qa = self.q_a_proj(x)
+            qr = self.q_a_layernorm(qa)[0]
+            q, gate = self.q_b_proj(torch.cat([qr, qa], dim=-1)).view(t, h, -1).split([m.qk_head_dim, m.v_head_dim], -1)
         else:
             qr = self.q_a_layernorm(self.q_a_proj(x))[0]
             q = self.q_b_proj(qr)
         if m.q_scale != 1.0:  # (LongCat-Flash)
             q = q * m.q_scale
-        q_nope, q_pe = q.view(t, h, m.qk_head_dim).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
+        q_nope, q_pe = q.reshape(t, h, m.qk_head_dim).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
         latent = self.kv_a_layernorm(latent.contiguous())[0]
         if m.kv_scale != 1.0:  # (LongCat-Flash: keys and values alike, both read the latent)
@@ -128,6 +136,8 @@ class MLAttention(nn.Module):
             topk, lat = dsa_spec.topk, m.latent_dim
             out = dsa.restrict(out, query, x, qr, meta, self.layer_idx, indexer, topk, self.scale, lat, m.kv_lora_rank)
         out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
+        if gate is not None:  # (A.X-K2's output gate, in float32 as transformers computes it)
+            out = (out * torch.sigmoid(gate.float())).to(out.dtype)
         return self.o_proj(out.reshape(t, h * m.v_head_dim))
 
 
@@ -210,6 +220,21 @@ class DeepSeekMoE(SparseMoE):
         return out
 
 
+class GatedRMSNorm(nn.Module):
+    """A.X-K2's norm: y = RMSNorm(x), then y * sigmoid(W_up(silu(W_down(y)))) (the gate in float32), with RMSNorm's
+    fused residual add."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.W_down = _linear(cfg.hidden_size, cfg.gated_norm_rank)
+        self.W_up = _linear(cfg.gated_norm_rank, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        y, residual = self.norm(x, residual)
+        return (y * torch.sigmoid(self.W_up(F.silu(self.W_down(y))).float())).to(y.dtype), residual
+
+
 class DecoderLayer(llama.DecoderLayer):
     """Llama's layer over multi-head latent attention and DeepSeek's mixture."""
 
@@ -217,6 +242,10 @@ class DecoderLayer(llama.DecoderLayer):
         sparse = cfg.moe is not None and cfg.moe.is_sparse(layer_idx)
         mlp = DeepSeekMoE(cfg, tp) if sparse else MLP(cfg, tp)
         super().__init__(cfg, layer_idx, tp, attn=MLAttention(cfg, layer_idx), mlp=mlp)
+        if cfg.gated_norm_rank:  # (A.X-K2: the input norm gated, and a mixture layer's second norm)
+            self.input_layernorm = GatedRMSNorm(cfg)
+            if sparse:
+                self.post_attention_layernorm = GatedRMSNorm(cfg)
 
 
 class CausalLM(llama.CausalLM):
