@@ -15,7 +15,13 @@ from safetensors.torch import load_file, save_file
 
 from lantern.app.engine import LLM
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
-from tests.fixtures.teacher_forcing import assert_close_to_mlx_lm, mlx_lm_error, quantized_by_mlx_lm
+from tests.fixtures.teacher_forcing import (
+    assert_batch_answers_as_each_alone,
+    assert_close_to_mlx_lm,
+    assert_float_folder_matches_mlx_lm,
+    mlx_lm_error,
+    quantized_by_mlx_lm,
+)
 from tests.fixtures.tiny_models import build_model
 
 WINDOW = 8
@@ -49,13 +55,8 @@ def folder(tmp_path_factory):
 
 
 def test_float_folder_matches_mlx_lm(folder, backend, by_file_tokenizer):
-    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-    try:
-        prompt = "Paged attention stores keys and values in blocks of a fixed size"
-        worst, scale = mlx_lm_error(llm, folder, prompt, [5, 17, 42, 99, 7, 3, 250, 11, 60, 2, 33, 18])
-    finally:
-        llm.engine.shutdown()
-    assert worst < 1e-4 * scale, (worst, scale)
+    prompt = "Paged attention stores keys and values in blocks of a fixed size"
+    assert_float_folder_matches_mlx_lm(folder, backend, prompt, [5, 17, 42, 99, 7, 3, 250, 11, 60, 2, 33, 18])
 
 
 def test_mlx_lm_made_folder_matches_mlx_lm(folder, tmp_path, backend, by_file_tokenizer):
@@ -88,14 +89,5 @@ def test_config(folder):
 
 def test_a_batch_answers_as_each_prompt_alone(folder, backend):
     """Sequences decoding beside others' prefill chunks read only their own two pool layers."""
-    from lantern.app.engine import SamplingParams
-
     prompts = ["Continuous batching lets new requests join", "Blocks", "A sliding window of eight tokens, then more"]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    llm = LLM(str(folder), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=96)
-    try:
-        together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        alone = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
-    finally:
-        llm.engine.shutdown()
-    assert together == alone
+    assert_batch_answers_as_each_alone(folder, backend, prompts)

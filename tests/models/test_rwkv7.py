@@ -12,11 +12,16 @@ import re
 import numpy as np
 import pytest
 
-from lantern.app.engine import LLM, SamplingParams
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.fixtures.remote_code_folders import save_folder, start_folder
 from tests.fixtures.rwkv_world import convert_rwkv7, write_tokenizer
-from tests.fixtures.teacher_forcing import assert_close_to_mlx_lm, mlx_lm_error, quantized_by_mlx_lm
+from tests.fixtures.teacher_forcing import (
+    assert_batch_answers_as_each_alone,
+    assert_close_to_mlx_lm,
+    assert_files_agree,
+    assert_float_folder_matches_mlx_lm,
+    quantized_by_mlx_lm,
+)
 
 HIDDEN, HEAD_DIM, LAYERS, WIDTH = 128, 64, 2, 256  # (head_dim 64: every RWKV-7's, where mlx_lm's g_norm eps is fla's)
 RANKS = {"decay_low_rank_dim": 8, "gate_low_rank_dim": 16, "a_low_rank_dim": 8, "v_low_rank_dim": 4}
@@ -76,27 +81,12 @@ def folder(tmp_path_factory):
     return rwkv7_folder(tmp_path_factory.mktemp("rwkv7"))
 
 
-def _llm(path, backend: str) -> LLM:
-    return LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=4, num_kv_blocks=64)
-
-
 def test_float_folder_matches_mlx_lm(folder, backend, by_file_tokenizer):
-    llm = _llm(folder, backend)
-    try:
-        worst, scale = mlx_lm_error(llm, folder, PROMPT, FORCED)
-    finally:
-        llm.engine.shutdown()
-    assert worst < 1e-4 * scale, (worst, scale)
+    assert_float_folder_matches_mlx_lm(folder, backend, PROMPT, FORCED, prefill_chunk_size=4)
 
 
 def test_tied_head_matches_mlx_lm(tmp_path, backend, by_file_tokenizer):
-    folder = rwkv7_folder(tmp_path / "tied", tie=True)
-    llm = _llm(folder, backend)
-    try:
-        worst, scale = mlx_lm_error(llm, folder, PROMPT, FORCED[:4])
-    finally:
-        llm.engine.shutdown()
-    assert worst < 1e-4 * scale, (worst, scale)
+    assert_float_folder_matches_mlx_lm(rwkv7_folder(tmp_path / "tied", tie=True), backend, PROMPT, FORCED[:4])
 
 
 def test_mlx_lm_made_folder_matches_mlx_lm(folder, tmp_path, backend, by_file_tokenizer):
@@ -106,14 +96,7 @@ def test_mlx_lm_made_folder_matches_mlx_lm(folder, tmp_path, backend, by_file_to
 def test_a_batch_answers_as_each_prompt_alone(folder, backend):
     """Decode rows beside other sequences' prefill chunks each read and write only their own state slot."""
     prompts = ["Continuous batching lets new requests join", "Blocks", "A state per sequence, then more tokens"]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    llm = _llm(folder, backend)
-    try:
-        together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        alone = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
-    finally:
-        llm.engine.shutdown()
-    assert together == alone
+    assert_batch_answers_as_each_alone(folder, backend, prompts, prefill_chunk_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -128,20 +111,7 @@ def test_gguf_answers_as_its_folder(world, backend):
     """llama.cpp's rwkv7 GGUF (its names, fused mixes, escaped World tokens) reads as the folder it came from: the
     same tokenizer ids and, teacher-forced, the same logits. (llama-server computes the same tokens on it:
     scripts/check_gguf_vs_llamacpp.py --only rwkv7.)"""
-    from tests.fixtures.teacher_forcing import teacher_forced_logits
-
-    rows = []
-    for path in world:
-        llm = _llm(path, backend)
-        try:
-            ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
-            rows.append((ids, [logits for _, logits in teacher_forced_logits(llm.engine, ids, FORCED)]))
-            assert llm.engine.model_config.eos_token_ids[-1] == 261 or path == world[0]  # (the GGUF's eot: "\n\n")
-        finally:
-            llm.engine.shutdown()
-    (folder_ids, folder_rows), (gguf_ids, gguf_rows) = rows
-    assert folder_ids == gguf_ids and len(folder_rows) == len(FORCED)
-    np.testing.assert_allclose(np.array(gguf_rows), np.array(folder_rows), atol=1e-5, rtol=0)
+    assert_files_agree(world, backend, PROMPT, FORCED, atol=1e-5)
 
 
 def test_gguf_tokenizer_keeps_the_end_of_turn_an_ordinary_token(world):

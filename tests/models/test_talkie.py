@@ -12,14 +12,13 @@ import re
 import numpy as np
 import pytest
 
-from lantern.app.engine import LLM
 from lantern.app.models.spec import ModelConfig, UnsupportedModelError
 from tests.fixtures.remote_code_folders import save_folder, start_folder
 from tests.fixtures.teacher_forcing import (
     assert_close_to_mlx_lm,
-    mlx_lm_error,
+    assert_files_agree,
+    assert_float_folder_matches_mlx_lm,
     quantized_by_mlx_lm,
-    teacher_forced_logits,
 )
 
 HIDDEN, HEADS, HEAD_DIM, LAYERS, WIDTH = 64, 4, 16, 2, 128
@@ -100,17 +99,8 @@ def folder(tmp_path_factory):
     return talkie_folder(tmp_path_factory.mktemp("talkie"))
 
 
-def _llm(path, backend: str) -> LLM:
-    return LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
-
-
 def test_float_folder_matches_mlx_lm(folder, backend, by_file_tokenizer):
-    llm = _llm(folder, backend)
-    try:
-        worst, scale = mlx_lm_error(llm, folder, PROMPT, FORCED)
-    finally:
-        llm.engine.shutdown()
-    assert worst < 1e-4 * scale, (worst, scale)
+    assert_float_folder_matches_mlx_lm(folder, backend, PROMPT, FORCED)
 
 
 def test_mlx_lm_made_folder_matches_mlx_lm(folder, tmp_path, backend, by_file_tokenizer):
@@ -118,17 +108,7 @@ def test_mlx_lm_made_folder_matches_mlx_lm(folder, tmp_path, backend, by_file_to
 
 
 def test_gguf_answers_as_its_folder(folder, tmp_path, backend):
-    rows = []
-    for path in (folder, convert_talkie(folder, tmp_path / "tiny-talkie.gguf")):
-        llm = _llm(path, backend)
-        try:
-            ids = llm.tokenizer.encode(PROMPT)
-            rows.append((ids, [logits for _, logits in teacher_forced_logits(llm.engine, ids, FORCED)]))
-        finally:
-            llm.engine.shutdown()
-    (folder_ids, folder_rows), (gguf_ids, gguf_rows) = rows
-    assert folder_ids == gguf_ids and len(folder_rows) == len(FORCED)
-    np.testing.assert_allclose(np.array(gguf_rows), np.array(folder_rows), atol=1e-4, rtol=0)
+    assert_files_agree((folder, convert_talkie(folder, tmp_path / "tiny-talkie.gguf")), backend, PROMPT, FORCED)
 
 
 def test_config():
