@@ -207,14 +207,7 @@ def _released(folder, out):
 def test_sequences_batched_together_decode_as_each_alone(folder, backend):
     """Three prompts of different lengths in one batch (their KDA states in separate slots, decode rows stepped
     together): each one's greedy tokens are those it gets alone."""
-    from lantern.app.engine import LLM, SamplingParams
+    from tests.fixtures.teacher_forcing import assert_batch_answers_as_each_alone
 
     prompts = ["Paged attention stores keys", "Continuous batching keeps the GPU busy while", "A"]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    llm = LLM(str(folder[0]), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=96)
-    try:
-        together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        alone = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
-    finally:
-        llm.engine.shutdown()
-    assert together == alone
+    assert_batch_answers_as_each_alone(folder[0], backend, prompts)
