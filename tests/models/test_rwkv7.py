@@ -114,6 +114,25 @@ def test_gguf_answers_as_its_folder(world, backend):
     assert_files_agree(world, backend, PROMPT, FORCED, atol=1e-5)
 
 
+def test_q8_0_gguf_answers_as_its_values(world, tmp_path, backend):
+    """A Q8_0 file (its matrices quantized, as llama.cpp's quantizer leaves RWKV-7's vectors) served quantized
+    computes what the same values in float32 compute, within the backends' int8 kernels' rounding."""
+    from lantern.app.engine import LLM
+    from tests.fixtures.teacher_forcing import teacher_forced_logits
+
+    rows = []
+    for dequantized in (True, False):
+        path = convert_rwkv7(world[0], tmp_path / f"q8-{dequantized}.gguf", "q8_0", dequantized=dequantized)
+        llm = LLM(str(path), backend=backend, dtype="float32", block_size=4, prefill_chunk_size=8, num_kv_blocks=64)
+        try:
+            ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+            rows.append(np.array([logits for _, logits in teacher_forced_logits(llm.engine, ids, FORCED)]))
+        finally:
+            llm.engine.shutdown()
+    reference, quantized = rows
+    assert np.abs(quantized - reference).max() < 1e-2 * np.abs(reference).max()
+
+
 def test_gguf_tokenizer_keeps_the_end_of_turn_an_ordinary_token(world):
     """ "\n\n" (261, the file's eot) is where generation stops, yet text holding it tokenizes as llama.cpp does (not
     split around it as a special token); a file naming llama.cpp's built-in "rwkv-world" format chats in it."""
