@@ -51,6 +51,7 @@ VL_WRAPPERS = (
     "mllama",
     "muse_glimmer",
     "cohere_compass",
+    "aria",
 )
 
 # Vision-language model_types whose language model Lantern serves: model_type -> its text config.

@@ -60,10 +60,12 @@ def iter_weights(
             from lantern.app.models.family_qwen3_vl import checkpoint_tensors as qwen3_vl_tensors
 
             source = qwen3_vl_tensors(source, spec.config.hidden_size)
-        if spec.config.family == "llama4":  # its fused experts [E, in, out] as [E, out, in]
+        if spec.config.family == "llama4" or spec.config.architecture == "aria_text":  # fused [E, in, out] experts
+            # as [E, out, in] (Aria's fc1 / fc2 renamed first)
+            from lantern.app.models.family_aria import fused_expert_names
             from lantern.app.models.family_llama4 import checkpoint_tensors as llama4_tensors
 
-            source = llama4_tensors(source)
+            source = llama4_tensors(fused_expert_names(source))
         source = split_switch_mlp(source, fused)
         if spec.config.mla is not None:  # mlx_lm's DeepSeek-V3 conversions split kv_b_proj per head
             from lantern.app.models.family_deepseek import join_mla_heads
