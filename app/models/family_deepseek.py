@@ -180,6 +180,8 @@ class DeepSeekMoEConfig(MoEConfig):
     shared_size: int = 0  # the ungated shared experts' MLP width (0: none)
     shared_average: bool = False  # (routed + shared) / 2 rather than their sum (Cohere2-MoE's "average")
     post_norm: bool = False  # an RMSNorm (mlp.post_mlp_layernorm) on the mixture's output (A.X-K1)
+    # noaux_tc: what the experts of the groups not chosen score (V3's -inf; A.X-K2's 0, as its router fills them)
+    group_fill: float = float("-inf")
     correction_bias: bool = False  # the router adds e_score_correction_bias to the scores it chooses by
     # router weight and bias held in float32 whatever the model dtype (transformers' _keep_in_fp32_modules_strict:
     # a bias near 7 in bfloat16 is off by 0.03, enough to change most choices); Mistral 4 keeps none
@@ -306,7 +308,7 @@ def routed_experts(model_type: str, cfg: dict[str, Any], num_layers: int) -> Dee
     per_group = experts // n_group
     if method == "noaux_tc" and per_group < 2:  # groups are ranked by their two best scores
         raise _refuse("n_group", n_group, f" ({experts} experts: {model_type} needs at least 2 per group)")
-    if int(top_k) > topk_group * per_group:
+    if int(top_k) > topk_group * per_group and model_type != "axk2":  # (A.X-K2's unchosen experts score 0: routable)
         raise _refuse("num_experts_per_tok", top_k, f" (more than the {topk_group * per_group} experts routable)")
     norm = bool(get("norm_topk_prob"))
     if model_type == "deepseek_v2" and norm:
@@ -330,6 +332,7 @@ def routed_experts(model_type: str, cfg: dict[str, Any], num_layers: int) -> Dee
         router_fp32=model_type != "mistral4",
         shared_size=int(get("n_shared_experts") or 0) * inner,
         post_norm=model_type == "axk1",
+        group_fill=0.0 if model_type == "axk2" else float("-inf"),
     )
 
 

@@ -46,7 +46,9 @@ MLA_FLOAT = ".self_attn.kv_b_proj.weight"  # latent attention's matrix read whol
 # MPNet's relative-position bias (small, and every input reads them)
 _NOT_MATRICES = (
     "norm.weight",
-    ".loop_gate.weight",  # (IQuest-Coder Loop's per-head gate vectors: a row per head, float as mlx_lm keeps them)
+    ".loop_gate.weight",
+    ".W_down.weight",  # (A.X-K2's norm gates: tiny, feeding a sigmoid on every channel; float as its fp8 release keeps)
+    ".W_up.weight",  # (IQuest-Coder Loop's per-head gate vectors: a row per head, float as mlx_lm keeps them)
     "model.embed_positions.weight",
     "embeddings.position_embeddings.weight",
     "embeddings.token_type_embeddings.weight",
@@ -147,8 +149,6 @@ def isq_candidates(cfg: Any) -> int:
             if mla is not None and mla.indexer is not None and mla.indexer.runs(layer):
                 total += 2  # DeepSeek Sparse Attention's indexer: wq_b, wk (weights_proj stays float: a router)
         moe = cfg.moe
-        if getattr(cfg, "gated_norm_rank", None):  # A.X-K2's norm gates (W_down, W_up): the input norm's, a mixture's
-            total += 2 + (2 if moe is not None and moe.is_sparse(layer) else 0)
         if moe is None or not moe.is_sparse(layer):
             ungated = cfg.family in ("apertus", "arcee", "jais2", "phi", "mpt", "nanochat")
             total += 2 if ungated else 3  # gate, up, down (theirs: no gate)

@@ -243,3 +243,40 @@ def test_axk2_config_reads_as_its_class():
     legacy = {"num_hidden_layers": 6, "first_k_dense_replace": 2, "moe_layer_freq": 2}
     ref, ours = AXK2Config(**legacy), ModelConfig.from_hf({"model_type": "axk2", **legacy})
     assert [ours.moe.is_sparse(i) for i in range(6)] == [kind == "sparse" for kind in ref.mlp_layer_types]
+
+
+def test_axk2_grouped_router_scores_unchosen_groups_zero_as_its_reference():
+    """A.X-K2's router (AXK2TopkRouter) fills the experts of the groups it does not choose with 0, not V3's -inf:
+    where a chosen group's experts score below 0, experts of the other groups win. A router whose logits are all 0
+    (sigmoid 0.5) and biases set the choice: groups 0 and 1 chosen, only expert 0 above 0, so the top 5 are expert 0
+    and the four zero-filled ones (no tie left to chance), weighted alike; both backends pick what transformers
+    picks."""
+    import mlx.core as mx
+    from transformers import AXK2Config
+    from transformers.models.axk2.modeling_axk2 import AXK2TopkRouter
+
+    from lantern.backends.mlx.models.deepseek import DeepSeekMoE as MlxMoE
+    from lantern.backends.torch.models.deepseek import DeepSeekMoE as TorchMoE
+    from lantern.backends.torch.parallel import TPGroup
+
+    keys = {"hidden_size": 16, "n_routed_experts": 8, "num_experts_per_tok": 5, "n_group": 4, "topk_group": 2}
+    keys |= {"moe_intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, "q_lora_rank": 8}
+    cfg = ModelConfig.from_hf({"model_type": "axk2", "vocab_size": 32, "intermediate_size": 16, **keys})
+    bias = torch.tensor([0.9, -0.7, -0.6, -0.55, -0.7, -0.6, -0.8, -0.9]) - 0.5  # (biased scores: sigmoid 0.5 + bias)
+    ref = AXK2TopkRouter(AXK2Config(**{k: v for k, v in keys.items() if k != "q_lora_rank"}, q_lora_rank=8))
+    with torch.no_grad():
+        ref.weight.zero_()
+        ref.e_score_correction_bias.copy_(bias)
+    x = torch.randn(3, 16)
+    _, ref_weights, ref_ids = ref(x)
+    want = sorted(zip(ref_ids[0].tolist(), ref_weights[0].tolist()))
+    assert [i for i, _ in want] == [0, 4, 5, 6, 7]
+    ours = TorchMoE(cfg, TPGroup())
+    ours.gate.weight = torch.nn.Parameter(torch.zeros(8, 16), requires_grad=False)
+    ours.gate.e_score_correction_bias = torch.nn.Parameter(bias.clone(), requires_grad=False)
+    ids, weights = ours.route(x)
+    assert sorted(zip(ids[0].tolist(), weights[0].tolist())) == pytest.approx(want)
+    mlx_moe = MlxMoE(cfg)
+    mlx_moe.gate.weight, mlx_moe.gate.e_score_correction_bias = mx.zeros((8, 16)), mx.array(bias.numpy())
+    ids, weights = mlx_moe.route(mx.array(x.numpy()))
+    assert sorted(zip(ids.tolist()[0], weights.tolist()[0])) == pytest.approx(want)

@@ -16,7 +16,7 @@ import pytest
 
 from lantern.app.models.family_granite import granitemoe_name
 from lantern.app.models.family_moe import is_router, moe_name
-from lantern.app.models.isq import MLA_FLOAT, IsqMode
+from lantern.app.models.isq import _NOT_MATRICES, MLA_FLOAT, IsqMode
 from lantern.app.models.quant.affine import AffineWeight, quantize_affine
 from tests.fixtures.tiny_models import ARCH_VARIANTS
 from tests.models.quant_logits import logits_error, reference_folder, tolerance
@@ -177,8 +177,8 @@ def test_isq_progress_counts_every_matrix_and_keeps_routers_in_float(tiny_model_
             routers += 1
         elif isinstance(value, AffineWeight):
             quantized += 1
-        elif name == "model.embed_positions.weight":  # GPT-2's position table: read by row, kept float
-            assert not isinstance(value, AffineWeight)
+        elif name == "model.embed_positions.weight" or name.endswith(_NOT_MATRICES):  # GPT-2's position table,
+            assert not isinstance(value, AffineWeight)  # A.X-K2's norm gates, ...: kept float by name
         elif name.endswith(".weight") and value.ndim == 2 and not name.endswith("norm.weight"):
             assert value.shape[1] % 16, f"{name} {tuple(value.shape)} could have been quantized"
             kept += 1

@@ -204,7 +204,7 @@ class DeepSeekMoE(nn.Module):
             choice = logits if moe.choose_on_logits else scores  # (Kolibri chooses by the logits)
             choice = choice if bias is None else choice + bias.astype(mx.float32)
             group_scores = mx.sort(choice.reshape(t, g, e // g), axis=-1)[..., -2:].sum(axis=-1)
-            choice = mx.where(self._group_mask(group_scores, e), choice, -mx.inf)
+            choice = mx.where(self._group_mask(group_scores, e), choice, moe.group_fill)
             ids = _top_k(choice, moe.top_k)
             weights = mx.take_along_axis(scores, ids, axis=-1)
             if moe.norm_topk_prob:

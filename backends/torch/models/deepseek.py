@@ -182,7 +182,7 @@ class DeepSeekMoE(SparseMoE):
             choice = logits if moe.choose_on_logits else scores  # (Kolibri chooses by the logits)
             choice = choice if bias is None else choice + bias.float()
             group_scores = choice.view(t, g, e // g).topk(2, dim=-1).values.sum(dim=-1)
-            choice = choice.masked_fill(~self._group_mask(group_scores, e), float("-inf"))
+            choice = choice.masked_fill(~self._group_mask(group_scores, e), moe.group_fill)
             ids = choice.topk(moe.top_k, dim=-1).indices
             weights = scores.gather(1, ids)
             if moe.norm_topk_prob:
