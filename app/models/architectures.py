@@ -272,9 +272,9 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "defaults": "family_laguna",
         "names": True,
     },
-    # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
     # Aria's language model: Llama's attention over a renormalised softmax mixture beside shared experts (family_aria)
     "aria_text": {"family": "llama_moe", "configure": "family_aria", "names": True, "defaults": "family_aria"},
+    # Hunyuan MoE (Hunyuan-A13B): the same attention over DeepSeek-V2's softmax routing (renormalised) and a shared MLP
     "hunyuan_v1_moe": {
         "family": "llama_moe",
         "configure": "family_hunyuan",

@@ -51,7 +51,8 @@ def configure(model_type: str, cfg: dict[str, Any], fields: dict[str, Any]) -> d
         top_k=top_k,
         intermediate_size=width,
         norm_topk_prob=True,  # (a softmax over the chosen logits: the renormalised softmax's weights)
-        router_weights_fp32=True,
+        router_weights_fp32=True,  # (its router runs in float32 here, in the model dtype in transformers: bf16
+        # near-ties among the experts may go the other way there)
         shared_size=width * int(shared) if shared else None,
         norm_eps=0.0,
     )

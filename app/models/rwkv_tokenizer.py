@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizer
 
 VOCAB_FILE = "rwkv_vocab_v20230424.txt"
 _BYTE = 0xF0000  # a byte of a token that is not whole UTF-8: chr(_BYTE + byte)
+_GAP = 0xF0100  # an id the vocabulary file skips (0: the folders' end-of-text token): chr(_GAP + n) in get_vocab
 
 
 def read_vocabulary(path: str) -> dict[int, bytes]:
@@ -74,6 +75,10 @@ class RwkvWorldTokenizer(PreTrainedTokenizer):
         self._bytes = read_vocabulary(vocab_file)
         self._texts = {i: _text(data) for i, data in self._bytes.items()}
         self._ids = {text: i for i, text in self._texts.items()}
+        # (transformers numbers a new added token len(get_vocab()): each skipped id holds a place there, so new ids
+        # come after every vocabulary id)
+        gaps = [i for i in range(max(self._bytes) + 1) if i not in self._bytes]
+        self._gaps = {chr(_GAP + n): i for n, i in enumerate(gaps)}
         kwargs.setdefault("clean_up_tokenization_spaces", False)
         super().__init__(**kwargs)
 
@@ -85,7 +90,7 @@ class RwkvWorldTokenizer(PreTrainedTokenizer):
         return max(self.vocab_size, max(self.added_tokens_decoder, default=-1) + 1)
 
     def get_vocab(self) -> dict[str, int]:
-        return {**self._ids, **self.added_tokens_encoder}
+        return {**self._gaps, **self._ids, **self.added_tokens_encoder}
 
     def _tokenize(self, text: str, **kwargs: Any) -> list[str]:
         return [self._texts[i] for i in self._matcher.encode(text)]
@@ -115,18 +120,19 @@ _CONTROL, _UNUSED = 3, 5  # gguf.TokenType
 # llama.cpp's built-in "rwkv-world" chat format (llama-chat.cpp) as a template: what a GGUF whose converter found no
 # Jinja file states by that name. System / User / Assistant turns, each trimmed and closed by a blank line.
 RWKV_WORLD_TEMPLATE = (
-    "{% for m in messages %}{% set role = {'system': 'System', 'user': 'User', 'assistant': 'Assistant'}"
-    "[m['role']] %}{{ role + ': ' + m['content'] | trim + '\\n\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+    "{% set names = {'system': 'System', 'user': 'User', 'assistant': 'Assistant'} %}{% for m in messages %}"
+    "{% if m['role'] in names %}{{ names[m['role']] + ': ' + m['content'] | trim + '\\n\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 
 
 def gguf_tokenizer(path: Path, metadata: dict[str, Any]) -> RwkvWorldTokenizer:
     """The World tokenizer of an RWKV GGUF (tokenizer.ggml.model "rwkv"): llama.cpp's converter stores each token's
     bytes as the body of their Python bytes literal (unescaped here), `<s>` as control token 0 and padding past the
-    vocabulary. `<s>` is the tokenizer's bos / eos / unk / pad; the file's end-of-turn token ("\\n\\n", 261) stays an
-    ordinary token, as llama.cpp keeps it (the config's eos_token_id list stops generation there). Its chat template
-    as the file states it (llama.cpp's "rwkv-world" name: RWKV_WORLD_TEMPLATE)."""
+    vocabulary. Its bos / eos / unk / padding ids as the file states them (`<s>` where it states none); an eos that
+    is the end-of-turn token ("\\n\\n", 261) stays an ordinary token, as llama.cpp keeps it (the config's
+    eos_token_id list stops generation there). Its chat template as the file states it (llama.cpp's "rwkv-world"
+    name: RWKV_WORLD_TEMPLATE)."""
     import gguf
     from transformers import AddedToken
 
@@ -143,13 +149,18 @@ def gguf_tokenizer(path: Path, metadata: dict[str, Any]) -> RwkvWorldTokenizer:
     try:
         write_vocabulary(str(Path(folder) / VOCAB_FILE), vocabulary)
         first = specials.get(0)
+
+        def named(key: str) -> str | None:  # (a control token the file names; else `<s>`)
+            token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
+            return specials.get(int(token_id), first) if token_id is not None else first
+
         tokenizer = RwkvWorldTokenizer(
             vocab_file=str(Path(folder) / VOCAB_FILE),
             added_tokens_decoder={i: AddedToken(t, special=True, normalized=False) for i, t in specials.items()},
-            bos_token=first,
-            eos_token=first,
-            unk_token=first,
-            pad_token=first,
+            bos_token=named("bos"),
+            eos_token=named("eos"),
+            unk_token=named("unknown"),
+            pad_token=named("padding"),
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # (read: the tokenizer holds the vocabulary in memory)

@@ -147,7 +147,8 @@ def test_gguf_tokenizer_keeps_the_end_of_turn_an_ordinary_token(world):
         assert tok.encode(text, add_special_tokens=False) == trie.encode(text), repr(text)
     assert 261 in cfg["eos_token_id"] and tok.eos_token_id == 0
     assert tok.decode(trie.encode("a\n\nb"), skip_special_tokens=True) == "a\n\nb"
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "tool", "content": "x"}]
+    messages += [{"role": "user", "content": " Hi "}]  # (llama.cpp's format has no tool turns: skipped)
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text == "System: Be brief.\n\nUser: Hi\n\nAssistant:"
 

@@ -95,6 +95,22 @@ def test_special_tokens_of_any_script_are_the_vocabularys_own(tmp_path):
     assert start in ids and tok.decode(ids) == "a✿é<|im_start|>b"
 
 
+def test_a_new_token_takes_an_id_past_the_vocabulary(tmp_path):
+    """A cut vocabulary (ids 1 to 300) with no end-of-text token at 0: a special token it lacks takes an id past 300
+    (transformers numbers new tokens by the vocabulary's size), not the last token's."""
+    import json
+
+    folder = write_tokenizer(tmp_path / "tok", lines=300)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder")
+    config |= {"bos_token": None, "unk_token": None, "pad_token": None, "eos_token": "<|x|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "special_tokens_map.json").unlink()
+    tok = _folder_tokenizer(folder)
+    assert tok.eos_token_id > 300 and tok.decode([300]) != "<|x|>"
+    assert tok.decode([tok.eos_token_id]) == "<|x|>"
+
+
 def test_rwkv7_folder_with_the_world_tokenizer_serves(tmp_path, backend):
     """A tiny RWKV-7 with the World vocabulary (cut to its first 2000 tokens) answers a chat through it."""
     folder = rwkv7_folder(tmp_path / "m", world=2000)
