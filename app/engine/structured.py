@@ -102,7 +102,12 @@ class GrammarCompiler:
             import llguidance.hf
 
             try:
-                tok = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab, eos_token=self._eos or None)
+                if hasattr(self._hf_tokenizer, "byte_tokens"):  # (a slow tokenizer of byte tokens: RWKV's World)
+                    tok = _byte_tokenizer(self._hf_tokenizer, self.vocab, self._eos)
+                else:
+                    tok = llguidance.hf.from_tokenizer(
+                        self._hf_tokenizer, n_vocab=self.vocab, eos_token=self._eos or None
+                    )
             except Exception as exc:  # llguidance reads only fast (Rust) tokenizers
                 raise InvalidRequestError(
                     f"constrained decoding is not available for this model's tokenizer: {exc}", param="structured"
@@ -214,3 +219,22 @@ def _grammar_text(spec: StructuredSpec, where: str) -> str:
         return grammar_from("gbnf", spec.value)
     except ValueError as exc:
         raise InvalidRequestError(f"{where} is not a valid {_NAMES[spec.kind]}: {exc}", param=where) from None
+
+
+def _byte_tokenizer(tokenizer: Any, n_vocab: int, eos: Any) -> Any:
+    """llguidance's view of a tokenizer that states each id's bytes (byte_tokens) rather than a tokenizer.json."""
+    import llguidance
+
+    tokens, special = tokenizer.byte_tokens(n_vocab)
+
+    class _Bytes:
+        def __init__(self) -> None:
+            self.tokens, self.special_token_ids = tokens, special
+            eos_id = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+            self.eos_token_id = int(eos_id) if eos_id is not None else int(tokenizer.eos_token_id)
+            self.bos_token_id = tokenizer.bos_token_id
+
+        def __call__(self, text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False)
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))

@@ -109,6 +109,20 @@ class RwkvWorldTokenizer(PreTrainedTokenizer):
             data += bytes((code - _BYTE,)) if _BYTE <= code < _BYTE + 256 else ch.encode("utf-8")
         return data.decode("utf-8", errors="replace")
 
+    def byte_tokens(self, n_vocab: int) -> tuple[list[bytes], list[int]]:
+        """(each id's bytes for the model's n_vocab rows, the special ids): what constrained decoding's token masks
+        are built from (app/engine/structured.py; an added token is its text, a row past every token a placeholder)."""
+        tokens = [self._bytes.get(i, b"") for i in range(n_vocab)]
+        special = [i for i in self.added_tokens_decoder if i < n_vocab]
+        for i, token in self.added_tokens_decoder.items():
+            if i < n_vocab:
+                tokens[i] = str(token).encode("utf-8")
+        for i in range(n_vocab):
+            if not tokens[i]:
+                tokens[i] = f"<[unused {i}]>".encode()
+                special.append(i)
+        return tokens, sorted(set(special))
+
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
         target = str(Path(save_directory) / ((filename_prefix + "-" if filename_prefix else "") + VOCAB_FILE))
         write_vocabulary(target, self._bytes)

@@ -128,3 +128,36 @@ def test_rwkv7_folder_with_the_world_tokenizer_serves(tmp_path, backend):
         assert out[0].outputs[0].text == expected
     finally:
         llm.engine.shutdown()
+
+
+def test_constrained_decoding_reads_the_world_tokens(tmp_path, backend):
+    """Structured output (a regex, a JSON schema) with RWKV's World tokenizer: its masks are built from each id's
+    bytes, so the random tiny model's output still matches exactly."""
+    import json
+    import re
+
+    from lantern.app.engine.sampling_params import StructuredSpec
+
+    folder = rwkv7_folder(tmp_path / "m", world=2000)
+    llm = LLM(str(folder), backend=backend, dtype="float32", num_kv_blocks=64)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    schema["additionalProperties"] = False  # (bounded: a random model would write digits until max_tokens)
+    try:
+        regex = SamplingParams(
+            temperature=1.0,
+            max_tokens=24,
+            seed=3,
+            structured=StructuredSpec("regex", "[a-z]{3,8} [0-9]{2}", param="response_format"),
+        )
+        text = llm.generate(["Today"], regex)[0].outputs[0].text
+        assert re.fullmatch("[a-z]{3,8} [0-9]{2}", text), text
+        shaped = SamplingParams(
+            temperature=1.0,
+            max_tokens=48,
+            seed=5,
+            structured=StructuredSpec("json_schema", schema, param="response_format", whitespace=""),
+        )
+        value = json.loads(llm.generate(["Today"], shaped)[0].outputs[0].text)
+        assert isinstance(value["ok"], bool) and set(value) == {"ok"}
+    finally:
+        llm.engine.shutdown()
