@@ -79,26 +79,29 @@ def transformers_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
-    """The stream with fused `qkv_proj` (grouped by KV head) and `gate_and_up_proj` ([up | gate]) cut into the
-    separate projections; everything else as is."""
+    """The stream with fused `qkv_proj` (grouped by KV head) regrouped to q, k, v rows and split as
+    weight_stream.split_fused splits any (as InternLM2's), and `gate_and_up_proj` ([up | gate], in expert and shared
+    MLPs too) cut into its two projections; everything else as is."""
     from lantern.app.models.grouped_qkv import reorder_rows, stacked_order
-    from lantern.app.models.weight_stream import _row_slice
+    from lantern.app.models.weight_stream import _row_slice, split_fused
 
     cfg = spec.config
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     order = stacked_order(cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim)
-    for name, value in source:
-        prefix, fused, kind = name.rpartition(".")[0].rpartition(".")[0], name.split(".")[-2], name.split(".")[-1]
-        if fused == "qkv_proj":
-            value = reorder_rows(value, order)
-            for part, start, end in (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv)):
-                yield f"{prefix}.{part}.{kind}", _row_slice(value, start, end)
-        elif fused == "gate_and_up_proj":
-            half = value.shape[0] // 2
-            yield f"{prefix}.up_proj.{kind}", _row_slice(value, 0, half)
-            yield f"{prefix}.gate_proj.{kind}", _row_slice(value, half, 2 * half)
-        else:
-            yield name, value
+
+    def regrouped() -> Iterator[tuple[str, Any]]:
+        for name, value in source:
+            module, _, kind = name.rpartition(".")
+            stem, _, fused = module.rpartition(".")
+            if fused == "qkv_proj":
+                yield name, reorder_rows(value, order)
+            elif fused == "gate_and_up_proj":
+                half = value.shape[0] // 2
+                yield f"{stem}.up_proj.{kind}", _row_slice(value, 0, half)
+                yield f"{stem}.gate_proj.{kind}", _row_slice(value, half, 2 * half)
+            else:
+                yield name, value
+
+    return split_fused(regrouped(), spec)
 
 
 def checkpoint_name(name: str) -> str:

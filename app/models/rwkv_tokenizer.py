@@ -75,8 +75,7 @@ class RwkvWorldTokenizer(PreTrainedTokenizer):
         self._bytes = read_vocabulary(vocab_file)
         self._texts = {i: _text(data) for i, data in self._bytes.items()}
         self._ids = {text: i for i, text in self._texts.items()}
-        # (transformers numbers a new added token len(get_vocab()): each skipped id holds a place there, so new ids
-        # come after every vocabulary id)
+        # (transformers numbers a new added token len(get_vocab()): each skipped id holds a place there)
         gaps = [i for i in range(max(self._bytes) + 1) if i not in self._bytes]
         self._gaps = {chr(_GAP + n): i for n, i in enumerate(gaps)}
         kwargs.setdefault("clean_up_tokenization_spaces", False)
@@ -86,11 +85,11 @@ class RwkvWorldTokenizer(PreTrainedTokenizer):
     def vocab_size(self) -> int:
         return max(self._bytes) + 1  # (id 0 is the end-of-text token the folders add)
 
-    def __len__(self) -> int:  # (a new added token's id: past every vocabulary id, not at the count of them)
-        return max(self.vocab_size, max(self.added_tokens_decoder, default=-1) + 1)
-
     def get_vocab(self) -> dict[str, int]:
-        return {**self._gaps, **self._ids, **self.added_tokens_encoder}
+        """Every id once (a skipped id by its placeholder unless an added token holds it): its size, which
+        transformers takes as len(tokenizer) and numbers a new token by, is one past the last id."""
+        gaps = {text: i for text, i in self._gaps.items() if i not in self.added_tokens_decoder}
+        return {**gaps, **self._ids, **self.added_tokens_encoder}
 
     def _tokenize(self, text: str, **kwargs: Any) -> list[str]:
         return [self._texts[i] for i in self._matcher.encode(text)]

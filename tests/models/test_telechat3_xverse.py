@@ -119,7 +119,7 @@ def test_what_lantern_does_not_compute_is_refused(model_type, key, extra):
 
 
 def test_xverse_unstated_keys_take_its_config_classes_defaults():
-    cfg = ModelConfig.from_hf({**_BASE, "model_type": "xverse", "max_position_embeddings": None} | {})
-    assert (cfg.rms_norm_eps, cfg.num_kv_heads, cfg.tie_word_embeddings) == (1e-6, 4, False)
     raw = {k: v for k, v in _BASE.items() if k != "max_position_embeddings"}
-    assert ModelConfig.from_hf({**raw, "model_type": "xverse"}).max_position_embeddings == 8192
+    cfg = ModelConfig.from_hf({**raw, "model_type": "xverse"})
+    assert (cfg.rms_norm_eps, cfg.num_kv_heads, cfg.tie_word_embeddings) == (1e-6, 4, False)
+    assert (cfg.max_position_embeddings, cfg.rope_theta) == (8192, 10000.0)
