@@ -68,12 +68,12 @@ def time_fn(fn: Callable[[], Any], device: torch.device, iters: int, repeats: in
     return statistics.median(times)
 
 
-def configs(n: int, k: int, group: int) -> list[dict]:
+def configs(n: int, k: int, group: int, stages: tuple[int, ...] = GRID["num_stages"]) -> list[dict]:
     out = []
-    for bn, bk, warps, stages in itertools.product(*GRID.values()):
+    for bn, bk, warps, st in itertools.product(GRID["BLOCK_N"], GRID["BLOCK_K"], GRID["num_warps"], stages):
         if bk % group or bk > max(group, triton.next_power_of_2(k)) or n < bn:
             continue
-        out.append({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages})
+        out.append({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": st})
     return out
 
 
@@ -115,7 +115,7 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
     def gemv(cfg: dict) -> Callable[[], Any]:
         return lambda: triton_quant.gemv(x, packed, scales, biases, args.bits, args.group, code=code, **cfg)
 
-    default_cfg = triton_quant._gemv_config(n, k, args.bits, args.group)
+    default_cfg = triton_quant._gemv_config(n, k, args.bits, args.group, args.e2m1)
     result: dict[str, Any] = {"shape": f"{n}x{k}", "max_rel_err": err, "default_config": default_cfg}
     result["default"] = row(f"default {default_cfg}", t(gemv({})))
     dense = torch.randn((n, k), generator=gen).to(dtype).to(device)
@@ -125,7 +125,7 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
     if tiny is not None:
         result["tinygemm"] = row("aten _weight_int4pack_mm (tinygemm)", t(tiny))
     best = None
-    for cfg in configs(n, k, args.group)[: args.max_configs]:
+    for cfg in configs(n, k, args.group, tuple(args.stages))[: args.max_configs]:
         try:
             us = t(gemv(cfg))
         except Exception as exc:  # a config the compiler refuses (registers, shared memory): skip it
@@ -168,17 +168,20 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=20, help="graph replays (the median is reported)")
     p.add_argument("--peak-gbs", type=float, default=4800.0, help="the HBM roofline (H200: 4800)")
     p.add_argument("--max-configs", type=int, help="time only the first this many configs of the grid")
-    p.add_argument("--json", type=Path, help="also write the summary here")
+    p.add_argument("--stages", type=int, nargs="+", default=list(GRID["num_stages"]), help="num_stages swept")
+    p.add_argument("--json", type=Path, help="also write the summary here (after each shape)")
     args = p.parse_args(argv)
     if args.e2m1 and args.bits != 4:
         p.error("--e2m1 codes are 4-bit")
     device = torch.device(args.device)
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in (args.shape or SHAPES_8B)]
-    results = [bench_shape(args, n, k, device) for n, k in shapes]
     summary = {"bits": args.bits, "e2m1": args.e2m1, "group": args.group, "rows": args.rows, "dtype": args.dtype}
+    results: list[dict] = []
     summary["shapes"] = results
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
+    for n, k in shapes:  # written after each shape: a sweep cut short by a time limit keeps what it measured
+        results.append(bench_shape(args, n, k, device))
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=1))
     print(json.dumps({r["shape"]: {"default": r["default"]["roofline"], "best": r["best"]} for r in results}))
     return summary
 

@@ -3,7 +3,10 @@
 # tool's KINDS.md), fetched here into .whl/ (ignored by git) for scripts/gpu_check.sh to install there.
 # Versions are the ones this checkout's tests pass with; --no-deps, so every missing need is named.
 # transformers too: the parity references differ by version (the device's 5.17 computes the tiny gemma2
-# and gpt_oss models differently from 5.24, which Lantern on CPU and on CUDA both match).
+# and gpt_oss models differently from 5.24, which Lantern on CPU and on CUDA both match). MLX on the CPU
+# (mlx, mlx-cpu) and mlx_lm: the reference of the model tests whose families transformers lacks; rwkv (the
+# World tokenizer's vocabulary file) and compressed-tensors (its test folders). bitsandbytes (43 MB) does not
+# fit beside them in a call's 64 MiB: its folders' tests fail there for want of it.
 #
 #   bash scripts/gpu_wheels.sh        # then: device run with carry [".whl"], command `bash scripts/gpu_check.sh`
 set -euo pipefail
@@ -19,5 +22,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     typing-inspection==0.4.2 typing_extensions==4.16.0 openai==3.54.0 distro==1.9.0 jiter==0.19.0 \
     sniffio==1.3.1 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 idna==3.20 anyio==4.16.0 \
     h11==0.16.0 llguidance==1.9.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
-    rpds-py==0.30.0 transformers==5.24.0
+    rpds-py==0.30.0 transformers==5.24.0 pyrwkv-tokenizer==0.9.1 mlx==0.32.4 mlx-cpu==0.32.4 mlx-lm==0.32.2 \
+    rwkv==0.8.32 compressed-tensors==0.20.1 loguru==0.7.3
 du -sh .whl

@@ -50,9 +50,12 @@ def test_logits_match_transformers_through_paged_cache(tiny_model_dir, variant, 
         ref_logits = hf(torch.tensor([prompt_ids + ref_tokens])).logits[0].numpy()
 
     compared = 0
+    # float32 on a GPU sums in another order than transformers on the CPU: on the H200 phi and jais2 differ by up
+    # to 1.3e-4 in a few of their 400 logits (2026-11-30), every other variant within 1e-4 as on a CPU.
+    on_gpu = getattr(getattr(engine.backend, "device", None), "type", "cpu") == "cuda"
     # Teacher-forced on transformers' tokens so both see the same sequence.
     for pos, ours in teacher_forced_logits(engine, prompt_ids, ref_tokens):
-        np.testing.assert_allclose(ours, ref_logits[pos], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(ours, ref_logits[pos], atol=2e-4 if on_gpu else 1e-4, rtol=0)
         compared += 1
     assert compared == steps  # the prefill's last position plus 32 decode steps
 

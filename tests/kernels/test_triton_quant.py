@@ -307,6 +307,30 @@ def test_the_gemv_sweep_script_runs_and_checks_its_kernel_first(tmp_path, capsys
     assert shape["best"]["config"] in script.configs(32, 256, 64)[:2]
     assert json.loads((tmp_path / "q.json").read_text())["shapes"][0]["best"] == shape["best"]
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["32x256"]["best"]["config"] == shape["best"]["config"]
+    # --stages narrows the grid; the JSON, named by LANTERN_GEMV_CONFIGS, sets the GEMV's blocks for that
+    # shape (bits, group and code kind too) and nowhere else
+    assert all(c["num_stages"] == 1 for c in script.configs(32, 256, 64, (1,)))
+    script.main([*args, "--max-configs", "3", "--stages", "1", "--json", str(tmp_path / "q.json")])
+    sweep = json.loads((tmp_path / "q.json").read_text())
+    best = {"BLOCK_N": 4, "BLOCK_K": 128, "num_warps": 8, "num_stages": 1}  # a winner unlike the built-in one
+    sweep["shapes"][0]["best"]["config"] = best
+    (tmp_path / "q.json").write_text(json.dumps(sweep))
+    built_in = tq._gemv_config(32, 256, 4, 64)
+    others = {key: tq._gemv_config(*key) for key in ((32, 512, 4, 64), (32, 256, 4, 32), (32, 256, 4, 64, True))}
+    monkeypatch.setenv("LANTERN_GEMV_CONFIGS", str(tmp_path / "q.json"))
+    tq._swept_configs.cache_clear()
+    try:
+        assert tq._gemv_config(32, 256, 4, 64) == best
+        assert {key: tq._gemv_config(*key) for key in others} == others  # another K, group or fp4: built in
+        _, packed, scales, biases = make_weight(32, 256, 4, 64, torch.float32, seed=7)
+        x = torch.randn(1, 256)
+        ref = qr.affine_matmul_reference(x, packed, scales, biases, 4, 64)
+        assert_matches(tq.gemv(x, packed, scales, biases, 4, 64), ref, torch.float32)
+        monkeypatch.setenv("LANTERN_GEMV_CONFIGS", str(tmp_path / "missing.json"))
+        tq._swept_configs.cache_clear()
+        assert tq._gemv_config(32, 256, 4, 64) == built_in  # unreadable: warned, built-in configs
+    finally:
+        tq._swept_configs.cache_clear()
     monkeypatch.setattr(tq, "gemv", lambda *a, **k: torch.zeros(1, 32))  # a kernel gone wrong
     with pytest.raises(SystemExit, match="off the reference"):
         script.main([*args, "--max-configs", "1"])

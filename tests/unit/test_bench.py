@@ -116,6 +116,26 @@ def test_bench_isq_quantizes_and_counts_quantized_bytes_in_the_roofline(tmp_path
     assert "bytes_per_weight" not in row["lantern"]
 
 
+def test_profile_decode_script_reports_bs1_against_the_quantized_roofline(tmp_path, monkeypatch):
+    """scripts/profile_decode.py (the GPU session's step breakdown) on a CPU: bs=1 tok/s greedy and sampled, the
+    roofline of the bytes --isq q4 leaves per weight; the CUDA-only event and kernel timings are absent here."""
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path = Path(__file__).resolve().parents[2] / "scripts" / "profile_decode.py"
+    spec = importlib.util.spec_from_file_location("profile_decode", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "p.json"
+    args = ["--shape", "tiny", "--isq", "q4", "--dtype", "float32", "--prompt-len", "8", "--tokens", "5"]
+    result = script.main([*args, "--json", str(out)])
+    assert result["greedy_bs1_tok_s"] > 0 and result["sampled_bs1_tok_s"] > 0
+    float_roof = ShapeCost.of(SHAPES["tiny"], 4).bs1_roofline(8 + 5 / 2, Peaks(**result["peaks"]))
+    assert result["bs1_roofline_tok_s"] / float_roof > 4  # 4-bit codes, not float32 weights, bound it
+    assert result["greedy_fraction_of_roofline"] == pytest.approx(
+        result["greedy_bs1_tok_s"] / result["bs1_roofline_tok_s"]
+    )
+    assert "kernels" not in result and json.loads(out.read_text())["isq"] == "q4"
+
+
 def test_data_sheet_peaks_follow_the_dtype(monkeypatch):
     from lantern.app import bench
 

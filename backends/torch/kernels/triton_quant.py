@@ -25,16 +25,27 @@ Block sizes come from `_gemv_config` / `_gemm_config`, not @triton.autotune: dec
 graphs, every (shape, batch bucket) would pay a benchmarking pass at start-up, and no GPU was at hand
 to choose a config list with. They were chosen by reading the sm_90 SASS that ptxas makes of each
 variant (instructions per weight in the loop; no spills), with ~2 programs per SM on a 132-SM
-H100/H200 for the GEMV (8 rows per program, fewer for narrow matrices). Not yet timed on a GPU.
+H100/H200 for the GEMV (8 rows per program, fewer for narrow matrices). Timed on an H200 (2026-11-30,
+scripts/bench_qgemv.py over 24 configs): 30-46% of HBM on the 8B matrices, as aten's tinygemm, each within ~10%
+of the best config; the loop issues ~6.6 instructions a weight (scripts/gemv_sass.py), the limit it meets.
+LANTERN_GEMV_CONFIGS names a sweep's JSON whose winners replace the built-in configs for their shapes.
 """
 
 from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
 from lantern.backends.torch.kernels.quant_reference import check_mode
+
+logger = logging.getLogger(__name__)
 
 GEMV_MAX_M = 2  # rows of x the GEMV takes in one pass; larger M goes to the GEMM (tensor cores)
 _MIN_PROGRAMS = 264  # GEMV: ~2 programs per SM on a 132-SM H100/H200
@@ -259,8 +270,33 @@ def _gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _gemv_config(n: int, k: int, bits: int, group_size: int) -> dict:
+@functools.cache
+def _swept_configs() -> dict[tuple[int, int, int, int, bool], dict]:
+    """Best GEMV configs per (N, K, bits, group, e2m1) from a JSON that scripts/bench_qgemv.py --json wrote,
+    named by LANTERN_GEMV_CONFIGS (a sweep's winners tried end to end before they become the defaults)."""
+    path = os.environ.get("LANTERN_GEMV_CONFIGS")
+    if not path:
+        return {}
+    try:
+        sweep = json.loads(Path(path).read_text())
+        bits, group, e2m1 = int(sweep["bits"]), int(sweep["group"]), bool(sweep["e2m1"])
+        table = {}
+        for entry in sweep["shapes"]:
+            if entry.get("best"):
+                n, k = (int(v) for v in entry["shape"].split("x"))
+                table[(n, k, bits, group, e2m1)] = dict(entry["best"]["config"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("LANTERN_GEMV_CONFIGS=%s not read (%s): the built-in GEMV configs apply", path, exc)
+        return {}
+    logger.info("GEMV configs for %d shapes from %s", len(table), path)
+    return table
+
+
+def _gemv_config(n: int, k: int, bits: int, group_size: int, e2m1: bool = False) -> dict:
     """4 KiB of codes per step for 4 warps: 16 bytes per thread twice (BLOCK_K = 2 vectors along K), 8 rows."""
+    swept = _swept_configs().get((n, k, bits, group_size, e2m1))
+    if swept is not None:
+        return dict(swept)
     block_n = 8
     while block_n > 2 and triton.cdiv(n, block_n) < _MIN_PROGRAMS:
         block_n //= 2
@@ -331,7 +367,7 @@ def gemv(
     code = _check(x, packed, scales, biases, bits, group_size, code)
     m, k = x.shape
     n = packed.shape[0]
-    cfg = {**_gemv_config(n, k, bits, group_size), **config}
+    cfg = {**_gemv_config(n, k, bits, group_size, code == "e2m1"), **config}
     scales, packed = scales.contiguous(), packed.contiguous()
     biases = scales if biases is None else biases.contiguous()  # (float codes: never read)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
