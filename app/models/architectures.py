@@ -118,6 +118,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "prepare": True,
         "tensors": True,
     },
+    # Zamba (v1): Zamba2's layout with multi-head Mamba-1 mixers, one shared block, no adapters (family_zamba)
+    "zamba": {
+        "family": "zamba",
+        "configure": "family_zamba",
+        "defaults": "family_zamba",
+        "prepare": True,
+        "tensors": True,
+    },
     # HRM-Text: two stacks of gated-attention layers without norm weights, run in cycles (family_hrm_text)
     "hrm_text": {"family": "hrm_text", "configure": "family_hrm_text", "defaults": "family_hrm_text", "tensors": True},
     # Seed-OSS: Llama with q/k/v biases (attention_out_bias, an o_proj bias, is refused); SeedOssConfig's

@@ -48,6 +48,8 @@ class Mamba1Config:
     # RMS norms of dt, B and C after x_proj: "none" (Mamba), "weightless" (Falcon-Mamba), "weighted" (Jamba)
     bc_norm: str = "none"
     norm_eps: float = 1e-6
+    # Zamba's multi-head mixer: d_inner split into heads, each with its own x_proj and dt_proj (B and C per head)
+    heads: int = 1
 
     def state_elements(self) -> tuple[int, int]:
         """Per Mamba layer and sequence: (convolution window values, SSM state values)."""

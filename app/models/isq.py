@@ -109,6 +109,9 @@ def isq_candidates(cfg: Any) -> int:
     if getattr(cfg, "gemma4", None) is not None:
         return total + _gemma4_candidates(cfg) + _gemma3n_candidates(cfg)
     mamba1 = getattr(cfg, "mamba1", None)
+    if mamba1 is not None and getattr(cfg, "zamba2", None) is not None:  # Zamba: in_proj, out_proj per layer (the
+        # heads' x_proj / dt_proj are 3-D); the shared block's q, k, v, o, gate, up, down; a linear per hybrid layer
+        return total + 2 * cfg.num_layers + 7 + len(cfg.zamba2.hybrid_layers)
     if mamba1 is not None and all(mamba1.mamba_layers):  # Mamba: in_proj, x_proj, dt_proj, out_proj per layer
         return total + 4 * cfg.num_layers
     kinds = cfg.mamba.layer_kinds if getattr(cfg, "mamba", None) is not None else ""

@@ -16,6 +16,12 @@ import torch
 from lantern.app.models.family_mamba import scan_chunk_length
 
 
+def per_channel(v: torch.Tensor) -> torch.Tensor:
+    """B or C as [rows, channels or 1, N]: one per token [rows, N] broadcast over the channels (Mamba), or already
+    one per channel [rows, C, N] (Zamba's heads, each with its own)."""
+    return v[:, None, :] if v.dim() == 2 else v
+
+
 def step(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -25,11 +31,11 @@ def step(
     d: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per sequence: x, dt [S, C] (dt after softplus), a = A [C, N], b, c [S, N], D [C], state
-    [S, C, N]. Returns (y [S, C], the new state)."""
+    """One token per sequence: x, dt [S, C] (dt after softplus), a = A [C, N], b, c [S, N] (or [S, C, N]: per
+    channel), D [C], state [S, C, N]. Returns (y [S, C], the new state)."""
     xf = x.float()
-    state = state * (dt[..., None] * a).exp() + (dt * xf)[..., None] * b.float()[:, None, :]
-    y = (state * c.float()[:, None, :]).sum(-1) + d * xf
+    state = state * (dt[..., None] * a).exp() + (dt * xf)[..., None] * per_channel(b.float())
+    y = (state * per_channel(c.float())).sum(-1) + d * xf
     return y, state
 
 
@@ -42,9 +48,10 @@ def chunked(
     d: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's tokens: x, dt [L, C], A [C, N], b, c [L, N], D [C], state [C, N] -> (y [L, C], the state)."""
+    """One sequence's tokens: x, dt [L, C], A [C, N], b, c [L, N] (or [L, C, N]), D [C], state [C, N] -> (y [L, C],
+    the state)."""
     length, channels = x.shape
-    xf, b, c = x.float(), b.float(), c.float()
+    xf, b, c = x.float(), per_channel(b.float()), per_channel(c.float())
     u = dt * xf
     size = scan_chunk_length(channels, a.shape[-1])
     out = torch.empty(length, channels, dtype=torch.float32, device=x.device)
@@ -55,8 +62,8 @@ def chunked(
         lower = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()[:, :, None, None]
         diff = cum[:, None] - cum[None, :]  # G_i - G_j: [i, j, C, N]
         weights = torch.where(lower, diff, torch.full_like(diff, -torch.inf)).exp()
-        inputs = u[start:end, :, None] * b[start:end, None, :]  # u_j B_j: [T, C, N]
+        inputs = u[start:end, :, None] * b[start:end]  # u_j B_j: [T, C, N]
         held = (weights * inputs[None]).sum(1) + cum.exp() * state  # each token's state [T, C, N]
-        out[start:end] = (held * c[start:end, None, :]).sum(-1)
+        out[start:end] = (held * c[start:end]).sum(-1)
         state = held[-1]
     return out + d * xf, state

@@ -46,6 +46,7 @@ def _alone(path: str, backend: str, prompts: list[str]) -> list[list[int]]:
         "falcon_mamba",
         "jamba",
         "mamba2",
+        "zamba",
     ],
 )
 def test_batched_chunked_and_preempted_runs_equal_each_sequence_alone(tiny_model_dir, variant, backend, caplog):
@@ -84,7 +85,7 @@ def test_sampled_fan_out_matches_single_requests(tiny_model_dir, backend, prefix
     assert both == single and both[0] != both[1]
 
 
-@pytest.mark.parametrize("variant", ["qwen3_5", "granite_hybrid", "nemotron_h", "mamba", "jamba"])
+@pytest.mark.parametrize("variant", ["qwen3_5", "granite_hybrid", "nemotron_h", "mamba", "jamba", "zamba"])
 @pytest.mark.parametrize("chunk", [100, 512])
 def test_long_prompt_logits_match_transformers(tiny_model_dir, backend, chunk, variant):
     """A 150-token prompt: the scans' 64-token chunks inside a step (chunk 512) and prefill steps

@@ -42,8 +42,14 @@ class Mamba1Mixer(nn.Module):
         self.conv1d = gated_delta.Conv(m.inner, m.conv_kernel)
         if m.conv_bias:
             self.conv1d.bias = mx.zeros((m.inner,))
-        self.x_proj = nn.Linear(m.inner, m.dt_rank + 2 * m.state_size, bias=False)
-        self.dt_proj = nn.Linear(m.dt_rank, m.inner, bias=True)
+        if m.heads == 1:
+            self.x_proj = nn.Linear(m.inner, m.dt_rank + 2 * m.state_size, bias=False)
+            self.dt_proj = nn.Linear(m.dt_rank, m.inner, bias=True)
+        else:  # Zamba: each head's x_proj and dt_proj (its checkpoint's names and shapes)
+            p = m.inner // m.heads
+            self.x_proj_weight = mx.zeros((m.heads, m.dt_rank + 2 * m.state_size, p))
+            self.dt_proj_weight = mx.zeros((m.heads, p, m.dt_rank))
+            self.dt_proj_bias = mx.zeros((m.heads, p))
         self.A_log = mx.zeros((m.inner, m.state_size))
         self.D = mx.ones((m.inner,))
         self.out_proj = nn.Linear(m.inner, cfg.hidden_size, bias=m.proj_bias)
@@ -53,8 +59,10 @@ class Mamba1Mixer(nn.Module):
             self.c_layernorm = nn.RMSNorm(m.state_size, eps=m.norm_eps)
 
     def _ssm_inputs(self, conv: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """Convolved x [L, d_inner] -> dt [L, d_inner] (softplus'd, float32), B, C [L, N]."""
+        """Convolved x [L, d_inner] -> dt [L, d_inner] (softplus'd, float32), B, C [L, N] (heads: [L, d_inner, N])."""
         m = self.m
+        if m.heads > 1:
+            return self._head_ssm_inputs(conv)
         dt, b, c = mx.split(self.x_proj(conv), [m.dt_rank, m.dt_rank + m.state_size], axis=-1)
         if m.bc_norm != "none":
             weighted = m.bc_norm == "weighted"
@@ -62,6 +70,21 @@ class Mamba1Mixer(nn.Module):
             b = _rms(b, m.norm_eps, self.b_layernorm.weight if weighted else None)
             c = _rms(c, m.norm_eps, self.c_layernorm.weight if weighted else None)
         return nn.softplus(self.dt_proj(dt).astype(mx.float32)), b, c
+
+    def _head_ssm_inputs(self, conv: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """Zamba's heads (see the torch file)."""
+        m, rows = self.m, conv.shape[0]
+        x = conv.reshape(rows, m.heads, -1)
+        params = mx.einsum("lhp,hkp->lhk", x, self.x_proj_weight)
+        dt, b, c = mx.split(params, [m.dt_rank, m.dt_rank + m.state_size], axis=-1)
+        dt = mx.einsum("lhr,hpr->lhp", dt, self.dt_proj_weight) + self.dt_proj_bias
+        width = m.inner // m.heads
+
+        def per_channel(v: mx.array) -> mx.array:
+            shape = (rows, m.heads, width, m.state_size)
+            return mx.broadcast_to(v[:, :, None, :], shape).reshape(rows, m.inner, m.state_size)
+
+        return nn.softplus(dt.reshape(rows, m.inner).astype(mx.float32)), per_channel(b), per_channel(c)
 
     def __call__(self, h: mx.array, meta: AttentionMetadata, state: MambaState) -> mx.array:
         i = self.state_index

@@ -45,8 +45,14 @@ class Mamba1Mixer(nn.Module):
         self.conv1d = gated_delta.Conv(m.inner, m.conv_kernel)
         if m.conv_bias:
             self.conv1d.bias = nn.Parameter(torch.zeros(m.inner), requires_grad=False)
-        self.x_proj = nn.Linear(m.inner, m.dt_rank + 2 * m.state_size, bias=False)
-        self.dt_proj = nn.Linear(m.dt_rank, m.inner, bias=True)
+        if m.heads == 1:
+            self.x_proj = nn.Linear(m.inner, m.dt_rank + 2 * m.state_size, bias=False)
+            self.dt_proj = nn.Linear(m.dt_rank, m.inner, bias=True)
+        else:  # Zamba: each head's x_proj and dt_proj (its checkpoint's names and shapes)
+            p = m.inner // m.heads
+            self.x_proj_weight = nn.Parameter(torch.zeros(m.heads, m.dt_rank + 2 * m.state_size, p))
+            self.dt_proj_weight = nn.Parameter(torch.zeros(m.heads, p, m.dt_rank))
+            self.dt_proj_bias = nn.Parameter(torch.zeros(m.heads, p))
         self.A_log = nn.Parameter(torch.zeros(m.inner, m.state_size), requires_grad=False)
         self.D = nn.Parameter(torch.ones(m.inner), requires_grad=False)
         self.out_proj = nn.Linear(m.inner, cfg.hidden_size, bias=m.proj_bias)
@@ -56,8 +62,10 @@ class Mamba1Mixer(nn.Module):
             self.c_layernorm = RMSNorm(m.state_size, m.norm_eps)
 
     def _ssm_inputs(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Convolved x [L, d_inner] -> dt [L, d_inner] (softplus'd, float32), B, C [L, N]."""
+        """Convolved x [L, d_inner] -> dt [L, d_inner] (softplus'd, float32), B, C [L, N] (heads: [L, d_inner, N])."""
         m = self.m
+        if m.heads > 1:
+            return self._head_ssm_inputs(conv)
         dt, b, c = self.x_proj(conv).split([m.dt_rank, m.state_size, m.state_size], dim=-1)
         if m.bc_norm != "none":
             weighted = m.bc_norm == "weighted"
@@ -65,6 +73,22 @@ class Mamba1Mixer(nn.Module):
             b = _rms(b, m.norm_eps, self.b_layernorm.weight if weighted else None)
             c = _rms(c, m.norm_eps, self.c_layernorm.weight if weighted else None)
         return F.softplus(self.dt_proj(dt).float()), b, c
+
+    def _head_ssm_inputs(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Zamba's heads: each head's channels give its dt (through its dt_proj), B and C; B and C repeated over
+        the head's channels."""
+        m, rows = self.m, conv.shape[0]
+        x = conv.view(rows, m.heads, -1)
+        dt, b, c = torch.einsum("lhp,hkp->lhk", x, self.x_proj_weight).split(
+            [m.dt_rank, m.state_size, m.state_size], dim=-1
+        )
+        dt = torch.einsum("lhr,hpr->lhp", dt, self.dt_proj_weight) + self.dt_proj_bias
+        width = m.inner // m.heads
+
+        def per_channel(v: torch.Tensor) -> torch.Tensor:
+            return v[:, :, None, :].expand(rows, m.heads, width, m.state_size).reshape(rows, m.inner, m.state_size)
+
+        return F.softplus(dt.reshape(rows, m.inner).float()), per_channel(b), per_channel(c)
 
     def forward(self, h: torch.Tensor, meta: TorchAttentionMetadata, state: MambaState) -> torch.Tensor:
         m, t = self.m, h.shape[0]
