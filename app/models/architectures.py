@@ -32,6 +32,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "mllama_text_model": {"configure": "family_mllama", "defaults": "family_mllama"},
     # Kimi Linear: Kimi Delta Attention layers between rope-less latent-attention ones, DeepSeek-V3's mixture
     "kimi_linear": {"family": "kimi_linear", "configure": "family_kimi_linear", "prepare": True, "tensors": True},
+    # Ling 3.0: Kimi Linear's layers with full-rank, bounded KDA gates and a rotated, head-gated latent attention
+    "bailing_hybrid": {"family": "kimi_linear", "configure": "family_bailing_hybrid", "prepare": True, "tensors": True},
     # Dory (NVIDIA Nemotron Labs): nGPT's unit-sphere layers, a recurrent section run in loops (family_dory)
     "dory": {"family": "dory", "configure": "family_dory", "prepare": True, "tensors": True, "own_rope": True},
     # Lara Mini: Qwen3.5's gated delta nets beside sliding / rope-less full attention, a softmax mixture

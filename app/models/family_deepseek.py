@@ -151,6 +151,8 @@ class MLAConfig:
     kv_scale: float = 1.0
     # A.X-K2: q_b_proj reads [normed q latent, raw q latent] and gives each head's query and an output gate (v wide)
     q_gate: bool = False
+    # Ling 3.0 (bailing_hybrid): a sigmoid gate per head from g_proj(x) on the attention's output, before o_proj
+    head_gate: bool = False
 
     @property
     def pool_dim(self) -> int:

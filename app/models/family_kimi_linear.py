@@ -36,6 +36,10 @@ class KdaConfig:
     num_heads: int
     head_dim: int  # d_k = d_v
     conv_kernel: int
+    # Ling 3.0 (family_bailing_hybrid): full-rank f_proj / g_proj instead of the f_a/f_b, g_a/g_b pairs, and its
+    # bounded forget gate g = gate_bound x sigmoid(exp(A_log) (f + dt_bias)) where gate_bound is set (kda_safe_gate)
+    full_rank: bool = False
+    gate_bound: float | None = None
 
     @property
     def width(self) -> int:

@@ -131,12 +131,12 @@ def isq_candidates(cfg: Any) -> int:
     # MLA: q_proj or q_a_proj + q_b_proj, kv_a_proj_with_mqa, o_proj (kv_b_proj stays float); else q, k, v, o.
     attention = (2 + (2 if mla.q_lora_rank else 1)) if mla is not None else 4
     gated = getattr(cfg, "attn_output_gate", False) or getattr(cfg, "dory", None) is not None
-    attention += 1 if gated else 0  # AFMoE's (Dory's) gate_proj beside q, k, v, o
+    attention += 1 if gated or (mla is not None and mla.head_gate) else 0  # AFMoE's (Dory's, Ling 3.0's) gate
     attention = 1 if cfg.family == "jetmoe" else attention  # JetMoE: kv_proj (its experts' q / o are 3-D: float)
     linear = getattr(cfg, "linear_attn", None)
     for layer in range(cfg.num_layers):
         if linear is not None and linear.linear_layers[layer] and cfg.family == "kimi_linear":
-            total += 9  # KDA: q, k, v, f_a, f_b, b, g_a, g_b, o
+            total += 7 if linear.full_rank else 9  # KDA: q, k, v, f_a, f_b, b, g_a, g_b, o (Ling 3.0: f, g)
         elif linear is not None and linear.linear_layers[layer]:  # gated DeltaNet: its projections and out_proj
             # (q/k/v and z fused, or qkv and z; OLMo Hybrid's q, k, v and its gate apart)
             qkvz = 1 if linear.fused_qkvz else 4 if cfg.family == "olmo_hybrid" else 2

@@ -46,6 +46,8 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = nn.RMSNorm(m.kv_lora_rank, eps=m.norm_eps)
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * m.v_head_dim, d, bias=False)
+        if m.head_gate:  # (Ling 3.0: one output gate per head, from the layer's input)
+            self.g_proj = nn.Linear(d, h, bias=False)
         self.temperature = cfg.attn_temperature  # Mistral 4: Llama 4's per-position query scale
         self.rope = build_rope(
             m.qk_rope_head_dim, cfg.rope_theta, m.rope_interleave, cfg.rope_scaling, cfg.max_position_embeddings
@@ -148,6 +150,8 @@ class MLAttention(nn.Module):
         out = (out.transpose(1, 0, 2) @ w_uv.swapaxes(1, 2)).transpose(1, 0, 2)  # [T, H, v]
         if gate is not None:  # (A.X-K2's output gate, in float32 as transformers computes it)
             out = (out * mx.sigmoid(gate.astype(mx.float32))).astype(out.dtype)
+        if m.head_gate:  # (Ling 3.0: the sigmoid in float32, rounded to the model dtype, as transformers does)
+            out = out * mx.sigmoid(self.g_proj(x).astype(mx.float32)).astype(out.dtype)[..., None]
         return self.o_proj(out.reshape(t, h * m.v_head_dim))
 
 

@@ -26,13 +26,18 @@ class KimiDeltaAttention(nn.Module):
         self.k_proj = nn.Linear(d, width, bias=False)
         self.v_proj = nn.Linear(d, width, bias=False)
         self.conv1d = gated_delta.Conv(kda.conv_dim, kda.conv_kernel)  # q, k, v's kernels joined while loading
-        self.f_a_proj = nn.Linear(d, self.dk, bias=False)
-        self.f_b_proj = nn.Linear(self.dk, width, bias=False)
+        self._full_rank, self._gate_bound = kda.full_rank, kda.gate_bound
+        if kda.full_rank:  # (Ling 3.0)
+            self.f_proj = nn.Linear(d, width, bias=False)
+            self.g_proj = nn.Linear(d, width, bias=False)
+        else:
+            self.f_a_proj = nn.Linear(d, self.dk, bias=False)
+            self.f_b_proj = nn.Linear(self.dk, width, bias=False)
+            self.g_a_proj = nn.Linear(d, self.dk, bias=False)
+            self.g_b_proj = nn.Linear(self.dk, width, bias=False)
         self.dt_bias = mx.zeros((width,))
         self.A_log = mx.zeros((self.h,))
         self.b_proj = nn.Linear(d, self.h, bias=False)
-        self.g_a_proj = nn.Linear(d, self.dk, bias=False)
-        self.g_b_proj = nn.Linear(self.dk, width, bias=False)
         self.o_norm = nn.RMSNorm(self.dk, eps=cfg.rms_norm_eps)
         self.o_proj = nn.Linear(width, d, bias=False)
 
@@ -41,8 +46,13 @@ class KimiDeltaAttention(nn.Module):
         n, h, dk = conv.shape[0], self.h, self.dk
         q, k, v = (t.astype(mx.float32).reshape(n, h, dk) for t in mx.split(conv, 3, axis=-1))
         q, k = gated_delta.l2norm(q) * dk**-0.5, gated_delta.l2norm(k)
-        f = self.f_b_proj(self.f_a_proj(x)).astype(mx.float32) + self.dt_bias.astype(mx.float32)
-        g = -mx.exp(self.A_log.astype(mx.float32))[:, None] * nn.softplus(f.reshape(n, h, dk))
+        f = self.f_proj(x) if self._full_rank else self.f_b_proj(self.f_a_proj(x))
+        f = (f.astype(mx.float32) + self.dt_bias.astype(mx.float32)).reshape(n, h, dk)
+        rate = mx.exp(self.A_log.astype(mx.float32))[:, None]
+        if self._gate_bound is None:
+            g = -rate * nn.softplus(f)
+        else:  # (Ling 3.0's bounded gate: the log-decay stays within (gate_bound, 0))
+            g = self._gate_bound * mx.sigmoid(rate * f)
         return q, k, v, g, mx.sigmoid(self.b_proj(x)).astype(mx.float32)
 
     def __call__(self, x: mx.array, meta: AttentionMetadata, state: RecurrentState) -> mx.array:
@@ -56,7 +66,8 @@ class KimiDeltaAttention(nn.Module):
             meta, mixed, conv_w, windows, matrices, heads, step, chunk
         )
         t = x.shape[0]
-        gate = self.g_b_proj(self.g_a_proj(x)).astype(mx.float32).reshape(t, self.h, self.dk)
+        gate = self.g_proj(x) if self._full_rank else self.g_b_proj(self.g_a_proj(x))
+        gate = gate.astype(mx.float32).reshape(t, self.h, self.dk)
         normed = mx.fast.rms_norm(
             out.astype(x.dtype).astype(mx.float32), self.o_norm.weight.astype(mx.float32), self.o_norm.eps
         )

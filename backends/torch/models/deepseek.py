@@ -60,6 +60,8 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, m.norm_eps)
         self.kv_b_proj = _linear(m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim))
         self.o_proj = _linear(h * m.v_head_dim, d)
+        if m.head_gate:  # (Ling 3.0: one output gate per head, from the layer's input)
+            self.g_proj = _linear(d, h)
         self.temperature = cfg.attn_temperature  # Mistral 4: Llama 4's per-position query scale
         if m.indexer is not None and m.indexer.runs(layer_idx):  # DeepSeek Sparse Attention (dsa.py)
             self.indexer = dsa.Indexer(d, m.q_lora_rank, m.indexer)
@@ -138,6 +140,8 @@ class MLAttention(nn.Module):
         out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
         if gate is not None:  # (A.X-K2's output gate, in float32 as transformers computes it)
             out = (out * torch.sigmoid(gate.float())).to(out.dtype)
+        if m.head_gate:  # (Ling 3.0: the sigmoid in float32, rounded to the model dtype, as transformers does)
+            out = out * torch.sigmoid(self.g_proj(x).float()).to(out.dtype)[..., None]
         return self.o_proj(out.reshape(t, h * m.v_head_dim))
 
 

@@ -33,13 +33,18 @@ class KimiDeltaAttention(nn.Module):
         d, width = cfg.hidden_size, kda.width
         self.qkv_proj = nn.Linear(d, 3 * width, bias=False)  # q, k, v stacked by weights.py
         self.conv1d = gated_delta.Conv(kda.conv_dim, kda.conv_kernel)  # q, k, v's kernels joined while loading
-        self.f_a_proj = nn.Linear(d, self.dk, bias=False)
-        self.f_b_proj = nn.Linear(self.dk, width, bias=False)
+        self.full_rank, self.gate_bound = kda.full_rank, kda.gate_bound
+        if kda.full_rank:  # (Ling 3.0)
+            self.f_proj = nn.Linear(d, width, bias=False)
+            self.g_proj = nn.Linear(d, width, bias=False)
+        else:
+            self.f_a_proj = nn.Linear(d, self.dk, bias=False)
+            self.f_b_proj = nn.Linear(self.dk, width, bias=False)
+            self.g_a_proj = nn.Linear(d, self.dk, bias=False)
+            self.g_b_proj = nn.Linear(self.dk, width, bias=False)
         self.dt_bias = nn.Parameter(torch.empty(width), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(self.h), requires_grad=False)
         self.b_proj = nn.Linear(d, self.h, bias=False)
-        self.g_a_proj = nn.Linear(d, self.dk, bias=False)
-        self.g_b_proj = nn.Linear(self.dk, width, bias=False)
         self.o_norm = RMSNorm(self.dk, cfg.rms_norm_eps)
         self.o_proj = nn.Linear(width, d, bias=False)
 
@@ -49,8 +54,12 @@ class KimiDeltaAttention(nn.Module):
         n, h, dk = conv.shape[0], self.h, self.dk
         q, k, v = (t.float().view(n, h, dk) for t in conv.chunk(3, dim=-1))
         q, k = gated_delta.l2norm(q) * dk**-0.5, gated_delta.l2norm(k)
-        f = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
-        g = -self.A_log.float().exp()[:, None] * F.softplus(f.view(n, h, dk))
+        f = (self.f_proj(x) if self.full_rank else self.f_b_proj(self.f_a_proj(x))).float() + self.dt_bias.float()
+        rate = self.A_log.float().exp()[:, None]
+        if self.gate_bound is None:
+            g = -rate * F.softplus(f.view(n, h, dk))
+        else:  # (Ling 3.0's bounded gate: the log-decay stays within (gate_bound, 0))
+            g = self.gate_bound * torch.sigmoid(rate * f.view(n, h, dk))
         return q, k, v, g, self.b_proj(x).sigmoid().float()
 
     def forward(self, x: torch.Tensor, meta: TorchAttentionMetadata, state: RecurrentState) -> torch.Tensor:
@@ -60,7 +69,8 @@ class KimiDeltaAttention(nn.Module):
         heads = lambda conv, rows: self._heads(conv, x[rows])
         step, chunk = kimi_delta.recurrent_step, kimi_delta.chunked
         gated_delta.over_batch(meta, mixed, conv_w, windows, matrices, heads, step, chunk, out)
-        gate = self.g_b_proj(self.g_a_proj(x)).float().view(x.shape[0], self.h, self.dk)
+        gate = (self.g_proj(x) if self.full_rank else self.g_b_proj(self.g_a_proj(x))).float()
+        gate = gate.view(x.shape[0], self.h, self.dk)
         normed = F.rms_norm(out.to(x.dtype).float(), (self.dk,), self.o_norm.weight.float(), self.o_norm.eps)
         return self.o_proj((normed * gate.sigmoid()).to(x.dtype).reshape(x.shape[0], -1))
 
