@@ -35,8 +35,13 @@ _ALIASES = ("max_position_embeddings", "norm_topk_prob", "n_group", "num_local_e
 
 def prepare(cfg: dict[str, Any]) -> dict[str, Any]:
     """The config as BailingHybridConfig reads it (its aliases and layer schedules resolved), for from_hf."""
-    from transformers import BailingHybridConfig
-
+    try:
+        from transformers import BailingHybridConfig
+    except ImportError:  # (its config class is what reads the released keys and schedules)
+        raise UnsupportedModelError(
+            "bailing_hybrid (Ling 3.0) is read by transformers' BailingHybridConfig, which this transformers lacks "
+            "(5.24 has it): pip install -U transformers"
+        ) from None
     if "group_norm_size" in cfg:  # (Ling 2.5's remote code shares the model type: mlx_lm's bailing_hybrid reads it)
         raise refuse(
             "group_norm_size", cfg["group_norm_size"], " (Ling 2.5's lightning-attention layers: only Ling 3.0's KDA)"

@@ -66,8 +66,13 @@ _REMOTE_CODE = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid", "
 
 
 def _transformers_config(cfg: dict[str, Any]) -> Any:
-    from transformers import KimiLinearConfig
-
+    try:
+        from transformers import KimiLinearConfig
+    except ImportError:  # (its config class is what reads the released keys)
+        raise UnsupportedModelError(
+            "kimi_linear is read by transformers' KimiLinearConfig, which this transformers lacks: "
+            "pip install -U transformers"
+        ) from None
     skip = ("model_type", "transformers_version", "architectures", "auto_map")
     try:
         return KimiLinearConfig(**{k: v for k, v in cfg.items() if k not in skip})

@@ -138,3 +138,14 @@ def test_the_config_reads_as_bailing_hybrid_config_reads_it():
 def test_what_it_cannot_compute_is_refused_by_name(extra, key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_hf(_base(**extra))
+
+
+def test_a_transformers_without_its_config_class_is_named(monkeypatch):
+    """The released keys are read through transformers' BailingHybridConfig: an older transformers gets one clear
+    line, not an ImportError's traceback."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "transformers", types.ModuleType("transformers"))
+    with pytest.raises(UnsupportedModelError, match="BailingHybridConfig"):
+        ModelConfig.from_hf(_base())
