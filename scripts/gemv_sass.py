@@ -18,6 +18,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -60,7 +61,7 @@ def compile_gemv(n: int, k: int, bits: int, group: int, config: dict, x_dtype: s
     # The values the JIT specializes on: 1 becomes a constant, multiples of 16 are marked divisible.
     values = {"M": 1, "N": n, "K": k, "stride_xm": k, "stride_xk": 1, "stride_cn": k * bits // 32}
     values.update(stride_sn=k // group, stride_om=n, one=0x3F800000)
-    kinds = {"x_ptr": f"*{x_dtype}", "words_ptr": "*i32", "out_ptr": "*bf16", "one": "i32"}
+    kinds = {"x_ptr": f"*{x_dtype}", "words_ptr": "*i32", "out_ptr": f"*{x_dtype}", "one": "i32"}  # (out: x's dtype)
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts or values.get(name) == 1:
@@ -73,9 +74,10 @@ def compile_gemv(n: int, k: int, bits: int, group: int, config: dict, x_dtype: s
     src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    with_cubin = Path("/tmp") / f"lantern_gemv_{n}x{k}.cubin"
-    with_cubin.write_bytes(compiled.asm["cubin"])
-    sass = subprocess.run([str(nvdisasm), "-c", str(with_cubin)], capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "gemv.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     return sass, consts, options
 
 

@@ -6,7 +6,8 @@
 #   bash scripts/gpu_check.sh env tests      # nvidia-smi + versions, then every `gpu` test (~7 min)
 #   bash scripts/gpu_check.sh families       # every family on CUDA: the parity tests' torch-cuda variant and the
 #                                            # model tests' torch cases (references: transformers, mlx_lm on the CPU)
-#   PYTEST_ARGS="tests/... -k ..." bash scripts/gpu_check.sh pytest   # any selection ($OUT/failures.txt as it goes)
+#   PYTEST_ARGS="tests/models -n 15" PYTEST_K="torch and not mlx" bash scripts/gpu_check.sh pytest
+#                                            # any selection (PYTEST_K: the -k expression); $OUT/failures.txt as it goes
 #   bash scripts/gpu_check.sh quant          # the quantized matmul kernels' and --isq's `gpu` tests only
 #   bash scripts/gpu_check.sh profile        # 8B int4 bs=1: wall vs GPU time per token, GPU time per kernel
 #   bash scripts/gpu_check.sh bench-q4       # 8B shape, int4 (--isq q4): bs=1 vs the HBM roofline
@@ -22,6 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lantern-gpu}
+export OUT  # (scripts/gpu_failures.py writes there)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 steps=("$@")
@@ -62,7 +64,7 @@ print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), t.__f
         --tb=short -p no:cacheprovider -p gpu_failures ;;
     pytest) export PIP_NO_INDEX=1 PIP_RETRIES=0 HF_HUB_OFFLINE=1
         # shellcheck disable=SC2086  # PYTEST_ARGS: the selection, split as the shell splits it
-        run pytest 540 python3 -m pytest -p no:cacheprovider -p gpu_failures -rfE --tb=short -k "${PYTEST_K:-}" $PYTEST_ARGS ;;
+        run pytest 540 python3 -m pytest -p no:cacheprovider -p gpu_failures -rfE --tb=short -k "${PYTEST_K:-}" ${PYTEST_ARGS:-} ;;
     profile) run profile 300 python3 scripts/profile_decode.py --shape 8b --isq q4 --json "$OUT/profile-q4.json" ;;
     tests) run tests 450 python3 -m pytest -m gpu tests/kernels tests/conformance tests/models/test_isq.py -q -rfE -p no:cacheprovider ;;
     bench) run bench 540 python3 -m lantern bench --backend torch --shape 1b --shape 8b --json "$OUT/bench.json" ;;

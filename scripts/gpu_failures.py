@@ -11,6 +11,8 @@ LOG = open(os.path.join(os.environ.get("OUT", "/tmp"), "failures.txt"), "a")
 
 
 def pytest_runtest_logreport(report):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # (under xdist the controller logs every worker's reports once)
+        return
     if report.failed:
         text = report.longreprtext
         LOG.write(f"=== {report.nodeid} ({report.when})\n{text[:1500]}\n...\n{text[-2500:]}\n")

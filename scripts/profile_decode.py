@@ -6,10 +6,11 @@ busy time per token, and the GPU time per kernel (torch.profiler), for a `lanter
 
 bs=1 tokens/s is measured as `lantern bench` does ((n - 1) / (t(n) - t(1)), greedy and T=1.0), and set
 against the HBM roofline of the bytes the backend holds per weight. CUDA events around each forward
-(the graph replay, or the eager forward) and around each execute (forward + sampling) give the GPU's
-share of a step; the rest of the wall time is the host (scheduler, batch building, uploads, the token's
-download, detokenizing) while the GPU waits. The kernel table sums each kernel's device time over the
-profiled steps (kernels inside CUDA graph replays are recorded by CUPTI like eager ones).
+(the graph replay, or the eager forward) and around each execute (forward + sampling) give the stream time
+each spans (host work inside the call included); wall time beyond them is the host alone (scheduler, batch
+building, detokenizing) while the GPU waits. The kernel table sums each kernel's device time over the
+decode steps (a profiled generation less one of a single token: its prefill), kernels inside CUDA graph replays
+recorded by CUPTI like eager ones: the GPU's busy time, against which the spans and the wall time show the gaps.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def gpu_share(llm, generate, tokens: int) -> dict:
-    """Per decode step: wall time, GPU time of the forward and of forward + sampling (CUDA events)."""
+    """Per decode step: wall time, and the stream time spanned by the forward and by forward + sampling (CUDA events
+    recorded around each call: they enclose the host's work inside the call too, so they bound the GPU's busy time
+    from above; the kernel table gives the busy time itself)."""
     backend = llm.engine.backend
     spans: dict[str, list] = {"forward": [], "execute": []}
 
@@ -118,33 +121,43 @@ def gpu_share(llm, generate, tokens: int) -> dict:
     per = {k: sum(s.elapsed_time(e) for s, e in v[:tokens]) / tokens * 1e3 for k, v in spans.items()}
     out = {
         "wall_us_per_token": wall / tokens * 1e6,
-        "forward_gpu_us_per_step": per["forward"],
-        "execute_gpu_us_per_step": per["execute"],
+        "forward_span_us_per_step": per["forward"],
+        "execute_span_us_per_step": per["execute"],
         "steps_timed": tokens,
     }
     print(
-        f"per token: wall {out['wall_us_per_token']:.0f} us; GPU: forward {per['forward']:.0f} us, "
-        f"forward + sampling {per['execute']:.0f} us (events around each call; the rest is the host)",
+        f"per token: wall {out['wall_us_per_token']:.0f} us; stream spans: forward {per['forward']:.0f} us, "
+        f"forward + sampling {per['execute']:.0f} us (events around each call; wall beyond them is the host alone)",
         flush=True,
     )
     return out
 
 
 def kernel_table(generate, tokens: int, top: int) -> list[dict]:
+    """Each kernel's device time per decode token: a profiled generation of tokens + 1 less one of 1 (its prefill),
+    kernel rows only (an eager aten op also carries its kernels' time: summed with them it would count twice)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        generate(tokens, 0.0)
-    torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.self_device_time_total > 0]
-    rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    total = sum(e.self_device_time_total for e in rows)
-    print(f"GPU time over {tokens} tokens: {total / 1e3:.2f} ms ({total / tokens:.0f} us a token); top kernels:")
+    def kernels(n: int) -> dict[str, tuple[float, int]]:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            generate(n, 0.0)
+        torch.cuda.synchronize()
+        cuda = torch.autograd.DeviceType.CUDA
+        return {
+            e.key: (e.self_device_time_total, e.count)
+            for e in prof.key_averages()
+            if e.device_type == cuda and not e.is_user_annotation and e.self_device_time_total > 0
+        }
+
+    both, prefill = kernels(tokens + 1), kernels(1)
+    decode = {k: (t - prefill.get(k, (0.0, 0))[0], c - prefill.get(k, (0.0, 0))[1]) for k, (t, c) in both.items()}
+    rows = sorted(((k, t, c) for k, (t, c) in decode.items() if t > 0), key=lambda r: -r[1])
+    total = sum(t for _, t, _ in rows)
+    print(f"GPU busy time over {tokens} decode tokens: {total / 1e3:.2f} ms ({total / tokens:.0f} us a token); top:")
     table = []
-    for e in rows[:top]:
-        share = e.self_device_time_total / total if total else 0.0
-        print(f"  {e.self_device_time_total / tokens:8.1f} us/token {100 * share:5.1f}%  x{e.count:<6} {e.key[:90]}")
-        table.append({"name": e.key, "us_per_token": e.self_device_time_total / tokens, "count": e.count})
+    for key, t, count in rows[:top]:
+        print(f"  {t / tokens:8.1f} us/token {100 * t / total:5.1f}%  x{count:<6} {key[:90]}")
+        table.append({"name": key, "us_per_token": t / tokens, "count": count})
     return table
 
 

@@ -16,10 +16,12 @@ import torch
 from lantern.app.models.family_mamba import scan_chunk_length
 
 
-def per_channel(v: torch.Tensor) -> torch.Tensor:
-    """B or C as [rows, channels or 1, N]: one per token [rows, N] broadcast over the channels (Mamba), or already
-    one per channel [rows, C, N] (Zamba's heads, each with its own)."""
-    return v[:, None, :] if v.dim() == 2 else v
+def per_channel(v: torch.Tensor, channels: int) -> torch.Tensor:
+    """B or C as [rows, channels or 1, N]: one per token [rows, N] broadcast over the channels (Mamba), or one per
+    head [rows, H, N] repeated over each head's channels (Zamba's heads: expanded a chunk at a time, not per prompt)."""
+    if v.dim() == 2:
+        return v[:, None, :]
+    return v.repeat_interleave(channels // v.shape[1], dim=1) if v.shape[1] != channels else v
 
 
 def step(
@@ -31,11 +33,11 @@ def step(
     d: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per sequence: x, dt [S, C] (dt after softplus), a = A [C, N], b, c [S, N] (or [S, C, N]: per
-    channel), D [C], state [S, C, N]. Returns (y [S, C], the new state)."""
-    xf = x.float()
-    state = state * (dt[..., None] * a).exp() + (dt * xf)[..., None] * per_channel(b.float())
-    y = (state * per_channel(c.float())).sum(-1) + d * xf
+    """One token per sequence: x, dt [S, C] (dt after softplus), a = A [C, N], b, c [S, N] (or [S, H, N]: per
+    head), D [C], state [S, C, N]. Returns (y [S, C], the new state)."""
+    xf, channels = x.float(), x.shape[1]
+    state = state * (dt[..., None] * a).exp() + (dt * xf)[..., None] * per_channel(b.float(), channels)
+    y = (state * per_channel(c.float(), channels)).sum(-1) + d * xf
     return y, state
 
 
@@ -48,10 +50,10 @@ def chunked(
     d: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's tokens: x, dt [L, C], A [C, N], b, c [L, N] (or [L, C, N]), D [C], state [C, N] -> (y [L, C],
+    """One sequence's tokens: x, dt [L, C], A [C, N], b, c [L, N] (or [L, H, N]), D [C], state [C, N] -> (y [L, C],
     the state)."""
     length, channels = x.shape
-    xf, b, c = x.float(), per_channel(b.float()), per_channel(c.float())
+    xf, b, c = x.float(), b.float(), c.float()
     u = dt * xf
     size = scan_chunk_length(channels, a.shape[-1])
     out = torch.empty(length, channels, dtype=torch.float32, device=x.device)
@@ -62,8 +64,8 @@ def chunked(
         lower = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()[:, :, None, None]
         diff = cum[:, None] - cum[None, :]  # G_i - G_j: [i, j, C, N]
         weights = torch.where(lower, diff, torch.full_like(diff, -torch.inf)).exp()
-        inputs = u[start:end, :, None] * b[start:end]  # u_j B_j: [T, C, N]
+        inputs = u[start:end, :, None] * per_channel(b[start:end], channels)  # u_j B_j: [T, C, N]
         held = (weights * inputs[None]).sum(1) + cum.exp() * state  # each token's state [T, C, N]
-        out[start:end] = (held * c[start:end]).sum(-1)
+        out[start:end] = (held * per_channel(c[start:end], channels)).sum(-1)
         state = held[-1]
     return out + d * xf, state

@@ -59,7 +59,7 @@ class Mamba1Mixer(nn.Module):
             self.c_layernorm = nn.RMSNorm(m.state_size, eps=m.norm_eps)
 
     def _ssm_inputs(self, conv: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """Convolved x [L, d_inner] -> dt [L, d_inner] (softplus'd, float32), B, C [L, N] (heads: [L, d_inner, N])."""
+        """Convolved x [L, d_inner] -> dt [L, d_inner] (softplus'd, float32), B, C [L, N] (heads: [L, heads, N])."""
         m = self.m
         if m.heads > 1:
             return self._head_ssm_inputs(conv)
@@ -78,13 +78,7 @@ class Mamba1Mixer(nn.Module):
         params = mx.einsum("lhp,hkp->lhk", x, self.x_proj_weight)
         dt, b, c = mx.split(params, [m.dt_rank, m.dt_rank + m.state_size], axis=-1)
         dt = mx.einsum("lhr,hpr->lhp", dt, self.dt_proj_weight) + self.dt_proj_bias
-        width = m.inner // m.heads
-
-        def per_channel(v: mx.array) -> mx.array:
-            shape = (rows, m.heads, width, m.state_size)
-            return mx.broadcast_to(v[:, :, None, :], shape).reshape(rows, m.inner, m.state_size)
-
-        return nn.softplus(dt.reshape(rows, m.inner).astype(mx.float32)), per_channel(b), per_channel(c)
+        return nn.softplus(dt.reshape(rows, m.inner).astype(mx.float32)), b, c  # (per head: the scans repeat them)
 
     def __call__(self, h: mx.array, meta: AttentionMetadata, state: MambaState) -> mx.array:
         i = self.state_index

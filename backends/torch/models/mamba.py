@@ -62,7 +62,7 @@ class Mamba1Mixer(nn.Module):
             self.c_layernorm = RMSNorm(m.state_size, m.norm_eps)
 
     def _ssm_inputs(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Convolved x [L, d_inner] -> dt [L, d_inner] (softplus'd, float32), B, C [L, N] (heads: [L, d_inner, N])."""
+        """Convolved x [L, d_inner] -> dt [L, d_inner] (softplus'd, float32), B, C [L, N] (heads: [L, heads, N])."""
         m = self.m
         if m.heads > 1:
             return self._head_ssm_inputs(conv)
@@ -75,20 +75,14 @@ class Mamba1Mixer(nn.Module):
         return F.softplus(self.dt_proj(dt).float()), b, c
 
     def _head_ssm_inputs(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Zamba's heads: each head's channels give its dt (through its dt_proj), B and C; B and C repeated over
-        the head's channels."""
+        """Zamba's heads: each head's channels give its dt (through its dt_proj), B and C [L, heads, N]."""
         m, rows = self.m, conv.shape[0]
         x = conv.view(rows, m.heads, -1)
         dt, b, c = torch.einsum("lhp,hkp->lhk", x, self.x_proj_weight).split(
             [m.dt_rank, m.state_size, m.state_size], dim=-1
         )
         dt = torch.einsum("lhr,hpr->lhp", dt, self.dt_proj_weight) + self.dt_proj_bias
-        width = m.inner // m.heads
-
-        def per_channel(v: torch.Tensor) -> torch.Tensor:
-            return v[:, :, None, :].expand(rows, m.heads, width, m.state_size).reshape(rows, m.inner, m.state_size)
-
-        return F.softplus(dt.reshape(rows, m.inner).float()), per_channel(b), per_channel(c)
+        return F.softplus(dt.reshape(rows, m.inner).float()), b, c  # (B, C per head: the scans repeat them)
 
     def forward(self, h: torch.Tensor, meta: TorchAttentionMetadata, state: MambaState) -> torch.Tensor:
         m, t = self.m, h.shape[0]
