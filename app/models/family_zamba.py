@@ -138,12 +138,18 @@ def checkpoint_name(name: str, hybrid: tuple[int, ...] = (), tied: bool = True) 
 
 
 def checkpoint_tensors(source: Iterator[tuple[str, Any]], spec: Any) -> Iterator[tuple[str, Any]]:
-    """The stream with each mixer's in_proj rows from [x_0, z_0, x_1, z_1, ...] to [x | z] (its bias too), and
-    A_log [heads, head width, N] / D [heads, head width] as the channels' [d_inner, N] / [d_inner]."""
+    """The stream with each mixer's in_proj rows from [x_0, z_0, x_1, z_1, ...] to [x | z] (its bias too, a quantized
+    weight in its own format), and A_log [heads, head width, N] / D [heads, head width] as the channels' [d_inner, N]
+    / [d_inner]."""
+    import numpy as np
+
+    from lantern.app.models.grouped_qkv import reorder_rows
+
     inner = spec.config.mamba1.inner
+    order = np.concatenate([np.arange(0, 2 * inner, 2), np.arange(1, 2 * inner, 2)])
     for name, value in source:
         if ".mamba.in_proj." in name:
-            value = value.reshape(inner, 2, *value.shape[1:]).swapaxes(0, 1).reshape(2 * inner, *value.shape[1:])
+            value = reorder_rows(value, order)
         elif name.endswith(".mamba.A_log"):
             value = value.reshape(inner, -1)
         elif name.endswith(".mamba.D"):

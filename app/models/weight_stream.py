@@ -65,7 +65,7 @@ def iter_weights(
             from lantern.app.models.family_aria import fused_expert_names
             from lantern.app.models.family_llama4 import checkpoint_tensors as llama4_tensors
 
-            source = llama4_tensors(fused_expert_names(source))
+            source = llama4_tensors(fused_expert_names(source) if spec.config.family != "llama4" else source)
         source = split_switch_mlp(source, fused)
         if spec.config.mla is not None:  # mlx_lm's DeepSeek-V3 conversions split kv_b_proj per head
             from lantern.app.models.family_deepseek import join_mla_heads

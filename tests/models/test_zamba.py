@@ -82,6 +82,8 @@ def test_batched_sequences_answer_as_each_alone(folder, backend):
 def test_isq_keeps_the_head_wise_projections_float_and_serves(folder):
     """--isq q8 quantizes the 2-D matrices (in_proj, out_proj, the shared block, the linears); each head's x_proj
     and dt_proj stay as stored; greedy tokens as the float model's for a few steps."""
+    from torch import nn
+
     from lantern.app.engine import LLM, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -92,16 +94,32 @@ def test_isq_keeps_the_head_wise_projections_float_and_serves(folder):
         try:
             outs.append(llm.generate([prompt], params)[0].outputs[0].token_ids)
             mixer = llm.engine.backend.model.model.layers[0].mamba
-            assert mixer.x_proj_weight.dtype == torch_float32() and mixer.x_proj_weight.dim() == 3
+            assert isinstance(mixer.in_proj, nn.Linear) == (quantization is None)  # (quantized: another layer)
+            assert isinstance(mixer.x_proj_weight, nn.Parameter) and mixer.x_proj_weight.dim() == 3
         finally:
             llm.engine.shutdown()
     assert outs[0] == outs[1]
 
 
-def torch_float32():
-    import torch
+def test_a_quantized_in_proj_is_deinterleaved_in_its_own_format():
+    """A pre-quantized in_proj (a GPTQ / AWQ / FP8 folder's, read as AffineWeight) gets the float weight's row order:
+    [x rows | gate rows] out of the checkpoint's interleaved [x_0, z_0, x_1, z_1, ...]."""
+    from types import SimpleNamespace
 
-    return torch.float32
+    import numpy as np
+
+    from lantern.app.models.family_zamba import checkpoint_tensors
+    from lantern.app.models.quant.affine import quantize_affine
+
+    inner = 4
+    spec = SimpleNamespace(config=SimpleNamespace(mamba1=SimpleNamespace(inner=inner)))
+    rows = np.arange(2 * inner, dtype=np.float32)[:, None] * np.ones((1, 32), dtype=np.float32)
+    name = "model.layers.0.mamba.in_proj.weight"
+    (_, plain), (_, quantized) = (
+        next(checkpoint_tensors(iter([(name, value)]), spec)) for value in (rows, quantize_affine(rows, 8, 32))
+    )
+    assert plain[:, 0].tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    np.testing.assert_allclose(quantized.dequantize(), plain, atol=0.05)
 
 
 def _base(**extra) -> dict:
