@@ -9,8 +9,9 @@ reference, then times every config of the grid with CUDA graphs (one graph of --
 median of --repeats replays) and prints microseconds, GB/s (the packed weight, its scales and biases, x
 and the output, read or written once) and the fraction of --peak-gbs. References timed alongside: the
 dense bf16 GEMV of the same shape (torch.mv through cuBLAS, 2 bytes a weight) and, for 4-bit, aten's
-tinygemm int4 kernel (torch._weight_int4pack_mm) where this torch has it for CUDA. The last line is one
-JSON object: per shape, the default config's figure and the best config found.
+tinygemm int4 kernel (torch._weight_int4pack_mm) where this torch has it for CUDA, and for 16-bit x the
+int8-activation GEMV decode takes (kernels/triton_gemv_dp4a.py) at its built-in config and other BLOCK_N.
+The last line is one JSON object: per shape, each kernel's default figure and the best config found.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 SHAPES_8B = ("6144x4096", "4096x4096", "28672x4096", "4096x14336", "128256x4096")
 # 48 configs; shapes that share K share the compiled kernels (N is a run-time argument).
 GRID = {"BLOCK_N": (2, 4, 8, 16), "BLOCK_K": (256, 512, 1024), "num_warps": (4, 8), "num_stages": (1, 2)}
+DP4A_BLOCK_N = (4, 8, 16, 32)  # the dp4a GEMV's rows a program (its other sizes follow K)
 
 
 def time_fn(fn: Callable[[], Any], device: torch.device, iters: int, repeats: int) -> float:
@@ -78,7 +80,7 @@ def configs(n: int, k: int, group: int, stages: tuple[int, ...] = GRID["num_stag
 
 
 def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) -> dict:
-    from lantern.backends.torch.kernels import quant_reference, triton_quant
+    from lantern.backends.torch.kernels import quant_reference, triton_gemv_dp4a, triton_quant
 
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -124,6 +126,8 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
     tiny = None if args.e2m1 else tinygemm(x, codes, args, device, dtype)
     if tiny is not None:
         result["tinygemm"] = row("aten _weight_int4pack_mm (tinygemm)", t(tiny))
+    if not args.e2m1 and triton_gemv_dp4a.supports(x, args.bits, args.group, code):
+        result.update(bench_dp4a(args, x, packed, scales, biases, t, row))
     best = {**result["default"], "config": default_cfg}  # (a grid config must beat the built-in one to win)
     for cfg in configs(n, k, args.group, tuple(args.stages))[: args.max_configs]:
         try:
@@ -136,6 +140,38 @@ def bench_shape(args: argparse.Namespace, n: int, k: int, device: torch.device) 
             best = {**entry, "config": cfg}
     result["best"] = best
     return result
+
+
+def bench_dp4a(args: argparse.Namespace, x, packed, scales, biases, t: Callable, row: Callable) -> dict:
+    """The int8-activation GEMV (triton_gemv_dp4a, what decode takes for 16-bit x): checked against its own
+    reference first, then its built-in config and the other BLOCK_N timed."""
+    from lantern.backends.torch.kernels import quant_reference
+    from lantern.backends.torch.kernels import triton_gemv_dp4a as td
+
+    n, k = packed.shape[0], x.shape[1]
+    want = quant_reference.int8_activation_matmul_reference(x, packed, scales, biases, args.bits, args.group).float()
+    got = td.gemv(x, packed, scales, biases, args.bits, args.group).float()
+    err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+    if err > 2e-2:
+        raise SystemExit(f"{n}x{k}: the dp4a GEMV's output is off its reference by {err:.3g} (relative): stop")
+    built_in = td._config(n, k, args.bits)
+    out = {
+        "dp4a_max_rel_err": err,
+        "dp4a": {
+            **row(f"dp4a {built_in}", t(lambda: td.gemv(x, packed, scales, biases, args.bits, args.group))),
+            "config": built_in,
+        },
+    }
+    best = out["dp4a"]
+    for block_n in DP4A_BLOCK_N[: args.dp4a_configs]:
+        if block_n == built_in["BLOCK_N"] or block_n > n:
+            continue
+        cfg = {**built_in, "BLOCK_N": block_n}
+        entry = row(f"dp4a {cfg}", t(lambda c=cfg: td.gemv(x, packed, scales, biases, args.bits, args.group, **c)))
+        if entry["us"] < best["us"]:
+            best = {**entry, "config": cfg}
+    out["dp4a_best"] = best
+    return out
 
 
 def tinygemm(x: torch.Tensor, codes: torch.Tensor, args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
@@ -168,6 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=20, help="graph replays (the median is reported)")
     p.add_argument("--peak-gbs", type=float, default=4800.0, help="the HBM roofline (H200: 4800)")
     p.add_argument("--max-configs", type=int, help="time only the first this many configs of the grid")
+    p.add_argument("--dp4a-configs", type=int, default=len(DP4A_BLOCK_N), help="dp4a BLOCK_N tried (0: built-in)")
     p.add_argument("--stages", type=int, nargs="+", default=list(GRID["num_stages"]), help="num_stages swept")
     p.add_argument("--json", type=Path, help="also write the summary here (after each shape)")
     args = p.parse_args(argv)
@@ -182,7 +219,12 @@ def main(argv: list[str] | None = None) -> dict:
         results.append(bench_shape(args, n, k, device))
         if args.json:
             args.json.write_text(json.dumps(summary, indent=1))
-    print(json.dumps({r["shape"]: {"default": r["default"]["roofline"], "best": r["best"]} for r in results}))
+    line = {}
+    for r in results:
+        line[r["shape"]] = {"default": r["default"]["roofline"], "best": r["best"]}
+        if "dp4a" in r:
+            line[r["shape"]].update(dp4a=r["dp4a"]["roofline"], dp4a_best=r["dp4a_best"])
+    print(json.dumps(line))
     return summary
 
 

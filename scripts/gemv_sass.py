@@ -9,6 +9,10 @@ count -- the loop is issue-bound well before HBM (4.8 TB/s = 9.6 T weights/s nee
 
   python scripts/gemv_sass.py                                  # 8B gate/up matrix, the built-in config
   python scripts/gemv_sass.py --shape 4096x14336 --config '{"BLOCK_N": 16, "BLOCK_K": 512}' --x-dtype fp32
+  python scripts/gemv_sass.py --kernel dp4a                    # triton_gemv_dp4a: 1.7 a weight here
+
+On sm_90 (2026-12-01, Triton 3.6): the float GEMV 6.6 (4-bit) / 8.3 (8-bit) a weight; the dp4a GEMV
+1.70 (4-bit, 16-row programs), 2.2 (8-row programs) and 2.1 (8-bit).
 """
 
 from __future__ import annotations
@@ -45,32 +49,60 @@ def loop_opcodes(sass: str) -> list[str]:
     return best
 
 
-def compile_gemv(n: int, k: int, bits: int, group: int, config: dict, x_dtype: str) -> tuple[str, dict, dict]:
-    """sm_90 SASS of the GEMV for one [n, k] weight and one row of x; (sass, constexprs, options)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from lantern.backends.torch.kernels import triton_quant as tq
-
-    cfg = {**tq._gemv_config(n, k, bits, group), **config}
-    options = {key: v for key, v in cfg.items() if key.startswith("num_")}
-    consts = {key: v for key, v in cfg.items() if key not in options}
-    consts.update(BITS=bits, GROUP=group, FLOAT_CODE=0, ROWS=1, BLOCK_M=1)
-    fn = tq._gemv_kernel
-    # The values the JIT specializes on: 1 becomes a constant, multiples of 16 are marked divisible.
-    values = {"M": 1, "N": n, "K": k, "stride_xm": k, "stride_xk": 1, "stride_cn": k * bits // 32}
-    values.update(stride_sn=k // group, stride_om=n, one=0x3F800000)
-    kinds = {"x_ptr": f"*{x_dtype}", "words_ptr": "*i32", "out_ptr": f"*{x_dtype}", "one": "i32"}  # (out: x's dtype)
+def _specialize(fn, consts: dict, values: dict, kinds: dict, default_ptr: str) -> tuple[dict, dict]:
+    """(signature, attrs) as the JIT makes them: 1 becomes a constant, multiples of 16 are marked divisible."""
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts or values.get(name) == 1:
             consts.setdefault(name, values.get(name))
             signature[name] = "constexpr"
             continue
-        signature[name] = kinds.get(name, "*bf16" if name.endswith("_ptr") else "i32")
+        signature[name] = kinds.get(name, default_ptr if name.endswith("_ptr") else "i32")
         if name.endswith("_ptr") or values.get(name, 1) % 16 == 0:
             attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
+def compile_gemv(
+    n: int, k: int, bits: int, group: int, config: dict, x_dtype: str, kernel: str = "float"
+) -> tuple[str, dict, dict]:
+    """sm_90 SASS of a GEMV for one [n, k] weight and one row of x; (sass, constexprs, options).
+    kernel: "float" (triton_quant._gemv_kernel) or "dp4a" (triton_gemv_dp4a, int8 activations)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lantern.backends.torch.kernels import triton_gemv_dp4a as td
+    from lantern.backends.torch.kernels import triton_quant as tq
+
+    if kernel == "dp4a":
+        cfg = {**td._config(n, k, bits), **config}
+    else:
+        cfg = {**tq._gemv_config(n, k, bits, group), **config}
+    options = {key: v for key, v in cfg.items() if key.startswith("num_")}
+    consts = {key: v for key, v in cfg.items() if key not in options}
+    if kernel == "dp4a":
+        fn = td._gemv_dp4a_kernel
+        consts.update(BITS=bits, GROUP=group, X_BF16=x_dtype == "bf16", ASM=True, TWO_ROWS=False)
+        consts.update(EVEN_N=n % consts["BLOCK_N"] == 0, EVEN_K=k % (32 * consts["NB"]) == 0)
+        values = {"M": 1, "N": n, "K": k, "stride_xm": k // 2, "stride_cn": k * bits // 32}
+        kinds = {"xpairs_ptr": "*i32", "words_ptr": "*i32"}
+    else:
+        fn = tq._gemv_kernel
+        consts.update(BITS=bits, GROUP=group, FLOAT_CODE=0, ROWS=1, BLOCK_M=1)
+        values = {
+            "M": 1,
+            "N": n,
+            "K": k,
+            "stride_xm": k,
+            "stride_xk": 1,
+            "stride_cn": k * bits // 32,
+            "one": 0x3F800000,
+        }
+        kinds = {"x_ptr": f"*{x_dtype}", "words_ptr": "*i32", "one": "i32"}
+    values.update(stride_sn=k // group, stride_om=n)
+    kinds["out_ptr"] = f"*{x_dtype}"  # (the output: x's dtype)
+    signature, attrs = _specialize(fn, consts, values, kinds, "*bf16")
     src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
@@ -88,18 +120,25 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--group", type=int, default=64)
     p.add_argument("--config", default="{}", help="JSON overrides of the built-in block sizes")
     p.add_argument("--x-dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--kernel", default="float", choices=("float", "dp4a"), help="dp4a: int8 activations")
     args = p.parse_args(argv)
+    if args.kernel == "dp4a" and args.x_dtype == "fp32":
+        p.error("the dp4a GEMV takes bf16 / fp16 activations")
     n, k = (int(v) for v in args.shape.lower().split("x"))
-    sass, consts, options = compile_gemv(n, k, args.bits, args.group, json.loads(args.config), args.x_dtype)
+    sass, consts, options = compile_gemv(
+        n, k, args.bits, args.group, json.loads(args.config), args.x_dtype, args.kernel
+    )
     loop = loop_opcodes(sass)
     threads = 32 * options.get("num_warps", 4)
-    weights = consts["BLOCK_N"] * consts["BLOCK_K"] / threads  # per thread per loop step
+    block_k = consts["NB"] * 32 if args.kernel == "dp4a" else consts["BLOCK_K"]
+    weights = consts["BLOCK_N"] * block_k / threads  # per thread per loop step
     counts: dict[str, int] = {}
     for op in loop:
         counts[op] = counts.get(op, 0) + 1
     result = {
         "shape": args.shape,
-        "config": {key: consts[key] for key in ("BLOCK_N", "BLOCK_K")} | options,
+        "kernel": args.kernel,
+        "config": {key: consts[key] for key in ("BLOCK_N", "BLOCK_K", "NB") if key in consts} | options,
         "x_dtype": args.x_dtype,
         "loop_instructions": len(loop),
         "weights_per_thread_step": weights,

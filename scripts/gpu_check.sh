@@ -17,6 +17,8 @@
 #   bash scripts/gpu_check.sh qgemv          # the int4 GEMV's block sizes swept on the 8B matrices (vs roofline);
 #                                            # LANTERN_GEMV_CONFIGS=$OUT/qgemv.json then runs its winners
 #   bash scripts/gpu_check.sh qgemv-fp4      # the same for e2m1 (MXFP4, groups of 32)
+#   bash scripts/gpu_check.sh dp4a           # the int8-activation GEMV: its gpu tests, then timed on the 8B
+#                                            # matrices beside the float GEMV's built-in configs (~3 min)
 # LIMIT_<step>=seconds shortens a step to fit the device time left (LIMIT_qgemv_fp4 for qgemv-fp4).
 # Each step writes $OUT/<step>.txt (the tool brings back at most 8 files) and the benches a JSON.
 # A step that fails does not stop the next one; the exit status line closes each log.
@@ -60,7 +62,8 @@ print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), t.__f
             --tb=short -p no:cacheprovider -p gpu_failures
         run models 170 python3 -m pytest tests/models -k torch -n 14 -q -rfE --tb=short -p no:cacheprovider -p gpu_failures \
             --timeout 120 ;;
-    quant) run quant 300 python3 -m pytest -m gpu tests/kernels/test_triton_quant.py tests/models/test_isq.py -n 8 -q -rfE \
+    quant) run quant 300 python3 -m pytest -m gpu tests/kernels/test_triton_quant.py tests/kernels/test_triton_gemv_dp4a.py \
+        tests/models/test_isq.py -n 8 -q -rfE \
         --tb=short -p no:cacheprovider -p gpu_failures ;;
     pytest) export PIP_NO_INDEX=1 PIP_RETRIES=0 HF_HUB_OFFLINE=1
         # shellcheck disable=SC2086  # PYTEST_ARGS: the selection, split as the shell splits it
@@ -76,7 +79,9 @@ python3 scripts/bench_http.py --backend torch --model "$m" --requests 256 --roun
     sampler) run sampler 300 bash -c 'for r in 1 32 256; do for t in 0 1; do
 python3 scripts/bench_sampler.py --rows $r --temperature $t --steps 50; done; done' ;;
     qgemv) run qgemv 540 python3 scripts/bench_qgemv.py --stages 1 --json "$OUT/qgemv.json" ;;
+    dp4a) run dp4a 300 bash -c 'python3 -m pytest -m gpu tests/kernels/test_triton_gemv_dp4a.py -q -rfE -x \
+--tb=short -p no:cacheprovider -p gpu_failures; python3 scripts/bench_qgemv.py --max-configs 0 --json "$OUT/dp4a.json"' ;;
     qgemv-fp4) run qgemv-fp4 540 python3 scripts/bench_qgemv.py --e2m1 --group 32 --json "$OUT/qgemv-fp4.json" ;;
-    *) echo "unknown step $step (env, tests, pytest, quant, families, profile, bench, bench-q4, http, sampler, qgemv, qgemv-fp4)" && exit 2 ;;
+    *) echo "unknown step $step (env, tests, pytest, quant, families, profile, bench, bench-q4, http, sampler, qgemv, dp4a, qgemv-fp4)" && exit 2 ;;
     esac
 done

@@ -51,7 +51,7 @@ class TritonLinear(QuantLayer):
     """`code` "affine", "e2m1" or "e4m3" (module docstring); forward(x) in x's dtype."""
 
     def __init__(self, w: AffineWeight | Fp8Weight, device: torch.device, dtype: torch.dtype, errors: ErrorLog):
-        from lantern.backends.torch.kernels import triton_quant  # CUDA (or the interpreter) only
+        from lantern.backends.torch.kernels import triton_gemv_dp4a, triton_quant  # CUDA (or the interpreter) only
 
         n, k = w.shape
         super().__init__(n, k)
@@ -83,6 +83,8 @@ class TritonLinear(QuantLayer):
         self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(w.codes), bits).to(device))
         self.register_buffer("scales", torch.from_numpy(w.scales).to(device, dtype))
         self.register_buffer("biases", torch.from_numpy(w.biases).to(device, dtype))
+        if device.type == "cuda" and triton_gemv_dp4a.mode() == "dp4a":
+            triton_gemv_dp4a.verify(device)  # once, here: never inside a CUDA graph's capture
         target = f"{bits}-bit g{w.group_size} ({'requantized, ' if exact is None else ''}{dtype_name(dtype)} scales)"
         record_error(errors, src, self, target, exact is None)
 

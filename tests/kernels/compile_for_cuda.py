@@ -16,12 +16,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from lantern.backends.torch.kernels import triton_fused as tf
+from lantern.backends.torch.kernels import triton_gemv_dp4a as td
 from lantern.backends.torch.kernels import triton_kernels as tk
 from lantern.backends.torch.kernels import triton_quant as tq
 
 TYPE_NAMES = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 FLOAT32_PTRS = {"acc_ptr", "m_ptr", "l_ptr", "cos_ptr", "sin_ptr", "sinks_ptr"}
 INT_PTRS = {"bt_ptr": "*i32", "len_ptr": "*i32", "slot_ptr": "*i64", "codes_ptr": "*u8", "words_ptr": "*i32"}
+INT_PTRS["xpairs_ptr"] = "*i32"  # the dp4a GEMV reads 16-bit activations two to a word
 
 
 def signature(fn, dtype: str, consts: dict) -> dict[str, str]:
@@ -70,6 +72,13 @@ def gemm_case(
     return (tq._gemm_kernel, dtype, cap, consts, options)
 
 
+def dp4a_case(dtype: str, cap: int, bits: int, group: int, rows: int, n: int = 4096, k: int = 4096) -> tuple:
+    consts, options = split_config(td._config(n, k, bits))
+    consts.update(BITS=bits, GROUP=group, X_BF16=dtype == "bf16", ASM=True, TWO_ROWS=rows > 1)
+    consts.update(EVEN_N=n % consts["BLOCK_N"] == 0, EVEN_K=k % (32 * consts["NB"]) == 0)
+    return (td._gemv_dp4a_kernel, dtype, cap, consts, options)
+
+
 def prefill_case(dtype: str, cap: int, d: int, group: int, bs: int, softcap: bool = False, sinks: bool = False):
     consts = {**attention_consts(d, group, bs), "BLOCK_M": 16, "BLOCK_N": 32}
     consts.update(PRECISION="ieee" if dtype == "fp32" else "tf32", HAS_SOFTCAP=softcap, HAS_SINKS=sinks)
@@ -115,6 +124,14 @@ CASES = [
     gemm_case("bf16", 90, 4, 128, 16),
     gemm_case("fp16", 90, 8, 32, 40, n=1024),
     gemm_case("fp32", 80, 4, 32, 512),
+    # The dp4a GEMV (int8 activations, inline PTX): 8B gate/up (16-row programs) and down (NB 64), o (8
+    # rows), two rows, fp16, 8-bit, and a ragged matrix (masked N and K)
+    *[dp4a_case("bf16", cap, 4, 64, 1, n=28672) for cap in (80, 90)],
+    dp4a_case("bf16", 90, 4, 128, 1, k=14336),
+    dp4a_case("bf16", 90, 4, 32, 2),
+    dp4a_case("fp16", 80, 4, 64, 1),
+    *[dp4a_case("bf16", cap, 8, 64, rows) for cap in (80, 90) for rows in (1, 2)],
+    dp4a_case("bf16", 90, 4, 32, 2, n=4100, k=1536),
     # e2m1 (fp4) codes: MXFP4's groups of 32 and NVFP4's of 16, decode and prefill
     *[gemv_case("bf16", cap, 4, group, 1, code=4) for cap in (80, 90) for group in (16, 32)],
     gemv_case("fp16", 90, 4, 32, 2, n=1024, code=4),
@@ -134,7 +151,9 @@ def main() -> int:
         if "BITS" in consts:
             kind = {4: "e2m1", 8: "e4m3"}.get(consts.get("FLOAT_CODE", 0), f"{consts['BITS']}-bit")
             label += f" {kind} g{consts['GROUP']} " + " ".join(
-                f"{k}={consts[k]}" for k in ("ROWS", "BLOCK_M", "BLOCK_N", "BLOCK_K") if k in consts
+                f"{k}={consts[k]}"
+                for k in ("ROWS", "TWO_ROWS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "NB", "EVEN_K")
+                if k in consts
             )
         label += "".join(f" {flag[4:].lower()}" for flag in ("HAS_SOFTCAP", "HAS_SINKS") if consts.get(flag))
         try:

@@ -203,16 +203,17 @@ def test_e4m3_every_code_by_hand(path):
 
 
 def test_affine_matmul_dispatch_and_default_blocks(monkeypatch):
-    """M <= GEMV_MAX_M takes the GEMV, more rows the GEMM; leading dims are kept; default block sizes work."""
-    _, packed, scales, biases = make_weight(40, 256, 4, 64, torch.float16, seed=3)
+    """M <= GEMV_MAX_M takes the float GEMV (float32 x: the dp4a one takes 16-bit x, see
+    test_triton_gemv_dp4a), more rows the GEMM; leading dims are kept; default block sizes work."""
+    _, packed, scales, biases = make_weight(40, 256, 4, 64, torch.float32, seed=3)
     calls = []
     for name in ("gemv", "gemm"):
         fn = getattr(tq, name)
         monkeypatch.setattr(tq, name, lambda *a, _fn=fn, _name=name, **kw: calls.append(_name) or _fn(*a, **kw))
     for m in (1, tq.GEMV_MAX_M, tq.GEMV_MAX_M + 1, 5):
-        x = torch.randn(m, 256).half()
+        x = torch.randn(m, 256)
         out = tq.affine_matmul(x, packed, scales, biases, 4, 64)
-        assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, 4, 64), torch.float16)
+        assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, 4, 64), torch.float32)
     assert calls == ["gemv", "gemv", "gemm", "gemm"]
     x3 = torch.randn(2, 3, 256)
     out3 = tq.affine_matmul(x3, packed, scales.float(), biases.float(), 4, 64)
@@ -264,9 +265,14 @@ def test_cuda_default_blocks(m, bits, group, dtype):
         _, packed, scales, biases = make_weight(n, k, bits, group, dtype, seed=m + n, device="cuda")
         x = torch.randn(m, k, device="cuda").to(dtype)
         out = tq.affine_matmul(x, packed, scales, biases, bits, group)
-        assert_matches(out, qr.affine_matmul_reference(x, packed, scales, biases, bits, group), dtype)
-        for path in ("gemv", "gemm"):  # both kernels at every M, not only the one dispatch picks
-            assert_matches(run(path, x, packed, scales, biases, bits, group), out, dtype)
+        ref = qr.affine_matmul_reference(x, packed, scales, biases, bits, group)
+        if m <= tq.GEMV_MAX_M and tq.triton_gemv_dp4a.enabled(x, bits, group):  # int8 activations
+            int8_ref = qr.int8_activation_matmul_reference(x, packed, scales, biases, bits, group)
+            assert_matches(out, int8_ref, dtype)
+        else:
+            assert_matches(out, ref, dtype)
+        for path in ("gemv", "gemm"):  # both float kernels at every M, not only the one dispatch picks
+            assert_matches(run(path, x, packed, scales, biases, bits, group), ref, dtype)
 
 
 @pytest.mark.gpu

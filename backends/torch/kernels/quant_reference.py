@@ -1,4 +1,4 @@
-"""Plain-torch references of the quantized-matmul kernels in triton_quant.py.
+"""Plain-torch references of the quantized-matmul kernels in triton_quant.py and triton_gemv_dp4a.py.
 
 Layout ("packed nibbles", the torch backend's CUDA format of a group-quantized weight):
 - 4-bit codes: uint8 [N, K/2], byte j of row n = code[n, 2j] | code[n, 2j+1] << 4 (low nibble first);
@@ -72,6 +72,27 @@ def affine_matmul_reference(
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"x has {x.shape[-1]} input features, the weight {w.shape[1]}")
     return (x.float() @ w.T).to(x.dtype)
+
+
+def int8_activations(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """float32 x as the dp4a GEMV sees it: each `block` columns rounded to int8 steps of absmax / 127
+    (to nearest, ties to even), the steps multiplied back in."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // block, block)
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
+    return (torch.round(xb * inv) * (amax / 127.0)).reshape(m, k)
+
+
+def int8_activation_matmul_reference(
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group_size: int
+) -> torch.Tensor:
+    """What triton_gemv_dp4a computes, in float32, output in x's dtype: the codes centred on c = 2^(bits-1)
+    meet int8_activations(x), the rest of the weight (bias + scale * c per group) meets x unrounded."""
+    codes = unpack_codes(packed, bits).float() - (1 << (bits - 1))
+    s = scales.float().repeat_interleave(group_size, 1)
+    rest = biases.float().repeat_interleave(group_size, 1) + s * (1 << (bits - 1))
+    return (int8_activations(x) @ (codes * s).T + x.float() @ rest.T).to(x.dtype)
 
 
 def dequantize_e2m1(packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:

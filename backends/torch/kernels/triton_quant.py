@@ -5,7 +5,8 @@ bytes are read as int32 words (8 or 4 codes each, little-endian = column order).
 codes into floats with the exponent trick of `_word_codes` (1 + code / 2^bits: a shift and one LOP3,
 no int->float conversion, which runs at a quarter of the FMA rate), and fold the "1 +" into the bias.
 
-- `_gemv_kernel` (decode, M <= GEMV_MAX_M): bandwidth-bound. Each program owns BLOCK_N output rows and
+- `_gemv_kernel` (decode, M <= GEMV_MAX_M, where triton_gemv_dp4a's int8-activation GEMV does not serve:
+  float32 x, float codes, LANTERN_GEMV=float): meant to be bandwidth-bound. Each program owns BLOCK_N output rows and
   streams their words once, 4 KiB per step (two 16-byte loads per thread), prefetching the next step.
   Per group it takes dot(x, f) and applies the affine once -- s * sum(c x) + b * sum(x) =
   (s 2^bits) * sum(f x) + (b - s 2^bits) * sum(x) -- so the inner loop is one FMA per code per row of x.
@@ -27,7 +28,8 @@ to choose a config list with. They were chosen by reading the sm_90 SASS that pt
 variant (instructions per weight in the loop; no spills), with ~2 programs per SM on a 132-SM
 H100/H200 for the GEMV (8 rows per program, fewer for narrow matrices). Timed on an H200 (2026-11-30,
 scripts/bench_qgemv.py over 24 configs): 30-46% of HBM on the 8B matrices, as aten's tinygemm, each within ~10%
-of the best config; the loop issues ~6.6 instructions a weight (scripts/gemv_sass.py), the limit it meets.
+of the best config; the loop issues ~6.6 instructions a weight (scripts/gemv_sass.py), the limit it meets
+(hence triton_gemv_dp4a: 1.7-2.2 a weight).
 LANTERN_GEMV_CONFIGS names a sweep's JSON whose winners replace the built-in configs for their shapes.
 """
 
@@ -43,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lantern.backends.torch.kernels import triton_gemv_dp4a
 from lantern.backends.torch.kernels.quant_reference import check_mode
 
 logger = logging.getLogger(__name__)
@@ -421,10 +424,17 @@ def gemm(
 def affine_matmul(
     x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group_size: int
 ) -> torch.Tensor:
-    """x [..., K] @ W.T -> [..., N] in x's dtype: the GEMV for M <= GEMV_MAX_M rows, else the GEMM."""
+    """x [..., K] @ W.T -> [..., N] in x's dtype: a GEMV for M <= GEMV_MAX_M rows (dp4a on int8 activations
+    where triton_gemv_dp4a.enabled says so, else the float one), else the GEMM."""
     x2 = x.reshape(-1, x.shape[-1])
-    fn = gemv if x2.shape[0] <= GEMV_MAX_M else gemm
-    return fn(x2, packed, scales, biases, bits, group_size).view(*x.shape[:-1], packed.shape[0])
+    if x2.shape[0] > GEMV_MAX_M:
+        out = gemm(x2, packed, scales, biases, bits, group_size)
+    elif triton_gemv_dp4a.enabled(x2, bits, group_size):
+        _check(x2, packed, scales, biases, bits, group_size, "affine")
+        out = triton_gemv_dp4a.gemv(x2, packed, scales, biases, bits, group_size)
+    else:
+        out = gemv(x2, packed, scales, biases, bits, group_size)
+    return out.view(*x.shape[:-1], packed.shape[0])
 
 
 def float_matmul(

@@ -1,0 +1,304 @@
+"""Decode GEMV on group-quantized weights with int8 activations: dp4a, as llama.cpp's CUDA MMVQ does.
+
+The float GEMV (triton_quant._gemv_kernel) turns every 4-bit code into a float and spends one FMA on it;
+on an H200 its loop issues ~6.6 instructions a weight (scripts/gemv_sass.py) and stalls at 30-46% of HBM,
+where ~2.5 a weight would leave it bandwidth-bound. This kernel keeps the codes as bytes and multiplies
+four at a time: x is quantized per 32 columns to int8 (scale = absmax / 127, round to nearest) inside the
+kernel, and one `dp4a` adds four code x int8 products into an int32.
+
+- 4-bit word (8 nibbles, column order): `w & 0x0F0F0F0F` holds the even columns' codes as bytes and
+  `w & 0xF0F0F0F0` the odd columns' times 16, so x is packed the same way (even / odd columns) and a word
+  costs two LOP3 and two dp4a; the two int32 sums meet once per block (16 * even + odd), the 1/16 going
+  into the float scale.
+- 8-bit word (4 bytes): one dp4a against x's bytes in column order.
+- Per (row, 32-column block): s * dx * dot(code, q) + b * sum(x), with sum(x) of the unrounded x, so the
+  bias term is exact and only the code x activation products see x's rounding (<= 1/254 of the block's
+  absmax per column, as llama.cpp's q8_1 activations).
+
+Each thread owns one 32-column block of x at a step (quantizes it in registers) and the same block of
+BLOCK_N rows; 4 warps cover 4096 columns a step. Only bf16 / fp16 activations, affine codes and groups that
+are multiples of 32 take this kernel (`supports`); the rest stay on the float GEMV. `dp4a` is inline PTX;
+under TRITON_INTERPRET the same sum is made from shifts and multiplies (ASM=False), so the CPU tests check
+the packing, rounding and scaling, and the PTX is checked on a GPU (tests marked gpu).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+
+XBLOCK_COLS = 32  # columns per int8 scale of x
+XBLOCK = tl.constexpr(XBLOCK_COLS)
+# 1.5 * 2^23: the float bits of MAGIC + r are MAGIC_BITS + round(r) (to nearest even), for |r| < 2^22
+_MAGIC = tl.constexpr(12582912.0)
+_MAGIC_BITS = tl.constexpr(0x4B400000)
+_MIN_PROGRAMS = 264  # ~2 programs per SM on a 132-SM H100 / H200
+
+
+@triton.jit
+def _dp4a(a, b, c, ASM: tl.constexpr):
+    """c + sum over the 4 bytes of a (unsigned) times those of b (signed)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1
+        )
+    else:
+        s = c
+        for i in tl.static_range(4):
+            s += ((a >> (8 * i)) & 0xFF) * ((b << (24 - 8 * i)) >> 24)  # (int32 >> is arithmetic)
+        return s
+
+
+@triton.jit
+def _quantize_x(xpairs_ptr, m, stride_xm, cb, b_ok, BITS: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr):
+    """x's 32-column blocks `cb` -> (int8 words [NB, WPB] for the even / low bytes, for the odd / high bytes
+    (4-bit; 8-bit: the same set twice), dx [NB], sum(x) [NB], sum(q) [NB])."""
+    WPB: tl.constexpr = XBLOCK * BITS // 32  # weight words per block
+    P: tl.constexpr = 32 // BITS // 2  # pairs of x per weight word
+    jw = tl.arange(0, WPB)
+    ip = tl.arange(0, P)
+    # x read as int32 pairs of 16-bit floats: pair (j, i) holds columns 32 cb + 32 / WPB j + 2 i (+1).
+    offs = cb[:, None, None] * (XBLOCK // 2) + jw[None, :, None] * P + ip[None, None, :]
+    if EVEN_K:
+        pairs = tl.load(xpairs_ptr + m * stride_xm + offs)
+    else:
+        pairs = tl.load(xpairs_ptr + m * stride_xm + offs, mask=b_ok[:, None, None], other=0)
+    if X_BF16:
+        even = (pairs << 16).to(tl.float32, bitcast=True)
+        odd = (pairs & -65536).to(tl.float32, bitcast=True)
+    else:
+        even = (pairs & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        odd = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.max(tl.abs(even), 2), 1), tl.max(tl.max(tl.abs(odd), 2), 1))
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    sumx = tl.sum(tl.sum(even + odd, 2), 1)
+    re = (even * inv[:, None, None] + _MAGIC).to(tl.int32, bitcast=True)
+    ro = (odd * inv[:, None, None] + _MAGIC).to(tl.int32, bitcast=True)
+    sumq = tl.sum(tl.sum((re - _MAGIC_BITS) + (ro - _MAGIC_BITS), 2), 1)  # sum(q): the magic's bits taken out
+    qe = re & 0xFF
+    qo = ro & 0xFF
+    if BITS == 4:  # byte i of a word: column 2i (even set) or 2i + 1 (odd set) of the word's 8
+        lo = tl.sum(qe << (8 * ip)[None, None, :], 2)
+        hi = tl.sum(qo << (8 * ip)[None, None, :], 2)
+    else:  # bytes in column order: pair i is bytes 2i, 2i + 1
+        lo = tl.sum((qe << (16 * ip)[None, None, :]) | (qo << (16 * ip + 8)[None, None, :]), 2)
+        hi = lo
+    return lo, hi, amax / 127.0, sumx, sumq
+
+
+@triton.jit
+def _row_part(
+    xpairs_ptr,
+    m,
+    stride_xm,
+    cb,
+    b_ok,
+    w,
+    s,
+    b,
+    BITS: tl.constexpr,
+    X_BF16: tl.constexpr,
+    ASM: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """One row of x against the words w [BLOCK_N, NB, WPB]: per (row, block) s * dx * dot(code - c, q) +
+    (b + s c) * sum(x), c = 2^(BITS-1) (centred codes: x's rounding meets weights of |code - c| <= c)."""
+    xlo, xhi, dx, sumx, sumq = _quantize_x(xpairs_ptr, m, stride_xm, cb, b_ok, BITS, X_BF16, EVEN_K)
+    if BITS == 4:
+        even = _dp4a(w & 0x0F0F0F0F, xlo[None, :, :], 0, ASM)
+        odd = _dp4a(w & -252645136, xhi[None, :, :], 0, ASM)  # 0xF0F0F0F0: the odd codes times 16
+        idot = tl.sum(even, 2) * 16 + tl.sum(odd, 2) - (128 * sumq)[None, :]  # 16 * sum((code - 8) * q)
+        dscale = dx * (1.0 / 16.0)
+    else:
+        idot = tl.sum(_dp4a(w, xlo[None, :, :], 0, ASM), 2) - (128 * sumq)[None, :]  # sum((code - 128) * q)
+        dscale = dx
+    return idot.to(tl.float32) * (s * dscale[None, :]) + b * sumx[None, :]
+
+
+@triton.jit
+def _gemv_dp4a_kernel(
+    xpairs_ptr,
+    words_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_cn,
+    stride_sn,
+    stride_om,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    X_BF16: tl.constexpr,
+    ASM: tl.constexpr,
+    TWO_ROWS: tl.constexpr,  # a program takes rows 2p and 2p + 1 of x: one read of the weights for both
+    BLOCK_N: tl.constexpr,
+    NB: tl.constexpr,  # 32-column blocks a step: one per thread
+    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
+    EVEN_K: tl.constexpr,  # K % (32 NB) == 0
+):
+    """xpairs_ptr: x as int32 pairs (stride_xm in pairs); words_ptr: the packed weight as int32 words
+    ([N, K * BITS / 32])."""
+    WPB: tl.constexpr = XBLOCK * BITS // 32
+    CENTRE: tl.constexpr = float(1 << (BITS - 1))
+    m = tl.program_id(1).to(tl.int64) * (2 if TWO_ROWS else 1)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    jw = tl.arange(0, WPB)
+    num_blocks = K // XBLOCK
+    word_rows = words_ptr + n.to(tl.int64)[:, None, None] * stride_cn + jw[None, None, :]
+    acc = tl.zeros((BLOCK_N, NB), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, NB), dtype=tl.float32)
+    for b0 in range(0, num_blocks, NB):
+        cb = b0 + tl.arange(0, NB)
+        b_ok = cb < num_blocks
+        sb_off = n[:, None] * stride_sn + (cb * XBLOCK // GROUP)[None, :]
+        if EVEN_K and EVEN_N:  # no masks: no predicates and no zero-filled registers in the loop
+            w = tl.load(word_rows + cb[None, :, None] * WPB)
+            s = tl.load(scale_ptr + sb_off).to(tl.float32)
+            b = tl.load(bias_ptr + sb_off).to(tl.float32)
+        else:
+            w = tl.load(word_rows + cb[None, :, None] * WPB, mask=n_ok[:, None, None] & b_ok[None, :, None], other=0)
+            sb_mask = n_ok[:, None] & b_ok[None, :]
+            s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
+            b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
+        b += s * CENTRE
+        acc += _row_part(xpairs_ptr, m, stride_xm, cb, b_ok, w, s, b, BITS, X_BF16, ASM, EVEN_K)
+        if TWO_ROWS:  # (the second row of an odd M reads row M - 1 again and is not stored)
+            m2 = tl.minimum(m + 1, M - 1)
+            acc2 += _row_part(xpairs_ptr, m2, stride_xm, cb, b_ok, w, s, b, BITS, X_BF16, ASM, EVEN_K)
+    tl.store(out_ptr + m * stride_om + n, tl.sum(acc, 1).to(out_ptr.dtype.element_ty), mask=n_ok)
+    if TWO_ROWS:
+        tl.store(
+            out_ptr + (m + 1) * stride_om + n, tl.sum(acc2, 1).to(out_ptr.dtype.element_ty), mask=n_ok & (m + 1 < M)
+        )
+
+
+def supports(x: torch.Tensor, bits: int, group_size: int, code: str) -> bool:
+    """Whether gemv() takes these activations and weights: bf16 / fp16 x, affine 4/8-bit codes, groups of 32k."""
+    return x.dtype in (torch.bfloat16, torch.float16) and code == "affine" and bits in (4, 8) and group_size % 32 == 0
+
+
+@functools.cache
+def mode() -> str:
+    """LANTERN_GEMV: "dp4a" (the default) or "float" (the float GEMV for every decode step: x unrounded)."""
+    value = os.environ.get("LANTERN_GEMV", "dp4a").strip().lower() or "dp4a"
+    if value not in ("dp4a", "float"):
+        logger.warning("LANTERN_GEMV=%s is neither dp4a nor float: dp4a", value)
+        value = "dp4a"
+    return value
+
+
+_verified: dict[int, bool] = {}
+_SELF_CHECK_TOL = 2e-2  # bf16 outputs; the kernel is ~1e-3 off its reference where it is right
+
+
+def self_check(device: torch.device) -> float:
+    """The kernel on small 4- and 8-bit problems (masked and unmasked, 1 and 2 rows, bf16) against
+    int8_activation_matmul_reference: the largest error relative to the output's largest value."""
+    from lantern.backends.torch.kernels import quant_reference as qr
+    from lantern.backends.torch.kernels.triton_quant import pack_codes
+
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for bits, n, k, group in ((4, 256, 4096, 64), (4, 40, 160, 32), (8, 24, 4096, 128), (8, 40, 160, 32)):
+        codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
+        packed = pack_codes(codes, bits).to(device)
+        scales = (torch.rand(n, k // group, generator=gen) * 0.02 + 0.005).to(device, torch.bfloat16)
+        biases = (-scales.float() * (1 << (bits - 1))).to(torch.bfloat16)
+        for m in (1, 2):
+            x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+            want = qr.int8_activation_matmul_reference(x, packed, scales, biases, bits, group).float()
+            got = gemv(x, packed, scales, biases, bits, group).float()
+            worst = max(worst, float((got - want).abs().max() / want.abs().max().clamp_min(1e-6)))
+    return worst
+
+
+def verify(device: torch.device) -> bool:
+    """Once per CUDA device (at model load, outside graph capture): `self_check`, the inline PTX included.
+    A mismatch is logged and turns the kernel off for the process: the float GEMV serves, slower but right.
+    (Off a GPU the kernel runs in the interpreter, which the tests check: True.)"""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _verified:
+        worst = self_check(device)
+        _verified[index] = worst < _SELF_CHECK_TOL
+        if _verified[index]:
+            logger.info("decode GEMV on cuda:%d: dp4a on int8 activations (self-check %.1e off)", index, worst)
+        else:
+            logger.error("the dp4a GEMV is %.3g off its reference on cuda:%d: the float GEMV serves", worst, index)
+    return _verified[index]
+
+
+def enabled(x: torch.Tensor, bits: int, group_size: int, code: str = "affine") -> bool:
+    """Whether a decode step of this x and weight takes gemv(): LANTERN_GEMV, `supports`, and on a GPU a
+    passed `verify` (never run while a CUDA graph is being captured: the float GEMV until it has run)."""
+    if mode() != "dp4a" or not supports(x, bits, group_size, code):
+        return False
+    if x.device.type != "cuda":
+        return True
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if index not in _verified and torch.cuda.is_current_stream_capturing():
+        return False
+    return verify(x.device)
+
+
+def _config(n: int, k: int, bits: int) -> dict:
+    """One 32-column block of x per thread: NB blocks a step (<= 128, 4 warps), dividing K's blocks where a
+    power of two >= 32 does (no masks); 16 rows a program for 4-bit (each quantized x block serves 16 rows)
+    while that leaves ~2 programs per SM, else 8 (8-bit: 8, its rows take twice the registers)."""
+    blocks = max(1, k // XBLOCK_COLS)
+    nb = 128
+    while nb > 32 and blocks % nb:
+        nb //= 2
+    if blocks % nb:
+        nb = min(128, triton.next_power_of_2(blocks))
+    block_n = 16 if bits == 4 and triton.cdiv(n, 16) >= _MIN_PROGRAMS else 8
+    return {"BLOCK_N": block_n, "NB": nb, "num_warps": max(1, min(4, nb // 32))}
+
+
+def gemv(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    biases: torch.Tensor,
+    bits: int,
+    group_size: int,
+    **config,
+) -> torch.Tensor:
+    """x [M, K] (bf16 / fp16) @ W.T for packed affine codes (triton_quant's layout): one program per
+    (BLOCK_N rows, row of x). Callers check `supports` and the shapes (triton_quant._check)."""
+    m, k = x.shape
+    n = packed.shape[0]
+    if k % XBLOCK_COLS:
+        raise ValueError(f"the dp4a GEMV takes K a multiple of {XBLOCK_COLS}, not {k}")
+    cfg = {**_config(n, k, bits), **config}
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if x.stride(1) != 1 or x.stride(0) % 2 or x.storage_offset() % 2:
+        x = x.contiguous()
+    pairs = x.view(torch.int32)  # [M, K / 2]: two activations a word
+    words = packed.contiguous().view(torch.int32)
+    scales, biases = scales.contiguous(), biases.contiguous()
+    two_rows = m > 1
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, 2) if two_rows else m)
+    _gemv_dp4a_kernel[grid](
+        pairs, words, scales, biases, out, m, n, k,
+        pairs.stride(0), words.stride(0), scales.stride(0), out.stride(0),
+        BITS=bits, GROUP=group_size, X_BF16=x.dtype == torch.bfloat16, TWO_ROWS=two_rows,
+        ASM=os.environ.get("TRITON_INTERPRET") != "1", EVEN_N=n % cfg["BLOCK_N"] == 0,
+        EVEN_K=k % (XBLOCK_COLS * cfg["NB"]) == 0, **cfg,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,198 @@
+"""The dp4a decode GEMV (int8 activations) against its plain-torch reference, by hand, and in dispatch.
+
+On CPU the kernel runs in Triton's interpreter, where `dp4a` is the same byte-wise sum written in shifts
+(ASM=False): the packing of x and of the codes, the rounding, the centring and the scales are checked
+here; the inline PTX is checked by the cases marked gpu (and at load, by `verify`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from lantern.backends.torch.kernels import quant_reference as qr
+
+td = pytest.importorskip("lantern.backends.torch.kernels.triton_gemv_dp4a")
+tq = pytest.importorskip("lantern.backends.torch.kernels.triton_quant")
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # the output's rounding, relative to its largest value
+INT8_X_TOL = 2.5e-2  # int8 activations against the exact product (measured ~0.4-0.9% on random data)
+SMALL = {"BLOCK_N": 8, "NB": 4, "num_warps": 1}  # 128 columns a step: K = 3 groups of 64 leaves a masked step
+
+
+def make_weight(n: int, k: int, bits: int, group: int, dtype: torch.dtype, seed: int = 0, device: str = "cpu"):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
+    sign = torch.sign(torch.randn(n, k // group, generator=g))
+    scales = (torch.rand(n, k // group, generator=g) * 0.04 + 0.01) * sign
+    biases = -scales * 2 ** (bits - 1) + 0.01 * torch.randn(n, k // group, generator=g)
+    return tq.pack_codes(codes, bits).to(device), scales.to(device, dtype), biases.to(device, dtype)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_kernel_matches_reference(bits, group, dtype):
+    """Masked (N, K off the blocks) and unmasked steps, 1 to 3 rows (an odd M: the second row of the last
+    pair is not stored); tight against the int8-activation reference, within INT8_X_TOL of the exact one."""
+    for m, n, k, cfg in [(1, 40, 3 * group, SMALL), (3, 40, 3 * group, SMALL), (2, 32, 512, SMALL), (1, 24, 256, {})]:
+        packed, scales, biases = make_weight(n, k, bits, group, dtype, seed=m * n + group + bits)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + k)).to(dtype)
+        out = td.gemv(x, packed, scales, biases, bits, group, **cfg)
+        assert out.dtype == dtype and out.shape == (m, n)
+        want = qr.int8_activation_matmul_reference(x, packed, scales, biases, bits, group)
+        assert rel_err(out, want) < TOL[dtype], (m, n, k, cfg)
+        assert rel_err(out, qr.affine_matmul_reference(x, packed, scales, biases, bits, group)) < INT8_X_TOL
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rounding_packing_and_centring_by_hand(bits):
+    """Block 0's absmax is 127, so its steps are 1: x = [127, 2.5, -2.5, 3.5, -6] -> [127, 2, -2, 4, -6]
+    (halves to even); block 1's is 1: x = [-0.5, 0.25, 0.75, 1] -> [-64, 32, 95, 127] / 127 (-63.5 to even).
+    With C = 2^(bits-1) the output is sum over blocks of s (c - C) . x_rounded + (b + s C) sum(x)."""
+    k, c = 64, 1 << (bits - 1)
+    x = torch.zeros(1, k)
+    x[0, :5] = torch.tensor([127.0, 2.5, -2.5, 3.5, -6.0])
+    x[0, 32:36] = torch.tensor([-0.5, 0.25, 0.75, 1.0])
+    rounded = {0: torch.tensor([127.0, 2.0, -2.0, 4.0, -6.0]), 1: torch.tensor([-64.0, 32.0, 95.0, 127.0]) / 127}
+    away = {0: torch.tensor([127.0, 3.0, -3.0, 4.0, -6.0]), 1: torch.tensor([-64.0, 32.0, 95.0, 127.0]) / 127}
+    codes = torch.zeros(2, k, dtype=torch.uint8)
+    codes[0, :5] = torch.tensor([1, 3, 14, 7, 2])  # even and odd columns of block 0
+    codes[1, 32:36] = torch.tensor([2, 4, 6, 8])
+    scales = torch.tensor([[1 / 64, 1 / 32], [1 / 16, 1 / 64]])
+    biases = torch.tensor([[1 / 8, -1 / 4], [0.0, 1 / 2]])
+
+    def expected(xr: dict) -> torch.Tensor:
+        out = torch.zeros(2, dtype=torch.float64)
+        for row in range(2):
+            for blk, cols in ((0, slice(0, 5)), (1, slice(32, 36))):
+                s, b = float(scales[row, blk]), float(biases[row, blk])
+                centred = codes[row, cols].double() - c
+                out[row] += s * float((centred * xr[blk].double()).sum()) + (b + s * c) * float(x[0, cols].sum())
+        return out
+
+    out = td.gemv(x.half(), tq.pack_codes(codes, bits), scales.half(), biases.half(), bits, 32, **SMALL)
+    atol = 2 * 2.0**-6  # two float16 steps at these magnitudes (< 16)
+    assert float((expected(rounded) - expected(away)).abs().max()) > 4 * atol  # the test can see the ties
+    torch.testing.assert_close(out[0].double(), expected(rounded), rtol=0, atol=atol)
+    want = qr.int8_activation_matmul_reference(
+        x.half(), tq.pack_codes(codes, bits), scales.half(), biases.half(), bits, 32
+    )
+    torch.testing.assert_close(want[0].double(), expected(rounded), rtol=0, atol=atol)
+
+
+def test_zero_blocks_and_strided_inputs():
+    """An all-zero block (absmax 0) adds only its bias term (none); a column slice at an odd offset and a
+    transpose are copied to the layout the kernel reads, with the same result."""
+    packed, scales, biases = make_weight(24, 128, 4, 32, torch.float16, seed=5)
+    x = torch.randn(2, 128).half()
+    x[:, 32:64] = 0
+    want = qr.int8_activation_matmul_reference(x, packed, scales, biases, 4, 32)
+    assert rel_err(td.gemv(x, packed, scales, biases, 4, 32, **SMALL), want) < TOL[torch.float16]
+    assert not td.gemv(torch.zeros(1, 128).half(), packed, scales, biases, 4, 32, **SMALL).any()
+    wide = torch.randn(2, 161).half()
+    for xs in (wide[:, 1:129], x.T.contiguous().T):
+        want = qr.int8_activation_matmul_reference(xs, packed, scales, biases, 4, 32)
+        assert rel_err(td.gemv(xs, packed, scales, biases, 4, 32, **SMALL), want) < TOL[torch.float16]
+    assert td.gemv(torch.zeros(0, 128).half(), packed, scales, biases, 4, 32).shape == (0, 24)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        td.gemv(torch.zeros(1, 48).half(), packed[:, :24], scales[:, :1], biases[:, :1], 4, 32)
+
+
+def test_configs_divide_k_and_fill_the_gpu():
+    """NB divides K's 32-column blocks where a power of two from 32 to 128 does (no masked steps); 16 rows a
+    program for wide 4-bit matrices, 8 where that would leave fewer than ~2 programs per SM, and for 8-bit."""
+    assert td._config(28672, 4096, 4) == {"BLOCK_N": 16, "NB": 128, "num_warps": 4}
+    assert td._config(4096, 4096, 4) == {"BLOCK_N": 8, "NB": 128, "num_warps": 4}
+    assert td._config(4096, 14336, 4)["NB"] == 64  # 448 blocks = 7 x 64
+    assert td._config(28672, 4096, 8)["BLOCK_N"] == 8
+    assert td._config(64, 1536, 4)["NB"] == 64  # 48 blocks: no power of two >= 32 divides; masked
+    assert td._config(64, 64, 4) == {"BLOCK_N": 8, "NB": 2, "num_warps": 1}
+
+
+def test_dispatch(monkeypatch):
+    """affine_matmul: bf16 / fp16 decode rows (M <= GEMV_MAX_M) take the dp4a GEMV, float32 rows and
+    LANTERN_GEMV=float the float GEMV, more rows the GEMM; leading dims are kept."""
+    packed, scales, biases = make_weight(40, 256, 4, 64, torch.float16, seed=3)
+    calls = []
+    for mod, name in ((tq, "gemv"), (tq, "gemm"), (td, "gemv")):
+        fn = getattr(mod, name)
+        label = "dp4a" if mod is td else name
+        monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _l=label, **kw: calls.append(_l) or _fn(*a, **kw))
+    x = torch.randn(2, 1, 256).half()
+    out = tq.affine_matmul(x, packed, scales, biases, 4, 64)
+    assert out.shape == (2, 1, 40)
+    want = qr.int8_activation_matmul_reference(x.reshape(2, 256), packed, scales, biases, 4, 64)
+    assert rel_err(out.reshape(2, 40), want) < TOL[torch.float16]
+    tq.affine_matmul(x.float(), packed, scales.float(), biases.float(), 4, 64)
+    tq.affine_matmul(torch.randn(3, 256).half(), packed, scales, biases, 4, 64)
+    assert calls == ["dp4a", "gemv", "gemm"]
+    calls.clear()
+    monkeypatch.setenv("LANTERN_GEMV", "float")
+    td.mode.cache_clear()
+    try:
+        out = tq.affine_matmul(x, packed, scales, biases, 4, 64)
+        assert calls == ["gemv"]
+        ref = qr.affine_matmul_reference(x.reshape(2, 256), packed, scales, biases, 4, 64)
+        assert rel_err(out.reshape(2, 40), ref) < TOL[torch.float16]
+    finally:
+        td.mode.cache_clear()
+    monkeypatch.setenv("LANTERN_GEMV", "fast")
+    assert td.mode() == "dp4a"  # (a warning names the value)
+    td.mode.cache_clear()
+    assert not td.supports(x, 4, 16, "affine") and not td.supports(x, 4, 32, "e2m1")
+
+
+def test_self_check_tells_a_right_kernel_from_a_wrong_one(monkeypatch, caplog):
+    """`verify` (run on a GPU at load) rests on self_check: small against a right kernel, large against one
+    whose activations are off; off a GPU verify is True without running (the interpreter is tested above)."""
+    assert td.self_check(torch.device("cpu")) < td._SELF_CHECK_TOL / 2  # (bf16 outputs: ~7e-3)
+    right = td.gemv
+    monkeypatch.setattr(td, "gemv", lambda x, *a, **kw: right(x * 1.05, *a, **kw))
+    assert td.self_check(torch.device("cpu")) > td._SELF_CHECK_TOL
+    assert td.verify(torch.device("cpu")) is True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 32), (8, 128)])
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_cuda_default_configs(m, bits, group, dtype, caplog):
+    """On a GPU (inline PTX dp4a) with the configs gemv picks: 8B-model widths (16-row and 8-row programs,
+    NB 128 and 64), a narrow and a ragged one; verify() passes and says so."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    with caplog.at_level(logging.INFO):
+        assert td.verify(torch.device("cuda"))
+    for n, k in [(28672, 4096), (4096, 14336), (1024, 4096), (4100, 1536)]:
+        packed, scales, biases = make_weight(n, k, bits, group, dtype, seed=m + n, device="cuda")
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        out = td.gemv(x, packed, scales, biases, bits, group)
+        assert rel_err(out, qr.int8_activation_matmul_reference(x, packed, scales, biases, bits, group)) < TOL[dtype]
+        assert rel_err(out, qr.affine_matmul_reference(x, packed, scales, biases, bits, group)) < INT8_X_TOL
+
+
+def test_the_gemv_bench_times_the_dp4a_kernel_too(capsys):
+    """scripts/bench_qgemv.py with 16-bit x (a tiny shape in the interpreter): the dp4a GEMV is checked
+    against its reference, timed at its built-in config and another BLOCK_N, and named in the summary."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_qgemv.py"
+    spec = importlib.util.spec_from_file_location("bench_qgemv", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = ["--device", "cpu", "--shape", "32x256", "--dtype", "float16", "--iters", "1", "--repeats", "1"]
+    (shape,) = script.main([*args, "--max-configs", "1", "--dp4a-configs", "1"])["shapes"]
+    assert shape["dp4a_max_rel_err"] < TOL[torch.float16]
+    assert shape["dp4a"]["config"] == td._config(32, 256, 4)
+    assert shape["dp4a_best"]["config"]["BLOCK_N"] in (4, td._config(32, 256, 4)["BLOCK_N"])
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])["32x256"]
+    assert summary["dp4a_best"]["config"] == shape["dp4a_best"]["config"]
