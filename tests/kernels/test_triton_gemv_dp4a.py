@@ -107,13 +107,14 @@ def test_zero_blocks_and_strided_inputs():
 
 def test_configs_divide_k_and_fill_the_gpu():
     """NB divides K's 32-column blocks where a power of two from 32 to 128 does (no masked steps); 16 rows a
-    program for wide 4-bit matrices, 8 where that would leave fewer than ~2 programs per SM, and for 8-bit."""
+    program for 4-bit (8 for 8-bit), fewer where that would leave fewer than ~2 programs per SM."""
     assert td._config(28672, 4096, 4) == {"BLOCK_N": 16, "NB": 128, "num_warps": 4}
-    assert td._config(4096, 4096, 4) == {"BLOCK_N": 8, "NB": 128, "num_warps": 4}
+    assert td._config(4096, 4096, 4) == {"BLOCK_N": 16, "NB": 128, "num_warps": 4}  # 256 programs
+    assert td._config(1024, 4096, 4)["BLOCK_N"] == 4
     assert td._config(4096, 14336, 4)["NB"] == 64  # 448 blocks = 7 x 64
     assert td._config(28672, 4096, 8)["BLOCK_N"] == 8
     assert td._config(64, 1536, 4)["NB"] == 64  # 48 blocks: no power of two >= 32 divides; masked
-    assert td._config(64, 64, 4) == {"BLOCK_N": 8, "NB": 2, "num_warps": 1}
+    assert td._config(64, 64, 4) == {"BLOCK_N": 4, "NB": 2, "num_warps": 1}
 
 
 def test_dispatch(monkeypatch):

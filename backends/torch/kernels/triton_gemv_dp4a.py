@@ -15,11 +15,15 @@ kernel, and one `dp4a` adds four code x int8 products into an int32.
   bias term is exact and only the code x activation products see x's rounding (<= 1/254 of the block's
   absmax per column, as llama.cpp's q8_1 activations).
 
-Each thread owns one 32-column block of x at a step (quantizes it in registers) and the same block of
-BLOCK_N rows; 4 warps cover 4096 columns a step. Only bf16 / fp16 activations, affine codes and groups that
-are multiples of 32 take this kernel (`supports`); the rest stay on the float GEMV. `dp4a` is inline PTX;
-under TRITON_INTERPRET the same sum is made from shifts and multiplies (ASM=False), so the CPU tests check
-the packing, rounding and scaling, and the PTX is checked on a GPU (tests marked gpu).
+Each thread owns one 32-column block of x at a step (quantizes it in registers; four int8 codes go into a
+word by byte permutes) and the same block of BLOCK_N rows (4-bit: its 16 bytes of each row are one vector
+load, the step's words of a row being loaded as one flat run so that Triton lays them out so); 4 warps
+cover 4096 columns a step. On sm_90 the loop issues 1.6 instructions a weight at 16 rows a program, 2.1 at
+8 (scripts/gemv_sass.py --kernel dp4a), against the float GEMV's 6.6. Only bf16 / fp16 activations, affine
+codes and groups that are multiples of 32 take this kernel (`supports`); the rest stay on the float GEMV.
+`dp4a` and `prmt` are inline PTX; under TRITON_INTERPRET the same sums are made from shifts and multiplies
+(ASM=False), so the CPU tests check the packing, rounding and scaling, and the PTX is checked on a GPU
+(tests marked gpu, and `verify` at load).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ XBLOCK = tl.constexpr(XBLOCK_COLS)
 # 1.5 * 2^23: the float bits of MAGIC + r are MAGIC_BITS + round(r) (to nearest even), for |r| < 2^22
 _MAGIC = tl.constexpr(12582912.0)
 _MAGIC_BITS = tl.constexpr(0x4B400000)
-_MIN_PROGRAMS = 264  # ~2 programs per SM on a 132-SM H100 / H200
+_MIN_PROGRAMS = 240  # ~2 programs per SM on a 132-SM H100 / H200 (a 4096-row matrix: 256 of 16 rows)
 
 
 @triton.jit
@@ -57,7 +61,34 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _quantize_x(xpairs_ptr, m, stride_xm, cb, b_ok, BITS: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr):
+def _bytes4(a, b, c, d, ASM: tl.constexpr):
+    """The low bytes of four int32 tensors as one word's bytes 0..3: two byte permutes and a third to join."""
+    if ASM:
+        ab = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x0040;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+        )
+        cd = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x0040;", "=r,r,r", [c, d], dtype=tl.int32, is_pure=True, pack=1
+        )
+        return tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", [ab, cd], dtype=tl.int32, is_pure=True, pack=1
+        )
+    else:
+        return (a & 0xFF) | ((b & 0xFF) << 8) | ((c & 0xFF) << 16) | (d << 24)
+
+
+@triton.jit
+def _quantize_x(
+    xpairs_ptr,
+    m,
+    stride_xm,
+    cb,
+    b_ok,
+    BITS: tl.constexpr,
+    X_BF16: tl.constexpr,
+    ASM: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     """x's 32-column blocks `cb` -> (int8 words [NB, WPB] for the even / low bytes, for the odd / high bytes
     (4-bit; 8-bit: the same set twice), dx [NB], sum(x) [NB], sum(q) [NB])."""
     WPB: tl.constexpr = XBLOCK * BITS // 32  # weight words per block
@@ -82,13 +113,21 @@ def _quantize_x(xpairs_ptr, m, stride_xm, cb, b_ok, BITS: tl.constexpr, X_BF16: 
     re = (even * inv[:, None, None] + _MAGIC).to(tl.int32, bitcast=True)
     ro = (odd * inv[:, None, None] + _MAGIC).to(tl.int32, bitcast=True)
     sumq = tl.sum(tl.sum((re - _MAGIC_BITS) + (ro - _MAGIC_BITS), 2), 1)  # sum(q): the magic's bits taken out
-    qe = re & 0xFF
-    qo = ro & 0xFF
+    # The low bytes of re / ro are the int8 codes; four go into a word with byte permutes (PRMT)
+    NBX: tl.constexpr = re.shape[0]
     if BITS == 4:  # byte i of a word: column 2i (even set) or 2i + 1 (odd set) of the word's 8
-        lo = tl.sum(qe << (8 * ip)[None, None, :], 2)
-        hi = tl.sum(qo << (8 * ip)[None, None, :], 2)
+        e02, e13 = tl.split(tl.reshape(re, (NBX, WPB, 2, 2)))
+        o02, o13 = tl.split(tl.reshape(ro, (NBX, WPB, 2, 2)))
+        e0, e2 = tl.split(e02)
+        e1, e3 = tl.split(e13)
+        o0, o2 = tl.split(o02)
+        o1, o3 = tl.split(o13)
+        lo = _bytes4(e0, e1, e2, e3, ASM)
+        hi = _bytes4(o0, o1, o2, o3, ASM)
     else:  # bytes in column order: pair i is bytes 2i, 2i + 1
-        lo = tl.sum((qe << (16 * ip)[None, None, :]) | (qo << (16 * ip + 8)[None, None, :]), 2)
+        e0, e1 = tl.split(re)
+        o0, o1 = tl.split(ro)
+        lo = _bytes4(e0, o0, e1, o1, ASM)
         hi = lo
     return lo, hi, amax / 127.0, sumx, sumq
 
@@ -110,7 +149,7 @@ def _row_part(
 ):
     """One row of x against the words w [BLOCK_N, NB, WPB]: per (row, block) s * dx * dot(code - c, q) +
     (b + s c) * sum(x), c = 2^(BITS-1) (centred codes: x's rounding meets weights of |code - c| <= c)."""
-    xlo, xhi, dx, sumx, sumq = _quantize_x(xpairs_ptr, m, stride_xm, cb, b_ok, BITS, X_BF16, EVEN_K)
+    xlo, xhi, dx, sumx, sumq = _quantize_x(xpairs_ptr, m, stride_xm, cb, b_ok, BITS, X_BF16, ASM, EVEN_K)
     if BITS == 4:
         even = _dp4a(w & 0x0F0F0F0F, xlo[None, :, :], 0, ASM)
         odd = _dp4a(w & -252645136, xhi[None, :, :], 0, ASM)  # 0xF0F0F0F0: the odd codes times 16
@@ -153,9 +192,9 @@ def _gemv_dp4a_kernel(
     m = tl.program_id(1).to(tl.int64) * (2 if TWO_ROWS else 1)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    jw = tl.arange(0, WPB)
+    jk = tl.arange(0, NB * WPB)  # a step's words of a row: flat, so that a thread's vector is one block's
     num_blocks = K // XBLOCK
-    word_rows = words_ptr + n.to(tl.int64)[:, None, None] * stride_cn + jw[None, None, :]
+    word_rows = words_ptr + n.to(tl.int64)[:, None] * stride_cn + jk[None, :]
     acc = tl.zeros((BLOCK_N, NB), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, NB), dtype=tl.float32)
     for b0 in range(0, num_blocks, NB):
@@ -163,11 +202,13 @@ def _gemv_dp4a_kernel(
         b_ok = cb < num_blocks
         sb_off = n[:, None] * stride_sn + (cb * XBLOCK // GROUP)[None, :]
         if EVEN_K and EVEN_N:  # no masks: no predicates and no zero-filled registers in the loop
-            w = tl.load(word_rows + cb[None, :, None] * WPB)
+            w = tl.reshape(tl.load(word_rows + b0 * WPB), (BLOCK_N, NB, WPB))
             s = tl.load(scale_ptr + sb_off).to(tl.float32)
             b = tl.load(bias_ptr + sb_off).to(tl.float32)
         else:
-            w = tl.load(word_rows + cb[None, :, None] * WPB, mask=n_ok[:, None, None] & b_ok[None, :, None], other=0)
+            k_ok = b0 * WPB + jk < num_blocks * WPB
+            w_ok = n_ok[:, None] & k_ok[None, :]
+            w = tl.reshape(tl.load(word_rows + b0 * WPB, mask=w_ok, other=0), (BLOCK_N, NB, WPB))
             sb_mask = n_ok[:, None] & b_ok[None, :]
             s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
             b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
@@ -256,15 +297,18 @@ def enabled(x: torch.Tensor, bits: int, group_size: int, code: str = "affine") -
 
 def _config(n: int, k: int, bits: int) -> dict:
     """One 32-column block of x per thread: NB blocks a step (<= 128, 4 warps), dividing K's blocks where a
-    power of two >= 32 does (no masks); 16 rows a program for 4-bit (each quantized x block serves 16 rows)
-    while that leaves ~2 programs per SM, else 8 (8-bit: 8, its rows take twice the registers)."""
+    power of two >= 32 does (no masked steps). Rows a program: as many of 16 (4-bit; 8-bit: 8), 8, 4 as still
+    leave ~2 programs per SM -- each quantized block of x serves them all (sm_90: 1.6 instructions a weight
+    at 16 rows, 2.1 at 8, 2.9 at 4; ~150 registers a thread at 16)."""
     blocks = max(1, k // XBLOCK_COLS)
     nb = 128
     while nb > 32 and blocks % nb:
         nb //= 2
     if blocks % nb:
         nb = min(128, triton.next_power_of_2(blocks))
-    block_n = 16 if bits == 4 and triton.cdiv(n, 16) >= _MIN_PROGRAMS else 8
+    block_n = 16 if bits == 4 else 8
+    while block_n > 4 and triton.cdiv(n, block_n) < _MIN_PROGRAMS:
+        block_n //= 2
     return {"BLOCK_N": block_n, "NB": nb, "num_warps": max(1, min(4, nb // 32))}
 
 
