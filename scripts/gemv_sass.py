@@ -9,10 +9,10 @@ count -- the loop is issue-bound well before HBM (4.8 TB/s = 9.6 T weights/s nee
 
   python scripts/gemv_sass.py                                  # 8B gate/up matrix, the built-in config
   python scripts/gemv_sass.py --shape 4096x14336 --config '{"BLOCK_N": 16, "BLOCK_K": 512}' --x-dtype fp32
-  python scripts/gemv_sass.py --kernel dp4a                    # triton_gemv_dp4a: 1.6 a weight here
+  python scripts/gemv_sass.py --kernel dp4a                    # triton_gemv_dp4a: 1.5 a weight here
 
 On sm_90 (2026-12-01, Triton 3.6): the float GEMV 6.6 (4-bit) / 8.3 (8-bit) a weight; the dp4a GEMV
-1.6 (4-bit, 16-row programs: every 8B matrix but k/v), 2.1 (8 rows), 2.9 (4 rows) and 2.1 (8-bit).
+1.5 (4-bit, 16-row programs: every 8B matrix but k/v), 2.0 (8 rows), 2.9 (4 rows) and 2.1 (8-bit).
 """
 
 from __future__ import annotations
@@ -83,10 +83,12 @@ def compile_gemv(
     consts = {key: v for key, v in cfg.items() if key not in options}
     if kernel == "dp4a":
         fn = td._gemv_dp4a_kernel
-        consts.update(BITS=bits, GROUP=group, X_BF16=x_dtype == "bf16", ASM=True, TWO_ROWS=False)
+        consts.update(BITS=bits, GROUP=group, X_BF16=x_dtype == "bf16", ASM=True, TWO_ROWS=False, EXPERTS=False)
+        consts.update(A_DIV=1, MUL_WEIGHT=False, OUT_BIAS=False)
         consts.update(EVEN_N=n % consts["BLOCK_N"] == 0, EVEN_K=k % (32 * consts["NB"]) == 0)
         values = {"M": 1, "N": n, "K": k, "stride_xm": k // 2, "stride_cn": k * bits // 32}
-        kinds = {"xpairs_ptr": "*i32", "words_ptr": "*i32"}
+        values.update(stride_we=0, stride_se=0, stride_obe=0)
+        kinds = {"xpairs_ptr": "*i32", "words_ptr": "*i32", "expert_ptr": "*i32", "rw_ptr": "*fp32"}
     else:
         fn = tq._gemv_kernel
         consts.update(BITS=bits, GROUP=group, FLOAT_CODE=0, ROWS=1, BLOCK_M=1)

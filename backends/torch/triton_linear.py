@@ -83,7 +83,7 @@ class TritonLinear(QuantLayer):
         self.register_buffer("packed", triton_quant.pack_codes(torch.from_numpy(w.codes), bits).to(device))
         self.register_buffer("scales", torch.from_numpy(w.scales).to(device, dtype))
         self.register_buffer("biases", torch.from_numpy(w.biases).to(device, dtype))
-        if device.type == "cuda" and triton_gemv_dp4a.mode() == "dp4a":
+        if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and triton_gemv_dp4a.mode() == "dp4a":
             triton_gemv_dp4a.verify(device)  # once, here: never inside a CUDA graph's capture
         target = f"{bits}-bit g{w.group_size} ({'requantized, ' if exact is None else ''}{dtype_name(dtype)} scales)"
         record_error(errors, src, self, target, exact is None)

@@ -24,6 +24,8 @@ TYPE_NAMES = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 FLOAT32_PTRS = {"acc_ptr", "m_ptr", "l_ptr", "cos_ptr", "sin_ptr", "sinks_ptr"}
 INT_PTRS = {"bt_ptr": "*i32", "len_ptr": "*i32", "slot_ptr": "*i64", "codes_ptr": "*u8", "words_ptr": "*i32"}
 INT_PTRS["xpairs_ptr"] = "*i32"  # the dp4a GEMV reads 16-bit activations two to a word
+INT_PTRS["expert_ptr"] = "*i32"  # (and with experts, each pair's expert)
+FLOAT32_PTRS.add("rw_ptr")
 
 
 def signature(fn, dtype: str, consts: dict) -> dict[str, str]:
@@ -72,9 +74,12 @@ def gemm_case(
     return (tq._gemm_kernel, dtype, cap, consts, options)
 
 
-def dp4a_case(dtype: str, cap: int, bits: int, group: int, rows: int, n: int = 4096, k: int = 4096) -> tuple:
+def dp4a_case(
+    dtype: str, cap: int, bits: int, group: int, rows: int, n: int = 4096, k: int = 4096, experts: bool = False
+) -> tuple:
     consts, options = split_config(td._config(n, k, bits))
-    consts.update(BITS=bits, GROUP=group, X_BF16=dtype == "bf16", ASM=True, TWO_ROWS=rows > 1)
+    consts.update(BITS=bits, GROUP=group, X_BF16=dtype == "bf16", ASM=True, TWO_ROWS=rows > 1 and not experts)
+    consts.update(EXPERTS=experts, A_DIV=8 if experts else 1, MUL_WEIGHT=experts, OUT_BIAS=experts)
     consts.update(EVEN_N=n % consts["BLOCK_N"] == 0, EVEN_K=k % (32 * consts["NB"]) == 0)
     return (td._gemv_dp4a_kernel, dtype, cap, consts, options)
 
@@ -132,6 +137,9 @@ CASES = [
     dp4a_case("fp16", 80, 4, 64, 1),
     *[dp4a_case("bf16", cap, 8, 64, rows) for cap in (80, 90) for rows in (1, 2)],
     dp4a_case("bf16", 90, 4, 32, 2, n=4100, k=1536),
+    # ... and per (token, expert) pair for MoE decode: a Qwen3-30B-A3B-like gate_up (K 2048) and down (K 768)
+    *[dp4a_case("bf16", cap, 4, 64, 1, n=1536, k=2048, experts=True) for cap in (80, 90)],
+    dp4a_case("fp16", 90, 8, 32, 1, n=2048, k=768, experts=True),
     # e2m1 (fp4) codes: MXFP4's groups of 32 and NVFP4's of 16, decode and prefill
     *[gemv_case("bf16", cap, 4, group, 1, code=4) for cap in (80, 90) for group in (16, 32)],
     gemv_case("fp16", 90, 4, 32, 2, n=1024, code=4),

@@ -7,8 +7,6 @@ here; the inline PTX is checked by the cases marked gpu (and at load, by `verify
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
@@ -39,9 +37,17 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_kernel_matches_reference(bits, group, dtype):
-    """Masked (N, K off the blocks) and unmasked steps, 1 to 3 rows (an odd M: the second row of the last
+    """Masked K (3 groups: a part step), ragged N (37 and 13 rows: the last program's rows partly masked, with
+    K masked or not, over several programs) and exact fits, 1 to 3 rows (an odd M: the second row of the last
     pair is not stored); tight against the int8-activation reference, within INT8_X_TOL of the exact one."""
-    for m, n, k, cfg in [(1, 40, 3 * group, SMALL), (3, 40, 3 * group, SMALL), (2, 32, 512, SMALL), (1, 24, 256, {})]:
+    cases = [
+        (1, 40, 3 * group, SMALL),
+        (3, 37, 3 * group, SMALL),
+        (2, 13, 512, SMALL),
+        (1, 24, 256, {}),
+        (3, 37, 256, {}),
+    ]
+    for m, n, k, cfg in cases:
         packed, scales, biases = make_weight(n, k, bits, group, dtype, seed=m * n + group + bits)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + k)).to(dtype)
         out = td.gemv(x, packed, scales, biases, bits, group, **cfg)
@@ -97,7 +103,10 @@ def test_zero_blocks_and_strided_inputs():
     assert rel_err(td.gemv(x, packed, scales, biases, 4, 32, **SMALL), want) < TOL[torch.float16]
     assert not td.gemv(torch.zeros(1, 128).half(), packed, scales, biases, 4, 32, **SMALL).any()
     wide = torch.randn(2, 161).half()
-    for xs in (wide[:, 1:129], x.T.contiguous().T):
+    flat = torch.randn(2 * 128 + 3).half()
+    # a column slice, a transpose's transpose, rows at an odd offset, one row of an odd stride (the last two
+    # count as contiguous to torch, yet cannot be read as int32 pairs as they lie)
+    for xs in (wide[:, 1:129], x.T.contiguous().T, flat[3:].view(2, 128), wide[:1, :128], flat[1:129].view(1, 128)):
         want = qr.int8_activation_matmul_reference(xs, packed, scales, biases, 4, 32)
         assert rel_err(td.gemv(xs, packed, scales, biases, 4, 32, **SMALL), want) < TOL[torch.float16]
     assert td.gemv(torch.zeros(0, 128).half(), packed, scales, biases, 4, 32).shape == (0, 24)
@@ -164,13 +173,13 @@ def test_self_check_tells_a_right_kernel_from_a_wrong_one(monkeypatch, caplog):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 32), (8, 128)])
 @pytest.mark.parametrize("m", [1, 2, 3])
-def test_cuda_default_configs(m, bits, group, dtype, caplog):
-    """On a GPU (inline PTX dp4a) with the configs gemv picks: 8B-model widths (16-row and 8-row programs,
-    NB 128 and 64), a narrow and a ragged one; verify() passes and says so."""
+def test_cuda_default_configs(m, bits, group, dtype):
+    """On a GPU (inline PTX dp4a) with the configs gemv picks: 8B-model widths (16-row programs, NB 128 and
+    64), a narrow (4-row) and a ragged one; its self-check is well inside its bound, and verify() passes."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    with caplog.at_level(logging.INFO):
-        assert td.verify(torch.device("cuda"))
+    assert td.self_check(torch.device("cuda")) < td._SELF_CHECK_TOL / 2
+    assert td.verify(torch.device("cuda"))
     for n, k in [(28672, 4096), (4096, 14336), (1024, 4096), (4100, 1536)]:
         packed, scales, biases = make_weight(n, k, bits, group, dtype, seed=m + n, device="cuda")
         x = torch.randn(m, k, device="cuda").to(dtype)
@@ -197,3 +206,62 @@ def test_the_gemv_bench_times_the_dp4a_kernel_too(capsys):
     assert shape["dp4a_best"]["config"]["BLOCK_N"] in (4, td._config(32, 256, 4)["BLOCK_N"])
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])["32x256"]
     assert summary["dp4a_best"]["config"] == shape["dp4a_best"]["config"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("bits", "group", "hidden"), [(4, 32, 96), (8, 64, 128), (4, 64, 128)])
+def test_moe_decode_steps_take_the_per_pair_gemv(bits, group, hidden, dtype, monkeypatch):
+    """fused_moe on packed affine experts: steps of 1 and 2 tokens take expert_gemv twice -- gate_up on each
+    pair's token row (a_div = k) with its bias, down on each pair's own row with its bias and routing weight --
+    each call tight against the int8-activation reference of its pairs' experts, the k pairs summed; 96
+    features leave a masked K step and masked rows; 3 tokens take the grouped GEMM."""
+    from lantern.backends.torch.kernels import moe_reference as mr
+    from lantern.backends.torch.kernels import triton_moe as tm
+
+    def experts(e, n, k, seed):
+        g = torch.Generator().manual_seed(seed)
+        codes = torch.randint(0, 2**bits, (e, n, k), generator=g, dtype=torch.uint8)
+        scales = (torch.rand(e, n, k // group, generator=g) + 1) * 3 / (2**bits * k**0.5)
+        biases = -scales * 2 ** (bits - 1) + 0.002 * torch.randn(e, n, k // group, generator=g)
+        packed = torch.stack([tq.pack_codes(c, bits) for c in codes])
+        return mr.PackedExperts(packed, scales.to(dtype), biases.to(dtype), bits, group)
+
+    n_exp, inner, k = 5, 64, 2
+    gate_up, down = experts(n_exp, 2 * inner, hidden, 1), experts(n_exp, hidden, inner, 2)
+    g = torch.Generator().manual_seed(3)
+    biases = {"gate_up_bias": (0.1 * torch.randn(n_exp, 2 * inner, generator=g)).to(dtype)}
+    biases["down_bias"] = (0.1 * torch.randn(n_exp, hidden, generator=g)).to(dtype)
+    calls = []
+    spy = td.expert_gemv
+    monkeypatch.setattr(td, "expert_gemv", lambda *a, **kw: calls.append((a, kw, spy(*a, **kw))) or calls[-1][2])
+    for tokens in (1, 2, 3):
+        x = torch.randn(tokens, hidden, generator=g).to(dtype)
+        ids = torch.stack([torch.randperm(n_exp, generator=g)[:k] for _ in range(tokens)])
+        weights = torch.rand(tokens, k, generator=g) + 0.1
+        calls.clear()
+        out = tm.fused_moe(x, gate_up, down, ids, weights, **biases)
+        exact = mr.fused_moe_reference(x, gate_up, down, ids, weights, **biases)
+        if tokens > tm.GEMV_TOKENS:
+            assert calls == []
+            if dtype == torch.float16:  # (the interpreter's tl.dot takes no bf16: the grouped GEMM's own tests)
+                assert rel_err(out, exact) < TOL[dtype]
+            continue
+        assert [c[0][7] for c in calls] == [k, 1]  # a_div: gate_up reads token rows, down the pairs' own
+        pair_ids = ids.reshape(-1)
+        token_rows = x[torch.arange(tokens * k) // k]  # each pair's token
+        for (args, kw, got), w, rows in ((calls[0], gate_up, token_rows), (calls[1], down, calls[1][0][0])):
+            assert args[6] is pair_ids or torch.equal(args[6], pair_ids)
+            for p, e in enumerate(pair_ids.tolist()):
+                want = qr.int8_activation_matmul_reference(
+                    rows[p : p + 1], w.packed[e], w.scales[e], w.biases[e], bits, group
+                ).float()[0]
+                bias = kw["out_bias"][e].float()
+                scale = float(weights.reshape(-1)[p]) if "routing" in kw else 1.0
+                assert rel_err(got[p], ((want + bias) * scale).to(dtype)) < TOL[dtype], (p, e)
+        per_pair = calls[1][2].float().view(tokens, k, -1).sum(1)
+        assert torch.equal(out, per_pair.to(dtype))  # the k pairs summed in float32
+        assert rel_err(out, exact) < 2 * INT8_X_TOL  # (two GEMVs on int8 activations against the float maths)
+    x = torch.randn(1, hidden).to(dtype)
+    assert tm.decode_gemv_serves(x, gate_up, down)
+    assert not tm.decode_gemv_serves(x.float(), gate_up, down)  # float32 x: the grouped GEMM
+    assert not tm.decode_gemv_serves(x, gate_up, mr.PackedExperts(down.packed, down.scales, None, 4, group, "e2m1"))

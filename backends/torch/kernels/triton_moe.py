@@ -31,7 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
+from lantern.backends.torch.kernels import triton_gemv_dp4a
 from lantern.backends.torch.kernels.moe_reference import ACTIVATIONS, Experts, PackedExperts
+
+GEMV_TOKENS = 2  # decode steps of up to this many tokens take the per-pair dp4a GEMV where it serves
 
 
 @triton.jit
@@ -212,14 +215,19 @@ def fused_moe(
     activate: Callable[[torch.Tensor], torch.Tensor] | None = None,
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
+    gemv: bool | None = None,
     **config,
 ) -> torch.Tensor:
     """x [T, H] through each token's k experts, weighted and summed -> [T, H] in x's dtype. `activate` maps the
     first GEMM's rows to the second's input (the layer's own: SparseMoE.activate; default silu(gate) * up, gate
     rows first); the biases ([E, 2I], [E, H]) are added to each expert's outputs.
-    `config` overrides the block sizes (the interpreter tests use tiny ones)."""
+    Decode steps (T <= GEMV_TOKENS) of packed affine experts and 16-bit x take the per-pair dp4a GEMV
+    (int8 activations, triton_gemv_dp4a.expert_gemv; `gemv` True / False forces the choice), the rest the
+    grouped GEMM; `config` overrides its block sizes (the interpreter tests use tiny ones)."""
     t, k = topk_ids.shape
     pairs = t * k
+    if gemv if gemv is not None else t <= GEMV_TOKENS and decode_gemv_serves(x, gate_up, down):
+        return _fused_moe_gemv(x, gate_up, down, topk_ids, topk_weights, activate, gate_up_bias, down_bias)
     block_m = config.get("BLOCK_M") or _config(pairs, x.dtype)["BLOCK_M"]
     sorted_ids, block_expert = align_by_expert(topk_ids, gate_up.shape[0], block_m)
     cfg = {**config, "BLOCK_M": block_m}
@@ -231,4 +239,40 @@ def fused_moe(
         a = activate(h)
     routing = topk_weights.reshape(-1)
     y = moe_gemm(a, down, sorted_ids, block_expert, pairs, 1, routing=routing, out_bias=down_bias, **cfg)
+    return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+def decode_gemv_serves(x: torch.Tensor, gate_up: Experts, down: Experts) -> bool:
+    """Whether both projections can take the dp4a GEMV: packed affine experts, 16-bit x, and the kernel
+    enabled (LANTERN_GEMV, and on a GPU its self-check)."""
+    return all(
+        isinstance(w, PackedExperts) and triton_gemv_dp4a.enabled(x, w.bits, w.group_size, w.code)
+        for w in (gate_up, down)
+    )
+
+
+def _fused_moe_gemv(
+    x: torch.Tensor,
+    gate_up: PackedExperts,
+    down: PackedExperts,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    activate: Callable[[torch.Tensor], torch.Tensor] | None,
+    gate_up_bias: torch.Tensor | None,
+    down_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """fused_moe for a decode step: each (token, expert) pair's rows by the dp4a GEMV, nothing sorted."""
+    t, k = topk_ids.shape
+    ids = topk_ids.reshape(-1)
+    gemv = triton_gemv_dp4a.expert_gemv
+    assert gate_up.biases is not None and down.biases is not None  # (affine: decode_gemv_serves)
+    h = gemv(x, gate_up.packed, gate_up.scales, gate_up.biases, gate_up.bits, gate_up.group_size, ids, k,
+             out_bias=gate_up_bias)  # fmt: skip
+    if activate is None:
+        gate, up = h.chunk(2, dim=-1)
+        a = ACTIVATIONS["silu"](gate) * up
+    else:
+        a = activate(h)
+    y = gemv(a, down.packed, down.scales, down.biases, down.bits, down.group_size, ids, 1,
+             routing=topk_weights.reshape(-1), out_bias=down_bias)  # fmt: skip
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
