@@ -21,12 +21,10 @@ SMALL = {"BLOCK_N": 8, "NB": 4, "num_warps": 1}  # 128 columns a step: K = 3 gro
 
 
 def make_weight(n: int, k: int, bits: int, group: int, dtype: torch.dtype, seed: int = 0, device: str = "cpu"):
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
-    sign = torch.sign(torch.randn(n, k // group, generator=g))
-    scales = (torch.rand(n, k // group, generator=g) * 0.04 + 0.01) * sign
-    biases = -scales * 2 ** (bits - 1) + 0.01 * torch.randn(n, k // group, generator=g)
-    return tq.pack_codes(codes, bits).to(device), scales.to(device, dtype), biases.to(device, dtype)
+    """(packed, scales, biases) as test_triton_quant makes them: scales of both signs, biases near the centre."""
+    from tests.kernels.test_triton_quant import make_weight as codes_and_weight
+
+    return codes_and_weight(n, k, bits, group, dtype, seed, device)[1:]
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
