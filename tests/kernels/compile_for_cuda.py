@@ -160,7 +160,7 @@ def main() -> int:
             kind = {4: "e2m1", 8: "e4m3"}.get(consts.get("FLOAT_CODE", 0), f"{consts['BITS']}-bit")
             label += f" {kind} g{consts['GROUP']} " + " ".join(
                 f"{k}={consts[k]}"
-                for k in ("ROWS", "TWO_ROWS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "NB", "EVEN_K")
+                for k in ("ROWS", "TWO_ROWS", "EXPERTS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "NB", "EVEN_K")
                 if k in consts
             )
         label += "".join(f" {flag[4:].lower()}" for flag in ("HAS_SOFTCAP", "HAS_SINKS") if consts.get(flag))

@@ -67,11 +67,11 @@ def test_the_gemv_loop_takes_one_fma_a_weight_on_hopper(tmp_path):
     assert 3 <= report["per_weight"] < 12
 
 
-@pytest.mark.parametrize("shape,bits", [("28672x4096", 4), ("4096x14336", 4), ("4096x4096", 8)])
-def test_the_dp4a_gemv_loop_takes_one_dp4a_per_four_weights(tmp_path, shape, bits):
-    """The dp4a GEMV's sm_90 loop: one IDP.4A per 4 weights a thread streams (the inline PTX became the
-    instruction, unsigned codes x signed activations), no spills, and under 2.5 instructions a weight in
-    all (the float GEMV's 6.6 left the H200 issue-bound at ~40% of HBM; ~3.5 is where HBM binds)."""
+@pytest.mark.parametrize("shape,bits,bound", [("28672x4096", 4, 2.2), ("4096x14336", 4, 2.2), ("4096x4096", 8, 3.2)])
+def test_the_dp4a_gemv_loop_takes_two_dp4a_per_four_weights(tmp_path, shape, bits, bound):
+    """The dp4a GEMV's sm_90 loop: two IDP.4A per 4 weights a thread streams (x's two int8 levels; the inline
+    PTX became the instruction), plus 16 a block for the sums of x's codes; no spills; and under `bound`
+    instructions a weight in all (the float GEMV's 6.6 left the H200 issue-bound at ~40% of HBM)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "cache"))
     argv = ["--kernel", "dp4a", "--shape", shape, "--bits", str(bits)]
@@ -85,6 +85,6 @@ def test_the_dp4a_gemv_loop_takes_one_dp4a_per_four_weights(tmp_path, shape, bit
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
     ops = report["opcodes"]
-    assert ops["IDP"] * 4 == report["weights_per_thread_step"]
+    assert ops["IDP"] == 2 * report["weights_per_thread_step"] / 4 + 16  # (one 32-column block a thread)
     assert "LDL" not in ops and "STL" not in ops
-    assert report["per_weight"] < 2.5
+    assert report["per_weight"] < bound

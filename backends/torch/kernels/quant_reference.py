@@ -74,25 +74,25 @@ def affine_matmul_reference(
     return (x.float() @ w.T).to(x.dtype)
 
 
-def int8_activations(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """float32 x as the dp4a GEMV sees it: each `block` columns rounded to int8 steps of absmax / 127
-    (to nearest, ties to even), the steps multiplied back in."""
+def int8_activations(x: torch.Tensor, block: int = 32, level2: int = 254) -> torch.Tensor:
+    """float32 x as the dp4a GEMV sees it: each `block` columns in two int8 levels, x ~ d (q1 + q2 / level2) with
+    d = absmax / 127, q1 = round(x / d), q2 = round((x / d - q1) * level2) (to nearest, ties to even)."""
     m, k = x.shape
     xb = x.float().reshape(m, k // block, block)
     amax = xb.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
-    return (torch.round(xb * inv) * (amax / 127.0)).reshape(m, k)
+    r = xb * inv
+    q1 = torch.round(r)
+    q2 = torch.round((r - q1) * level2)
+    return ((q1 * level2 + q2) * (amax / (127.0 * level2))).reshape(m, k)
 
 
 def int8_activation_matmul_reference(
     x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group_size: int
 ) -> torch.Tensor:
-    """What triton_gemv_dp4a computes, in float32, output in x's dtype: the codes centred on c = 2^(bits-1)
-    meet int8_activations(x), the rest of the weight (bias + scale * c per group) meets x unrounded."""
-    codes = unpack_codes(packed, bits).float() - (1 << (bits - 1))
-    s = scales.float().repeat_interleave(group_size, 1)
-    rest = biases.float().repeat_interleave(group_size, 1) + s * (1 << (bits - 1))
-    return (int8_activations(x) @ (codes * s).T + x.float() @ rest.T).to(x.dtype)
+    """What triton_gemv_dp4a computes, in float32, output in x's dtype: the dequantized weight against
+    int8_activations(x)."""
+    return affine_matmul_reference(int8_activations(x), packed, scales, biases, bits, group_size).to(x.dtype)
 
 
 def dequantize_e2m1(packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:

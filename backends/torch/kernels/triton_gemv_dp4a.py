@@ -2,28 +2,28 @@
 
 The float GEMV (triton_quant._gemv_kernel) turns every 4-bit code into a float and spends one FMA on it;
 on an H200 its loop issues ~6.6 instructions a weight (scripts/gemv_sass.py) and stalls at 30-46% of HBM,
-where ~2.5 a weight would leave it bandwidth-bound. This kernel keeps the codes as bytes and multiplies
-four at a time: x is quantized per 32 columns to int8 (scale = absmax / 127, round to nearest) inside the
-kernel, and one `dp4a` adds four code x int8 products into an int32.
+where ~3 a weight would leave it bandwidth-bound. This kernel keeps the codes as bytes and multiplies four
+at a time: x is quantized inside the kernel per 32 columns in two int8 levels, as the CPU's VNNI kernel
+does -- d = absmax / 127, q1 = round(x / d), q2 = round((x / d - q1) * 254), x ~ d (q1 + q2 / 254), within
+~1.5e-5 of the block's absmax (one level, llama.cpp's q8_1, leaves ~1% per product on real activations and
+changed SmolLM2's greedy answers on the CPU) -- and one `dp4a` adds four code x int8 products into an int32.
 
 - 4-bit word (8 nibbles, column order): `w & 0x0F0F0F0F` holds the even columns' codes as bytes and
   `w & 0xF0F0F0F0` the odd columns' times 16, so x is packed the same way (even / odd columns) and a word
-  costs two LOP3 and two dp4a; the two int32 sums meet once per block (16 * even + odd), the 1/16 going
-  into the float scale.
-- 8-bit word (4 bytes): one dp4a against x's bytes in column order.
-- Per (row, 32-column block): s * dx * dot(code, q) + b * sum(x), with sum(x) of the unrounded x, so the
-  bias term is exact and only the code x activation products see x's rounding (<= 1/254 of the block's
-  absmax per column, as llama.cpp's q8_1 activations).
+  costs two LOP3 and four dp4a (two sets, two levels), chained through dp4a's accumulator per (row,
+  block): 16 (254 dot(code, q1) + dot(code, q2)), the 1/16 going into the float scale.
+- 8-bit word (4 bytes): two dp4a (a level each) against x's bytes in column order.
+- Per (row, 32-column block): dx (s dot(code, q) + b sum(q)), q = 254 q1 + q2 (|dot| < 2^28: int32).
 
 Each thread owns one 32-column block of x at a step (quantizes it in registers; four int8 codes go into a
 word by byte permutes) and the same block of BLOCK_N rows (4-bit: its 16 bytes of each row are one vector
 load, the step's words of a row being loaded as one flat run so that Triton lays them out so); 4 warps
-cover 4096 columns a step. On sm_90 the loop issues 1.5 instructions a weight at 16 rows a program, 2.0 at
-8 (scripts/gemv_sass.py --kernel dp4a), against the float GEMV's 6.6. Only bf16 / fp16 activations, affine
-codes and groups that are multiples of 32 take this kernel (`supports`); the rest stay on the float GEMV.
-`dp4a` and `prmt` are inline PTX; under TRITON_INTERPRET the same sums are made from shifts and multiplies
-(ASM=False), so the CPU tests check the packing, rounding and scaling, and the PTX is checked on a GPU
-(tests marked gpu, and `verify` at load).
+cover 4096 columns a step. On sm_90 the loop issues 1.9 instructions a weight at 16 rows a program (every
+8B matrix), 2.6 at 8, 3.8 at 4, 2.9 for 8-bit (scripts/gemv_sass.py --kernel dp4a), against the float
+GEMV's 6.6 / 8.3. Only bf16 / fp16 activations, affine codes and groups that are multiples of 32 take this
+kernel (`supports`); the rest stay on the float GEMV. `dp4a` and `prmt` are inline PTX; under
+TRITON_INTERPRET the same sums are made from shifts and multiplies (ASM=False), so the CPU tests check the
+packing, rounding and scaling, and the PTX is checked on a GPU (tests marked gpu, and `verify` at load).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ XBLOCK = tl.constexpr(XBLOCK_COLS)
 # 1.5 * 2^23: the float bits of MAGIC + r are MAGIC_BITS + round(r) (to nearest even), for |r| < 2^22
 _MAGIC = tl.constexpr(12582912.0)
 _MAGIC_BITS = tl.constexpr(0x4B400000)
+LEVEL2_STEPS = 254  # x = d (q1 + q2 / 254): the second int8 level's steps per step of the first
+LEVEL2 = tl.constexpr(LEVEL2_STEPS)
 _MIN_PROGRAMS = 240  # ~2 programs per SM on a 132-SM H100 / H200 (a 4096-row matrix: 256 of 16 rows)
 
 
@@ -89,8 +91,9 @@ def _quantize_x(
     ASM: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    """x's 32-column blocks `cb` -> (int8 words [NB, WPB] for the even / low bytes, for the odd / high bytes
-    (4-bit; 8-bit: the same set twice), dx [NB], sum(x) [NB], sum(q) [NB])."""
+    """x's 32-column blocks `cb` in two int8 levels, x = dx (LEVEL2 q1 + q2) -> (q1's words [NB, WPB] for the
+    even / low bytes, for the odd / high bytes (4-bit; 8-bit: the same set twice), q2's two, dx [NB],
+    sum(x) [NB], sum(q) [NB])."""
     WPB: tl.constexpr = XBLOCK * BITS // 32  # weight words per block
     P: tl.constexpr = 32 // BITS // 2  # pairs of x per weight word
     jw = tl.arange(0, WPB)
@@ -109,27 +112,53 @@ def _quantize_x(
         odd = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     amax = tl.maximum(tl.max(tl.max(tl.abs(even), 2), 1), tl.max(tl.max(tl.abs(odd), 2), 1))
     inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
-    sumx = tl.sum(tl.sum(even + odd, 2), 1)
-    re = (even * inv[:, None, None] + _MAGIC).to(tl.int32, bitcast=True)
-    ro = (odd * inv[:, None, None] + _MAGIC).to(tl.int32, bitcast=True)
-    sumq = tl.sum(tl.sum((re - _MAGIC_BITS) + (ro - _MAGIC_BITS), 2), 1)  # sum(q): the magic's bits taken out
-    # The low bytes of re / ro are the int8 codes; four go into a word with byte permutes (PRMT)
+    e1, e2 = _two_levels(even, inv[:, None, None])
+    o1, o2 = _two_levels(odd, inv[:, None, None])
+    lo1, hi1 = _pack(e1, o1, BITS, ASM)
+    lo2, hi2 = _pack(e2, o2, BITS, ASM)
+    # sum(q) of q = LEVEL2 q1 + q2, as dp4a sums of the packed bytes (ones x q)
+    ones = tl.full(lo1.shape, 0x01010101, tl.int32)
+    zero = tl.zeros((lo1.shape[0],), tl.int32)
+    if BITS == 4:
+        s1 = tl.sum(_dp4a(ones, hi1, _dp4a(ones, lo1, 0, ASM), ASM), 1)
+        s2 = tl.sum(_dp4a(ones, hi2, _dp4a(ones, lo2, 0, ASM), ASM), 1)
+    else:
+        s1 = tl.sum(_dp4a(ones, lo1, 0, ASM), 1)
+        s2 = tl.sum(_dp4a(ones, lo2, 0, ASM), 1)
+    sumq = zero + s1 * LEVEL2 + s2
+    return lo1, hi1, lo2, hi2, amax / (127.0 * LEVEL2), sumq
+
+
+@triton.jit
+def _two_levels(x, inv):
+    """x and 127 / absmax -> the float bits of MAGIC + q1 and of MAGIC + q2 for r = x * inv (|r| <= 127):
+    q1 = round(r), q2 = round((r - q1) * LEVEL2), both int8 (|r - q1| <= 1/2), r ~ q1 + q2 / LEVEL2 within
+    1 / (2 LEVEL2). r - q1 is one fused multiply-add (exact)."""
+    b1 = x * inv + _MAGIC
+    frac = x * inv - (b1 - _MAGIC)
+    return b1.to(tl.int32, bitcast=True), (frac * LEVEL2 + _MAGIC).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _pack(re, ro, BITS: tl.constexpr, ASM: tl.constexpr):
+    """The int8 codes in the low bytes of re / ro (even / odd columns, [NB, WPB, P]) -> words [NB, WPB] laid
+    out as the weight's: 4-bit, byte i of a word is column 2i (lo: even set) or 2i + 1 (hi: odd set) of its
+    8; 8-bit, bytes in column order (pair i: bytes 2i, 2i + 1), one set returned twice."""
     NBX: tl.constexpr = re.shape[0]
-    if BITS == 4:  # byte i of a word: column 2i (even set) or 2i + 1 (odd set) of the word's 8
+    WPB: tl.constexpr = re.shape[1]
+    if BITS == 4:
         e02, e13 = tl.split(tl.reshape(re, (NBX, WPB, 2, 2)))
         o02, o13 = tl.split(tl.reshape(ro, (NBX, WPB, 2, 2)))
         e0, e2 = tl.split(e02)
         e1, e3 = tl.split(e13)
         o0, o2 = tl.split(o02)
         o1, o3 = tl.split(o13)
-        lo = _bytes4(e0, e1, e2, e3, ASM)
-        hi = _bytes4(o0, o1, o2, o3, ASM)
-    else:  # bytes in column order: pair i is bytes 2i, 2i + 1
+        return _bytes4(e0, e1, e2, e3, ASM), _bytes4(o0, o1, o2, o3, ASM)
+    else:
         e0, e1 = tl.split(re)
         o0, o1 = tl.split(ro)
         lo = _bytes4(e0, o0, e1, o1, ASM)
-        hi = lo
-    return lo, hi, amax / 127.0, sumx, sumq
+        return lo, lo
 
 
 @triton.jit
@@ -160,18 +189,20 @@ def _row_part(
     ASM: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    """One row of x against the words w [BLOCK_N, NB, WPB]: per (row, block) s * dx * dot(code - c, q) +
-    (b + s c) * sum(x), c = 2^(BITS-1) (centred codes: x's rounding meets weights of |code - c| <= c)."""
-    xlo, xhi, dx, sumx, sumq = _quantize_x(xpairs_ptr, m, stride_xm, cb, b_ok, BITS, X_BF16, ASM, EVEN_K)
+    """One row of x against the words w [BLOCK_N, NB, WPB]: per (row, block) dx (s dot(code, q) + b sum(q)),
+    x = dx q in the block (two int8 levels: q = LEVEL2 q1 + q2)."""
+    lo1, hi1, lo2, hi2, dx, sumq = _quantize_x(xpairs_ptr, m, stride_xm, cb, b_ok, BITS, X_BF16, ASM, EVEN_K)
     if BITS == 4:
-        even = _dot_words(w & 0x0F0F0F0F, xlo, tl.zeros_like(sumq)[None, :], ASM)
-        # 0xF0F0F0F0: the odd codes times 16; 16 * sum((code - 8) * q) in one chain
-        idot = _dot_words(w & -252645136, xhi, even * 16 - (128 * sumq)[None, :], ASM)
+        even, odd = w & 0x0F0F0F0F, w & -252645136  # 0xF0F0F0F0: the odd codes times 16
+        zero = tl.zeros_like(sumq)[None, :]
+        t = _dot_words(odd, hi1, _dot_words(even, lo1, zero, ASM) * 16, ASM)  # 16 sum(code q1)
+        # 16 sum(code q): one chain of dp4a per (row, block) and level
+        idot = _dot_words(odd, hi2, t * LEVEL2 + _dot_words(even, lo2, zero, ASM) * 16, ASM)
         dscale = dx * (1.0 / 16.0)
-    else:  # sum((code - 128) * q) (a chain measured no better here: a block's 8 words span two threads)
-        idot = tl.sum(_dp4a(w, xlo[None, :, :], 0, ASM), 2) - (128 * sumq)[None, :]
+    else:  # (a chain measured no better here: a block's 8 words span two threads)
+        idot = tl.sum(_dp4a(w, lo1[None, :, :], 0, ASM), 2) * LEVEL2 + tl.sum(_dp4a(w, lo2[None, :, :], 0, ASM), 2)
         dscale = dx
-    return idot.to(tl.float32) * (s * dscale[None, :]) + b * sumx[None, :]
+    return idot.to(tl.float32) * s * dscale[None, :] + b * (sumq.to(tl.float32) * dx)[None, :]
 
 
 @triton.jit
@@ -211,7 +242,6 @@ def _gemv_dp4a_kernel(
     """xpairs_ptr: x as int32 pairs (stride_xm in pairs); words_ptr: the packed weight as int32 words
     ([N, K * BITS / 32]; with EXPERTS [E, N, K * BITS / 32], stride_we words an expert, stride_se its scales')."""
     WPB: tl.constexpr = XBLOCK * BITS // 32
-    CENTRE: tl.constexpr = float(1 << (BITS - 1))
     p = tl.program_id(1).to(tl.int64)
     if EXPERTS:
         e = tl.load(expert_ptr + p).to(tl.int64)
@@ -244,7 +274,6 @@ def _gemv_dp4a_kernel(
             sb_mask = n_ok[:, None] & b_ok[None, :]
             s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
             b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
-        b += s * CENTRE
         acc += _row_part(xpairs_ptr, m, stride_xm, cb, b_ok, w, s, b, BITS, X_BF16, ASM, EVEN_K)
         if TWO_ROWS:  # (the second row of an odd M reads row M - 1 again and is not stored)
             m2 = tl.minimum(m + 1, M - 1)
@@ -280,7 +309,7 @@ def mode() -> str:
 
 
 _verified: dict[int, bool] = {}
-_SELF_CHECK_TOL = 2e-2  # the kernel is ~7e-3 off its reference where it is right (bf16 outputs' rounding)
+_SELF_CHECK_TOL = 2e-2  # the kernel is <= ~7e-3 off its reference where it is right (bf16 outputs' rounding)
 
 
 def self_check(device: torch.device) -> float:
@@ -348,8 +377,8 @@ def enabled(x: torch.Tensor, bits: int, group_size: int, code: str = "affine") -
 def _config(n: int, k: int, bits: int) -> dict:
     """One 32-column block of x per thread: NB blocks a step (<= 128, 4 warps), dividing K's blocks where a
     power of two >= 32 does (no masked steps). Rows a program: as many of 16 (4-bit; 8-bit: 8), 8, 4 as still
-    leave ~2 programs per SM -- each quantized block of x serves them all (sm_90: 1.5 instructions a weight
-    at 16 rows, 2.0 at 8, 2.9 at 4; ~150 registers a thread at 16)."""
+    leave ~2 programs per SM -- each quantized block of x serves them all (sm_90: 1.9 instructions a weight
+    at 16 rows, 2.6 at 8, 3.8 at 4; ~130 registers a thread at 16)."""
     blocks = max(1, k // XBLOCK_COLS)
     nb = 128
     while nb > 32 and blocks % nb:

@@ -29,7 +29,7 @@ variant (instructions per weight in the loop; no spills), with ~2 programs per S
 H100/H200 for the GEMV (8 rows per program, fewer for narrow matrices). Timed on an H200 (2026-11-30,
 scripts/bench_qgemv.py over 24 configs): 30-46% of HBM on the 8B matrices, as aten's tinygemm, each within ~10%
 of the best config; the loop issues ~6.6 instructions a weight (scripts/gemv_sass.py), the limit it meets
-(hence triton_gemv_dp4a: 1.5-2.1 a weight).
+(hence triton_gemv_dp4a: 1.9-2.9 a weight).
 LANTERN_GEMV_CONFIGS names a sweep's JSON whose winners replace the built-in configs for their shapes.
 """
 
