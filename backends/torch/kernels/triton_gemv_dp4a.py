@@ -93,7 +93,7 @@ def _quantize_x(
 ):
     """x's 32-column blocks `cb` in two int8 levels, x = dx (LEVEL2 q1 + q2) -> (q1's words [NB, WPB] for the
     even / low bytes, for the odd / high bytes (4-bit; 8-bit: the same set twice), q2's two, dx [NB],
-    sum(x) [NB], sum(q) [NB])."""
+    sum(q) [NB])."""
     WPB: tl.constexpr = XBLOCK * BITS // 32  # weight words per block
     P: tl.constexpr = 32 // BITS // 2  # pairs of x per weight word
     jw = tl.arange(0, WPB)
@@ -133,7 +133,8 @@ def _quantize_x(
 def _two_levels(x, inv):
     """x and 127 / absmax -> the float bits of MAGIC + q1 and of MAGIC + q2 for r = x * inv (|r| <= 127):
     q1 = round(r), q2 = round((r - q1) * LEVEL2), both int8 (|r - q1| <= 1/2), r ~ q1 + q2 / LEVEL2 within
-    1 / (2 LEVEL2). r - q1 is one fused multiply-add (exact)."""
+    1 / (2 LEVEL2). (Where the compiler fuses x * inv into both lines, as for sm_90, q1 rounds the exact r and
+    frac is r - q1 rounded once: |frac| <= 1/2 all the same.)"""
     b1 = x * inv + _MAGIC
     frac = x * inv - (b1 - _MAGIC)
     return b1.to(tl.int32, bitcast=True), (frac * LEVEL2 + _MAGIC).to(tl.int32, bitcast=True)
@@ -309,31 +310,35 @@ def mode() -> str:
 
 
 _verified: dict[int, bool] = {}
-_SELF_CHECK_TOL = 2e-2  # the kernel is <= ~7e-3 off its reference where it is right (bf16 outputs' rounding)
+# Bounds of the self-check's error relative to the output's largest value: bf16 outputs' own rounding reaches
+# ~8e-3; fp16 outputs come out within ~1e-4 of the reference (one int8 level alone would be ~5e-3 off).
+_SELF_CHECK_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-3}
 
 
 def self_check(device: torch.device) -> float:
     """The kernel on small 4- and 8-bit problems -- masked and unmasked, 1 and 2 rows, bf16 and fp16, 16-row
     programs as the 8B matrices take them, biases off the centre -- against int8_activation_matmul_reference:
-    the largest error relative to the output's largest value."""
+    the largest error relative to the output's largest value, as a fraction of its dtype's bound (< 1: right)."""
     from lantern.backends.torch.kernels import quant_reference as qr
     from lantern.backends.torch.kernels.triton_quant import pack_codes
 
     gen = torch.Generator().manual_seed(0)
     worst = 0.0
     cases = [(4, 256, 4096, 64, {"BLOCK_N": 16}), (4, 40, 160, 32, {}), (8, 24, 4096, 128, {}), (8, 37, 160, 32, {})]
-    for i, (bits, n, k, group, cfg) in enumerate(cases):
-        dtype = torch.bfloat16 if i % 2 == 0 else torch.float16
+    for bits, n, k, group, cfg in cases:
         codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
         packed = pack_codes(codes, bits).to(device)
         scales = torch.rand(n, k // group, generator=gen) * 0.02 + 0.005
         biases = -scales * (1 << (bits - 1)) + 0.02 * torch.randn(n, k // group, generator=gen)
-        scales, biases = scales.to(device, dtype), biases.to(device, dtype)
-        for m in (1, 2):
-            x = torch.randn(m, k, generator=gen).to(device, dtype)
-            want = qr.int8_activation_matmul_reference(x, packed, scales, biases, bits, group).float()
-            got = gemv(x, packed, scales, biases, bits, group, **cfg).float()
-            worst = max(worst, float((got - want).abs().max() / want.abs().max().clamp_min(1e-6)))
+        x32 = torch.randn(2, k, generator=gen)
+        for dtype in (torch.bfloat16, torch.float16):
+            s, b = scales.to(device, dtype), biases.to(device, dtype)
+            for m in (1, 2):
+                x = x32[:m].to(device, dtype)
+                want = qr.int8_activation_matmul_reference(x, packed, s, b, bits, group).float()
+                got = gemv(x, packed, s, b, bits, group, **cfg).float()
+                err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+                worst = max(worst, err / _SELF_CHECK_TOL[dtype])
     return worst
 
 
@@ -353,11 +358,14 @@ def verify(device: torch.device) -> bool:
                          type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")  # fmt: skip
             _verified[index] = False
             return False
-        _verified[index] = worst < _SELF_CHECK_TOL
+        _verified[index] = worst < 1.0
         if _verified[index]:
-            logger.info("decode GEMV on cuda:%d: dp4a on int8 activations (self-check %.1e off)", index, worst)
+            logger.info(
+                "decode GEMV on cuda:%d: dp4a on int8 activations (self-check at %.2f of its bound)", index, worst
+            )
         else:
-            logger.error("the dp4a GEMV is %.3g off its reference on cuda:%d: the float GEMV serves", worst, index)
+            logger.error("the dp4a GEMV is %.3g times its bound off its reference on cuda:%d: the float GEMV serves",
+                         worst, index)  # fmt: skip
     return _verified[index]
 
 
@@ -374,7 +382,7 @@ def enabled(x: torch.Tensor, bits: int, group_size: int, code: str = "affine") -
     return verify(x.device)
 
 
-def _config(n: int, k: int, bits: int) -> dict:
+def _config(n: int, k: int, bits: int, rows_of_x: int = 1) -> dict:
     """One 32-column block of x per thread: NB blocks a step (<= 128, 4 warps), dividing K's blocks where a
     power of two >= 32 does (no masked steps). Rows a program: as many of 16 (4-bit; 8-bit: 8), 8, 4 as still
     leave ~2 programs per SM -- each quantized block of x serves them all (sm_90: 1.9 instructions a weight
@@ -386,7 +394,7 @@ def _config(n: int, k: int, bits: int) -> dict:
     if blocks % nb:
         nb = min(128, triton.next_power_of_2(blocks))
     block_n = 16 if bits == 4 else 8
-    while block_n > 4 and triton.cdiv(n, block_n) < _MIN_PROGRAMS:
+    while block_n > 4 and triton.cdiv(n, block_n) * rows_of_x < _MIN_PROGRAMS:  # (rows_of_x: MoE pairs)
         block_n //= 2
     return {"BLOCK_N": block_n, "NB": nb, "num_warps": max(1, min(4, nb // 32))}
 
@@ -459,7 +467,12 @@ def expert_gemv(
     if k % XBLOCK_COLS or packed.shape[2] != k * bits // 8:
         raise ValueError(f"experts {tuple(packed.shape)} do not take {k} features at {bits} bits (K % 32 == 0)")
     pairs_count = experts.numel()
-    cfg = {**_config(n, k, bits), **config}
+    if not supports(a, bits, group_size, "affine") or pairs_count != a.shape[0] * a_div:
+        raise ValueError(
+            f"expert_gemv takes bf16 / fp16 rows, affine 4/8-bit experts in groups of 32k and one expert per pair "
+            f"({pairs_count} experts for {a.shape[0]} rows x {a_div}), not {a.dtype} / {bits}-bit g{group_size}"
+        )
+    cfg = {**_config(n, k, bits, pairs_count), **config}
     out = torch.empty((pairs_count, n), dtype=a.dtype, device=a.device)
     if pairs_count == 0 or n == 0:
         return out

@@ -226,7 +226,9 @@ def fused_moe(
     grouped GEMM; `config` overrides its block sizes (the interpreter tests use tiny ones)."""
     t, k = topk_ids.shape
     pairs = t * k
-    if gemv if gemv is not None else t <= GEMV_TOKENS and decode_gemv_serves(x, gate_up, down):
+    if gemv is None:
+        gemv = t <= GEMV_TOKENS and decode_gemv_serves(x, gate_up, down)
+    if gemv:
         return _fused_moe_gemv(x, gate_up, down, topk_ids, topk_weights, activate, gate_up_bias, down_bias)
     block_m = config.get("BLOCK_M") or _config(pairs, x.dtype)["BLOCK_M"]
     sorted_ids, block_expert = align_by_expert(topk_ids, gate_up.shape[0], block_m)
