@@ -110,8 +110,8 @@ def test_fifty_generated_schemas_are_followed(server, schema, seed):
     for i, (text, finish) in enumerate(asyncio.run(run_all())):
         assert finish == "stop", (i, text)
         jsonschema.validate(json.loads(text), schema)
-        if i >= 2:  # no whitespace at all
-            assert json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":")) == text
+        if i >= 2:  # no whitespace at all outside strings (a number may be written as JSON allows: -0, 1.50)
+            assert not re.search(r"\s", re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)), (i, text)
 
 
 class Item(BaseModel):
