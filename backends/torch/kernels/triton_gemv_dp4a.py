@@ -118,14 +118,13 @@ def _quantize_x(
     lo2, hi2 = _pack(e2, o2, BITS, ASM)
     # sum(q) of q = LEVEL2 q1 + q2, as dp4a sums of the packed bytes (ones x q)
     ones = tl.full(lo1.shape, 0x01010101, tl.int32)
-    zero = tl.zeros((lo1.shape[0],), tl.int32)
     if BITS == 4:
         s1 = tl.sum(_dp4a(ones, hi1, _dp4a(ones, lo1, 0, ASM), ASM), 1)
         s2 = tl.sum(_dp4a(ones, hi2, _dp4a(ones, lo2, 0, ASM), ASM), 1)
     else:
         s1 = tl.sum(_dp4a(ones, lo1, 0, ASM), 1)
         s2 = tl.sum(_dp4a(ones, lo2, 0, ASM), 1)
-    sumq = zero + s1 * LEVEL2 + s2
+    sumq = s1 * LEVEL2 + s2
     return lo1, hi1, lo2, hi2, amax / (127.0 * LEVEL2), sumq
 
 
@@ -479,7 +478,7 @@ def expert_gemv(
     xp = _pairs(a)
     words = packed.contiguous().view(torch.int32)  # [E, N, K * bits / 32]
     scales, biases = scales.contiguous(), biases.contiguous()
-    ids = experts.reshape(-1).to(torch.int32)
+    ids = experts.reshape(-1).to(torch.int32)  # (no copy where the caller made them int32 already)
     rw = out if routing is None else routing.reshape(-1).float().contiguous()
     ob = out if out_bias is None else out_bias.contiguous()
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), pairs_count)

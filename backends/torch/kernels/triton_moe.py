@@ -265,7 +265,7 @@ def _fused_moe_gemv(
 ) -> torch.Tensor:
     """fused_moe for a decode step: each (token, expert) pair's rows by the dp4a GEMV, nothing sorted."""
     t, k = topk_ids.shape
-    ids = topk_ids.reshape(-1)
+    ids = topk_ids.reshape(-1).to(torch.int32)  # once for both GEMVs
     gemv = triton_gemv_dp4a.expert_gemv
     assert gate_up.biases is not None and down.biases is not None  # (affine: decode_gemv_serves)
     h = gemv(x, gate_up.packed, gate_up.scales, gate_up.biases, gate_up.bits, gate_up.group_size, ids, k,
