@@ -64,10 +64,11 @@ def _specialize(fn, consts: dict, values: dict, kinds: dict, default_ptr: str) -
 
 
 def compile_gemv(
-    n: int, k: int, bits: int, group: int, config: dict, x_dtype: str, kernel: str = "float"
+    n: int, k: int, bits: int, group: int, config: dict, x_dtype: str, kernel: str = "float", gated: bool = False
 ) -> tuple[str, dict, dict]:
     """sm_90 SASS of a GEMV for one [n, k] weight and one row of x; (sass, constexprs, options).
-    kernel: "float" (triton_quant._gemv_kernel) or "dp4a" (triton_gemv_dp4a, int8 activations)."""
+    kernel: "float" (triton_quant._gemv_kernel) or "dp4a" (triton_gemv_dp4a, int8 activations; gated: with
+    SiLU(gate) * up in its epilogue)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -84,7 +85,7 @@ def compile_gemv(
     if kernel == "dp4a":
         fn = td._gemv_dp4a_kernel
         consts.update(BITS=bits, GROUP=group, X_BF16=x_dtype == "bf16", ASM=True, TWO_ROWS=False, EXPERTS=False)
-        consts.update(A_DIV=1, MUL_WEIGHT=False, OUT_BIAS=False)
+        consts.update(A_DIV=1, MUL_WEIGHT=False, OUT_BIAS=False, GATED=gated)
         consts.update(EVEN_N=n % consts["BLOCK_N"] == 0, EVEN_K=k % (32 * consts["NB"]) == 0)
         values = {"M": 1, "N": n, "K": k, "stride_xm": k // 2, "stride_cn": k * bits // 32}
         values.update(stride_we=0, stride_se=0, stride_obe=0)
@@ -123,12 +124,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--config", default="{}", help="JSON overrides of the built-in block sizes")
     p.add_argument("--x-dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--kernel", default="float", choices=("float", "dp4a"), help="dp4a: int8 activations")
+    p.add_argument("--gated", action="store_true", help="dp4a: SiLU(gate) * up in the epilogue (a gate_up weight)")
     args = p.parse_args(argv)
     if args.kernel == "dp4a" and args.x_dtype == "fp32":
         p.error("the dp4a GEMV takes bf16 / fp16 activations")
+    if args.gated and args.kernel != "dp4a":
+        p.error("--gated is the dp4a GEMV's epilogue")
     n, k = (int(v) for v in args.shape.lower().split("x"))
     sass, consts, options = compile_gemv(
-        n, k, args.bits, args.group, json.loads(args.config), args.x_dtype, args.kernel
+        n, k, args.bits, args.group, json.loads(args.config), args.x_dtype, args.kernel, args.gated
     )
     loop = loop_opcodes(sass)
     threads = 32 * options.get("num_warps", 4)
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         counts[op] = counts.get(op, 0) + 1
     result = {
         "shape": args.shape,
-        "kernel": args.kernel,
+        "kernel": args.kernel + (" gated" if args.gated else ""),
         "config": {key: consts[key] for key in ("BLOCK_N", "BLOCK_K", "NB") if key in consts} | options,
         "x_dtype": args.x_dtype,
         "loop_instructions": len(loop),

@@ -33,6 +33,12 @@ class QuantLayer(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # the weight's rows `ids` as float32 [T, K]
         raise NotImplementedError
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """SiLU(gate) * up of this layer's output, its rows a gated MLP's gate then up, where the layer makes it in
+        one kernel with the product (TritonLinear's decode GEMV); None: the caller applies forward, then the
+        activation."""
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:

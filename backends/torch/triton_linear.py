@@ -57,6 +57,7 @@ class TritonLinear(QuantLayer):
         super().__init__(n, k)
         self.dtype = dtype  # x's dtype inside the kernel (the scales may be float32)
         self._affine, self._float = triton_quant.affine_matmul, triton_quant.float_matmul  # bound once
+        self._dp4a, self._gemv_rows = triton_gemv_dp4a, triton_quant.GEMV_MAX_M
         self.register_buffer("lut", None)  # e2m1: the values' table, for rows()
         if isinstance(w, Fp8Weight):
             grouped = fp8_groups(w)
@@ -105,6 +106,22 @@ class TritonLinear(QuantLayer):
         else:
             y = self._float(xc, self.packed, self.scales, self.group_size, self.code)
         return y.to(x.dtype)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A decode step's gate_up and its SiLU(gate) * up in one dp4a GEMV (the epilogue pairs each gate row with its
+        up row in float32): two kernels and a round trip of gate_up fewer a layer. None where that GEMV does not
+        take x (more rows, float codes, a bias, another dtype, LANTERN_GEMV=float)."""
+        x2 = x.reshape(-1, self.in_features)
+        if (
+            self.code != "affine"
+            or self.bias is not None
+            or x.dtype != self.dtype
+            or not 0 < x2.shape[0] <= self._gemv_rows
+            or not self._dp4a.enabled(x2, self.bits, self.group_size)
+        ):
+            return None
+        y = self._dp4a.gemv(x2, self.packed, self.scales, self.biases, self.bits, self.group_size, gated=True)
+        return y.view(*x.shape[:-1], self.out_features // 2)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         p = self.packed[ids]

@@ -25,6 +25,7 @@ FLOAT32_PTRS = {"acc_ptr", "m_ptr", "l_ptr", "cos_ptr", "sin_ptr", "sinks_ptr"}
 INT_PTRS = {"bt_ptr": "*i32", "len_ptr": "*i32", "slot_ptr": "*i64", "codes_ptr": "*u8", "words_ptr": "*i32"}
 INT_PTRS["xpairs_ptr"] = "*i32"  # the dp4a GEMV reads 16-bit activations two to a word
 INT_PTRS["expert_ptr"] = "*i32"  # (and with experts, each pair's expert)
+INT_PTRS["count_ptr"] = "*i32"  # (the decode kernel's fold counters)
 FLOAT32_PTRS.add("rw_ptr")
 
 
@@ -75,11 +76,20 @@ def gemm_case(
 
 
 def dp4a_case(
-    dtype: str, cap: int, bits: int, group: int, rows: int, n: int = 4096, k: int = 4096, experts: bool = False
+    dtype: str,
+    cap: int,
+    bits: int,
+    group: int,
+    rows: int,
+    n: int = 4096,
+    k: int = 4096,
+    experts: bool = False,
+    gated: bool = False,
 ) -> tuple:
     consts, options = split_config(td._config(n, k, bits))
     consts.update(BITS=bits, GROUP=group, X_BF16=dtype == "bf16", ASM=True, TWO_ROWS=rows > 1 and not experts)
-    consts.update(EXPERTS=experts, A_DIV=8 if experts else 1, MUL_WEIGHT=experts, OUT_BIAS=experts)
+    consts.update(EXPERTS=experts, A_DIV=8 if experts else 1, MUL_WEIGHT=experts and not gated, OUT_BIAS=experts)
+    consts.update(GATED=gated)
     consts.update(EVEN_N=n % consts["BLOCK_N"] == 0, EVEN_K=k % (32 * consts["NB"]) == 0)
     return (td._gemv_dp4a_kernel, dtype, cap, consts, options)
 
@@ -90,9 +100,12 @@ def prefill_case(dtype: str, cap: int, d: int, group: int, bs: int, softcap: boo
     return (tk._prefill_kernel, dtype, cap, consts)
 
 
-def decode_case(dtype: str, cap: int, d: int, group: int, bs: int, softcap: bool = False):
+def decode_case(
+    dtype: str, cap: int, d: int, group: int, bs: int, softcap: bool = False, fold: bool = False, sinks: bool = False
+):
     consts = {**attention_consts(d, group, bs), "GROUP_P": triton.next_power_of_2(group), "NUM_SPLITS": 16}
-    return (tk._decode_partial_kernel, dtype, cap, {**consts, "NUM_HEADS": 32, "HAS_SOFTCAP": softcap})
+    consts.update(NUM_HEADS=32, HAS_SOFTCAP=softcap, FOLD=fold, HAS_SINKS=sinks)
+    return (tk._decode_partial_kernel, dtype, cap, consts)
 
 
 def reduce_case(dtype: str, splits: int, sinks: bool = False):
@@ -110,6 +123,9 @@ CASES = [
     *[decode_case(dt, cap, d, g, bs) for dt, cap, d, g, bs in (("bf16", 90, 128, 8, 16), ("fp32", 80, 64, 1, 16))],
     decode_case("fp16", 90, 128, 4, 8),
     *[decode_case("bf16", cap, 256, 2, 16, softcap=True) for cap in (80, 90)],
+    # ... folding its splits itself (the last program of a sequence and KV head: no reduce kernel)
+    *[decode_case("bf16", cap, 128, 4, 16, fold=True) for cap in (80, 90)],
+    decode_case("fp16", 90, 64, 8, 16, fold=True, sinks=True),
     reduce_case("bf16", 16),
     reduce_case("fp32", 3),
     reduce_case("bf16", 16, sinks=True),
@@ -120,6 +136,7 @@ CASES = [
         for res in (False, True)
     ],
     *[(tf._rotary_kernel, dt, 90, {"HALF": 64, "BLOCK": 64}) for dt in ("bf16", "fp16")],
+    *[(tf._silu_mul_kernel, dt, cap, {"BLOCK": 1024}) for dt, cap in (("bf16", 90), ("fp16", 80))],
     # Quantized matmuls with the block sizes affine_matmul picks: decode (8B-model rows, a narrow
     # k/v projection) and prefill (M = 512) tiles, 4- and 8-bit, every group size, both targets.
     *[gemv_case("bf16", cap, bits, group, 1) for cap in (80, 90) for bits, group in ((4, 128), (8, 64))],
@@ -140,6 +157,10 @@ CASES = [
     # ... and per (token, expert) pair for MoE decode: a Qwen3-30B-A3B-like gate_up (K 2048) and down (K 768)
     *[dp4a_case("bf16", cap, 4, 64, 1, n=1536, k=2048, experts=True) for cap in (80, 90)],
     dp4a_case("fp16", 90, 8, 32, 1, n=2048, k=768, experts=True),
+    # ... with SiLU(gate) * up in the epilogue: the 8B gate_up (one and two rows), a MoE gate_up
+    *[dp4a_case("bf16", cap, 4, 64, 1, n=28672, gated=True) for cap in (80, 90)],
+    dp4a_case("fp16", 90, 8, 32, 2, n=28672, gated=True),
+    dp4a_case("bf16", 90, 4, 64, 1, n=1536, k=2048, experts=True, gated=True),
     # e2m1 (fp4) codes: MXFP4's groups of 32 and NVFP4's of 16, decode and prefill
     *[gemv_case("bf16", cap, 4, group, 1, code=4) for cap in (80, 90) for group in (16, 32)],
     gemv_case("fp16", 90, 4, 32, 2, n=1024, code=4),
@@ -160,10 +181,11 @@ def main() -> int:
             kind = {4: "e2m1", 8: "e4m3"}.get(consts.get("FLOAT_CODE", 0), f"{consts['BITS']}-bit")
             label += f" {kind} g{consts['GROUP']} " + " ".join(
                 f"{k}={consts[k]}"
-                for k in ("ROWS", "TWO_ROWS", "EXPERTS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "NB", "EVEN_K")
+                for k in ("ROWS", "TWO_ROWS", "EXPERTS", "GATED", "BLOCK_M", "BLOCK_N", "BLOCK_K", "NB", "EVEN_K")
                 if k in consts
             )
         label += "".join(f" {flag[4:].lower()}" for flag in ("HAS_SOFTCAP", "HAS_SINKS") if consts.get(flag))
+        label += " fold" if consts.get("FOLD") else ""
         try:
             compiled = triton.compile(
                 ASTSource(fn=fn, signature=signature(fn, dtype, consts), constexprs=consts),

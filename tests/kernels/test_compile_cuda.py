@@ -30,17 +30,23 @@ def test_kernels_compile_for_nvidia_targets(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     compiled = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert len(compiled) == 64 and any("_prefill_kernel bf16 sm_90" in line for line in compiled)
+    assert len(compiled) == 73 and any("_prefill_kernel bf16 sm_90" in line for line in compiled)
     # soft-capping and sinks, with the sliding window every attention kernel takes at run time
     assert "ok _prefill_kernel bf16 sm_90 softcap sinks" in compiled
     assert "ok _decode_partial_kernel bf16 sm_80 softcap" in compiled
     assert "ok _decode_reduce_kernel bf16 sm_90 sinks" in compiled
+    assert (
+        "ok _decode_partial_kernel bf16 sm_80 fold" in compiled
+        and "ok _decode_partial_kernel fp16 sm_90 sinks fold" in compiled
+    )
     # the quantized matmuls, at the block sizes affine_matmul picks for decode and prefill
     assert any(line.startswith("ok _gemv_kernel bf16 sm_90 4-bit g128") for line in compiled)
     assert any(line.startswith("ok _gemm_kernel bf16 sm_80 4-bit g64 BLOCK_M=128") for line in compiled)
     dp4a = [line for line in compiled if line.startswith("ok _gemv_dp4a_kernel")]
-    assert len(dp4a) == 13 and any("sm_80 8-bit g64 TWO_ROWS=True" in line for line in dp4a)
-    assert sum("EXPERTS=True" in line for line in dp4a) == 3
+    assert len(dp4a) == 17 and any("sm_80 8-bit g64 TWO_ROWS=True" in line for line in dp4a)
+    assert sum("EXPERTS=True" in line for line in dp4a) == 4
+    assert sum("GATED=True" in line for line in dp4a) == 4  # SiLU(gate) * up in the epilogue
+    assert "ok _silu_mul_kernel bf16 sm_90" in compiled
     assert any(line.startswith("ok _gemv_kernel bf16 sm_90 e2m1 g16") for line in compiled)  # NVFP4 decode
     assert any(line.startswith("ok _gemm_kernel bf16 sm_80 e2m1 g32 BLOCK_M=128") for line in compiled)
     assert any(line.startswith("ok _gemv_kernel bf16 sm_90 e4m3 g128") for line in compiled)  # block FP8 decode

@@ -271,6 +271,8 @@ def test_moe_decode_steps_take_the_per_pair_gemv(bits, group, hidden, dtype, mon
                 assert rel_err(out, exact) < TOL[dtype]
             continue
         assert [c[0][7] for c in calls] == [k, 1]  # a_div: gate_up reads token rows, down the pairs' own
+        assert [c[1].get("gated", False) for c in calls] == [True, False]  # the activation in gate_up's epilogue
+        assert calls[0][2].shape == (tokens * k, inner)
         pair_ids = ids.reshape(-1)
         token_rows = x[torch.arange(tokens * k) // k]  # each pair's token
         for (args, kw, got), w, rows in ((calls[0], gate_up, token_rows), (calls[1], down, calls[1][0][0])):
@@ -279,9 +281,12 @@ def test_moe_decode_steps_take_the_per_pair_gemv(bits, group, hidden, dtype, mon
                 want = qr.int8_activation_matmul_reference(
                     rows[p : p + 1], w.packed[e], w.scales[e], w.biases[e], bits, group
                 ).float()[0]
-                bias = kw["out_bias"][e].float()
+                want = want + kw["out_bias"][e].float()
+                if kw.get("gated"):  # gate_up's epilogue: silu(gate) * up of the biased sums
+                    gate, up = want.chunk(2)
+                    want = torch.nn.functional.silu(gate) * up
                 scale = float(weights.reshape(-1)[p]) if "routing" in kw else 1.0
-                assert rel_err(got[p], ((want + bias) * scale).to(dtype)) < TOL[dtype], (p, e)
+                assert rel_err(got[p], (want * scale).to(dtype)) < TOL[dtype], (p, e)
         per_pair = calls[1][2].float().view(tokens, k, -1).sum(1)
         assert torch.equal(out, per_pair.to(dtype))  # the k pairs summed in float32
         assert rel_err(out, exact) < 2 * (TOL[dtype] + INT8_X_TOL)  # (two GEMVs, each rounded to x's dtype)

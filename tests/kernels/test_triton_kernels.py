@@ -60,7 +60,10 @@ def test_write_kv(device, d):
         (4, 128, 4, 1, 3),  # ratio 4, uneven splits
     ],
 )
-def test_paged_decode(device, block_size, d, heads, kvh, num_splits):
+@pytest.mark.parametrize("fold", [True, False])
+def test_paged_decode(device, block_size, d, heads, kvh, num_splits, fold):
+    """fold: the partial kernel's last program of each (sequence, KV head) folds the splits (no reduce kernel),
+    leaving the device's counters at zero for the next call; else the reduce kernel."""
     device_ok(device)
     num_blocks, batch, blocks_each = 24, 3, 5
     k_pool, v_pool = make_pool(num_blocks, block_size, kvh, d, device)
@@ -69,9 +72,38 @@ def test_paged_decode(device, block_size, d, heads, kvh, num_splits):
     seq_lens = torch.tensor([blocks_each * block_size - 1, 2 * block_size, 1], dtype=torch.int32, device=device)
     q = torch.randn(batch, heads, d, device=device)
     scale = d**-0.5
-    ours = triton_kernels.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, scale, num_splits=num_splits)
+    calls = _count_reduce_launches()
+    ours = triton_kernels.paged_decode(
+        q, k_pool, v_pool, tables, seq_lens, block_size, scale, num_splits=num_splits, fold=fold
+    )
     ref = reference.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, scale)
     torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
+    assert calls() == (0 if fold else 1)
+    if fold:
+        assert not triton_kernels.fold_counters(q.device, batch * kvh).any()  # zero again: ready for the next call
+        again = triton_kernels.paged_decode(
+            q, k_pool, v_pool, tables, seq_lens, block_size, scale, num_splits=num_splits
+        )
+        assert torch.equal(again, ours)
+
+
+def _count_reduce_launches():
+    """A counter of _decode_reduce_kernel launches from now on (the function returns the count)."""
+    launches = []
+    kernel = triton_kernels._decode_reduce_kernel
+    original = kernel.run
+
+    def run(*a, **kw):
+        launches.append(1)
+        return original(*a, **kw)
+
+    kernel.run = run
+
+    def count() -> int:
+        kernel.run = original
+        return len(launches)
+
+    return count
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -156,11 +188,12 @@ def test_paged_decode_window_softcap_sinks(device, block_size, window, softcap, 
     q = torch.randn(batch, heads, d, device=device)
     sink = torch.randn(heads, device=device) * 2 if sinks else None
     kw = dict(window=window, softcap=softcap, sinks=sink)
-    ours = triton_kernels.paged_decode(
-        q, k_pool, v_pool, tables, seq_lens, block_size, 0.3, num_splits=num_splits, **kw
-    )
     ref = reference.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, 0.3, **kw)
-    torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
+    for fold in (True, False):  # the partial kernel's fold, and the reduce kernel
+        ours = triton_kernels.paged_decode(
+            q, k_pool, v_pool, tables, seq_lens, block_size, 0.3, num_splits=num_splits, fold=fold, **kw
+        )
+        torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
     if window is not None or sinks:  # the options change the result (the test could fail)
         plain = reference.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, 0.3)
         assert not torch.allclose(ref, plain, atol=1e-3)

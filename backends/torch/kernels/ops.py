@@ -111,8 +111,12 @@ def rms_norm(x, weight, eps: float, residual=None):
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """SiLU(gate) * up of gate_up [T, 2n] (gate first) in one pass where a native kernel takes it (bf16
-    on a CPU, eager); None: the caller computes it with torch ops."""
+    """SiLU(gate) * up of gate_up [T, 2n] (gate first) in one pass where a native kernel takes it (Triton on
+    CUDA, bf16 on a CPU, eager); None: the caller computes it with torch ops."""
+    if use_triton(gate_up) and gate_up.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        from lantern.backends.torch.kernels import triton_fused
+
+        return triton_fused.silu_mul(gate_up)
     return cpu_elementwise.silu_mul(gate_up) if cpu_elementwise.serves(gate_up) else None
 
 

@@ -234,6 +234,7 @@ def _gemv_dp4a_kernel(
     A_DIV: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     OUT_BIAS: tl.constexpr,
+    GATED: tl.constexpr,  # N rows = gate's then up's: out [.., N / 2] = silu(gate) * up (`_gated_rows`)
     BLOCK_N: tl.constexpr,
     NB: tl.constexpr,  # 32-column blocks a step: one per thread
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
@@ -252,8 +253,11 @@ def _gemv_dp4a_kernel(
     else:
         e = p  # (unused)
         m = p * (2 if TWO_ROWS else 1)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+    if GATED:
+        n, n_ok = _gated_rows(N // 2, BLOCK_N)
+    else:
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < N
     jk = tl.arange(0, NB * WPB)  # a step's words of a row: flat, so that a thread's vector is one block's
     num_blocks = K // XBLOCK
     word_rows = words_ptr + n.to(tl.int64)[:, None] * stride_cn + jk[None, :]
@@ -282,15 +286,38 @@ def _gemv_dp4a_kernel(
     if EXPERTS:  # as moe_gemm: the expert's bias, then the routing weight, in float32
         if OUT_BIAS:
             y += tl.load(out_bias_ptr + e * stride_obe + n, mask=n_ok, other=0.0).to(tl.float32)
-        if MUL_WEIGHT:
-            y *= tl.load(rw_ptr + p)
-        tl.store(out_ptr + p * stride_om + n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+        _store(y, out_ptr + p * stride_om, N, True, GATED, rw_ptr + p, MUL_WEIGHT)
     else:
-        tl.store(out_ptr + m * stride_om + n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+        _store(y, out_ptr + m * stride_om, N, True, GATED, rw_ptr, False)
     if TWO_ROWS:
-        tl.store(
-            out_ptr + (m + 1) * stride_om + n, tl.sum(acc2, 1).to(out_ptr.dtype.element_ty), mask=n_ok & (m + 1 < M)
-        )
+        _store(tl.sum(acc2, 1), out_ptr + (m + 1) * stride_om, N, m + 1 < M, GATED, rw_ptr, False)
+
+
+@triton.jit
+def _gated_rows(INNER, BLOCK_N: tl.constexpr):
+    """A GATED program's rows: BLOCK_N / 2 output columns c, each as the gate's row c and the up's row INNER + c
+    side by side (so the epilogue pairs them in-thread), and which are in range."""
+    i = tl.arange(0, BLOCK_N)
+    c = tl.program_id(0) * (BLOCK_N // 2) + i // 2
+    return c + (i % 2) * INNER, c < INNER
+
+
+@triton.jit
+def _store(y, row_ptr, N, row_ok, GATED: tl.constexpr, rw_ptr, MUL_WEIGHT: tl.constexpr):
+    """A program's rows' values y [BLOCK_N] -> its outputs in row_ptr's row (where row_ok): y, or with GATED
+    silu(gate) * up of its row pairs (float32, one rounding), at its output columns; times *rw_ptr with
+    MUL_WEIGHT."""
+    BLOCK_N: tl.constexpr = y.shape[0]
+    if GATED:
+        gate, up = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
+        y = gate * tl.sigmoid(gate) * up
+        cols = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        width = N // 2
+    else:
+        cols, width = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N
+    if MUL_WEIGHT:
+        y *= tl.load(rw_ptr)
+    tl.store(row_ptr + cols, y.to(row_ptr.dtype.element_ty), mask=(cols < width) & row_ok)
 
 
 def supports(x: torch.Tensor, bits: int, group_size: int, code: str) -> bool:
@@ -405,16 +432,19 @@ def gemv(
     biases: torch.Tensor,
     bits: int,
     group_size: int,
+    gated: bool = False,
     **config,
 ) -> torch.Tensor:
     """x [M, K] (bf16 / fp16) @ W.T for packed affine codes (triton_quant's layout): one program per
-    (BLOCK_N rows, row of x). Callers check `supports` and the shapes (triton_quant._check)."""
+    (BLOCK_N rows, row of x). Callers check `supports` and the shapes (triton_quant._check).
+    gated: W's rows are a gate's then an up projection's (a gated MLP's gate_up): the output is
+    silu(gate) * up [M, N / 2], made in float32 from the two sums (one kernel instead of three)."""
     m, k = x.shape
     n = packed.shape[0]
-    if k % XBLOCK_COLS:
-        raise ValueError(f"the dp4a GEMV takes K a multiple of {XBLOCK_COLS}, not {k}")
+    if k % XBLOCK_COLS or (gated and n % 2):
+        raise ValueError(f"the dp4a GEMV takes K a multiple of {XBLOCK_COLS} (gated: N even), not {n}x{k}")
     cfg = {**_config(n, k, bits), **config}
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n // 2 if gated else n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     pairs = _pairs(x)  # [M, K / 2]: two activations a word
@@ -426,7 +456,7 @@ def gemv(
         pairs, words, scales, biases, out, out, out, out, m, n, k,
         pairs.stride(0), 0, words.stride(0), 0, scales.stride(0), 0, out.stride(0),
         BITS=bits, GROUP=group_size, X_BF16=x.dtype == torch.bfloat16, TWO_ROWS=two_rows, EXPERTS=False, A_DIV=1,
-        MUL_WEIGHT=False, OUT_BIAS=False, ASM=not _interpreting(),
+        MUL_WEIGHT=False, OUT_BIAS=False, GATED=gated, ASM=not _interpreting(),
         EVEN_N=n % cfg["BLOCK_N"] == 0, EVEN_K=k % (XBLOCK_COLS * cfg["NB"]) == 0, **cfg,
     )  # fmt: skip
     return out
@@ -456,15 +486,19 @@ def expert_gemv(
     a_div: int,
     routing: torch.Tensor | None = None,
     out_bias: torch.Tensor | None = None,
+    gated: bool = False,
     **config,
 ) -> torch.Tensor:
     """triton_moe.moe_gemm's contract for decode: out[p] = (a[p // a_div] @ W[experts[p]].T + out_bias[experts[p]])
     (* routing[p]) for each pair p -> [pairs, N] in a's dtype, W packed affine experts [E, N, K * bits / 8]
-    (scales / biases [E, N, K / group]); one program per (BLOCK_N rows, pair), no sorting by expert."""
+    (scales / biases [E, N, K / group]); one program per (BLOCK_N rows, pair), no sorting by expert. gated: as
+    gemv's (after out_bias): silu(gate) * up [pairs, N / 2]."""
     _, n, _ = packed.shape
     k = a.shape[1]
-    if k % XBLOCK_COLS or packed.shape[2] != k * bits // 8:
-        raise ValueError(f"experts {tuple(packed.shape)} do not take {k} features at {bits} bits (K % 32 == 0)")
+    if k % XBLOCK_COLS or packed.shape[2] != k * bits // 8 or (gated and n % 2):
+        raise ValueError(
+            f"experts {tuple(packed.shape)} do not take {k} features at {bits} bits (K % 32 == 0; gated: N even)"
+        )
     pairs_count = experts.numel()
     if not supports(a, bits, group_size, "affine") or pairs_count != a.shape[0] * a_div:
         raise ValueError(
@@ -472,7 +506,7 @@ def expert_gemv(
             f"({pairs_count} experts for {a.shape[0]} rows x {a_div}), not {a.dtype} / {bits}-bit g{group_size}"
         )
     cfg = {**_config(n, k, bits, pairs_count), **config}
-    out = torch.empty((pairs_count, n), dtype=a.dtype, device=a.device)
+    out = torch.empty((pairs_count, n // 2 if gated else n), dtype=a.dtype, device=a.device)
     if pairs_count == 0 or n == 0:
         return out
     xp = _pairs(a)
@@ -486,7 +520,7 @@ def expert_gemv(
         xp, words, scales, biases, out, ids, rw, ob, a.shape[0], n, k,
         xp.stride(0), words.stride(0), words.stride(1), scales.stride(0), scales.stride(1), ob.stride(0), out.stride(0),
         BITS=bits, GROUP=group_size, X_BF16=a.dtype == torch.bfloat16, TWO_ROWS=False, EXPERTS=True, A_DIV=a_div,
-        MUL_WEIGHT=routing is not None, OUT_BIAS=out_bias is not None,
+        MUL_WEIGHT=routing is not None, OUT_BIAS=out_bias is not None, GATED=gated,
         ASM=not _interpreting(), EVEN_N=n % cfg["BLOCK_N"] == 0,
         EVEN_K=k % (XBLOCK_COLS * cfg["NB"]) == 0, **cfg,
     )  # fmt: skip

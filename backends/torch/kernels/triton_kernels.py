@@ -7,6 +7,13 @@ uses tl.dot on 16-query x 32-key tiles. Online-softmax accumulation is in float3
 Sliding windows (query p sees keys p - window < j <= p) are a runtime argument: one compiled kernel
 serves every layer, and loops start at the window's first block. Soft-caps and sinks are constexpr
 switches: models without them pay nothing.
+
+Split-K decode folds its splits inside the partial kernel: the last program of each (sequence, KV head) to finish,
+told by an atomic count, combines the splits' partial softmaxes (as split-K GEMMs do with a semaphore), so a decode
+layer launches one attention kernel, not two -- at batch 1 on a GPU each launch costs about what the kernel does.
+The counts live in one zeroed buffer per device that every call leaves at zero; the kernels that use it run one at a
+time on a device (Lantern runs a model's steps on one stream; a second stream running decode at the same moment
+would need counts of its own).
 """
 
 from __future__ import annotations
@@ -98,6 +105,9 @@ def _decode_partial_kernel(
     acc_ptr,
     m_ptr,
     l_ptr,
+    count_ptr,  # FOLD: int32 [B, KVH], zero between calls
+    sinks_ptr,  # FOLD and HAS_SINKS
+    out_ptr,  # FOLD
     scale,
     window,
     softcap,
@@ -106,6 +116,8 @@ def _decode_partial_kernel(
     stride_s,
     stride_sh,
     stride_bt,
+    stride_ob,
+    stride_oh,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -114,6 +126,8 @@ def _decode_partial_kernel(
     NUM_SPLITS: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    FOLD: tl.constexpr,  # the last program of each (sequence, KV head) folds the splits: no reduce kernel
+    HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -152,6 +166,57 @@ def _decode_partial_kernel(
     tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gm[:, None] & dm[None, :])
     tl.store(m_ptr + base, m_i, mask=gm)
     tl.store(l_ptr + base, l_i, mask=gm)
+    if FOLD:
+        # Stores above, then the count (release); the program that brings it to NUM_SPLITS sees every split's
+        # (acquire), folds them and sets the count back to zero for the next call (a CUDA graph's next replay).
+        counter = count_ptr + b * tl.num_programs(1) + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
+            _fold_splits(acc_ptr, m_ptr, l_ptr, sinks_ptr, out_ptr + b * stride_ob, stride_oh, b, heads, gm, d, dm,
+                         NUM_HEADS, NUM_SPLITS, HEAD_DIM, HAS_SINKS)  # fmt: skip
+            tl.store(counter, 0)
+
+
+@triton.jit
+def _fold_splits(
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    sinks_ptr,
+    row_ptr,
+    stride_oh,
+    b,
+    heads,
+    gm,
+    d,
+    dm,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    """_decode_reduce_kernel's sums for one program's heads, a split at a time (registers: [heads, D]); read
+    through L2 (.cg): the other programs' partials were written from other SMs."""
+    first = (b * NUM_HEADS + heads) * NUM_SPLITS
+    m_max = tl.full(heads.shape, float("-inf"), tl.float32)
+    for sp in range(NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + first + sp, mask=gm, other=float("-inf"), cache_modifier=".cg"))
+    if HAS_SINKS:  # the head's sink logit joins the denominator once, with no value (gpt-oss)
+        sink = tl.load(sinks_ptr + heads, mask=gm, other=0.0).to(tl.float32)
+        m_max = tl.maximum(m_max, sink)
+    denom = tl.zeros(heads.shape, tl.float32)
+    out = tl.zeros((heads.shape[0], d.shape[0]), tl.float32)
+    for sp in range(NUM_SPLITS):
+        m = tl.load(m_ptr + first + sp, mask=gm, other=float("-inf"), cache_modifier=".cg")
+        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+        denom += tl.load(l_ptr + first + sp, mask=gm, other=0.0, cache_modifier=".cg") * w
+        rows = (first + sp)[:, None] * HEAD_DIM + d[None, :]
+        part = tl.load(acc_ptr + rows, mask=gm[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
+        out += part * w[:, None]
+    if HAS_SINKS:
+        denom += tl.exp(sink - m_max)
+    out = out / tl.where(gm, denom, 1.0)[:, None]
+    tl.store(row_ptr + heads[:, None] * stride_oh + d[None, :], out.to(row_ptr.dtype.element_ty),
+             mask=gm[:, None] & dm[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -197,6 +262,22 @@ def decode_splits(batch: int, kv_heads: int, max_blocks: int) -> int:
     return max(1, min(32, want, max_blocks))
 
 
+_COUNTERS_MIN = 1 << 16  # (sequence, KV head) pairs a device's counters cover: 512 sequences x 128 KV heads
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def fold_counters(device: torch.device, pairs: int) -> torch.Tensor | None:
+    """The device's zeroed int32 counters for the partial kernel's fold (FOLD): one per (sequence, KV head), made
+    once, outside any CUDA graph capture (a graph replays with their address), and left at zero by every call.
+    None where none can be made now (inside a capture) or there are too few: the reduce kernel then serves."""
+    held = _counters.get(device)
+    if held is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        held = _counters[device] = torch.zeros(_COUNTERS_MIN, dtype=torch.int32, device=device)
+    return held if pairs <= held.numel() else None
+
+
 def paged_decode(
     q,
     k_pool,
@@ -209,8 +290,10 @@ def paged_decode(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
+    fold: bool = True,
 ):
-    """Matches reference.paged_decode; block_tables must hold no negative (released) entries."""
+    """Matches reference.paged_decode; block_tables must hold no negative (released) entries. fold: the partial
+    kernel folds its splits itself (one kernel, no reduce launch) where the device's counters allow (fold_counters)."""
     b, h, d = q.shape
     kvh = k_pool.shape[1]
     group = h // kvh
@@ -221,49 +304,24 @@ def paged_decode(
     acc = torch.empty((b, h, splits, d), dtype=torch.float32, device=q.device)
     m = torch.empty((b, h, splits), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
+    out = torch.empty_like(q)
+    sinks_f = m if sinks is None else sinks.float().contiguous()  # (unread without sinks)
+    counters = fold_counters(q.device, b * kvh) if fold else None
     block_d = triton.next_power_of_2(d)
     _decode_partial_kernel[(b, kvh, splits)](
-        q,
-        k_pool,
-        v_pool,
-        block_tables,
-        seq_lens,
-        acc,
-        m,
-        l,
-        scale,
-        NO_WINDOW if window is None else window,
-        float(softcap or 0.0),
-        q.stride(0),
-        q.stride(1),
-        k_pool.stride(0),
-        k_pool.stride(1),
-        block_tables.stride(0),
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        GROUP=group,
-        GROUP_P=triton.next_power_of_2(group),
-        NUM_SPLITS=splits,
-        NUM_HEADS=h,
-        HAS_SOFTCAP=softcap is not None,
-    )
-    out = torch.empty_like(q)
+        q, k_pool, v_pool, block_tables, seq_lens, acc, m, l, m if counters is None else counters, sinks_f, out,
+        scale, NO_WINDOW if window is None else window, float(softcap or 0.0),
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), block_tables.stride(0), out.stride(0),
+        out.stride(1), BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group,
+        GROUP_P=triton.next_power_of_2(group), NUM_SPLITS=splits, NUM_HEADS=h, HAS_SOFTCAP=softcap is not None,
+        FOLD=counters is not None, HAS_SINKS=sinks is not None,
+    )  # fmt: skip
+    if counters is not None:
+        return out
     _decode_reduce_kernel[(b, h)](
-        acc,
-        m,
-        l,
-        m if sinks is None else sinks.float().contiguous(),  # unread without sinks
-        out,
-        out.stride(0),
-        out.stride(1),
-        NUM_HEADS=h,
-        NUM_SPLITS=splits,
-        SPLITS_P=triton.next_power_of_2(splits),
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        HAS_SINKS=sinks is not None,
-    )
+        acc, m, l, sinks_f, out, out.stride(0), out.stride(1), NUM_HEADS=h, NUM_SPLITS=splits,
+        SPLITS_P=triton.next_power_of_2(splits), HEAD_DIM=d, BLOCK_D=block_d, HAS_SINKS=sinks is not None,
+    )  # fmt: skip
     return out
 
 

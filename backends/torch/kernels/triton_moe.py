@@ -268,13 +268,11 @@ def _fused_moe_gemv(
     ids = topk_ids.reshape(-1).to(torch.int32)  # once for both GEMVs
     gemv = triton_gemv_dp4a.expert_gemv
     assert gate_up.biases is not None and down.biases is not None  # (affine: decode_gemv_serves)
-    h = gemv(x, gate_up.packed, gate_up.scales, gate_up.biases, gate_up.bits, gate_up.group_size, ids, k,
-             out_bias=gate_up_bias)  # fmt: skip
-    if activate is None:
-        gate, up = h.chunk(2, dim=-1)
-        a = ACTIVATIONS["silu"](gate) * up
-    else:
-        a = activate(h)
+    # The default activation is made in the first GEMV's epilogue (silu(gate) * up of each pair's row pairs).
+    a = gemv(x, gate_up.packed, gate_up.scales, gate_up.biases, gate_up.bits, gate_up.group_size, ids, k,
+             out_bias=gate_up_bias, gated=activate is None)  # fmt: skip
+    if activate is not None:
+        a = activate(a)
     y = gemv(a, down.packed, down.scales, down.biases, down.bits, down.group_size, ids, 1,
              routing=topk_weights.reshape(-1), out_bias=down_bias)  # fmt: skip
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
