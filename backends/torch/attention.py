@@ -155,6 +155,13 @@ def build_metadata(
     return meta
 
 
+def layer_pools(meta: TorchAttentionMetadata, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (K, V) pool tensors layer `layer` writes this step (V None: it lies inside K, written with it)."""
+    pool = meta.pool
+    k_pool, v_pool = meta.layer_kv if meta.layer_kv is not None else (pool.k[layer], pool.v[layer])
+    return k_pool, None if pool.v_is_k_prefix else v_pool
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -16,7 +16,7 @@ from torch import nn
 
 from lantern.app.models.rope_config import longrope_factors
 from lantern.app.models.spec import ModelConfig
-from lantern.backends.torch.attention import TorchAttentionMetadata, paged_attention
+from lantern.backends.torch.attention import TorchAttentionMetadata, layer_pools, paged_attention
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.parallel import TPGroup
 from lantern.backends.torch.quant_layer import QuantLayer
@@ -170,6 +170,7 @@ class Attention(nn.Module):
         self.sub_norm = cfg.sub_norms
         if cfg.sub_norms:  # BitNet: the output normed before o_proj
             self.attn_sub_norm = RMSNorm(self.n_heads * self.v_dim, cfg.rms_norm_eps)
+        self._own_qkv = type(self).qkv is Attention.qkv  # (not a subclass's: see forward)
 
     def forward(
         self,
@@ -183,7 +184,11 @@ class Attention(nn.Module):
         pool layer this call reads and writes where not its own (HRM-Text: each stack pass keeps its K/V).
         qkv_delta: (q, k, v) terms added to the projections (Zamba2's per-layer adapters on a shared block)."""
         t = x.shape[0]
-        q, k, v = self.qkv(x, meta, rope, qkv_delta)
+        layer = self.layer_idx if kv_layer is None else kv_layer
+        if self._own_qkv:  # (K and V may be written with the rope, in one kernel)
+            q, k, v, written = self._project(x, meta, rope, qkv_delta, layer)
+        else:  # a subclass reworks q, k or v after qkv(): attention writes what it returns
+            (q, k, v), written = self.qkv(x, meta, rope, qkv_delta), False
         alibi = None
         if self.alibi_slopes is not None:
             if self._alibi is None or self._alibi.device != q.device:
@@ -194,11 +199,12 @@ class Attention(nn.Module):
             k,
             v,
             meta,
-            self.layer_idx if kv_layer is None else kv_layer,
+            layer,
             self.scale,
             window=self.window,
             softcap=self.softcap,
             sinks=self.sinks,
+            write=not written,
             alibi=alibi,
         )
         if self.v_dim != self.head_dim:
@@ -217,7 +223,21 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This step's q [T, H, D] and k / v [T, KVH, D] as attention reads them: projected, normed and rotated
         (rope / qkv_delta: as forward's)."""
+        q, k, v, _ = self._project(x, meta, rope, qkv_delta)
+        return q, k, v
+
+    def _project(
+        self,
+        x: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        qkv_delta: tuple[torch.Tensor, ...] | None,
+        write_layer: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """qkv()'s (q, k, v), and whether k and v are in pool layer `write_layer` already: written by the rope's
+        kernel where ops.rotary_write_kv takes them (CUDA, a plain rope over q's and k's heads)."""
         t = x.shape[0]
+        written = False
         qkv = self.qkv_proj(x)
         if qkv_delta is not None:
             qkv = qkv + torch.cat(qkv_delta, dim=-1)
@@ -248,11 +268,16 @@ class Attention(nn.Module):
             q, k = q.view(t, self.n_heads, self.head_dim), k.view(t, self.n_kv, self.head_dim)
         else:  # q and k side by side in qkv: one rope call for both heads' sets
             qk = qkv[:, : self.splits[0] + self.splits[1]].view(t, self.n_heads + self.n_kv, self.head_dim)
-            qk = apply_rotary(qk, cos, sin, self.rope_interleaved, meta.rope_cache)
+            roped = None
+            if write_layer is not None and not self.rope_interleaved:
+                pools = layer_pools(meta, write_layer)
+                roped = ops.rotary_write_kv(qk, v, cos, sin, *pools, meta.slot_mapping)
+            written = roped is not None
+            qk = roped if written else apply_rotary(qk, cos, sin, self.rope_interleaved, meta.rope_cache)
             q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         if self.temperature is not None:
             q = q * query_temperature(self.temperature, meta, q.dtype)
-        return q, k, v
+        return q, k, v, written
 
 
 def reversed_sin(sin: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:

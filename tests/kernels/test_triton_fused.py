@@ -71,3 +71,33 @@ def test_rotary(device, dtype, heads, d):
     torch.testing.assert_close(
         triton_fused.rotary(wide[:, 1:-1], cos, sin), reference.rotary(wide[:, 1:-1], cos, sin), **TOL[dtype]
     )
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+@pytest.mark.parametrize("heads,kvh,d", [(4, 2, 64), (8, 1, 128), (3, 3, 96)])
+def test_rotary_write_kv(device, dtype, heads, kvh, d):
+    """rotary_write_kv on q's and k's heads sliced out of a fused qkv projection (strided views, as
+    layers.Attention passes them): the rotated heads as rotary gives them, and the pools as write_kv leaves them
+    after that rotary -- rotated k and v rows at each token's slot, none where the slot is -1, nothing else
+    touched; a pool of another dtype takes the rows cast as write_kv casts them."""
+    device_ok(device)
+    t = 5
+    g = torch.Generator().manual_seed(heads * d)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    emb = torch.cat([torch.outer(torch.arange(64).float(), inv)] * 2, -1)
+    pos = torch.tensor([3, 0, 17, 63, 8])
+    cos, sin = emb.cos()[pos].to(device), emb.sin()[pos].to(device)
+    qkv = torch.randn(t, (heads + 2 * kvh) * d, generator=g).to(device, dtype)
+    qk = qkv[:, : (heads + kvh) * d].view(t, heads + kvh, d)
+    v = qkv[:, (heads + kvh) * d :].view(t, kvh, d)
+    slots = torch.tensor([9, -1, 0, 30, 4], device=device)
+    for pool_dtype in (dtype, torch.float16):
+        k_pool = torch.randn(32, kvh, d, generator=g).to(device, pool_dtype)
+        v_pool = torch.randn(32, kvh, d, generator=g).to(device, pool_dtype)
+        ref_k, ref_v = k_pool.clone(), v_pool.clone()
+        out = triton_fused.rotary_write_kv(qk, v, cos, sin, k_pool, v_pool, slots)
+        want = reference.rotary(qk, cos, sin)
+        torch.testing.assert_close(out, want, **TOL[dtype])
+        assert torch.equal(out, triton_fused.rotary(qk, cos, sin))  # the rotary kernel's values, exactly
+        reference.write_kv(ref_k, ref_v, out[:, heads:], v, slots)
+        assert torch.equal(k_pool, ref_k) and torch.equal(v_pool, ref_v)

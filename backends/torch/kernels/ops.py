@@ -98,6 +98,27 @@ def paged_prefill(
     )
 
 
+def rotary_write_kv(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor | None,
+    slots: torch.Tensor,
+) -> torch.Tensor | None:
+    """rotary(qk) of q's heads then k's [T, H + KVH, D], with the rotated k and v [T, KVH, D] written into the pools
+    at `slots`, in one kernel where Triton takes it (CUDA; a rope over the whole head; K and V pools of one width);
+    None: nothing done, the caller ropes and writes as usual."""
+    if not use_triton(qk) or not _same_width(k_pool, v_pool) or cos.shape[-1] != qk.shape[-1]:
+        return None
+    if v.shape[-1] != qk.shape[-1] or qk.shape[-1] % 2:
+        return None
+    from lantern.backends.torch.kernels import triton_fused
+
+    return triton_fused.rotary_write_kv(qk, v, cos, sin, k_pool, v_pool, slots)
+
+
 def rms_norm(x, weight, eps: float, residual=None):
     if use_triton(x):
         from lantern.backends.torch.kernels import triton_fused

@@ -1,4 +1,5 @@
-"""Triton kernels for the per-token elementwise work: RMSNorm fused with the residual add, rotary, SiLU(gate) * up.
+"""Triton kernels for the per-token elementwise work: RMSNorm fused with the residual add, rotary (alone, or with
+the KV-cache write of the rotated keys and the values), SiLU(gate) * up.
 
 Each replaces several eager ops (and their launches and round trips through memory) with one
 pass over the row; each matches a function of kernels/reference.py, rounding included.
@@ -123,6 +124,87 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         HALF=d // 2,
         BLOCK=triton.next_power_of_2(d // 2),
     )
+    return out
+
+
+@triton.jit
+def _rotary_write_kv_kernel(
+    x_ptr,
+    v_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    kp_ptr,
+    vp_ptr,
+    slot_ptr,
+    stride_xt,
+    stride_xh,
+    stride_vt,
+    stride_vh,
+    stride_ct,
+    stride_ot,
+    stride_oh,
+    stride_s,
+    stride_sh,
+    NUM_Q: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """_rotary_kernel over q's and k's heads [T, NUM_Q + KVH, D]; a k head's program also writes its rotated row
+    and v's row into the pool at the token's slot (none where the slot is negative)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    m = i < HALF
+    src = x_ptr + t * stride_xt + h * stride_xh
+    x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + t * stride_ct + i, mask=m, other=0.0)
+    s = tl.load(sin_ptr + t * stride_ct + i, mask=m, other=0.0)
+    ty = out_ptr.dtype.element_ty
+    y1, y2 = (x1 * c - x2 * s).to(ty), (x2 * c + x1 * s).to(ty)
+    dst = out_ptr + t * stride_ot + h * stride_oh
+    tl.store(dst + i, y1, mask=m)
+    tl.store(dst + HALF + i, y2, mask=m)
+    if h >= NUM_Q:
+        slot = tl.load(slot_ptr + t)
+        if slot >= 0:
+            kh = h - NUM_Q
+            pool = slot * stride_s + kh * stride_sh
+            pty = kp_ptr.dtype.element_ty
+            tl.store(kp_ptr + pool + i, y1.to(pty), mask=m)
+            tl.store(kp_ptr + pool + HALF + i, y2.to(pty), mask=m)
+            vrow = v_ptr + t * stride_vt + kh * stride_vh
+            vty = vp_ptr.dtype.element_ty
+            tl.store(vp_ptr + pool + i, tl.load(vrow + i, mask=m).to(vty), mask=m)
+            tl.store(vp_ptr + pool + HALF + i, tl.load(vrow + HALF + i, mask=m).to(vty), mask=m)
+
+
+def rotary_write_kv(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """rotary(qk) [T, H + KVH, D] (q's heads, then k's), and the rotated k and v [T, KVH, D] written into the pools
+    [slots, KVH, D] at `slots` (negative: skipped), as rotary then write_kv would: one kernel instead of two."""
+    t, heads, d = qk.shape
+    kvh = v.shape[1]
+    if qk.stride(-1) != 1:
+        qk = qk.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty((t, heads, d), dtype=qk.dtype, device=qk.device)
+    if t:
+        _rotary_write_kv_kernel[(t, heads)](
+            qk, v, cos, sin, out, k_pool, v_pool, slots,
+            qk.stride(0), qk.stride(1), v.stride(0), v.stride(1), cos.stride(0), out.stride(0), out.stride(1),
+            k_pool.stride(0), k_pool.stride(1), NUM_Q=heads - kvh, HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2),
+        )  # fmt: skip
     return out
 
 

@@ -1,0 +1,78 @@
+"""The torch backend's CUDA code path through a whole model, on a CPU: every op that takes a Triton kernel on a GPU
+(ops.use_triton) takes it here under Triton's interpreter -- the fused norms, the rope that writes the KV cache,
+SiLU * up, split-K decode attention folding its splits, paged prefill -- and the logits match transformers'
+forward pass, teacher-forced over a prompt and decode steps through the paged cache (float32: the interpreter
+has no bfloat16 tl.dot). Run in a fresh process: TRITON_INTERPRET must be set before triton is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_CHECK = """
+import json, sys
+from pathlib import Path
+from unittest import mock
+
+from lantern.backends.torch import cpu_attention
+from lantern.backends.torch.kernels import triton_fused, triton_kernels
+from tests.fixtures.tiny_models import build_model
+from tests.models.quant_logits import logits_error
+
+calls = {"rotary_write_kv": 0, "silu_mul": 0, "decode_folded": 0, "decode_reduced": 0}
+
+
+def counted(name, fn):
+    def wrapper(*a, **kw):
+        calls[name] += 1
+        return fn(*a, **kw)
+    return wrapper
+
+
+decode = triton_kernels.paged_decode
+
+
+def paged_decode(*a, **kw):
+    out = decode(*a, **kw)
+    calls["decode_folded" if kw.get("fold", True) and triton_kernels._counters else "decode_reduced"] += 1
+    return out
+
+
+path = build_model(sys.argv[1], Path(sys.argv[2]))
+with mock.patch("lantern.backends.torch.kernels.ops.use_triton", lambda t: True), \\
+        mock.patch.object(cpu_attention, "serves", lambda *a, **kw: False), \\
+        mock.patch.object(triton_fused, "rotary_write_kv", counted("rotary_write_kv", triton_fused.rotary_write_kv)), \\
+        mock.patch.object(triton_fused, "silu_mul", counted("silu_mul", triton_fused.silu_mul)), \\
+        mock.patch.object(triton_kernels, "paged_decode", paged_decode):
+    err = logits_error(str(path), str(path), "torch")
+print(json.dumps({"error": err, **calls}))
+"""
+
+
+@pytest.mark.parametrize("variant", ["llama3", "qwen2_swa"])
+def test_a_model_through_the_cuda_kernels_matches_transformers(variant, tmp_path):
+    """llama3 (GQA, llama3 rope scaling) and qwen2 with a sliding window on one layer: within 1e-4 of the logits'
+    spread, every decode step's attention one folded kernel, every layer's rope writing its K/V."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", _CHECK, variant, str(tmp_path / variant)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["error"] < 1e-4, report
+    assert report["decode_folded"] > 0 and report["decode_reduced"] == 0, report
+    assert report["rotary_write_kv"] > 0 and report["silu_mul"] > 0, report
