@@ -1,4 +1,5 @@
 """On-device sampling (torch) for one step; semantics and the noise function in backends/sampling_prep.py.
+On CUDA the Gumbel-max draw is one Triton kernel (kernels/triton_sampling.py), the same values as the ops here.
 
 Logprobs are the model's raw log-probabilities (before logit_bias, penalties and temperature), as
 vLLM reports them. On a CPU with Lantern's native ops (use_native_cpu_ops), the noisy argmax and the
@@ -177,6 +178,12 @@ def _argmax_with_noise(
 ) -> torch.Tensor:
     """argmax(scores + temperature * gumbel) per row (= argmax(scores / T + gumbel), without a
     division pass over the logits), in row chunks so the scratch stays small and is reused."""
+    if scores.is_cuda and scores.shape[1] > 0 and _triton_draw(scores):
+        from lantern.backends.torch.kernels import triton_sampling
+
+        drawn = triton_sampling.noisy_argmax(scores, keys, col_hashes, temperature)
+        if drawn is not None:
+            return drawn
     if _native_for(scores) and scores.shape[1] > 0:
         temps = torch.empty(0) if temperature is None else temperature.float().contiguous()
         keys16, hashes = _xorshift16_int32(keys), col_hashes.contiguous()
@@ -196,6 +203,13 @@ def _argmax_with_noise(
             ng.mul_(temperature[s:e])
         out.append(row_argmax(torch.sub(scores[s:e], ng, out=ng)))
     return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def _triton_draw(scores: torch.Tensor) -> bool:
+    """Whether a CUDA draw takes triton_sampling's one kernel (as ops.use_triton decides for the model's ops)."""
+    from lantern.backends.torch.kernels import ops
+
+    return ops.use_triton(scores) and scores.dtype == torch.float32
 
 
 def _edit_logits(logits: torch.Tensor, a: SamplingArrays) -> torch.Tensor:

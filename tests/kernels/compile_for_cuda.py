@@ -19,6 +19,7 @@ from lantern.backends.torch.kernels import triton_fused as tf
 from lantern.backends.torch.kernels import triton_gemv_dp4a as td
 from lantern.backends.torch.kernels import triton_kernels as tk
 from lantern.backends.torch.kernels import triton_quant as tq
+from lantern.backends.torch.kernels import triton_sampling as ts
 
 TYPE_NAMES = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 FLOAT32_PTRS = {"acc_ptr", "m_ptr", "l_ptr", "cos_ptr", "sin_ptr", "sinks_ptr"}
@@ -26,6 +27,8 @@ INT_PTRS = {"bt_ptr": "*i32", "len_ptr": "*i32", "slot_ptr": "*i64", "codes_ptr"
 INT_PTRS["xpairs_ptr"] = "*i32"  # the dp4a GEMV reads 16-bit activations two to a word
 INT_PTRS["expert_ptr"] = "*i32"  # (and with experts, each pair's expert)
 INT_PTRS["count_ptr"] = "*i32"  # (the decode kernel's fold counters)
+INT_PTRS.update(hashes_ptr="*i32", keys_ptr="*i64", part_i_ptr="*i32", tokens_ptr="*i64")  # the sampling draw's
+FLOAT32_PTRS.update({"scores_ptr", "temps_ptr", "part_v_ptr"})
 FLOAT32_PTRS.add("rw_ptr")
 
 
@@ -113,6 +116,12 @@ def reduce_case(dtype: str, splits: int, sinks: bool = False):
     return (tk._decode_reduce_kernel, dtype, 90, {**consts, "HEAD_DIM": 128, "BLOCK_D": 128, "HAS_SINKS": sinks})
 
 
+def sampling_case(cap: int, parts: int, temps: bool) -> tuple:
+    consts = {"MIX1": ts.MIX_C1, "MIX2": ts.MIX_C2, "HAS_T": temps, "PARTS": parts, "BLOCK": ts.BLOCK_COLS}
+    consts["PARTS_P"] = triton.next_power_of_2(parts)
+    return (ts._noisy_argmax_kernel, "fp32", cap, consts, {"enable_fp_fusion": False})
+
+
 CASES = [
     # (kernel, dtype, compute capability, constexprs[, compile options])
     *[prefill_case(dt, cap, 128, 4, 16) for dt in ("bf16", "fp32") for cap in (80, 90)],
@@ -137,6 +146,9 @@ CASES = [
     ],
     *[(tf._rotary_kernel, dt, 90, {"HALF": 64, "BLOCK": 64}) for dt in ("bf16", "fp16")],
     *[(tf._silu_mul_kernel, dt, cap, {"BLOCK": 1024}) for dt, cap in (("bf16", 90), ("fp16", 80))],
+    *[(tf._rotary_write_kv_kernel, dt, 90, {"NUM_Q": 32, "HALF": 64, "BLOCK": 64}) for dt in ("bf16", "fp16")],
+    # the sampling draw (one part a row, and many folded), as sampler runs it: no FMA
+    *[sampling_case(cap, parts, temps) for cap, parts, temps in ((90, 126, False), (80, 1, True), (90, 8, True))],
     # Quantized matmuls with the block sizes affine_matmul picks: decode (8B-model rows, a narrow
     # k/v projection) and prefill (M = 512) tiles, 4- and 8-bit, every group size, both targets.
     *[gemv_case("bf16", cap, bits, group, 1) for cap in (80, 90) for bits, group in ((4, 128), (8, 64))],
