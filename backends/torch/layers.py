@@ -269,7 +269,7 @@ class Attention(nn.Module):
         else:  # q and k side by side in qkv: one rope call for both heads' sets
             qk = qkv[:, : self.splits[0] + self.splits[1]].view(t, self.n_heads + self.n_kv, self.head_dim)
             roped = None
-            if write_layer is not None and not self.rope_interleaved:
+            if write_layer is not None and not self.rope_interleaved and ops.use_triton(qk):
                 pools = layer_pools(meta, write_layer)
                 roped = ops.rotary_write_kv(qk, v, cos, sin, *pools, meta.slot_mapping)
             written = roped is not None

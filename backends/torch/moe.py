@@ -177,6 +177,9 @@ class SparseMoE(nn.Module):
         self.act = ACTIVATIONS[cfg.hidden_act]
         act = self.act
         self.glu = glu or (lambda gate, up: act(gate) * up)
+        # silu(gate) * up, the Triton kernels' own activation (made in the decode GEMV's epilogue): unless a family
+        # replaces glu after this (Step 3.5's clamp) or activate, routed passes activate=None to fused_moe
+        self._kernels_glu = self.glu if glu is None and cfg.hidden_act == "silu" else None
         self.softmax_after_topk = softmax_after_topk
         self.sparsemixer_eps = moe.sparsemixer_eps
         self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=router_bias)  # the router
@@ -228,7 +231,7 @@ class SparseMoE(nn.Module):
 
                 biases = {"gate_up_bias": getattr(experts, "gate_up_proj_bias", None)}
                 biases["down_bias"] = getattr(experts, "down_proj_bias", None)
-                return fused_moe(x, *kernel_weights, ids, weights, activate=self.activate, **biases)
+                return fused_moe(x, *kernel_weights, ids, weights, activate=self._kernel_activation(), **biases)
         if x.is_cuda and torch.cuda.is_current_stream_capturing() and not self._capturable_grouped_mm(x):
             return self._dense(x, ids, weights)  # the per-expert loop reads counts on the host
         k = self.top_k
@@ -281,6 +284,11 @@ class SparseMoE(nn.Module):
             outs.append(self._expert(e, xs[start : start + n]))
             start += n
         return torch.cat(outs)
+
+    def _kernel_activation(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What fused_moe applies between its GEMMs: None (its own silu(gate) * up) where that is this layer's."""
+        plain = self.gated and self.glu is self._kernels_glu and type(self).activate is SparseMoE.activate
+        return None if plain else self.activate
 
     def activate(self, h: torch.Tensor) -> torch.Tensor:
         """The experts' first projection's output [.., 2I] (gate, then up) -> glu(gate, up) [.., I]; for

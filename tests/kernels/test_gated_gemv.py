@@ -130,3 +130,21 @@ def test_a_quantized_mlp_decode_step_takes_the_gated_gemv(rows, monkeypatch):
         assert rel_err(unfused, out) < 4e-3
     finally:
         td.mode.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 32)])
+@pytest.mark.parametrize("m", [1, 2])
+def test_cuda_gated_epilogue(m, bits, group, dtype):
+    """On a GPU (inline PTX dp4a, the configs gemv picks): an 8B gate_up (2 x 14336 rows) and a ragged one."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from tests.kernels.test_triton_quant import make_weight as codes_and_weight
+
+    for inner, k in [(14336, 4096), (1000, 1536)]:
+        packed, scales, biases = codes_and_weight(2 * inner, k, bits, group, dtype, m + inner, "cuda")[1:]
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        out = td.gemv(x, packed, scales, biases, bits, group, gated=True)
+        assert out.shape == (m, inner)
+        assert rel_err(out, gated_reference(x, packed, scales, biases, bits, group)) < TOL[dtype]

@@ -176,18 +176,33 @@ def test_dispatch(monkeypatch):
 def test_self_check_tells_a_right_kernel_from_a_wrong_one(monkeypatch):
     """`verify` (run on a GPU at load) rests on self_check, a score against per-dtype bounds: well under 1 for
     the kernel, over 1 for one whose activations are 5% off and for one that drops x's second int8 level
-    (llama.cpp's one-level q8: caught by the fp16 cases); off a GPU verify is True without running."""
+    (llama.cpp's one-level q8: caught by the fp16 cases) and for a gated epilogue that swaps gate and up; off a
+    GPU verify is True without running."""
     assert td.self_check(torch.device("cpu")) < 0.5
     right = td.gemv
     monkeypatch.setattr(td, "gemv", lambda x, *a, **kw: right(x * 1.05, *a, **kw))
     assert td.self_check(torch.device("cpu")) > 1
 
-    def one_level(x, packed, scales, biases, bits, group, **config):  # q2 = round(r - q1) = 0
+    def one_level(x, packed, scales, biases, bits, group, gated=False, **config):  # q2 = round(r - q1) = 0
         x1 = qr.int8_activations(x, level2=1)
-        return qr.affine_matmul_reference(x1, packed, scales, biases, bits, group).to(x.dtype)
+        h = qr.affine_matmul_reference(x1, packed, scales, biases, bits, group)
+        if gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = torch.nn.functional.silu(gate) * up
+        return h.to(x.dtype)
 
     monkeypatch.setattr(td, "gemv", one_level)
     assert td.self_check(torch.device("cpu")) > 1
+
+    def swapped_epilogue(x, packed, scales, biases, bits, group, gated=False, **config):  # silu(up) * gate
+        if not gated:
+            return right(x, packed, scales, biases, bits, group, **config)
+        h = right(x, packed, scales, biases, bits, group, **config).float()
+        gate, up = h.chunk(2, dim=-1)
+        return (torch.nn.functional.silu(up) * gate).to(x.dtype)
+
+    monkeypatch.setattr(td, "gemv", swapped_epilogue)
+    assert td.self_check(torch.device("cpu")) > 1  # the gated cases catch a wrong epilogue
     assert td.verify(torch.device("cpu")) is True
 
 

@@ -61,7 +61,7 @@ def test_write_kv(device, d):
     ],
 )
 @pytest.mark.parametrize("fold", [True, False])
-def test_paged_decode(device, block_size, d, heads, kvh, num_splits, fold):
+def test_paged_decode(device, block_size, d, heads, kvh, num_splits, fold, monkeypatch):
     """fold: the partial kernel's last program of each (sequence, KV head) folds the splits (no reduce kernel),
     leaving the device's counters at zero for the next call; else the reduce kernel."""
     device_ok(device)
@@ -72,38 +72,22 @@ def test_paged_decode(device, block_size, d, heads, kvh, num_splits, fold):
     seq_lens = torch.tensor([blocks_each * block_size - 1, 2 * block_size, 1], dtype=torch.int32, device=device)
     q = torch.randn(batch, heads, d, device=device)
     scale = d**-0.5
-    calls = _count_reduce_launches()
+    launches = []
+    reduce_kernel = triton_kernels._decode_reduce_kernel
+    real_run = reduce_kernel.run
+    monkeypatch.setattr(reduce_kernel, "run", lambda *a, **kw: launches.append(1) or real_run(*a, **kw))
     ours = triton_kernels.paged_decode(
         q, k_pool, v_pool, tables, seq_lens, block_size, scale, num_splits=num_splits, fold=fold
     )
     ref = reference.paged_decode(q, k_pool, v_pool, tables, seq_lens, block_size, scale)
     torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
-    assert calls() == (0 if fold else 1)
+    assert len(launches) == (0 if fold else 1)
     if fold:
         assert not triton_kernels.fold_counters(q.device, batch * kvh).any()  # zero again: ready for the next call
         again = triton_kernels.paged_decode(
             q, k_pool, v_pool, tables, seq_lens, block_size, scale, num_splits=num_splits
         )
         assert torch.equal(again, ours)
-
-
-def _count_reduce_launches():
-    """A counter of _decode_reduce_kernel launches from now on (the function returns the count)."""
-    launches = []
-    kernel = triton_kernels._decode_reduce_kernel
-    original = kernel.run
-
-    def run(*a, **kw):
-        launches.append(1)
-        return original(*a, **kw)
-
-    kernel.run = run
-
-    def count() -> int:
-        kernel.run = original
-        return len(launches)
-
-    return count
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -319,3 +319,34 @@ def test_fused_moe_on_block_scaled_fp8_experts(dtype):
     )
     got = tm.fused_moe(x, gate_up, down, ids, weights, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
     assert_matches(got, ref, dtype)
+
+
+def test_a_silu_moe_leaves_its_activation_to_the_kernels(monkeypatch):
+    """SparseMoE with silu(gate) * up (Mixtral's) passes activate=None to fused_moe -- the kernels' own, made in the
+    decode GEMV's epilogue -- and the result is the CPU path's; a glu replaced after init (Step 3.5's clamp)
+    is passed on as the layer's activate."""
+    from lantern.app.models.spec import ModelConfig
+    from lantern.backends.torch.kernels import ops
+    from lantern.backends.torch.moe import SparseMoE
+    from tests.unit.test_moe import hf_config
+
+    cfg = ModelConfig.from_hf(hf_config("mixtral", num_local_experts=4, num_experts_per_tok=2).to_dict())
+    moe = SparseMoE(cfg)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, 0.5)
+    x = torch.randn(3, cfg.hidden_size)
+    calls = []
+    real = tm.fused_moe
+    monkeypatch.setattr(tm, "fused_moe", lambda *a, **kw: calls.append(kw) or real(*a, **kw, **SMALL))
+    with torch.no_grad():
+        ids, weights = moe.route(x)
+        want = moe.routed(x, ids, weights)
+        monkeypatch.setattr(ops, "use_triton", lambda t: True)
+        got = moe.routed(x, ids, weights)
+        assert calls[-1]["activate"] is None
+        assert_matches(got, want, torch.float32)
+        moe.glu = lambda gate, up: torch.nn.functional.silu(gate).clamp(max=1.0) * up
+        moe.routed(x, ids, weights)
+        assert calls[-1]["activate"] == moe.activate

@@ -343,7 +343,8 @@ _SELF_CHECK_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-3}
 
 def self_check(device: torch.device) -> float:
     """The kernel on small 4- and 8-bit problems -- masked and unmasked, 1 and 2 rows, bf16 and fp16, 16-row
-    programs as the 8B matrices take them, biases off the centre -- against int8_activation_matmul_reference:
+    programs as the 8B matrices take them, biases off the centre, the gated epilogue (ragged and whole) -- against
+    int8_activation_matmul_reference (with silu(gate) * up for the gated cases):
     the largest error relative to the output's largest value, as a fraction of its dtype's bound (< 1: right)."""
     from lantern.backends.torch.kernels import quant_reference as qr
     from lantern.backends.torch.kernels.triton_quant import pack_codes
@@ -351,6 +352,7 @@ def self_check(device: torch.device) -> float:
     gen = torch.Generator().manual_seed(0)
     worst = 0.0
     cases = [(4, 256, 4096, 64, {"BLOCK_N": 16}), (4, 40, 160, 32, {}), (8, 24, 4096, 128, {}), (8, 37, 160, 32, {})]
+    cases += [(4, 74, 160, 32, {"gated": True}), (8, 2 * 24, 1024, 64, {"gated": True})]  # (its epilogue too)
     for bits, n, k, group, cfg in cases:
         codes = torch.randint(0, 1 << bits, (n, k), generator=gen, dtype=torch.uint8)
         packed = pack_codes(codes, bits).to(device)
@@ -361,7 +363,12 @@ def self_check(device: torch.device) -> float:
             s, b = scales.to(device, dtype), biases.to(device, dtype)
             for m in (1, 2):
                 x = x32[:m].to(device, dtype)
-                want = qr.int8_activation_matmul_reference(x, packed, s, b, bits, group).float()
+                if cfg.get("gated"):  # from the float32 sums, rounded once as the kernel's epilogue does
+                    xq = qr.int8_activations(x)
+                    gate, up = qr.affine_matmul_reference(xq, packed, s, b, bits, group).chunk(2, dim=-1)
+                    want = (torch.nn.functional.silu(gate) * up).to(dtype).float()
+                else:
+                    want = qr.int8_activation_matmul_reference(x, packed, s, b, bits, group).float()
                 got = gemv(x, packed, s, b, bits, group, **cfg).float()
                 err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
                 worst = max(worst, err / _SELF_CHECK_TOL[dtype])

@@ -170,6 +170,7 @@ def _decode_partial_kernel(
         # Stores above, then the count (release); the program that brings it to NUM_SPLITS sees every split's
         # (acquire), folds them and sets the count back to zero for the next call (a CUDA graph's next replay).
         counter = count_ptr + b * tl.num_programs(1) + kvh
+        tl.debug_barrier()  # every thread's stores before the count (Triton puts one there today; not by contract)
         if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
             _fold_splits(acc_ptr, m_ptr, l_ptr, sinks_ptr, out_ptr + b * stride_ob, stride_oh, b, heads, gm, d, dm,
                          NUM_HEADS, NUM_SPLITS, HEAD_DIM, HAS_SINKS)  # fmt: skip

@@ -96,6 +96,7 @@ def _noisy_argmax_kernel(
         tl.store(part_v_ptr + slot, best_v)
         tl.store(part_i_ptr + slot, tl.where(best_nan, -1 - best_i, best_i))  # (a NaN part: its index, negated)
         counter = count_ptr + r
+        tl.debug_barrier()  # (as triton_kernels' fold: the stores of every thread before the count)
         if tl.atomic_add(counter, 1, sem="acq_rel") == PARTS - 1:  # the last part folds the row (see module)
             k = tl.arange(0, PARTS_P)
             km = k < PARTS
