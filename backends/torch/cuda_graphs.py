@@ -26,6 +26,7 @@ from lantern.backends.torch.attention import TorchAttentionMetadata, TorchKVPool
 logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 512  # vLLM's default largest captured batch
+_WHOLE_TABLE_ROWS = 1 << 16  # table entries copied as whole rows at most (256 KB): above, the step's columns only
 
 
 def batch_buckets(max_size: int) -> list[int]:
@@ -52,17 +53,21 @@ class DecodeGraphRunner:
         self.buckets = batch_buckets(max_batch)
         self.capture = capture
         size, dev = self.buckets[-1], cos.device
-        # Host staging (numpy) and device buffers the graphs read; padding values are set per step.
-        self.h_ids = np.zeros(size, np.int64)
-        self.h_pos = np.zeros(size, np.int64)
-        self.h_slots = np.full(size, -1, np.int64)
-        self.h_lens = np.ones(size, np.int32)
-        self.h_tables = np.zeros((size, max_blocks_per_seq), np.int32)
-        self.ids = torch.zeros(size, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(size, dtype=torch.long, device=dev)
-        self.slots = torch.full((size,), -1, dtype=torch.long, device=dev)
-        self.lens = torch.ones(size, dtype=torch.int32, device=dev)
-        self.tables = torch.zeros((size, max_blocks_per_seq), dtype=torch.int32, device=dev)
+        # Host staging and the device buffers the graphs read, one pair per dtype: ids, positions and slots (int64),
+        # then the lengths and the block tables (int32) -- two copies a step, not five, asynchronous from pinned
+        # memory on CUDA (a copy from pageable memory waits for the stream and stages through the driver).
+        pin = dev.type == "cuda"
+        self.h_long = torch.zeros((3, size), dtype=torch.long, pin_memory=pin)
+        self.h_int = torch.zeros(size * (1 + max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
+        self.h_ids, self.h_pos, self.h_slots = (self.h_long[i].numpy() for i in range(3))
+        self.h_lens = self.h_int[:size].numpy()
+        self.h_tables = self.h_int[size:].view(size, max_blocks_per_seq).numpy()
+        self.h_slots[:], self.h_lens[:] = -1, 1
+        self.d_long = self.h_long.to(dev, copy=True)  # (copy: on a CPU too, so that the copies are tested there)
+        self.d_int = self.h_int.to(dev, copy=True)
+        self.ids, self.positions, self.slots = self.d_long[0], self.d_long[1], self.d_long[2]
+        self.lens = self.d_int[:size]
+        self.tables = self.d_int[size:].view(size, max_blocks_per_seq)
         self.rows = torch.arange(size, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.mempool = None
@@ -102,14 +107,17 @@ class DecodeGraphRunner:
         for r, table in enumerate(batch.block_tables):
             self.h_tables[r, : len(table)] = np.maximum(table, 0)
         self.h_ids[n:size], self.h_pos[n:size], self.h_slots[n:size], self.h_lens[n:size] = 0, 0, -1, 1
-        for host, dev in (
-            (self.h_ids, self.ids),
-            (self.h_pos, self.positions),
-            (self.h_slots, self.slots),
-            (self.h_lens, self.lens),
-        ):
-            dev[:size].copy_(torch.from_numpy(host[:size]), non_blocking=True)
-        self.tables[:size, :width].copy_(torch.from_numpy(self.h_tables[:size, :width]), non_blocking=True)
+        self.d_long.copy_(self.h_long, non_blocking=True)  # (a few KB: whole)
+        lens = self.lens.numel()
+        if size * self.max_blocks <= _WHOLE_TABLE_ROWS:  # the lengths and the first `size` table rows: one run
+            end = lens + size * self.max_blocks
+            self.d_int[:end].copy_(self.h_int[:end], non_blocking=True)
+        else:  # (long contexts at large batches: only the columns this step reads)
+            self.d_int[:lens].copy_(self.h_int[:lens], non_blocking=True)
+            self.tables[:size, :width].copy_(
+                self.h_int[lens:].view(self.tables.shape)[:size, :width], non_blocking=True
+            )
+        # (the host buffers are rewritten next step only after this one's tokens were read: copies are done)
 
     def _forward(self, size: int) -> torch.Tensor:
         rows, pos = self.rows[:size], self.positions[:size]
