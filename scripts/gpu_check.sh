@@ -17,7 +17,9 @@
 #   bash scripts/gpu_check.sh qgemv          # the int4 GEMV's block sizes swept on the 8B matrices (vs roofline);
 #                                            # LANTERN_GEMV_CONFIGS=$OUT/qgemv.json then runs its winners
 #   bash scripts/gpu_check.sh qgemv-fp4      # the same for e2m1 (MXFP4, groups of 32)
-#   bash scripts/gpu_check.sh dp4a           # the int8-activation GEMV: its gpu tests, then timed on the 8B
+#   bash scripts/gpu_check.sh dp4a           # the int8-activation GEMV (and the fused decode kernels: gated
+#                                            # epilogue, rope + KV write, folded attention, the sampling draw,
+#                                            # decode graphs): their gpu tests, then the GEMV timed on the 8B
 #                                            # matrices beside the float GEMV's built-in configs (~3 min)
 # LIMIT_<step>=seconds shortens a step to fit the device time left (LIMIT_qgemv_fp4 for qgemv-fp4).
 # Each step writes $OUT/<step>.txt (the tool brings back at most 8 files) and the benches a JSON.
@@ -79,8 +81,10 @@ python3 scripts/bench_http.py --backend torch --model "$m" --requests 256 --roun
     sampler) run sampler 300 bash -c 'for r in 1 32 256; do for t in 0 1; do
 python3 scripts/bench_sampler.py --rows $r --temperature $t --steps 50; done; done' ;;
     qgemv) run qgemv 540 python3 scripts/bench_qgemv.py --stages 1 --json "$OUT/qgemv.json" ;;
-    dp4a) run dp4a 300 bash -c 'python3 -m pytest -m gpu tests/kernels/test_triton_gemv_dp4a.py -q -rfE -x \
---tb=short -p no:cacheprovider -p gpu_failures; python3 scripts/bench_qgemv.py --max-configs 0 --json "$OUT/dp4a.json"' ;;
+    dp4a) run dp4a 300 bash -c 'python3 -m pytest -m gpu tests/kernels/test_triton_gemv_dp4a.py tests/kernels/test_gated_gemv.py \
+tests/kernels/test_triton_sampling.py tests/kernels/test_triton_kernels.py tests/kernels/test_triton_fused.py \
+tests/conformance/test_decode_graphs.py -q -rfE --tb=short -p no:cacheprovider -p gpu_failures; \
+python3 scripts/bench_qgemv.py --max-configs 0 --json "$OUT/dp4a.json"' ;;
     qgemv-fp4) run qgemv-fp4 540 python3 scripts/bench_qgemv.py --e2m1 --group 32 --json "$OUT/qgemv-fp4.json" ;;
     *) echo "unknown step $step (env, tests, pytest, quant, families, profile, bench, bench-q4, http, sampler, qgemv, dp4a, qgemv-fp4)" && exit 2 ;;
     esac

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from lantern.app.engine.contract import PromptLogprobs, PromptRows, SamplingRow, StepOutput
@@ -212,6 +213,25 @@ def _triton_draw(scores: torch.Tensor) -> bool:
     return ops.use_triton(scores) and scores.dtype == torch.float32
 
 
+def _triton_draw_rows(sub: torch.Tensor, keys: np.ndarray, temps: np.ndarray) -> torch.Tensor | None:
+    """The draw of unfiltered rows on CUDA: their keys and temperatures go over in one asynchronous copy from pinned
+    memory (float64 holds both exactly: keys are 32-bit), so the host queues the kernel behind the forward without
+    waiting for it (a copy from pageable memory would wait for the whole step first)."""
+    from lantern.backends.torch.kernels import triton_sampling
+
+    plain = bool((temps == 1.0).all())  # T = 1, the clients' default: no scaling
+    pin = torch.cuda.is_available()  # (pinned always on a GPU; tests run this on a CPU as well)
+    host = torch.empty((1 if plain else 2, len(keys)), dtype=torch.float64, pin_memory=pin)
+    staged = host.numpy()
+    staged[0] = keys.reshape(-1)
+    if not plain:
+        staged[1] = temps.reshape(-1)
+    params = host.to(sub.device, non_blocking=True)
+    return triton_sampling.noisy_argmax(
+        sub, params[0], column_hashes(sub.shape[1], sub.device), None if plain else params[1]
+    )
+
+
 def _edit_logits(logits: torch.Tensor, a: SamplingArrays) -> torch.Tensor:
     """logit_bias, penalties and bans as sparse edits of the flat [B * vocab] view (in place)."""
     flat = logits.view(-1)
@@ -260,6 +280,10 @@ def _sample_random(sub: torch.Tensor, a: SamplingArrays) -> torch.Tensor:
     dev = sub.device
     idx = a.random_rows
     temps_np = a.temperature[idx]
+    if not a.filter_rows and sub.is_cuda and sub.shape[1] > 0 and _triton_draw(sub):
+        drawn = _triton_draw_rows(sub, a.draw_keys, temps_np)
+        if drawn is not None:
+            return drawn
     temps = torch.from_numpy(temps_np).to(dev)
     plain_t = None if (temps_np == 1.0).all() else temps  # T = 1, the clients' default: no scaling pass
     vocab = sub.shape[-1]

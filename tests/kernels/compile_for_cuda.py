@@ -27,8 +27,9 @@ INT_PTRS = {"bt_ptr": "*i32", "len_ptr": "*i32", "slot_ptr": "*i64", "codes_ptr"
 INT_PTRS["xpairs_ptr"] = "*i32"  # the dp4a GEMV reads 16-bit activations two to a word
 INT_PTRS["expert_ptr"] = "*i32"  # (and with experts, each pair's expert)
 INT_PTRS["count_ptr"] = "*i32"  # (the decode kernel's fold counters)
-INT_PTRS.update(hashes_ptr="*i32", keys_ptr="*i64", part_i_ptr="*i32", tokens_ptr="*i64")  # the sampling draw's
-FLOAT32_PTRS.update({"scores_ptr", "temps_ptr", "part_v_ptr"})
+INT_PTRS.update(hashes_ptr="*i32", part_i_ptr="*i32", tokens_ptr="*i64")  # the sampling draw's
+INT_PTRS.update(keys_ptr="*fp64", temps_ptr="*fp64")  # (keys and temperatures: one float64 upload, as sampler makes it)
+FLOAT32_PTRS.update({"scores_ptr", "part_v_ptr"})
 FLOAT32_PTRS.add("rw_ptr")
 
 

@@ -98,3 +98,30 @@ def test_cuda_draws_match_torch_ops_on_cuda():
         for t in (None, temps):
             want = torch_draw(scores, keys, hashes, t)
             assert torch.equal(ts.noisy_argmax(scores, keys, hashes, t), want)
+
+
+@pytest.mark.parametrize("temperatures", [(1.0, 1.0, 1.0, 1.0), (0.5, 1.0, 1.7, 0.9)])
+def test_sample_draws_on_cuda_as_on_the_cpu(temperatures, monkeypatch):
+    """sampler.sample on rows without filters, told its logits are CUDA's: the keys (and temperatures unless all are
+    1) go over as one float64 upload into the kernel, and the tokens are the CPU path's, row for row."""
+    from lantern.app.engine.contract import SamplingRow
+    from lantern.app.engine.sampling_params import SamplingParams
+    from lantern.backends.torch.kernels import ops
+
+    logits = 3 * torch.randn(len(temperatures), 3000, generator=torch.Generator().manual_seed(5))
+    rows = [
+        SamplingRow(params=SamplingParams(max_tokens=None, temperature=t), seed=40 + i, step=i)
+        for i, t in enumerate(temperatures)
+    ]
+    want = sampler.sample(logits, rows).token_ids
+    uploads, draws = [], []
+    real_draw, real_rows = ts.noisy_argmax, sampler._triton_draw_rows
+    monkeypatch.setattr(ts, "noisy_argmax", lambda *a: draws.append(a) or real_draw(*a))
+    monkeypatch.setattr(sampler, "_triton_draw_rows", lambda *a: uploads.append(a) or real_rows(*a))
+    monkeypatch.setattr(ops, "use_triton", lambda t: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    got = sampler.sample(logits, rows).token_ids
+    monkeypatch.undo()
+    assert got == want and len(uploads) == 1 and len(draws) == 1
+    keys, temps = draws[0][1], draws[0][3]
+    assert keys.dtype == torch.float64 and (temps is None) == (set(temperatures) == {1.0})

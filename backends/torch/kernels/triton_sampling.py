@@ -59,10 +59,12 @@ def _noisy_argmax_kernel(
 ):
     r = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
-    w = tl.load(keys_ptr + r) & 0xFFFFFFFF  # the row's 32-bit key, then lowbias32's first step on it
+    w = (
+        tl.load(keys_ptr + r).to(tl.int64) & 0xFFFFFFFF
+    )  # the row's 32-bit key (int64 or float64), lowbias32's first step
     key16 = (w ^ (w >> 16)).to(tl.int32)
     if HAS_T:
-        t = tl.load(temps_ptr + r)
+        t = tl.load(temps_ptr + r).to(tl.float32)
     lo = p * cols_per_part
     hi = tl.minimum(lo + cols_per_part, C)
     best_v = tl.full((), float("-inf"), tl.float32)
@@ -115,8 +117,9 @@ def noisy_argmax(
     scores: torch.Tensor, keys: torch.Tensor, col_hashes: torch.Tensor, temperature: torch.Tensor | None
 ) -> torch.Tensor | None:
     """argmax(scores - T log(-log(u))) per row, u from (key, column) as sampler._neg_gumbel_ makes it -> int64 [R];
-    scores float32 [R, C], keys int64 [R, 1] (32-bit), col_hashes int32 [C] or [R, C], temperature [R, 1] or None
-    (T = 1). None where the device's counters cannot serve the rows (the caller's torch ops then do it)."""
+    scores float32 [R, C], keys [R] or [R, 1] (32-bit values, int64 or float64), col_hashes int32 [C] or [R, C],
+    temperature [R] or [R, 1] (float32 or float64: float32 values) or None (T = 1). None where the device's counters
+    cannot serve the rows (the caller's torch ops then do it)."""
     rows, cols = scores.shape
     if scores.stride(1) != 1:
         scores = scores.contiguous()
@@ -130,8 +133,10 @@ def noisy_argmax(
         return out
     part_v = torch.empty(rows * parts, dtype=torch.float32, device=scores.device)
     part_i = torch.empty(rows * parts, dtype=torch.int32, device=scores.device)
-    keys = keys.reshape(-1).to(torch.int64)
-    temps = scores if temperature is None else temperature.reshape(-1).float()
+    keys = keys.reshape(-1)
+    if keys.dtype not in (torch.int64, torch.float64):
+        keys = keys.to(torch.int64)
+    temps = scores if temperature is None else temperature.reshape(-1)
     per_part = triton.cdiv(triton.cdiv(cols, parts), BLOCK_COLS) * BLOCK_COLS
     _noisy_argmax_kernel[(rows, parts)](
         scores, hashes, keys, temps, part_v, part_i, counters, out, cols, per_part, scores.stride(0),
