@@ -33,6 +33,10 @@ class QuantLayer(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:  # the weight's rows `ids` as float32 [T, K]
         raise NotImplementedError
 
+    def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The weight's rows `ids` in `dtype` (a quantized embedding's lookup): rows(), cast."""
+        return self.rows(ids).to(dtype)
+
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
         """SiLU(gate) * up of this layer's output, its rows a gated MLP's gate then up, where the layer makes it in
         one kernel with the product (TritonLinear's decode GEMV); None: the caller applies forward, then the

@@ -328,7 +328,7 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
-        return self.table.rows(flat).to(self.dtype).view(*ids.shape, self.table.in_features)
+        return self.table.embed(flat, self.dtype).view(*ids.shape, self.table.in_features)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.table(h)

@@ -123,6 +123,14 @@ class TritonLinear(QuantLayer):
         y = self._dp4a.gemv(x2, self.packed, self.scales, self.biases, self.bits, self.group_size, gated=True)
         return y.view(*x.shape[:-1], self.out_features // 2)
 
+    def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """rows(ids).to(dtype); for affine codes on CUDA in one kernel (triton_fused.affine_rows), the same values."""
+        if self.code != "affine" or not self.packed.is_cuda:
+            return self.rows(ids).to(dtype)
+        from lantern.backends.torch.kernels import triton_fused
+
+        return triton_fused.affine_rows(self.packed, self.scales, self.biases, self.bits, self.group_size, ids, dtype)
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         p = self.packed[ids]
         if self.bits == 4:

@@ -28,6 +28,7 @@ INT_PTRS["xpairs_ptr"] = "*i32"  # the dp4a GEMV reads 16-bit activations two to
 INT_PTRS["expert_ptr"] = "*i32"  # (and with experts, each pair's expert)
 INT_PTRS["count_ptr"] = "*i32"  # (the decode kernel's fold counters)
 INT_PTRS.update(hashes_ptr="*i32", part_i_ptr="*i32", tokens_ptr="*i64")  # the sampling draw's
+INT_PTRS["ids_ptr"] = "*i64"  # (a quantized embedding's lookup)
 INT_PTRS.update(keys_ptr="*fp64", temps_ptr="*fp64")  # (keys and temperatures: one float64 upload, as sampler makes it)
 FLOAT32_PTRS.update({"scores_ptr", "part_v_ptr"})
 FLOAT32_PTRS.add("rw_ptr")
@@ -148,6 +149,10 @@ CASES = [
     *[(tf._rotary_kernel, dt, 90, {"HALF": 64, "BLOCK": 64}) for dt in ("bf16", "fp16")],
     *[(tf._silu_mul_kernel, dt, cap, {"BLOCK": 1024}) for dt, cap in (("bf16", 90), ("fp16", 80))],
     *[(tf._rotary_write_kv_kernel, dt, 90, {"NUM_Q": 32, "HALF": 64, "BLOCK": 64}) for dt in ("bf16", "fp16")],
+    *[
+        (tf._affine_rows_kernel, dt, cap, {"BITS": bits, "GROUP": group, "BLOCK": 1024}, {"enable_fp_fusion": False})
+        for dt, cap, bits, group in (("bf16", 90, 4, 64), ("fp16", 80, 8, 32))
+    ],
     # the sampling draw (one part a row, and many folded), as sampler runs it: no FMA
     *[sampling_case(cap, parts, temps) for cap, parts, temps in ((90, 126, False), (80, 1, True), (90, 8, True))],
     # Quantized matmuls with the block sizes affine_matmul picks: decode (8B-model rows, a narrow

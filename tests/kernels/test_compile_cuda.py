@@ -30,7 +30,7 @@ def test_kernels_compile_for_nvidia_targets(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     compiled = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert len(compiled) == 78 and any("_prefill_kernel bf16 sm_90" in line for line in compiled)
+    assert len(compiled) == 80 and any("_prefill_kernel bf16 sm_90" in line for line in compiled)
     # soft-capping and sinks, with the sliding window every attention kernel takes at run time
     assert "ok _prefill_kernel bf16 sm_90 softcap sinks" in compiled
     assert "ok _decode_partial_kernel bf16 sm_80 softcap" in compiled
@@ -48,6 +48,7 @@ def test_kernels_compile_for_nvidia_targets(tmp_path):
     assert sum("GATED=True" in line for line in dp4a) == 4  # SiLU(gate) * up in the epilogue
     assert "ok _silu_mul_kernel bf16 sm_90" in compiled and "ok _rotary_write_kv_kernel bf16 sm_90" in compiled
     assert sum(line.startswith("ok _noisy_argmax_kernel fp32") for line in compiled) == 3  # the sampling draw
+    assert "ok _affine_rows_kernel bf16 sm_90 4-bit g64" in " ".join(compiled)  # a quantized embedding's lookup
     assert any(line.startswith("ok _gemv_kernel bf16 sm_90 e2m1 g16") for line in compiled)  # NVFP4 decode
     assert any(line.startswith("ok _gemm_kernel bf16 sm_80 e2m1 g32 BLOCK_M=128") for line in compiled)
     assert any(line.startswith("ok _gemv_kernel bf16 sm_90 e4m3 g128") for line in compiled)  # block FP8 decode

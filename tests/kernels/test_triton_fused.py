@@ -101,3 +101,25 @@ def test_rotary_write_kv(device, dtype, heads, kvh, d):
         assert torch.equal(out, triton_fused.rotary(qk, cos, sin))  # the rotary kernel's values, exactly
         reference.write_kv(ref_k, ref_v, out[:, heads:], v, slots)
         assert torch.equal(k_pool, ref_k) and torch.equal(v_pool, ref_v)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+@pytest.mark.parametrize("bits,group,k", [(4, 32, 96), (4, 64, 4096), (8, 128, 256)])
+def test_affine_rows_are_the_layers_rows(device, dtype, bits, group, k):
+    """A quantized embedding's lookup in one kernel == TritonLinear.rows (the torch ops) cast to the dtype, exactly:
+    repeated and out-of-order ids, 4-bit nibbles in both halves of a byte, every group."""
+    device_ok(device)
+    from lantern.backends.torch.kernels import triton_quant
+
+    g = torch.Generator().manual_seed(bits * k)
+    n = 50
+    codes = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
+    packed = triton_quant.pack_codes(codes, bits).to(device)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(device, dtype)
+    biases = (-8 * scales.float() + 0.01 * torch.randn(n, k // group, generator=g).to(device)).to(dtype)
+    ids = torch.tensor([7, 0, 49, 7, 13], device=device)
+    got = triton_fused.affine_rows(packed, scales, biases, bits, group, ids, dtype)
+    rows = codes[ids.cpu()].float().view(len(ids), -1, group) * scales[ids].float().cpu()[:, :, None]
+    want = (rows + biases[ids].float().cpu()[:, :, None]).view(len(ids), k).to(dtype)
+    assert got.shape == (len(ids), k) and got.dtype == dtype
+    assert torch.equal(got.cpu(), want)

@@ -1,5 +1,5 @@
 """Triton kernels for the per-token elementwise work: RMSNorm fused with the residual add, rotary (alone, or with
-the KV-cache write of the rotated keys and the values), SiLU(gate) * up.
+the KV-cache write of the rotated keys and the values), SiLU(gate) * up, a quantized embedding's rows.
 
 Each replaces several eager ops (and their launches and round trips through memory) with one
 pass over the row; each matches a function of kernels/reference.py, rounding included.
@@ -235,3 +235,56 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
             rows, out, inner, rows.stride(0), out.stride(0), BLOCK=block
         )
     return out.view(*gate_up.shape[:-1], inner)
+
+
+@triton.jit
+def _affine_rows_kernel(
+    ids_ptr,
+    codes_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    K,
+    stride_c,
+    stride_s,
+    stride_o,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < K
+    row = tl.load(ids_ptr + t).to(tl.int64)
+    if BITS == 4:  # byte j: column 2j in its low nibble, 2j + 1 in its high one (triton_quant.pack_codes)
+        byte = tl.load(codes_ptr + row * stride_c + cols // 2, mask=m, other=0).to(tl.int32)
+        code = (byte >> ((cols % 2) * 4)) & 15
+    else:
+        code = tl.load(codes_ptr + row * stride_c + cols, mask=m, other=0).to(tl.int32)
+    s = tl.load(scale_ptr + row * stride_s + cols // GROUP, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(bias_ptr + row * stride_s + cols // GROUP, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_o + cols, (code.to(tl.float32) * s + b).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def affine_rows(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    biases: torch.Tensor,
+    bits: int,
+    group_size: int,
+    ids: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Rows `ids` of a packed affine weight (triton_quant's layout) dequantized -> [len(ids), K] in `dtype`: code *
+    scale + bias in float32 (a multiply then an add, as the torch ops round them), then cast. One kernel where the
+    ops take ~12 (gather, unpack, stack, two gathers of scales, casts, multiply, add)."""
+    n_ids = ids.numel()
+    k = packed.shape[1] * 8 // bits
+    out = torch.empty((n_ids, k), dtype=dtype, device=packed.device)
+    block = min(1024, triton.next_power_of_2(max(k, 1)))
+    if n_ids and k:
+        _affine_rows_kernel[(n_ids, triton.cdiv(k, block))](
+            ids.reshape(-1), packed, scales, biases, out, k, packed.stride(0), scales.stride(0), out.stride(0),
+            BITS=bits, GROUP=group_size, BLOCK=block, enable_fp_fusion=False,
+        )  # fmt: skip
+    return out
