@@ -91,18 +91,27 @@ def _rotary_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    i, m, y1, y2 = _rotated_halves(x_ptr, cos_ptr, sin_ptr, t, h, stride_xt, stride_xh, stride_ct, HALF, BLOCK)
+    dst = out_ptr + t * stride_ot + h * stride_oh
+    ty = out_ptr.dtype.element_ty
+    tl.store(dst + i, y1.to(ty), mask=m)
+    tl.store(dst + HALF + i, y2.to(ty), mask=m)
+
+
+@triton.jit
+def _rotated_halves(
+    x_ptr, cos_ptr, sin_ptr, t, h, stride_xt, stride_xh, stride_ct, HALF: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Head h of token t turned by the rotate_half rope: (offsets, mask, x1 c - x2 s, x2 c + x1 s) in float32 -- the
+    cos/sin rows are [freqs, freqs], so both halves use the first half's values."""
     i = tl.arange(0, BLOCK)
     m = i < HALF
     src = x_ptr + t * stride_xt + h * stride_xh
     x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
-    # cos/sin rows are [freqs, freqs]: both halves use the first half's values.
     c = tl.load(cos_ptr + t * stride_ct + i, mask=m, other=0.0)
     s = tl.load(sin_ptr + t * stride_ct + i, mask=m, other=0.0)
-    dst = out_ptr + t * stride_ot + h * stride_oh
-    ty = out_ptr.dtype.element_ty
-    tl.store(dst + i, (x1 * c - x2 * s).to(ty), mask=m)
-    tl.store(dst + HALF + i, (x2 * c + x1 * s).to(ty), mask=m)
+    return i, m, x1 * c - x2 * s, x2 * c + x1 * s
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -154,15 +163,9 @@ def _rotary_write_kv_kernel(
     and v's row into the pool at the token's slot (none where the slot is negative)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    i = tl.arange(0, BLOCK)
-    m = i < HALF
-    src = x_ptr + t * stride_xt + h * stride_xh
-    x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
-    c = tl.load(cos_ptr + t * stride_ct + i, mask=m, other=0.0)
-    s = tl.load(sin_ptr + t * stride_ct + i, mask=m, other=0.0)
+    i, m, y1, y2 = _rotated_halves(x_ptr, cos_ptr, sin_ptr, t, h, stride_xt, stride_xh, stride_ct, HALF, BLOCK)
     ty = out_ptr.dtype.element_ty
-    y1, y2 = (x1 * c - x2 * s).to(ty), (x2 * c + x1 * s).to(ty)
+    y1, y2 = y1.to(ty), y2.to(ty)
     dst = out_ptr + t * stride_ot + h * stride_oh
     tl.store(dst + i, y1, mask=m)
     tl.store(dst + HALF + i, y2, mask=m)
