@@ -71,3 +71,30 @@ def test_a_model_through_the_cuda_kernels_matches_transformers(variant, tmp_path
     assert report["error"] < 1e-4, report
     assert report["decode_folded"] > 0 and report["decode_reduced"] == 0, report
     assert report["rotary_write_kv"] > 0 and report["silu_mul"] > 0, report
+
+
+def test_a_quantized_llama_decode_layer_launches_eight_kernels(tmp_path):
+    """scripts/count_decode_kernels.py (the CUDA path's launches in one decode step, counted in the interpreter) on a
+    2-layer Llama with --isq q4 in float16: per layer two norms, four dp4a GEMVs (SiLU * up inside gate_up's), the
+    rope writing K/V and one attention kernel -- no separate activation, KV write or reduce kernel."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    script = ROOT / "scripts" / "count_decode_kernels.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--layers", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    layers, kernels = report["layers"], report["kernels"]
+    assert kernels == {
+        "_gemv_dp4a_kernel": 4 * layers + 1,  # (+ the head)
+        "_rms_norm_kernel": 2 * layers + 1,  # (+ the final norm)
+        "_rotary_write_kv_kernel": layers,
+        "_decode_partial_kernel": layers,
+    }, report
+    assert report["per_layer"] == 8
