@@ -253,6 +253,21 @@ def gpt_oss_moe(tokens: int):
     return moe.eval(), torch.randn(tokens, cfg.hidden_size)
 
 
+def routed_on_both_paths(moe, x, monkeypatch) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
+    """SparseMoE.routed on its CPU path, then with the Triton path switched on (left on): (fused_moe's keyword
+    arguments per call, the Triton path's output, the CPU path's)."""
+    from lantern.backends.torch.kernels import ops
+
+    calls = []
+    real = tm.fused_moe
+    monkeypatch.setattr(tm, "fused_moe", lambda *a, **kw: calls.append(kw) or real(*a, **kw, **SMALL))
+    with torch.no_grad():
+        ids, weights = moe.route(x)
+        want = moe.routed(x, ids, weights)
+        monkeypatch.setattr(ops, "use_triton", lambda t: True)
+        return calls, moe.routed(x, ids, weights), want
+
+
 @pytest.mark.parametrize("quantized", [False, True])
 def test_gpt_oss_experts_take_the_fused_kernel(quantized, monkeypatch):
     """SparseMoE.routed on gpt-oss's experts (float BiasedExperts, or MXFP4 QuantExperts stacked as on
@@ -261,7 +276,6 @@ def test_gpt_oss_experts_take_the_fused_kernel(quantized, monkeypatch):
     from lantern.app.models.quant.affine import ErrorLog
     from lantern.app.models.quant.microscaled import MxWeight
     from lantern.backends.torch import moe as moe_mod
-    from lantern.backends.torch.kernels import ops
     from lantern.backends.torch.quant_linear import quantized_linear
 
     moe, x = gpt_oss_moe(5)
@@ -277,14 +291,7 @@ def test_gpt_oss_experts_take_the_fused_kernel(quantized, monkeypatch):
         experts.stack_for_cuda()
         assert experts.packed is not None and experts.packed[0].code == "e2m1"
         moe.experts = experts
-    calls = []
-    real = tm.fused_moe
-    monkeypatch.setattr(tm, "fused_moe", lambda *a, **kw: calls.append(kw) or real(*a, **kw, **SMALL))
-    with torch.no_grad():
-        ids, weights = moe.route(x)
-        want = moe.routed(x, ids, weights)
-        monkeypatch.setattr(ops, "use_triton", lambda t: True)
-        got = moe.routed(x, ids, weights)
+    calls, got, want = routed_on_both_paths(moe, x, monkeypatch)
     assert len(calls) == 1 and calls[0]["activate"] == moe.activate and calls[0]["down_bias"] is not None
     assert_matches(got, want, torch.float32)
 
@@ -326,7 +333,6 @@ def test_a_silu_moe_leaves_its_activation_to_the_kernels(monkeypatch):
     decode GEMV's epilogue -- and the result is the CPU path's; a glu replaced after init (Step 3.5's clamp)
     is passed on as the layer's activate."""
     from lantern.app.models.spec import ModelConfig
-    from lantern.backends.torch.kernels import ops
     from lantern.backends.torch.moe import SparseMoE
     from tests.unit.test_moe import hf_config
 
@@ -337,16 +343,11 @@ def test_a_silu_moe_leaves_its_activation_to_the_kernels(monkeypatch):
         for p in moe.parameters():
             p.normal_(0, 0.5)
     x = torch.randn(3, cfg.hidden_size)
-    calls = []
-    real = tm.fused_moe
-    monkeypatch.setattr(tm, "fused_moe", lambda *a, **kw: calls.append(kw) or real(*a, **kw, **SMALL))
+    calls, got, want = routed_on_both_paths(moe, x, monkeypatch)
+    assert calls[-1]["activate"] is None
+    assert_matches(got, want, torch.float32)
     with torch.no_grad():
         ids, weights = moe.route(x)
-        want = moe.routed(x, ids, weights)
-        monkeypatch.setattr(ops, "use_triton", lambda t: True)
-        got = moe.routed(x, ids, weights)
-        assert calls[-1]["activate"] is None
-        assert_matches(got, want, torch.float32)
         moe.glu = lambda gate, up: torch.nn.functional.silu(gate).clamp(max=1.0) * up
         moe.routed(x, ids, weights)
         assert calls[-1]["activate"] == moe.activate

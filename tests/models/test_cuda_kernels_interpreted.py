@@ -52,22 +52,20 @@ print(json.dumps({"error": err, **calls}))
 """
 
 
+def interpreted(args: list[str], cwd: Path) -> dict:
+    """Python run with `args` in a fresh process under Triton's interpreter -> the JSON its last line prints."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("variant", ["llama3", "qwen2_swa"])
 def test_a_model_through_the_cuda_kernels_matches_transformers(variant, tmp_path):
     """llama3 (GQA, llama3 rope scaling) and qwen2 with a sliding window on one layer: within 1e-4 of the logits'
     spread, every decode step's attention one folded kernel, every layer's rope writing its K/V."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", _CHECK, variant, str(tmp_path / variant)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = interpreted(["-c", _CHECK, variant, str(tmp_path / variant)], ROOT)
     assert report["error"] < 1e-4, report
     assert report["decode_folded"] > 0 and report["decode_reduced"] == 0, report
     assert report["rotary_write_kv"] > 0 and report["silu_mul"] > 0, report
@@ -77,19 +75,7 @@ def test_a_quantized_llama_decode_layer_launches_eight_kernels(tmp_path):
     """scripts/count_decode_kernels.py (the CUDA path's launches in one decode step, counted in the interpreter) on a
     2-layer Llama with --isq q4 in float16: per layer two norms, four dp4a GEMVs (SiLU * up inside gate_up's), the
     rope writing K/V and one attention kernel -- no separate activation, KV write or reduce kernel."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    script = ROOT / "scripts" / "count_decode_kernels.py"
-    out = subprocess.run(
-        [sys.executable, str(script), "--layers", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = interpreted([str(ROOT / "scripts" / "count_decode_kernels.py"), "--layers", "2"], tmp_path)
     layers, kernels = report["layers"], report["kernels"]
     assert kernels == {
         "_gemv_dp4a_kernel": 4 * layers + 1,  # (+ the head)
