@@ -59,9 +59,8 @@ def _noisy_argmax_kernel(
 ):
     r = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
-    w = (
-        tl.load(keys_ptr + r).to(tl.int64) & 0xFFFFFFFF
-    )  # the row's 32-bit key (int64 or float64), lowbias32's first step
+    # the row's 32-bit key (stored as int64 or float64), then lowbias32's first step on it
+    w = tl.load(keys_ptr + r).to(tl.int64) & 0xFFFFFFFF
     key16 = (w ^ (w >> 16)).to(tl.int32)
     if HAS_T:
         t = tl.load(temps_ptr + r).to(tl.float32)
