@@ -58,6 +58,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="GPU ids to use, as in candle-vllm; their count is the tensor parallel size",
     )
     p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="launch each decode step before the last one's tokens are processed, so the host's work per step "
+        "overlaps the device's (default: on for CUDA and MLX; not for models with recurrent layers)",
+    )
+    p.add_argument(
         "--enforce-eager",
         action="store_true",
         help="run decode steps eagerly instead of as CUDA graphs (torch backend on CUDA)",

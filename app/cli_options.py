@@ -62,6 +62,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "enable_prefix_caching": not args.no_prefix_cache,
         "prefix_cache_states": args.prefix_cache_states,
+        "async_scheduling": args.async_scheduling,
         "enforce_eager": args.enforce_eager,
         "num_threads": args.threads,
         "compile_decode": args.compile_decode,

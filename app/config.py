@@ -40,6 +40,9 @@ class EngineConfig:
     gpu_memory_fraction: float = 0.25  # else: this share of the memory free after loading weights
     num_kv_blocks: int | None = None  # exact block count (tests); overrides the memory budget
     enable_prefix_caching: bool = True
+    # Decode steps scheduled ahead, the host's work per step hidden behind the device's (app/engine/step_ahead.py).
+    # None: where the backend's steps run asynchronously (CUDA, MLX); True also elsewhere (tests); False: never.
+    async_scheduling: bool | None = None
     # Models with recurrent layers: snapshots of their state kept for the prefix cache (None: by memory;
     # 0: no prefix caching for such models). app/engine/state_cache.py says where they are taken.
     prefix_cache_states: int | None = None

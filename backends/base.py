@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from lantern.app.engine.contract import ModelInfo, ModelSpec, PoolingRow, ScheduledBatch, StepOutput
+from lantern.app.engine.contract import ModelInfo, ModelSpec, PendingStep, PoolingRow, ScheduledBatch, StepOutput
 
 
 class KVLayout(NamedTuple):
@@ -93,6 +93,25 @@ class Backend(Protocol):
 
     def shutdown(self) -> None:
         """Release worker processes and device memory; the backend is unusable afterwards."""
+
+
+@runtime_checkable
+class LaunchingBackend(Protocol):
+    """What a backend adds so the engine can schedule decode steps ahead (app/engine/step_ahead.py): step N+1 is
+    queued on the device behind step N, its input ids taken there from N's sampled tokens, while the host collects
+    and processes step N's tokens -- the host's work per step (scheduling, batch building, detokenizing) then
+    overlaps the device's instead of adding to it."""
+
+    # True where a launch returns before the device has finished the step (CUDA, MLX's lazy evaluation): scheduling
+    # ahead pays. False where it runs to the end (torch on a CPU): the engine then schedules ahead only when told to.
+    steps_run_async: bool
+    # Whether launch() can take a batch whose ids come from an earlier launch's tokens (`carried`); False where the
+    # step's inputs must be known on the host (tensor-parallel workers in other processes).
+    carries_tokens: bool
+
+    def launch(self, batch: ScheduledBatch, after: PendingStep | None = None) -> PendingStep:
+        """Queue the forward pass and the sampling of `batch` and return at once (as far as the device allows).
+        `after`: the launched step whose sampled tokens the batch's `carried` rows name (None when it has none)."""
 
 
 @runtime_checkable

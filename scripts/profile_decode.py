@@ -6,11 +6,12 @@ busy time per token, and the GPU time per kernel (torch.profiler), for a `lanter
 
 bs=1 tokens/s is measured as `lantern bench` does ((n - 1) / (t(n) - t(1)), greedy and T=1.0), and set
 against the HBM roofline of the bytes the backend holds per weight. CUDA events around each forward
-(the graph replay, or the eager forward) and around each execute (forward + sampling) give the stream time
+(the graph replay, or the eager forward) and around each launch (forward + sampling) give the stream time
 each spans (host work inside the call included); wall time beyond them is the host alone (scheduler, batch
 building, detokenizing) while the GPU waits. The kernel table sums each kernel's device time over the
 decode steps (a profiled generation less one of a single token: its prefill), kernels inside CUDA graph replays
 recorded by CUPTI like eager ones: the GPU's busy time, against which the spans and the wall time show the gaps.
+With async scheduling (the default on CUDA) bs=1 is also timed with steps one after the other, in the same run.
 """
 
 from __future__ import annotations
@@ -70,6 +71,19 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"shape": args.shape, "dtype": args.dtype, "isq": args.isq, "device": str(device)}
     for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
         result[f"{name}_bs1_tok_s"] = (args.tokens - 1) / (generate(args.tokens, temp) - generate(1, temp))
+    ahead = llm.engine.ahead  # async scheduling (app/engine/step_ahead.py): also timed without, side by side
+    if ahead is not None:
+        llm.engine.ahead = None
+        for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
+            result[f"{name}_bs1_tok_s_one_by_one"] = (args.tokens - 1) / (
+                generate(args.tokens, temp) - generate(1, temp)
+            )
+        llm.engine.ahead = ahead
+        print(
+            f"steps one after the other (--no-async-scheduling): greedy {result['greedy_bs1_tok_s_one_by_one']:.1f} "
+            f"tok/s, T=1.0 {result['sampled_bs1_tok_s_one_by_one']:.1f}",
+            flush=True,
+        )
     peaks = device_peaks(device, dtype)
     elt = llm.engine.weight_bytes / llm.engine.num_params if args.isq else dtype.itemsize
     roof = ShapeCost.of(shape, elt).bs1_roofline(args.prompt_len + args.tokens / 2, peaks)
@@ -95,7 +109,7 @@ def gpu_share(llm, generate, tokens: int) -> dict:
     recorded around each call: they enclose the host's work inside the call too, so they bound the GPU's busy time
     from above; the kernel table gives the busy time itself)."""
     backend = llm.engine.backend
-    spans: dict[str, list] = {"forward": [], "execute": []}
+    spans: dict[str, list] = {"forward": [], "launch": []}
 
     def timed(name: str, fn):
         def wrapper(*a, **kw):
@@ -108,26 +122,27 @@ def gpu_share(llm, generate, tokens: int) -> dict:
 
         return wrapper
 
-    forward, execute = backend._forward, backend.execute
-    backend._forward, backend.execute = timed("forward", forward), timed("execute", execute)
+    forward, launch = backend._forward, backend.launch
+    backend._forward, backend.launch = timed("forward", forward), timed("launch", launch)
     try:
         wall = generate(tokens + 1, 0.0)
         for v in spans.values():  # the prefill's step: before the first decode step
             del v[: len(v) - tokens]
         wall -= generate(1, 0.0)
     finally:
-        backend._forward, backend.execute = forward, execute
+        backend._forward, backend.launch = forward, launch
     torch.cuda.synchronize()
     per = {k: sum(s.elapsed_time(e) for s, e in v[:tokens]) / tokens * 1e3 for k, v in spans.items()}
     out = {
         "wall_us_per_token": wall / tokens * 1e6,
         "forward_span_us_per_step": per["forward"],
-        "execute_span_us_per_step": per["execute"],
+        "step_span_us_per_step": per["launch"],
         "steps_timed": tokens,
     }
     print(
         f"per token: wall {out['wall_us_per_token']:.0f} us; stream spans: forward {per['forward']:.0f} us, "
-        f"forward + sampling {per['execute']:.0f} us (events around each call; wall beyond them is the host alone)",
+        f"forward + sampling {per['launch']:.0f} us (events around each launch; with steps scheduled ahead the host's "
+        "work overlaps them, else wall beyond them is the host alone)",
         flush=True,
     )
     return out

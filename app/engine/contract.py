@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -16,7 +17,17 @@ from lantern.app.engine.penalty_state import PenaltyState
 from lantern.app.engine.sampling_params import SamplingParams
 from lantern.app.models.spec import ModelConfig
 
-__all__ = ["BackendOptions", "ModelInfo", "ModelSpec", "PoolingRow", "SamplingRow", "ScheduledBatch", "StepOutput"]
+__all__ = [
+    "BackendOptions",
+    "FinishedStep",
+    "ModelInfo",
+    "ModelSpec",
+    "PendingStep",
+    "PoolingRow",
+    "SamplingRow",
+    "ScheduledBatch",
+    "StepOutput",
+]
 
 
 @dataclass
@@ -76,6 +87,10 @@ class ScheduledBatch:
     # Prompt tokens whose log-probabilities this step computes (SamplingParams.prompt_logprobs): their logits rows
     # come after the sampled ones (backends/paged_plan.logits_idx).
     prompt_rows: list[PromptRows] = field(default_factory=list)
+    # [T] int32, a step scheduled ahead (app/engine/step_ahead.py): for each token whose id the host does not know
+    # yet, the row of the step it follows (Backend.launch's `after`) whose sampled token it is; -1 where input_ids
+    # holds the id. None: input_ids holds every id.
+    carried: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -115,6 +130,23 @@ class StepOutput:
     logprobs: list[float] | None = None  # log-probability of each chosen token
     top_logprobs: list[list[tuple[int, float]]] | None = None
     prompt_logprobs: PromptLogprobs | None = None  # per ScheduledBatch.prompt_rows entry, same order
+
+
+class PendingStep(Protocol):
+    """A launched step (Backend.launch): its work queued on the device, its tokens not yet on the host."""
+
+    def result(self) -> StepOutput:
+        """Wait for the step and hand over its sampled tokens as plain lists."""
+
+
+class FinishedStep:
+    """A step that ran to the end when it was launched (a backend whose work is synchronous)."""
+
+    def __init__(self, output: StepOutput) -> None:
+        self.output = output
+
+    def result(self) -> StepOutput:
+        return self.output
 
 
 @dataclass

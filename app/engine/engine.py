@@ -14,7 +14,7 @@ from lantern.app.config import EngineConfig
 from lantern.app.engine.batch import build_batch
 from lantern.app.engine.block_manager import BlockManager
 from lantern.app.engine.chat_encoding import encode_chat
-from lantern.app.engine.contract import ScheduledBatch, StepOutput
+from lantern.app.engine.contract import FinishedStep, PendingStep, ScheduledBatch, StepOutput
 from lantern.app.engine.embedding import (
     ENCODER_STEP_TOKENS,
     EmbeddingOutput,
@@ -33,6 +33,7 @@ from lantern.app.engine.request import RequestOutput
 from lantern.app.engine.sampling_params import SamplingParams, StructuredSpec
 from lantern.app.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
 from lantern.app.engine.sequence import Sequence, TokenLogprob
+from lantern.app.engine.step_ahead import Launched, StepAhead
 from lantern.app.engine.structured import GrammarCompiler
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class LLMEngine:
             default_dtype,
             pick_backend,
         )
-        from lantern.backends.base import Backend
+        from lantern.backends.base import Backend, LaunchingBackend
 
         self.config = config
         backend_name = pick_backend(config.backend) if backend is None else backend.name
@@ -143,6 +144,21 @@ class LLMEngine:
         self.stats = EngineStats()
         self._consecutive_failures = 0
         self.embedder = None if pooling is None else make_embedder(self, loaded.spec, self.task, pooling)
+        self._launcher: Any = self.backend if isinstance(self.backend, LaunchingBackend) else None
+        self.ahead = self._step_ahead(config.async_scheduling)
+        self._ahead: Launched | None = None  # the step self.ahead launched, collected by the next step()
+
+    def _step_ahead(self, wanted: bool | None) -> StepAhead | None:
+        """Decode steps scheduled ahead where the backend can take carried token ids and runs them asynchronously
+        (or where the config asks for it), for models without recurrent state, outside embedding servers."""
+        backend = self._launcher
+        able = backend is not None and backend.carries_tokens and not self.model_config.recurrent and not self.embedder
+        if wanted and not able:
+            logger.warning("async scheduling: not for this model or backend; steps run one after the other")
+        if not able or wanted is False or (wanted is None and not backend.steps_run_async):
+            return None
+        logger.info("async scheduling: each decode step is launched before the last one's tokens are processed")
+        return StepAhead(self.scheduler, backend, self.config.block_size, self._continues)
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:
@@ -256,20 +272,57 @@ class LLMEngine:
         """One scheduled batch through the backend. A failure fails only the requests that
         cause it: the batch is retried one sequence at a time to find them. A backend that
         fails every sequence of several multi-sequence steps in a row is broken, not fed bad
-        requests: that is reported as the engine's death, not as one failed request after another."""
-        sched = self.scheduler.schedule()
-        if not sched.scheduled:
-            return []
-        if sched.state_restores:  # sequences starting from a cached prefix take its recurrent state
-            self.backend.copy_state_slots(sched.state_restores)
+        requests: that is reported as the engine's death, not as one failed request after another.
+        With steps scheduled ahead (app/engine/step_ahead.py) the batch may have been launched by the
+        call before, and the next one is launched before this one's tokens are read."""
+        launched = self._take_ahead()
+        if launched is None:
+            sched = self.scheduler.schedule()
+            if not sched.scheduled:
+                return []
+            if sched.state_restores:  # sequences starting from a cached prefix take its recurrent state
+                self.backend.copy_state_slots(sched.state_restores)
+            try:
+                launched = (sched, *self._launch(sched))
+            except EngineDeadError:
+                raise  # the backend itself is gone: no request can be run, so none is to blame
+            except Exception as exc:
+                return self._isolate(sched, exc)
+        sched, batch, pending = launched
+        if self.ahead is not None:
+            self._ahead = self.ahead.launch_after(sched, batch, pending)
         try:
-            batch, result = self._execute(sched)
-        except EngineDeadError:
-            raise  # the backend itself is gone: no request can be run, so none is to blame
+            result = pending.result()
         except Exception as exc:
+            self._ahead = None  # (it took this step's tokens)
+            if isinstance(exc, EngineDeadError):
+                raise
             return self._isolate(sched, exc)
         self._consecutive_failures = 0
         return self._process(sched, batch, result)
+
+    def _take_ahead(self) -> Launched | None:
+        """The step launched ahead by the last call, unless every sequence it continued has ended since (then
+        it is waited for and dropped)."""
+        launched, self._ahead = self._ahead, None
+        if launched is None or any(not item.seq.is_finished for item in launched[0].scheduled):
+            return launched
+        try:
+            launched[2].result()
+        except Exception as exc:  # (its tokens are nobody's now; a broken backend fails the next step)
+            logger.debug("a dropped step scheduled ahead failed: %s", exc)
+        return None
+
+    def _continues(self, seq: Sequence) -> bool | None:
+        """Whether seq may decode its next token before the host has its last one; None: that token ends it
+        (StepAhead's `continues`)."""
+        state = self.requests.get(seq.request_id)
+        n_out = len(seq.output_token_ids) + 1  # (with the token in flight)
+        if state is None or n_out >= state.max_tokens or seq.num_tokens + 1 >= self.max_model_len:
+            return None
+        p = seq.params
+        needs_token = p.uses_penalties or seq.seq_id in self.budgets.states or n_out < p.min_tokens
+        return not needs_token and self.outputs.constraint(self.requests, seq) is None
 
     def _isolate(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         items = sched.scheduled
@@ -338,14 +391,21 @@ class LLMEngine:
 
     def _execute(self, sched: SchedulerOutput) -> tuple[ScheduledBatch, StepOutput]:
         """The part of a step that changes no engine state, so a failure can simply be retried."""
+        batch, pending = self._launch(sched)
+        return batch, pending.result()
+
+    def _launch(self, sched: SchedulerOutput) -> tuple[ScheduledBatch, PendingStep]:
         if self.embedder is not None:
-            return self.embedder.execute(sched)
+            batch, result = self.embedder.execute(sched)
+            return batch, FinishedStep(result)
         banned = {s.seq.seq_id: self.outputs.banned_tokens(s.seq) for s in sched.scheduled if s.samples}
         batch = build_batch(sched, self.config.block_size, banned)
         seqs = [sched.scheduled[i].seq for i in batch.sample_seq_indices]
         self.grammars.attach_masks(batch.sampling, [self.outputs.constraint(self.requests, s) for s in seqs])
         self.budgets.force(batch.sampling, seqs)  # after the grammar masks: it narrows them
-        return batch, self.backend.execute(batch)
+        if self._launcher is not None:
+            return batch, self._launcher.launch(batch)
+        return batch, FinishedStep(self.backend.execute(batch))
 
     def _process(self, sched: SchedulerOutput, batch: ScheduledBatch, result: StepOutput) -> list[RequestOutput]:
         """Advance the sequences and hand out the new tokens; a failure here fails only its request."""

@@ -188,6 +188,22 @@ class Scheduler:
             budget -= n
         return out
 
+    def schedule_ahead(self, seqs: list[Sequence]) -> SchedulerOutput | None:
+        """One more decode token for each of `seqs`, running sequences whose step in flight draws their next token
+        (app/engine/step_ahead.py): blocks for it allocated, num_computed_tokens left as it is (that step's processing
+        advances it). None when anyone waits for admission or the blocks would need a preemption: the ordinary
+        schedule() decides then."""
+        if self.waiting:
+            return None
+        ends = [seq.num_computed_tokens + 2 for seq in seqs]  # (the token in flight, then the one ahead)
+        if not self.bm.can_allocate(sum(self._blocks_to_write(seq, end) for seq, end in zip(seqs, ends, strict=True))):
+            return None
+        out = SchedulerOutput()
+        for seq, end in zip(seqs, ends, strict=True):
+            self.bm.allocate(seq, end)
+            out.scheduled.append(ScheduledSeq(seq, 1))
+        return out
+
     def _recurrent_prefix(self, seq: Sequence, cached: list[int]) -> tuple[list[int], int | None, list[int]]:
         """The cached blocks a sequence with recurrent state can use (only up to the last cached block
         boundary with a state snapshot), that snapshot's slot, and where its prefill is cut for new ones."""

@@ -15,7 +15,7 @@ from lantern.backends.base import kv_layer_layouts, kv_layout_of
 from lantern.backends.mlx import layers as _layers  # noqa: F401  (mlx_lm's rope: imported with the backend, not mid-load)
 from lantern.backends.mlx.models import build_model
 from lantern.backends.mlx.paged_attention import PagedKVPool, build_metadata
-from lantern.backends.mlx.sampler import prompt_logprobs, sample
+from lantern.backends.mlx.sampler import DrawnTokens, draw, prompt_logprobs
 from lantern.backends.mlx.weights import load_weights
 from lantern.backends.paged_plan import plan_attention
 
@@ -39,6 +39,9 @@ def _count_params(model: nn.Module) -> int:
 class MLXBackend:
     name = "mlx"
     kv_memory_is_lazy = True  # the pool grows with the blocks written (PagedKVPool.reserve)
+
+    steps_run_async = True  # base.LaunchingBackend: mx.async_eval returns while MLX evaluates the step
+    carries_tokens = True
 
     def __init__(self) -> None:
         # base.Backend says why: MLX on a CPU (mlx[cpu]) prefills ~100x slower than on Metal or CUDA
@@ -105,25 +108,34 @@ class MLXBackend:
         for a in self.model.state_arrays():
             a[dst] = a[src]
 
-    def compute_logits(self, batch: ScheduledBatch) -> mx.array:
-        """Forward pass; logits [num sampled seqs, vocab] (float32) for the sampled sequences."""
+    def compute_logits(self, batch: ScheduledBatch, after: DrawnTokens | None = None) -> mx.array:
+        """Forward pass; logits [num sampled seqs, vocab] (float32) for the sampled sequences. after: the launched
+        step whose (lazy) tokens the batch's carried rows take (launch())."""
         plan = plan_attention(batch)
         meta = build_metadata(self.pool, batch, plan)
-        logits = self.model(mx.array(batch.input_ids), meta, mx.array(plan.logits_idx))
+        ids = mx.array(batch.input_ids)
+        if batch.carried is not None:
+            if after is None:
+                raise ValueError("a batch with carried token ids needs the step it follows (launch's `after`)")
+            rows = mx.array(batch.carried)
+            picked = after.tokens[mx.maximum(rows, 0)].astype(ids.dtype)
+            ids = mx.where(rows >= 0, picked, ids)
+        logits = self.model(ids, meta, mx.array(plan.logits_idx))
         return logits.astype(mx.float32)
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
-        logits = self.compute_logits(batch)
+        return self.launch(batch).result()
+
+    def launch(self, batch: ScheduledBatch, after: DrawnTokens | None = None) -> DrawnTokens:
+        """The step's graph built and handed to MLX to evaluate in the background (base.LaunchingBackend)."""
+        logits = self.compute_logits(batch, after)
         n = len(batch.sampling)  # (the rows past them score prompt tokens: prompt_logprobs)
         scored = prompt_logprobs(logits[n:], batch.prompt_rows) if batch.prompt_rows else None
-        out = sample(logits[:n], batch.sampling) if n else StepOutput(token_ids=[])
-        self._materialize()
-        out.prompt_logprobs = scored
-        return out
-
-    def _materialize(self) -> None:
-        """The pools (and recurrent state) must be evaluated every step, or the lazy graph would grow without end."""
-        mx.eval(self.pool.k, self.pool.v, getattr(self.model, "state_arrays", list)())
+        drawn = draw(logits[:n], batch.sampling) if n else DrawnTokens(mx.zeros((0,), dtype=mx.uint32), [])
+        drawn.scored = scored
+        # The pools (and recurrent state) are evaluated every step, or the lazy graph would grow without end.
+        mx.async_eval(drawn.arrays(), self.pool.k, self.pool.v, getattr(self.model, "state_arrays", list)())
+        return drawn
 
     def embed(self, batch: ScheduledBatch, rows: list) -> list:
         """Pooled final hidden states instead of samples (backends/base.EmbeddingBackend)."""

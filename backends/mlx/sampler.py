@@ -150,8 +150,46 @@ def _sample_random(sub: mx.array, a: SamplingArrays) -> mx.array:
     return tokens
 
 
+class DrawnTokens:
+    """A step's draw as lazy arrays (nothing evaluated yet): result() evaluates them and hands the tokens, and the
+    logprobs asked for, to the host. `tokens` feed a step launched after this one (its carried ids)."""
+
+    def __init__(
+        self,
+        tokens: mx.array,
+        rows: list[SamplingRow],
+        chosen: mx.array | None = None,
+        top: tuple[mx.array, mx.array] | None = None,
+        scored: PromptLogprobs | None = None,
+    ) -> None:
+        self.tokens, self.rows, self.chosen, self.top, self.scored = tokens, rows, chosen, top, scored
+
+    def arrays(self) -> list[mx.array]:
+        """What evaluating the step means (for mx.async_eval)."""
+        return [self.tokens] + ([self.chosen] if self.chosen is not None else []) + list(self.top or ())
+
+    def result(self) -> StepOutput:
+        mx.eval(*self.arrays())
+        if self.chosen is None:
+            return StepOutput(token_ids=_list(self.tokens), prompt_logprobs=self.scored)
+        ids = vals = None
+        if self.top is not None:
+            ids, vals = _list(self.top[0]), _list(self.top[1])
+        return StepOutput(
+            token_ids=_list(self.tokens),
+            logprobs=_list(self.chosen),
+            top_logprobs=top_logprobs_lists(self.rows, ids, vals),
+            prompt_logprobs=self.scored,
+        )
+
+
 def sample(logits: mx.array, rows: list[SamplingRow]) -> StepOutput:
     """logits [B, V] (one row per sampled sequence) -> chosen token ids (+ logprobs)."""
+    return draw(logits, rows).result()
+
+
+def draw(logits: mx.array, rows: list[SamplingRow]) -> DrawnTokens:
+    """sample()'s work as lazy arrays, not yet evaluated."""
     logits = logits.astype(mx.float32)
     b, vocab = logits.shape
     a = prepare_sampling(rows, vocab)
@@ -167,19 +205,12 @@ def sample(logits: mx.array, rows: list[SamplingRow]) -> StepOutput:
         r = mx.array(a.random_rows)
         tokens[r] = _sample_random(logits[r], a).astype(tokens.dtype)
     if raw_logprobs is None:
-        mx.eval(tokens)
-        return StepOutput(token_ids=_list(tokens))
-    k = a.max_logprobs
+        return DrawnTokens(tokens, rows)
     chosen = mx.take_along_axis(raw_logprobs, tokens[:, None].astype(mx.int32), axis=-1)[:, 0]
-    ids: Any = None
-    vals: Any = None
-    if k:
-        top_ids = mx.argsort(-raw_logprobs, axis=-1)[:, :k]
-        top_vals = mx.take_along_axis(raw_logprobs, top_ids, axis=-1)
-        mx.eval(tokens, chosen, top_ids, top_vals)
-        ids, vals = top_ids.tolist(), top_vals.tolist()
-    mx.eval(tokens, chosen)
-    return StepOutput(token_ids=_list(tokens), logprobs=_list(chosen), top_logprobs=top_logprobs_lists(rows, ids, vals))
+    if not a.max_logprobs:
+        return DrawnTokens(tokens, rows, chosen)
+    top_ids = mx.argsort(-raw_logprobs, axis=-1)[:, : a.max_logprobs]
+    return DrawnTokens(tokens, rows, chosen, (top_ids, mx.take_along_axis(raw_logprobs, top_ids, axis=-1)))
 
 
 def prompt_logprobs(logits: mx.array, entries: list[PromptRows]) -> PromptLogprobs:

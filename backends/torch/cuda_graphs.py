@@ -29,6 +29,12 @@ MAX_CAPTURE_SIZE = 512  # vLLM's default largest captured batch
 _WHOLE_TABLE_ROWS = 1 << 16  # table entries copied as whole rows at most (256 KB): above, the step's columns only
 
 
+def take_carried(ids: torch.Tensor, carried: torch.Tensor, tokens: torch.Tensor) -> None:
+    """ids[i] = tokens[carried[i]] where carried[i] >= 0, in place on the device (ScheduledBatch.carried)."""
+    picked = tokens[carried.clamp(min=0)].to(ids.dtype)
+    ids.copy_(torch.where(carried >= 0, picked, ids))
+
+
 def batch_buckets(max_size: int) -> list[int]:
     """1, 2, 4, then every multiple of 8 up to the first that holds max_size."""
     small = [s for s in (1, 2, 4) if s < max_size]
@@ -57,15 +63,18 @@ class DecodeGraphRunner:
         # then the lengths and the block tables (int32) -- two copies a step, not five, asynchronous from pinned
         # memory on CUDA (a copy from pageable memory waits for the stream and stages through the driver).
         pin = dev.type == "cuda"
-        self.h_long = torch.zeros((3, size), dtype=torch.long, pin_memory=pin)
-        self.h_int = torch.zeros(size * (1 + max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
-        self.h_ids, self.h_pos, self.h_slots = (self.h_long[i].numpy() for i in range(3))
-        self.h_lens = self.h_int[:size].numpy()
-        self.h_tables = self.h_int[size:].view(size, max_blocks_per_seq).numpy()
-        self.h_slots[:], self.h_lens[:] = -1, 1
-        self.d_long = self.h_long.to(dev, copy=True)  # (copy: on a CPU too, so that the copies are tested there)
-        self.d_int = self.h_int.to(dev, copy=True)
-        self.ids, self.positions, self.slots = self.d_long[0], self.d_long[1], self.d_long[2]
+        # Two sets of host staging, used in turn: with steps scheduled ahead (app/engine/step_ahead.py) the host
+        # fills step N+1's while step N's copies may still be queued; step N-1's, whose tokens were read, are done.
+        # Row 3 of the int64 staging: the carried rows (take_carried).
+        self.h_long = [torch.zeros((4, size), dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self.h_int = [torch.zeros(size * (1 + max_blocks_per_seq), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        for h_long, h_int in zip(self.h_long, self.h_int, strict=True):
+            h_long[2].fill_(-1)
+            h_int[:size].fill_(1)
+        self.turn = 0
+        self.d_long = self.h_long[0].to(dev, copy=True)  # (copy: on a CPU too, so that the copies are tested there)
+        self.d_int = self.h_int[0].to(dev, copy=True)
+        self.ids, self.positions, self.slots, self.carried = (self.d_long[i] for i in range(4))
         self.lens = self.d_int[:size]
         self.tables = self.d_int[size:].view(size, max_blocks_per_seq)
         self.rows = torch.arange(size, device=dev)
@@ -82,42 +91,52 @@ class DecodeGraphRunner:
             and max(len(t) for t in batch.block_tables) <= self.max_blocks
         )
 
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Float32 logits [n, vocab] of a decode-only batch (see supports())."""
+    def run(self, batch: ScheduledBatch, carried: tuple[np.ndarray, torch.Tensor] | None = None) -> torch.Tensor:
+        """Float32 logits [n, vocab] of a decode-only batch (see supports()). carried: the batch's carried rows and
+        the earlier step's device tokens they index (ScheduledBatch.carried), taken into the ids on the device."""
         n = batch.num_seqs
         size = next(b for b in self.buckets if b >= n)
-        self._fill(batch, n, size)
+        self._fill(batch, n, size, carried)
         if not self.capture:
             return self._forward(size)[:n]
         graph, out = self.graphs[size]  # every bucket was captured at start-up (capture_all)
         graph.replay()
         return out[:n]
 
-    def _fill(self, batch: ScheduledBatch, n: int, size: int) -> None:
-        self.h_ids[:n] = batch.input_ids
-        self.h_pos[:n] = batch.positions
-        self.h_slots[:n] = batch.slot_mapping
-        self.h_lens[:n] = batch.seq_lens
+    def _fill(self, batch: ScheduledBatch, n: int, size: int, carried: tuple[np.ndarray, torch.Tensor] | None) -> None:
+        h_long, h_int = self.h_long[self.turn], self.h_int[self.turn]
+        self.turn ^= 1
+        h_ids, h_pos, h_slots, h_carried = h_long.numpy()
+        lens = self.lens.numel()
+        h_lens, h_tables = h_int[:lens].numpy(), h_int[lens:].view(self.tables.shape).numpy()
+        h_ids[:n] = batch.input_ids
+        h_pos[:n] = batch.positions
+        h_slots[:n] = batch.slot_mapping
+        h_lens[:n] = batch.seq_lens
         # Only the columns this step can read are refreshed: a sequence reads its own blocks
         # (< its length), a padding row only block 0, so older values further right are never read.
         # Released blocks (-1, wholly before every layer's window) become block 0: the kernels
         # start at the window's first block, and mask what lies before it, so it is never used.
         width = max(len(t) for t in batch.block_tables)
-        self.h_tables[:size, :width] = 0
+        h_tables[:size, :width] = 0
         for r, table in enumerate(batch.block_tables):
-            self.h_tables[r, : len(table)] = np.maximum(table, 0)
-        self.h_ids[n:size], self.h_pos[n:size], self.h_slots[n:size], self.h_lens[n:size] = 0, 0, -1, 1
-        self.d_long.copy_(self.h_long, non_blocking=True)  # (a few KB: whole)
-        lens = self.lens.numel()
+            h_tables[r, : len(table)] = np.maximum(table, 0)
+        h_ids[n:size], h_pos[n:size], h_slots[n:size], h_lens[n:size] = 0, 0, -1, 1
+        if carried is not None:
+            h_carried[:n] = carried[0]
+        self.d_long.copy_(h_long, non_blocking=True)  # (a few KB: whole)
         if size * self.max_blocks <= _WHOLE_TABLE_ROWS:  # the lengths and the first `size` table rows: one run
             end = lens + size * self.max_blocks
-            self.d_int[:end].copy_(self.h_int[:end], non_blocking=True)
+            self.d_int[:end].copy_(h_int[:end], non_blocking=True)
         else:  # (long contexts at large batches: only the columns this step reads)
-            self.d_int[:lens].copy_(self.h_int[:lens], non_blocking=True)
-            self.tables[:size, :width].copy_(
-                self.h_int[lens:].view(self.tables.shape)[:size, :width], non_blocking=True
-            )
-        # (the host buffers are rewritten next step only after this one's tokens were read: copies are done)
+            self.d_int[:lens].copy_(h_int[:lens], non_blocking=True)
+            self.tables[:size, :width].copy_(h_int[lens:].view(self.tables.shape)[:size, :width], non_blocking=True)
+        if carried is not None:
+            rows, tokens = carried
+            if rows.min() >= 0 and n <= tokens.numel() and np.array_equal(rows, np.arange(n)):
+                self.ids[:n].copy_(tokens[:n])  # (the usual case: the same sequences, in the same order)
+            else:
+                take_carried(self.ids[:n], self.carried[:n], tokens)
 
     def _forward(self, size: int) -> torch.Tensor:
         rows, pos = self.rows[:size], self.positions[:size]

@@ -23,13 +23,13 @@ from lantern.backends.base import kv_layer_layouts, kv_layout_of
 from lantern.backends.paged_plan import plan_attention
 from lantern.backends.torch.attention import TorchKVPool, build_metadata
 from lantern.backends.torch.cpu_malloc import keep_freed_memory
-from lantern.backends.torch.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphRunner
+from lantern.backends.torch.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphRunner, take_carried
 from lantern.backends.torch.kernels import ops
 from lantern.backends.torch.layers import rope_tables
 from lantern.backends.torch.models import build_model
 from lantern.backends.torch.parallel import TPGroup, broadcast_command, local_config
 from lantern.backends.torch.quant_linear import quantized_bytes
-from lantern.backends.torch.sampler import prompt_logprobs, sample, use_native_cpu_ops
+from lantern.backends.torch.sampler import DrawnTokens, draw, prompt_logprobs, use_native_cpu_ops
 from lantern.backends.torch.weights import load_weights
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,12 @@ IDLE_TIMEOUT = datetime.timedelta(days=365)
 # Start-up: spawned ranks import torch and load their shard before they join; on a busy machine
 # that outlasts a short collective timeout.
 START_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def _tokens_of(after: DrawnTokens | None) -> torch.Tensor:
+    if after is None:
+        raise ValueError("a batch with carried token ids needs the step it follows (launch's `after`)")
+    return after.tokens
 
 
 def _rank_device(rank: int) -> torch.device:
@@ -95,6 +101,9 @@ class TorchBackend:
             )
         self.static_decode = self.capture_graphs if static_decode is None else static_decode
         self.graphs: DecodeGraphRunner | None = None
+        # base.LaunchingBackend: CUDA runs a launched step while the host goes on; a CPU runs it in the call.
+        self.steps_run_async = self.device.type == "cuda"
+        self.carries_tokens = self.world == 1  # (workers in other processes get the batch's ids from the host)
 
     # ---- set-up --------------------------------------------------------------------------
     def load(self, spec: ModelSpec) -> ModelInfo:
@@ -268,9 +277,10 @@ class TorchBackend:
 
     # ---- steps ---------------------------------------------------------------------------
     @torch.inference_mode()
-    def compute_logits(self, batch: ScheduledBatch) -> torch.Tensor:
+    def compute_logits(self, batch: ScheduledBatch, after: DrawnTokens | None = None) -> torch.Tensor:
+        """after: the launched step whose tokens the batch's carried rows take (launch())."""
         if not self.workers:
-            return self._forward(batch)
+            return self._forward(batch, after)
         self._check_workers()
         self._in_step = True
         try:
@@ -285,23 +295,35 @@ class TorchBackend:
         finally:
             self._in_step = False
 
-    def _forward(self, batch: ScheduledBatch) -> torch.Tensor:
+    def _forward(self, batch: ScheduledBatch, after: DrawnTokens | None = None) -> torch.Tensor:
+        carried = None if batch.carried is None else (batch.carried, _tokens_of(after))
         if self.graphs is not None and self.graphs.supports(batch):
-            return self.graphs.run(batch)
+            return self.graphs.run(batch, carried)
         plan = plan_attention(batch)
         meta = build_metadata(self.pool, batch, plan, self.cos, self.sin)
         ids = torch.from_numpy(batch.input_ids).to(self.device, torch.long)
+        if carried is not None:
+            take_carried(ids, torch.from_numpy(carried[0]).to(self.device, torch.long), carried[1])
         logits_idx = torch.from_numpy(plan.logits_idx).to(self.device, torch.long)
         return self.model(ids, meta, logits_idx).float()
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
-        logits = self.compute_logits(batch)
+        return self.launch(batch).result()
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, after: DrawnTokens | None = None) -> DrawnTokens:
+        """The step queued on the device (base.LaunchingBackend): nothing is read back until result(), except
+        where a step's own work needs a value on the host (prompt logprobs, top-k/top-p filtering's width)."""
+        logits = self.compute_logits(batch, after)
         n = len(batch.sampling)  # (the rows past them score prompt tokens: prompt_logprobs)
         scored = prompt_logprobs(logits[n:], batch.prompt_rows) if batch.prompt_rows else None
-        out = sample(logits[:n], batch.sampling) if n else StepOutput(token_ids=[])
-        out.prompt_logprobs = scored
-        return out
+        if n:
+            drawn = draw(logits[:n], batch.sampling)
+        else:
+            drawn = DrawnTokens(torch.empty(0, dtype=torch.long, device=logits.device), [])
+        drawn.scored = scored
+        return drawn
 
     def embed(self, batch: ScheduledBatch, rows: list) -> list:
         """Pooled final hidden states instead of samples (backends/base.EmbeddingBackend)."""

@@ -320,8 +320,42 @@ def _sample_random(sub: torch.Tensor, a: SamplingArrays) -> torch.Tensor:
     return tokens
 
 
+class DrawnTokens:
+    """A step's draw queued on the device (the kernels launched, nothing read back): result() copies the tokens, and
+    the logprobs asked for, to the host. `tokens` stay on the device for a step launched after this one (its carried
+    ids), so the host need not wait for them first."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        rows: list[SamplingRow],
+        chosen: torch.Tensor | None = None,
+        top: tuple[torch.Tensor, torch.Tensor] | None = None,
+        scored: PromptLogprobs | None = None,
+    ) -> None:
+        self.tokens, self.rows, self.chosen, self.top, self.scored = tokens, rows, chosen, top, scored
+
+    def result(self) -> StepOutput:
+        if self.chosen is None:
+            return StepOutput(token_ids=self.tokens.tolist(), prompt_logprobs=self.scored)
+        ids = vals = None
+        if self.top is not None:
+            ids, vals = self.top[1].tolist(), self.top[0].tolist()
+        return StepOutput(
+            token_ids=self.tokens.tolist(),
+            logprobs=self.chosen.tolist(),
+            top_logprobs=top_logprobs_lists(self.rows, ids, vals),
+            prompt_logprobs=self.scored,
+        )
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> StepOutput:
     """logits [B, V] (one row per sampled sequence) -> chosen token ids (+ logprobs)."""
+    return draw(logits, rows).result()
+
+
+def draw(logits: torch.Tensor, rows: list[SamplingRow]) -> DrawnTokens:
+    """sample()'s device work: the chosen tokens (+ logprobs) as device tensors, not yet read back."""
     given = logits
     logits = logits.float()
     b, vocab = logits.shape
@@ -340,15 +374,10 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> StepOutput:
         r = torch.tensor(a.random_rows, device=logits.device)
         tokens[r] = _sample_random(logits[r], a)
     if raw is None:
-        return StepOutput(token_ids=tokens.tolist())
+        return DrawnTokens(tokens, rows)
     chosen = raw.gather(1, tokens[:, None])[:, 0]
-    ids = vals = None
-    if a.max_logprobs:
-        top_vals, top_ids = torch.topk(raw, a.max_logprobs, dim=-1)
-        ids, vals = top_ids.tolist(), top_vals.tolist()
-    return StepOutput(
-        token_ids=tokens.tolist(), logprobs=chosen.tolist(), top_logprobs=top_logprobs_lists(rows, ids, vals)
-    )
+    top = torch.topk(raw, a.max_logprobs, dim=-1) if a.max_logprobs else None
+    return DrawnTokens(tokens, rows, chosen, (top[0], top[1]) if top is not None else None)
 
 
 def prompt_logprobs(logits: torch.Tensor, entries: list[PromptRows]) -> PromptLogprobs:

@@ -50,7 +50,7 @@ def test_padded_decode_matches_eager(tiny_model_dir, device, variant, monkeypatc
         assert set(graphs.graphs) == set(graphs.buckets)
     replays = []
     run = graphed.engine.backend.graphs.run
-    graphed.engine.backend.graphs.run = lambda batch: replays.append(batch.num_seqs) or run(batch)
+    graphed.engine.backend.graphs.run = lambda batch, *rest: replays.append(batch.num_seqs) or run(batch, *rest)
     # 3, 5 and 11 requests pad to buckets 4, 8 and 16; prompts of mixed lengths finish prefill at
     # different steps, so decode batches also change size while requests run.
     for count in (3, 5, 11):
@@ -76,3 +76,12 @@ def test_bfloat16_graphs_follow_float32_on_cuda(tiny_model_dir):
     b = [o.outputs[0].token_ids for o in bf16.generate(prompts, GREEDY)]
     first_agree = sum(x[:4] == y[:4] for x, y in zip(a, b))
     assert first_agree >= 6, (a, b)
+
+
+def test_carried_ids_are_taken_on_the_device_row_by_row():
+    """Steps scheduled ahead: ids[i] = tokens[carried[i]] where carried[i] >= 0, the host's id elsewhere."""
+    from lantern.backends.torch.cuda_graphs import take_carried
+
+    ids = torch.tensor([5, 6, 7, 8])
+    take_carried(ids, torch.tensor([2, -1, 0, 2]), torch.tensor([40, 41, 42], dtype=torch.int64))
+    assert ids.tolist() == [42, 6, 40, 42]

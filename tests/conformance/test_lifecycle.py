@@ -17,6 +17,7 @@ from lantern.app.engine import (
     RequestFailedError,
     SamplingParams,
 )
+from tests.fixtures.failures import wrap_steps
 
 POISON = 7  # a prompt holding this token id makes the patched backend fail
 
@@ -27,14 +28,13 @@ def _opts(backend: str, **extra) -> dict:
 
 def _poison(engine) -> None:
     """Make the backend raise on any batch that computes the POISON token (a bad request)."""
-    real = engine.backend.execute
 
-    def execute(batch):
+    def execute(batch, run):
         if POISON in batch.input_ids.tolist():
             raise RuntimeError("poisoned batch")
-        return real(batch)
+        return run()
 
-    engine.backend.execute = execute
+    wrap_steps(engine.backend, execute)
 
 
 async def _collect(engine: AsyncEngine, prompt, params, rid=None, **kw):
@@ -263,14 +263,14 @@ def test_a_reused_request_id_never_receives_the_old_requests_outputs(tiny_model_
 def test_a_backend_failing_every_request_is_reported_dead(tiny_model_dir, backend):
     engine = AsyncEngine(model=tiny_model_dir("llama2"), **_opts(backend))
 
-    def broken(batch):
+    def broken(batch, run):
         # Slow enough that the requests sent together queue behind a failing step and meet in the
         # next one: only steps of several requests count towards a dead backend, and without the
         # pause a loaded machine could step each request alone (seen once in CI).
         time.sleep(0.05)
         raise RuntimeError("device lost")
 
-    engine._engine.backend.execute = broken
+    wrap_steps(engine._engine.backend, broken)
     try:
 
         async def run():

@@ -11,6 +11,7 @@ import torch
 from lantern.app.engine import LLM, InvalidRequestError, SamplingParams
 from tests.conformance.test_parity import hf_model
 from tests.conformance.test_scheduling import make_prompts
+from tests.fixtures.failures import wrap_steps
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +72,16 @@ def test_the_scored_rows_of_a_step_are_capped_and_every_position_still_scored(ll
     from lantern.app.engine import scheduler
 
     monkeypatch.setattr(scheduler, "SCORED_ROWS_PER_STEP", 5)
-    backend, rows = llm.engine.backend, []
-    execute = backend.execute
+    rows = []
 
-    def counted(batch):
+    def counted(batch, run):
         rows.append(sum(len(r.targets) for r in batch.prompt_rows))
-        return execute(batch)
+        return run()
 
-    monkeypatch.setattr(backend, "execute", counted)
+    backend = llm.engine.backend
+    monkeypatch.setattr(backend, "execute", backend.execute)  # (undone after the test, launch too)
+    monkeypatch.setattr(backend, "launch", backend.launch)
+    wrap_steps(backend, counted)
     prompts = make_prompts(llm.tokenizer, 3, seed=23, min_len=14, max_len=22)
     params = [SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1) for _ in prompts[:2]]
     outs = llm.generate(prompts, [*params, SamplingParams(temperature=0, max_tokens=2)])

@@ -21,6 +21,7 @@ from lantern.app.engine import (
 )
 from lantern.tui.app import ChatApp, Message
 from lantern.tui.client import ChatError, ChatSettings, EngineClient
+from tests.fixtures.failures import wrap_steps
 from tests.frontends.tui_helpers import BACKENDS, PublicSurface, wait_for, wait_idle
 
 # Greedy on the tiny model runs well past a few tokens for this prompt: the fault lands mid-reply.
@@ -39,13 +40,13 @@ def faulty_engine(
     request), or whose engine step raises (the engine loop itself dies)."""
     inner = LLMEngine(EngineConfig(model=model_dir, backend=backend, dtype="float32", block_size=4, num_kv_blocks=128))
     calls = {"execute": 0, "step": 0}
-    execute, step = inner.backend.execute, inner.step
+    step = inner.step
 
-    def failing_execute(batch):
+    def failing_execute(batch, run):
         calls["execute"] += 1
         if calls["execute"] == execute_fails_at:  # once: the next request runs normally
             raise SimulatedFault("simulated kernel fault")
-        return execute(batch)
+        return run()
 
     def failing_step():
         calls["step"] += 1
@@ -53,7 +54,7 @@ def faulty_engine(
             raise SimulatedFault("simulated scheduler fault")
         return step()
 
-    inner.backend.execute = failing_execute
+    wrap_steps(inner.backend, failing_execute)
     inner.step = failing_step
     return AsyncEngine(engine=inner)
 
