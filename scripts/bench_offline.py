@@ -1,7 +1,8 @@
 """Offline speed: Lantern's MLX backend vs mlx-lm on the same weights, in one run.
 
 Measures, per model:
-  * bs=1 decode tokens/s (one request, time from its first token to its last);
+  * bs=1 decode tokens/s (one request, time from its first token to its last), Lantern's also with async scheduling
+    off (steps one after the other: app/engine/step_ahead.py);
   * throughput (generated tokens / wall time, prefill included) of N concurrent requests in
     Lantern vs mlx-lm running the same requests one at a time (and mlx-lm's own batch_generate).
 Both sides decode greedily with EOS ignored, so they produce the same number of tokens.
@@ -179,6 +180,9 @@ def run(name: str, args: argparse.Namespace) -> dict:
     res = {"model": name, "dtype": dtype}
     res["mlxlm_bs1_tps"], _ = mlxlm_decode_tps(model, tok, bs1_prompt, args.out_len)
     res["lantern_bs1_tps"] = lantern_decode_tps(llm, bs1_prompt, args.out_len)
+    ahead, llm.engine.ahead = llm.engine.ahead, None  # async scheduling off, for the same request (same tokens)
+    res["lantern_bs1_tps_one_by_one"] = lantern_decode_tps(llm, bs1_prompt, args.out_len)
+    llm.engine.ahead = ahead
     res["mlxlm_serial_tps"] = mlxlm_serial_throughput(model, tok, prompts[: args.serial], args.out_len)
     res["lantern_concurrent_tps"] = lantern_throughput(llm, prompts, args.out_len)
     if args.mlxlm_batch:

@@ -70,17 +70,17 @@ def main(argv: list[str] | None = None) -> dict:
                 num_kv_blocks=64,
             )
             backend = llm.engine.backend
-            execute, steps = backend.execute, []
+            launch, steps = backend.launch, []
 
-            def one_decode_step(batch):
+            def one_decode_step(batch, after=None):  # (the engine launches every step: base.LaunchingBackend)
                 counting[0] = batch.num_tokens == batch.num_seqs and not any(steps)  # the first decode step only
                 steps.append(counting[0])
                 try:
-                    return execute(batch)
+                    return launch(batch, after)
                 finally:
                     counting[0] = False
 
-            backend.execute = one_decode_step
+            backend.launch = one_decode_step
             llm.generate(
                 ["hello there, how are you doing today? tell me a story"],
                 SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),

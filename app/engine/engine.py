@@ -294,7 +294,7 @@ class LLMEngine:
         try:
             result = pending.result()
         except Exception as exc:
-            self._ahead = None  # (it took this step's tokens)
+            self._drop_ahead()  # (it took this step's tokens)
             if isinstance(exc, EngineDeadError):
                 raise
             return self._isolate(sched, exc)
@@ -304,14 +304,21 @@ class LLMEngine:
     def _take_ahead(self) -> Launched | None:
         """The step launched ahead by the last call, unless every sequence it continued has ended since (then
         it is waited for and dropped)."""
-        launched, self._ahead = self._ahead, None
-        if launched is None or any(not item.seq.is_finished for item in launched[0].scheduled):
+        if self._ahead is None or any(not item.seq.is_finished for item in self._ahead[0].scheduled):
+            launched, self._ahead = self._ahead, None
             return launched
-        try:
-            launched[2].result()
-        except Exception as exc:  # (its tokens are nobody's now; a broken backend fails the next step)
-            logger.debug("a dropped step scheduled ahead failed: %s", exc)
+        self._drop_ahead()
         return None
+
+    def _drop_ahead(self) -> None:
+        """Wait for the step launched ahead and drop it: the steps reach the host in launch order, so the backend
+        may reuse what step N-1 held once step N+1 is launched (the CUDA-graph runner's host staging)."""
+        launched, self._ahead = self._ahead, None
+        if launched is not None:
+            try:
+                launched[2].result()
+            except Exception as exc:  # (its tokens are nobody's now; a broken backend fails the next step)
+                logger.debug("a dropped step scheduled ahead failed: %s", exc)
 
     def _continues(self, seq: Sequence) -> bool | None:
         """Whether seq may decode its next token before the host has its last one; None: that token ends it

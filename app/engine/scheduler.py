@@ -191,9 +191,9 @@ class Scheduler:
     def schedule_ahead(self, seqs: list[Sequence]) -> SchedulerOutput | None:
         """One more decode token for each of `seqs`, running sequences whose step in flight draws their next token
         (app/engine/step_ahead.py): blocks for it allocated, num_computed_tokens left as it is (that step's processing
-        advances it). None when anyone waits for admission or the blocks would need a preemption: the ordinary
-        schedule() decides then."""
-        if self.waiting:
+        advances it). None when a waiting sequence could be admitted (a sequence slot is free) or the blocks would
+        need a preemption: the ordinary schedule() decides then. (With every slot taken it would admit none either.)"""
+        if self.waiting and len(self.running) < self.config.max_num_seqs:
             return None
         ends = [seq.num_computed_tokens + 2 for seq in seqs]  # (the token in flight, then the one ahead)
         if not self.bm.can_allocate(sum(self._blocks_to_write(seq, end) for seq, end in zip(seqs, ends, strict=True))):

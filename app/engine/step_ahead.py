@@ -7,10 +7,12 @@ step N is launched and before its tokens are read back, the engine schedules ste
 decoding one more token, whose id is N's sampled token, still on the device (ScheduledBatch.carried) -- and
 launches it behind N; then it collects and processes N while the device runs N+1.
 
-N+1 is scheduled ahead only where it is the step the scheduler would choose after N anyway, so that a generation
-is the same token for token with and without it:
-  * no request waits for admission (the scheduler admits it at the next ordinary step) and N+1's blocks fit
-    without preempting anyone;
+N+1 is scheduled ahead only where it is the step the scheduler would choose after N anyway (each draw keeps its
+key, each stop its place), so that a generation is the same token for token with and without it -- wherever the
+kernels' results do not hang on the batch's shape: a step ahead may still hold a row that N has just ended, and a
+request arriving meanwhile joins a step later, so in bfloat16 on a GPU a near-tie may fall the other way:
+  * no waiting request could be admitted (a sequence slot is free: the scheduler admits it at the next ordinary
+    step) and N+1's blocks fit without preempting anyone;
   * every sequence of N decoded one token it had drawn before (a prefill chunk, a first token: not ahead);
   * no sequence needs N's token on the host to draw the next one -- a grammar or a thinking budget (their masks
     follow the text), penalties (their counts), min_tokens' bans -- nor keeps recurrent state, which a step

@@ -85,3 +85,14 @@ def test_carried_ids_are_taken_on_the_device_row_by_row():
     ids = torch.tensor([5, 6, 7, 8])
     take_carried(ids, torch.tensor([2, -1, 0, 2]), torch.tensor([40, 41, 42], dtype=torch.int64))
     assert ids.tolist() == [42, 6, 40, 42]
+
+
+def test_consecutive_decode_steps_are_staged_in_alternate_host_buffers(tiny_model_dir):
+    """With steps scheduled ahead, step N+1's inputs are staged on the host while step N's copies may still be
+    queued (pinned memory, asynchronous on CUDA): the runner fills its two host buffers in turn."""
+    llm = engine_with(tiny_model_dir("llama2"), TorchBackend(static_decode=True))
+    prompt = [5, 6, 7, 8, 9]
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    graphs = llm.engine.backend.graphs
+    # The last two decode steps, at positions 13 and 12 (5 prompt tokens, the 10th token drawn at position 13).
+    assert sorted(int(h[1, 0]) for h in graphs.h_long) == [len(prompt) + 7, len(prompt) + 8]

@@ -49,20 +49,26 @@ def logprobs(out) -> list[float]:
 
 def mixed_requests(engine: LLMEngine, count: int = 9) -> tuple[list[list[int]], list[SamplingParams]]:
     """Greedy and sampled rows, top-p, logprobs, n=2, a presence penalty, min_tokens, and stops -- a stop string and
-    a stop token taken from what a greedy run says, so that they end those requests part way."""
+    stop tokens taken from what a run without them says, so that they end those requests part way. (The penalty and
+    min_tokens hold every step back while they last -- their tokens are needed on the host -- so they end early.)"""
     prompts = make_prompts(engine.tokenizer, count, seed=7, min_len=3, max_len=14)
-    probe = generate(engine, prompts[:2], [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)] * 2)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    fan_out = SamplingParams(temperature=1.0, seed=6, max_tokens=15, n=2, ignore_eos=True)
+    probe = generate(engine, prompts[:2] + prompts[5:6], [greedy, greedy, fan_out])
     text, tokens = probe[0].outputs[0].text, probe[1].outputs[0].token_ids
     stop_text = text[len(text) // 2 : len(text) // 2 + 3]
+    # A token of the first sample that the second never draws: one sample stops part way, its sibling goes on.
+    first, second = (o.token_ids for o in probe[2].outputs)
+    sibling_stop = next(t for t in first[6:] if t not in second)
     return prompts, [
         SamplingParams(temperature=0, max_tokens=24, stop=[stop_text] if stop_text.strip() else None),
         SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[tokens[9]]),
         SamplingParams(temperature=1.0, seed=3, max_tokens=31, ignore_eos=True),
         SamplingParams(temperature=0.8, top_p=0.9, seed=4, max_tokens=17, ignore_eos=True),
         SamplingParams(temperature=1.0, seed=5, max_tokens=20, logprobs=3, ignore_eos=True),
-        SamplingParams(temperature=1.0, seed=6, max_tokens=15, n=2, ignore_eos=True),
-        SamplingParams(temperature=1.0, seed=8, max_tokens=12, presence_penalty=0.7, ignore_eos=True),
-        SamplingParams(temperature=1.0, seed=9, max_tokens=18, min_tokens=6),
+        SamplingParams(temperature=1.0, seed=6, max_tokens=15, n=2, stop_token_ids=[sibling_stop], ignore_eos=True),
+        SamplingParams(temperature=1.0, seed=8, max_tokens=3, presence_penalty=0.7, ignore_eos=True),
+        SamplingParams(temperature=1.0, seed=9, max_tokens=18, min_tokens=3),
         SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
     ][:count]
 
@@ -78,9 +84,9 @@ def check_same_outputs(path: str, backend: str, graphs: bool = False) -> None:
         assert logprobs(g) == pytest.approx(logprobs(w), abs=1e-5)
     assert logprobs(got[4])  # (the request that asks for them)
     assert ahead.ahead is not None and ahead.ahead.launched > 20
-    assert any(
-        o.outputs[0].finish_reason == "stop" for o in want[:2]
-    )  # (the stops ended requests while steps ran ahead)
+    # The stops ended requests, and one of two samples, while steps ran ahead.
+    assert any(o.outputs[0].finish_reason == "stop" for o in want[:2])
+    assert [o.finish_reason for o in want[5].outputs] == ["stop", "length"]
     assert ahead.block_manager.num_free_blocks == 256
 
 

@@ -17,13 +17,15 @@ from tests.unit.test_backend_contract import CountingBackend
 
 
 class Launched:
-    def __init__(self, backend: LaunchingCounting, index: int, tokens: list[int]) -> None:
-        self.backend, self.index, self.tokens = backend, index, tokens
+    def __init__(self, backend: LaunchingCounting, index: int, tokens: list[int], fails: bool = False) -> None:
+        self.backend, self.index, self.tokens, self.fails = backend, index, tokens, fails
 
     def result(self) -> StepOutput:
         # Steps reach the host in launch order, each once (processed, or dropped by the engine).
         assert self.backend.collected == self.index, "a step collected out of launch order"
         self.backend.collected += 1
+        if self.fails:
+            raise RuntimeError("the device failed the step")
         return StepOutput(token_ids=list(self.tokens))
 
 
@@ -34,11 +36,12 @@ class LaunchingCounting(CountingBackend):
     steps_run_async = True
     carries_tokens = True
 
-    def __init__(self, fail_on: int | None = None) -> None:
+    def __init__(self, fail_on: int | None = None, fail_result_on: int | None = None) -> None:
         self.launches: list[Launched] = []
         self.collected = 0
         self.carried_steps = 0
         self.fail_on = fail_on  # a launch computing this token id raises (a request the device cannot run)
+        self.fail_result_on = fail_result_on  # ... or the step's result(), once launched
 
     def launch(self, batch: ScheduledBatch, after: Launched | None = None) -> Launched:
         if batch.carried is not None:
@@ -51,7 +54,8 @@ class LaunchingCounting(CountingBackend):
             self.carried_steps += 1
         if self.fail_on is not None and self.fail_on in batch.input_ids.tolist():
             raise RuntimeError("the device refused the step")
-        step = Launched(self, len(self.launches), self.execute(batch).token_ids)
+        fails = self.fail_result_on in batch.input_ids.tolist()
+        step = Launched(self, len(self.launches), self.execute(batch).token_ids, fails)
         self.launches.append(step)
         return step
 
@@ -175,18 +179,22 @@ def test_an_abort_while_a_step_runs_ahead_frees_its_blocks(tiny_model_dir):
 
 
 @pytest.mark.parametrize("others", [0, 1])
-def test_a_step_failing_at_its_launch_ahead_fails_only_its_request(tiny_model_dir, others):
-    backend = LaunchingCounting(fail_on=20)
+@pytest.mark.parametrize("where", ["launch", "result"])
+def test_a_step_failing_ahead_fails_only_its_request(tiny_model_dir, others, where):
+    """A step launched ahead that raises at its launch, or when its tokens are read (the next step already launched
+    behind it: waited for and dropped), fails its request alone; a step of several is retried one by one."""
+    backend = LaunchingCounting(fail_on=20) if where == "launch" else LaunchingCounting(fail_result_on=20)
     engine = make_engine(tiny_model_dir, backend)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     requests = {"bad": ([3, 4, 10], params)} | ({"good": ([3, 4, 80], params)} if others else {})
     finals = run(engine, requests)
     bad = finals["bad"]
-    assert bad.outputs[0].finish_reason == "error" and "refused" in (bad.error or "")
+    assert bad.outputs[0].finish_reason == "error" and ("refused" if where == "launch" else "failed") in bad.error
     assert bad.outputs[0].token_ids == list(range(11, 21))  # up to the token whose step failed
     if others:
         assert finals["good"].outputs[0].token_ids == counting([80], 20, engine.vocab_size)
     assert engine.stats.requests_failed == 1 and engine.block_manager.num_free_blocks == 64
+    assert backend.collected == len(backend.launches) and backend.carried_steps >= 8  # (tokens 3..10 ran ahead)
 
 
 def test_async_scheduling_false_launches_nothing_ahead(tiny_model_dir):
