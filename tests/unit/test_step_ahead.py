@@ -212,3 +212,15 @@ def test_a_backend_that_cannot_carry_tokens_is_not_asked_to(tiny_model_dir, capl
     assert engine.ahead is None and "async scheduling: not for this model or backend" in caplog.text
     finals = run(engine, {"r": ([3, 4, 10], SamplingParams(temperature=0, max_tokens=10))})
     assert finals["r"].outputs[0].token_ids == list(range(11, 21)) and backend.carried_steps == 0
+
+
+def test_steps_run_ahead_while_requests_wait_for_a_sequence_slot(tiny_model_dir):
+    """With every sequence slot taken the scheduler would admit no one at the next step either: steps run ahead,
+    and the waiting request starts once a slot is free."""
+    backend = LaunchingCounting()
+    engine = make_engine(tiny_model_dir, backend, max_num_seqs=1)
+    params = SamplingParams(temperature=0, max_tokens=15, ignore_eos=True)
+    finals = run(engine, {"first": ([3, 4, 10], params), "second": ([3, 4, 90], params)})
+    assert finals["first"].outputs[0].token_ids == counting([10], 15, engine.vocab_size)
+    assert finals["second"].outputs[0].token_ids == counting([90], 15, engine.vocab_size)
+    assert backend.carried_steps >= 2 * (15 - 3)  # (each request: its first two tokens and its last not ahead)
