@@ -70,13 +70,13 @@ def main(argv: list[str] | None = None) -> dict:
                 num_kv_blocks=64,
             )
             backend = llm.engine.backend
-            launch, steps = backend.launch, []
+            launch_step, steps = backend.launch, []
 
             def one_decode_step(batch, after=None):  # (the engine launches every step: base.LaunchingBackend)
                 counting[0] = batch.num_tokens == batch.num_seqs and not any(steps)  # the first decode step only
                 steps.append(counting[0])
                 try:
-                    return launch(batch, after)
+                    return launch_step(batch, after)
                 finally:
                     counting[0] = False
 
