@@ -85,7 +85,7 @@ def compile_gemv(
     if kernel == "dp4a":
         fn = td._gemv_dp4a_kernel
         consts.update(BITS=bits, GROUP=group, X_BF16=x_dtype == "bf16", ASM=True, TWO_ROWS=False, EXPERTS=False)
-        consts.update(A_DIV=1, MUL_WEIGHT=False, OUT_BIAS=False, GATED=gated)
+        consts.update(A_DIV=1, MUL_WEIGHT=False, OUT_BIAS=False, GATED=gated, PDL=False)
         consts.update(EVEN_N=n % consts["BLOCK_N"] == 0, EVEN_K=k % (32 * consts["NB"]) == 0)
         values = {"M": 1, "N": n, "K": k, "stride_xm": k // 2, "stride_cn": k * bits // 32}
         values.update(stride_we=0, stride_se=0, stride_obe=0)

@@ -83,7 +83,8 @@ python3 scripts/bench_sampler.py --rows $r --temperature $t --steps 50; done; do
     qgemv) run qgemv 540 python3 scripts/bench_qgemv.py --stages 1 --json "$OUT/qgemv.json" ;;
     dp4a) run dp4a 300 bash -c 'python3 -m pytest -m gpu tests/kernels/test_triton_gemv_dp4a.py tests/kernels/test_gated_gemv.py \
 tests/kernels/test_triton_sampling.py tests/kernels/test_triton_kernels.py tests/kernels/test_triton_fused.py \
-tests/conformance/test_decode_graphs.py -q -rfE --tb=short -p no:cacheprovider -p gpu_failures; \
+tests/conformance/test_decode_graphs.py tests/kernels/test_pdl.py tests/conformance/test_step_ahead.py -q -rfE --tb=short \
+-p no:cacheprovider -p gpu_failures; \
 python3 scripts/bench_qgemv.py --max-configs 0 --json "$OUT/dp4a.json"' ;;
     qgemv-fp4) run qgemv-fp4 540 python3 scripts/bench_qgemv.py --e2m1 --group 32 --json "$OUT/qgemv-fp4.json" ;;
     *) echo "unknown step $step (env, tests, pytest, quant, families, profile, bench, bench-q4, http, sampler, qgemv, dp4a, qgemv-fp4)" && exit 2 ;;

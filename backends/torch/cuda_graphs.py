@@ -22,6 +22,7 @@ import torch
 
 from lantern.app.engine.contract import ScheduledBatch
 from lantern.backends.torch.attention import TorchAttentionMetadata, TorchKVPool
+from lantern.backends.torch.kernels import pdl
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +165,11 @@ class DecodeGraphRunner:
             for size in self.buckets:
                 self._capture(size)
         except RuntimeError as exc:
-            logger.warning("decode CUDA graphs could not be captured (%s); decode steps run eagerly", exc)
             self.graphs.clear()
+            if pdl.turn_off(f"decode CUDA graphs could not be captured with it ({exc})"):
+                torch.cuda.synchronize()
+                return self.capture_all()  # (once more, every kernel launched plainly)
+            logger.warning("decode CUDA graphs could not be captured (%s); decode steps run eagerly", exc)
             return False
         logger.info(
             "captured %d decode CUDA graphs (batch 1..%d) in %.1f s",

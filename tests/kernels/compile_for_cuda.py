@@ -188,12 +188,25 @@ CASES = [
     *[gemv_case("bf16", cap, 8, 128, 1, code=8) for cap in (80, 90)],
     *[gemm_case("bf16", cap, 8, 128, 512, code=8) for cap in (80, 90)],
     gemm_case("fp16", 80, 8, 128, 16, code=8),
+    # Hopper's programmatic dependent launch (kernels/pdl.py) in the kernels of a decode step
+    *[
+        (fn, "bf16", 90, {**consts, "PDL": True}, {**options, "launch_pdl": True})
+        for fn, _, _, consts, *rest in (
+            dp4a_case("bf16", 90, 4, 64, 1, n=28672, gated=True),
+            decode_case("bf16", 90, 128, 4, 16, fold=True),
+            (tf._rms_norm_kernel, "bf16", 90, {"HAS_RESIDUAL": True, "BLOCK": 4096}),
+            (tf._rotary_write_kv_kernel, "bf16", 90, {"NUM_Q": 32, "HALF": 64, "BLOCK": 64}),
+        )
+        for options in (rest[0] if rest else {},)
+    ],
 ]
 
 
 def main() -> int:
     failures = 0
     for fn, dtype, cap, consts, *options in CASES:
+        if "PDL" in fn.arg_names:
+            consts = {"PDL": False, **consts}
         label = f"{fn.__name__} {dtype} sm_{cap}"
         if "BITS" in consts:
             kind = {4: "e2m1", 8: "e4m3"}.get(consts.get("FLOAT_CODE", 0), f"{consts['BITS']}-bit")
@@ -204,6 +217,7 @@ def main() -> int:
             )
         label += "".join(f" {flag[4:].lower()}" for flag in ("HAS_SOFTCAP", "HAS_SINKS") if consts.get(flag))
         label += " fold" if consts.get("FOLD") else ""
+        label += " pdl" if consts.get("PDL") else ""
         try:
             compiled = triton.compile(
                 ASTSource(fn=fn, signature=signature(fn, dtype, consts), constexprs=consts),
@@ -211,6 +225,8 @@ def main() -> int:
                 options=options[0] if options else None,
             )
             assert compiled.asm["cubin"], "no cubin"
+            # (a PDL kernel waits for the one before first; none other carries the instruction)
+            assert ("griddepcontrol.wait" in compiled.asm["ptx"]) == bool(consts.get("PDL")), "griddepcontrol"
             print("ok", label, flush=True)
         except Exception as exc:
             failures += 1

@@ -30,7 +30,7 @@ def test_kernels_compile_for_nvidia_targets(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     compiled = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert len(compiled) == 80 and any("_prefill_kernel bf16 sm_90" in line for line in compiled)
+    assert len(compiled) == 84 and any("_prefill_kernel bf16 sm_90" in line for line in compiled)
     # soft-capping and sinks, with the sliding window every attention kernel takes at run time
     assert "ok _prefill_kernel bf16 sm_90 softcap sinks" in compiled
     assert "ok _decode_partial_kernel bf16 sm_80 softcap" in compiled
@@ -52,6 +52,8 @@ def test_kernels_compile_for_nvidia_targets(tmp_path):
     assert any(line.startswith("ok _gemv_kernel bf16 sm_90 e2m1 g16") for line in compiled)  # NVFP4 decode
     assert any(line.startswith("ok _gemm_kernel bf16 sm_80 e2m1 g32 BLOCK_M=128") for line in compiled)
     assert any(line.startswith("ok _gemv_kernel bf16 sm_90 e4m3 g128") for line in compiled)  # block FP8 decode
+    # a decode step's kernels with programmatic dependent launch (griddepcontrol in their PTX: compile_for_cuda)
+    assert sum(line.endswith(" pdl") for line in compiled) == 4 and "ok _rms_norm_kernel bf16 sm_90 pdl" in compiled
 
 
 def test_the_gemv_loop_takes_one_fma_a_weight_on_hopper(tmp_path):

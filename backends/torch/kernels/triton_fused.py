@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from lantern.backends.torch.kernels import pdl
 
 
 @triton.jit
@@ -27,7 +30,11 @@ def _rms_norm_kernel(
     stride_ro,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.launch)
 ):
+    if PDL:  # (kernels/pdl.py: wait for the kernel before, then let the next one launch)
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -71,6 +78,7 @@ def rms_norm(
         res_out.stride(0),
         HAS_RESIDUAL=residual is not None,
         BLOCK=triton.next_power_of_2(cols),
+        **pdl.launch(x2),
     )
     return out.view(x.shape), (x if residual is None else res_out.view(x.shape))
 
@@ -158,9 +166,13 @@ def _rotary_write_kv_kernel(
     NUM_Q: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.launch)
 ):
     """_rotary_kernel over q's and k's heads [T, NUM_Q + KVH, D]; a k head's program also writes its rotated row
     and v's row into the pool at the token's slot (none where the slot is negative)."""
+    if PDL:  # (kernels/pdl.py: wait for the kernel before, then let the next one launch)
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     i, m, y1, y2 = _rotated_halves(x_ptr, cos_ptr, sin_ptr, t, h, stride_xt, stride_xh, stride_ct, HALF, BLOCK)
@@ -207,6 +219,7 @@ def rotary_write_kv(
             qk, v, cos, sin, out, k_pool, v_pool, slots,
             qk.stride(0), qk.stride(1), v.stride(0), v.stride(1), cos.stride(0), out.stride(0), out.stride(1),
             k_pool.stride(0), k_pool.stride(1), NUM_Q=heads - kvh, HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2),
+            **pdl.launch(qk),
         )  # fmt: skip
     return out
 

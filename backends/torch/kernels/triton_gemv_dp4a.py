@@ -35,6 +35,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from lantern.backends.torch.kernels import pdl
 
 logger = logging.getLogger(__name__)
 
@@ -239,9 +242,13 @@ def _gemv_dp4a_kernel(
     NB: tl.constexpr,  # 32-column blocks a step: one per thread
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0
     EVEN_K: tl.constexpr,  # K % (32 NB) == 0
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.launch)
 ):
     """xpairs_ptr: x as int32 pairs (stride_xm in pairs); words_ptr: the packed weight as int32 words
     ([N, K * BITS / 32]; with EXPERTS [E, N, K * BITS / 32], stride_we words an expert, stride_se its scales')."""
+    if PDL:  # (kernels/pdl.py: wait for the kernel before, then let the next one launch)
+        gdc_wait()
+        gdc_launch_dependents()
     WPB: tl.constexpr = XBLOCK * BITS // 32
     p = tl.program_id(1).to(tl.int64)
     if EXPERTS:
@@ -464,7 +471,7 @@ def gemv(
         pairs.stride(0), 0, words.stride(0), 0, scales.stride(0), 0, out.stride(0),
         BITS=bits, GROUP=group_size, X_BF16=x.dtype == torch.bfloat16, TWO_ROWS=two_rows, EXPERTS=False, A_DIV=1,
         MUL_WEIGHT=False, OUT_BIAS=False, GATED=gated, ASM=not _interpreting(),
-        EVEN_N=n % cfg["BLOCK_N"] == 0, EVEN_K=k % (XBLOCK_COLS * cfg["NB"]) == 0, **cfg,
+        EVEN_N=n % cfg["BLOCK_N"] == 0, EVEN_K=k % (XBLOCK_COLS * cfg["NB"]) == 0, **cfg, **pdl.launch(x),
     )  # fmt: skip
     return out
 
@@ -529,6 +536,6 @@ def expert_gemv(
         BITS=bits, GROUP=group_size, X_BF16=a.dtype == torch.bfloat16, TWO_ROWS=False, EXPERTS=True, A_DIV=a_div,
         MUL_WEIGHT=routing is not None, OUT_BIAS=out_bias is not None, GATED=gated,
         ASM=not _interpreting(), EVEN_N=n % cfg["BLOCK_N"] == 0,
-        EVEN_K=k % (XBLOCK_COLS * cfg["NB"]) == 0, **cfg,
+        EVEN_K=k % (XBLOCK_COLS * cfg["NB"]) == 0, **cfg, **pdl.launch(a),
     )  # fmt: skip
     return out

@@ -21,8 +21,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lantern.backends.paged_plan import window_blocks
+from lantern.backends.torch.kernels import pdl
 
 NO_WINDOW = 1 << 30  # the window argument when a layer attends to its whole context
 
@@ -128,7 +130,11 @@ def _decode_partial_kernel(
     HAS_SOFTCAP: tl.constexpr,
     FOLD: tl.constexpr,  # the last program of each (sequence, KV head) folds the splits: no reduce kernel
     HAS_SINKS: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.launch)
 ):
+    if PDL:  # (kernels/pdl.py: wait for the kernel before, then let the next one launch)
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -315,7 +321,7 @@ def paged_decode(
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), block_tables.stride(0), out.stride(0),
         out.stride(1), BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group,
         GROUP_P=triton.next_power_of_2(group), NUM_SPLITS=splits, NUM_HEADS=h, HAS_SOFTCAP=softcap is not None,
-        FOLD=counters is not None, HAS_SINKS=sinks is not None,
+        FOLD=counters is not None, HAS_SINKS=sinks is not None, **pdl.launch(q),
     )  # fmt: skip
     if counters is not None:
         return out
