@@ -166,9 +166,9 @@ class DecodeGraphRunner:
                 self._capture(size)
         except RuntimeError as exc:
             self.graphs.clear()
-            if pdl.turn_off(f"decode CUDA graphs could not be captured with it ({exc})"):
-                torch.cuda.synchronize()
-                return self.capture_all()  # (once more, every kernel launched plainly)
+            # A driver refusing PDL launches in a capture (seen on sm_120): once more, every kernel launched plainly.
+            if pdl.enabled(self.cos) and pdl.turn_off(f"decode CUDA graphs could not be captured with it ({exc})"):
+                return self.capture_all()
             logger.warning("decode CUDA graphs could not be captured (%s); decode steps run eagerly", exc)
             return False
         logger.info(

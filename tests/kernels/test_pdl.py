@@ -47,19 +47,19 @@ def test_a_chain_of_pdl_kernels_in_a_cuda_graph_matches_plain_launches(monkeypat
     cos, sin = freqs.cos().to(dt), freqs.sin().to(dt)
     tables = torch.arange(64, device=dev, dtype=torch.int32).view(1, 64)
     x = torch.randn(1, k, device=dev, generator=gen).to(dt)
+    slots = torch.arange(64, device=dev, dtype=torch.long)  # (sliced, not made in the loop: no kernel between)
+    lens = torch.arange(1, 65, device=dev, dtype=torch.int32)
 
     def step(n: int) -> torch.Tensor:
-        h = x
-        for i in range(n):  # 24 rounds: each kernel reads what the one before it wrote
-            normed, _ = tf.rms_norm(h, norm_w, 1e-6)
+        h, residual = x, torch.zeros_like(x)
+        for i in range(n):  # 24 rounds of norm -> GEMV -> rope + KV write -> attention, each PDL kernel after another
+            normed, residual = tf.rms_norm(h, norm_w, 1e-6, residual)
             qkv = td.gemv(normed, packed, scales, biases, 4, 64)
             q_k, v = qkv[:, : (heads + kvh) * d].view(1, heads + kvh, d), qkv[:, (heads + kvh) * d :].view(1, kvh, d)
-            slot = torch.full((1,), i, device=dev, dtype=torch.long)
-            qk = tf.rotary_write_kv(q_k, v, cos[i : i + 1], sin[i : i + 1], k_pool, v_pool, slot)
-            lens = torch.full((1,), i + 1, device=dev, dtype=torch.int32)
-            att = tk.paged_decode(qk[:, :heads], k_pool, v_pool, tables, lens, bs, d**-0.5, fold=True)
-            h = (h.float() + att.reshape(1, -1)[:, :k].float()).to(dt)
-        return h
+            qk = tf.rotary_write_kv(q_k, v, cos[i : i + 1], sin[i : i + 1], k_pool, v_pool, slots[i : i + 1])
+            att = tk.paged_decode(qk[:, :heads], k_pool, v_pool, tables, lens[i : i + 1], bs, d**-0.5, fold=True)
+            h = att.reshape(1, -1)[:, :k]  # (the next norm adds it to the residual: no kernel between)
+        return torch.cat([h, residual], dim=-1)
 
     def captured() -> torch.Tensor:
         k_pool.zero_(), v_pool.zero_()

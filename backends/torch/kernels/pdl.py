@@ -33,7 +33,8 @@ def _hopper_or_later(index: int) -> bool:
 
 
 def enabled(t: torch.Tensor) -> bool:
-    return t.is_cuda and not _OFF["flag"] and _hopper_or_later(t.device.index or 0)
+    # (ROCm's torch reports CUDA tensors too, MI300 as capability 9.4: griddepcontrol is PTX)
+    return t.is_cuda and torch.version.hip is None and not _OFF["flag"] and _hopper_or_later(t.device.index or 0)
 
 
 def launch(t: torch.Tensor) -> dict[str, bool]:
