@@ -143,9 +143,10 @@ def _sample_random(sub: mx.array, a: SamplingArrays) -> mx.array:
     drop_p = (mx.cumsum(probs, axis=-1) - probs) > fcol(a.top_p)
     drop_min = probs < fcol(a.min_p) * probs[:, :1]
     sorted_l = mx.where(drop_p | drop_min, _MASK, sorted_l)
-    keep = max(1, int(np.array(mx.max(mx.sum(sorted_l > _MASK, axis=-1)))))  # survivors form a prefix
-    order = order[:, :keep]
-    choice = mx.argmax(sorted_l[:, :keep] + gumbel_noise(_keys(a, f), hashes[order]), axis=-1)
+    if _cut_to_survivors():  # the survivors form a prefix: draw over the longest one only
+        keep = max(1, int(np.array(mx.max(mx.sum(sorted_l > _MASK, axis=-1)))))
+        order, sorted_l = order[:, :keep], sorted_l[:, :keep]
+    choice = mx.argmax(sorted_l + gumbel_noise(_keys(a, f), hashes[order]), axis=-1)
     tokens[mx.array(f)] = mx.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(mx.uint32)
     return tokens
 
@@ -181,6 +182,13 @@ class DrawnTokens:
             top_logprobs=top_logprobs_lists(self.rows, ids, vals),
             prompt_logprobs=self.scored,
         )
+
+
+def _cut_to_survivors() -> bool:
+    """Whether a filtered draw reads back how many columns survive, to draw over them alone: on a CPU, where the
+    noise costs more than the read; not on a GPU (Metal, CUDA), where the read would evaluate the step before its
+    launch returns (async scheduling). The dropped columns are at -inf: the token is the same either way."""
+    return mx.default_device() == mx.cpu
 
 
 def sample(logits: mx.array, rows: list[SamplingRow]) -> StepOutput:

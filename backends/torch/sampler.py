@@ -28,6 +28,7 @@ from lantern.backends.sampling_prep import (
 )
 
 _MASK = -float("inf")
+_TORCH_DTYPES = {"f4": torch.float32, "f8": torch.float64, "i4": torch.int32, "i8": torch.int64}  # (numpy's codes)
 _native = False  # torch.ops.lantern's noisy_argmax / row_argmax serve CPU rows (use_native_cpu_ops)
 # Noise elements made at once: bounds the scratch (two int32 buffers) at any batch size. On a 2-core
 # Xeon (1.25 MB L2 per core) 2^18 measured best (~15-20% ahead of 2^16, 2^17 and 2^19): smaller
@@ -232,6 +233,32 @@ def _triton_draw_rows(sub: torch.Tensor, keys: np.ndarray, temps: np.ndarray) ->
     )
 
 
+def _upload(dev: torch.device, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+    """Small host arrays on the device in their dtypes, through one copy: float64 holds each exactly (32-bit keys,
+    counts and row numbers, float32 values). On CUDA the copy is asynchronous, from pinned memory: a blocking one
+    (torch.tensor(..., device=...)) would make the host wait for the whole stream -- the step launched before it
+    too, which async scheduling runs while the host prepares this one (app/engine/step_ahead.py)."""
+    cuda = dev.type == "cuda"
+    host = torch.empty(sum(x.size for x in arrays), dtype=torch.float64, pin_memory=cuda)
+    staged, at = host.numpy(), 0
+    for x in arrays:
+        staged[at : at + x.size] = x.reshape(-1)
+        at += x.size
+    moved = host.to(dev, non_blocking=True) if cuda else host
+    out, at = [], 0
+    for x in arrays:
+        out.append(moved[at : at + x.size].view(x.shape).to(_TORCH_DTYPES[x.dtype.str[1:]]))
+        at += x.size
+    return out
+
+
+def _cut_to_survivors(scores: torch.Tensor) -> bool:
+    """Whether a filtered draw reads back how many columns survive, to draw over them alone: on a CPU, where the
+    noise costs more than the read; not on a GPU, where the read would make the host wait for the step (the
+    dropped columns are at -inf: they never win, and the others keep their noise, so the token is the same)."""
+    return not scores.is_cuda
+
+
 def _edit_logits(logits: torch.Tensor, a: SamplingArrays) -> torch.Tensor:
     """logit_bias, penalties and bans as sparse edits of the flat [B * vocab] view (in place)."""
     flat = logits.view(-1)
@@ -284,22 +311,24 @@ def _sample_random(sub: torch.Tensor, a: SamplingArrays) -> torch.Tensor:
         drawn = _triton_draw_rows(sub, a.draw_keys, temps_np)
         if drawn is not None:
             return drawn
-    temps = torch.from_numpy(temps_np).to(dev)
+    plain = sorted(set(range(len(idx))) - set(a.filter_rows))
+    arrays = [temps_np, a.draw_keys]
+    if a.filter_rows:
+        fcol = lambda x: x[idx][a.filter_rows]
+        arrays += [np.asarray(plain, np.int64), np.asarray(a.filter_rows, np.int64)]
+        arrays += [fcol(a.top_k), fcol(a.top_p), fcol(a.min_p)]
+    temps, keys, *filtering = _upload(dev, arrays)
     plain_t = None if (temps_np == 1.0).all() else temps  # T = 1, the clients' default: no scaling pass
     vocab = sub.shape[-1]
-    keys = torch.from_numpy(a.draw_keys).to(dev)
     hashes = column_hashes(vocab, dev)
     if not a.filter_rows:
         return _argmax_with_noise(sub, keys, hashes, plain_t)
+    pl, f, top_k, top_p, min_p = filtering
     tokens = torch.empty(len(idx), dtype=torch.int64, device=dev)
-    plain = sorted(set(range(len(idx))) - set(a.filter_rows))
     if plain:
-        pl = torch.tensor(plain, device=dev)
         tokens[pl] = _argmax_with_noise(sub[pl], keys[pl], hashes, None if plain_t is None else temps[pl])
     # Rows with top-k/top-p/min-p: rank their best columns, mask, and draw among the survivors
     # with the same per-column noise (so the filter decides only which columns may win).
-    f = torch.tensor(a.filter_rows, device=dev)
-    fcol = lambda x: torch.from_numpy(x[idx][a.filter_rows]).to(dev)
     fsub = sub[f] / temps[f]  # top-p and min-p act on the probabilities at temperature T
     width = a.filter_width
     if width < vocab:
@@ -307,15 +336,16 @@ def _sample_random(sub: torch.Tensor, a: SamplingArrays) -> torch.Tensor:
     else:
         sorted_l, order = torch.sort(fsub, dim=-1, descending=True, stable=True)
     ranks = torch.arange(width, device=dev)[None, :]
-    sorted_l = sorted_l.masked_fill(ranks >= fcol(a.top_k), _MASK)
+    sorted_l = sorted_l.masked_fill(ranks >= top_k, _MASK)
     probs = torch.softmax(sorted_l, dim=-1)
     # Keep the smallest prefix whose mass reaches top_p (the first token always survives).
-    drop_p = (torch.cumsum(probs, dim=-1) - probs) > fcol(a.top_p)
-    drop_min = probs < fcol(a.min_p) * probs[:, :1]
+    drop_p = (torch.cumsum(probs, dim=-1) - probs) > top_p
+    drop_min = probs < min_p * probs[:, :1]
     sorted_l = sorted_l.masked_fill(drop_p | drop_min, _MASK)
-    keep = max(1, int((sorted_l > _MASK).sum(dim=-1).max()))  # survivors form a prefix
-    order = order[:, :keep]
-    choice = _argmax_with_noise(sorted_l[:, :keep], keys[f], hashes[order])
+    if _cut_to_survivors(sorted_l):  # the survivors form a prefix: draw over the longest one only
+        keep = max(1, int((sorted_l > _MASK).sum(dim=-1).max()))
+        order, sorted_l = order[:, :keep], sorted_l[:, :keep]
+    choice = _argmax_with_noise(sorted_l, keys[f], hashes[order])
     tokens[f] = order.gather(1, choice[:, None])[:, 0]
     return tokens
 

@@ -184,3 +184,19 @@ def test_consecutive_steps_and_neighbouring_seeds_are_independent(sampler):
         np.add.at(table, (a, b), 1)
         assert stats.chi2_contingency(table).pvalue > P_MIN
         assert (a != b).mean() == pytest.approx(0.75, abs=0.03)
+
+
+def test_a_filtered_draw_over_every_column_takes_the_same_tokens(sampler, monkeypatch):
+    """On a GPU a top-k / top-p / min-p draw does not read back how many columns survive (that would make the host
+    wait for the step): it draws over all of them, the dropped ones at -inf. Same tokens as over the survivors only
+    (a CPU's way), for every filter, mixed with unfiltered rows, a row whose only survivor is its first column."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(12, 300)) * 3
+    logits[7, 3] = 40.0  # (top_p 0.5: one column survives)
+    filters = [{"top_k": 5}, {"top_p": 0.7}, {"min_p": 0.2}, {"top_k": 40, "top_p": 0.9}, {}, {"top_p": 0.5}]
+    rows = [row(s, s % 3, temperature=[1.0, 0.7][s % 2], **filters[s % len(filters)]) for s in range(12)]
+    cut = sampler.sample(logits, rows)
+    monkeypatch.setattr(sampler.mod, "_cut_to_survivors", lambda *a: False)
+    assert sampler.sample(logits, rows) == cut
+    monkeypatch.setattr(sampler.mod, "_cut_to_survivors", lambda *a: True)
+    assert sampler.sample(logits, rows) == cut and len(set(cut)) > 6

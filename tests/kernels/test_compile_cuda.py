@@ -43,9 +43,9 @@ def test_kernels_compile_for_nvidia_targets(tmp_path):
     assert any(line.startswith("ok _gemv_kernel bf16 sm_90 4-bit g128") for line in compiled)
     assert any(line.startswith("ok _gemm_kernel bf16 sm_80 4-bit g64 BLOCK_M=128") for line in compiled)
     dp4a = [line for line in compiled if line.startswith("ok _gemv_dp4a_kernel")]
-    assert len(dp4a) == 17 and any("sm_80 8-bit g64 TWO_ROWS=True" in line for line in dp4a)
+    assert len(dp4a) == 18 and any("sm_80 8-bit g64 TWO_ROWS=True" in line for line in dp4a)  # (one with PDL)
     assert sum("EXPERTS=True" in line for line in dp4a) == 4
-    assert sum("GATED=True" in line for line in dp4a) == 4  # SiLU(gate) * up in the epilogue
+    assert sum("GATED=True" in line for line in dp4a) == 5  # SiLU(gate) * up in the epilogue (one with PDL)
     assert "ok _silu_mul_kernel bf16 sm_90" in compiled and "ok _rotary_write_kv_kernel bf16 sm_90" in compiled
     assert sum(line.startswith("ok _noisy_argmax_kernel fp32") for line in compiled) == 3  # the sampling draw
     assert "ok _affine_rows_kernel bf16 sm_90 4-bit g64" in " ".join(compiled)  # a quantized embedding's lookup
