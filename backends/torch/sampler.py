@@ -264,18 +264,27 @@ def _edit_logits(logits: torch.Tensor, a: SamplingArrays) -> torch.Tensor:
     flat = logits.view(-1)
     dev = logits.device
     t = lambda x: torch.from_numpy(x).to(dev)
-    if a.bias_flat is not None and a.bias_values is not None:
-        flat.index_add_(0, t(a.bias_flat), t(a.bias_values))
-    if a.rep_flat is not None and a.rep_values is not None:
+    edits = {
+        "bias": (a.bias_flat, a.bias_values),
+        "rep": (a.rep_flat, a.rep_values),
+        "freq": (a.freq_flat, a.freq_values),
+    }
+    edits = {k: v for k, v in edits.items() if v[0] is not None and v[1] is not None}
+    arrays = [x for pair in edits.values() for x in pair] + ([a.banned_flat] if a.banned_flat is not None else [])
+    up = iter(_upload(dev, arrays) if arrays else [])  # (in the order above: one copy)
+    if "bias" in edits:
+        flat.index_add_(0, next(up), next(up))
+    if "rep" in edits:
         # HF/vLLM repetition penalty: shrink positive logits, push negative ones further down.
-        idx, rep = t(a.rep_flat), t(a.rep_values)
+        idx, rep = next(up), next(up)
         v = flat[idx]
         flat[idx] = torch.where(v > 0, v / rep, v * rep)
-    if a.freq_flat is not None and a.freq_values is not None:
+    if "freq" in edits:
         # OpenAI frequency/presence penalties count generated tokens only.
-        flat.index_add_(0, t(a.freq_flat), -t(a.freq_values))
+        idx, values = next(up), next(up)
+        flat.index_add_(0, idx, -values)
     if a.banned_flat is not None:
-        flat[t(a.banned_flat)] = _MASK
+        flat[next(up)] = _MASK
     if a.mask_rows is not None and a.token_mask is not None:
         # x + 0 = x exactly and x + -inf = -inf: one add applies the mask.
         add = token_mask_addend(t(mask_bytes(a.token_mask)), logits.shape[1])
@@ -401,7 +410,7 @@ def draw(logits: torch.Tensor, rows: list[SamplingRow]) -> DrawnTokens:
         tokens = _sample_random(logits, a)
     else:
         tokens = row_argmax(logits.contiguous())
-        r = torch.tensor(a.random_rows, device=logits.device)
+        (r,) = _upload(logits.device, [np.asarray(a.random_rows, np.int64)])
         tokens[r] = _sample_random(logits[r], a)
     if raw is None:
         return DrawnTokens(tokens, rows)
